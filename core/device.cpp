@@ -1,0 +1,79 @@
+#include "core/device.h"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace ham {
+
+std::string Device::str() const {
+  return kind == DeviceKind::CPU ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    try {
+      size_t used = 0;
+      int index = std::stoi(text.substr(5), &used);
+      if (used == text.size() - 5 && index >= 0) return cuda(index);
+    } catch (const std::exception&) {
+    }
+  }
+  HAM_FAIL("unknown device '", text, "' (expected cpu, cuda or cuda:N)");
+}
+
+namespace {
+
+// 64-byte alignment keeps rows friendly to AVX-512 loads.
+class CpuBackend final : public DeviceBackend {
+ public:
+  void* allocate(size_t nbytes, Device) override {
+    if (nbytes == 0) return nullptr;
+    size_t rounded = (nbytes + 63) / 64 * 64;
+    void* ptr = std::aligned_alloc(64, rounded);
+    if (!ptr) HAM_FAIL("cpu: out of memory allocating ", nbytes, " bytes");
+    return ptr;
+  }
+  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+  void copy_from_host(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
+  void copy_within(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
+  void memset_zero(void* dst, size_t n, Device) override {
+    if (n) std::memset(dst, 0, n);
+  }
+
+ private:
+  static void copy(void* dst, const void* src, size_t n) {
+    if (n) std::memmove(dst, src, n);
+  }
+};
+
+std::array<DeviceBackend*, kNumDeviceKinds>& backends() {
+  static CpuBackend cpu_backend;
+  static std::array<DeviceBackend*, kNumDeviceKinds> table{&cpu_backend, nullptr};
+  return table;
+}
+
+}  // namespace
+
+void register_device_backend(DeviceKind kind, DeviceBackend* backend) {
+  backends()[size_t(kind)] = backend;
+}
+
+bool has_device_backend(DeviceKind kind) { return backends()[size_t(kind)] != nullptr; }
+
+DeviceBackend& device_backend(DeviceKind kind) {
+  DeviceBackend* backend = backends()[size_t(kind)];
+  if (!backend) {
+    HAM_FAIL("device ", Device{kind, 0}.str(),
+             " is not available: this build of ham has no CUDA backend (configure with nvcc on PATH)");
+  }
+  return *backend;
+}
+
+}  // namespace ham

@@ -1,0 +1,42 @@
+#pragma once
+// Devices and the memory backend each one registers. core/ implements the CPU backend;
+// cuda/ registers the CUDA one at load time, so core never depends on cuda/.
+#include <cstddef>
+#include <string>
+
+namespace ham {
+
+enum class DeviceKind : uint8_t { CPU = 0, CUDA = 1 };
+constexpr int kNumDeviceKinds = 2;
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceKind::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
+  bool is_cpu() const { return kind == DeviceKind::CPU; }
+  bool is_cuda() const { return kind == DeviceKind::CUDA; }
+  std::string str() const;  // "cpu", "cuda:0"
+  static Device parse(const std::string& text);  // "cpu", "cuda", "cuda:1"
+  bool operator==(const Device&) const = default;
+};
+
+// Raw memory operations of one device kind.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual void* allocate(size_t nbytes, Device device) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, Device device) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t nbytes, Device device) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t nbytes, Device device) = 0;
+  virtual void copy_within(void* dst, const void* src, size_t nbytes, Device device) = 0;
+  virtual void memset_zero(void* dst, size_t nbytes, Device device) = 0;
+};
+
+void register_device_backend(DeviceKind kind, DeviceBackend* backend);
+// Throws a one-line error when the kind has no backend (e.g. CUDA in a CPU-only build).
+DeviceBackend& device_backend(DeviceKind kind);
+bool has_device_backend(DeviceKind kind);
+
+}  // namespace ham

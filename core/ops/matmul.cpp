@@ -1,0 +1,73 @@
+#include "core/ops/matmul.h"
+
+namespace ham {
+
+HAM_DEFINE_KERNEL_TABLE(gemm, &cpu::gemm,
+                        void(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape&))
+
+namespace ops {
+
+GemmShape gemm_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  auto fail = [&](const char* why) {
+    HAM_FAIL("matmul: ", why, ": A", shape_str(a.shape()), trans_a ? "^T" : "", " @ B",
+             shape_str(b.shape()), trans_b ? "^T" : "");
+  };
+  if (a.dim() < 2 || b.dim() < 2) fail("operands need at least 2 dims");
+  if (a.dtype() != b.dtype()) fail("dtypes differ");
+  if (a.device() != b.device()) fail("operands on different devices");
+  GemmShape s;
+  s.trans_a = trans_a;
+  s.trans_b = trans_b;
+  int64_t a_rows = a.size(-2), a_cols = a.size(-1);
+  int64_t b_rows = b.size(-2), b_cols = b.size(-1);
+  s.m = trans_a ? a_cols : a_rows;
+  s.k = trans_a ? a_rows : a_cols;
+  int64_t kb = trans_b ? b_cols : b_rows;
+  s.n = trans_b ? b_rows : b_cols;
+  if (s.k != kb) fail("inner dimensions differ");
+  Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  if (b_batch.empty()) {
+    s.batch = shape_numel(a_batch);
+    s.a_batch_stride = a_rows * a_cols;
+    s.b_batch_stride = 0;
+  } else if (a_batch.empty()) {
+    s.batch = shape_numel(b_batch);
+    s.a_batch_stride = 0;
+    s.b_batch_stride = b_rows * b_cols;
+  } else {
+    if (a_batch != b_batch) fail("batch dimensions differ");
+    s.batch = shape_numel(a_batch);
+    s.a_batch_stride = a_rows * a_cols;
+    s.b_batch_stride = b_rows * b_cols;
+  }
+  return s;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  GemmShape s = gemm_shape(a, b, trans_a, trans_b);
+  Shape out_shape(a.dim() >= b.dim() ? a.shape().begin() : b.shape().begin(),
+                  a.dim() >= b.dim() ? a.shape().end() - 2 : b.shape().end() - 2);
+  out_shape.push_back(s.m);
+  out_shape.push_back(s.n);
+  Tensor c = Tensor::empty(out_shape, a.dtype(), a.device());
+  gemm_kernels()(a.device(), a, b, c, s);
+  return c;
+}
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, double alpha,
+          double beta) {
+  GemmShape s = gemm_shape(a, b, trans_a, trans_b);
+  s.alpha = alpha;
+  s.beta = beta;
+  HAM_CHECK(c.numel() == s.batch * s.m * s.n && c.dim() >= 2 && c.size(-2) == s.m &&
+                c.size(-1) == s.n,
+            "gemm: output shape ", shape_str(c.shape()), " does not match [", s.batch, " x ", s.m,
+            ", ", s.n, "] for A", shape_str(a.shape()), " @ B", shape_str(b.shape()));
+  HAM_CHECK(c.dtype() == a.dtype() && c.device() == a.device(),
+            "gemm: output must match the operands' dtype and device, got ", c.str());
+  gemm_kernels()(a.device(), a, b, c, s);
+}
+
+}  // namespace ops
+}  // namespace ham

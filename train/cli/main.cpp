@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("ham: placeholder"); return 0; }
