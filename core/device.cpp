@@ -67,10 +67,10 @@ void register_device_backend(DeviceKind kind, DeviceBackend* backend) {
 
 bool has_device_backend(DeviceKind kind) { return backends()[size_t(kind)] != nullptr; }
 
-DeviceBackend& device_backend(DeviceKind kind) {
-  DeviceBackend* backend = backends()[size_t(kind)];
+DeviceBackend& device_backend(Device device) {
+  DeviceBackend* backend = backends()[size_t(device.kind)];
   if (!backend) {
-    HAM_FAIL("device ", Device{kind, 0}.str(),
+    HAM_FAIL("device ", device.str(),
              " is not available: this build of ham has no CUDA backend (configure with nvcc on PATH)");
   }
   return *backend;

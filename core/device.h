@@ -36,7 +36,7 @@ class DeviceBackend {
 
 void register_device_backend(DeviceKind kind, DeviceBackend* backend);
 // Throws a one-line error when the kind has no backend (e.g. CUDA in a CPU-only build).
-DeviceBackend& device_backend(DeviceKind kind);
+DeviceBackend& device_backend(Device device);
 bool has_device_backend(DeviceKind kind);
 
 }  // namespace ham

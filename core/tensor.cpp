@@ -27,11 +27,11 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  data_ = device_backend(device.kind).allocate(nbytes, device);
+  data_ = device_backend(device).allocate(nbytes, device);
 }
 
 Storage::~Storage() {
-  if (data_) device_backend(device_.kind).deallocate(data_, nbytes_, device_);
+  if (data_) device_backend(device_).deallocate(data_, nbytes_, device_);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -123,7 +123,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Dev
             " values do not fill shape ", shape_str(shape));
   Tensor t = empty(shape, dtype_of<T>(), device);
   if (!values.empty()) {
-    device_backend(device.kind).copy_from_host(t.raw_data(), values.data(), t.nbytes(), device);
+    device_backend(device).copy_from_host(t.raw_data(), values.data(), t.nbytes(), device);
   }
   return t;
 }
@@ -258,11 +258,11 @@ void Tensor::copy_(const Tensor& src) {
   if (n == 0) return;
   Device dst_dev = device(), src_dev = src.device();
   if (dst_dev == src_dev) {
-    device_backend(dst_dev.kind).copy_within(raw_data(), src.raw_data(), n, dst_dev);
+    device_backend(dst_dev).copy_within(raw_data(), src.raw_data(), n, dst_dev);
   } else if (src_dev.is_cpu()) {
-    device_backend(dst_dev.kind).copy_from_host(raw_data(), src.raw_data(), n, dst_dev);
+    device_backend(dst_dev).copy_from_host(raw_data(), src.raw_data(), n, dst_dev);
   } else if (dst_dev.is_cpu()) {
-    device_backend(src_dev.kind).copy_to_host(raw_data(), src.raw_data(), n, src_dev);
+    device_backend(src_dev).copy_to_host(raw_data(), src.raw_data(), n, src_dev);
   } else {
     Tensor staged = src.to(Device::cpu());
     copy_(staged);
@@ -270,7 +270,7 @@ void Tensor::copy_(const Tensor& src) {
 }
 
 void Tensor::zero_() {
-  device_backend(device().kind).memset_zero(raw_data(), nbytes(), device());
+  device_backend(device()).memset_zero(raw_data(), nbytes(), device());
 }
 
 void Tensor::fill_(double value) {
