@@ -1,0 +1,39 @@
+#include "nn/conv1d.h"
+
+#include "autograd/function.h"
+#include "core/ops/conv1d.h"
+
+namespace ham {
+
+namespace {
+
+class CausalConv1dBackward final : public Node {
+ public:
+  Tensor x, weight;
+  std::string name() const override { return "CausalConv1dBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    ops::CausalConv1dGrads g = ops::causal_conv1d_backward(
+        grads[0], x, weight, needs_input_grad(*this, 0), needs_input_grad(*this, 1),
+        needs_input_grad(*this, 2));
+    return {g.dx, g.dweight, g.dbias};
+  }
+  void release_saved() override {
+    x = Tensor();
+    weight = Tensor();
+  }
+};
+
+}  // namespace
+
+Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = ops::causal_conv1d(x, weight, bias);
+  if (any_requires_grad({x, weight, bias})) {
+    auto node = std::make_shared<CausalConv1dBackward>();
+    node->x = x;
+    node->weight = weight;
+    connect(node, {x, weight, bias}, {&y});
+  }
+  return y;
+}
+
+}  // namespace ham

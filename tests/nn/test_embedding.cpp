@@ -1,0 +1,119 @@
+#include "nn/embedding.h"
+
+#include "autograd/engine.h"
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_gradcheck;
+using testing::randn64;
+
+struct EmbeddingCase {
+  int64_t vocab, dim;
+  Shape ids;
+  DType id_dtype;
+};
+void PrintTo(const EmbeddingCase& c, std::ostream* os) {
+  *os << "V" << c.vocab << "_D" << c.dim << "_ids" << shape_str(c.ids) << "_"
+      << dtype_name(c.id_dtype);
+}
+
+// Ids 0..V-1 cycled with a stride, so repeats occur whenever numel > V.
+Tensor make_ids(const Shape& shape, int64_t vocab, DType dtype) {
+  std::vector<int64_t> ids(size_t(shape_numel(shape)));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 3 + 1) % vocab;
+  return Tensor::from_vector(ids, shape).to(dtype);
+}
+
+class EmbeddingTest : public ::testing::TestWithParam<EmbeddingCase> {};
+
+TEST_P(EmbeddingTest, ForwardMatchesNaive) {
+  const auto& c = GetParam();
+  Tensor w = randn64({c.vocab, c.dim}, 1, 1.0, false);
+  Tensor ids = make_ids(c.ids, c.vocab, c.id_dtype);
+  Tensor y = embedding(w, ids);
+  Shape expected_shape = c.ids;
+  expected_shape.push_back(c.dim);
+  ASSERT_EQ(y.shape(), expected_shape);
+  std::vector<double> wv = w.to_vector<double>(), yv = y.to_vector<double>();
+  std::vector<int64_t> iv = ids.to_vector<int64_t>();
+  for (size_t p = 0; p < iv.size(); ++p) {
+    for (int64_t d = 0; d < c.dim; ++d) {
+      EXPECT_EQ(yv[p * size_t(c.dim) + size_t(d)], wv[size_t(iv[p] * c.dim + d)]);
+    }
+  }
+}
+
+TEST_P(EmbeddingTest, BackwardSumsRepeatedIds) {
+  const auto& c = GetParam();
+  Tensor w = randn64({c.vocab, c.dim}, 2);
+  Tensor ids = make_ids(c.ids, c.vocab, c.id_dtype);
+  Tensor y = embedding(w, ids);
+  Tensor dy = randn64(y.shape(), 3, 1.0, false);
+  std::vector<double> dw = gradients({y}, {w}, {dy})[0].to_vector<double>();
+  std::vector<double> expected(size_t(c.vocab * c.dim), 0.0);
+  std::vector<double> dyv = dy.to_vector<double>();
+  std::vector<int64_t> iv = ids.to_vector<int64_t>();
+  for (size_t p = 0; p < iv.size(); ++p) {
+    for (int64_t d = 0; d < c.dim; ++d) {
+      expected[size_t(iv[p] * c.dim + d)] += dyv[p * size_t(c.dim) + size_t(d)];
+    }
+  }
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(dw[i], expected[i], 1e-14);
+}
+
+TEST_P(EmbeddingTest, Gradcheck) {
+  const auto& c = GetParam();
+  Tensor w = randn64({c.vocab, c.dim}, 4);
+  Tensor ids = make_ids(c.ids, c.vocab, c.id_dtype);
+  expect_gradcheck(
+      [ids](const std::vector<Tensor>& v) { return std::vector{embedding(v[0], ids)}; }, {w});
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingTest,
+                         ::testing::Values(EmbeddingCase{5, 3, {7}, DType::I64},  // repeats
+                                           EmbeddingCase{6, 4, {2, 3}, DType::I32},
+                                           EmbeddingCase{4, 2, {2, 5}, DType::I64},
+                                           EmbeddingCase{1, 1, {1, 1}, DType::I32},
+                                           EmbeddingCase{3, 2, {2, 1, 2}, DType::I64},
+                                           EmbeddingCase{5, 3, {0}, DType::I64}));  // no ids
+
+TEST(Embedding, F32Lookup) {
+  Tensor w = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  Tensor ids = Tensor::from_vector<int32_t>({2, 0, 2}, {3});
+  EXPECT_EQ(embedding(w, ids).to_vector<float>(), (std::vector<float>{5, 6, 1, 2, 5, 6}));
+}
+
+void expect_embedding_error(const Tensor& ids, const std::vector<std::string>& parts) {
+  Tensor w = Tensor::zeros({5, 3});
+  try {
+    embedding(w, ids);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+TEST(Embedding, OutOfRangeIdNamesIdPositionAndVocab) {
+  expect_embedding_error(Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 5}, {2, 3}),
+                         {"embedding", "id 5", "position [1, 2]", "V = 5"});
+  expect_embedding_error(Tensor::from_vector<int32_t>({0, -1}, {2}),
+                         {"embedding", "id -1", "position [1]", "V = 5"});
+}
+
+TEST(Embedding, BadArgumentsAreErrors) {
+  expect_embedding_error(Tensor::zeros({2}), {"embedding", "i32 or i64"});
+  try {
+    embedding(Tensor::zeros({5}), Tensor::zeros({2}, DType::I64));
+    FAIL();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("embedding"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[5]"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace ham
