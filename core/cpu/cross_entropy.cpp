@@ -1,0 +1,77 @@
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/parallel.h"
+#include "core/ops/cross_entropy.h"
+
+namespace ham::cpu {
+
+int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                      Tensor& lse, Tensor& loss_sum) {
+  const int64_t rows = targets.numel(), vocab = logits.size(-1);
+  int64_t count = 0;
+  dispatch_index("cross_entropy", targets.dtype(), [&]<class I>() {
+    const I* pt = targets.data<I>();
+    // Validated serially before the parallel loop: an exception must not leave an
+    // OpenMP region.
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = int64_t(pt[r]);
+      if (t == ignore_index) continue;
+      HAM_CHECK(t >= 0 && t < vocab, "cross_entropy: target ", t, " at row ", r,
+                " is out of range for V = ", vocab, " (ignore_index ", ignore_index, ")");
+      ++count;
+    }
+    dispatch_floating("cross_entropy", logits.dtype(), [&]<class T>() {
+      const T* px = logits.data<T>();
+      T* plse = lse.data<T>();
+      std::vector<double> row_loss(size_t(rows), 0.0);
+      parallel_for(rows, vocab, [&](int64_t r) {
+        const int64_t t = int64_t(pt[r]);
+        if (t == ignore_index) {
+          plse[r] = T(0);
+          return;
+        }
+        const T* z = px + r * vocab;
+        const T m = *std::max_element(z, z + vocab);
+        double sum_exp = 0;
+        for (int64_t j = 0; j < vocab; ++j) sum_exp += double(std::exp(z[j] - m));
+        const double row_lse = double(m) + std::log(sum_exp);
+        plse[r] = T(row_lse);
+        row_loss[size_t(r)] = row_lse - double(z[t]);
+      });
+      double total = 0;  // in row order: independent of the thread count
+      for (double v : row_loss) total += v;
+      loss_sum.data<T>()[0] = T(total);
+    });
+  });
+  return count;
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            int64_t ignore_index, const Tensor& dloss, double scale,
+                            Tensor& dlogits) {
+  const int64_t rows = targets.numel(), vocab = logits.size(-1);
+  dispatch_index("cross_entropy backward", targets.dtype(), [&]<class I>() {
+    const I* pt = targets.data<I>();
+    dispatch_floating("cross_entropy backward", logits.dtype(), [&]<class T>() {
+      const T* px = logits.data<T>();
+      const T* plse = lse.data<T>();
+      T* pd = dlogits.data<T>();
+      const T g = T(double(dloss.data<T>()[0]) * scale);
+      parallel_for(rows, vocab, [&](int64_t r) {
+        const int64_t t = int64_t(pt[r]);
+        T* d = pd + r * vocab;
+        if (t == ignore_index) {
+          std::fill(d, d + vocab, T(0));
+          return;
+        }
+        const T* z = px + r * vocab;
+        for (int64_t j = 0; j < vocab; ++j) d[j] = std::exp(z[j] - plse[r]) * g;
+        d[t] -= g;
+      });
+    });
+  });
+}
+
+}  // namespace ham::cpu

@@ -1,0 +1,48 @@
+#pragma once
+// Fused softmax cross-entropy over rows of logits [..., V] with integer targets [...]
+// (i32 or i64); rows whose target is ignore_index take no part.
+//   lse_r  = logsumexp(logits_r) = m + log(sum_j e^(logits_rj - m)),  m = max_j logits_rj
+//   loss   = sum over kept rows of (lse_r - logits_r[target_r])
+//   dlogits_rj = (e^(logits_rj - lse_r) - [j == target_r]) * dloss * scale  (0 on ignored rows)
+// The forward saves only lse ([rows], the logits' dtype); the backward rebuilds the
+// softmax from logits and lse. `scale` is 1 for a summed loss, 1 / count for a mean.
+#include "core/dispatch.h"
+#include "core/tensor.h"
+
+namespace ham {
+
+// Writes lse and loss_sum (0-d); returns the number of kept rows. A target outside
+// [0, V) that is not ignore_index is an error naming the row, the value and V.
+HAM_DECLARE_KERNEL_TABLE(cross_entropy,
+                         int64_t(const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore_index, Tensor& lse, Tensor& loss_sum));
+// dloss is the 0-d gradient of loss_sum.
+HAM_DECLARE_KERNEL_TABLE(cross_entropy_backward,
+                         void(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index, const Tensor& dloss, double scale,
+                              Tensor& dlogits));
+
+namespace ops {
+
+struct CrossEntropyResult {
+  Tensor loss_sum;    // 0-d, the logits' dtype
+  Tensor lse;         // [rows]
+  int64_t count = 0;  // rows whose target is not ignore_index
+};
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore_index);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index, const Tensor& dloss, double scale);
+
+}  // namespace ops
+
+namespace cpu {
+int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                      Tensor& lse, Tensor& loss_sum);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            int64_t ignore_index, const Tensor& dloss, double scale,
+                            Tensor& dlogits);
+}  // namespace cpu
+
+}  // namespace ham

@@ -1,0 +1,228 @@
+#include "nn/norm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+
+#include "autograd/engine.h"
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_gradcheck;
+using testing::max_abs_diff;
+using testing::randn64;
+
+struct NormCase {
+  Shape shape;
+  bool weight;
+};
+
+std::string case_name(const NormCase& c) {
+  std::ostringstream out;
+  for (size_t i = 0; i < c.shape.size(); ++i) out << (i ? "x" : "") << c.shape[i];
+  out << (c.weight ? "_weight" : "_noweight");
+  return out.str();
+}
+
+void PrintTo(const NormCase& c, std::ostream* os) { *os << case_name(c); }
+
+// Straight from the definitions, row by row (gate and weight optional).
+std::vector<double> naive_rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight,
+                                   double eps) {
+  int64_t d = x.size(-1), rows = x.numel() / d;
+  auto xs = x.to_vector<double>();
+  auto gs = gate.defined() ? gate.to_vector<double>() : std::vector<double>();
+  auto ws = weight.defined() ? weight.to_vector<double>() : std::vector<double>();
+  std::vector<double> y(xs.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t j = 0; j < d; ++j) ms += xs[size_t(r * d + j)] * xs[size_t(r * d + j)] / double(d);
+    for (int64_t j = 0; j < d; ++j) {
+      size_t i = size_t(r * d + j);
+      y[i] = xs[i] / std::sqrt(ms + eps);
+      if (!ws.empty()) y[i] *= ws[size_t(j)];
+      if (!gs.empty()) y[i] *= gs[i] / (1 + std::exp(-gs[i]));
+    }
+  }
+  return y;
+}
+
+std::vector<double> naive_l2_norm(const Tensor& x, double eps) {
+  int64_t d = x.size(-1), rows = x.numel() / d;
+  auto xs = x.to_vector<double>();
+  std::vector<double> y(xs.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += xs[size_t(r * d + j)] * xs[size_t(r * d + j)];
+    for (int64_t j = 0; j < d; ++j) y[size_t(r * d + j)] = xs[size_t(r * d + j)] / std::sqrt(ss + eps);
+  }
+  return y;
+}
+
+void expect_values_near(const Tensor& y, const std::vector<double>& expected, double tol) {
+  auto got = y.to_vector<double>();
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], tol) << "at " << i;
+}
+
+class Norm : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(Norm, RmsNormGradcheck) {
+  const NormCase& c = GetParam();
+  Tensor x = randn64(c.shape, 31);
+  Tensor w = c.weight ? randn64({c.shape.back()}, 32) : Tensor();
+  expect_gradcheck(
+      [](const std::vector<Tensor>& v) { return std::vector{rms_norm(v[0], v[1])}; }, {x, w});
+}
+
+TEST_P(Norm, GatedRmsNormGradcheck) {
+  const NormCase& c = GetParam();
+  Tensor x = randn64(c.shape, 33), gate = randn64(c.shape, 34, 2.0);
+  Tensor w = c.weight ? randn64({c.shape.back()}, 35) : Tensor();
+  expect_gradcheck(
+      [](const std::vector<Tensor>& v) { return std::vector{gated_rms_norm(v[0], v[1], v[2])}; },
+      {x, gate, w});
+}
+
+TEST_P(Norm, L2NormGradcheck) {
+  const NormCase& c = GetParam();
+  Tensor x = randn64(c.shape, 36);
+  expect_gradcheck([](const std::vector<Tensor>& v) { return std::vector{l2_norm(v[0])}; }, {x});
+}
+
+TEST_P(Norm, ForwardMatchesNaiveFormulas) {
+  const NormCase& c = GetParam();
+  Tensor x = randn64(c.shape, 37, 1.0, false), gate = randn64(c.shape, 38, 2.0, false);
+  Tensor w = c.weight ? randn64({c.shape.back()}, 39, 1.0, false) : Tensor();
+  for (double eps : {1e-6, 0.5}) {
+    SCOPED_TRACE(eps);
+    expect_values_near(rms_norm(x, w, eps), naive_rms_norm(x, Tensor(), w, eps), 1e-12);
+    expect_values_near(gated_rms_norm(x, gate, w, eps), naive_rms_norm(x, gate, w, eps), 1e-12);
+    expect_values_near(l2_norm(x, eps), naive_l2_norm(x, eps), 1e-12);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Norm,
+    ::testing::Values(NormCase{{2, 3, 8}, true}, NormCase{{2, 3, 8}, false},
+                      NormCase{{4, 5}, true}, NormCase{{7}, true},   // a single row
+                      NormCase{{1, 6}, true}, NormCase{{1, 1}, true},  // T = 1, [1, 1]
+                      NormCase{{5, 1}, false}, NormCase{{3, 1, 4}, true}),
+    [](const ::testing::TestParamInfo<NormCase>& info) { return case_name(info.param); });
+
+// Big enough for the parallel paths; gradcheck on a sample of elements.
+TEST(Norm, LargeGradcheckSampled) {
+  GradcheckOptions options;
+  options.max_elements_per_input = 25;
+  Shape shape{300, 130};  // 130 = two full dweight column blocks and a partial one
+  Tensor x = randn64(shape, 41), gate = randn64(shape, 42), w = randn64({130}, 43);
+  expect_gradcheck(
+      [](const std::vector<Tensor>& v) { return std::vector{gated_rms_norm(v[0], v[1], v[2])}; },
+      {x, gate, w}, options);
+  expect_gradcheck(
+      [](const std::vector<Tensor>& v) { return std::vector{rms_norm(v[0], v[1])}; }, {x, w},
+      options);
+  expect_gradcheck([](const std::vector<Tensor>& v) { return std::vector{l2_norm(v[0])}; }, {x},
+                   options);
+}
+
+// Forward outputs and input gradients (backward with dy = cos(index)) for one op.
+std::vector<Tensor> forward_and_grads(const std::function<Tensor(std::vector<Tensor>&)>& op,
+                                      std::vector<Tensor> inputs) {
+  for (Tensor& t : inputs) {
+    t = t.clone();
+    set_requires_grad(t);
+  }
+  Tensor y = op(inputs);
+  std::vector<double> dy(size_t(y.numel()));
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = std::cos(double(i));
+  backward(y, Tensor::from_vector(dy, y.shape()).to(y.dtype()));
+  std::vector<Tensor> out{y};
+  for (const Tensor& t : inputs) out.push_back(grad(t));
+  return out;
+}
+
+const std::function<Tensor(std::vector<Tensor>&)> kOps[] = {
+    [](std::vector<Tensor>& v) { return rms_norm(v[0], v[2]); },
+    [](std::vector<Tensor>& v) { return gated_rms_norm(v[0], v[1], v[2]); },
+    [](std::vector<Tensor>& v) { return l2_norm(v[0]); },
+};
+
+TEST(Norm, F32AgreesWithF64) {
+  Tensor x = randn64({64, 512}, 44, 1.0, false), gate = randn64({64, 512}, 45, 1.0, false);
+  Tensor w = randn64({512}, 46, 1.0, false);
+  for (size_t k = 0; k < std::size(kOps); ++k) {
+    SCOPED_TRACE(k);
+    auto r64 = forward_and_grads(kOps[k], {x, gate, w});
+    auto r32 = forward_and_grads(kOps[k], {x.to(DType::F32), gate.to(DType::F32), w.to(DType::F32)});
+    for (size_t i = 0; i < r64.size(); ++i) {
+      ASSERT_EQ(r64[i].defined(), r32[i].defined());
+      if (!r64[i].defined()) continue;
+      EXPECT_EQ(r32[i].dtype(), DType::F32);
+      // dweight sums 64 rows, so allow for that.
+      EXPECT_LT(max_abs_diff(r32[i], r64[i]), 2e-4) << "output " << i;
+    }
+  }
+}
+
+TEST(Norm, ResultDoesNotDependOnThreadCount) {
+  Tensor x = randn64({512, 96}, 47, 1.0, false).to(DType::F32);
+  Tensor gate = randn64({512, 96}, 48, 1.0, false).to(DType::F32);
+  Tensor w = randn64({96}, 49, 1.0, false).to(DType::F32);
+  int saved = omp_get_max_threads();
+  for (size_t k = 0; k < std::size(kOps); ++k) {
+    omp_set_num_threads(1);
+    auto one = forward_and_grads(kOps[k], {x, gate, w});
+    for (int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      auto many = forward_and_grads(kOps[k], {x, gate, w});
+      for (size_t i = 0; i < one.size(); ++i) {
+        if (one[i].defined()) {
+          EXPECT_EQ(many[i].to_vector<float>(), one[i].to_vector<float>()) << k << " " << i;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Norm, NoWeightGradientWhenWeightIsConstant) {
+  Tensor x = randn64({3, 4}, 50), w = randn64({4}, 51, 1.0, false);
+  backward(rms_norm(x, w), Tensor::full({3, 4}, 1.0, DType::F64));
+  EXPECT_TRUE(grad(x).defined());
+  EXPECT_FALSE(grad(w).defined());
+}
+
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  }
+}
+
+TEST(Norm, BadInputErrorsNameOpAndShapes) {
+  Tensor x = Tensor::zeros({2, 4}, DType::F64);
+  Tensor w5 = Tensor::full({5}, 1.0, DType::F64);
+  expect_error([&] { rms_norm(x, w5); }, {"rms_norm", "weight", "[5]", "[2, 4]"});
+  expect_error([&] { rms_norm(x, Tensor::full({2, 4}, 1.0, DType::F64)); },
+               {"rms_norm", "[2, 4]"});
+  expect_error([&] { rms_norm(x, Tensor::full({4}, 1.0, DType::F32)); },
+               {"rms_norm", "f32[4]", "f64[2, 4]"});
+  expect_error([&] { gated_rms_norm(x, Tensor::zeros({2, 3}, DType::F64), Tensor()); },
+               {"gated_rms_norm", "gate", "[2, 3]", "[2, 4]"});
+  expect_error([&] { gated_rms_norm(x, x, w5); }, {"gated_rms_norm", "[5]", "[2, 4]"});
+  expect_error([&] { rms_norm(Tensor::scalar(1.0, DType::F64), Tensor()); }, {"rms_norm", "[]"});
+  expect_error([&] { l2_norm(Tensor::scalar(1.0, DType::F64)); }, {"l2_norm", "[]"});
+  expect_error([&] { l2_norm(Tensor::arange(4)); }, {"l2_norm", "i64[4]"});
+}
+
+}  // namespace
+}  // namespace ham

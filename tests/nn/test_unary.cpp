@@ -1,0 +1,161 @@
+#include "nn/unary.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "autograd/engine.h"
+#include "core/ops/unary.h"
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_gradcheck;
+using testing::max_abs_diff;
+using testing::randn64;
+using testing::uniform64;
+
+using UnaryFn = Tensor (*)(const Tensor&);
+
+struct UnaryCase {
+  const char* name;
+  UnaryFn fn;
+  std::function<double(double)> reference;  // the textbook formula, straight from <cmath>
+  bool positive_domain;                     // log and sqrt need x > 0
+};
+
+void PrintTo(const UnaryCase& c, std::ostream* os) { *os << c.name; }
+
+const UnaryCase kCases[] = {
+    {"exp", &exp, [](double v) { return std::exp(v); }, false},
+    {"log", &log, [](double v) { return std::log(v); }, true},
+    {"sigmoid", &sigmoid, [](double v) { return 1.0 / (1.0 + std::exp(-v)); }, false},
+    {"silu", &silu, [](double v) { return v / (1.0 + std::exp(-v)); }, false},
+    {"softplus", &softplus, [](double v) { return std::log(1.0 + std::exp(v)); }, false},
+    {"gelu", &gelu, [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }, false},
+    {"tanh", &tanh, [](double v) { return std::tanh(v); }, false},
+    {"neg", &neg, [](double v) { return -v; }, false},
+    {"square", &square, [](double v) { return v * v; }, false},
+    {"sqrt", &sqrt, [](double v) { return std::sqrt(v); }, true},
+    {"relu", &relu, [](double v) { return v > 0 ? v : 0.0; }, false},
+};
+
+Tensor input_for(const UnaryCase& c, const Shape& shape, uint64_t seed) {
+  return c.positive_domain ? uniform64(shape, seed, 0.3, 3.0) : randn64(shape, seed, 1.5);
+}
+
+class UnaryOps : public ::testing::TestWithParam<UnaryCase> {};
+
+TEST_P(UnaryOps, GradcheckOverShapes) {
+  const UnaryCase& c = GetParam();
+  UnaryFn fn = c.fn;
+  const Shape shapes[] = {{3, 4}, {2, 1, 5}, {1}, {1, 1}, {}};
+  uint64_t seed = 100;
+  for (const Shape& shape : shapes) {
+    SCOPED_TRACE(shape_str(shape));
+    expect_gradcheck([fn](const std::vector<Tensor>& x) { return std::vector{fn(x[0])}; },
+                     {input_for(c, shape, ++seed)});
+  }
+}
+
+TEST_P(UnaryOps, ForwardMatchesNaiveFormula) {
+  const UnaryCase& c = GetParam();
+  Tensor x = input_for(c, {4, 6}, 7);
+  std::vector<double> xs = x.to_vector<double>(), ys = c.fn(x).to_vector<double>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(ys[i], c.reference(xs[i]), 1e-12 * (1 + std::abs(ys[i]))) << "x = " << xs[i];
+  }
+}
+
+TEST_P(UnaryOps, F32AgreesWithF64) {
+  const UnaryCase& c = GetParam();
+  // Big enough that the kernels take their parallel path.
+  Tensor x64 = input_for(c, {64, 1024}, 9);
+  Tensor y64 = c.fn(x64);
+  Tensor y32 = c.fn(x64.to(DType::F32));
+  EXPECT_EQ(y32.dtype(), DType::F32);
+  auto a = y32.to_vector<double>(), b = y64.to_vector<double>();
+  double worst = 0;  // relative to 1 + |y|
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / (1 + std::abs(b[i])));
+  EXPECT_LT(worst, 1e-5) << c.name;
+}
+
+TEST_P(UnaryOps, BackwardF32AgreesWithF64) {
+  const UnaryCase& c = GetParam();
+  Tensor x64 = input_for(c, {3, 50}, 10);
+  Tensor x32 = x64.to(DType::F32);
+  set_requires_grad(x32);
+  Tensor y64 = c.fn(x64), y32 = c.fn(x32);
+  backward(y64, Tensor::full(y64.shape(), 1.0, DType::F64));  // dx = f'(x)
+  backward(y32, Tensor::full(y32.shape(), 1.0, DType::F32));
+  EXPECT_LT(max_abs_diff(grad(x32), grad(x64)), 1e-4) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, UnaryOps, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<UnaryCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// Where e^x overflows, the stable forms must stay finite and exact.
+TEST(Unary, StableAtLargeMagnitudes) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor x = Tensor::from_vector<double>({-1000, -100, 100, 1000}, {4}).to(dtype);
+    set_requires_grad(x);
+    auto sig = sigmoid(x).to_vector<double>();
+    auto sp = softplus(x).to_vector<double>();
+    auto si = silu(x).to_vector<double>();
+    for (double v : sig) EXPECT_TRUE(std::isfinite(v));
+    EXPECT_NEAR(sig[0], 0.0, 1e-40);
+    EXPECT_NEAR(sig[1], std::exp(-100.0), 1e-45);
+    EXPECT_EQ(sig[2], 1.0);
+    EXPECT_EQ(sig[3], 1.0);
+    EXPECT_NEAR(sp[0], 0.0, 1e-40);
+    EXPECT_NEAR(sp[1], std::exp(-100.0), 1e-45);
+    EXPECT_EQ(sp[2], 100.0);
+    EXPECT_EQ(sp[3], 1000.0);
+    EXPECT_NEAR(si[0], 0.0, 1e-30);
+    EXPECT_EQ(si[3], 1000.0);
+    for (UnaryFn fn : {&sigmoid, &softplus, &silu, &gelu, &tanh}) {
+      Tensor y = fn(x);
+      clear_grad(x);
+      backward(y, Tensor::full(y.shape(), 1.0, dtype));
+      for (double g : grad(x).to_vector<double>()) EXPECT_TRUE(std::isfinite(g));
+    }
+    // softplus' = sigmoid: 0 far left, 1 far right.
+    clear_grad(x);
+    backward(softplus(x), Tensor::full({4}, 1.0, dtype));
+    auto g = grad(x).to_vector<double>();
+    EXPECT_NEAR(g[0], 0.0, 1e-30);
+    EXPECT_EQ(g[3], 1.0);
+  }
+}
+
+TEST(Unary, SavesOutputWithoutKeepingTheGraphAlive) {
+  // exp saves y for its backward; it must hold a detached view, not y itself.
+  Tensor x = randn64({3}, 1);
+  std::weak_ptr<Node> node;
+  {
+    Tensor y = exp(x);
+    node = grad_fn(y);
+    ASSERT_FALSE(node.expired());
+    EXPECT_EQ(node.lock()->name(), "expBackward");
+  }
+  EXPECT_TRUE(node.expired()) << "y -> expBackward -> y reference cycle";
+}
+
+TEST(Unary, IntegerInputErrorNamesOpAndTensor) {
+  Tensor ids = Tensor::arange(3);
+  try {
+    gelu(ids);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("gelu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("i64[3]"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace ham
