@@ -4,7 +4,8 @@
 //   Tensor y = ops::exp(x);                       // compute with core kernels
 //   if (any_requires_grad({x})) {
 //     auto node = std::make_shared<ExpBackward>();
-//     node->y = y;                                  // save what backward needs
+//     node->y = detach(y);      // save what backward needs; an output is saved
+//                               // detached, or y -> node -> y would be a cycle
 //     connect(node, {x}, {&y});                     // edges to x, y.grad_fn = node
 //   }
 //   return y;

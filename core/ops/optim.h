@@ -1,0 +1,36 @@
+#pragma once
+// Optimizer kernels.
+//   adamw_step (decoupled weight decay, Loshchilov & Hutter):
+//     p <- p (1 - lr wd)
+//     m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+//     p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//   squared_norm: sum of g^2, accumulated in double.
+#include "core/dispatch.h"
+#include "core/tensor.h"
+
+namespace ham {
+
+struct AdamWHyper {
+  double lr = 1e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-15, weight_decay = 0.1;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+HAM_DECLARE_KERNEL_TABLE(adamw_step, void(Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                                          Tensor& exp_avg_sq, const AdamWHyper&));
+HAM_DECLARE_KERNEL_TABLE(squared_norm, double(const Tensor& x));
+
+namespace ops {
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                const AdamWHyper& hyper);
+double squared_norm(const Tensor& x);
+// True when every element is finite (no NaN or Inf).
+bool all_finite(const Tensor& x);
+}  // namespace ops
+
+namespace cpu {
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                const AdamWHyper& hyper);
+double squared_norm(const Tensor& x);
+}  // namespace cpu
+
+}  // namespace ham

@@ -1,0 +1,54 @@
+#pragma once
+// Module: a tree of named parameters. Names are dotted paths ("layers.3.mlp.up.weight"),
+// the same in checkpoints, logs and gradient reports. Modules live behind shared_ptr and
+// are neither copied nor moved, because the tree keeps pointers to their members.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ham {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of this module and its children, in registration order.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t num_parameters() const;
+  // The parameter with this dotted name; throws listing nothing but the bad name.
+  Tensor parameter(const std::string& dotted_name) const;
+
+  // Replaces every parameter by a copy in `dtype`/on `device` (e.g. f64 for gradcheck).
+  void to(DType dtype);
+  void to(Device device);
+  // Overwrites parameter values (shapes must match); used by checkpoint loading.
+  void load_parameters(const std::vector<std::pair<std::string, Tensor>>& values,
+                       bool strict = true);
+  void zero_grad() const;
+
+ protected:
+  // `slot` must be a member of the module: the tree keeps its address.
+  void register_parameter(const std::string& name, Tensor& slot, Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
+    children_.emplace_back(name, child);
+    return child;
+  }
+
+ private:
+  void collect(const std::string& prefix,
+               std::vector<std::pair<std::string, Tensor*>>& out) const;
+  std::vector<std::pair<std::string, Tensor*>> parameter_slots() const;
+
+  std::vector<std::pair<std::string, Tensor*>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace ham

@@ -1,0 +1,118 @@
+#include "nn/optim.h"
+
+#include <cmath>
+#include <map>
+#include <numbers>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "core/ops/elementwise.h"
+
+namespace ham {
+
+std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& params,
+                                     double weight_decay) {
+  ParamGroup decay{"decay", {}, weight_decay, 1.0};
+  ParamGroup no_decay{"no_decay", {}, 0.0, 1.0};
+  for (const auto& p : params) (p.second.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  std::vector<ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, Options options)
+    : groups_(std::move(groups)), options_(options) {
+  for (const ParamGroup& g : groups_) {
+    exp_avg_.emplace_back();
+    exp_avg_sq_.emplace_back();
+    for (const auto& [name, p] : g.params) {
+      exp_avg_.back().push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+      exp_avg_sq_.back().push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+    }
+  }
+}
+
+void AdamW::step(double lr) {
+  NoGradGuard no_grad;
+  ++step_;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& g = groups_[gi];
+    AdamWHyper hyper{lr * g.lr_scale, options_.beta1, options_.beta2, options_.eps,
+                     g.weight_decay, step_};
+    for (size_t pi = 0; pi < g.params.size(); ++pi) {
+      Tensor param = g.params[pi].second;
+      Tensor gr = grad(param);
+      if (!gr.defined()) continue;
+      ops::adamw_step(param, gr, exp_avg_[gi][pi], exp_avg_sq_[gi][pi], hyper);
+    }
+  }
+}
+
+void AdamW::zero_grad() {
+  for (const ParamGroup& g : groups_) {
+    for (const auto& [name, p] : g.params) clear_grad(p);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      const std::string& name = groups_[gi].params[pi].first;
+      out.emplace_back("exp_avg." + name, exp_avg_[gi][pi]);
+      out.emplace_back("exp_avg_sq." + name, exp_avg_sq_[gi][pi]);
+    }
+  }
+  return out;
+}
+
+void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                       int64_t steps_taken) {
+  std::map<std::string, Tensor> by_name(state.begin(), state.end());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      const std::string& name = groups_[gi].params[pi].first;
+      for (auto [prefix, slot] : {std::pair{"exp_avg.", &exp_avg_[gi][pi]},
+                                  std::pair{"exp_avg_sq.", &exp_avg_sq_[gi][pi]}}) {
+        auto it = by_name.find(prefix + name);
+        HAM_CHECK(it != by_name.end(), "AdamW::load_state: missing '", prefix, name, "'");
+        HAM_CHECK(it->second.shape() == slot->shape(), "AdamW::load_state: '", prefix, name,
+                  "' has shape ", shape_str(it->second.shape()), ", expected ",
+                  shape_str(slot->shape()));
+        slot->copy_(it->second.to(slot->dtype()).to(slot->device()));
+      }
+    }
+  }
+  step_ = steps_taken;
+}
+
+double CosineSchedule::lr(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) {
+    return peak_lr * double(step + 1) / double(warmup_steps);
+  }
+  if (step >= total_steps || total_steps <= warmup_steps) return min_lr;
+  double progress = double(step - warmup_steps) / double(total_steps - warmup_steps);
+  return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  double total = 0;
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (g.defined()) total += ops::squared_norm(g);
+  }
+  double norm = std::sqrt(total);
+  if (!std::isfinite(norm)) return norm;
+  if (norm > max_norm && norm > 0) {
+    double factor = max_norm / norm;
+    for (const Tensor& p : params) {
+      Tensor g = grad(p);
+      if (g.defined()) ops::scale_(g, factor);
+    }
+  }
+  return norm;
+}
+
+}  // namespace ham

@@ -1,0 +1,63 @@
+#pragma once
+// AdamW with parameter groups, a warmup + cosine learning-rate schedule, and global
+// gradient-norm clipping. Defaults are the paper's (lr 1e-4, betas 0.9/0.95, eps 1e-15,
+// weight decay 0.1, 1,024 warmup steps, clip 1.0).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/ops/optim.h"
+#include "core/tensor.h"
+
+namespace ham {
+
+struct ParamGroup {
+  std::string name;  // "decay", "no_decay", "thresholds", ...
+  std::vector<std::pair<std::string, Tensor>> params;
+  double weight_decay = 0.1;
+  double lr_scale = 1.0;  // group lr = schedule lr * lr_scale
+};
+
+// Matrices (dim >= 2) decay; vectors (norm weights, biases, gates) do not.
+std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& params,
+                                     double weight_decay);
+
+class AdamW {
+ public:
+  struct Options {
+    double lr = 1e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-15;
+  };
+  AdamW(std::vector<ParamGroup> groups, Options options);
+
+  // One update of every parameter that has a gradient, at learning rate `lr`.
+  void step(double lr);
+  void zero_grad();
+  int64_t steps_taken() const { return step_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+
+  // Moments as named tensors ("exp_avg.<param>", "exp_avg_sq.<param>") for checkpoints.
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps_taken);
+
+ private:
+  std::vector<ParamGroup> groups_;
+  Options options_;
+  std::vector<std::vector<Tensor>> exp_avg_, exp_avg_sq_;  // [group][param]
+  int64_t step_ = 0;
+};
+
+// Linear warmup from 0 to peak over warmup_steps, then cosine decay to min_lr at
+// total_steps (held there after).
+struct CosineSchedule {
+  double peak_lr = 1e-4;
+  double min_lr = 0.0;
+  int64_t warmup_steps = 1024;
+  int64_t total_steps = 100000;
+  double lr(int64_t step) const;  // step counts from 0
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm; returns the norm
+// before clipping (NaN/Inf if some gradient is not finite: nothing is scaled then).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace ham
