@@ -1,0 +1,39 @@
+#pragma once
+// Pre-norm Transformer: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); with RoPE on q, k,
+// grouped-query heads, and an untied output head.
+#include "models/language_model.h"
+#include "nn/layers.h"
+
+namespace ham {
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const ModelConfig& c, Generator& gen);
+  Tensor forward(const Tensor& x, const TokenBatch& batch) const;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+  double rope_base_;
+};
+
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const ModelConfig& c, Generator& gen);
+  Tensor forward(const Tensor& x, const TokenBatch& batch) const;
+  std::shared_ptr<RMSNorm> attn_norm, mlp_norm;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<SwiGLU> mlp;
+};
+
+class Transformer : public LanguageModel {
+ public:
+  explicit Transformer(const ModelConfig& config);
+  Tensor forward(const TokenBatch& batch) const override;
+  std::shared_ptr<Embedding> embed;
+  std::vector<std::shared_ptr<TransformerBlock>> layers;
+  std::shared_ptr<RMSNorm> final_norm;
+  std::shared_ptr<Linear> lm_head;
+};
+
+}  // namespace ham

@@ -1,0 +1,50 @@
+#pragma once
+// Text data for training: byte-level tokens (ids 0..255 are bytes, 256 marks a document
+// start), documents split into train/validation, and random windows packed into batches
+// with document ids and restarting positions.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/random.h"
+#include "models/language_model.h"
+
+namespace ham {
+
+std::string_view default_corpus();  // the embedded text (generated at build time)
+
+class ByteTokenizer {
+ public:
+  static constexpr int64_t kEndOfText = 256;
+  static constexpr int64_t kVocabSize = 257;
+  std::vector<int64_t> encode(std::string_view text) const;
+  std::string decode(const std::vector<int64_t>& ids) const;
+};
+
+// Splits text at lines holding only "<|endoftext|>"; empty documents are dropped.
+std::vector<std::string> split_documents(std::string_view text);
+
+class TokenStream {
+ public:
+  // Each document becomes [EOT, bytes...]; the last `validation_fraction` of documents
+  // (at least one when there are two or more) form the validation stream.
+  static std::pair<TokenStream, TokenStream> from_text(std::string_view text,
+                                                       double validation_fraction,
+                                                       const std::string& source);
+  explicit TokenStream(std::vector<int64_t> tokens) : tokens_(std::move(tokens)) {}
+  int64_t size() const { return int64_t(tokens_.size()); }
+  const std::vector<int64_t>& tokens() const { return tokens_; }
+
+  // Windows of seq_len + 1 tokens at `starts`: inputs are the first seq_len, targets the
+  // last seq_len. doc_ids count document starts (EOT) inside the window.
+  TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
+  // `batch` windows at random starts drawn from `gen`.
+  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const;
+  // Consecutive non-overlapping windows covering the stream (for validation loss).
+  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len, int64_t max_batches) const;
+
+ private:
+  std::vector<int64_t> tokens_;
+};
+
+}  // namespace ham

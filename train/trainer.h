@@ -1,0 +1,46 @@
+#pragma once
+// The training loop: sample -> forward -> backward (accumulating over micro-batches) ->
+// clip -> AdamW step, with a progress line and periodic validation loss.
+#include <iosfwd>
+#include <string>
+
+#include "models/language_model.h"
+#include "train/text_data.h"
+
+namespace ham {
+
+struct TrainOptions {
+  int64_t steps = 400;
+  int64_t batch_size = 8;
+  int64_t seq_len = 128;
+  int64_t grad_accum = 1;
+  double lr = 3e-3;          // peak; the paper's 800M runs use 1e-4
+  double min_lr_ratio = 0.1;
+  int64_t warmup_steps = 20;  // the paper uses 1,024
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;
+  int64_t log_every = 20;
+  int64_t eval_every = 100;
+  int64_t eval_batches = 8;
+  uint64_t seed = 0;
+  bool skip_nonfinite = false;  // skip a step with a NaN/Inf loss or gradient (default: stop)
+};
+
+struct TrainResult {
+  double first_loss = 0;       // training loss of step 1
+  double final_loss = 0;       // mean training loss over the last log window
+  double initial_val_loss = 0;
+  double final_val_loss = 0;
+  int64_t steps = 0;
+  int64_t skipped_steps = 0;
+};
+
+// Mean loss over up to `max_batches` consecutive windows of `data`, without gradients.
+double evaluate(const LanguageModel& model, const TokenStream& data, int64_t batch,
+                int64_t seq_len, int64_t max_batches);
+
+TrainResult train(LanguageModel& model, const TokenStream& train_data,
+                  const TokenStream& val_data, const TrainOptions& options, std::ostream& log);
+
+}  // namespace ham
