@@ -1,0 +1,620 @@
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "core/ops/routed_attention.h"
+#include "nn/attention.h"
+#include "nn/elementwise.h"
+#include "nn/routed_attention.h"
+#include "nn/view.h"
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_gradcheck;
+using testing::max_abs_diff;
+using testing::randn64;
+using testing::uniform64;
+
+// ---- Inputs -------------------------------------------------------------------------
+
+enum class Docs { None, Runs, Interleaved };
+
+const char* docs_name(Docs docs) {
+  switch (docs) {
+    case Docs::None:
+      return "NoDocs";
+    case Docs::Runs:
+      return "DocRuns";  // packed: each document one run of tokens
+    case Docs::Interleaved:
+      return "DocsMixed";  // ids reappear: non-contiguous documents
+  }
+  return "?";
+}
+
+// select[b, t] ~ Bernoulli(density), as u8 0/1 (or 0/7: any nonzero value selects).
+Tensor random_select(int64_t batch, int64_t seq_len, double density, uint64_t seed,
+                     uint8_t selected_value = 1) {
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution pick(density);
+  std::vector<uint8_t> s(size_t(batch * seq_len));
+  for (uint8_t& x : s) x = pick(rng) ? selected_value : 0;
+  return Tensor::from_vector(s, {batch, seq_len});
+}
+
+Tensor random_docs(int64_t batch, int64_t seq_len, Docs docs, uint64_t seed) {
+  if (docs == Docs::None) return Tensor();
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(size_t(batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t doc = 10 * b;  // ids need not start at 0
+    for (int64_t t = 0; t < seq_len; ++t) {
+      if (docs == Docs::Runs) {
+        if (t > 0 && std::uniform_int_distribution<int>(0, 4)(rng) == 0) ++doc;
+        ids[size_t(b * seq_len + t)] = doc;
+      } else {
+        ids[size_t(b * seq_len + t)] = std::uniform_int_distribution<int64_t>(0, 2)(rng);
+      }
+    }
+  }
+  return Tensor::from_vector(ids, {batch, seq_len});
+}
+
+// S(b, t) by definition, with plain loops (independent of the compaction).
+std::vector<std::vector<int64_t>> visible_sets(const Tensor& select, const Tensor& doc_ids) {
+  const int64_t batch = select.size(0), seq_len = select.size(1);
+  auto sel = select.to_vector<int64_t>();
+  auto docs = doc_ids.defined() ? doc_ids.to_vector<int64_t>() : std::vector<int64_t>();
+  std::vector<std::vector<int64_t>> sets(size_t(batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq_len; ++t) {
+      for (int64_t i = 0; i <= t; ++i) {
+        bool same_doc =
+            docs.empty() || docs[size_t(b * seq_len + i)] == docs[size_t(b * seq_len + t)];
+        if (sel[size_t(b * seq_len + i)] != 0 && same_doc)
+          sets[size_t(b * seq_len + t)].push_back(i);
+      }
+    }
+  }
+  return sets;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : t.to_vector<double>()) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// max |a - b| / max(max |b|, 1e-300): the error relative to the reference's scale.
+double relative_error(const Tensor& a, const Tensor& reference) {
+  return max_abs_diff(a, reference) / std::max(max_abs(reference), 1e-300);
+}
+
+bool all_exactly_zero(const Tensor& t) {
+  auto v = t.to_vector<double>();
+  return std::all_of(v.begin(), v.end(), [](double x) { return x == 0.0; });
+}
+
+// d(sum <dout, out>)/d(inputs) through routed_attention.
+std::vector<Tensor> routed_gradients(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& select, const Tensor& p, const Tensor& docs,
+                                     const Tensor& dout) {
+  Tensor out = routed_attention(q, k, v, select, p, docs);
+  std::vector<Tensor> inputs{q, k, v};
+  if (p.defined()) inputs.push_back(p);
+  return gradients({out}, inputs, {dout});
+}
+
+// ---- Against the dense masked reference ---------------------------------------------
+
+struct RoutedCase {
+  int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
+  double density;
+  bool value_scale;
+  Docs docs;
+};
+
+std::string case_name(const RoutedCase& c) {
+  std::ostringstream name;
+  name << "B" << c.batch << "_T" << c.seq_len << "_H" << c.q_heads << "x" << c.kv_heads << "_D"
+       << c.key_dim << "x" << c.value_dim << "_rho" << std::lround(c.density * 100)
+       << (c.value_scale ? "_p_" : "_") << docs_name(c.docs);
+  return name.str();
+}
+
+void PrintTo(const RoutedCase& c, std::ostream* os) { *os << case_name(c); }
+
+class RoutedAttentionVsNaive : public ::testing::TestWithParam<RoutedCase> {};
+
+TEST_P(RoutedAttentionVsNaive, ForwardMatchesDenseMaskedReference) {
+  const RoutedCase& c = GetParam();
+  Tensor q = randn64({c.batch, c.seq_len, c.q_heads, c.key_dim}, 1, 1.0, false);
+  Tensor k = randn64({c.batch, c.seq_len, c.kv_heads, c.key_dim}, 2, 1.0, false);
+  Tensor v = randn64({c.batch, c.seq_len, c.kv_heads, c.value_dim}, 3, 1.0, false);
+  Tensor p = c.value_scale ? uniform64({c.batch, c.seq_len}, 4, 0.2, 1.5, false) : Tensor();
+  Tensor select = random_select(c.batch, c.seq_len, c.density, 5, /*selected_value=*/3);
+  Tensor docs = random_docs(c.batch, c.seq_len, c.docs, 6);
+
+  Tensor out = routed_attention(q, k, v, select, p, docs);
+  Tensor ref = ops::masked_attention_naive(q, k, v, select, p, docs);
+  ASSERT_EQ(out.shape(), Shape({c.batch, c.seq_len, c.q_heads, c.value_dim}));
+  ASSERT_EQ(out.dtype(), DType::F64);
+  EXPECT_LT(max_abs_diff(out, ref), 1e-12);
+  EXPECT_LT(relative_error(out, ref), 1e-12);
+  // An explicit scale is honoured the same way.
+  Tensor out_scaled = routed_attention(q, k, v, select, p, docs, 0.37);
+  EXPECT_LT(relative_error(out_scaled, ops::masked_attention_naive(q, k, v, select, p, docs, 0.37)),
+            1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RoutedAttentionVsNaive,
+    ::testing::Values(RoutedCase{2, 1, 4, 2, 6, 10, 0.5, true, Docs::None},
+                      RoutedCase{2, 1, 4, 2, 6, 10, 1.0, false, Docs::Runs},
+                      RoutedCase{2, 7, 4, 2, 6, 10, 0.5, true, Docs::None},
+                      RoutedCase{2, 7, 4, 2, 6, 10, 0.3, false, Docs::Runs},
+                      RoutedCase{2, 33, 4, 2, 6, 10, 0.1, true, Docs::Runs},
+                      RoutedCase{2, 33, 4, 2, 6, 10, 0.25, false, Docs::None},
+                      RoutedCase{2, 33, 4, 2, 6, 10, 0.5, true, Docs::Runs},
+                      RoutedCase{2, 33, 4, 2, 6, 10, 0.9, true, Docs::Interleaved},
+                      RoutedCase{2, 33, 4, 2, 6, 10, 1.0, false, Docs::Runs},
+                      RoutedCase{2, 33, 2, 2, 10, 6, 0.5, true, Docs::Interleaved},
+                      RoutedCase{2, 33, 4, 1, 8, 8, 0.5, true, Docs::Runs}),
+    [](const ::testing::TestParamInfo<RoutedCase>& info) { return case_name(info.param); });
+
+TEST(RoutedAttention, SavedLogSumExpMatchesDefinition) {
+  // lse[b,t,h] = log sum_{i in S(b,t)} exp(scale <q_t, k_i>), -inf when S(b,t) is empty.
+  const int64_t batch = 2, seq_len = 17, q_heads = 4, kv_heads = 2, key_dim = 5;
+  const double scale = 0.7;
+  Tensor q = randn64({batch, seq_len, q_heads, key_dim}, 7, 1.0, false);
+  Tensor k = randn64({batch, seq_len, kv_heads, key_dim}, 8, 1.0, false);
+  Tensor v = randn64({batch, seq_len, kv_heads, 3}, 9, 1.0, false);
+  Tensor select = random_select(batch, seq_len, 0.4, 10);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 11);
+  ops::RoutedAttentionOutput r =
+      ops::routed_attention_forward(q, k, v, ops::compact_selection(select, docs), Tensor(), scale);
+  ASSERT_EQ(r.lse.shape(), Shape({batch, seq_len, q_heads}));
+  auto lse = r.lse.to_vector<double>(), pq = q.to_vector<double>(), pk = k.to_vector<double>();
+  auto sets = visible_sets(select, docs);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq_len; ++t) {
+      for (int64_t h = 0; h < q_heads; ++h) {
+        double total = 0;
+        for (int64_t i : sets[size_t(b * seq_len + t)]) {
+          double dot = 0;
+          for (int64_t e = 0; e < key_dim; ++e) {
+            dot += pq[size_t(((b * seq_len + t) * q_heads + h) * key_dim + e)] *
+                   pk[size_t(((b * seq_len + i) * kv_heads + h / 2) * key_dim + e)];
+          }
+          total += std::exp(scale * dot);
+        }
+        double got = lse[size_t((b * seq_len + t) * q_heads + h)];
+        if (total == 0)
+          EXPECT_EQ(got, -INFINITY) << "b=" << b << " t=" << t;
+        else
+          EXPECT_NEAR(got, std::log(total), 1e-13) << "b=" << b << " t=" << t;
+      }
+    }
+  }
+}
+
+// ---- Compaction ---------------------------------------------------------------------
+
+TEST(RoutedAttentionCompaction, HandWorkedPackedDocuments) {
+  // tokens   0 1 2 3 4 5
+  // select   1 0 1 1 0 1
+  // doc      0 0 0 1 1 1    -> compacted keys [0, 2 | 3, 5]
+  Tensor select = Tensor::from_vector<uint8_t>({1, 0, 1, 1, 0, 1}, {1, 6});
+  Tensor docs = Tensor::from_vector<int32_t>({0, 0, 0, 1, 1, 1}, {1, 6});
+  CompactSelection s = ops::compact_selection(select, docs);
+  EXPECT_EQ(s.key_positions.to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 3, 5, -1, -1}));
+  EXPECT_EQ(s.key_counts.to_vector<int64_t>(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(s.max_key_count, 4);
+  EXPECT_EQ(s.visible_begin.to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0, 2, 2, 2}));
+  EXPECT_EQ(s.visible_end.to_vector<int64_t>(), (std::vector<int64_t>{1, 1, 2, 3, 3, 4}));
+}
+
+TEST(RoutedAttentionCompaction, HandWorkedInterleavedDocuments) {
+  // doc ids 5 8 5 8, all selected: document 5's keys [0, 2] come first, then 8's [1, 3].
+  Tensor select = Tensor::from_vector<uint8_t>({1, 1, 1, 1}, {1, 4});
+  Tensor docs = Tensor::from_vector<int64_t>({5, 8, 5, 8}, {1, 4});
+  CompactSelection s = ops::compact_selection(select, docs);
+  EXPECT_EQ(s.key_positions.to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 1, 3}));
+  EXPECT_EQ(s.visible_begin.to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 0, 2}));
+  EXPECT_EQ(s.visible_end.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 2, 4}));
+}
+
+TEST(RoutedAttentionCompaction, RangesListExactlyTheVisibleKeys) {
+  for (Docs layout : {Docs::None, Docs::Runs, Docs::Interleaved}) {
+    const int64_t batch = 3, seq_len = 50;
+    Tensor select = random_select(batch, seq_len, 0.4, 21);
+    Tensor docs = random_docs(batch, seq_len, layout, 22);
+    CompactSelection s = ops::compact_selection(select, docs);
+    auto positions = s.key_positions.to_vector<int64_t>();
+    auto begin = s.visible_begin.to_vector<int64_t>();
+    auto end = s.visible_end.to_vector<int64_t>();
+    auto expected = visible_sets(select, docs);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t < seq_len; ++t) {
+        size_t row = size_t(b * seq_len + t);
+        std::vector<int64_t> listed(positions.begin() + b * seq_len + begin[row],
+                                    positions.begin() + b * seq_len + end[row]);
+        EXPECT_EQ(listed, expected[row]) << docs_name(layout) << " b=" << b << " t=" << t;
+      }
+    }
+  }
+}
+
+// ---- Edge cases ---------------------------------------------------------------------
+
+TEST(RoutedAttention, NothingSelectedGivesExactZerosAndZeroGradients) {
+  const int64_t batch = 2, seq_len = 9;
+  Tensor q = randn64({batch, seq_len, 4, 6}, 31), k = randn64({batch, seq_len, 2, 6}, 32);
+  Tensor v = randn64({batch, seq_len, 2, 10}, 33), p = uniform64({batch, seq_len}, 34, 0.2, 1.5);
+  Tensor select = Tensor::zeros({batch, seq_len}, DType::U8);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 35);
+  Tensor out = routed_attention(q, k, v, select, p, docs);
+  EXPECT_TRUE(all_exactly_zero(out));
+  EXPECT_EQ(ops::routed_attention_last_score_counts().forward, 0);
+  Tensor dout = randn64(out.shape(), 36, 1.0, false);
+  auto g = routed_gradients(q, k, v, select, p, docs, dout);
+  EXPECT_EQ(ops::routed_attention_last_score_counts().backward, 0);
+  for (const Tensor& grad : g) EXPECT_TRUE(all_exactly_zero(grad));
+}
+
+// Dense causal attention (softmax over every i <= t in t's document), plain loops.
+Tensor dense_causal_by_loops(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             const Tensor& doc_ids) {
+  const int64_t batch = q.size(0), seq_len = q.size(1), q_heads = q.size(2);
+  const int64_t kv_heads = k.size(2), key_dim = q.size(3), value_dim = v.size(3);
+  auto pq = q.to_vector<double>(), pk = k.to_vector<double>(), pv = v.to_vector<double>();
+  auto docs = doc_ids.defined() ? doc_ids.to_vector<int64_t>() : std::vector<int64_t>();
+  std::vector<double> out(size_t(batch * seq_len * q_heads * value_dim), 0.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq_len; ++t) {
+      for (int64_t h = 0; h < q_heads; ++h) {
+        int64_t g = h / (q_heads / kv_heads);
+        std::vector<double> weight(size_t(t + 1), 0.0);
+        double largest = -INFINITY, total = 0;
+        for (int64_t i = 0; i <= t; ++i) {
+          if (!docs.empty() && docs[size_t(b * seq_len + i)] != docs[size_t(b * seq_len + t)])
+            continue;
+          double dot = 0;
+          for (int64_t e = 0; e < key_dim; ++e) {
+            dot += pq[size_t(((b * seq_len + t) * q_heads + h) * key_dim + e)] *
+                   pk[size_t(((b * seq_len + i) * kv_heads + g) * key_dim + e)];
+          }
+          weight[size_t(i)] = scale * dot;
+          largest = std::max(largest, weight[size_t(i)]);
+        }
+        for (int64_t i = 0; i <= t; ++i) {
+          bool visible =
+              docs.empty() || docs[size_t(b * seq_len + i)] == docs[size_t(b * seq_len + t)];
+          weight[size_t(i)] = visible ? std::exp(weight[size_t(i)] - largest) : 0.0;
+          total += weight[size_t(i)];
+        }
+        for (int64_t i = 0; i <= t; ++i) {
+          for (int64_t e = 0; e < value_dim; ++e) {
+            out[size_t(((b * seq_len + t) * q_heads + h) * value_dim + e)] +=
+                weight[size_t(i)] / total *
+                pv[size_t(((b * seq_len + i) * kv_heads + g) * value_dim + e)];
+          }
+        }
+      }
+    }
+  }
+  return Tensor::from_vector(out, {batch, seq_len, q_heads, value_dim});
+}
+
+TEST(RoutedAttention, EverythingSelectedIsDenseCausalAttention) {
+  const int64_t batch = 2, seq_len = 13, key_dim = 6;
+  const double scale = 1.0 / std::sqrt(double(key_dim));
+  Tensor q = randn64({batch, seq_len, 4, key_dim}, 41),
+         k = randn64({batch, seq_len, 2, key_dim}, 42);
+  Tensor v = randn64({batch, seq_len, 2, 10}, 43), p = uniform64({batch, seq_len}, 44, 0.2, 1.5);
+  Tensor select = Tensor::full({batch, seq_len}, 1, DType::U8);
+  for (Docs layout : {Docs::None, Docs::Runs}) {
+    Tensor docs = random_docs(batch, seq_len, layout, 45);
+    Tensor out = routed_attention(q, k, v, select, Tensor(), docs);
+    EXPECT_LT(relative_error(out, dense_causal_by_loops(q, k, v, scale, docs)), 1e-12)
+        << docs_name(layout);
+    EXPECT_LT(relative_error(out, causal_attention(q, k, v, scale, docs)), 1e-12)
+        << docs_name(layout);
+
+    // Gradients, value scaling included, against autograd through the dense composition
+    // causal_attention(q, k, p * v).
+    Tensor dout = randn64(out.shape(), 46, 1.0, false);
+    auto routed = routed_gradients(q, k, v, select, p, docs, dout);
+    Tensor scaled_v = mul(v, reshape(p, {batch, seq_len, 1, 1}));
+    auto dense = gradients({causal_attention(q, k, scaled_v, scale, docs)}, {q, k, v, p}, {dout});
+    const char* names[] = {"dq", "dk", "dv", "dp"};
+    for (size_t j = 0; j < 4; ++j) {
+      EXPECT_LT(relative_error(routed[j], dense[j]), 1e-12) << names[j] << " " << docs_name(layout);
+    }
+  }
+}
+
+TEST(RoutedAttention, OnlyFirstTokenSelectedCopiesItsScaledValue) {
+  const int64_t batch = 2, seq_len = 8, q_heads = 4, kv_heads = 2, value_dim = 5;
+  Tensor q = randn64({batch, seq_len, q_heads, 3}, 51),
+         k = randn64({batch, seq_len, kv_heads, 3}, 52);
+  Tensor v = randn64({batch, seq_len, kv_heads, value_dim}, 53);
+  Tensor p = uniform64({batch, seq_len}, 54, 0.2, 1.5);
+  std::vector<uint8_t> first_only(size_t(batch * seq_len), 0);
+  for (int64_t b = 0; b < batch; ++b) first_only[size_t(b * seq_len)] = 1;
+  Tensor select = Tensor::from_vector(first_only, {batch, seq_len});
+  auto o = routed_attention(q, k, v, select, p).to_vector<double>();
+  auto pv = p.to_vector<double>(), vv = v.to_vector<double>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq_len; ++t) {
+      for (int64_t h = 0; h < q_heads; ++h) {
+        for (int64_t e = 0; e < value_dim; ++e) {
+          double expected = pv[size_t(b * seq_len)] *  // o_t = p_0 v_0 of h's kv head
+                            vv[size_t((b * seq_len * kv_heads + h / 2) * value_dim + e)];
+          EXPECT_NEAR(o[size_t(((b * seq_len + t) * q_heads + h) * value_dim + e)], expected,
+                      1e-14);
+        }
+      }
+    }
+  }
+  // One key per query: P = 1 whatever q and k are, so dq and dk vanish; only v_0 and p_0
+  // get gradient, and every unselected position gets exactly zero.
+  Tensor dout = randn64({batch, seq_len, q_heads, value_dim}, 55, 1.0, false);
+  auto g = routed_gradients(q, k, v, select, p, Tensor(), dout);
+  EXPECT_LT(max_abs(g[0]), 1e-14);
+  EXPECT_LT(max_abs(g[1]), 1e-14);
+  auto dv = g[2].to_vector<double>(), dp = g[3].to_vector<double>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 1; t < seq_len; ++t) {
+      EXPECT_EQ(dp[size_t(b * seq_len + t)], 0.0);
+      for (int64_t j = 0; j < kv_heads * value_dim; ++j) {
+        EXPECT_EQ(dv[size_t((b * seq_len + t) * kv_heads * value_dim + j)], 0.0);
+      }
+    }
+    EXPECT_NE(dp[size_t(b * seq_len)], 0.0);
+  }
+}
+
+TEST(RoutedAttention, DocumentWithoutSelectionsOutputsZero) {
+  // Document 7 (tokens 3..6) has no selected token; documents 4 and 9 have some.
+  const int64_t seq_len = 9;
+  Tensor select = Tensor::from_vector<uint8_t>({1, 0, 1, 0, 0, 0, 0, 1, 1}, {1, seq_len});
+  Tensor docs = Tensor::from_vector<int32_t>({4, 4, 4, 7, 7, 7, 7, 9, 9}, {1, seq_len});
+  Tensor q = randn64({1, seq_len, 2, 4}, 61), k = randn64({1, seq_len, 2, 4}, 62);
+  Tensor v = randn64({1, seq_len, 2, 3}, 63), p = uniform64({1, seq_len}, 64, 0.2, 1.5);
+  Tensor out = routed_attention(q, k, v, select, p, docs);
+  EXPECT_LT(relative_error(out, ops::masked_attention_naive(q, k, v, select, p, docs)), 1e-12);
+  auto o = out.to_vector<double>();
+  const int64_t row = 2 * 3;  // heads x value_dim
+  for (int64_t t = 0; t < seq_len; ++t) {
+    bool in_empty_doc = t >= 3 && t <= 6;
+    double largest = 0;
+    for (int64_t j = 0; j < row; ++j) largest = std::max(largest, std::abs(o[size_t(t * row + j)]));
+    if (in_empty_doc)
+      EXPECT_EQ(largest, 0.0) << "t=" << t;
+    else
+      EXPECT_GT(largest, 0.0) << "t=" << t;
+  }
+  Tensor dout = randn64(out.shape(), 65, 1.0, false);
+  auto dq = routed_gradients(q, k, v, select, p, docs, dout)[0].to_vector<double>();
+  for (int64_t t = 3; t <= 6; ++t) {
+    for (int64_t j = 0; j < 2 * 4; ++j) EXPECT_EQ(dq[size_t(t * 8 + j)], 0.0) << "t=" << t;
+  }
+}
+
+// ---- Gradients ------------------------------------------------------------------------
+
+struct GradCase {
+  int64_t q_heads, kv_heads, key_dim, value_dim;
+  bool value_scale;
+  Docs docs;
+};
+
+std::string grad_case_name(const GradCase& c) {
+  std::ostringstream name;
+  name << "H" << c.q_heads << "x" << c.kv_heads << "_D" << c.key_dim << "x" << c.value_dim
+       << (c.value_scale ? "_p_" : "_") << docs_name(c.docs);
+  return name.str();
+}
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << grad_case_name(c); }
+
+class RoutedAttentionGradcheck : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(RoutedAttentionGradcheck, QKVAndValueScale) {
+  const GradCase& c = GetParam();
+  const int64_t batch = 2, seq_len = 7;
+  Tensor q = randn64({batch, seq_len, c.q_heads, c.key_dim}, 71);
+  Tensor k = randn64({batch, seq_len, c.kv_heads, c.key_dim}, 72);
+  Tensor v = randn64({batch, seq_len, c.kv_heads, c.value_dim}, 73);
+  Tensor p = uniform64({batch, seq_len}, 74, 0.2, 1.5);
+  // Token 0 unselected in both rows: that query (and others) sees no key.
+  Tensor select = Tensor::from_vector<uint8_t>({0, 1, 0, 1, 1, 0, 1,  //
+                                                0, 0, 1, 1, 0, 1, 1},
+                                               {batch, seq_len});
+  Tensor docs = random_docs(batch, seq_len, c.docs, 75);
+  auto sets = visible_sets(select, docs);
+  ASSERT_TRUE(std::any_of(sets.begin(), sets.end(), [](const auto& s) { return s.empty(); }));
+  ASSERT_TRUE(std::any_of(sets.begin(), sets.end(), [](const auto& s) { return s.size() > 1; }));
+
+  std::vector<Tensor> inputs{q, k, v};
+  if (c.value_scale) inputs.push_back(p);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        return std::vector{
+            routed_attention(x[0], x[1], x[2], select, x.size() > 3 ? x[3] : Tensor(), docs)};
+      },
+      inputs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RoutedAttentionGradcheck,
+                         ::testing::Values(GradCase{4, 2, 3, 5, true, Docs::Runs},
+                                           GradCase{4, 2, 3, 5, true, Docs::Interleaved},
+                                           GradCase{4, 2, 3, 5, false, Docs::None},
+                                           GradCase{2, 2, 4, 4, true, Docs::None},
+                                           GradCase{3, 1, 5, 2, true, Docs::Runs}),
+                         [](const ::testing::TestParamInfo<GradCase>& info) {
+                           return grad_case_name(info.param);
+                         });
+
+TEST(RoutedAttention, ValueScaleGradientIsSumOverHeadsOfDvDotV) {
+  // v' = p v  =>  dv_t = p_t dv'_t  and  dp_t = sum_g <dv'_{t,g}, v_{t,g}>,
+  // hence p_t dp_t = sum_g <dv_{t,g}, v_{t,g}> (read from the same backward).
+  const int64_t batch = 2, seq_len = 21, kv_heads = 2, value_dim = 10;
+  Tensor q = randn64({batch, seq_len, 4, 6}, 81), k = randn64({batch, seq_len, kv_heads, 6}, 82);
+  Tensor v = randn64({batch, seq_len, kv_heads, value_dim}, 83);
+  Tensor p = uniform64({batch, seq_len}, 84, 0.2, 1.5);
+  Tensor select = random_select(batch, seq_len, 0.5, 85);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 86);
+  Tensor dout = randn64({batch, seq_len, 4, value_dim}, 87, 1.0, false);
+  auto g = routed_gradients(q, k, v, select, p, docs, dout);
+  auto dv = g[2].to_vector<double>(), dp = g[3].to_vector<double>(), dk = g[1].to_vector<double>();
+  auto vv = v.to_vector<double>(), pv = p.to_vector<double>();
+  auto sel = select.to_vector<int64_t>();
+  int64_t checked = 0;
+  for (int64_t n = 0; n < batch * seq_len; ++n) {
+    double dv_dot_v = 0;
+    for (int64_t j = 0; j < kv_heads * value_dim; ++j) {
+      dv_dot_v +=
+          dv[size_t(n * kv_heads * value_dim + j)] * vv[size_t(n * kv_heads * value_dim + j)];
+    }
+    if (sel[size_t(n)] == 0) {  // unselected: exactly no gradient to p, v or k
+      EXPECT_EQ(dp[size_t(n)], 0.0);
+      EXPECT_EQ(dv_dot_v, 0.0);
+      for (int64_t j = 0; j < kv_heads * 6; ++j) EXPECT_EQ(dk[size_t(n * kv_heads * 6 + j)], 0.0);
+      continue;
+    }
+    EXPECT_NEAR(pv[size_t(n)] * dp[size_t(n)], dv_dot_v, 1e-12 * (1 + std::abs(dv_dot_v)));
+    ++checked;
+  }
+  EXPECT_GT(checked, 5);
+}
+
+// ---- Cost -----------------------------------------------------------------------------
+
+TEST(RoutedAttention, ScoresEvaluatedEqualVisiblePairsNotTSquared) {
+  const int64_t batch = 2, seq_len = 96, q_heads = 4;
+  Tensor q = randn64({batch, seq_len, q_heads, 8}, 91), k = randn64({batch, seq_len, 2, 8}, 92);
+  Tensor v = randn64({batch, seq_len, 2, 8}, 93);
+  Tensor select = random_select(batch, seq_len, 0.2, 94);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 95);
+  int64_t visible_pairs = 0;
+  for (const auto& s : visible_sets(select, docs)) visible_pairs += int64_t(s.size());
+  const int64_t expected = q_heads * visible_pairs;
+  const int64_t causal_pairs = q_heads * batch * seq_len * (seq_len + 1) / 2;
+
+  Tensor out = routed_attention(q, k, v, select, Tensor(), docs);
+  EXPECT_EQ(ops::routed_attention_last_score_counts().forward, expected);
+  gradients({out}, {q, k, v}, {randn64(out.shape(), 96, 1.0, false)});
+  EXPECT_EQ(ops::routed_attention_last_score_counts().backward, expected);
+  EXPECT_LT(expected * 4, causal_pairs);  // ~rho and the documents cut it well below T^2
+}
+
+// ---- Precision ------------------------------------------------------------------------
+
+TEST(RoutedAttention, Float32AgreesWithFloat64) {
+  const int64_t batch = 2, seq_len = 40;
+  Tensor q = randn64({batch, seq_len, 4, 6}, 101, 1.0, false);
+  Tensor k = randn64({batch, seq_len, 2, 6}, 102, 1.0, false);
+  Tensor v = randn64({batch, seq_len, 2, 10}, 103, 1.0, false);
+  Tensor p = uniform64({batch, seq_len}, 104, 0.2, 1.5, false);
+  Tensor select = random_select(batch, seq_len, 0.5, 105);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 106).to(DType::I32);
+  Tensor dout = randn64({batch, seq_len, 4, 10}, 107, 1.0, false);
+
+  auto run = [&](DType dtype) {
+    std::vector<Tensor> x{q.to(dtype), k.to(dtype), v.to(dtype), p.to(dtype)};
+    for (Tensor& t : x) set_requires_grad(t);
+    Tensor out = routed_attention(x[0], x[1], x[2], select, x[3], docs);
+    std::vector<Tensor> all{out};
+    for (Tensor& gi : gradients({out}, x, {dout.to(dtype)})) all.push_back(gi);
+    return all;
+  };
+  auto single = run(DType::F32), twice = run(DType::F64);
+  ASSERT_EQ(single[0].dtype(), DType::F32);
+  const char* names[] = {"out", "dq", "dk", "dv", "dp"};
+  for (size_t j = 0; j < single.size(); ++j) {
+    EXPECT_LT(relative_error(single[j], twice[j]), 2e-5) << names[j];
+  }
+}
+
+// ---- Errors ---------------------------------------------------------------------------
+
+void expect_error(const std::function<void()>& call, const std::vector<std::string>& parts) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+TEST(RoutedAttention, BadInputsNameOpArgumentAndShapes) {
+  Tensor q = Tensor::zeros({1, 4, 3, 8}), k = Tensor::zeros({1, 4, 3, 8});
+  Tensor select = Tensor::full({1, 4}, 1, DType::U8);
+  expect_error(
+      [&] {
+        routed_attention(q, k, Tensor::zeros({1, 4, 2, 6}), select);
+      },
+      {"routed_attention", "v [1, 4, 2, 6]", "k [1, 4, 3, 8]"});
+  expect_error(
+      [&] {
+        routed_attention(q, Tensor::zeros({1, 4, 2, 8}), Tensor::zeros({1, 4, 2, 8}), select);
+      },
+      {"routed_attention", "multiple", "[1, 4, 3, 8]", "[1, 4, 2, 8]"});
+  expect_error(
+      [&] {
+        routed_attention(q, Tensor::zeros({1, 5, 3, 8}), Tensor::zeros({1, 5, 3, 8}), select);
+      },
+      {"routed_attention", "k [1, 5, 3, 8]", "q [1, 4, 3, 8]"});
+  expect_error(
+      [&] {
+        routed_attention(Tensor::zeros({4, 3, 8}), k, k, select);
+      },
+      {"routed_attention", "q [4, 3, 8]"});
+  expect_error(
+      [&] {
+        routed_attention(q, k, k, Tensor::full({1, 5}, 1, DType::U8));
+      },
+      {"routed_attention", "select [1, 5]", "q [1, 4, 3, 8]"});
+  expect_error(
+      [&] {
+        routed_attention(q, k, k, select, Tensor::zeros({1, 4}, DType::F64));
+      },
+      {"routed_attention", "value_scale", "f64[1, 4]", "f32"});
+  expect_error(
+      [&] {
+        routed_attention(q, k, k, select, Tensor(), Tensor::zeros({1, 4}, DType::F32));
+      },
+      {"routed_attention", "doc_ids", "i32 or i64"});
+  expect_error(
+      [&] {
+        routed_attention(q, k, Tensor::zeros({1, 4, 3, 8}, DType::F64), select);
+      },
+      {"routed_attention", "dtype"});
+}
+
+TEST(RoutedAttention, Float32SelectIsRejectedClearly) {
+  Tensor q = Tensor::zeros({1, 4, 2, 8}), k = Tensor::zeros({1, 4, 2, 8});
+  expect_error(
+      [&] {
+        routed_attention(q, k, k, Tensor::full({1, 4}, 1.0, DType::F32));
+      },
+      {"routed_attention", "select", "u8", "f32[1, 4]"});
+  expect_error(
+      [&] {
+        ops::compact_selection(Tensor::full({1, 4}, 1.0, DType::F32));
+      },
+      {"routed_attention", "select", "u8"});
+}
+
+}  // namespace
+}  // namespace ham
