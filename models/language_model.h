@@ -2,6 +2,7 @@
 // The interface every model family implements, so the trainer, eval and the CLI treat
 // Transformer, GDN, GDN-GSA and HAM alike.
 #include <memory>
+#include <vector>
 
 #include "models/config.h"
 #include "nn/module.h"
@@ -18,11 +19,23 @@ struct TokenBatch {
   Tensor positions;  // optional [B, T] i64
 };
 
+// How one HAM layer routed tokens in the last forward pass.
+struct LayerRouting {
+  int64_t layer = 0;
+  double kv_fraction = 0;  // selected tokens / tokens
+  double tau = 0;          // threshold in score units
+};
+
 class LanguageModel : public Module {
  public:
   explicit LanguageModel(ModelConfig config) : config_(std::move(config)) {}
   // Logits [B, T, vocab].
   virtual Tensor forward(const TokenBatch& batch) const = 0;
+  // Per-layer routing of the last forward pass (empty for families without routing).
+  virtual std::vector<LayerRouting> routing() const { return {}; }
+  // Called by the trainer after each optimizer step (learned thresholds update here,
+  // Algorithm 2). `step` counts completed steps from 1.
+  virtual void after_optimizer_step(int64_t step) {}
   // Mean next-token cross-entropy over non-ignored targets (a 0-d tensor).
   Tensor loss(const TokenBatch& batch) const;
   const ModelConfig& config() const { return config_; }

@@ -3,10 +3,10 @@
 #include <cmath>
 
 #include "autograd/checkpoint.h"
-#include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/elementwise.h"
 #include "nn/rope.h"
+#include "nn/routed_attention.h"
 #include "nn/view.h"
 
 namespace ham {
@@ -36,7 +36,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const TokenBatch& batch) co
   Tensor v = reshape(v_proj->forward(x), {B, T, n_kv_heads_, head_dim_});
   q = rope(q, rope_base_, batch.positions);
   k = rope(k, rope_base_, batch.positions);
-  Tensor o = causal_attention(q, k, v, 1.0 / std::sqrt(double(head_dim_)), batch.doc_ids);
+  // Dense causal attention is routed attention with every token selected.
+  Tensor all_selected = Tensor::full({B, T}, 1.0, DType::U8);
+  Tensor o = routed_attention(q, k, v, all_selected, Tensor(), batch.doc_ids,
+                              1.0 / std::sqrt(double(head_dim_)));
   return o_proj->forward(reshape(o, {B, T, n_heads_ * head_dim_}));
 }
 

@@ -96,6 +96,7 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
     double grad_norm = clip_grad_norm(params, opt.clip);
     optimizer.step(lr);
     optimizer.zero_grad();
+    model.after_optimizer_step(step + 1);
     if (step == 0) result.first_loss = step_loss;
     window_loss += step_loss;
     ++window_steps;
@@ -108,6 +109,14 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
       log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
                          step + 1, opt.steps, mean_loss, lr, grad_norm,
                          double(window_tokens) / std::max(seconds, 1e-9));
+      std::vector<LayerRouting> routing = model.routing();
+      if (!routing.empty()) {
+        std::string line = "           kv fraction by layer:";
+        for (const LayerRouting& r : routing) {
+          line += fmt::format(" {}:{:.3f}(tau {:.3f})", r.layer, r.kv_fraction, r.tau);
+        }
+        log << line << "\n";
+      }
       log.flush();
       result.final_loss = mean_loss;
       window_loss = 0;

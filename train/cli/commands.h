@@ -1,0 +1,18 @@
+#pragma once
+// The `ham` subcommands. Each file registers one: its options live in the returned
+// closure, which main() runs when that subcommand was chosen.
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace ham::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_train_command(CLI::App& root);  // train_command.cpp
+Command add_info_command(CLI::App& root);   // info_command.cpp
+
+}  // namespace ham::cli
