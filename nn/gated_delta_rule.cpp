@@ -1,0 +1,53 @@
+#include "nn/gated_delta_rule.h"
+
+#include "autograd/function.h"
+
+namespace ham {
+
+namespace {
+
+// Outputs (o, h_final); inputs (q, k, v, g, beta, h0). Recomputes chunk states from the
+// saved inputs (formulas in core/ops/gated_delta_rule.h).
+class GatedDeltaRuleBackward final : public Node {
+ public:
+  GatedDeltaRuleArgs args;
+  std::string name() const override { return "GatedDeltaRuleBackward"; }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    ops::GatedDeltaRuleWanted wanted;
+    wanted.q = needs_input_grad(*this, 0);
+    wanted.k = needs_input_grad(*this, 1);
+    wanted.v = needs_input_grad(*this, 2);
+    wanted.g = needs_input_grad(*this, 3);
+    wanted.beta = needs_input_grad(*this, 4);
+    wanted.h0 = needs_input_grad(*this, 5);
+    GatedDeltaRuleGrads d = ops::gated_delta_rule_backward(args, grads[0], grads[1], wanted);
+    return {d.dq, d.dk, d.dv, d.dg, d.dbeta, d.dh0};
+  }
+
+  void release_saved() override { args = GatedDeltaRuleArgs(); }
+};
+
+}  // namespace
+
+GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& g, const Tensor& beta, const Tensor& h0,
+                                      const Tensor& doc_ids) {
+  GatedDeltaRuleArgs args{q, k, v, g, beta, h0, doc_ids};
+  GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
+  if (any_requires_grad({q, k, v, g, beta, h0})) {
+    auto node = std::make_shared<GatedDeltaRuleBackward>();
+    node->args = std::move(args);
+    connect(node, {q, k, v, g, beta, h0}, {&out.o, &out.h_final});
+  }
+  return out;
+}
+
+GatedDeltaRuleResult gated_delta_rule_reference(const Tensor& q, const Tensor& k,
+                                                const Tensor& v, const Tensor& g,
+                                                const Tensor& beta, const Tensor& h0,
+                                                const Tensor& doc_ids) {
+  return ops::gated_delta_rule_naive({q, k, v, g, beta, h0, doc_ids});
+}
+
+}  // namespace ham

@@ -1,0 +1,31 @@
+#pragma once
+// Differentiable gated delta rule (Gated DeltaNet's recurrence), one autograd node with a
+// hand-derived backward. Definitions, shapes, the chunked algorithm and the backward
+// formulas are in core/ops/gated_delta_rule.h; in short, per (b, h) with S [K x V]:
+//   S <- exp(g_t) S;  p_t = S^T k_t;  S <- S + beta_t k_t (v_t - p_t)^T;  o_t = S^T q_t
+//   fit_error_t = 1 - <p_t, v_t> / (||p_t|| ||v_t|| + 1e-6)   (decayed state, before the write)
+// q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] log decay (<= 0 by intent); beta [B, T, H];
+// h0 [B, H, K, V] optional; doc_ids [B, T] i32/i64 optional (state resets where the id
+// changes; h0 only seeds the segment at t = 0). No scale on q inside the op.
+//
+// Gradients flow to q, k, v, g, beta and h0 (when given) from both o and h_final.
+// fit_error carries no gradient: it is returned detached (requires_grad false), so a
+// loss built on it sends nothing back into the op.
+#include "core/ops/gated_delta_rule.h"
+#include "core/tensor.h"
+
+namespace ham {
+
+// Chunked forward (training path).
+GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& g, const Tensor& beta,
+                                      const Tensor& h0 = Tensor(),
+                                      const Tensor& doc_ids = Tensor());
+
+// The token-by-token recurrence, no autograd (test ground truth, decoding).
+GatedDeltaRuleResult gated_delta_rule_reference(const Tensor& q, const Tensor& k,
+                                                const Tensor& v, const Tensor& g,
+                                                const Tensor& beta, const Tensor& h0 = Tensor(),
+                                                const Tensor& doc_ids = Tensor());
+
+}  // namespace ham

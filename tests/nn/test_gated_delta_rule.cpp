@@ -1,0 +1,442 @@
+#include "nn/gated_delta_rule.h"
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_gradcheck;
+using testing::randn64;
+
+struct GdnInputs {
+  Tensor q, k, v, g, beta, h0, doc_ids;
+};
+
+// ||a - ref|| / ||ref|| over all elements.
+double relative_error(const Tensor& a, const Tensor& ref) {
+  EXPECT_EQ(a.shape(), ref.shape());
+  auto va = a.to_vector<double>(), vr = ref.to_vector<double>();
+  double diff2 = 0, ref2 = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    diff2 += (va[i] - vr[i]) * (va[i] - vr[i]);
+    ref2 += vr[i] * vr[i];
+  }
+  return std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-300);
+}
+
+// "1.234e-12", for RecordProperty (the measured errors land in --gtest_output=xml).
+std::string sci(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3e", x);
+  return text;
+}
+
+// Rows of the last dim scaled to unit L2 norm (the layer feeds L2-normalised keys).
+Tensor unit_rows(const Shape& shape, uint64_t seed, bool grad) {
+  std::vector<double> x = randn64(shape, seed, 1.0, false).to_vector<double>();
+  const size_t width = size_t(shape.back());
+  for (size_t r = 0; r < x.size() / width; ++r) {
+    double norm2 = 0;
+    for (size_t j = 0; j < width; ++j) norm2 += x[r * width + j] * x[r * width + j];
+    for (size_t j = 0; j < width; ++j) x[r * width + j] /= std::sqrt(norm2);
+  }
+  Tensor t = Tensor::from_vector(x, shape);
+  if (grad) set_requires_grad(t);
+  return t;
+}
+
+// Log decays spanning the range the layer produces: exactly 0, near 0 (-1e-4), very
+// negative (-20), and log-uniform in [-1, -1e-3] for the rest.
+Tensor mixed_gates(const Shape& shape, uint64_t seed, bool grad) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::vector<double> g(size_t(shape_numel(shape)));
+  for (double& x : g) {
+    double pick = uni(rng);
+    if (pick < 0.1) x = 0.0;
+    else if (pick < 0.2) x = -1e-4;
+    else if (pick < 0.25) x = -20.0;
+    else x = -std::exp(std::log(1e-3) + uni(rng) * (std::log(1.0) - std::log(1e-3)));
+  }
+  Tensor t = Tensor::from_vector(g, shape);
+  if (grad) set_requires_grad(t);
+  return t;
+}
+
+// beta in (0, 1), about one in ten exactly 0.
+Tensor write_strengths(const Shape& shape, uint64_t seed, bool grad) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::vector<double> beta(size_t(shape_numel(shape)));
+  for (double& x : beta) x = uni(rng) < 0.1 ? 0.0 : 0.02 + 0.96 * uni(rng);
+  Tensor t = Tensor::from_vector(beta, shape);
+  if (grad) set_requires_grad(t);
+  return t;
+}
+
+// Document ids for rows whose documents start at `starts[b]` (each > 0); consecutive
+// documents alternate between two ids, so a reset must come from a change, not a new id.
+template <class Index>
+Tensor doc_ids_from_starts(int64_t batch, int64_t seq_len,
+                          const std::vector<std::vector<int64_t>>& starts) {
+  std::vector<Index> ids(size_t(batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t doc = 0;
+    for (int64_t t = 0; t < seq_len; ++t) {
+      for (int64_t s : starts[size_t(b)]) doc += s == t ? 1 : 0;
+      ids[size_t(b * seq_len + t)] = Index(10 * b + doc % 2);
+    }
+  }
+  return Tensor::from_vector(ids, {batch, seq_len});
+}
+
+GdnInputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, uint64_t seed,
+                      bool with_h0, bool grad) {
+  GdnInputs in;
+  in.q = randn64({B, T, H, K}, seed, 1.0 / std::sqrt(double(K)), grad);
+  in.k = unit_rows({B, T, H, K}, seed + 1, grad);
+  in.v = randn64({B, T, H, V}, seed + 2, 1.0, grad);
+  in.g = mixed_gates({B, T, H}, seed + 3, grad);
+  in.beta = write_strengths({B, T, H}, seed + 4, grad);
+  if (with_h0) in.h0 = randn64({B, H, K, V}, seed + 5, 0.5, grad);
+  return in;
+}
+
+GatedDeltaRuleArgs args_of(const GdnInputs& in) {
+  return {in.q, in.k, in.v, in.g, in.beta, in.h0, in.doc_ids};
+}
+
+// ---- Chunked forward against the naive recurrence (f64) ------------------------------
+
+struct ForwardCase {
+  int64_t seq_len;
+  bool with_h0, with_docs;
+};
+
+void PrintTo(const ForwardCase& c, std::ostream* os) {
+  *os << "T" << c.seq_len << (c.with_h0 ? "_h0" : "") << (c.with_docs ? "_docs" : "");
+}
+
+// Document starts per row, kept where < T: row 0 has two length-1 documents at the front
+// then two of exactly one chunk (64); row 1 starts documents at t = 5, at the absolute
+// chunk edge 64, at 129, and a length-1 document at 199.
+std::vector<std::vector<int64_t>> doc_starts_for(int64_t seq_len) {
+  std::vector<std::vector<int64_t>> rows = {{1, 2, 66, 130}, {5, 64, 129, 199}};
+  for (auto& row : rows) std::erase_if(row, [&](int64_t s) { return s >= seq_len; });
+  return rows;
+}
+
+class GatedDeltaRuleChunkedVsNaive : public ::testing::TestWithParam<ForwardCase> {};
+
+TEST_P(GatedDeltaRuleChunkedVsNaive, F64OutputsAgree) {
+  const ForwardCase& c = GetParam();
+  const int64_t B = 2, H = 2, K = 8, V = 12;
+  GdnInputs in = make_inputs(B, c.seq_len, H, K, V, 100 + uint64_t(c.seq_len), c.with_h0, false);
+  if (c.with_docs) in.doc_ids = doc_ids_from_starts<int64_t>(B, c.seq_len, doc_starts_for(c.seq_len));
+  GatedDeltaRuleResult chunked = ops::gated_delta_rule_chunked(args_of(in));
+  GatedDeltaRuleResult naive = ops::gated_delta_rule_naive(args_of(in));
+  double err_o = relative_error(chunked.o, naive.o);
+  double err_h = relative_error(chunked.h_final, naive.h_final);
+  double err_fit = relative_error(chunked.fit_error, naive.fit_error);
+  RecordProperty("rel_err_o", sci(err_o));
+  RecordProperty("rel_err_h_final", sci(err_h));
+  RecordProperty("rel_err_fit_error", sci(err_fit));
+  EXPECT_LT(err_o, 1e-10);
+  EXPECT_LT(err_h, 1e-10);
+  EXPECT_LT(err_fit, 1e-10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GatedDeltaRuleChunkedVsNaive,
+    ::testing::Values(ForwardCase{1, false, false}, ForwardCase{1, true, false},
+                      ForwardCase{63, false, false}, ForwardCase{63, true, true},
+                      ForwardCase{64, false, true}, ForwardCase{64, true, false},
+                      ForwardCase{65, true, true}, ForwardCase{65, false, false},
+                      ForwardCase{200, false, true}, ForwardCase{200, true, true},
+                      ForwardCase{200, true, false}));
+
+TEST(GatedDeltaRule, ChunkedF32MatchesF64ForwardAndBackward) {
+  const int64_t B = 2, T = 200, H = 2, K = 16, V = 24;
+  GdnInputs in = make_inputs(B, T, H, K, V, 7, true, false);
+  in.doc_ids = doc_ids_from_starts<int32_t>(B, T, doc_starts_for(T));
+  GatedDeltaRuleResult ref = ops::gated_delta_rule_chunked(args_of(in));
+  GatedDeltaRuleArgs a32{in.q.to(DType::F32), in.k.to(DType::F32), in.v.to(DType::F32),
+                         in.g.to(DType::F32), in.beta.to(DType::F32), in.h0.to(DType::F32),
+                         in.doc_ids};
+  GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(a32);
+  EXPECT_EQ(out.o.dtype(), DType::F32);
+  EXPECT_LT(relative_error(out.o, ref.o), 1e-4);
+  EXPECT_LT(relative_error(out.h_final, ref.h_final), 1e-4);
+  EXPECT_LT(relative_error(out.fit_error, ref.fit_error), 1e-4);
+
+  Tensor grad_o = randn64(ref.o.shape(), 8, 1.0, false);
+  Tensor grad_h_final = randn64(ref.h_final.shape(), 9, 1.0, false);
+  GatedDeltaRuleGrads g64 = ops::gated_delta_rule_backward(args_of(in), grad_o, grad_h_final);
+  GatedDeltaRuleGrads g32 = ops::gated_delta_rule_backward(a32, grad_o.to(DType::F32),
+                                                           grad_h_final.to(DType::F32));
+  EXPECT_LT(relative_error(g32.dq, g64.dq), 1e-4);
+  EXPECT_LT(relative_error(g32.dk, g64.dk), 1e-4);
+  EXPECT_LT(relative_error(g32.dv, g64.dv), 1e-4);
+  EXPECT_LT(relative_error(g32.dg, g64.dg), 1e-4);
+  EXPECT_LT(relative_error(g32.dbeta, g64.dbeta), 1e-4);
+  EXPECT_LT(relative_error(g32.dh0, g64.dh0), 1e-4);
+}
+
+// ---- The naive recurrence against explicit loops ---------------------------------------
+
+TEST(GatedDeltaRule, NaiveMatchesHandTrace) {
+  // T = 3, K = V = 2, one head, initial state given.
+  const std::vector<double> q = {0.5, -1.0, 2.0, 0.25, -0.75, 1.5};
+  const std::vector<double> k = {0.6, 0.8, -0.8, 0.6, 1.0, 0.0};
+  const std::vector<double> v = {1.0, 2.0, -3.0, 0.5, 0.25, -1.0};
+  const std::vector<double> g = {-0.1, 0.0, -2.0};
+  const std::vector<double> beta = {0.9, 0.5, 0.0};
+  const std::vector<double> h0 = {0.3, -0.2, 0.1, 0.4};
+  GatedDeltaRuleArgs args{Tensor::from_vector(q, {1, 3, 1, 2}),
+                          Tensor::from_vector(k, {1, 3, 1, 2}),
+                          Tensor::from_vector(v, {1, 3, 1, 2}),
+                          Tensor::from_vector(g, {1, 3, 1}),
+                          Tensor::from_vector(beta, {1, 3, 1}),
+                          Tensor::from_vector(h0, {1, 1, 2, 2}),
+                          Tensor()};
+  GatedDeltaRuleResult got = ops::gated_delta_rule_naive(args);
+
+  double S[2][2] = {{h0[0], h0[1]}, {h0[2], h0[3]}};
+  std::vector<double> o(6), fit(3);
+  for (int t = 0; t < 3; ++t) {
+    for (auto& row : S) {
+      for (double& s : row) s *= std::exp(g[size_t(t)]);
+    }
+    double p[2], r[2];
+    for (int j = 0; j < 2; ++j) p[j] = S[0][j] * k[size_t(2 * t)] + S[1][j] * k[size_t(2 * t + 1)];
+    double pv = p[0] * v[size_t(2 * t)] + p[1] * v[size_t(2 * t + 1)];
+    double pn = std::hypot(p[0], p[1]), vn = std::hypot(v[size_t(2 * t)], v[size_t(2 * t + 1)]);
+    fit[size_t(t)] = 1 - pv / (pn * vn + 1e-6);
+    for (int j = 0; j < 2; ++j) r[j] = v[size_t(2 * t + j)] - p[j];
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) S[i][j] += beta[size_t(t)] * k[size_t(2 * t + i)] * r[j];
+    }
+    for (int j = 0; j < 2; ++j) {
+      o[size_t(2 * t + j)] = S[0][j] * q[size_t(2 * t)] + S[1][j] * q[size_t(2 * t + 1)];
+    }
+  }
+  auto go = got.o.to_vector<double>(), gf = got.fit_error.to_vector<double>(),
+       gh = got.h_final.to_vector<double>();
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(go[i], o[i], 1e-14) << "o[" << i << "]";
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(gf[i], fit[i], 1e-14) << "fit_error[" << i << "]";
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) EXPECT_NEAR(gh[size_t(2 * i + j)], S[i][j], 1e-14);
+  }
+}
+
+TEST(GatedDeltaRule, FirstTokenWithoutStateIsOneWrite) {
+  // From S = 0: p = 0, S_0 = beta k v^T, o_0 = beta (q . k) v.
+  GdnInputs in = make_inputs(1, 1, 1, 3, 2, 5, false, false);
+  GatedDeltaRuleResult r = ops::gated_delta_rule_naive(args_of(in));
+  auto q = in.q.to_vector<double>(), k = in.k.to_vector<double>(), v = in.v.to_vector<double>();
+  double beta = in.beta.item(), qk = q[0] * k[0] + q[1] * k[1] + q[2] * k[2];
+  auto o = r.o.to_vector<double>();
+  EXPECT_NEAR(o[0], beta * qk * v[0], 1e-15);
+  EXPECT_NEAR(o[1], beta * qk * v[1], 1e-15);
+  EXPECT_EQ(r.fit_error.item(), 1.0);
+}
+
+TEST(GatedDeltaRule, DocumentStartForgetsThePast) {
+  // The second document of a row gives what it gives when run alone from a zero state.
+  const int64_t T = 90, start = 37;
+  GdnInputs in = make_inputs(1, T, 2, 4, 5, 31, true, false);
+  in.doc_ids = doc_ids_from_starts<int64_t>(1, T, {{start}});
+  GatedDeltaRuleResult joint = ops::gated_delta_rule_chunked(args_of(in));
+  auto tail = [&](const Tensor& x) {  // tokens [start, T) of batch row 0, as [1, T - start, ...]
+    Shape shape = x.shape();
+    shape[1] = T - start;
+    return x.select(0).slice(start, T).clone().reshape(shape);
+  };
+  GdnInputs alone{tail(in.q), tail(in.k), tail(in.v), tail(in.g), tail(in.beta), Tensor(), Tensor()};
+  GatedDeltaRuleResult separate = ops::gated_delta_rule_naive(args_of(alone));
+  EXPECT_LT(relative_error(tail(joint.o), separate.o), 1e-12);
+  EXPECT_LT(relative_error(joint.h_final, separate.h_final), 1e-12);
+}
+
+TEST(GatedDeltaRule, EmptySequenceKeepsInitialState) {
+  // T = 0: h_final = h0, so dh0 = grad_h_final (weights of the gradcheck contraction).
+  GdnInputs in = make_inputs(1, 0, 2, 3, 4, 51, true, true);
+  GatedDeltaRuleResult r = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.h0);
+  EXPECT_EQ(r.o.shape(), (Shape{1, 0, 2, 4}));
+  EXPECT_EQ(testing::max_abs_diff(r.h_final, in.h0), 0.0);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        return std::vector{gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, x[0]).h_final};
+      },
+      {in.h0});
+}
+
+// ---- fit_error -------------------------------------------------------------------------
+
+TEST(GatedDeltaRule, FitErrorIsOneAtDocumentStartsWithoutState) {
+  const int64_t B = 2, T = 200, H = 2;
+  GdnInputs in = make_inputs(B, T, H, 8, 12, 11, false, false);
+  auto starts = doc_starts_for(T);
+  in.doc_ids = doc_ids_from_starts<int64_t>(B, T, starts);
+  for (const auto& result :
+       {ops::gated_delta_rule_chunked(args_of(in)), ops::gated_delta_rule_naive(args_of(in))}) {
+    auto fit = result.fit_error.to_vector<double>();
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int64_t> row_starts = starts[size_t(b)];
+      row_starts.push_back(0);
+      for (int64_t t : row_starts) {
+        for (int64_t h = 0; h < H; ++h) {
+          EXPECT_EQ(fit[size_t((b * T + t) * H + h)], 1.0) << "b " << b << " t " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(GatedDeltaRule, FitErrorZeroWhenPredictedTwoWhenOpposed) {
+  // Token 0 writes beta_0 k_0 v_0^T into an empty state; token 1's prediction is then
+  // e^{g_1} beta_0 (k_0 . k_1) v_0, parallel to v_0 when k_0 . k_1 > 0.
+  auto run = [](double sign) {
+    std::vector<double> k = {0.6, 0.8, 0.8, 0.6}, v = {1.0, -2.0, 0.5, sign, -2.0 * sign, 0.5 * sign};
+    GatedDeltaRuleArgs a{Tensor::from_vector(std::vector<double>{1, 0, 0, 1}, {1, 2, 1, 2}),
+                         Tensor::from_vector(k, {1, 2, 1, 2}),
+                         Tensor::from_vector(v, {1, 2, 1, 3}),
+                         Tensor::from_vector(std::vector<double>{-0.3, -0.2}, {1, 2, 1}),
+                         Tensor::from_vector(std::vector<double>{0.7, 0.4}, {1, 2, 1}),
+                         Tensor(), Tensor()};
+    return std::pair{ops::gated_delta_rule_chunked(a).fit_error.to_vector<double>()[1],
+                     ops::gated_delta_rule_naive(a).fit_error.to_vector<double>()[1]};
+  };
+  auto [aligned_chunked, aligned_naive] = run(3.0);
+  auto [opposed_chunked, opposed_naive] = run(-3.0);
+  for (double e : {aligned_chunked, aligned_naive}) {
+    EXPECT_GE(e, 0.0);
+    EXPECT_LT(e, 1e-5);
+  }
+  for (double e : {opposed_chunked, opposed_naive}) {
+    EXPECT_LE(e, 2.0);
+    EXPECT_GT(e, 2.0 - 1e-5);
+  }
+}
+
+TEST(GatedDeltaRule, FitErrorWithinZeroToTwo) {
+  GdnInputs in = make_inputs(2, 200, 2, 8, 12, 21, true, false);
+  in.doc_ids = doc_ids_from_starts<int64_t>(2, 200, doc_starts_for(200));
+  GatedDeltaRuleResult r = ops::gated_delta_rule_chunked(args_of(in));
+  for (double e : r.fit_error.to_vector<double>()) {
+    EXPECT_GE(e, 0.0);
+    EXPECT_LE(e, 2.0);
+  }
+}
+
+TEST(GatedDeltaRule, FitErrorCarriesNoGradient) {
+  GdnInputs in = make_inputs(1, 5, 2, 3, 4, 41, true, true);
+  GatedDeltaRuleResult r = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.h0);
+  EXPECT_TRUE(requires_grad(r.o));
+  EXPECT_TRUE(requires_grad(r.h_final));
+  EXPECT_FALSE(requires_grad(r.fit_error));
+}
+
+// ---- Gradients (f64 finite differences) ------------------------------------------------
+
+struct GradCase {
+  int64_t seq_len;
+  bool with_h0, with_docs;
+};
+
+void PrintTo(const GradCase& c, std::ostream* os) {
+  *os << "T" << c.seq_len << (c.with_h0 ? "_h0" : "") << (c.with_docs ? "_docs" : "");
+}
+
+class GatedDeltaRuleGradcheck : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(GatedDeltaRuleGradcheck, OutputsAndFinalState) {
+  const GradCase& c = GetParam();
+  const int64_t B = 1, H = 2, K = 3, V = 4;
+  GdnInputs in = make_inputs(B, c.seq_len, H, K, V, 300 + uint64_t(c.seq_len), c.with_h0, true);
+  Tensor doc_ids;
+  if (c.with_docs) {
+    // Length-1 document at t = 2, then one of 67 tokens crossing a chunk boundary.
+    std::vector<int64_t> starts;
+    for (int64_t s : {2, 3}) {
+      if (s < c.seq_len) starts.push_back(s);
+    }
+    doc_ids = doc_ids_from_starts<int32_t>(B, c.seq_len, {starts});
+  }
+  GradcheckResult result = gradcheck(
+      [doc_ids](const std::vector<Tensor>& x) {
+        GatedDeltaRuleResult r = gated_delta_rule(x[0], x[1], x[2], x[3], x[4], x[5], doc_ids);
+        return std::vector{r.o, r.h_final};
+      },
+      {in.q, in.k, in.v, in.g, in.beta, in.h0}, {}, {"q", "k", "v", "g", "beta", "h0"});
+  RecordProperty("worst_relative_error", sci(result.worst_relative_error));
+  EXPECT_TRUE(result.passed) << result.summary();
+  EXPECT_LT(result.worst_relative_error, 1e-6) << result.summary();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GatedDeltaRuleGradcheck,
+                         ::testing::Values(GradCase{1, true, false}, GradCase{1, false, false},
+                                           GradCase{5, true, false}, GradCase{5, false, true},
+                                           GradCase{70, true, false}, GradCase{70, true, true},
+                                           GradCase{70, false, true}));
+
+TEST(GatedDeltaRule, GradcheckSomeInputsOnly) {
+  // Only k and beta want gradients (the node must skip or drop the rest).
+  GdnInputs in = make_inputs(1, 9, 2, 3, 4, 77, true, false);
+  set_requires_grad(in.k);
+  set_requires_grad(in.beta);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        GatedDeltaRuleResult r = gated_delta_rule(in.q, x[0], in.v, in.g, x[1], in.h0);
+        return std::vector{r.o, r.h_final};
+      },
+      {in.k, in.beta});
+}
+
+// ---- Bad inputs ------------------------------------------------------------------------
+
+void expect_error_mentions(const std::function<void()>& call,
+                           const std::vector<std::string>& fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg;
+  }
+}
+
+TEST(GatedDeltaRule, BadInputsNameOpArgumentAndShapes) {
+  Tensor q = Tensor::zeros({2, 5, 3, 16}), k = Tensor::zeros({2, 5, 3, 16});
+  Tensor v = Tensor::zeros({2, 5, 3, 4}), g = Tensor::zeros({2, 5, 3}), beta = Tensor::zeros({2, 5, 3});
+  expect_error_mentions([&] { gated_delta_rule(q, Tensor::zeros({2, 5, 3, 8}), v, g, beta); },
+                        {"gated_delta_rule", "k [2, 5, 3, 8]", "q [2, 5, 3, 16]"});
+  expect_error_mentions([&] { gated_delta_rule(q, k, Tensor::zeros({2, 6, 3, 4}), g, beta); },
+                        {"gated_delta_rule", "v [2, 6, 3, 4]", "q [2, 5, 3, 16]"});
+  expect_error_mentions([&] { gated_delta_rule(q, k, v, Tensor::zeros({2, 5}), beta); },
+                        {"gated_delta_rule", "g [2, 5]", "[2, 5, 3]"});
+  expect_error_mentions([&] { gated_delta_rule(q, k, v, g, Tensor::zeros({2, 5, 3, 1})); },
+                        {"gated_delta_rule", "beta [2, 5, 3, 1]", "[2, 5, 3]"});
+  expect_error_mentions(
+      [&] { gated_delta_rule(q, k, v, g, beta, Tensor::zeros({2, 3, 4, 16})); },
+      {"gated_delta_rule", "h0 [2, 3, 4, 16]", "[2, 3, 16, 4]"});
+  expect_error_mentions(
+      [&] { gated_delta_rule(q, k, v, g, beta, Tensor(), Tensor::zeros({2, 5}, DType::F32)); },
+      {"gated_delta_rule", "doc_ids", "i32 or i64"});
+  expect_error_mentions(
+      [&] { gated_delta_rule(q, k, v, g, beta, Tensor(), Tensor::zeros({2, 4}, DType::I64)); },
+      {"gated_delta_rule", "doc_ids [2, 4]", "[2, 5]"});
+  expect_error_mentions(
+      [&] { gated_delta_rule(q, k, v, Tensor::zeros({2, 5, 3}, DType::F64), beta); },
+      {"gated_delta_rule", "g", "f64", "f32"});
+  expect_error_mentions([&] { gated_delta_rule(Tensor::zeros({5, 3, 16}), k, v, g, beta); },
+                        {"gated_delta_rule", "q [5, 3, 16]", "[B, T, H, K]"});
+}
+
+}  // namespace
+}  // namespace ham
