@@ -1,0 +1,279 @@
+// GEMM throughput of ham's CPU backend, as a fraction of this machine's fp32 FMA peak.
+//
+// Run (from the repository root):
+//   cmake -S . -B build-bench -G Ninja -DHAM_CUDA=OFF -DHAM_BUILD_TESTS=OFF
+//   ninja -C build-bench bench_matmul
+//   OMP_NUM_THREADS=1 ./build-bench/bench/bench_matmul --benchmark_repetitions=5
+//   OMP_NUM_THREADS=2 ./build-bench/bench/bench_matmul --benchmark_repetitions=5
+//   ... --benchmark_filter=gemm_f32/sq   (one group only; the peak is still measured)
+//
+// What it measures:
+//   - BM_FmaPeak/threads:T: a loop of independent fused multiply-adds (16 vector
+//     accumulators, AVX-512 when the compiler targets it, else AVX2, else scalar) on T
+//     OpenMP threads: the fp32 arithmetic peak, 2 flops per lane per FMA.
+//   - gemm_f32/..., gemm_f64/..., gemm_f32_batched/...: ham::ops::gemm into a
+//     preallocated output, C = op(A) op(B). The name gives the transpose flags (NN, NT,
+//     TN: A or B transposed), M, K, N and, for batched products, the batch count.
+//     GEMMs use as many threads as OMP_NUM_THREADS allows (Eigen's own OpenMP threads
+//     for one product, one matrix per thread for a batch).
+//
+// How to read it:
+//   - "GFLOP/s" counts 2*M*N*K per product per second of wall time. The console shows it
+//     with a unit suffix ("95.1G/s" = 95.1 GFLOP/s); JSON output holds plain FLOP/s.
+//   - "peak_fraction" = that GEMM's FLOP/s / the FMA peak measured for the same thread
+//     count (OMP_NUM_THREADS) once at start-up, before any benchmark runs; the peaks are
+//     printed to stderr and stored in the report's context. 1.0 would be every FMA unit
+//     busy all the time; a well-tuned BLAS reaches ~0.7-0.9 on large square f32
+//     products, f64 has half the lanes so its ceiling is ~0.5 of the f32 peak.
+//   - On a shared machine the peak is itself noisy: it is the best of several short
+//     trials, so a noisy start-up lowers the peak and inflates every ratio (a ratio above
+//     1 means exactly that: rerun on a quieter machine). With OMP_NUM_THREADS=2 on a
+//     2-core machine any other busy process stalls one thread and shows up at once.
+//     Compare runs by the spread over --benchmark_repetitions, not by one number.
+//   - "***WARNING*** Library was built as DEBUG" refers to Debian's libbenchmark itself,
+//     not to ham (ham's code is built Release with -O3).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ops/matmul.h"
+#include "core/tensor.h"
+
+namespace {
+
+// ---- FMA peak ------------------------------------------------------------------------
+
+constexpr int kAccumulators = 16;  // enough independent chains to hide FMA latency
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "avx2";
+#else
+constexpr int kLanes = 1;
+constexpr const char* kIsa = "scalar";
+#endif
+
+constexpr double kFlopsPerStep = 2.0 * kLanes * kAccumulators;
+
+// `steps` rounds of kAccumulators independent FMAs (acc = acc * a + b; a is just below 1,
+// so the values settle near b / (1 - a) and never overflow or go denormal). Returns a sum
+// of the accumulators so the work is observable.
+__attribute__((noinline)) float fma_loop(int64_t steps, float seed) {
+  const float a_value = 0.9999f, b_value = 1e-5f;
+#if defined(__AVX512F__)
+  const __m512 a = _mm512_set1_ps(a_value), b = _mm512_set1_ps(b_value);
+  __m512 acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(seed + 0.01f * float(j));
+  for (int64_t s = 0; s < steps; ++s) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int j = 1; j < kAccumulators; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);  // (_mm512_reduce_add_ps trips a GCC 12 false warning)
+  float total = 0;
+  for (float x : lanes) total += x;
+  return total;
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 a = _mm256_set1_ps(a_value), b = _mm256_set1_ps(b_value);
+  __m256 acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(seed + 0.01f * float(j));
+  for (int64_t s = 0; s < steps; ++s) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int j = 1; j < kAccumulators; ++j) sum = _mm256_add_ps(sum, acc[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0;
+  for (float x : lanes) total += x;
+  return total;
+#else
+  float acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = seed + 0.01f * float(j);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = __builtin_fmaf(acc[j], a_value, b_value);
+  }
+  float total = 0;
+  for (float x : acc) total += x;
+  return total;
+#endif
+}
+
+// Runs fma_loop(steps) on `threads` OpenMP threads at once; returns the sum of results.
+float fma_on_threads(int threads, int64_t steps) {
+  float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  total += fma_loop(steps, 1.0f + float(omp_get_thread_num()));
+  return total;
+}
+
+// Best FLOP/s over several short trials (best, not mean: on a shared machine every
+// disturbance only slows the loop down).
+double measure_peak_flops(int threads) {
+  using clock = std::chrono::steady_clock;
+  const int64_t steps = int64_t(1) << 20;  // ~10-30 ms per trial on a modern core
+  fma_on_threads(threads, steps);          // warm-up: wake threads, settle clocks
+  double best = 0;
+  for (int trial = 0; trial < 15; ++trial) {
+    auto t0 = clock::now();
+    float r = fma_on_threads(threads, steps);
+    double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    benchmark::DoNotOptimize(r);
+    best = std::max(best, kFlopsPerStep * double(steps) * threads / seconds);
+  }
+  return best;
+}
+
+int g_gemm_threads = 1;        // OpenMP threads a GEMM may use (OMP_NUM_THREADS)
+double g_peak_gemm_flops = 0;  // FMA peak measured on g_gemm_threads threads
+
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = int(state.range(0));
+  const int64_t steps = int64_t(1) << 18;
+  for (auto _ : state) {
+    float r = fma_on_threads(threads, steps);
+    benchmark::DoNotOptimize(r);
+  }
+  double flops = kFlopsPerStep * double(steps) * threads * double(state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["per_thread"] = benchmark::Counter(flops / threads, benchmark::Counter::kIsRate,
+                                                    benchmark::Counter::kIs1000);
+}
+
+// ---- GEMM ----------------------------------------------------------------------------
+
+template <class T>
+ham::Tensor random_tensor(const ham::Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<T> uni(T(-1), T(1));
+  std::vector<T> values(size_t(ham::shape_numel(shape)));
+  for (T& v : values) v = uni(rng);
+  return ham::Tensor::from_vector(values, shape);
+}
+
+struct GemmCase {
+  int64_t batch, m, k, n;
+  bool trans_a, trans_b;
+};
+
+template <class T>
+void BM_Gemm(benchmark::State& state, GemmCase g) {
+  // Stored shapes: A is [M, K] or [K, M] (trans_a), B is [K, N] or [N, K] (trans_b).
+  ham::Shape a_shape = g.trans_a ? ham::Shape{g.k, g.m} : ham::Shape{g.m, g.k};
+  ham::Shape b_shape = g.trans_b ? ham::Shape{g.n, g.k} : ham::Shape{g.k, g.n};
+  ham::Shape c_shape{g.m, g.n};
+  if (g.batch > 1) {
+    for (ham::Shape* s : {&a_shape, &b_shape, &c_shape}) s->insert(s->begin(), g.batch);
+  }
+  ham::Tensor a = random_tensor<T>(a_shape, 1);
+  ham::Tensor b = random_tensor<T>(b_shape, 2);
+  ham::Tensor c = ham::Tensor::zeros(c_shape, ham::dtype_of<T>());
+  ham::ops::gemm(a, b, c, g.trans_a, g.trans_b);  // warm-up (first touch, thread pool)
+  // Wall time per call, timed here (manual time) so peak_fraction can be a plain number.
+  double seconds = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    ham::ops::gemm(a, b, c, g.trans_a, g.trans_b);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+  }
+  double flops = 2.0 * double(g.batch * g.m * g.n * g.k) * double(state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["peak_fraction"] = flops / seconds / g_peak_gemm_flops;
+}
+
+std::string gemm_name(const char* prefix, const GemmCase& g) {
+  std::string name = prefix;
+  name += '/';
+  name += g.trans_a ? 'T' : 'N';
+  name += g.trans_b ? 'T' : 'N';
+  if (g.batch > 1) name += "/batch=" + std::to_string(g.batch);
+  name += "/M=" + std::to_string(g.m) + "/K=" + std::to_string(g.k) +
+          "/N=" + std::to_string(g.n);
+  return name;
+}
+
+template <class T>
+void register_gemm(const char* prefix, const GemmCase& g) {
+  benchmark::RegisterBenchmark(gemm_name(prefix, g).c_str(), BM_Gemm<T>, g)
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime();  // wall time: OpenMP threads do the work, so CPU time would lie
+}
+
+void register_all(int max_threads) {
+  auto* peak = benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak);
+  peak->ArgName("threads")->Arg(1);
+  if (max_threads > 1) peak->Arg(max_threads);
+  peak->Unit(benchmark::kMillisecond)->UseRealTime();
+
+  // Square f32.
+  for (int64_t s : {128, 256, 512, 1024, 2048}) {
+    register_gemm<float>("gemm_f32/sq", {1, s, s, s, false, false});
+  }
+  // Transformer-shaped f32, 4096 tokens, d_model 512, MLP width 2048:
+  //   Linear forward  y = x W^T      NT  M=tokens K=in  N=out
+  //   Linear dx       dx = dy W      NN  M=tokens K=out N=in
+  //   Linear dW       dW = dy^T x    TN  M=out    K=tokens N=in
+  register_gemm<float>("gemm_f32/mlp", {1, 4096, 512, 2048, false, false});
+  register_gemm<float>("gemm_f32/mlp", {1, 4096, 512, 2048, false, true});
+  register_gemm<float>("gemm_f32/mlp", {1, 4096, 2048, 512, false, true});
+  register_gemm<float>("gemm_f32/mlp", {1, 4096, 2048, 512, false, false});
+  register_gemm<float>("gemm_f32/mlp", {1, 2048, 4096, 512, true, false});
+  // Attention-like batched f32: 64 (batch x heads) of T=128, head dim 64.
+  //   scores = Q K^T  NT  M=T K=D N=T;   out = P V  NN  M=T K=T N=D
+  register_gemm<float>("gemm_f32_batched/attn", {64, 128, 64, 128, false, true});
+  register_gemm<float>("gemm_f32_batched/attn", {64, 128, 128, 64, false, false});
+  // f64 (gradient checks run in f64; ratio is against the f32 peak).
+  for (int64_t s : {512, 1024}) register_gemm<double>("gemm_f64/sq", {1, s, s, s, false, false});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  g_gemm_threads = omp_get_max_threads();
+  double peak_1 = measure_peak_flops(1);
+  double peak_all = g_gemm_threads > 1 ? measure_peak_flops(g_gemm_threads) : peak_1;
+  g_peak_gemm_flops = peak_all;
+  std::fprintf(stderr,
+               "bench_matmul: fp32 FMA peak (%s, %d accumulators, best of 15 trials): "
+               "%.1f GFLOP/s on 1 thread",
+               kIsa, kAccumulators, peak_1 / 1e9);
+  if (g_gemm_threads > 1) {
+    std::fprintf(stderr, ", %.1f GFLOP/s on %d threads", peak_all / 1e9, g_gemm_threads);
+  }
+  std::fprintf(stderr, "; GEMMs run on %d thread(s) and peak_fraction uses that figure\n",
+               g_gemm_threads);
+  benchmark::AddCustomContext("fma_isa", kIsa);
+  benchmark::AddCustomContext("fma_peak_1_thread_GFLOP/s", std::to_string(peak_1 / 1e9));
+  benchmark::AddCustomContext("gemm_threads", std::to_string(g_gemm_threads));
+  benchmark::AddCustomContext("fma_peak_gemm_threads_GFLOP/s", std::to_string(peak_all / 1e9));
+
+  register_all(g_gemm_threads);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
