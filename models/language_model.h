@@ -36,6 +36,10 @@ class LanguageModel : public Module {
   // Called by the trainer after each optimizer step (learned thresholds update here,
   // Algorithm 2). `step` counts completed steps from 1.
   virtual void after_optimizer_step(int64_t step) {}
+  // Training state that is not a parameter (HAM's learned thresholds and their own
+  // optimizer), saved in checkpoints so that a resumed run continues bit for bit.
+  virtual std::vector<std::pair<std::string, Tensor>> training_state() const { return {}; }
+  virtual void load_training_state(const std::vector<std::pair<std::string, Tensor>>& state) {}
   // Mean next-token cross-entropy over non-ignored targets (a 0-d tensor).
   Tensor loss(const TokenBatch& batch) const;
   const ModelConfig& config() const { return config_; }

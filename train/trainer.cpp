@@ -26,7 +26,57 @@ double evaluate(const LanguageModel& model, const TokenStream& data, int64_t bat
   return total / double(batches.size());
 }
 
+nlohmann::json TrainOptions::to_json() const {
+  return {{"steps", steps}, {"batch_size", batch_size}, {"seq_len", seq_len},
+          {"grad_accum", grad_accum}, {"lr", lr}, {"min_lr_ratio", min_lr_ratio},
+          {"warmup_steps", warmup_steps}, {"weight_decay", weight_decay}, {"beta1", beta1},
+          {"beta2", beta2}, {"eps", eps}, {"clip", clip}, {"log_every", log_every},
+          {"eval_every", eval_every}, {"eval_batches", eval_batches}, {"seed", seed},
+          {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"out_dir", out_dir},
+          {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints}};
+}
+
+void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
+  HAM_CHECK(j.is_object(), source, ": train options must be a JSON object");
+  nlohmann::json merged = to_json();
+  for (const auto& item : j.items()) {
+    HAM_CHECK(merged.contains(item.key()), source, ": unknown train option '", item.key(), "'");
+    HAM_CHECK(std::string(item.value().type_name()) == merged[item.key()].type_name() ||
+                  (item.value().is_number() && merged[item.key()].is_number()),
+              source, ": train option '", item.key(), "' must be a ",
+              merged[item.key()].type_name(), ", got ", item.value().dump());
+    merged[item.key()] = item.value();
+  }
+  TrainOptions o;
+  auto get = [&](const char* key, auto& field) { field = merged.at(key).get<std::decay_t<decltype(field)>>(); };
+  get("steps", o.steps); get("batch_size", o.batch_size); get("seq_len", o.seq_len);
+  get("grad_accum", o.grad_accum); get("lr", o.lr); get("min_lr_ratio", o.min_lr_ratio);
+  get("warmup_steps", o.warmup_steps); get("weight_decay", o.weight_decay);
+  get("beta1", o.beta1); get("beta2", o.beta2); get("eps", o.eps); get("clip", o.clip);
+  get("log_every", o.log_every); get("eval_every", o.eval_every);
+  get("eval_batches", o.eval_batches); get("seed", o.seed);
+  get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("out_dir", o.out_dir);
+  get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
+  *this = o;
+}
+
 namespace {
+
+std::vector<std::pair<std::string, Tensor>> with_prefix(
+    const std::string& prefix, const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : named) out.emplace_back(prefix + name, t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> strip_prefix(
+    const std::string& prefix, const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : named) {
+    if (name.rfind(prefix, 0) == 0) out.emplace_back(name.substr(prefix.size()), t);
+  }
+  return out;
+}
 
 // Name of the first parameter whose gradient holds a NaN or Inf, or "".
 std::string first_nonfinite_grad(const LanguageModel& model) {
@@ -40,7 +90,8 @@ std::string first_nonfinite_grad(const LanguageModel& model) {
 }  // namespace
 
 TrainResult train(LanguageModel& model, const TokenStream& train_data,
-                  const TokenStream& val_data, const TrainOptions& opt, std::ostream& log) {
+                  const TokenStream& val_data, const TrainOptions& opt, std::ostream& log,
+                  const CheckpointContents* resume) {
   HAM_CHECK(opt.steps > 0 && opt.batch_size > 0 && opt.seq_len > 0 && opt.grad_accum > 0,
             "train: steps, batch size, sequence length and grad accumulation must be positive");
   Generator data_gen(opt.seed);
@@ -51,16 +102,46 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
   bool has_val = val_data.size() > opt.seq_len + 1;
 
   TrainResult result;
-  if (has_val) {
+  int64_t start_step = 0;
+  if (resume) {
+    const nlohmann::json& st = resume->state;
+    start_step = st.at("step").get<int64_t>();
+    model.load_parameters(resume->model);
+    optimizer.load_state(strip_prefix("optimizer.", resume->optimizer),
+                         st.at("optimizer_steps").get<int64_t>());
+    model.load_training_state(strip_prefix("training.", resume->optimizer));
+    data_gen.set_state(st.at("data_rng").at("seed").get<uint64_t>(),
+                       st.at("data_rng").at("offset").get<uint64_t>());
+    log << fmt::format("resumed from {} at step {}\n", st.value("checkpoint_dir", std::string("?")),
+                       start_step);
+    HAM_CHECK(start_step < opt.steps, "train: the checkpoint is at step ", start_step,
+              ", nothing left to do for --steps ", opt.steps);
+  } else if (has_val) {
     result.initial_val_loss = evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
     log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", 0, opt.steps, result.initial_val_loss);
   }
+
+  auto write_checkpoint = [&](int64_t step) {
+    CheckpointContents c;
+    c.model = model.named_parameters();
+    c.optimizer = with_prefix("optimizer.", optimizer.state());
+    for (auto& entry : with_prefix("training.", model.training_state())) c.optimizer.push_back(entry);
+    c.state = {{"step", step},
+               {"optimizer_steps", optimizer.steps_taken()},
+               {"data_rng", {{"seed", data_gen.seed()}, {"offset", data_gen.offset()}}},
+               {"config", model.config().to_json()},
+               {"train", opt.to_json()},
+               {"train_loss", result.final_loss}};
+    result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints);
+    log << fmt::format("step {:>5}/{} | checkpoint {}\n", step, opt.steps, result.last_checkpoint);
+  };
+
   double window_loss = 0;
   int64_t window_steps = 0;
   int64_t window_tokens = 0;
   auto window_start = std::chrono::steady_clock::now();
 
-  for (int64_t step = 0; step < opt.steps; ++step) {
+  for (int64_t step = start_step; step < opt.steps; ++step) {
     double lr = schedule.lr(step);
     double step_loss = 0;
     bool nonfinite = false;
@@ -97,13 +178,14 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
     optimizer.step(lr);
     optimizer.zero_grad();
     model.after_optimizer_step(step + 1);
-    if (step == 0) result.first_loss = step_loss;
+    if (step == start_step) result.first_loss = step_loss;
+    result.step_losses.push_back(step_loss);
     window_loss += step_loss;
     ++window_steps;
     result.steps = step + 1;
 
     bool last = step + 1 == opt.steps;
-    if ((step + 1) % opt.log_every == 0 || last || step == 0) {
+    if ((step + 1) % opt.log_every == 0 || last || step == start_step) {
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
       double mean_loss = window_loss / double(window_steps);
       log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
@@ -127,6 +209,10 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
     if (has_val && ((step + 1) % opt.eval_every == 0 || last)) {
       result.final_val_loss = evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
       log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", step + 1, opt.steps, result.final_val_loss);
+    }
+    if (!opt.out_dir.empty() &&
+        (last || (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0))) {
+      write_checkpoint(step + 1);
     }
   }
   return result;

@@ -3,8 +3,12 @@
 // clip -> AdamW step, with a progress line and periodic validation loss.
 #include <iosfwd>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "models/language_model.h"
+#include "train/checkpoint.h"
 #include "train/text_data.h"
 
 namespace ham {
@@ -25,6 +29,14 @@ struct TrainOptions {
   int64_t eval_batches = 8;
   uint64_t seed = 0;
   bool skip_nonfinite = false;  // skip a step with a NaN/Inf loss or gradient (default: stop)
+  std::string data_path;        // training text ("" = the embedded corpus); recorded for resume
+  std::string out_dir;          // checkpoints go here when set
+  int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
+  int64_t keep_checkpoints = 3; // newest checkpoints kept (0: all)
+
+  nlohmann::json to_json() const;
+  // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
+  void update_from_json(const nlohmann::json& j, const std::string& source);
 };
 
 struct TrainResult {
@@ -34,13 +46,18 @@ struct TrainResult {
   double final_val_loss = 0;
   int64_t steps = 0;
   int64_t skipped_steps = 0;
+  std::vector<double> step_losses;  // training loss of every step run by this call
+  std::string last_checkpoint;
 };
 
 // Mean loss over up to `max_batches` consecutive windows of `data`, without gradients.
 double evaluate(const LanguageModel& model, const TokenStream& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches);
 
+// Trains from scratch, or continues from `resume` (a loaded checkpoint) so that the
+// losses are bit-identical to an uninterrupted run.
 TrainResult train(LanguageModel& model, const TokenStream& train_data,
-                  const TokenStream& val_data, const TrainOptions& options, std::ostream& log);
+                  const TokenStream& val_data, const TrainOptions& options, std::ostream& log,
+                  const CheckpointContents* resume = nullptr);
 
 }  // namespace ham

@@ -1,7 +1,9 @@
-// ham train: train a model on CPU on byte-level text (the embedded corpus by default).
+// ham train: train a model on CPU on byte-level text (the embedded corpus by default),
+// with checkpoints, exact resume and a weights-only export.
 #include <omp.h>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -9,8 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
 #include "models/language_model.h"
+#include "train/checkpoint.h"
 #include "train/cli/commands.h"
 #include "train/text_data.h"
 #include "train/trainer.h"
@@ -21,8 +23,10 @@ namespace {
 
 struct TrainArgs {
   TrainOptions options;
-  std::string config_path, data_path, save_path;
+  std::string config_path, resume_path, export_dir;
   int threads = 0;
+  // Options given on the command line, each with how to copy it onto resumed options.
+  std::vector<std::pair<CLI::Option*, std::function<void(TrainOptions&, const TrainOptions&)>>> given;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -35,9 +39,24 @@ std::string read_text_file(const std::string& path) {
 
 int run_train(const TrainArgs& args) {
   if (args.threads > 0) omp_set_num_threads(args.threads);
-  ModelConfig config = args.config_path.empty() ? ModelConfig{} : ModelConfig::from_file(args.config_path);
-  std::string source = args.data_path.empty() ? "<embedded corpus>" : args.data_path;
-  std::string text = args.data_path.empty() ? std::string(default_corpus()) : read_text_file(args.data_path);
+  ModelConfig config;
+  TrainOptions options = args.options;
+  std::unique_ptr<CheckpointContents> resume;
+  if (!args.resume_path.empty()) {
+    HAM_CHECK(args.config_path.empty(), "--resume takes the model config from the checkpoint; drop --config");
+    resume = std::make_unique<CheckpointContents>(load_checkpoint(args.resume_path));
+    std::string state_file = resume->state.value("checkpoint_dir", args.resume_path) + "/state.json";
+    config = ModelConfig::from_json(resume->state.at("config"), state_file);
+    options = TrainOptions{};
+    options.update_from_json(resume->state.at("train"), state_file);
+    for (const auto& [option, copy] : args.given) {
+      if (option->count() > 0) copy(options, args.options);  // explicit flags win
+    }
+  } else if (!args.config_path.empty()) {
+    config = ModelConfig::from_file(args.config_path);
+  }
+  std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
+  std::string text = options.data_path.empty() ? std::string(default_corpus()) : read_text_file(options.data_path);
   auto [train_data, val_data] = TokenStream::from_text(text, 0.05, source);
   HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize,
             args.config_path.empty() ? "<built-in config>" : args.config_path,
@@ -46,9 +65,11 @@ int run_train(const TrainArgs& args) {
   auto model = make_model(config);
   std::cout << fmt::format("{} model: {} parameters\n", family_name(config.family),
                            model->num_parameters());
+  std::cout << "config: " << config.to_json().dump() << "\n";
+  std::cout << "train: " << options.to_json().dump() << "\n";
   std::cout << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
                            source, train_data.size(), val_data.size(), omp_get_max_threads());
-  TrainResult r = train(*model, train_data, val_data, args.options, std::cout);
+  TrainResult r = train(*model, train_data, val_data, options, std::cout, resume.get());
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
   std::cout << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% lower)", r.first_loss,
                            r.final_loss, drop);
@@ -57,10 +78,9 @@ int run_train(const TrainArgs& args) {
                              r.final_val_loss);
   }
   std::cout << "\n";
-  if (!args.save_path.empty()) {
-    save_safetensors(args.save_path, model->named_parameters(),
-                     std::map<std::string, std::string>{{"config", config.to_json().dump()}});
-    std::cout << "weights written to " << args.save_path << "\n";
+  if (!args.export_dir.empty()) {
+    export_weights(args.export_dir, model->named_parameters(), config.to_json());
+    std::cout << "weights exported to " << args.export_dir << " (model.safetensors, config.json)\n";
   }
   return 0;
 }
@@ -73,22 +93,40 @@ Command add_train_command(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU (byte-level text)");
   cmd->add_option("--config", args->config_path, "Model config JSON (default: the tiny built-in Transformer)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--data", args->data_path, "Training text; documents separated by lines '<|endoftext|>' (default: the embedded corpus)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--steps", o.steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--batch-size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--seq-len", o.seq_len, "Tokens per sequence")->capture_default_str();
-  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_steps, "Linear warmup steps")->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
-  cmd->add_option("--clip", o.clip, "Global gradient-norm clip")->capture_default_str();
-  cmd->add_option("--log-every", o.log_every, "Steps between progress lines")->capture_default_str();
-  cmd->add_option("--eval-every", o.eval_every, "Steps between validation losses")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Data sampling seed")->capture_default_str();
+  cmd->add_option("--resume", args->resume_path, "Continue from a checkpoint directory (or the newest one in an output directory); flags given here override the saved options")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--export", args->export_dir, "Write the final weights as model.safetensors + config.json into this directory");
   cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
-  cmd->add_flag("--skip-nonfinite", o.skip_nonfinite, "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
-  cmd->add_option("--save-weights", args->save_path, "Write the trained weights to this .safetensors file");
+  // Each training option is recorded so that, on --resume, an explicit flag overrides the
+  // checkpoint's saved value.
+  auto add = [&](const char* flag, auto TrainOptions::*member, const char* help) {
+    CLI::Option* opt = cmd->add_option(flag, o.*member, help)->capture_default_str();
+    args->given.emplace_back(opt, [member](TrainOptions& dst, const TrainOptions& src) {
+      dst.*member = src.*member;
+    });
+    return opt;
+  };
+  add("--data", &TrainOptions::data_path, "Training text; documents separated by lines '<|endoftext|>' (default: the embedded corpus)")
+      ->check(CLI::ExistingFile);
+  add("--steps", &TrainOptions::steps, "Optimizer steps (total, counting those before a resume)");
+  add("--batch-size", &TrainOptions::batch_size, "Sequences per micro-batch");
+  add("--seq-len", &TrainOptions::seq_len, "Tokens per sequence");
+  add("--grad-accum", &TrainOptions::grad_accum, "Micro-batches per step");
+  add("--lr", &TrainOptions::lr, "Peak learning rate");
+  add("--warmup", &TrainOptions::warmup_steps, "Linear warmup steps");
+  add("--weight-decay", &TrainOptions::weight_decay, "AdamW weight decay (matrices only)");
+  add("--clip", &TrainOptions::clip, "Global gradient-norm clip");
+  add("--log-every", &TrainOptions::log_every, "Steps between progress lines");
+  add("--eval-every", &TrainOptions::eval_every, "Steps between validation losses");
+  add("--seed", &TrainOptions::seed, "Data sampling seed");
+  add("--out", &TrainOptions::out_dir, "Checkpoint directory (checkpoints are written only when set)");
+  add("--checkpoint-every", &TrainOptions::checkpoint_every, "Steps between checkpoints (0: only at the end)");
+  add("--keep", &TrainOptions::keep_checkpoints, "Newest checkpoints to keep (0: all)");
+  CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
+                                    "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
+  args->given.emplace_back(skip, [](TrainOptions& dst, const TrainOptions& src) {
+    dst.skip_nonfinite = src.skip_nonfinite;
+  });
   return {cmd, [args] { return run_train(*args); }};
 }
 

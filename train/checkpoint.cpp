@@ -1,0 +1,137 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "core/safetensors.h"
+
+namespace ham {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kStateFile = "state.json";
+
+void fsync_path(const fs::path& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  HAM_CHECK(fd >= 0, path.string(), ": cannot open to sync: ", std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some filesystems refuse fsync on directories; the rename is still ordered after it.
+  HAM_CHECK(rc == 0 || (directory && err == EINVAL), path.string(), ": fsync failed: ",
+            std::strerror(err));
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    HAM_CHECK(out, path.string(), ": cannot open for writing: ", std::strerror(errno));
+    out << text;
+    out.flush();
+    HAM_CHECK(out, path.string(), ": write failed: ", std::strerror(errno));
+  }
+  fsync_path(path, false);
+}
+
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// Complete checkpoints in out_dir, oldest first.
+std::vector<fs::path> complete_checkpoints(const fs::path& out_dir) {
+  std::vector<fs::path> found;
+  if (!fs::is_directory(out_dir)) return found;
+  for (const auto& entry : fs::directory_iterator(out_dir)) {
+    std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step-", 0) == 0 &&
+        fs::exists(entry.path() / kStateFile)) {
+      found.push_back(entry.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& out_dir, int64_t step,
+                            const CheckpointContents& contents, int64_t keep_last) {
+  fs::path root(out_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  HAM_CHECK(!ec, out_dir, ": cannot create the checkpoint directory: ", ec.message());
+  fs::path final_dir = root / step_dir_name(step);
+  fs::path tmp_dir = root / fmt::format(".tmp-{}-{}", step_dir_name(step), ::getpid());
+  fs::remove_all(tmp_dir);
+  fs::create_directory(tmp_dir, ec);
+  HAM_CHECK(!ec, tmp_dir.string(), ": cannot create: ", ec.message());
+  try {
+    save_safetensors((tmp_dir / "model.safetensors").string(), contents.model);
+    save_safetensors((tmp_dir / "optimizer.safetensors").string(), contents.optimizer);
+    // state.json last: its presence marks the checkpoint complete.
+    write_text_file(tmp_dir / kStateFile, contents.state.dump(2));
+    fsync_path(tmp_dir, true);
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun of the same step
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(root, true);
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+  if (keep_last > 0) {
+    std::vector<fs::path> all = complete_checkpoints(root);
+    for (size_t i = 0; i + size_t(keep_last) < all.size(); ++i) fs::remove_all(all[i], ec);
+  }
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
+  std::vector<fs::path> all = complete_checkpoints(out_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().string();
+}
+
+CheckpointContents load_checkpoint(const std::string& path) {
+  fs::path dir(path);
+  HAM_CHECK(fs::exists(dir), path, ": no such checkpoint directory");
+  if (!fs::exists(dir / kStateFile)) {
+    auto latest = latest_checkpoint(path);
+    HAM_CHECK(latest, path, ": holds no complete checkpoint (no step-*/", kStateFile, ")");
+    dir = *latest;
+  }
+  CheckpointContents c;
+  std::ifstream in(dir / kStateFile);
+  HAM_CHECK(in, (dir / kStateFile).string(), ": cannot open");
+  try {
+    c.state = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    HAM_FAIL((dir / kStateFile).string(), ": invalid JSON: ", e.what());
+  }
+  c.model = load_safetensors((dir / "model.safetensors").string()).tensors;
+  c.optimizer = load_safetensors((dir / "optimizer.safetensors").string()).tensors;
+  c.state["checkpoint_dir"] = dir.string();
+  return c;
+}
+
+void export_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& params,
+                    const nlohmann::json& config) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  HAM_CHECK(!ec, dir, ": cannot create: ", ec.message());
+  save_safetensors((fs::path(dir) / "model.safetensors").string(), params,
+                   {{"format", "ham"}});
+  fs::path cfg = fs::path(dir) / "config.json";
+  fs::path tmp = fs::path(dir) / ".config.json.tmp";
+  write_text_file(tmp, config.dump(2));
+  fs::rename(tmp, cfg);
+}
+
+}  // namespace ham

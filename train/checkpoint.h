@@ -1,0 +1,39 @@
+#pragma once
+// Checkpoints: one directory per saved step,
+//   <out>/step-00000040/model.safetensors      parameters (dotted names)
+//                       optimizer.safetensors  AdamW moments + the model's training state
+//                       state.json             config, options, step, data RNG, metrics
+// written into a hidden temporary directory that is renamed into place only when every
+// file is complete and synced, so a crash mid-write leaves the previous checkpoint intact.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+
+namespace ham {
+
+struct CheckpointContents {
+  std::vector<std::pair<std::string, Tensor>> model;
+  std::vector<std::pair<std::string, Tensor>> optimizer;
+  nlohmann::json state;  // step, config, options, data RNG, optimizer step count, ...
+};
+
+// Writes `<out_dir>/step-<step>` atomically, then deletes the oldest checkpoints so at most
+// `keep_last` remain (0 keeps all). Returns the checkpoint's directory.
+std::string save_checkpoint(const std::string& out_dir, int64_t step,
+                            const CheckpointContents& contents, int64_t keep_last);
+
+// Loads a checkpoint directory, or the newest complete one inside an output directory.
+CheckpointContents load_checkpoint(const std::string& path);
+
+// The newest complete checkpoint directory in out_dir, if any.
+std::optional<std::string> latest_checkpoint(const std::string& out_dir);
+
+// Weights-only export other tools read: <dir>/model.safetensors + <dir>/config.json.
+void export_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& params,
+                    const nlohmann::json& config);
+
+}  // namespace ham
