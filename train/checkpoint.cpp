@@ -1,10 +1,12 @@
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -60,6 +62,18 @@ std::vector<fs::path> complete_checkpoints(const fs::path& out_dir) {
   return found;
 }
 
+// Removes temporary directories left by writers that died mid-write (their pid is gone).
+void remove_abandoned_temporaries(const fs::path& root) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-step-", 0) != 0) continue;
+    size_t dash = name.rfind('-');
+    pid_t pid = pid_t(std::atol(name.c_str() + dash + 1));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& out_dir, int64_t step,
@@ -68,6 +82,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step,
   std::error_code ec;
   fs::create_directories(root, ec);
   HAM_CHECK(!ec, out_dir, ": cannot create the checkpoint directory: ", ec.message());
+  remove_abandoned_temporaries(root);
   fs::path final_dir = root / step_dir_name(step);
   fs::path tmp_dir = root / fmt::format(".tmp-{}-{}", step_dir_name(step), ::getpid());
   fs::remove_all(tmp_dir);
