@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <ostream>
 
@@ -12,6 +13,7 @@
 #include "core/ops/optim.h"
 #include "nn/elementwise.h"
 #include "nn/optim.h"
+#include "train/metrics_log.h"
 
 namespace ham {
 
@@ -32,7 +34,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"warmup_steps", warmup_steps}, {"weight_decay", weight_decay}, {"beta1", beta1},
           {"beta2", beta2}, {"eps", eps}, {"clip", clip}, {"log_every", log_every},
           {"eval_every", eval_every}, {"eval_batches", eval_batches}, {"seed", seed},
-          {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"out_dir", out_dir},
+          {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"out_dir", out_dir}, {"log_dir", log_dir},
           {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints}};
 }
 
@@ -55,7 +57,7 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("beta1", o.beta1); get("beta2", o.beta2); get("eps", o.eps); get("clip", o.clip);
   get("log_every", o.log_every); get("eval_every", o.eval_every);
   get("eval_batches", o.eval_batches); get("seed", o.seed);
-  get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("out_dir", o.out_dir);
+  get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
   get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
   *this = o;
 }
@@ -136,6 +138,11 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
     log << fmt::format("step {:>5}/{} | checkpoint {}\n", step, opt.steps, result.last_checkpoint);
   };
 
+  std::string log_dir = opt.log_dir.empty() ? opt.out_dir : opt.log_dir;
+  std::unique_ptr<MetricsLogger> metrics;
+  if (!log_dir.empty()) metrics = std::make_unique<MetricsLogger>(log_dir);
+  auto wall_start = std::chrono::steady_clock::now();
+
   double window_loss = 0;
   int64_t window_steps = 0;
   int64_t window_tokens = 0;
@@ -186,18 +193,36 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
 
     bool last = step + 1 == opt.steps;
     if ((step + 1) % opt.log_every == 0 || last || step == start_step) {
-      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      auto now = std::chrono::steady_clock::now();
+      double seconds = std::chrono::duration<double>(now - window_start).count();
+      double elapsed = std::chrono::duration<double>(now - wall_start).count();
+      double eta = elapsed / double(step + 1 - start_step) * double(opt.steps - step - 1);
       double mean_loss = window_loss / double(window_steps);
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s\n",
-                         step + 1, opt.steps, mean_loss, lr, grad_norm,
-                         double(window_tokens) / std::max(seconds, 1e-9));
+      double tokens_per_second = double(window_tokens) / std::max(seconds, 1e-9);
       std::vector<LayerRouting> routing = model.routing();
+      std::string kv;
+      if (!routing.empty()) {
+        double mean_kv = 0;
+        for (const LayerRouting& r : routing) mean_kv += r.kv_fraction / double(routing.size());
+        kv = fmt::format(" | kv {:.3f}", mean_kv);
+      }
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s{} | eta {:.0f}s\n",
+                         step + 1, opt.steps, mean_loss, lr, grad_norm, tokens_per_second, kv, eta);
       if (!routing.empty()) {
         std::string line = "           kv fraction by layer:";
         for (const LayerRouting& r : routing) {
           line += fmt::format(" {}:{:.3f}(tau {:.3f})", r.layer, r.kv_fraction, r.tau);
         }
         log << line << "\n";
+      }
+      if (metrics) {
+        NamedScalars scalars = {{"train/loss", mean_loss}, {"train/lr", lr},
+                                {"train/grad_norm", grad_norm}, {"train/tokens_per_second", tokens_per_second}};
+        for (const LayerRouting& r : routing) {
+          scalars.push_back({fmt::format("routing/kv_fraction/layer_{}", r.layer), r.kv_fraction});
+          scalars.push_back({fmt::format("routing/tau/layer_{}", r.layer), r.tau});
+        }
+        metrics->log(step + 1, scalars);
       }
       log.flush();
       result.final_loss = mean_loss;
@@ -209,6 +234,7 @@ TrainResult train(LanguageModel& model, const TokenStream& train_data,
     if (has_val && ((step + 1) % opt.eval_every == 0 || last)) {
       result.final_val_loss = evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
       log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", step + 1, opt.steps, result.final_val_loss);
+      if (metrics) metrics->log(step + 1, {{"val/loss", result.final_val_loss}});
     }
     if (!opt.out_dir.empty() &&
         (last || (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0))) {

@@ -31,6 +31,7 @@ struct TrainOptions {
   bool skip_nonfinite = false;  // skip a step with a NaN/Inf loss or gradient (default: stop)
   std::string data_path;        // training text ("" = the embedded corpus); recorded for resume
   std::string out_dir;          // checkpoints go here when set
+  std::string log_dir;          // metrics.jsonl + TensorBoard events ("" = out_dir, if set)
   int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3; // newest checkpoints kept (0: all)
 

@@ -21,9 +21,33 @@ namespace ham::cli {
 
 namespace {
 
+// Applies "--set model.key=value" / "--set train.key=value" (value parsed as JSON, else a
+// string) before anything is built, so a bad key or value fails first.
+void apply_overrides(const std::vector<std::string>& overrides, nlohmann::json& model_json,
+                     TrainOptions& options, bool resuming) {
+  for (const std::string& text : overrides) {
+    size_t dot = text.find('.'), eq = text.find('=');
+    HAM_CHECK(dot != std::string::npos && eq != std::string::npos && dot < eq,
+              "--set ", text, ": expected section.key=value with section model or train");
+    std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
+    std::string raw = text.substr(eq + 1);
+    nlohmann::json value = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = raw;
+    if (section == "model") {
+      HAM_CHECK(!resuming, "--set ", text, ": a resumed run keeps its checkpoint's model");
+      model_json[key] = value;
+    } else if (section == "train") {
+      options.update_from_json({{key, value}}, "--set " + text);
+    } else {
+      HAM_FAIL("--set ", text, ": unknown section '", section, "' (expected model or train)");
+    }
+  }
+}
+
 struct TrainArgs {
   TrainOptions options;
   std::string config_path, resume_path, export_dir;
+  std::vector<std::string> overrides;  // --set section.key=value
   int threads = 0;
   // Options given on the command line, each with how to copy it onto resumed options.
   std::vector<std::pair<CLI::Option*, std::function<void(TrainOptions&, const TrainOptions&)>>> given;
@@ -54,6 +78,12 @@ int run_train(const TrainArgs& args) {
     }
   } else if (!args.config_path.empty()) {
     config = ModelConfig::from_file(args.config_path);
+  }
+  if (!args.overrides.empty()) {
+    nlohmann::json model_json = config.to_json();
+    apply_overrides(args.overrides, model_json, options, resume != nullptr);
+    config = ModelConfig::from_json(
+        model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
   std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
   std::string text = options.data_path.empty() ? std::string(default_corpus()) : read_text_file(options.data_path);
@@ -97,6 +127,7 @@ Command add_train_command(CLI::App& root) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--export", args->export_dir, "Write the final weights as model.safetensors + config.json into this directory");
   cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  cmd->add_option("--set", args->overrides, "Override a config field: model.KEY=VALUE or train.KEY=VALUE (repeatable)");
   // Each training option is recorded so that, on --resume, an explicit flag overrides the
   // checkpoint's saved value.
   auto add = [&](const char* flag, auto TrainOptions::*member, const char* help) {
@@ -120,6 +151,7 @@ Command add_train_command(CLI::App& root) {
   add("--eval-every", &TrainOptions::eval_every, "Steps between validation losses");
   add("--seed", &TrainOptions::seed, "Data sampling seed");
   add("--out", &TrainOptions::out_dir, "Checkpoint directory (checkpoints are written only when set)");
+  add("--log-dir", &TrainOptions::log_dir, "metrics.jsonl and TensorBoard events go here (default: --out)");
   add("--checkpoint-every", &TrainOptions::checkpoint_every, "Steps between checkpoints (0: only at the end)");
   add("--keep", &TrainOptions::keep_checkpoints, "Newest checkpoints to keep (0: all)");
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
