@@ -1,5 +1,7 @@
 #include "models/transformer.h"
 
+#include "models/gdn.h"
+
 #include <cmath>
 
 #include "autograd/checkpoint.h"
@@ -19,28 +21,28 @@ Tensor LanguageModel::loss(const TokenBatch& batch) const {
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& c, Generator& gen)
     : n_heads_(c.n_heads), n_kv_heads_(c.n_kv_heads), head_dim_(c.head_dim),
-      rope_base_(c.rope_base) {
+      v_head_dim_(c.v_head_dim), rope_base_(c.rope_base) {
   InitOptions init{c.init_std};
   // Residual-branch outputs start smaller so the sum over layers keeps unit scale.
   InitOptions out_init{c.init_std / std::sqrt(2.0 * double(c.n_layers))};
   q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_heads * c.head_dim, false, gen, init));
   k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.n_kv_heads * c.head_dim, false, gen, init));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.n_kv_heads * c.head_dim, false, gen, init));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(c.n_heads * c.head_dim, c.d_model, false, gen, out_init));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.n_kv_heads * c.v_head_dim, false, gen, init));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(c.n_heads * c.v_head_dim, c.d_model, false, gen, out_init));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, const TokenBatch& batch) const {
   int64_t B = x.size(0), T = x.size(1);
   Tensor q = reshape(q_proj->forward(x), {B, T, n_heads_, head_dim_});
   Tensor k = reshape(k_proj->forward(x), {B, T, n_kv_heads_, head_dim_});
-  Tensor v = reshape(v_proj->forward(x), {B, T, n_kv_heads_, head_dim_});
+  Tensor v = reshape(v_proj->forward(x), {B, T, n_kv_heads_, v_head_dim_});
   q = rope(q, rope_base_, batch.positions);
   k = rope(k, rope_base_, batch.positions);
   // Dense causal attention is routed attention with every token selected.
   Tensor all_selected = Tensor::full({B, T}, 1.0, DType::U8);
   Tensor o = routed_attention(q, k, v, all_selected, Tensor(), batch.doc_ids,
                               1.0 / std::sqrt(double(head_dim_)));
-  return o_proj->forward(reshape(o, {B, T, n_heads_ * head_dim_}));
+  return o_proj->forward(reshape(o, {B, T, n_heads_ * v_head_dim_}));
 }
 
 TransformerBlock::TransformerBlock(const ModelConfig& c, Generator& gen) {
@@ -89,6 +91,8 @@ Tensor Transformer::forward(const TokenBatch& batch) const {
 std::shared_ptr<LanguageModel> make_model(const ModelConfig& config) {
   switch (config.family) {
     case ModelFamily::Transformer: return std::make_shared<Transformer>(config);
+    case ModelFamily::GDN: return std::make_shared<GDNModel>(config);
+    case ModelFamily::GDNGSA: return std::make_shared<GDNGSAModel>(config);
   }
   HAM_FAIL("make_model: unknown family");
 }

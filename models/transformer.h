@@ -13,7 +13,7 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 
  private:
-  int64_t n_heads_, n_kv_heads_, head_dim_;
+  int64_t n_heads_, n_kv_heads_, head_dim_, v_head_dim_;
   double rope_base_;
 };
 

@@ -9,28 +9,31 @@ namespace {
 
 class CausalConv1dBackward final : public Node {
  public:
-  Tensor x, weight;
+  Tensor x, weight, doc_ids;
   std::string name() const override { return "CausalConv1dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     ops::CausalConv1dGrads g = ops::causal_conv1d_backward(
         grads[0], x, weight, needs_input_grad(*this, 0), needs_input_grad(*this, 1),
-        needs_input_grad(*this, 2));
+        needs_input_grad(*this, 2), doc_ids);
     return {g.dx, g.dweight, g.dbias};
   }
   void release_saved() override {
     x = Tensor();
     weight = Tensor();
+    doc_ids = Tensor();
   }
 };
 
 }  // namespace
 
-Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = ops::causal_conv1d(x, weight, bias);
+Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const Tensor& doc_ids) {
+  Tensor y = ops::causal_conv1d(x, weight, bias, doc_ids);
   if (any_requires_grad({x, weight, bias})) {
     auto node = std::make_shared<CausalConv1dBackward>();
     node->x = x;
     node->weight = weight;
+    node->doc_ids = doc_ids;
     connect(node, {x, weight, bias}, {&y});
   }
   return y;

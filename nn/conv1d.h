@@ -1,14 +1,16 @@
 #pragma once
 // Differentiable short causal depthwise conv over time: x [B, T, C], weight [C, W],
-// bias [C] optional:
-//   y[b, t, c] = bias[c] + sum_{j<W} weight[c, j] * x[b, t - (W-1) + j, c],  x = 0 for t < 0
-// Gradients flow to x, weight and bias (formulas in core/ops/conv1d.h).
-// Not yet: resetting the window at packed-document starts (a future optional doc_start
-// argument after bias); today every sequence starts from zeros at t = 0 only.
+// bias [C] optional, doc_ids [B, T] i32/i64 optional:
+//   y[b, t, c] = bias[c] + sum_{j<W} weight[c, j] * x[b, t - (W-1) + j, c]
+// with x = 0 before t = 0 and before the start of t's document (a document starts
+// wherever doc_ids changes), so the taps of a packed document never reach into the one
+// before it. Gradients flow to x, weight and bias (formulas in core/ops/conv1d.h);
+// doc_ids gets none.
 #include "core/tensor.h"
 
 namespace ham {
 
-Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                     const Tensor& doc_ids = Tensor());
 
 }  // namespace ham

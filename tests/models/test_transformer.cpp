@@ -15,6 +15,7 @@ ModelConfig tiny_config() {
   c.n_heads = 2;
   c.n_kv_heads = 1;  // grouped-query path
   c.head_dim = 4;
+  c.v_head_dim = 6;  // value heads wider than query/key heads, as HAM's KV path
   c.d_ff = 12;
   c.init_std = 0.3;  // large enough that every path carries signal in the check
   c.seed = 7;
@@ -91,8 +92,9 @@ TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
 TEST(Transformer, ParameterCountMatchesFormula) {
   ModelConfig c = tiny_config();
   Transformer model(c);
-  int64_t d = c.d_model, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
-  int64_t per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * c.d_ff;
+  int64_t d = c.d_model, q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim;
+  int64_t v = c.n_kv_heads * c.v_head_dim, o = c.n_heads * c.v_head_dim;
+  int64_t per_layer = 2 * d + d * q + d * k + d * v + o * d + 3 * d * c.d_ff;
   EXPECT_EQ(model.num_parameters(), 2 * c.vocab_size * d + d + c.n_layers * per_layer);
   EXPECT_NO_THROW(model.parameter("layers.1.attn.q_proj.weight"));
   EXPECT_NO_THROW(model.parameter("layers.0.mlp.down.weight"));

@@ -1,5 +1,7 @@
 #include "nn/conv1d.h"
 
+#include "core/ops/conv1d.h"
+#include "nn/shape.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -8,20 +10,26 @@ namespace {
 using testing::expect_gradcheck;
 using testing::randn64;
 
-// y[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - (W-1) + j, c], zero before t = 0.
-std::vector<double> naive_conv(const Tensor& x, const Tensor& w, const Tensor& bias) {
+// y[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - (W-1) + j, c], zero before t = 0 and
+// before the start of t's document (found here by walking back while the id is unchanged).
+std::vector<double> naive_conv(const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Tensor& doc_ids = Tensor()) {
   int64_t B = x.size(0), T = x.size(1), C = x.size(2), W = w.size(1);
   std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
   std::vector<double> bv =
       bias.defined() ? bias.to_vector<double>() : std::vector<double>(size_t(C), 0.0);
+  std::vector<int64_t> ids = doc_ids.defined() ? doc_ids.to_vector<int64_t>()
+                                               : std::vector<int64_t>(size_t(B * T), 0);
   std::vector<double> y(xv.size());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < C; ++c) {
+        int64_t start = t;
+        while (start > 0 && ids[size_t(b * T + start - 1)] == ids[size_t(b * T + t)]) --start;
         double acc = bv[size_t(c)];
         for (int64_t j = 0; j < W; ++j) {
           int64_t s = t - (W - 1) + j;
-          if (s >= 0) acc += wv[size_t(c * W + j)] * xv[size_t((b * T + s) * C + c)];
+          if (s >= start) acc += wv[size_t(c * W + j)] * xv[size_t((b * T + s) * C + c)];
         }
         y[size_t((b * T + t) * C + c)] = acc;
       }
@@ -99,6 +107,76 @@ TEST(CausalConv1d, F32ChannelBlocksMatchNaive) {
       {xg, wg, bg}, sampled);
 }
 
+// Row 0: documents of lengths 2, 1 (a one-token document), 3, and an id that comes back
+// (0 after 2 is a new document). Row 1: one document (i32 ids take the same path).
+Tensor packed_doc_ids(DType dtype) {
+  return Tensor::from_vector(std::vector<int64_t>{0, 0, 1, 2, 2, 2, 0, 0,  //
+                                                  5, 5, 5, 5, 5, 5, 5, 5},
+                             {2, 8})
+      .to(dtype);
+}
+
+TEST(CausalConv1dDocuments, ForwardMatchesNaive) {
+  for (DType id_dtype : {DType::I64, DType::I32}) {
+    Tensor docs = packed_doc_ids(id_dtype);
+    Tensor x = randn64({2, 8, 3}, 21, 1.0, false);
+    Tensor w = randn64({3, 3}, 22, 1.0, false);
+    Tensor b = randn64({3}, 23, 1.0, false);
+    std::vector<double> expected = naive_conv(x, w, b, docs);
+    std::vector<double> y = causal_conv1d(x, w, b, docs).to_vector<double>();
+    ASSERT_EQ(y.size(), expected.size());
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], expected[i], 1e-14) << i;
+    // The reset changes something: without doc_ids row 0 differs.
+    std::vector<double> unreset = causal_conv1d(x, w, b).to_vector<double>();
+    EXPECT_GT(std::abs(unreset[3 * 3] - y[3 * 3]), 1e-6);
+  }
+}
+
+TEST(CausalConv1dDocuments, Gradcheck) {
+  Tensor docs = packed_doc_ids(DType::I64);
+  Tensor x = randn64({2, 8, 3}, 24), w = randn64({3, 4}, 25), b = randn64({3}, 26);
+  expect_gradcheck(
+      [docs](const std::vector<Tensor>& v) {
+        return std::vector{causal_conv1d(v[0], v[1], v[2], docs)};
+      },
+      {x, w, b});
+  expect_gradcheck(
+      [docs](const std::vector<Tensor>& v) {
+        return std::vector{causal_conv1d(v[0], v[1], Tensor(), docs)};
+      },
+      {x, w});
+}
+
+TEST(CausalConv1dDocuments, PackedPairEqualsEachDocumentAlone) {
+  // Documents of lengths 3 and 5 packed in one row: outputs, dx and dweight equal those
+  // of the two documents run on their own (dweight summed over the two).
+  const int64_t C = 4, W = 4;
+  Tensor first = randn64({1, 3, C}, 27, 1.0, false), second = randn64({1, 5, C}, 28, 1.0, false);
+  Tensor dy_first = randn64({1, 3, C}, 29, 1.0, false);
+  Tensor dy_second = randn64({1, 5, C}, 30, 1.0, false);
+  Tensor w = randn64({C, W}, 31, 1.0, false);
+  Tensor packed = concat({first, second}, 1), dy_packed = concat({dy_first, dy_second}, 1);
+  Tensor docs = Tensor::from_vector(std::vector<int64_t>{7, 7, 7, 8, 8, 8, 8, 8}, {1, 8});
+
+  std::vector<double> y = ops::causal_conv1d(packed, w, Tensor(), docs).to_vector<double>();
+  std::vector<double> alone = ops::causal_conv1d(first, w).to_vector<double>();
+  std::vector<double> second_alone = ops::causal_conv1d(second, w).to_vector<double>();
+  alone.insert(alone.end(), second_alone.begin(), second_alone.end());
+  ASSERT_EQ(y.size(), alone.size());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], alone[i], 1e-14) << i;
+
+  auto g = ops::causal_conv1d_backward(dy_packed, packed, w, true, true, false, docs);
+  auto g1 = ops::causal_conv1d_backward(dy_first, first, w, true, true, false);
+  auto g2 = ops::causal_conv1d_backward(dy_second, second, w, true, true, false);
+  std::vector<double> dx = g.dx.to_vector<double>(), dx1 = g1.dx.to_vector<double>(),
+                      dx2 = g2.dx.to_vector<double>();
+  dx1.insert(dx1.end(), dx2.begin(), dx2.end());
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(dx[i], dx1[i], 1e-13) << i;
+  std::vector<double> dw = g.dweight.to_vector<double>(), dw1 = g1.dweight.to_vector<double>(),
+                      dw2 = g2.dweight.to_vector<double>();
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw[i], dw1[i] + dw2[i], 1e-13) << i;
+}
+
 TEST(CausalConv1d, BadShapesNameOpAndShapes) {
   auto expect_error = [](const std::function<void()>& fn, const std::vector<std::string>& parts) {
     try {
@@ -117,6 +195,14 @@ TEST(CausalConv1d, BadShapesNameOpAndShapes) {
   expect_error([] {
     causal_conv1d(Tensor::zeros({1, 4, 3}), Tensor::zeros({3, 2}), Tensor::zeros({2}));
   }, {"[2]", "[1, 4, 3]"});
+  expect_error([] {
+    causal_conv1d(Tensor::zeros({1, 4, 3}), Tensor::zeros({3, 2}), Tensor(),
+                  Tensor::zeros({1, 3}, DType::I64));
+  }, {"doc_ids", "[1, 3]", "[1, 4, 3]"});
+  expect_error([] {
+    causal_conv1d(Tensor::zeros({1, 4, 3}), Tensor::zeros({3, 2}), Tensor(),
+                  Tensor::zeros({1, 4}));
+  }, {"doc_ids", "i32 or i64"});
 }
 
 }  // namespace
