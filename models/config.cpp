@@ -229,6 +229,9 @@ void ModelConfig::validate(const std::string& source) const {
               "): HAM shares its v projection between the RNN and KV paths");
     HAM_CHECK(n_kv_heads == n_heads, source, ": key 'n_kv_heads' must equal 'n_heads' for HAM");
     positive("router_hidden", router_hidden);
+    HAM_CHECK(!eda || router != RouterKind::FitError, source,
+              ": key 'eda' needs a learned router (router input_shallow or input_deep): the "
+              "layer-mixing gamma learns only through the router's value scaling");
     HAM_CHECK(tau > 0.0 && tau < tau_scale(), source, ": key 'tau' must lie in (0, ", tau_scale(),
               ") for router '", router_name(router), "', got ", tau);
     HAM_CHECK(kv_target.size() == 1 || int64_t(kv_target.size()) == n_layers, source,

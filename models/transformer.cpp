@@ -1,6 +1,7 @@
 #include "models/transformer.h"
 
 #include "models/gdn.h"
+#include "models/ham.h"
 
 #include <cmath>
 
@@ -93,6 +94,7 @@ std::shared_ptr<LanguageModel> make_model(const ModelConfig& config) {
     case ModelFamily::Transformer: return std::make_shared<Transformer>(config);
     case ModelFamily::GDN: return std::make_shared<GDNModel>(config);
     case ModelFamily::GDNGSA: return std::make_shared<GDNGSAModel>(config);
+    case ModelFamily::HAM: return std::make_shared<HAMModel>(config);
   }
   HAM_FAIL("make_model: unknown family");
 }

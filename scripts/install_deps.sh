@@ -8,6 +8,7 @@ packages=(
   libeigen3-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  libicu-dev
 )
 
 missing=()

@@ -77,6 +77,44 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   fs::remove_all(dir_b);
 }
 
+TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
+  // The learned thresholds and their own AdamW are training state outside the parameters.
+  ModelConfig c = ModelConfig::from_file(std::string(HAM_SOURCE_DIR) + "/configs/tiny/ham-learned-tau.json");
+  c.d_model = 32;
+  c.gdn_heads = 1;
+  c.gdn_head_dim = 16;
+  c.gdn_v_head_dim = 24;
+  c.n_heads = 2;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.v_head_dim = 12;
+  c.d_ff = 48;
+  c.tau_freeze_steps = 5;
+  c.tau_lr = 0.05;
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  fs::path dir = fresh_dir("ham_resume");
+  TrainOptions o = small_options(40, dir);
+  o.checkpoint_every = 20;
+  o.keep_checkpoints = 0;
+  auto straight = make_model(c);
+  TrainResult full = train(*straight, train_data, val_data, o, log);
+  auto resumed = make_model(c);
+  CheckpointContents ck = load_checkpoint((dir / "step-00000020").string());
+  bool has_threshold_state = false;
+  for (const auto& [name, t] : ck.optimizer) has_threshold_state |= name.find("p_tau") != std::string::npos;
+  EXPECT_TRUE(has_threshold_state) << "the checkpoint holds no learned threshold";
+  TrainResult rest = train(*resumed, train_data, val_data, o, log, &ck);
+  ASSERT_EQ(rest.step_losses.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(rest.step_losses[i], full.step_losses[20 + i]) << "step " << 21 + i;
+  }
+  auto ra = straight->routing(), rb = resumed->routing();
+  ASSERT_EQ(ra.size(), rb.size());
+  for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i].tau, rb[i].tau) << "layer " << i;
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, KeepsOnlyTheNewest) {
   fs::path dir = fresh_dir("keep");
   CheckpointContents c;
