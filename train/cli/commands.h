@@ -14,5 +14,7 @@ struct Command {
 
 Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp
+Command add_tokenize_command(CLI::App& root);    // tokenize_command.cpp
+Command add_detokenize_command(CLI::App& root);  // tokenize_command.cpp
 
 }  // namespace ham::cli

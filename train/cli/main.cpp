@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
   std::vector<ham::cli::Command> commands = {
       ham::cli::add_train_command(app),
       ham::cli::add_info_command(app),
+      ham::cli::add_tokenize_command(app),
+      ham::cli::add_detokenize_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   try {
