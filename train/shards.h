@@ -11,6 +11,7 @@
 
 #include "core/random.h"
 #include "models/language_model.h"
+#include "train/text_data.h"
 
 namespace ham {
 
@@ -63,12 +64,12 @@ std::vector<std::string> expand_shard_paths(const std::string& pattern);
 // Shards concatenated into one stream of tokens, with the batching of TokenStream: windows
 // of seq_len + 1 tokens (they may cross from one shard into the next), doc_ids counting
 // document starts and positions restarting at each one.
-class ShardDataset {
+class ShardDataset : public TokenSource {
  public:
   // `paths` holds files or glob patterns; vocab_size > 0 validates every token.
   ShardDataset(const std::vector<std::string>& paths, int64_t vocab_size, int64_t document_start_id);
 
-  int64_t size() const { return offsets_.back(); }
+  int64_t size() const override { return offsets_.back(); }
   const std::vector<Shard>& shards() const { return shards_; }
   int64_t document_start_id() const { return document_start_id_; }
 
@@ -77,8 +78,9 @@ class ShardDataset {
   std::vector<int64_t> tokens() const { return tokens(0, size()); }  // e.g. for a TokenStream
 
   TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
-  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const;
-  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len, int64_t max_batches) const;
+  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const override;
+  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
+                                     int64_t max_batches) const override;
 
  private:
   std::vector<Shard> shards_;

@@ -24,7 +24,20 @@ class ByteTokenizer {
 // Splits text at lines holding only "<|endoftext|>"; empty documents are dropped.
 std::vector<std::string> split_documents(std::string_view text);
 
-class TokenStream {
+// Where training and validation batches come from: an in-memory TokenStream or token
+// shards on disk (train/shards.h).
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t size() const = 0;
+  // `batch` windows of seq_len + 1 tokens at random starts drawn from `gen`.
+  virtual TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const = 0;
+  // Consecutive non-overlapping windows covering the source (for validation loss).
+  virtual std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
+                                             int64_t max_batches) const = 0;
+};
+
+class TokenStream : public TokenSource {
  public:
   // Each document becomes [EOT, bytes...]; the last `validation_fraction` of documents
   // (at least one when there are two or more) form the validation stream.
@@ -32,16 +45,17 @@ class TokenStream {
                                                        double validation_fraction,
                                                        const std::string& source);
   explicit TokenStream(std::vector<int64_t> tokens) : tokens_(std::move(tokens)) {}
-  int64_t size() const { return int64_t(tokens_.size()); }
+  int64_t size() const override { return int64_t(tokens_.size()); }
   const std::vector<int64_t>& tokens() const { return tokens_; }
 
   // Windows of seq_len + 1 tokens at `starts`: inputs are the first seq_len, targets the
   // last seq_len. doc_ids count document starts (EOT) inside the window.
   TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
   // `batch` windows at random starts drawn from `gen`.
-  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const;
+  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const override;
   // Consecutive non-overlapping windows covering the stream (for validation loss).
-  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len, int64_t max_batches) const;
+  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
+                                     int64_t max_batches) const override;
 
  private:
   std::vector<int64_t> tokens_;

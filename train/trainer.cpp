@@ -17,7 +17,7 @@
 
 namespace ham {
 
-double evaluate(const LanguageModel& model, const TokenStream& data, int64_t batch,
+double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches) {
   NoGradGuard no_grad;
   std::vector<TokenBatch> batches = data.sequential(batch, seq_len, max_batches);
@@ -34,7 +34,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"warmup_steps", warmup_steps}, {"weight_decay", weight_decay}, {"beta1", beta1},
           {"beta2", beta2}, {"eps", eps}, {"clip", clip}, {"log_every", log_every},
           {"eval_every", eval_every}, {"eval_batches", eval_batches}, {"seed", seed},
-          {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"out_dir", out_dir}, {"log_dir", log_dir},
+          {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"val_data_path", val_data_path}, {"tokenizer", tokenizer},
+          {"out_dir", out_dir}, {"log_dir", log_dir},
           {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints}};
 }
 
@@ -57,7 +58,8 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("beta1", o.beta1); get("beta2", o.beta2); get("eps", o.eps); get("clip", o.clip);
   get("log_every", o.log_every); get("eval_every", o.eval_every);
   get("eval_batches", o.eval_batches); get("seed", o.seed);
-  get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
+  get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("val_data_path", o.val_data_path);
+  get("tokenizer", o.tokenizer); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
   get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
   *this = o;
 }
@@ -91,8 +93,8 @@ std::string first_nonfinite_grad(const LanguageModel& model) {
 
 }  // namespace
 
-TrainResult train(LanguageModel& model, const TokenStream& train_data,
-                  const TokenStream& val_data, const TrainOptions& opt, std::ostream& log,
+TrainResult train(LanguageModel& model, const TokenSource& train_data,
+                  const TokenSource& val_data, const TrainOptions& opt, std::ostream& log,
                   const CheckpointContents* resume) {
   HAM_CHECK(opt.steps > 0 && opt.batch_size > 0 && opt.seq_len > 0 && opt.grad_accum > 0,
             "train: steps, batch size, sequence length and grad accumulation must be positive");

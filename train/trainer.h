@@ -29,7 +29,9 @@ struct TrainOptions {
   int64_t eval_batches = 8;
   uint64_t seed = 0;
   bool skip_nonfinite = false;  // skip a step with a NaN/Inf loss or gradient (default: stop)
-  std::string data_path;        // training text ("" = the embedded corpus); recorded for resume
+  std::string data_path;        // text file or token shards (.bin, globs); "" = embedded corpus
+  std::string val_data_path;    // validation shards (text data splits off its own)
+  std::string tokenizer = "bytes";  // "bytes" or a tokenizer.json: shards' document-start id
   std::string out_dir;          // checkpoints go here when set
   std::string log_dir;          // metrics.jsonl + TensorBoard events ("" = out_dir, if set)
   int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
@@ -52,13 +54,13 @@ struct TrainResult {
 };
 
 // Mean loss over up to `max_batches` consecutive windows of `data`, without gradients.
-double evaluate(const LanguageModel& model, const TokenStream& data, int64_t batch,
+double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches);
 
 // Trains from scratch, or continues from `resume` (a loaded checkpoint) so that the
 // losses are bit-identical to an uninterrupted run.
-TrainResult train(LanguageModel& model, const TokenStream& train_data,
-                  const TokenStream& val_data, const TrainOptions& options, std::ostream& log,
+TrainResult train(LanguageModel& model, const TokenSource& train_data,
+                  const TokenSource& val_data, const TrainOptions& options, std::ostream& log,
                   const CheckpointContents* resume = nullptr);
 
 }  // namespace ham

@@ -14,7 +14,9 @@
 #include "models/language_model.h"
 #include "train/checkpoint.h"
 #include "train/cli/commands.h"
+#include "train/shards.h"
 #include "train/text_data.h"
+#include "train/tokenizer.h"
 #include "train/trainer.h"
 
 namespace ham::cli {
@@ -61,6 +63,51 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
+bool is_shard_spec(const std::string& path) {
+  return path.find('*') != std::string::npos || path.find('?') != std::string::npos ||
+         (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0);
+}
+
+struct TrainingData {
+  std::unique_ptr<TokenSource> train, val;
+  std::string description;
+};
+
+// Byte-level text (the embedded corpus or a file; 5% of documents held out), or llm.c
+// token shards (validation from --val-data), checked against the model's vocabulary.
+TrainingData open_training_data(const TrainOptions& options, const ModelConfig& config) {
+  TrainingData data;
+  if (is_shard_spec(options.data_path)) {
+    auto tokenizer = load_tokenizer(options.tokenizer);
+    int64_t doc_start = tokenizer->document_start_id();
+    HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), "model config: key 'vocab_size' (",
+              config.vocab_size, ") is smaller than the tokenizer's vocabulary (",
+              tokenizer->vocab_size(), ", ", options.tokenizer, ")");
+    data.train = std::make_unique<ShardDataset>(std::vector<std::string>{options.data_path},
+                                                config.vocab_size, doc_start);
+    if (!options.val_data_path.empty()) {
+      data.val = std::make_unique<ShardDataset>(std::vector<std::string>{options.val_data_path},
+                                                config.vocab_size, doc_start);
+    } else {
+      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+    }
+    data.description = options.data_path + " (token shards)";
+    return data;
+  }
+  HAM_CHECK(options.val_data_path.empty(), "--val-data is for token shards; text data holds out "
+            "its last 5% of documents");
+  std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
+  std::string text = options.data_path.empty() ? std::string(default_corpus())
+                                               : read_text_file(options.data_path);
+  auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
+  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, "model config: key 'vocab_size' must "
+            "be at least ", ByteTokenizer::kVocabSize, " for byte-level text, got ", config.vocab_size);
+  data.train = std::make_unique<TokenStream>(std::move(train_stream));
+  data.val = std::make_unique<TokenStream>(std::move(val_stream));
+  data.description = source;
+  return data;
+}
+
 int run_train(const TrainArgs& args) {
   if (args.threads > 0) omp_set_num_threads(args.threads);
   ModelConfig config;
@@ -85,21 +132,16 @@ int run_train(const TrainArgs& args) {
     config = ModelConfig::from_json(
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
-  std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
-  std::string text = options.data_path.empty() ? std::string(default_corpus()) : read_text_file(options.data_path);
-  auto [train_data, val_data] = TokenStream::from_text(text, 0.05, source);
-  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize,
-            args.config_path.empty() ? "<built-in config>" : args.config_path,
-            ": key 'vocab_size' must be at least ", ByteTokenizer::kVocabSize,
-            " for byte-level text, got ", config.vocab_size);
+  TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
   std::cout << fmt::format("{} model: {} parameters\n", family_name(config.family),
                            model->num_parameters());
   std::cout << "config: " << config.to_json().dump() << "\n";
   std::cout << "train: " << options.to_json().dump() << "\n";
   std::cout << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
-                           source, train_data.size(), val_data.size(), omp_get_max_threads());
-  TrainResult r = train(*model, train_data, val_data, options, std::cout, resume.get());
+                           data.description, data.train->size(), data.val->size(),
+                           omp_get_max_threads());
+  TrainResult r = train(*model, *data.train, *data.val, options, std::cout, resume.get());
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
   std::cout << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% lower)", r.first_loss,
                            r.final_loss, drop);
@@ -137,8 +179,9 @@ Command add_train_command(CLI::App& root) {
     });
     return opt;
   };
-  add("--data", &TrainOptions::data_path, "Training text; documents separated by lines '<|endoftext|>' (default: the embedded corpus)")
-      ->check(CLI::ExistingFile);
+  add("--data", &TrainOptions::data_path, "Training text (documents separated by lines '<|endoftext|>'), or llm.c token shards: a .bin file or a glob (default: the embedded corpus)");
+  add("--val-data", &TrainOptions::val_data_path, "Validation token shards (.bin file or glob)");
+  add("--tokenizer", &TrainOptions::tokenizer, "Tokenizer of the shards: bytes or a tokenizer.json (gives the document-start token)");
   add("--steps", &TrainOptions::steps, "Optimizer steps (total, counting those before a resume)");
   add("--batch-size", &TrainOptions::batch_size, "Sequences per micro-batch");
   add("--seq-len", &TrainOptions::seq_len, "Tokens per sequence");
