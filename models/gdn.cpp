@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/checkpoint.h"
 #include "nn/conv1d.h"
 #include "nn/elementwise.h"
 #include "nn/gated_delta_rule.h"
@@ -49,22 +48,6 @@ Tensor init_dt_bias(int64_t heads, Generator& gen) {
     x = step + std::log(-std::expm1(-step));
   }
   return f32_vector(dt);
-}
-
-// Runs one residual block, rerunning it in backward instead of keeping its activations
-// when the config asks for recompute.
-template <class Block>
-Tensor run_block(const std::shared_ptr<Block>& block, const Tensor& x, const TokenBatch& batch,
-                 bool recompute) {
-  if (!recompute) return block->forward(x, batch);
-  return checkpoint([block, batch](const std::vector<Tensor>& in) {
-           return std::vector<Tensor>{block->forward(in[0], batch)};
-         }, {x})[0];
-}
-
-void check_inputs(const char* model, const TokenBatch& batch) {
-  HAM_CHECK(batch.inputs.dim() == 2, model, ": inputs must be [B, T], got ",
-            shape_str(batch.inputs.shape()));
 }
 
 }  // namespace
@@ -132,54 +115,40 @@ Tensor GDNBlock::forward(const Tensor& x, const TokenBatch& batch) const {
   return add(h, mlp->forward(mlp_norm->forward(h)));
 }
 
-GDNModel::GDNModel(const ModelConfig& c) : LanguageModel(c) {
-  Generator gen(c.seed);
-  embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, gen,
-                                                               InitOptions{c.init_std}));
+GDNModel::GDNModel(const ModelConfig& c) : DecoderLM(c) {
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    layers.push_back(register_module("layers." + std::to_string(i),
-                                     std::make_shared<GDNBlock>(c, gen)));
+    layers.push_back(add_layer(i, std::make_shared<GDNBlock>(c, init_generator_)));
   }
-  final_norm = register_module("final_norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab_size, false,
-                                                                gen, InitOptions{c.init_std}));
+  add_head();
 }
 
 Tensor GDNModel::forward(const TokenBatch& batch) const {
-  check_inputs("GDNModel", batch);
-  Tensor x = embed->forward(batch.inputs);
-  for (const auto& layer : layers) x = run_block(layer, x, batch, config_.recompute);
-  return lm_head->forward(final_norm->forward(x));
+  Tensor x = embed_tokens(batch, "GDNModel");
+  for (const auto& layer : layers) x = run_block(layer, x, batch);
+  return logits(x);
 }
 
-GDNGSAModel::GDNGSAModel(const ModelConfig& c) : LanguageModel(c) {
-  Generator gen(c.seed);
-  embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, gen,
-                                                               InitOptions{c.init_std}));
+GDNGSAModel::GDNGSAModel(const ModelConfig& c) : DecoderLM(c) {
   attention_layers.resize(size_t(c.n_layers));
   gdn_layers.resize(size_t(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    std::string name = "layers." + std::to_string(i);
     if (c.is_attention_layer(i)) {
       attention_layers[size_t(i)] =
-          register_module(name, std::make_shared<TransformerBlock>(c, gen));
+          add_layer(i, std::make_shared<TransformerBlock>(c, init_generator_));
     } else {
-      gdn_layers[size_t(i)] = register_module(name, std::make_shared<GDNBlock>(c, gen));
+      gdn_layers[size_t(i)] = add_layer(i, std::make_shared<GDNBlock>(c, init_generator_));
     }
   }
-  final_norm = register_module("final_norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab_size, false,
-                                                                gen, InitOptions{c.init_std}));
+  add_head();
 }
 
 Tensor GDNGSAModel::forward(const TokenBatch& batch) const {
-  check_inputs("GDNGSAModel", batch);
-  Tensor x = embed->forward(batch.inputs);
+  Tensor x = embed_tokens(batch, "GDNGSAModel");
   for (size_t i = 0; i < gdn_layers.size(); ++i) {
-    x = attention_layers[i] ? run_block(attention_layers[i], x, batch, config_.recompute)
-                            : run_block(gdn_layers[i], x, batch, config_.recompute);
+    x = attention_layers[i] ? run_block(attention_layers[i], x, batch)
+                            : run_block(gdn_layers[i], x, batch);
   }
-  return lm_head->forward(final_norm->forward(x));
+  return logits(x);
 }
 
 }  // namespace ham

@@ -55,29 +55,23 @@ class GDNBlock : public Module {
 };
 
 // Embedding -> n_layers GDN blocks -> RMSNorm -> untied lm_head.
-class GDNModel : public LanguageModel {
+class GDNModel : public DecoderLM {
  public:
   explicit GDNModel(const ModelConfig& config);
   Tensor forward(const TokenBatch& batch) const override;
-  std::shared_ptr<Embedding> embed;
   std::vector<std::shared_ptr<GDNBlock>> layers;
-  std::shared_ptr<RMSNorm> final_norm;
-  std::shared_ptr<Linear> lm_head;
 };
 
 // GDN blocks with a TransformerBlock (RoPE softmax attention over the whole document)
 // at every layer i where config.is_attention_layer(i), i.e. every gsa_every-th layer.
-class GDNGSAModel : public LanguageModel {
+class GDNGSAModel : public DecoderLM {
  public:
   explicit GDNGSAModel(const ModelConfig& config);
   Tensor forward(const TokenBatch& batch) const override;
-  std::shared_ptr<Embedding> embed;
   // Layer i is exactly one of the two: attention_layers[i] set where
   // config.is_attention_layer(i), gdn_layers[i] elsewhere (the other entry is null).
   std::vector<std::shared_ptr<TransformerBlock>> attention_layers;
   std::vector<std::shared_ptr<GDNBlock>> gdn_layers;
-  std::shared_ptr<RMSNorm> final_norm;
-  std::shared_ptr<Linear> lm_head;
 };
 
 }  // namespace ham

@@ -203,20 +203,14 @@ HAMLayer::Output HAMBlock::forward(const Tensor& x, const TokenBatch& batch,
 
 // ---- HAMModel -------------------------------------------------------------------------
 
-HAMModel::HAMModel(const ModelConfig& c) : LanguageModel(c) {
+HAMModel::HAMModel(const ModelConfig& c) : DecoderLM(c) {
   HAM_CHECK(c.family == ModelFamily::HAM, "HAMModel: config family is '", family_name(c.family),
             "', expected 'ham'");
   c.validate("HAMModel");
-  Generator gen(c.seed);
-  embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, gen,
-                                                               InitOptions{c.init_std}));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    layers.push_back(register_module("layers." + std::to_string(i),
-                                     std::make_shared<HAMBlock>(c, i, gen)));
+    layers.push_back(add_layer(i, std::make_shared<HAMBlock>(c, i, init_generator_)));
   }
-  final_norm = register_module("final_norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab_size, false,
-                                                                gen, InitOptions{c.init_std}));
+  add_head();
   if (c.learn_tau) {
     ThresholdLearningOptions options;
     for (int64_t i = 0; i < c.n_layers; ++i) options.targets.push_back(c.kv_target_for_layer(i));
@@ -229,9 +223,7 @@ HAMModel::HAMModel(const ModelConfig& c) : LanguageModel(c) {
 }
 
 Tensor HAMModel::forward(const TokenBatch& batch) const {
-  HAM_CHECK(batch.inputs.dim() == 2, "HAMModel: inputs must be [B, T], got ",
-            shape_str(batch.inputs.shape()));
-  Tensor x = embed->forward(batch.inputs);
+  Tensor x = embed_tokens(batch, "HAMModel");
   Tensor previous_score;  // EDA: the previous layer's score
   bool pass_score = config_.eda;
   for (const auto& layer : layers) {
@@ -260,7 +252,7 @@ Tensor HAMModel::forward(const TokenBatch& batch) const {
     }
     thresholds_->record_forward(fractions);
   }
-  return lm_head->forward(final_norm->forward(x));
+  return logits(x);
 }
 
 std::vector<LayerRouting> HAMModel::routing() const {

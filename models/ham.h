@@ -120,7 +120,7 @@ class HAMBlock : public Module {
   std::shared_ptr<SwiGLU> mlp;
 };
 
-class HAMModel : public LanguageModel {
+class HAMModel : public DecoderLM {
  public:
   explicit HAMModel(const ModelConfig& config);
   Tensor forward(const TokenBatch& batch) const override;
@@ -149,10 +149,7 @@ class HAMModel : public LanguageModel {
   // Parameters the paper's table counts: the modules' plus 1 per layer for learned tau.
   int64_t table_parameter_count() const;
 
-  std::shared_ptr<Embedding> embed;
   std::vector<std::shared_ptr<HAMBlock>> layers;
-  std::shared_ptr<RMSNorm> final_norm;
-  std::shared_ptr<Linear> lm_head;
 
  private:
   std::unique_ptr<ThresholdController> thresholds_;  // learned tau only

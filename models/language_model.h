@@ -4,7 +4,10 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/checkpoint.h"
+#include "core/random.h"
 #include "models/config.h"
+#include "nn/layers.h"
 #include "nn/module.h"
 
 namespace ham {
@@ -46,6 +49,40 @@ class LanguageModel : public Module {
 
  protected:
   ModelConfig config_;
+};
+
+// The shape every family shares: embedding -> layers -> final RMSNorm -> untied lm_head,
+// named embed, layers.<i>, final_norm, lm_head. A family's constructor adds its layers
+// with add_layer() and then calls add_head(), so every parameter is drawn, in that
+// order, from one Philox generator seeded by config.seed.
+class DecoderLM : public LanguageModel {
+ public:
+  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<RMSNorm> final_norm;
+  std::shared_ptr<Linear> lm_head;
+
+ protected:
+  explicit DecoderLM(const ModelConfig& config);
+  template <class Block>
+  std::shared_ptr<Block> add_layer(int64_t index, std::shared_ptr<Block> block) {
+    return register_module("layers." + std::to_string(index), std::move(block));
+  }
+  void add_head();
+  // Token embeddings of a [B, T] batch (the error names the model).
+  Tensor embed_tokens(const TokenBatch& batch, const char* model) const;
+  Tensor logits(const Tensor& x) const { return lm_head->forward(final_norm->forward(x)); }
+  // One residual block x -> block(x, batch), rerun in backward instead of keeping its
+  // activations when the config asks for recompute.
+  template <class Block>
+  Tensor run_block(const std::shared_ptr<Block>& block, const Tensor& x,
+                   const TokenBatch& batch) const {
+    if (!config_.recompute) return block->forward(x, batch);
+    return checkpoint([block, batch](const std::vector<Tensor>& in) {
+             return std::vector<Tensor>{block->forward(in[0], batch)};
+           }, {x})[0];
+  }
+
+  Generator init_generator_;
 };
 
 std::shared_ptr<LanguageModel> make_model(const ModelConfig& config);

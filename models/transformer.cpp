@@ -1,12 +1,7 @@
 #include "models/transformer.h"
 
-#include "models/gdn.h"
-#include "models/ham.h"
-
 #include <cmath>
 
-#include "autograd/checkpoint.h"
-#include "nn/cross_entropy.h"
 #include "nn/elementwise.h"
 #include "nn/rope.h"
 #include "nn/routed_attention.h"
@@ -14,11 +9,6 @@
 
 namespace ham {
 
-Tensor LanguageModel::loss(const TokenBatch& batch) const {
-  Tensor logits = forward(batch);
-  int64_t vocab = logits.size(-1);
-  return cross_entropy(reshape(logits, {-1, vocab}), batch.targets.reshape({-1}));
-}
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& c, Generator& gen)
     : n_heads_(c.n_heads), n_kv_heads_(c.n_kv_heads), head_dim_(c.head_dim),
@@ -60,43 +50,18 @@ Tensor TransformerBlock::forward(const Tensor& x, const TokenBatch& batch) const
   return add(h, mlp->forward(mlp_norm->forward(h)));
 }
 
-Transformer::Transformer(const ModelConfig& c) : LanguageModel(c) {
-  Generator gen(c.seed);
-  embed = register_module("embed", std::make_shared<Embedding>(c.vocab_size, c.d_model, gen,
-                                                               InitOptions{c.init_std}));
+Transformer::Transformer(const ModelConfig& c) : DecoderLM(c) {
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    layers.push_back(register_module("layers." + std::to_string(i),
-                                     std::make_shared<TransformerBlock>(c, gen)));
+    layers.push_back(add_layer(i, std::make_shared<TransformerBlock>(c, init_generator_)));
   }
-  final_norm = register_module("final_norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.d_model, c.vocab_size, false,
-                                                                gen, InitOptions{c.init_std}));
+  add_head();
 }
 
 Tensor Transformer::forward(const TokenBatch& batch) const {
-  HAM_CHECK(batch.inputs.dim() == 2, "Transformer: inputs must be [B, T], got ",
-            shape_str(batch.inputs.shape()));
-  Tensor x = embed->forward(batch.inputs);
-  for (const auto& layer : layers) {
-    if (config_.recompute) {
-      x = checkpoint([layer, batch](const std::vector<Tensor>& in) {
-            return std::vector<Tensor>{layer->forward(in[0], batch)};
-          }, {x})[0];
-    } else {
-      x = layer->forward(x, batch);
-    }
-  }
-  return lm_head->forward(final_norm->forward(x));
+  Tensor x = embed_tokens(batch, "Transformer");
+  for (const auto& layer : layers) x = run_block(layer, x, batch);
+  return logits(x);
 }
 
-std::shared_ptr<LanguageModel> make_model(const ModelConfig& config) {
-  switch (config.family) {
-    case ModelFamily::Transformer: return std::make_shared<Transformer>(config);
-    case ModelFamily::GDN: return std::make_shared<GDNModel>(config);
-    case ModelFamily::GDNGSA: return std::make_shared<GDNGSAModel>(config);
-    case ModelFamily::HAM: return std::make_shared<HAMModel>(config);
-  }
-  HAM_FAIL("make_model: unknown family");
-}
 
 }  // namespace ham

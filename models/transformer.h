@@ -26,14 +26,11 @@ class TransformerBlock : public Module {
   std::shared_ptr<SwiGLU> mlp;
 };
 
-class Transformer : public LanguageModel {
+class Transformer : public DecoderLM {
  public:
   explicit Transformer(const ModelConfig& config);
   Tensor forward(const TokenBatch& batch) const override;
-  std::shared_ptr<Embedding> embed;
   std::vector<std::shared_ptr<TransformerBlock>> layers;
-  std::shared_ptr<RMSNorm> final_norm;
-  std::shared_ptr<Linear> lm_head;
 };
 
 }  // namespace ham
