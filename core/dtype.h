@@ -46,4 +46,18 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
 
+// Calls fn.template operator()<T>() with T the C++ type of `dtype` (float, double,
+// BFloat16, int32_t, int64_t or uint8_t).
+template <class Fn>
+void visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: fn.template operator()<float>(); return;
+    case DType::F64: fn.template operator()<double>(); return;
+    case DType::BF16: fn.template operator()<BFloat16>(); return;
+    case DType::I32: fn.template operator()<int32_t>(); return;
+    case DType::I64: fn.template operator()<int64_t>(); return;
+    case DType::U8: fn.template operator()<uint8_t>(); return;
+  }
+}
+
 }  // namespace ham

@@ -45,20 +45,6 @@ T store_as(V value) {
   }
 }
 
-// Calls fn.template operator()<T>() with T the C++ type of dtype.
-template <class Fn>
-void visit_any_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::F32: fn.template operator()<float>(); return;
-    case DType::F64: fn.template operator()<double>(); return;
-    case DType::BF16: fn.template operator()<BFloat16>(); return;
-    case DType::I32: fn.template operator()<int32_t>(); return;
-    case DType::I64: fn.template operator()<int64_t>(); return;
-    case DType::U8: fn.template operator()<uint8_t>(); return;
-  }
-  HAM_FAIL("random: invalid dtype ", int(dtype));
-}
-
 void check_floating(const char* op, const Shape& shape, DType dtype) {
   HAM_CHECK(is_floating(dtype), op, shape_str(shape), ": dtype ", dtype_name(dtype),
             " is not floating (use f32, f64 or bf16)");
@@ -86,7 +72,7 @@ Tensor fill_from_stream(const Shape& shape, DType dtype, Device device,
   HAM_CHECK(last_block <= std::numeric_limits<uint64_t>::max() - stream.offset, "random fill",
             shape_str(shape), ": offset ", stream.offset, " + ", last_block,
             " blocks wraps the 64-bit counter");
-  visit_any_dtype(dtype, [&]<class T>() {
+  visit_dtype(dtype, [&]<class T>() {
     T* out = host.data<T>();
     int64_t blocks = int64_t(last_block - first_block + 1);
     cpu::parallel_for(blocks, 8 * per, [&](int64_t b) {

@@ -79,19 +79,6 @@ double convert_to_double(T v) {
   }
 }
 
-// Calls fn.template operator()<T>() with T the C++ type of dtype.
-template <class Fn>
-void visit_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::F32: fn.template operator()<float>(); return;
-    case DType::F64: fn.template operator()<double>(); return;
-    case DType::BF16: fn.template operator()<BFloat16>(); return;
-    case DType::I32: fn.template operator()<int32_t>(); return;
-    case DType::I64: fn.template operator()<int64_t>(); return;
-    case DType::U8: fn.template operator()<uint8_t>(); return;
-  }
-}
-
 // Element-wise conversion between host buffers of any two dtypes.
 void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
   if (src_dtype == dst_dtype) {

@@ -244,55 +244,6 @@ std::vector<int64_t> ShardDataset::tokens(int64_t begin, int64_t count) const {
   return out;
 }
 
-TokenBatch ShardDataset::batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const {
-  const int64_t B = int64_t(starts.size());
-  std::vector<int64_t> inputs(size_t(B * seq_len)), targets(size_t(B * seq_len));
-  std::vector<int64_t> doc_ids(size_t(B * seq_len)), positions(size_t(B * seq_len));
-  std::vector<int64_t> window(size_t(seq_len + 1));
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t s = starts[size_t(b)];
-    HAM_CHECK(s >= 0 && s + seq_len + 1 <= size(), "ShardDataset::batch_at: window [", s, ", ",
-              s + seq_len + 1, ") outside a stream of ", size(), " tokens");
-    read(s, seq_len + 1, window.data());
-    int64_t doc = 0, pos = 0;
-    for (int64_t t = 0; t < seq_len; ++t) {
-      int64_t token = window[size_t(t)];
-      if (token == document_start_id_ && t > 0) {
-        ++doc;
-        pos = 0;
-      }
-      size_t i = size_t(b * seq_len + t);
-      inputs[i] = token;
-      targets[i] = window[size_t(t + 1)];
-      doc_ids[i] = doc;
-      positions[i] = pos++;
-    }
-  }
-  return {Tensor::from_vector(inputs, {B, seq_len}), Tensor::from_vector(targets, {B, seq_len}),
-          Tensor::from_vector(doc_ids, {B, seq_len}), Tensor::from_vector(positions, {B, seq_len})};
-}
-
-TokenBatch ShardDataset::sample(int64_t batch, int64_t seq_len, Generator& gen) const {
-  HAM_CHECK(size() > seq_len + 1, "ShardDataset::sample: the shards hold ", size(),
-            " tokens, too few for windows of ", seq_len + 1);
-  Tensor starts = randint({batch}, gen, 0, size() - seq_len - 1);
-  return batch_at(starts.to_vector<int64_t>(), seq_len);
-}
-
-std::vector<TokenBatch> ShardDataset::sequential(int64_t batch, int64_t seq_len, int64_t max_batches) const {
-  std::vector<TokenBatch> out;
-  std::vector<int64_t> starts;
-  for (int64_t s = 0; s + seq_len + 1 <= size(); s += seq_len) {
-    starts.push_back(s);
-    if (int64_t(starts.size()) == batch) {
-      out.push_back(batch_at(starts, seq_len));
-      starts.clear();
-      if (int64_t(out.size()) == max_batches) return out;
-    }
-  }
-  if (!starts.empty()) out.push_back(batch_at(starts, seq_len));
-  return out;
-}
 
 // ---- Tokenizing text into shards ---------------------------------------------------------
 

@@ -71,16 +71,11 @@ class ShardDataset : public TokenSource {
 
   int64_t size() const override { return offsets_.back(); }
   const std::vector<Shard>& shards() const { return shards_; }
-  int64_t document_start_id() const { return document_start_id_; }
+  int64_t document_start_id() const override { return document_start_id_; }
 
-  void read(int64_t begin, int64_t count, int64_t* out) const;
+  void read(int64_t begin, int64_t count, int64_t* out) const override;
   std::vector<int64_t> tokens(int64_t begin, int64_t count) const;
   std::vector<int64_t> tokens() const { return tokens(0, size()); }  // e.g. for a TokenStream
-
-  TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
-  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const override;
-  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
-                                     int64_t max_batches) const override;
 
  private:
   std::vector<Shard> shards_;

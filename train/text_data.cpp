@@ -73,24 +73,33 @@ std::pair<TokenStream, TokenStream> TokenStream::from_text(std::string_view text
   return {TokenStream(std::move(train)), TokenStream(std::move(val))};
 }
 
-TokenBatch TokenStream::batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const {
-  int64_t B = int64_t(starts.size());
+void TokenStream::read(int64_t begin, int64_t count, int64_t* out) const {
+  HAM_CHECK(begin >= 0 && count >= 0 && begin + count <= size(), "TokenStream::read: [", begin,
+            ", ", begin + count, ") outside a stream of ", size(), " tokens");
+  std::copy(tokens_.begin() + begin, tokens_.begin() + begin + count, out);
+}
+
+TokenBatch TokenSource::batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const {
+  const int64_t B = int64_t(starts.size());
+  const int64_t doc_start = document_start_id();
   std::vector<int64_t> inputs(size_t(B * seq_len)), targets(size_t(B * seq_len));
   std::vector<int64_t> doc_ids(size_t(B * seq_len)), positions(size_t(B * seq_len));
+  std::vector<int64_t> window(size_t(seq_len + 1));
   for (int64_t b = 0; b < B; ++b) {
     int64_t s = starts[size_t(b)];
     HAM_CHECK(s >= 0 && s + seq_len + 1 <= size(), "batch_at: window [", s, ", ",
               s + seq_len + 1, ") outside a stream of ", size(), " tokens");
+    read(s, seq_len + 1, window.data());
     int64_t doc = 0, pos = 0;
     for (int64_t t = 0; t < seq_len; ++t) {
-      int64_t token = tokens_[size_t(s + t)];
-      if (token == ByteTokenizer::kEndOfText && t > 0) {
+      int64_t token = window[size_t(t)];
+      if (token == doc_start && t > 0) {
         ++doc;
         pos = 0;
       }
       size_t i = size_t(b * seq_len + t);
       inputs[i] = token;
-      targets[i] = tokens_[size_t(s + t + 1)];
+      targets[i] = window[size_t(t + 1)];
       doc_ids[i] = doc;
       positions[i] = pos++;
     }
@@ -99,14 +108,14 @@ TokenBatch TokenStream::batch_at(const std::vector<int64_t>& starts, int64_t seq
           Tensor::from_vector(doc_ids, {B, seq_len}), Tensor::from_vector(positions, {B, seq_len})};
 }
 
-TokenBatch TokenStream::sample(int64_t batch, int64_t seq_len, Generator& gen) const {
-  HAM_CHECK(size() > seq_len + 1, "sample: the stream has ", size(),
+TokenBatch TokenSource::sample(int64_t batch, int64_t seq_len, Generator& gen) const {
+  HAM_CHECK(size() > seq_len + 1, "sample: the data holds ", size(),
             " tokens, too few for windows of ", seq_len + 1);
   Tensor starts = randint({batch}, gen, 0, size() - seq_len - 1);
   return batch_at(starts.to_vector<int64_t>(), seq_len);
 }
 
-std::vector<TokenBatch> TokenStream::sequential(int64_t batch, int64_t seq_len,
+std::vector<TokenBatch> TokenSource::sequential(int64_t batch, int64_t seq_len,
                                                 int64_t max_batches) const {
   std::vector<TokenBatch> out;
   std::vector<int64_t> starts;

@@ -25,16 +25,24 @@ class ByteTokenizer {
 std::vector<std::string> split_documents(std::string_view text);
 
 // Where training and validation batches come from: an in-memory TokenStream or token
-// shards on disk (train/shards.h).
+// shards on disk (train/shards.h). Both read as one stream of token ids in which
+// document_start_id() opens every document; windows are packed the same way for both.
 class TokenSource {
  public:
   virtual ~TokenSource() = default;
   virtual int64_t size() const = 0;
-  // `batch` windows of seq_len + 1 tokens at random starts drawn from `gen`.
-  virtual TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const = 0;
+  // Copies tokens [begin, begin + count) into out.
+  virtual void read(int64_t begin, int64_t count, int64_t* out) const = 0;
+  virtual int64_t document_start_id() const = 0;
+
+  // Windows of seq_len + 1 tokens at `starts`: inputs are the first seq_len, targets the
+  // last seq_len; doc_ids count document starts inside the window and positions restart
+  // at each.
+  TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
+  // `batch` windows at random starts drawn from `gen`.
+  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const;
   // Consecutive non-overlapping windows covering the source (for validation loss).
-  virtual std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
-                                             int64_t max_batches) const = 0;
+  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len, int64_t max_batches) const;
 };
 
 class TokenStream : public TokenSource {
@@ -48,14 +56,8 @@ class TokenStream : public TokenSource {
   int64_t size() const override { return int64_t(tokens_.size()); }
   const std::vector<int64_t>& tokens() const { return tokens_; }
 
-  // Windows of seq_len + 1 tokens at `starts`: inputs are the first seq_len, targets the
-  // last seq_len. doc_ids count document starts (EOT) inside the window.
-  TokenBatch batch_at(const std::vector<int64_t>& starts, int64_t seq_len) const;
-  // `batch` windows at random starts drawn from `gen`.
-  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen) const override;
-  // Consecutive non-overlapping windows covering the stream (for validation loss).
-  std::vector<TokenBatch> sequential(int64_t batch, int64_t seq_len,
-                                     int64_t max_batches) const override;
+  void read(int64_t begin, int64_t count, int64_t* out) const override;
+  int64_t document_start_id() const override { return ByteTokenizer::kEndOfText; }
 
  private:
   std::vector<int64_t> tokens_;
