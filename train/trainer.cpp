@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <cmath>
 #include <ostream>
@@ -11,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/ops/optim.h"
+#include "models/accounting.h"
 #include "nn/elementwise.h"
 #include "nn/optim.h"
 #include "train/metrics_log.h"
@@ -36,7 +38,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_every", eval_every}, {"eval_batches", eval_batches}, {"seed", seed},
           {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"val_data_path", val_data_path}, {"tokenizer", tokenizer},
           {"out_dir", out_dir}, {"log_dir", log_dir},
-          {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints}};
+          {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints},
+          {"peak_gflops", peak_gflops}};
 }
 
 void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -61,7 +64,20 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("val_data_path", o.val_data_path);
   get("tokenizer", o.tokenizer); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
   get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
+  get("peak_gflops", o.peak_gflops);
   *this = o;
+}
+
+void TrainOptions::update_from_file(const std::string& path) {
+  std::ifstream in(path);
+  HAM_CHECK(in, path, ": cannot open train config");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    HAM_FAIL(path, ": invalid JSON: ", e.what());
+  }
+  update_from_json(j, path);
 }
 
 namespace {
@@ -203,13 +219,20 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       double tokens_per_second = double(window_tokens) / std::max(seconds, 1e-9);
       std::vector<LayerRouting> routing = model.routing();
       std::string kv;
+      double mean_kv = 1.0;
       if (!routing.empty()) {
-        double mean_kv = 0;
+        mean_kv = 0;
         for (const LayerRouting& r : routing) mean_kv += r.kv_fraction / double(routing.size());
         kv = fmt::format(" | kv {:.3f}", mean_kv);
       }
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s{} | eta {:.0f}s\n",
-                         step + 1, opt.steps, mean_loss, lr, grad_norm, tokens_per_second, kv, eta);
+      // Training FLOPs = 3 x the appendix's forward FLOPs per token at this T and KV use.
+      double gflops = 3.0 * tokens_per_second * 1e-9 *
+                      forward_flops_per_token(model.config(), SequenceShape::with_kv_fraction(
+                                                                  double(opt.seq_len), mean_kv));
+      std::string throughput = fmt::format("{:.0f} tok/s | {:.1f} GFLOP/s", tokens_per_second, gflops);
+      if (opt.peak_gflops > 0) throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / opt.peak_gflops);
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {}{} | eta {:.0f}s\n",
+                         step + 1, opt.steps, mean_loss, lr, grad_norm, throughput, kv, eta);
       if (!routing.empty()) {
         std::string line = "           kv fraction by layer:";
         for (const LayerRouting& r : routing) {
@@ -219,7 +242,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       }
       if (metrics) {
         NamedScalars scalars = {{"train/loss", mean_loss}, {"train/lr", lr},
-                                {"train/grad_norm", grad_norm}, {"train/tokens_per_second", tokens_per_second}};
+                                {"train/grad_norm", grad_norm}, {"train/tokens_per_second", tokens_per_second},
+                                {"train/gflops", gflops}};
         for (const LayerRouting& r : routing) {
           scalars.push_back({fmt::format("routing/kv_fraction/layer_{}", r.layer), r.kv_fraction});
           scalars.push_back({fmt::format("routing/tau/layer_{}", r.layer), r.tau});

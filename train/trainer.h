@@ -36,10 +36,13 @@ struct TrainOptions {
   std::string log_dir;          // metrics.jsonl + TensorBoard events ("" = out_dir, if set)
   int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3; // newest checkpoints kept (0: all)
+  double peak_gflops = 0;       // hardware peak for the MFU estimate (0: show achieved GFLOP/s only)
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
   void update_from_json(const nlohmann::json& j, const std::string& source);
+  // update_from_json with a JSON file's contents.
+  void update_from_file(const std::string& path);
 };
 
 struct TrainResult {

@@ -48,7 +48,7 @@ void apply_overrides(const std::vector<std::string>& overrides, nlohmann::json& 
 
 struct TrainArgs {
   TrainOptions options;
-  std::string config_path, resume_path, export_dir;
+  std::string config_path, train_config_path, resume_path, export_dir;
   std::vector<std::string> overrides;  // --set section.key=value
   int threads = 0;
   // Options given on the command line, each with how to copy it onto resumed options.
@@ -123,8 +123,16 @@ int run_train(const TrainArgs& args) {
     for (const auto& [option, copy] : args.given) {
       if (option->count() > 0) copy(options, args.options);  // explicit flags win
     }
-  } else if (!args.config_path.empty()) {
-    config = ModelConfig::from_file(args.config_path);
+  } else {
+    if (!args.config_path.empty()) config = ModelConfig::from_file(args.config_path);
+    if (!args.train_config_path.empty()) {
+      // The file sets the base; flags given on the command line still win.
+      options = TrainOptions{};
+      options.update_from_file(args.train_config_path);
+      for (const auto& [option, copy] : args.given) {
+        if (option->count() > 0) copy(options, args.options);
+      }
+    }
   }
   if (!args.overrides.empty()) {
     nlohmann::json model_json = config.to_json();
@@ -165,6 +173,8 @@ Command add_train_command(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU (byte-level text)");
   cmd->add_option("--config", args->config_path, "Model config JSON (default: the tiny built-in Transformer)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--train-config", args->train_config_path, "Training options JSON (keys as printed in the 'train:' line, e.g. configs/train/paper.json); flags given here override it")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--resume", args->resume_path, "Continue from a checkpoint directory (or the newest one in an output directory); flags given here override the saved options")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--export", args->export_dir, "Write the final weights as model.safetensors + config.json into this directory");
@@ -197,6 +207,7 @@ Command add_train_command(CLI::App& root) {
   add("--log-dir", &TrainOptions::log_dir, "metrics.jsonl and TensorBoard events go here (default: --out)");
   add("--checkpoint-every", &TrainOptions::checkpoint_every, "Steps between checkpoints (0: only at the end)");
   add("--keep", &TrainOptions::keep_checkpoints, "Newest checkpoints to keep (0: all)");
+  add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s: adds an MFU estimate to the progress line");
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
                                     "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
   args->given.emplace_back(skip, [](TrainOptions& dst, const TrainOptions& src) {
