@@ -9,7 +9,7 @@
 #include "models/ham.h"
 #include "nn/attention.h"
 #include "nn/optim.h"
-#include "tests/testing.h"
+#include "tests/models/model_testing.h"
 
 namespace ham {
 namespace {
@@ -53,26 +53,6 @@ ModelConfig tiny_config(Variant variant) {
       break;
   }
   return c;
-}
-
-// B rows of T tokens; with `packed`, each row holds two documents split at T / 2.
-TokenBatch tiny_batch(int64_t B, int64_t T, int64_t vocab, bool packed) {
-  std::vector<int64_t> ids, targets, docs, pos;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) {
-      ids.push_back((3 * b + 5 * t + 1 + t * t) % vocab);
-      targets.push_back((7 * b + 2 * t + 3) % vocab);
-      int64_t doc = packed && t >= T / 2 ? 1 : 0;
-      docs.push_back(doc);
-      pos.push_back(doc ? t - T / 2 : t);
-    }
-  }
-  TokenBatch batch{Tensor::from_vector(ids, {B, T}), Tensor::from_vector(targets, {B, T}), {}, {}};
-  if (packed) {
-    batch.doc_ids = Tensor::from_vector(docs, {B, T});
-    batch.positions = Tensor::from_vector(pos, {B, T});
-  }
-  return batch;
 }
 
 HAMLayer& mixer(HAMModel& model, size_t layer) { return *model.layers[layer]->mixer; }
@@ -131,7 +111,7 @@ void expect_whole_model_gradcheck(Variant variant) {
   HAMModel model(c);
   model.to(DType::F64);
   spread_router_scores(model);
-  TokenBatch batch = tiny_batch(2, 6, c.vocab_size, /*packed=*/true);
+  TokenBatch batch = testing::packed_batch(2, 6, c.vocab_size, /*packed=*/true, /*curve=*/1);
   place_thresholds_between_scores(model, batch);
   // The selection is a hard threshold: fail loudly if a score sits near tau.
   double margin = selection_margin(model);
@@ -260,27 +240,20 @@ TEST(HAM, WholeModelGradcheckF64DeepRouterWithEda) {
 
 TEST(HAM, RecomputeGivesIdenticalGradients) {
   ModelConfig c = tiny_config(Variant::DeepRouterEda);  // the score crosses checkpoints too
-  TokenBatch batch = tiny_batch(2, 6, c.vocab_size, true);
+  TokenBatch batch = testing::packed_batch(2, 6, c.vocab_size, true, /*curve=*/1);
   HAMModel plain(c);
   c.recompute = true;
   HAMModel recomputed(c);
   plain.to(DType::F64);
   recomputed.to(DType::F64);
-  backward(plain.loss(batch));
-  backward(recomputed.loss(batch));
-  auto a = plain.named_parameters(), b = recomputed.named_parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_TRUE(grad(b[i].second).defined()) << b[i].first;
-    EXPECT_LT(testing::max_abs_diff(grad(a[i].second), grad(b[i].second)), 1e-12) << a[i].first;
-  }
+  testing::expect_same_gradients(plain, recomputed, batch);
 }
 
 TEST(HAMRouter, LearnedRouterLearnsThroughValueScaling) {
   HAMModel model(tiny_config(Variant::ShallowRouter));
   model.to(DType::F64);
   spread_router_scores(model);
-  TokenBatch batch = tiny_batch(2, 6, 11, true);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, true, /*curve=*/1);
   place_thresholds_between_scores(model, batch);
   backward(model.loss(batch));
   for (size_t l = 0; l < 2; ++l) {
@@ -316,7 +289,7 @@ TEST(HAMRouter, EdaMixesWithThePreviousLayer) {
   EXPECT_EQ(mixer(model, 0).eda, nullptr);  // nothing to average with at layer 0
   ASSERT_NE(mixer(model, 1).eda, nullptr);
   EXPECT_DOUBLE_EQ(mixer(model, 1).eda->gamma(), 0.5);
-  TokenBatch batch = tiny_batch(2, 6, 11, true);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, true, /*curve=*/1);
   model.forward(batch);
   // e^1 = 0.5 sigmoid(MLP_1(x^1)) + 0.5 e^0.
   std::vector<double> e0 = mixer(model, 0).last_trace().score.to_vector<double>();
@@ -357,7 +330,7 @@ TEST(HAM, FitErrorIsOneAtEachDocumentsFirstToken) {
     c.router_aggregate = agg;
     HAMModel model(c);
     model.to(DType::F64);
-    TokenBatch batch = tiny_batch(2, 8, 11, true);
+    TokenBatch batch = testing::packed_batch(2, 8, 11, true, /*curve=*/1);
     model.forward(batch);
     for (size_t l = 0; l < 2; ++l) {
       std::vector<double> e = mixer(model, l).last_trace().score.to_vector<double>();
@@ -382,7 +355,7 @@ TEST(HAM, TauAboveEveryScoreSelectsNothing) {
     mixer(model, l).threshold.set_tau(2.0 - 1e-9);
     mixer(model, l).keep_path_outputs = true;
   }
-  TokenBatch batch = tiny_batch(2, 6, 11, true);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, true, /*curve=*/1);
   Tensor logits = model.forward(batch);
   for (double v : logits.to_vector<double>()) ASSERT_TRUE(std::isfinite(v));
   for (size_t l = 0; l < 2; ++l) {
@@ -417,7 +390,7 @@ TEST(HAM, TauBelowEveryScoreIsDenseCausalAttention) {
     mixer(model, l).threshold.set_tau(1e-9);
     mixer(model, l).keep_path_outputs = true;
   }
-  TokenBatch batch = tiny_batch(2, 6, 11, true);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, true, /*curve=*/1);
   model.forward(batch);
   for (size_t l = 0; l < 2; ++l) {
     const HAMLayerTrace& trace = mixer(model, l).last_trace();
@@ -434,7 +407,7 @@ TEST(HAM, PackedDocumentsDoNotSeeEachOther) {
   for (Variant variant : {Variant::FixedTau, Variant::DeepRouterEda}) {
     HAMModel model(tiny_config(variant));
     model.to(DType::F64);
-    TokenBatch packed = tiny_batch(1, 8, 11, true);
+    TokenBatch packed = testing::packed_batch(1, 8, 11, true, /*curve=*/1);
     Tensor logits = model.forward(packed);
     std::vector<double> packed_score = mixer(model, 1).last_trace().score.to_vector<double>();
     std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
@@ -560,7 +533,7 @@ TEST(HAM, TinyConfigsBuildAndRun) {
       EXPECT_EQ(c.kv_target_for_layer(1), 0.5) << e.file;
     }
     HAMModel model(c);
-    TokenBatch batch = tiny_batch(1, 16, c.vocab_size, true);
+    TokenBatch batch = testing::packed_batch(1, 16, c.vocab_size, true, /*curve=*/1);
     Tensor loss = model.loss(batch);
     EXPECT_TRUE(std::isfinite(loss.item())) << e.file;
     backward(loss);
@@ -676,7 +649,7 @@ TEST(HAMThreshold, PerLayerTargets) {
 TEST(HAMThreshold, EvaluationForwardsDoNotCount) {
   ModelConfig c = small_trainable_config();
   HAMModel model(c);
-  TokenBatch batch = tiny_batch(2, 8, c.vocab_size, false);
+  TokenBatch batch = testing::packed_batch(2, 8, c.vocab_size, false, /*curve=*/1);
   {
     NoGradGuard no_grad;
     model.forward(batch);

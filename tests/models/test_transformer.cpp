@@ -2,7 +2,7 @@
 
 #include "autograd/engine.h"
 #include "models/transformer.h"
-#include "tests/testing.h"
+#include "tests/models/model_testing.h"
 
 namespace ham {
 namespace {
@@ -22,56 +22,24 @@ ModelConfig tiny_config() {
   return c;
 }
 
-TokenBatch tiny_batch(int64_t B, int64_t T, int64_t vocab, bool packed) {
-  std::vector<int64_t> ids, targets, docs, pos;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) {
-      ids.push_back((3 * b + 5 * t + 1) % vocab);
-      targets.push_back((7 * b + 2 * t + 3) % vocab);
-      int64_t doc = packed && t >= T / 2 ? 1 : 0;
-      docs.push_back(doc);
-      pos.push_back(doc ? t - T / 2 : t);
-    }
-  }
-  TokenBatch batch{Tensor::from_vector(ids, {B, T}), Tensor::from_vector(targets, {B, T}), {}, {}};
-  if (packed) {
-    batch.doc_ids = Tensor::from_vector(docs, {B, T});
-    batch.positions = Tensor::from_vector(pos, {B, T});
-  }
-  return batch;
-}
-
 TEST(Transformer, WholeModelGradcheckF64) {
   Transformer model(tiny_config());
   model.to(DType::F64);
-  TokenBatch batch = tiny_batch(2, 5, 11, /*packed=*/true);
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& [name, p] : model.named_parameters()) {
-    params.push_back(p);
-    names.push_back(name);
-  }
-  GradcheckResult r = gradcheck_parameters([&] { return model.loss(batch); }, params, names);
+  TokenBatch batch = testing::packed_batch(2, 5, 11, /*packed=*/true);
+  GradcheckResult r = testing::model_gradcheck(model, batch);
   EXPECT_TRUE(r.passed) << r.summary();
   EXPECT_LT(r.worst_relative_error, 1e-6) << r.summary();
 }
 
 TEST(Transformer, RecomputeGivesIdenticalGradients) {
   ModelConfig c = tiny_config();
-  TokenBatch batch = tiny_batch(2, 6, 11, false);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, false);
   Transformer plain(c);
   c.recompute = true;
   Transformer recomputed(c);
   plain.to(DType::F64);
   recomputed.to(DType::F64);
-  backward(plain.loss(batch));
-  backward(recomputed.loss(batch));
-  auto a = plain.named_parameters(), b = recomputed.named_parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_TRUE(grad(b[i].second).defined()) << b[i].first;
-    EXPECT_LT(testing::max_abs_diff(grad(a[i].second), grad(b[i].second)), 1e-12) << a[i].first;
-  }
+  testing::expect_same_gradients(plain, recomputed, batch);
 }
 
 TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
@@ -79,7 +47,7 @@ TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
   ModelConfig c = tiny_config();
   Transformer model(c);
   model.to(DType::F64);
-  TokenBatch packed = tiny_batch(1, 8, 11, true);
+  TokenBatch packed = testing::packed_batch(1, 8, 11, true);
   Tensor logits = model.forward(packed);
   std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
   std::vector<int64_t> second(ids.begin() + 4, ids.end());
