@@ -170,7 +170,7 @@ int run_train(const TrainArgs& args) {
 Command add_train_command(CLI::App& root) {
   auto args = std::make_shared<TrainArgs>();
   TrainOptions& o = args->options;
-  CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU (byte-level text)");
+  CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU (text files, the embedded corpus or llm.c token shards)");
   cmd->add_option("--config", args->config_path, "Model config JSON (default: the tiny built-in Transformer)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--train-config", args->train_config_path, "Training options JSON (keys as printed in the 'train:' line, e.g. configs/train/paper.json); flags given here override it")
