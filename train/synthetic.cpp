@@ -818,12 +818,12 @@ BatchMixture::BatchMixture(std::vector<MixtureSource> sources, uint64_t seed)
   HAM_CHECK(total > 0, "BatchMixture: the source weights sum to 0");
 }
 
-TokenBatch BatchMixture::sample(int64_t batch, int64_t seq_len) {
+TokenBatch BatchMixture::sample(int64_t batch, int64_t seq_len, Generator& gen) {
   HAM_CHECK(batch >= 1 && seq_len >= 1, "BatchMixture::sample: batch and seq_len must be >= 1, "
             "got ", batch, " and ", seq_len);
   double total = 0;
   for (const auto& source : sources_) total += source.weight;
-  Draws draws(gen_);
+  Draws draws(gen);
   last_row_sources_.assign(size_t(batch), 0);
   std::vector<std::vector<int64_t>> rows_of(sources_.size());
   for (int64_t r = 0; r < batch; ++r) {
@@ -846,7 +846,7 @@ TokenBatch BatchMixture::sample(int64_t batch, int64_t seq_len) {
     const auto& rows = rows_of[s];
     if (rows.empty()) continue;
     int64_t k = int64_t(rows.size());
-    TokenBatch part = sources_[s].sample(k, seq_len, gen_);
+    TokenBatch part = sources_[s].sample(k, seq_len, gen);
     HAM_CHECK(part.inputs.defined() && part.targets.defined() &&
                   part.inputs.shape() == Shape({k, seq_len}) &&
                   part.targets.shape() == Shape({k, seq_len}),

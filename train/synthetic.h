@@ -162,7 +162,9 @@ MixtureSource niah_source(NiahConfig config, TextEncoder encode, int64_t pad_tok
 class BatchMixture {
  public:
   BatchMixture(std::vector<MixtureSource> sources, uint64_t seed);
-  TokenBatch sample(int64_t batch, int64_t seq_len);
+  TokenBatch sample(int64_t batch, int64_t seq_len) { return sample(batch, seq_len, gen_); }
+  // The same draw from an outside generator (the trainer's, whose state is checkpointed).
+  TokenBatch sample(int64_t batch, int64_t seq_len, Generator& gen);
   // Index into the sources of each row of the last batch.
   const std::vector<int64_t>& last_row_sources() const { return last_row_sources_; }
   const std::vector<MixtureSource>& sources() const { return sources_; }

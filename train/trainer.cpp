@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <cmath>
 #include <ostream>
@@ -16,6 +17,7 @@
 #include "nn/elementwise.h"
 #include "nn/optim.h"
 #include "train/metrics_log.h"
+#include "train/synthetic.h"
 
 namespace ham {
 
@@ -39,6 +41,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"skip_nonfinite", skip_nonfinite}, {"data_path", data_path}, {"val_data_path", val_data_path}, {"tokenizer", tokenizer},
           {"out_dir", out_dir}, {"log_dir", log_dir},
           {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints},
+          {"mix_mqar", mix_mqar}, {"mqar_pairs", mqar_pairs}, {"mix_niah", mix_niah},
           {"peak_gflops", peak_gflops}};
 }
 
@@ -64,6 +67,7 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("skip_nonfinite", o.skip_nonfinite); get("data_path", o.data_path); get("val_data_path", o.val_data_path);
   get("tokenizer", o.tokenizer); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
   get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
+  get("mix_mqar", o.mix_mqar); get("mqar_pairs", o.mqar_pairs); get("mix_niah", o.mix_niah);
   get("peak_gflops", o.peak_gflops);
   *this = o;
 }
@@ -98,6 +102,47 @@ std::vector<std::pair<std::string, Tensor>> strip_prefix(
   return out;
 }
 
+// The training rows: windows of the data, or, with mix_* set, a per-row mixture of the
+// data with synthetic recall tasks. Every draw uses the trainer's data generator, so the
+// checkpointed generator state reproduces the mixture on resume too.
+std::function<TokenBatch(int64_t, int64_t, Generator&)> make_row_sampler(
+    const TokenSource& data, const TrainOptions& opt, const ModelConfig& config) {
+  auto from_data = [&data](int64_t rows, int64_t seq_len, Generator& gen) {
+    return data.sample(rows, seq_len, gen);
+  };
+  if (opt.mix_mqar <= 0 && opt.mix_niah <= 0) return from_data;
+  HAM_CHECK(opt.mix_mqar >= 0 && opt.mix_niah >= 0 && opt.mix_mqar + opt.mix_niah < 1,
+            "train options: mix_mqar + mix_niah must lie in [0, 1), got ", opt.mix_mqar, " + ",
+            opt.mix_niah);
+  std::vector<MixtureSource> sources = {{"data", 1 - opt.mix_mqar - opt.mix_niah, from_data}};
+  if (opt.mix_mqar > 0) {
+    MqarConfig mqar;
+    mqar.vocab_size = config.vocab_size;
+    mqar.num_pairs = opt.mqar_pairs;
+    mqar.seq_len = opt.seq_len;
+    mqar.validate();
+    sources.push_back(mqar_source(mqar, opt.mix_mqar));
+  }
+  if (opt.mix_niah > 0) {
+    HAM_CHECK(data.document_start_id() == ByteTokenizer::kEndOfText, "train options: mix_niah "
+              "needs byte-level data (NIAH rows are text encoded with the byte tokenizer)");
+    ByteTokenizer bytes;
+    sources.push_back(niah_source(NiahConfig::preset(NiahKind::Single1, opt.seq_len),
+                                  [bytes](std::string_view text) { return bytes.encode(text); },
+                                  ByteTokenizer::kEndOfText, opt.mix_niah));
+  }
+  auto mixture = std::make_shared<BatchMixture>(std::move(sources), 0);
+  // One throwaway draw per source, so an impossible setting (e.g. a sequence too short for
+  // a needle-in-a-haystack prompt) fails before training starts.
+  for (const MixtureSource& source : mixture->sources()) {
+    Generator probe(0);
+    source.sample(1, opt.seq_len, probe);
+  }
+  return [mixture](int64_t rows, int64_t seq_len, Generator& gen) {
+    return mixture->sample(rows, seq_len, gen);
+  };
+}
+
 // Name of the first parameter whose gradient holds a NaN or Inf, or "".
 std::string first_nonfinite_grad(const LanguageModel& model) {
   for (const auto& [name, p] : model.named_parameters()) {
@@ -119,6 +164,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   {opt.lr, opt.beta1, opt.beta2, opt.eps});
   CosineSchedule schedule{opt.lr, opt.lr * opt.min_lr_ratio, opt.warmup_steps, opt.steps};
   std::vector<Tensor> params = model.parameters();
+  auto sample_rows = make_row_sampler(train_data, opt, model.config());
   bool has_val = val_data.size() > opt.seq_len + 1;
 
   TrainResult result;
@@ -172,7 +218,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     bool nonfinite = false;
     std::string where;
     for (int64_t micro = 0; micro < opt.grad_accum; ++micro) {
-      TokenBatch batch = train_data.sample(opt.batch_size, opt.seq_len, data_gen);
+      TokenBatch batch = sample_rows(opt.batch_size, opt.seq_len, data_gen);
       Tensor loss = model.loss(batch);
       double value = loss.item();
       if (!std::isfinite(value)) {

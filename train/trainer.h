@@ -36,6 +36,9 @@ struct TrainOptions {
   std::string log_dir;          // metrics.jsonl + TensorBoard events ("" = out_dir, if set)
   int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3; // newest checkpoints kept (0: all)
+  double mix_mqar = 0;          // fraction of training rows drawn from MQAR (Zoology)
+  int64_t mqar_pairs = 8;       // key-value pairs per MQAR row (4 x pairs <= seq_len)
+  double mix_niah = 0;          // fraction of training rows drawn from RULER NIAH single_1
   double peak_gflops = 0;       // hardware peak for the MFU estimate (0: show achieved GFLOP/s only)
 
   nlohmann::json to_json() const;

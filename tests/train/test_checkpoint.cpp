@@ -115,6 +115,27 @@ TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
   fs::remove_all(dir);
 }
 
+TEST(Checkpoint, SyntheticTaskMixtureResumesBitForBit) {
+  // MQAR and NIAH rows are drawn with the trainer's data generator, which is checkpointed.
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  fs::path dir = fresh_dir("mixture");
+  TrainOptions o = small_options(16, dir);
+  o.seq_len = 384;
+  o.mix_mqar = 0.3;
+  o.mix_niah = 0.3;
+  o.checkpoint_every = 8;
+  o.keep_checkpoints = 0;
+  Transformer straight(small_config());
+  TrainResult full = train(straight, train_data, val_data, o, log);
+  Transformer resumed(small_config());
+  CheckpointContents ck = load_checkpoint((dir / "step-00000008").string());
+  TrainResult rest = train(resumed, train_data, val_data, o, log, &ck);
+  ASSERT_EQ(rest.step_losses.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(rest.step_losses[i], full.step_losses[8 + i]) << i;
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, KeepsOnlyTheNewest) {
   fs::path dir = fresh_dir("keep");
   CheckpointContents c;

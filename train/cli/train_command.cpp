@@ -207,6 +207,9 @@ Command add_train_command(CLI::App& root) {
   add("--log-dir", &TrainOptions::log_dir, "metrics.jsonl and TensorBoard events go here (default: --out)");
   add("--checkpoint-every", &TrainOptions::checkpoint_every, "Steps between checkpoints (0: only at the end)");
   add("--keep", &TrainOptions::keep_checkpoints, "Newest checkpoints to keep (0: all)");
+  add("--mix-mqar", &TrainOptions::mix_mqar, "Fraction of training rows drawn from MQAR (associative recall)");
+  add("--mqar-pairs", &TrainOptions::mqar_pairs, "Key-value pairs per MQAR row (4 x pairs <= seq-len)");
+  add("--mix-niah", &TrainOptions::mix_niah, "Fraction of training rows drawn from RULER needle-in-a-haystack (byte-level data)");
   add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s: adds an MFU estimate to the progress line");
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
                                     "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
