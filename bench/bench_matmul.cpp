@@ -34,9 +34,6 @@
 //     not to ham (ham's code is built Release with -O3).
 #include <benchmark/benchmark.h>
 #include <omp.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -46,99 +43,18 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/fma_peak.h"
 #include "core/ops/matmul.h"
 #include "core/tensor.h"
 
 namespace {
 
-// ---- FMA peak ------------------------------------------------------------------------
+// ---- FMA peak (core/cpu/fma_peak.h) --------------------------------------------------
 
-constexpr int kAccumulators = 16;  // enough independent chains to hide FMA latency
+using ham::cpu::fma_flops_per_step;
+using ham::cpu::fma_steps;
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr const char* kIsa = "avx512";
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int kLanes = 8;
-constexpr const char* kIsa = "avx2";
-#else
-constexpr int kLanes = 1;
-constexpr const char* kIsa = "scalar";
-#endif
-
-constexpr double kFlopsPerStep = 2.0 * kLanes * kAccumulators;
-
-// `steps` rounds of kAccumulators independent FMAs (acc = acc * a + b; a is just below 1,
-// so the values settle near b / (1 - a) and never overflow or go denormal). Returns a sum
-// of the accumulators so the work is observable.
-__attribute__((noinline)) float fma_loop(int64_t steps, float seed) {
-  const float a_value = 0.9999f, b_value = 1e-5f;
-#if defined(__AVX512F__)
-  const __m512 a = _mm512_set1_ps(a_value), b = _mm512_set1_ps(b_value);
-  __m512 acc[kAccumulators];
-  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(seed + 0.01f * float(j));
-  for (int64_t s = 0; s < steps; ++s) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
-  }
-  __m512 sum = acc[0];
-  for (int j = 1; j < kAccumulators; ++j) sum = _mm512_add_ps(sum, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);  // (_mm512_reduce_add_ps trips a GCC 12 false warning)
-  float total = 0;
-  for (float x : lanes) total += x;
-  return total;
-#elif defined(__AVX2__) && defined(__FMA__)
-  const __m256 a = _mm256_set1_ps(a_value), b = _mm256_set1_ps(b_value);
-  __m256 acc[kAccumulators];
-  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(seed + 0.01f * float(j));
-  for (int64_t s = 0; s < steps; ++s) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
-  }
-  __m256 sum = acc[0];
-  for (int j = 1; j < kAccumulators; ++j) sum = _mm256_add_ps(sum, acc[j]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  float total = 0;
-  for (float x : lanes) total += x;
-  return total;
-#else
-  float acc[kAccumulators];
-  for (int j = 0; j < kAccumulators; ++j) acc[j] = seed + 0.01f * float(j);
-  for (int64_t s = 0; s < steps; ++s) {
-    for (int j = 0; j < kAccumulators; ++j) acc[j] = __builtin_fmaf(acc[j], a_value, b_value);
-  }
-  float total = 0;
-  for (float x : acc) total += x;
-  return total;
-#endif
-}
-
-// Runs fma_loop(steps) on `threads` OpenMP threads at once; returns the sum of results.
-float fma_on_threads(int threads, int64_t steps) {
-  float total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  total += fma_loop(steps, 1.0f + float(omp_get_thread_num()));
-  return total;
-}
-
-// Best FLOP/s over several short trials (best, not mean: on a shared machine every
-// disturbance only slows the loop down).
-double measure_peak_flops(int threads) {
-  using clock = std::chrono::steady_clock;
-  const int64_t steps = int64_t(1) << 20;  // ~10-30 ms per trial on a modern core
-  fma_on_threads(threads, steps);          // warm-up: wake threads, settle clocks
-  double best = 0;
-  for (int trial = 0; trial < 15; ++trial) {
-    auto t0 = clock::now();
-    float r = fma_on_threads(threads, steps);
-    double seconds = std::chrono::duration<double>(clock::now() - t0).count();
-    benchmark::DoNotOptimize(r);
-    best = std::max(best, kFlopsPerStep * double(steps) * threads / seconds);
-  }
-  return best;
-}
+double measure_peak_flops(int threads) { return ham::cpu::measure_fma_peak_flops(threads); }
 
 int g_gemm_threads = 1;        // OpenMP threads a GEMM may use (OMP_NUM_THREADS)
 double g_peak_gemm_flops = 0;  // FMA peak measured on g_gemm_threads threads
@@ -147,10 +63,10 @@ void BM_FmaPeak(benchmark::State& state) {
   const int threads = int(state.range(0));
   const int64_t steps = int64_t(1) << 18;
   for (auto _ : state) {
-    float r = fma_on_threads(threads, steps);
+    float r = fma_steps(threads, steps);
     benchmark::DoNotOptimize(r);
   }
-  double flops = kFlopsPerStep * double(steps) * threads * double(state.iterations());
+  double flops = fma_flops_per_step() * double(steps) * threads * double(state.iterations());
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["per_thread"] = benchmark::Counter(flops / threads, benchmark::Counter::kIsRate,
@@ -259,15 +175,14 @@ int main(int argc, char** argv) {
   double peak_all = g_gemm_threads > 1 ? measure_peak_flops(g_gemm_threads) : peak_1;
   g_peak_gemm_flops = peak_all;
   std::fprintf(stderr,
-               "bench_matmul: fp32 FMA peak (%s, %d accumulators, best of 15 trials): "
-               "%.1f GFLOP/s on 1 thread",
-               kIsa, kAccumulators, peak_1 / 1e9);
+               "bench_matmul: fp32 FMA peak (%s, best of 15 trials): %.1f GFLOP/s on 1 thread",
+               ham::cpu::fma_isa(), peak_1 / 1e9);
   if (g_gemm_threads > 1) {
     std::fprintf(stderr, ", %.1f GFLOP/s on %d threads", peak_all / 1e9, g_gemm_threads);
   }
   std::fprintf(stderr, "; GEMMs run on %d thread(s) and peak_fraction uses that figure\n",
                g_gemm_threads);
-  benchmark::AddCustomContext("fma_isa", kIsa);
+  benchmark::AddCustomContext("fma_isa", ham::cpu::fma_isa());
   benchmark::AddCustomContext("fma_peak_1_thread_GFLOP/s", std::to_string(peak_1 / 1e9));
   benchmark::AddCustomContext("gemm_threads", std::to_string(g_gemm_threads));
   benchmark::AddCustomContext("fma_peak_gemm_threads_GFLOP/s", std::to_string(peak_all / 1e9));

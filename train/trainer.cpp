@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -12,6 +14,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/cpu/fma_peak.h"
 #include "core/ops/optim.h"
 #include "models/accounting.h"
 #include "nn/elementwise.h"
@@ -205,6 +208,14 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   std::string log_dir = opt.log_dir.empty() ? opt.out_dir : opt.log_dir;
   std::unique_ptr<MetricsLogger> metrics;
   if (!log_dir.empty()) metrics = std::make_unique<MetricsLogger>(log_dir);
+  // MFU's denominator: the given peak, else this CPU's fp32 FMA peak on the threads in use,
+  // measured now (about 0.1 s).
+  double peak_gflops = opt.peak_gflops;
+  if (peak_gflops <= 0) {
+    peak_gflops = cpu::measure_fma_peak_flops(omp_get_max_threads(), 5) * 1e-9;
+    log << fmt::format("cpu fp32 FMA peak: {:.1f} GFLOP/s on {} threads ({}, measured)\n",
+                       peak_gflops, omp_get_max_threads(), cpu::fma_isa());
+  }
   auto wall_start = std::chrono::steady_clock::now();
 
   double window_loss = 0;
@@ -276,7 +287,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                       forward_flops_per_token(model.config(), SequenceShape::with_kv_fraction(
                                                                   double(opt.seq_len), mean_kv));
       std::string throughput = fmt::format("{:.0f} tok/s | {:.1f} GFLOP/s", tokens_per_second, gflops);
-      if (opt.peak_gflops > 0) throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / opt.peak_gflops);
+      throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / peak_gflops);
       log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {}{} | eta {:.0f}s\n",
                          step + 1, opt.steps, mean_loss, lr, grad_norm, throughput, kv, eta);
       if (!routing.empty()) {

@@ -39,7 +39,7 @@ struct TrainOptions {
   double mix_mqar = 0;          // fraction of training rows drawn from MQAR (Zoology)
   int64_t mqar_pairs = 8;       // key-value pairs per MQAR row (4 x pairs <= seq_len)
   double mix_niah = 0;          // fraction of training rows drawn from RULER NIAH single_1
-  double peak_gflops = 0;       // hardware peak for the MFU estimate (0: show achieved GFLOP/s only)
+  double peak_gflops = 0;       // hardware peak for the MFU estimate (0: measure the CPU's)
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.

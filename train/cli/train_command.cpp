@@ -210,7 +210,7 @@ Command add_train_command(CLI::App& root) {
   add("--mix-mqar", &TrainOptions::mix_mqar, "Fraction of training rows drawn from MQAR (associative recall)");
   add("--mqar-pairs", &TrainOptions::mqar_pairs, "Key-value pairs per MQAR row (4 x pairs <= seq-len)");
   add("--mix-niah", &TrainOptions::mix_niah, "Fraction of training rows drawn from RULER needle-in-a-haystack (byte-level data)");
-  add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s: adds an MFU estimate to the progress line");
+  add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s for the MFU estimate (0: measure this CPU's fp32 FMA peak)");
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
                                     "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
   args->given.emplace_back(skip, [](TrainOptions& dst, const TrainOptions& src) {
