@@ -2,10 +2,13 @@
 // Shared test helpers: f64 random inputs and a gradcheck assertion.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "tests/error_testing.h"
 #include "autograd/node.h"
 #include "core/tensor.h"
 

@@ -1,4 +1,5 @@
 #include "core/tensor.h"
+#include "tests/error_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -14,18 +15,7 @@ constexpr DType kAllDTypes[] = {DType::F32, DType::F64, DType::BF16,
                                 DType::I32, DType::I64, DType::U8};
 
 // Asserts fn throws a one-line ham::Error containing every keyword.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& keywords) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one containing '" << keywords.front() << "'";
-  } catch (const Error& e) {
-    std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    for (const std::string& keyword : keywords) {
-      EXPECT_NE(message.find(keyword), std::string::npos) << "'" << keyword << "' in: " << message;
-    }
-  }
-}
+using testing::expect_error;
 
 uint16_t bf16_bits_of(float f) { return float_to_bf16(f).bits; }
 float bf16_round_trip(float f) { return bf16_to_float(float_to_bf16(f)); }

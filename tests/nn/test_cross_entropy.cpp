@@ -236,15 +236,7 @@ TEST(CrossEntropy, LeadingDimsFlattenIntoRows) {
               cross_entropy(logits.reshape({6, 5}), targets.reshape({6})).item(), 1e-15);
 }
 
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
-  }
-}
+using testing::expect_error;
 
 TEST(CrossEntropy, BadInputErrorsNameOpAndShapes) {
   Tensor logits = Tensor::zeros({3, 5}, DType::F64);

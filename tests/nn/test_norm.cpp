@@ -198,15 +198,7 @@ TEST(Norm, NoWeightGradientWhenWeightIsConstant) {
   EXPECT_FALSE(grad(w).defined());
 }
 
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
-  }
-}
+using testing::expect_error;
 
 TEST(Norm, BadInputErrorsNameOpAndShapes) {
   Tensor x = Tensor::zeros({2, 4}, DType::F64);
