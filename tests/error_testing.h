@@ -11,19 +11,30 @@
 
 namespace ham::testing {
 
-// Expects `fn` to throw a one-line ham::Error whose message holds every one of `parts`
-// (the op or file, the argument, the shapes...).
-inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+// The message of the ham::Error that `fn` throws; a test failure (and "") when none is.
+inline std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
   } catch (const Error& e) {
-    std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' in: " << message;
-    }
+    return e.what();
   }
+  ADD_FAILURE() << "no ham::Error was thrown";
+  return "";
+}
+
+// Expects `message` to be one line holding every one of `parts` (the op or file, the
+// argument, the shapes...).
+inline void expect_one_line_naming(const std::string& message,
+                                   const std::vector<std::string>& parts) {
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
+  for (const std::string& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  }
+}
+
+// Expects `fn` to throw a one-line ham::Error naming every one of `parts`.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  expect_one_line_naming(error_of(fn), parts);
 }
 
 }  // namespace ham::testing

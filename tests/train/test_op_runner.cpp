@@ -90,14 +90,7 @@ Tensor find(const Named& tensors, const std::string& name) {
   return Tensor();
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST_F(OpRunner, GatedDeltaRuleForwardRoundTripsThroughFiles) {
   for (DType dtype : {DType::F64, DType::F32}) {

@@ -1,4 +1,5 @@
 #include "train/shards.h"
+#include "tests/error_testing.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -67,21 +68,9 @@ std::string uint16_tokens(const Ids& ids) {
   return s;
 }
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no ham::Error was thrown";
-  return "";
-}
+using testing::error_of;
 
-void expect_one_line_naming(const std::string& message, const std::vector<std::string>& parts) {
-  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-  for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-}
+using testing::expect_one_line_naming;
 
 TEST(Shards, Uint16RoundTripWithTheLlmcLayout) {
   TempDir dir;

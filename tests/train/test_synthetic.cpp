@@ -1,4 +1,5 @@
 #include "train/synthetic.h"
+#include "tests/error_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -11,16 +12,7 @@
 namespace ham {
 namespace {
 
-// The message of the Error that `body` throws ("" when it throws none).
-template <class Body>
-std::string error_of(Body body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 size_t count_of(const std::string& text, const std::string& piece) {
   size_t count = 0;
