@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `ham eval` on a model that `ham train --export` wrote: every task asked for gets a table
+# row and a JSON entry, a HAM model reports its KV fraction per layer, and a bad
+# multiple-choice line is a one-line error naming the file, the line and the key.
+set -euo pipefail
+ham="$1"
+config="$2"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+
+"$ham" train --config "$config" --steps 3 --batch-size 2 --seq-len 32 --log-every 3 \
+  --eval-every 1000 --threads 1 --export "$dir/model" > "$dir/train.log"
+printf '%s\n' '{"context": "The cat sat on the", "choices": [" mat", " moon"], "answer": 0}' \
+  '{"context": "1, 2,", "choices": [" 3", " 7"], "answer": 0}' > "$dir/choices.jsonl"
+
+table="$("$ham" eval "$dir/model" --seq-len 32 --max-batches 1 --batch-size 2 \
+  --mqar-lengths 32,64 --mqar-pairs 4 --samples 2 --niah single_1 --niah-lengths 400 \
+  --niah-margin 2 --choices "$dir/choices.jsonl" --json "$dir/eval.json" --threads 1)"
+echo "$table"
+json="$(cat "$dir/eval.json")"
+
+expect() {  # expect WHAT PATTERN TEXT
+  grep -Eq -- "$2" <<< "$3" || { echo "FAIL: $1: no line matches '$2'"; exit 1; }
+}
+kv='[0-9.]+ \[[0-9.]+ [0-9.]+\]$'  # mean [layer 0, layer 1] of the tiny HAM
+expect "table header" '^task +length +samples +metrics +kv fraction' "$table"
+expect "perplexity row" "^perplexity +32 +2 +loss [0-9.]+ +ppl [0-9.]+ +tokens 64 +$kv" "$table"
+expect "mqar row (32)" "^mqar 4 pairs +32 +2 +acc [0-9.]+ +seq_acc [0-9.]+ +$kv" "$table"
+expect "mqar row (64)" "^mqar 4 pairs +64 +2 +acc" "$table"
+expect "niah row" "^niah single_1 +400 +2 +acc [0-9.]+ +$kv" "$table"
+expect "choices row" "^choices .*choices.jsonl +- +2 +acc [0-9.]+ +acc_norm [0-9.]+ +$kv" "$table"
+expect "json family" '"family": "ham"' "$json"
+expect "json perplexity" '"perplexity": [0-9.]+' "$json"
+expect "json mqar" '"sequence_accuracy": [0-9.]+' "$json"
+expect "json niah" '"task": "single_1"' "$json"
+expect "json choices" '"acc_norm": [0-9.]+' "$json"
+
+printf '%s\n' '{"context": "a", "choices": [" b", " c"]}' > "$dir/bad.jsonl"
+if "$ham" eval "$dir/model" --no-perplexity --choices "$dir/bad.jsonl" 2> "$dir/err.log"; then
+  echo "FAIL: a choices line without 'answer' was accepted"
+  exit 1
+fi
+expect "bad line error" "^ham: error: .*bad.jsonl:1: key 'answer' is missing$" "$(cat "$dir/err.log")"
+echo "eval_cli: passed"

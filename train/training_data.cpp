@@ -1,0 +1,61 @@
+#include "train/training_data.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "train/shards.h"
+#include "train/tokenizer.h"
+
+namespace ham {
+
+namespace {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  HAM_CHECK(in, path, ": cannot open training text");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+bool is_shard_spec(const std::string& path) {
+  return path.find('*') != std::string::npos || path.find('?') != std::string::npos ||
+         (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0);
+}
+
+TrainingData open_training_data(const TrainOptions& options, const ModelConfig& config) {
+  TrainingData data;
+  if (is_shard_spec(options.data_path)) {
+    auto tokenizer = load_tokenizer(options.tokenizer);
+    int64_t doc_start = tokenizer->document_start_id();
+    HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), "model config: key 'vocab_size' (",
+              config.vocab_size, ") is smaller than the tokenizer's vocabulary (",
+              tokenizer->vocab_size(), ", ", options.tokenizer, ")");
+    data.train = std::make_unique<ShardDataset>(std::vector<std::string>{options.data_path},
+                                                config.vocab_size, doc_start);
+    if (!options.val_data_path.empty()) {
+      data.val = std::make_unique<ShardDataset>(std::vector<std::string>{options.val_data_path},
+                                                config.vocab_size, doc_start);
+    } else {
+      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+    }
+    data.description = options.data_path + " (token shards)";
+    return data;
+  }
+  HAM_CHECK(options.val_data_path.empty(), "--val-data is for token shards; text data holds out "
+            "its last 5% of documents");
+  std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
+  std::string text = options.data_path.empty() ? std::string(default_corpus())
+                                               : read_text_file(options.data_path);
+  auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
+  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, "model config: key 'vocab_size' must "
+            "be at least ", ByteTokenizer::kVocabSize, " for byte-level text, got ", config.vocab_size);
+  data.train = std::make_unique<TokenStream>(std::move(train_stream));
+  data.val = std::make_unique<TokenStream>(std::move(val_stream));
+  data.description = source;
+  return data;
+}
+
+}  // namespace ham
