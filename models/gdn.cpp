@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/node.h"
 #include "nn/conv1d.h"
 #include "nn/elementwise.h"
 #include "nn/gated_delta_rule.h"
@@ -96,7 +97,9 @@ Tensor GatedDeltaNet::forward(const Tensor& x, const TokenBatch& batch) const {
   Tensor beta = sigmoid(b_proj->forward(x));  // [B, T, h] write strength in (0, 1)
   // g = -A * dt <= 0 with A = exp(A_log) and dt = softplus(a_proj x + dt_bias): log decay.
   Tensor g = mul(neg(exp(A_log)), softplus(add(a_proj->forward(x), dt_bias)));
-  Tensor o = gated_delta_rule(q, k, v, g, beta, Tensor(), docs).o;  // [B, T, h, V]
+  GatedDeltaRuleResult recurrent = gated_delta_rule(q, k, v, g, beta, Tensor(), docs);
+  trace_ = {detach(g), detach(recurrent.fit_error)};
+  Tensor o = recurrent.o;  // [B, T, h, V]
   Tensor gate = reshape(gate_proj->forward(x), {B, T, heads_, v_head_dim_});
   o = gated_rms_norm(o, gate, o_norm->weight, norm_eps_);
   return o_proj->forward(reshape(o, {B, T, heads_ * v_head_dim_}));

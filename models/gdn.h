@@ -39,9 +39,17 @@ class GatedDeltaNet : public Module {
   Tensor dt_bias;  // [h]: softplus(dt_bias) is the initial time step
   std::shared_ptr<RMSNorm> o_norm;  // weight [V], shared by all heads
 
+  // What the last forward computed, for analysis (detached, [B, T, h] each): the log decay
+  // g_t (the gate is alpha_t = exp(g_t)) and the delta rule's per-head fit error.
+  struct Trace {
+    Tensor log_decay, fit_error;
+  };
+  const Trace& last_trace() const { return trace_; }
+
  private:
   int64_t heads_, head_dim_, v_head_dim_;
   double norm_eps_;
+  mutable Trace trace_;
 };
 
 // x += GDN(RMSNorm(x)); x += SwiGLU(RMSNorm(x)).

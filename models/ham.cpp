@@ -139,6 +139,13 @@ HAMLayer::Output HAMLayer::forward(const Tensor& x, const TokenBatch& batch,
   Tensor select = Tensor::from_vector(selected, {B, T}).to(x.device());
   trace_.score = detach(score);
   trace_.select = select;
+  trace_.fit_error = recurrent.fit_error;
+  trace_.log_decay = detach(log_decay);
+  trace_.score_in_graph = Tensor();
+  if (retain_score_grad && requires_grad(score)) {
+    retain_grad(score);
+    trace_.score_in_graph = score;
+  }
 
   // KV path: attention over the selected tokens only. Learned scores scale the values,
   // which is how the router receives a gradient.

@@ -65,6 +65,11 @@ class HAMPathInputs : public Module {
 struct HAMLayerTrace {
   Tensor score;   // [B, T] routing score e_t (detached)
   Tensor select;  // [B, T] u8
+  Tensor fit_error;  // [B, T, h_RNN] per-head fit error of the RNN path (detached)
+  Tensor log_decay;  // [B, T, h_RNN] g_t; the gate is alpha_t = exp(g_t) (detached)
+  // Only with retain_score_grad: the score as used in the graph, with retain_grad set, so
+  // grad(score_in_graph) after backward is dL/de_t (learned routers' value-scaling path).
+  Tensor score_in_graph;
   std::vector<double> kv_fraction_per_sequence;  // selected / tokens, per batch row
   // Only with keep_path_outputs (detached): the KV path's attention inputs after RoPE
   // [B, T, h_KV, K] / [B, T, h_KV, V] and its raw output, and the RNN path's raw output.
@@ -91,6 +96,7 @@ class HAMLayer : public Module {
   Threshold threshold;
   const HAMLayerTrace& last_trace() const { return trace_; }
   bool keep_path_outputs = false;  // tests: keep the path outputs in last_trace()
+  bool retain_score_grad = false;  // keep dL/de_t reachable through last_trace()
 
   std::shared_ptr<Linear> q_proj, k_proj, v_proj;
   std::shared_ptr<HAMPathInputs> rnn, kv;

@@ -868,4 +868,36 @@ TokenBatch BatchMixture::sample(int64_t batch, int64_t seq_len, Generator& gen) 
           rows_tensor(doc_ids, batch, seq_len), rows_tensor(positions, batch, seq_len)};
 }
 
+// ---- NIAH token spans ----------------------------------------------------------------------
+
+NiahTokenSpans niah_token_spans(const NiahExample& example, const TextEncoder& encode) {
+  const std::string& prompt = example.prompt;
+  // Layout (assemble_niah): instructions "\n" context "\n" question.
+  HAM_CHECK(prompt.size() >= example.context.size() + example.question.size() + 2 &&
+                prompt.ends_with(example.question),
+            "niah_token_spans: the example's prompt does not end with its question");
+  size_t question_start = prompt.size() - example.question.size();
+  size_t context_end = question_start - 1;
+  size_t context_start = context_end - example.context.size();
+  HAM_CHECK(prompt.compare(context_start, example.context.size(), example.context) == 0,
+            "niah_token_spans: the example's context is not where the prompt layout puts it");
+  HAM_CHECK(example.needle_offsets.size() == example.needles.size(),
+            "niah_token_spans: ", example.needles.size(), " needles but ",
+            example.needle_offsets.size(), " needle offsets");
+  auto tokens_before = [&](size_t byte) {
+    return int64_t(encode(std::string_view(prompt).substr(0, byte)).size());
+  };
+  NiahTokenSpans spans;
+  spans.instructions = {0, tokens_before(context_start > 0 ? context_start - 1 : 0)};
+  spans.context = {tokens_before(context_start), tokens_before(context_end)};
+  spans.question = {tokens_before(question_start), int64_t(encode(prompt).size())};
+  for (size_t i = 0; i < example.needles.size(); ++i) {
+    size_t start = example.needle_offsets[i];
+    HAM_CHECK(start >= context_start && start + example.needles[i].size() <= context_end,
+              "niah_token_spans: needle ", i, " at byte ", start, " lies outside the context");
+    spans.needles.push_back({tokens_before(start), tokens_before(start + example.needles[i].size())});
+  }
+  return spans;
+}
+
 }  // namespace ham

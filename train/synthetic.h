@@ -175,4 +175,23 @@ class BatchMixture {
   std::vector<int64_t> last_row_sources_;
 };
 
+// ---- Where the parts of a NIAH prompt lie in its tokens ---------------------------------
+// A token range [begin, end).
+struct TokenSpan {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool contains(int64_t t) const { return t >= begin && t < end; }
+};
+
+struct NiahTokenSpans {
+  TokenSpan instructions, context, question;
+  std::vector<TokenSpan> needles;  // in order of appearance, inside `context`
+};
+
+// The spans of encode(example.prompt) that hold each part: a part starting at byte b and
+// ending at byte e spans tokens [len(encode(prompt[0, b))), len(encode(prompt[0, e)))).
+// Exact for byte-level tokens; with BPE a token that straddles a boundary counts with the
+// part where it ends.
+NiahTokenSpans niah_token_spans(const NiahExample& example, const TextEncoder& encode);
+
 }  // namespace ham
