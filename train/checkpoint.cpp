@@ -76,21 +76,27 @@ void remove_abandoned_temporaries(const fs::path& root) {
 
 }  // namespace
 
+std::string checkpoint_temporary_dir(const std::string& out_dir, int64_t step, int64_t pid) {
+  return (fs::path(out_dir) / fmt::format(".tmp-{}-{}", step_dir_name(step), pid)).string();
+}
+
 std::string save_checkpoint(const std::string& out_dir, int64_t step,
-                            const CheckpointContents& contents, int64_t keep_last) {
+                            const CheckpointContents& contents, int64_t keep_last,
+                            const std::function<void(const std::string&)>& write_more) {
   fs::path root(out_dir);
   std::error_code ec;
   fs::create_directories(root, ec);
   HAM_CHECK(!ec, out_dir, ": cannot create the checkpoint directory: ", ec.message());
   remove_abandoned_temporaries(root);
   fs::path final_dir = root / step_dir_name(step);
-  fs::path tmp_dir = root / fmt::format(".tmp-{}-{}", step_dir_name(step), ::getpid());
+  fs::path tmp_dir = checkpoint_temporary_dir(out_dir, step, ::getpid());
   fs::remove_all(tmp_dir);
   fs::create_directory(tmp_dir, ec);
   HAM_CHECK(!ec, tmp_dir.string(), ": cannot create: ", ec.message());
   try {
     save_safetensors((tmp_dir / "model.safetensors").string(), contents.model);
     save_safetensors((tmp_dir / "optimizer.safetensors").string(), contents.optimizer);
+    if (write_more) write_more(tmp_dir.string());
     // state.json last: its presence marks the checkpoint complete.
     write_text_file(tmp_dir / kStateFile, contents.state.dump(2));
     fsync_path(tmp_dir, true);

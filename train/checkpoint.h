@@ -5,6 +5,7 @@
 //                       state.json             config, options, step, data RNG, metrics
 // written into a hidden temporary directory that is renamed into place only when every
 // file is complete and synced, so a crash mid-write leaves the previous checkpoint intact.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,9 +23,14 @@ struct CheckpointContents {
 };
 
 // Writes `<out_dir>/step-<step>` atomically, then deletes the oldest checkpoints so at most
-// `keep_last` remain (0 keeps all). Returns the checkpoint's directory.
+// `keep_last` remain (0 keeps all). Returns the checkpoint's directory. `write_more`, when
+// given, is called with the temporary directory after the safetensors files and before
+// state.json (the other ranks of a sharded run write their files into it then).
 std::string save_checkpoint(const std::string& out_dir, int64_t step,
-                            const CheckpointContents& contents, int64_t keep_last);
+                            const CheckpointContents& contents, int64_t keep_last,
+                            const std::function<void(const std::string&)>& write_more = {});
+// The temporary directory save_checkpoint writes step `step` into when run by process `pid`.
+std::string checkpoint_temporary_dir(const std::string& out_dir, int64_t step, int64_t pid);
 
 // Loads a checkpoint directory, or the newest complete one inside an output directory.
 CheckpointContents load_checkpoint(const std::string& path);

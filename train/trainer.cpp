@@ -1,13 +1,17 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
-#include <cmath>
 #include <ostream>
+#include <streambuf>
 
 #include <fmt/format.h>
 
@@ -16,9 +20,14 @@
 #include "autograd/node.h"
 #include "core/cpu/fma_peak.h"
 #include "core/ops/optim.h"
+#include "distributed/communicator.h"
+#include "distributed/flat_shard.h"
+#include "distributed/sharded_checkpoint.h"
 #include "models/accounting.h"
+#include "models/ham.h"
 #include "nn/elementwise.h"
 #include "nn/optim.h"
+#include "train/gradient_monitor.h"
 #include "train/metrics_log.h"
 #include "train/synthetic.h"
 
@@ -45,7 +54,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"out_dir", out_dir}, {"log_dir", log_dir},
           {"checkpoint_every", checkpoint_every}, {"keep_checkpoints", keep_checkpoints},
           {"mix_mqar", mix_mqar}, {"mqar_pairs", mqar_pairs}, {"mix_niah", mix_niah},
-          {"peak_gflops", peak_gflops}};
+          {"peak_gflops", peak_gflops}, {"grad_norms_every", grad_norms_every},
+          {"dump_grads", dump_grads}, {"dump_grads_at", dump_grads_at},
+          {"shard", shard}, {"shard_group_size", shard_group_size}};
 }
 
 void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -60,7 +71,14 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
     merged[item.key()] = item.value();
   }
   TrainOptions o;
-  auto get = [&](const char* key, auto& field) { field = merged.at(key).get<std::decay_t<decltype(field)>>(); };
+  auto get = [&](const char* key, auto& field) {
+    try {
+      field = merged.at(key).get<std::decay_t<decltype(field)>>();
+    } catch (const nlohmann::json::type_error&) {  // a list holding the wrong element type
+      HAM_FAIL(source, ": train option '", key, "' has the wrong element type: ",
+               merged.at(key).dump());
+    }
+  };
   get("steps", o.steps); get("batch_size", o.batch_size); get("seq_len", o.seq_len);
   get("grad_accum", o.grad_accum); get("lr", o.lr); get("min_lr_ratio", o.min_lr_ratio);
   get("warmup_steps", o.warmup_steps); get("weight_decay", o.weight_decay);
@@ -71,7 +89,10 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("tokenizer", o.tokenizer); get("out_dir", o.out_dir); get("log_dir", o.log_dir);
   get("checkpoint_every", o.checkpoint_every); get("keep_checkpoints", o.keep_checkpoints);
   get("mix_mqar", o.mix_mqar); get("mqar_pairs", o.mqar_pairs); get("mix_niah", o.mix_niah);
-  get("peak_gflops", o.peak_gflops);
+  get("peak_gflops", o.peak_gflops); get("grad_norms_every", o.grad_norms_every);
+  get("dump_grads", o.dump_grads); get("dump_grads_at", o.dump_grads_at);
+  get("shard", o.shard); get("shard_group_size", o.shard_group_size);
+  dist::parse_sharding_stage(o.shard);  // fails here, naming the stages, when misspelt
   *this = o;
 }
 
@@ -114,10 +135,13 @@ std::function<TokenBatch(int64_t, int64_t, Generator&)> make_row_sampler(
     return data.sample(rows, seq_len, gen);
   };
   if (opt.mix_mqar <= 0 && opt.mix_niah <= 0) return from_data;
-  HAM_CHECK(opt.mix_mqar >= 0 && opt.mix_niah >= 0 && opt.mix_mqar + opt.mix_niah < 1,
-            "train options: mix_mqar + mix_niah must lie in [0, 1), got ", opt.mix_mqar, " + ",
+  HAM_CHECK(opt.mix_mqar >= 0 && opt.mix_niah >= 0 && opt.mix_mqar + opt.mix_niah <= 1,
+            "train options: mix_mqar + mix_niah must lie in [0, 1], got ", opt.mix_mqar, " + ",
             opt.mix_niah);
-  std::vector<MixtureSource> sources = {{"data", 1 - opt.mix_mqar - opt.mix_niah, from_data}};
+  // With mix_mqar + mix_niah = 1 every row is synthetic and the data is never read.
+  std::vector<MixtureSource> sources;
+  double data_weight = 1 - opt.mix_mqar - opt.mix_niah;
+  if (data_weight > 0) sources.push_back({"data", data_weight, from_data});
   if (opt.mix_mqar > 0) {
     MqarConfig mqar;
     mqar.vocab_size = config.vocab_size;
@@ -157,65 +181,214 @@ std::string first_nonfinite_grad(const LanguageModel& model) {
 
 }  // namespace
 
+namespace {
+
+// Rows [begin, end) of every tensor of a batch.
+TokenBatch rows_of(const TokenBatch& batch, int64_t begin, int64_t end) {
+  auto rows = [&](const Tensor& t) { return t.defined() ? t.slice(begin, end) : Tensor(); };
+  return {rows(batch.inputs), rows(batch.targets), rows(batch.doc_ids), rows(batch.positions)};
+}
+
+// Targets that count in the loss (cross_entropy's ignore_index is -100).
+int64_t counted_targets(const Tensor& targets) {
+  int64_t count = 0;
+  for (int64_t t : targets.clone().to_vector<int64_t>()) count += t != -100;
+  return count;
+}
+
+// Mean validation loss when every rank evaluates its rows of each window batch: the
+// rank-average of the per-rank means is the one-process mean (each rank has the same
+// number of rows and every window target counts).
+double evaluate_distributed(const LanguageModel& model, const TokenSource& data,
+                            const TrainOptions& opt, dist::Communicator& world,
+                            dist::ShardedModel& sharded) {
+  NoGradGuard no_grad;
+  sharded.gather_all();
+  std::vector<TokenBatch> batches = data.sequential(opt.batch_size, opt.seq_len, opt.eval_batches);
+  HAM_CHECK(!batches.empty(), "evaluate: the validation stream (", data.size(),
+            " tokens) is shorter than one window of ", opt.seq_len + 1);
+  const int64_t rows = opt.batch_size / world.size(), first = world.rank() * rows;
+  double total = 0;
+  for (const TokenBatch& b : batches) total += model.loss(rows_of(b, first, first + rows)).item();
+  return world.all_reduce_scalar(total / double(batches.size()), dist::ReduceOp::Avg);
+}
+
+// A stream that discards what it is given (the log of ranks other than 0).
+class NullBuffer final : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+};
+
+}  // namespace
+
 TrainResult train(LanguageModel& model, const TokenSource& train_data,
-                  const TokenSource& val_data, const TrainOptions& opt, std::ostream& log,
-                  const CheckpointContents* resume) {
+                  const TokenSource& val_data, const TrainOptions& opt, std::ostream& log_to,
+                  const CheckpointContents* resume,
+                  const std::shared_ptr<dist::Communicator>& world_or_null) {
   HAM_CHECK(opt.steps > 0 && opt.batch_size > 0 && opt.seq_len > 0 && opt.grad_accum > 0,
             "train: steps, batch size, sequence length and grad accumulation must be positive");
+  std::shared_ptr<dist::Communicator> world =
+      world_or_null ? world_or_null : std::make_shared<dist::SingleProcessCommunicator>();
+  const int rank = world->rank(), world_size = world->size();
+  // A world of one trains exactly as without distribution (nn's AdamW on the whole model);
+  // more ranks shard the optimizer state and gradients (and parameters under "full").
+  const bool sharded_run = world_size > 1;
+  const dist::ShardingStage stage = dist::parse_sharding_stage(opt.shard);
+  HAM_CHECK(opt.batch_size % world_size == 0, "train: --batch-size ", opt.batch_size,
+            " (the global batch) must be a multiple of the ", world_size, " ranks");
+  const int64_t local_rows = opt.batch_size / world_size, first_row = rank * local_rows;
+  NullBuffer discard;
+  std::ostream silent(&discard);
+  std::ostream& log = rank == 0 ? log_to : silent;
+
   Generator data_gen(opt.seed);
-  AdamW optimizer(decay_groups(model.named_parameters(), opt.weight_decay),
-                  {opt.lr, opt.beta1, opt.beta2, opt.eps});
   CosineSchedule schedule{opt.lr, opt.lr * opt.min_lr_ratio, opt.warmup_steps, opt.steps};
   std::vector<Tensor> params = model.parameters();
   auto sample_rows = make_row_sampler(train_data, opt, model.config());
   bool has_val = val_data.size() > opt.seq_len + 1;
+  // Built first, so that a dump pattern matching nothing fails before any work. Only rank
+  // 0 logs and dumps; with several ranks it sees the full mean gradient, gathered from the
+  // shards at the steps it reports on (dL/de_t: rank 0's rows only).
+  GradientMonitorOptions monitor_options{opt.grad_norms_every, opt.dump_grads, opt.dump_grads_at,
+                                         opt.out_dir.empty() ? opt.log_dir : opt.out_dir,
+                                         opt.steps};
+  GradientMonitor gradient_monitor(
+      model, rank == 0 ? monitor_options : GradientMonitorOptions{0, {}, {}, "", opt.steps});
+  auto monitor_reads_gradients = [&](int64_t step) {
+    bool norms = opt.grad_norms_every > 0 && step % opt.grad_norms_every == 0;
+    bool dump = !opt.dump_grads.empty() &&
+                std::find(opt.dump_grads_at.begin(), opt.dump_grads_at.end(), step) !=
+                    opt.dump_grads_at.end();
+    return norms || dump;
+  };
 
   TrainResult result;
   int64_t start_step = 0;
   if (resume) {
-    const nlohmann::json& st = resume->state;
-    start_step = st.at("step").get<int64_t>();
+    start_step = resume->state.at("step").get<int64_t>();
+    HAM_CHECK(start_step < opt.steps, "train: the checkpoint is at step ", start_step,
+              ", nothing left to do for --steps ", opt.steps);
+    // Before sharding: every rank starts from the same full parameters.
     model.load_parameters(resume->model);
-    optimizer.load_state(strip_prefix("optimizer.", resume->optimizer),
-                         st.at("optimizer_steps").get<int64_t>());
+  }
+
+  // Exactly one of these optimizes: nn's AdamW (one process) or the sharded one.
+  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<dist::ShardedModel> sharded;
+  std::unique_ptr<dist::ShardedAdamW> sharded_optimizer;
+  const AdamW::Options adamw_options{opt.lr, opt.beta1, opt.beta2, opt.eps};
+  if (sharded_run) {
+    int group_size = opt.shard_group_size > 0 ? int(opt.shard_group_size) : world_size;
+    HAM_CHECK(world_size % group_size == 0, "train: --shard-group-size ", group_size,
+              " must divide the ", world_size, " ranks");
+    if (auto* ham_model = dynamic_cast<HAMModel*>(&model)) {
+      ham_model->set_threshold_all_reduce(dist::mean_over_ranks(world));
+    }
+    sharded = std::make_unique<dist::ShardedModel>(
+        dist::group_parameters_by_layer(model.named_parameters()),
+        dist::make_sharding_groups(world, group_size), stage);
+    sharded_optimizer = std::make_unique<dist::ShardedAdamW>(
+        *sharded, decay_groups(model.named_parameters(), opt.weight_decay), adamw_options);
+    log << fmt::format("sharded data parallel: {} ranks, stage {}, {} shards x {} replicas, "
+                       "{} rows per rank; per rank: {}\n",
+                       world_size, dist::sharding_stage_name(stage), group_size,
+                       world_size / group_size, local_rows,
+                       sharded->memory_per_rank().str());
+  } else {
+    optimizer = std::make_unique<AdamW>(decay_groups(model.named_parameters(), opt.weight_decay),
+                                        adamw_options);
+  }
+
+  if (resume) {
+    const nlohmann::json& st = resume->state;
+    const std::string checkpoint_dir = st.value("checkpoint_dir", std::string("?"));
+    const int64_t optimizer_steps = st.at("optimizer_steps").get<int64_t>();
+    // A sharded checkpoint keeps the moments in <dir>/<optimizer_shards>/, a one-process
+    // one in optimizer.safetensors as "optimizer.exp_avg.<param>"; either resumes on any
+    // number of ranks.
+    const std::string shards_dir =
+        st.contains("optimizer_shards")
+            ? checkpoint_dir + "/" + st.at("optimizer_shards").get<std::string>()
+            : "";
+    if (sharded_run && !shards_dir.empty()) {
+      dist::load_sharded_checkpoint(shards_dir, *sharded_optimizer);
+    } else if (sharded_run) {
+      dist::load_full_optimizer_state(*sharded_optimizer,
+                                      strip_prefix("optimizer.", resume->optimizer),
+                                      optimizer_steps);
+    } else if (!shards_dir.empty()) {
+      auto [state, steps] = dist::read_sharded_checkpoint_unsharded(shards_dir,
+                                                                    model.named_parameters());
+      optimizer->load_state(state, steps);
+    } else {
+      optimizer->load_state(strip_prefix("optimizer.", resume->optimizer), optimizer_steps);
+    }
     model.load_training_state(strip_prefix("training.", resume->optimizer));
     data_gen.set_state(st.at("data_rng").at("seed").get<uint64_t>(),
                        st.at("data_rng").at("offset").get<uint64_t>());
-    log << fmt::format("resumed from {} at step {}\n", st.value("checkpoint_dir", std::string("?")),
-                       start_step);
-    HAM_CHECK(start_step < opt.steps, "train: the checkpoint is at step ", start_step,
-              ", nothing left to do for --steps ", opt.steps);
+    log << fmt::format("resumed from {} at step {}{}\n", checkpoint_dir, start_step,
+                       shards_dir.empty() ? "" : " (sharded optimizer state)");
   } else if (has_val) {
-    result.initial_val_loss = evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
+    result.initial_val_loss =
+        sharded_run ? evaluate_distributed(model, val_data, opt, *world, *sharded)
+                    : evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
     log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", 0, opt.steps, result.initial_val_loss);
   }
 
   auto write_checkpoint = [&](int64_t step) {
     CheckpointContents c;
-    c.model = model.named_parameters();
-    c.optimizer = with_prefix("optimizer.", optimizer.state());
+    c.model = sharded_run ? sharded->full_parameters() : model.named_parameters();
+    c.optimizer = sharded_run ? std::vector<std::pair<std::string, Tensor>>{}
+                              : with_prefix("optimizer.", optimizer->state());
     for (auto& entry : with_prefix("training.", model.training_state())) c.optimizer.push_back(entry);
+    int64_t optimizer_steps =
+        sharded_run ? sharded_optimizer->steps_taken() : optimizer->steps_taken();
     c.state = {{"step", step},
-               {"optimizer_steps", optimizer.steps_taken()},
+               {"optimizer_steps", optimizer_steps},
                {"data_rng", {{"seed", data_gen.seed()}, {"offset", data_gen.offset()}}},
                {"config", model.config().to_json()},
                {"train", opt.to_json()},
                {"train_loss", result.final_loss}};
-    result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints);
+    if (!sharded_run) {
+      result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints);
+    } else {
+      // Rank 0 writes the step directory; every rank writes its optimizer shard into the
+      // same temporary directory (named after rank 0's pid, so a dead writer's leftovers
+      // are reaped) before rank 0 adds state.json and renames it into place.
+      constexpr const char* kShardsDir = "optimizer";
+      c.state["optimizer_shards"] = kShardsDir;
+      c.state["world_size"] = world_size;
+      const int64_t writer_pid = int64_t(world->all_reduce_scalar(
+          rank == 0 ? double(::getpid()) : 0.0, dist::ReduceOp::Sum));
+      auto write_shards = [&](const std::string& tmp_dir) {
+        world->barrier();  // rank 0 has created tmp_dir
+        dist::save_sharded_checkpoint(tmp_dir + "/" + kShardsDir, *sharded_optimizer);
+      };
+      if (rank == 0) {
+        result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints,
+                                                 write_shards);
+      } else {
+        write_shards(checkpoint_temporary_dir(opt.out_dir, step, writer_pid));
+      }
+      world->barrier();  // the step directory is in place
+      if (rank != 0) result.last_checkpoint = opt.out_dir + fmt::format("/step-{:08d}", step);
+    }
     log << fmt::format("step {:>5}/{} | checkpoint {}\n", step, opt.steps, result.last_checkpoint);
   };
 
   std::string log_dir = opt.log_dir.empty() ? opt.out_dir : opt.log_dir;
   std::unique_ptr<MetricsLogger> metrics;
-  if (!log_dir.empty()) metrics = std::make_unique<MetricsLogger>(log_dir);
+  if (!log_dir.empty() && rank == 0) metrics = std::make_unique<MetricsLogger>(log_dir);
   // MFU's denominator: the given peak, else this CPU's fp32 FMA peak on the threads in use,
-  // measured now (about 0.1 s).
+  // measured now (about 0.1 s), times the ranks.
   double peak_gflops = opt.peak_gflops;
-  if (peak_gflops <= 0) {
+  if (peak_gflops <= 0 && rank == 0) {
     peak_gflops = cpu::measure_fma_peak_flops(omp_get_max_threads(), 5) * 1e-9;
     log << fmt::format("cpu fp32 FMA peak: {:.1f} GFLOP/s on {} threads ({}, measured)\n",
                        peak_gflops, omp_get_max_threads(), cpu::fma_isa());
   }
+  peak_gflops *= double(world_size);
   auto wall_start = std::chrono::steady_clock::now();
 
   double window_loss = 0;
@@ -228,37 +401,86 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     double step_loss = 0;
     bool nonfinite = false;
     std::string where;
+    gradient_monitor.begin_step(step + 1);
     for (int64_t micro = 0; micro < opt.grad_accum; ++micro) {
+      // Every rank draws the whole global batch (the same generator state everywhere) and
+      // keeps its rows, so N ranks see exactly the rows one process would.
       TokenBatch batch = sample_rows(opt.batch_size, opt.seq_len, data_gen);
-      Tensor loss = model.loss(batch);
-      double value = loss.item();
-      if (!std::isfinite(value)) {
-        nonfinite = true;
-        where = fmt::format("loss is {} in the forward pass of micro-batch {}", value, micro);
-        break;
+      if (!sharded_run) {
+        Tensor loss = model.loss(batch);
+        double value = loss.item();
+        if (!std::isfinite(value)) {
+          nonfinite = true;
+          where = fmt::format("loss is {} in the forward pass of micro-batch {}", value, micro);
+          break;
+        }
+        step_loss += value / double(opt.grad_accum);
+        backward(scale(loss, 1.0 / double(opt.grad_accum)));
+      } else {
+        TokenBatch local = rows_of(batch, first_row, first_row + local_rows);
+        // The loss is a mean over counted targets; weighting rank r's mean by
+        // N c_r / C (c_r its counted targets, C the batch's) makes the rank average of
+        // the losses and of the gradients the one-process mean. 1 when nothing is ignored.
+        const double weight = double(world_size) * double(counted_targets(local.targets)) /
+                              double(counted_targets(batch.targets));
+        sharded->gather_all();
+        Tensor loss = model.loss(local);
+        double value = world->all_reduce_scalar(loss.item() * weight, dist::ReduceOp::Avg);
+        if (!std::isfinite(value)) {  // the same decision on every rank
+          nonfinite = true;
+          where = fmt::format("loss is {} in the forward pass of micro-batch {}", value, micro);
+          break;
+        }
+        step_loss += value / double(opt.grad_accum);
+        sharded->begin_backward();
+        backward(scale(loss, weight / double(opt.grad_accum)));
+        sharded->finish_backward();
       }
-      step_loss += value / double(opt.grad_accum);
-      backward(scale(loss, 1.0 / double(opt.grad_accum)));
+      gradient_monitor.after_micro_batch();
       window_tokens += opt.batch_size * opt.seq_len;
     }
     if (!nonfinite) {
-      std::string bad = first_nonfinite_grad(model);
+      std::string bad = sharded_run ? sharded->first_non_finite_gradient()
+                                    : first_nonfinite_grad(model);
       if (!bad.empty()) {
         nonfinite = true;
         where = "gradient of '" + bad + "' holds NaN or Inf";
       }
     }
     if (nonfinite) {
-      optimizer.zero_grad();
+      gradient_monitor.abandon_step();
+      if (sharded_run) {
+        sharded->zero_gradients();
+      } else {
+        optimizer->zero_grad();
+      }
       HAM_CHECK(opt.skip_nonfinite, "step ", step + 1, ": ", where,
                 " (stopping; rerun with --skip-nonfinite to skip such steps)");
       log << fmt::format("step {:>5}/{} | skipped: {}\n", step + 1, opt.steps, where);
       ++result.skipped_steps;
       continue;
     }
-    double grad_norm = clip_grad_norm(params, opt.clip);
-    optimizer.step(lr);
-    optimizer.zero_grad();
+    // The step's gradients are final here: norms and dumps see them before clipping.
+    // Sharded, they exist only as shards: gathered whole for the steps the monitor reads.
+    if (sharded_run && monitor_reads_gradients(step + 1)) {
+      auto full = sharded->full_gradients();
+      if (rank == 0) {
+        std::map<std::string, Tensor> by_name(full.begin(), full.end());
+        for (const auto& [name, p] : model.named_parameters()) set_grad(p, by_name.at(name));
+      }
+    }
+    gradient_monitor.end_step(step + 1, log, metrics.get());
+    double grad_norm = 0;
+    if (sharded_run) {
+      for (const auto& [name, p] : model.named_parameters()) clear_grad(p);
+      grad_norm = sharded->clip_gradient_norm(opt.clip);
+      sharded_optimizer->step(lr);
+      sharded->zero_gradients();
+    } else {
+      grad_norm = clip_grad_norm(params, opt.clip);
+      optimizer->step(lr);
+      optimizer->zero_grad();
+    }
     model.after_optimizer_step(step + 1);
     if (step == start_step) result.first_loss = step_loss;
     result.step_losses.push_back(step_loss);
@@ -275,6 +497,12 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       double mean_loss = window_loss / double(window_steps);
       double tokens_per_second = double(window_tokens) / std::max(seconds, 1e-9);
       std::vector<LayerRouting> routing = model.routing();
+      // Each rank routed its own rows: the fraction over the global batch is the mean.
+      if (sharded_run) {
+        for (LayerRouting& r : routing) {
+          r.kv_fraction = world->all_reduce_scalar(r.kv_fraction, dist::ReduceOp::Avg);
+        }
+      }
       std::string kv;
       double mean_kv = 1.0;
       if (!routing.empty()) {
@@ -315,7 +543,9 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       window_start = std::chrono::steady_clock::now();
     }
     if (has_val && ((step + 1) % opt.eval_every == 0 || last)) {
-      result.final_val_loss = evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
+      result.final_val_loss =
+          sharded_run ? evaluate_distributed(model, val_data, opt, *world, *sharded)
+                      : evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
       log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", step + 1, opt.steps, result.final_val_loss);
       if (metrics) metrics->log(step + 1, {{"val/loss", result.final_val_loss}});
     }
@@ -324,6 +554,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       write_checkpoint(step + 1);
     }
   }
+  // Leave the model whole for the caller (export, evaluation): "full" released it.
+  if (sharded_run) sharded->gather_all();
   return result;
 }
 

@@ -2,6 +2,7 @@
 // The training loop: sample -> forward -> backward (accumulating over micro-batches) ->
 // clip -> AdamW step, with a progress line and periodic validation loss.
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "train/text_data.h"
 
 namespace ham {
+
+namespace dist {
+class Communicator;
+}
 
 struct TrainOptions {
   int64_t steps = 400;
@@ -36,10 +41,24 @@ struct TrainOptions {
   std::string log_dir;          // metrics.jsonl + TensorBoard events ("" = out_dir, if set)
   int64_t checkpoint_every = 0; // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3; // newest checkpoints kept (0: all)
-  double mix_mqar = 0;          // fraction of training rows drawn from MQAR (Zoology)
+  double mix_mqar = 0;          // fraction of training rows drawn from MQAR (Zoology); with
+                                // mix_niah, at most 1 (1: no rows from the data)
   int64_t mqar_pairs = 8;       // key-value pairs per MQAR row (4 x pairs <= seq_len)
   double mix_niah = 0;          // fraction of training rows drawn from RULER NIAH single_1
   double peak_gflops = 0;       // hardware peak for the MFU estimate (0: measure the CPU's)
+  // Gradient inspection (train/gradient_monitor.h): per-parameter and per-layer gradient
+  // norms (and HAM router statistics) every N steps, 0: never; the gradients of the
+  // parameters named (globs, or "score_grad" for HAM's dL/de_t) written at the given steps
+  // to <out_dir or log_dir>/grads/step-NNNNNNNN.safetensors.
+  int64_t grad_norms_every = 0;
+  std::vector<std::string> dump_grads;
+  std::vector<int64_t> dump_grads_at;
+  // Sharded data parallelism (mpirun -np N; distributed/README.md): "grads" shards the
+  // gradients, optimizer state and master weights, "full" the parameters too. Ranks are
+  // split into shard groups of shard_group_size (0: all ranks; the ranks of a node for
+  // hybrid sharding), replicated across groups. A world of one ignores both.
+  std::string shard = "grads";
+  int64_t shard_group_size = 0;
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
@@ -64,9 +83,14 @@ double evaluate(const LanguageModel& model, const TokenSource& data, int64_t bat
                 int64_t seq_len, int64_t max_batches);
 
 // Trains from scratch, or continues from `resume` (a loaded checkpoint) so that the
-// losses are bit-identical to an uninterrupted run.
+// losses are bit-identical to an uninterrupted run. With a `world` of N > 1 ranks (every
+// rank calls this with a model built from the same config), each rank trains on its
+// batch_size / N rows of the global batch with sharded data parallelism; losses, metrics
+// and checkpoints are those of the whole job (only rank 0 writes to `log`), and a
+// checkpoint resumes on any number of ranks. nullptr: a world of one.
 TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   const TokenSource& val_data, const TrainOptions& options, std::ostream& log,
-                  const CheckpointContents* resume = nullptr);
+                  const CheckpointContents* resume = nullptr,
+                  const std::shared_ptr<dist::Communicator>& world = nullptr);
 
 }  // namespace ham

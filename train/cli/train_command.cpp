@@ -11,12 +11,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "distributed/communicator.h"
 #include "models/language_model.h"
 #include "train/checkpoint.h"
 #include "train/cli/commands.h"
 #include "train/shards.h"
 #include "train/text_data.h"
 #include "train/tokenizer.h"
+#include "train/trained_model.h"
+#include "train/training_data.h"
 #include "train/trainer.h"
 
 namespace ham::cli {
@@ -55,61 +58,21 @@ struct TrainArgs {
   std::vector<std::pair<CLI::Option*, std::function<void(TrainOptions&, const TrainOptions&)>>> given;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, path, ": cannot open training text");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Communicator>& world);
 
-bool is_shard_spec(const std::string& path) {
-  return path.find('*') != std::string::npos || path.find('?') != std::string::npos ||
-         (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0);
-}
-
-struct TrainingData {
-  std::unique_ptr<TokenSource> train, val;
-  std::string description;
-};
-
-// Byte-level text (the embedded corpus or a file; 5% of documents held out), or llm.c
-// token shards (validation from --val-data), checked against the model's vocabulary.
-TrainingData open_training_data(const TrainOptions& options, const ModelConfig& config) {
-  TrainingData data;
-  if (is_shard_spec(options.data_path)) {
-    auto tokenizer = load_tokenizer(options.tokenizer);
-    int64_t doc_start = tokenizer->document_start_id();
-    HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), "model config: key 'vocab_size' (",
-              config.vocab_size, ") is smaller than the tokenizer's vocabulary (",
-              tokenizer->vocab_size(), ", ", options.tokenizer, ")");
-    data.train = std::make_unique<ShardDataset>(std::vector<std::string>{options.data_path},
-                                                config.vocab_size, doc_start);
-    if (!options.val_data_path.empty()) {
-      data.val = std::make_unique<ShardDataset>(std::vector<std::string>{options.val_data_path},
-                                                config.vocab_size, doc_start);
-    } else {
-      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
-    }
-    data.description = options.data_path + " (token shards)";
-    return data;
-  }
-  HAM_CHECK(options.val_data_path.empty(), "--val-data is for token shards; text data holds out "
-            "its last 5% of documents");
-  std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
-  std::string text = options.data_path.empty() ? std::string(default_corpus())
-                                               : read_text_file(options.data_path);
-  auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
-  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, "model config: key 'vocab_size' must "
-            "be at least ", ByteTokenizer::kVocabSize, " for byte-level text, got ", config.vocab_size);
-  data.train = std::make_unique<TokenStream>(std::move(train_stream));
-  data.val = std::make_unique<TokenStream>(std::move(val_stream));
-  data.description = source;
-  return data;
-}
-
+// Plain `ham train` is a world of one; under mpirun every rank runs the same command and
+// trains its share of the batch (a rank that fails ends the whole job, naming itself).
 int run_train(const TrainArgs& args) {
+  std::shared_ptr<dist::Communicator> world = dist::make_world_communicator();
+  if (world->size() == 1) return train_on_this_rank(args, world);
+  return dist::run_or_abort_job(*world, [&] { return train_on_this_rank(args, world); });
+}
+
+int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Communicator>& world) {
   if (args.threads > 0) omp_set_num_threads(args.threads);
+  // Only rank 0 prints; the others' output would repeat it.
+  std::ostringstream discarded;
+  std::ostream& out = world->rank() == 0 ? std::cout : discarded;
   ModelConfig config;
   TrainOptions options = args.options;
   std::unique_ptr<CheckpointContents> resume;
@@ -142,25 +105,25 @@ int run_train(const TrainArgs& args) {
   }
   TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
-  std::cout << fmt::format("{} model: {} parameters\n", family_name(config.family),
+  out << fmt::format("{} model: {} parameters\n", family_name(config.family),
                            model->num_parameters());
-  std::cout << "config: " << config.to_json().dump() << "\n";
-  std::cout << "train: " << options.to_json().dump() << "\n";
-  std::cout << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
+  out << "config: " << config.to_json().dump() << "\n";
+  out << "train: " << options.to_json().dump() << "\n";
+  out << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
                            data.description, data.train->size(), data.val->size(),
                            omp_get_max_threads());
-  TrainResult r = train(*model, *data.train, *data.val, options, std::cout, resume.get());
+  TrainResult r = train(*model, *data.train, *data.val, options, out, resume.get(), world);
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
-  std::cout << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% lower)", r.first_loss,
+  out << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% lower)", r.first_loss,
                            r.final_loss, drop);
   if (r.initial_val_loss > 0) {
-    std::cout << fmt::format(", validation loss {:.4f} -> {:.4f}", r.initial_val_loss,
+    out << fmt::format(", validation loss {:.4f} -> {:.4f}", r.initial_val_loss,
                              r.final_val_loss);
   }
-  std::cout << "\n";
-  if (!args.export_dir.empty()) {
-    export_weights(args.export_dir, model->named_parameters(), config.to_json());
-    std::cout << "weights exported to " << args.export_dir << " (model.safetensors, config.json)\n";
+  out << "\n";
+  if (!args.export_dir.empty() && world->rank() == 0) {
+    export_trained_model(args.export_dir, *model);
+    out << "weights exported to " << args.export_dir << " (model.safetensors, config.json)\n";
   }
   return 0;
 }
@@ -211,6 +174,14 @@ Command add_train_command(CLI::App& root) {
   add("--mqar-pairs", &TrainOptions::mqar_pairs, "Key-value pairs per MQAR row (4 x pairs <= seq-len)");
   add("--mix-niah", &TrainOptions::mix_niah, "Fraction of training rows drawn from RULER needle-in-a-haystack (byte-level data)");
   add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s for the MFU estimate (0: measure this CPU's fp32 FMA peak)");
+  add("--grad-norms-every", &TrainOptions::grad_norms_every, "Steps between gradient-norm reports, before clipping (0: never): metrics grad_norm/<parameter> and grad_norm/layer_<i>, a per-layer log line, and for HAM with a learned router router/grad_norm/layer_<i> and statistics of dL/de_t (router/score_grad/{mean,abs_mean,abs_max,nonzero_fraction}/layer_<i>)");
+  add("--dump-grads", &TrainOptions::dump_grads, "Parameters whose gradients --dump-grads-at writes: exact names or globs ('*' any run, '?' one character; comma-separated or repeated), or score_grad for HAM's dL/de_t and selection per learned-router layer; a pattern matching nothing is an error")
+      ->delimiter(',');
+  add("--shard", &TrainOptions::shard, "Under mpirun: grads shards gradients, optimizer state and fp32 master weights over the ranks (ZeRO-2); full shards the parameters too (ZeRO-3/FSDP). One process ignores it")
+      ->check(CLI::IsMember({"grads", "grads+optimizer", "zero2", "full", "zero3"}));
+  add("--shard-group-size", &TrainOptions::shard_group_size, "Under mpirun: ranks per shard group (hybrid sharding: shard within a group, e.g. a node's ranks, replicate across groups); 0: all ranks");
+  add("--dump-grads-at", &TrainOptions::dump_grads_at, "Steps (1-based, comma-separated) at which the --dump-grads gradients, before clipping, go to <out or log-dir>/grads/step-NNNNNNNN.safetensors")
+      ->delimiter(',');
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
                                     "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
   args->given.emplace_back(skip, [](TrainOptions& dst, const TrainOptions& src) {
