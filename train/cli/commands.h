@@ -17,5 +17,10 @@ Command add_info_command(CLI::App& root);   // info_command.cpp
 Command add_tokenize_command(CLI::App& root);    // tokenize_command.cpp
 Command add_detokenize_command(CLI::App& root);  // tokenize_command.cpp
 Command add_op_command(CLI::App& root);          // op_command.cpp
+Command add_generate_command(CLI::App& root);    // generate_command.cpp
+Command add_analyze_command(CLI::App& root);     // analyze_command.cpp
+Command add_eval_command(CLI::App& root);        // eval_command.cpp
+Command add_gradcheck_command(CLI::App& root);   // gradcheck_command.cpp
+Command add_compare_command(CLI::App& root);     // compare_command.cpp
 
 }  // namespace ham::cli

@@ -12,6 +12,11 @@ int main(int argc, char** argv) {
       ham::cli::add_tokenize_command(app),
       ham::cli::add_detokenize_command(app),
       ham::cli::add_op_command(app),
+      ham::cli::add_generate_command(app),
+      ham::cli::add_analyze_command(app),
+      ham::cli::add_eval_command(app),
+      ham::cli::add_gradcheck_command(app),
+      ham::cli::add_compare_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   try {

@@ -1,0 +1,142 @@
+#include "train/comparison.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "tests/error_testing.h"
+#include "train/plot.h"
+#include "train/synthetic.h"
+
+namespace ham {
+namespace {
+
+using testing::expect_error;
+namespace fs = std::filesystem;
+
+const std::string kTiny = std::string(HAM_SOURCE_DIR) + "/configs/tiny/";
+
+nlohmann::json tiny_spec() {
+  return {{"runs", {{"gdn", "gdn.json"}, {"ham", "ham-fixed-tau.json"}}},
+          {"train", {{"steps", 3}, {"batch_size", 2}, {"seq_len", 32}, {"mix_mqar", 1},
+                     {"mqar_pairs", 4}, {"log_every", 1}, {"peak_gflops", 100}}},
+          {"eval", {{"perplexity", false}, {"mqar_lengths", {32}}, {"mqar_pairs", 4},
+                    {"samples", 4}, {"batch_size", 4}}}};
+}
+
+TEST(Comparison, SweepRepeatsOnlyHamRunsOncePerValue) {
+  nlohmann::json j = tiny_spec();
+  j["sweep_kv"] = {0, 0.5, 1};
+  CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  std::vector<CompareRun> runs = spec.runs();
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ(runs[0].name, "gdn");
+  EXPECT_FALSE(runs[0].kv_target);
+  EXPECT_EQ(runs[1].name, "ham@kv=0.00");
+  EXPECT_EQ(runs[2].name, "ham@kv=0.50");
+  EXPECT_EQ(runs[3].name, "ham@kv=1.00");
+  EXPECT_TRUE(runs[2].config.learn_tau);
+  EXPECT_EQ(runs[2].config.kv_target, std::vector<double>{0.5});
+  EXPECT_EQ(spec.train.steps, 3);
+  EXPECT_EQ(spec.eval.mqar_lengths, std::vector<int64_t>{32});
+}
+
+// rho = 0 and rho = 1 are fixed thresholds at the ends of tau's range: nothing, or every
+// token, goes to the KV cache.
+TEST(Comparison, KvFractionEndsSelectNothingOrEverything) {
+  ModelConfig base = ModelConfig::from_file(kTiny + "ham-fixed-tau.json");
+  MqarConfig mqar;
+  mqar.vocab_size = base.vocab_size;
+  mqar.seq_len = 32;
+  mqar.num_pairs = 4;
+  TokenBatch batch = mqar_batch(mqar, 0, 2);
+  NoGradGuard no_grad;
+  for (double rho : {0.0, 1.0}) {
+    ModelConfig c = with_kv_fraction(base, rho);
+    EXPECT_FALSE(c.learn_tau);
+    auto model = make_model(c);
+    model->forward(batch);
+    for (const LayerRouting& layer : model->routing()) {
+      EXPECT_DOUBLE_EQ(layer.kv_fraction, rho) << "layer " << layer.layer;
+    }
+  }
+}
+
+TEST(Comparison, BadSpecsNameTheFileAndKey) {
+  nlohmann::json unknown = tiny_spec();
+  unknown["sweep"] = {0.5};
+  expect_error([&] { CompareSpec::from_json(unknown, "spec.json", kTiny); },
+               {"spec.json", "unknown key 'sweep'"});
+  nlohmann::json sweep = tiny_spec();
+  sweep["sweep_kv"] = {0.5, 2};
+  expect_error([&] { CompareSpec::from_json(sweep, "spec.json", kTiny); },
+               {"spec.json", "sweep_kv", "2"});
+  nlohmann::json name = tiny_spec();
+  name["runs"]["my run"] = "gdn.json";
+  expect_error([&] { CompareSpec::from_json(name, "spec.json", kTiny); },
+               {"spec.json", "runs.my run"});
+  nlohmann::json train = tiny_spec();
+  train["train"]["stepz"] = 3;
+  expect_error([&] { CompareSpec::from_json(train, "spec.json", kTiny); },
+               {"spec.json", "stepz"});
+  nlohmann::json eval = tiny_spec();
+  eval["eval"]["mqar_lengths"] = "32";
+  expect_error([&] { CompareSpec::from_json(eval, "spec.json", kTiny); },
+               {"spec.json", "mqar_lengths"});
+  nlohmann::json missing = tiny_spec();
+  missing["runs"]["gdn"] = "no-such-config.json";
+  expect_error([&] { CompareSpec::from_json(missing, "spec.json", kTiny); },
+               {"no-such-config.json"});
+  expect_error([] { with_kv_fraction(ModelConfig{}, 0.5); }, {"with_kv_fraction", "transformer"});
+}
+
+// A NIAH length too short for its needles fails before any run trains.
+TEST(Comparison, InfeasibleEvaluationFailsBeforeTraining) {
+  nlohmann::json j = tiny_spec();
+  j["eval"]["niah_tasks"] = {"single_1"};
+  j["eval"]["niah_lengths"] = {96};
+  CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  std::string out = (fs::temp_directory_path() / "ham_test_comparison_infeasible").string();
+  std::ostringstream log;
+  expect_error([&] { run_comparison(spec, out, log); }, {"spec.json", "single_1", "96"});
+  EXPECT_EQ(log.str(), "");  // nothing trained
+  fs::remove_all(out);
+}
+
+// Same data, same budget: two runs of the same config give identical losses; the report
+// has a row per run and both plots.
+TEST(Comparison, RunsShareDataAndWriteTheReport) {
+  nlohmann::json j = tiny_spec();
+  j["runs"] = {{"a", "gdn.json"}, {"b", "gdn.json"}, {"ham", "ham-fixed-tau.json"}};
+  CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  std::string out = (fs::temp_directory_path() / "ham_test_comparison").string();
+  fs::remove_all(out);
+  std::ostringstream log;
+  CompareResult result = run_comparison(spec, out, log);
+  ASSERT_EQ(result.runs.size(), 3u);
+  EXPECT_EQ(result.runs[0].train.step_losses, result.runs[1].train.step_losses);
+  EXPECT_EQ(result.runs[0].mean_kv_fraction, 0.0);
+  EXPECT_GT(result.runs[2].mean_kv_fraction, 0.0);
+  ASSERT_EQ(result.runs[2].eval.mqar.size(), 1u);
+  EXPECT_EQ(result.runs[2].eval.mqar[0].seq_len, 32);
+
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (scripts/install_deps.sh)";
+  std::string md = write_comparison_report(spec, result, out);
+  for (const char* row : {"| a | gdn |", "| b | gdn |", "| ham | ham |", "MQAR T=32 acc"}) {
+    EXPECT_NE(md.find(row), std::string::npos) << row << " not in:\n" << md;
+  }
+  EXPECT_TRUE(is_png_file(out + "/loss_curves.png"));
+  EXPECT_TRUE(is_png_file(out + "/kv_tradeoff.png"));
+  std::ifstream json_file(out + "/report.json");
+  nlohmann::json report = nlohmann::json::parse(json_file);
+  EXPECT_EQ(report["runs"].size(), 3u);
+  EXPECT_EQ(report["runs"][2]["eval"]["mqar"][0]["seq_len"], 32);
+  EXPECT_TRUE(fs::exists(out + "/runs/ham/weights/model.safetensors"));
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace ham

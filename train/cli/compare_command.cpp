@@ -1,0 +1,76 @@
+// ham compare: train several model configs on the same data, token budget and seed,
+// evaluate them alike and write one report (markdown table, JSON, plots).
+#include <omp.h>
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "train/cli/commands.h"
+#include "train/comparison.h"
+
+namespace ham::cli {
+
+namespace {
+
+struct CompareArgs {
+  std::string spec_path;
+  std::string out_dir;
+  std::vector<double> sweep_kv;
+  std::vector<std::string> only;
+  int64_t steps = 0;
+  int threads = 0;
+};
+
+int run_compare(const CompareArgs& args) {
+  if (args.threads > 0) omp_set_num_threads(args.threads);
+  CompareSpec spec = CompareSpec::from_file(args.spec_path);
+  if (!args.sweep_kv.empty()) {
+    for (double rho : args.sweep_kv) {
+      HAM_CHECK(rho >= 0 && rho <= 1, "--sweep-kv: ", rho, " is not a fraction in [0, 1]");
+    }
+    spec.sweep_kv = args.sweep_kv;
+  }
+  if (args.steps > 0) spec.train.steps = args.steps;
+  if (!args.only.empty()) {
+    std::vector<std::pair<std::string, ModelConfig>> kept;
+    for (const std::string& name : args.only) {
+      auto it = std::find_if(spec.configs.begin(), spec.configs.end(),
+                             [&](const auto& entry) { return entry.first == name; });
+      HAM_CHECK(it != spec.configs.end(), "--runs: '", name, "' is not a run of ", spec.source);
+      kept.push_back(*it);
+    }
+    spec.configs = kept;
+  }
+  std::vector<CompareRun> runs = spec.runs();
+  std::cout << fmt::format("compare: {} runs ({}), {} steps each, {} threads\n", runs.size(),
+                           spec.source, spec.train.steps, omp_get_max_threads());
+  CompareResult result = run_comparison(spec, args.out_dir, std::cout);
+  std::string markdown = write_comparison_report(spec, result, args.out_dir);
+  std::cout << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and report.json, "
+            << "loss_curves.png, kv_tradeoff.png)\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_compare_command(CLI::App& root) {
+  auto args = std::make_shared<CompareArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "compare", "Train several model families on the same data, token budget and seed, evaluate them alike, and write one report (markdown, JSON, plots)");
+  cmd->add_option("spec", args->spec_path, "Compare spec JSON: {\"runs\": {name: config path or object}, \"train\": {...}, \"eval\": {...}, \"sweep_kv\": [...]} (e.g. configs/compare/mqar.json)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", args->out_dir, "Output directory: report.md, report.json, plots, runs/<name>/")
+      ->required();
+  cmd->add_option("--sweep-kv", args->sweep_kv, "HAM KV fractions to sweep, e.g. 0,0.25,0.5,0.75,1 (each HAM run repeats per value; replaces the spec's sweep_kv)")
+      ->delimiter(',');
+  cmd->add_option("--runs", args->only, "Only these runs of the spec, e.g. gdn,ham")->delimiter(',');
+  cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)");
+  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  return {cmd, [args] { return run_compare(*args); }};
+}
+
+}  // namespace ham::cli

@@ -1,0 +1,459 @@
+#include "train/comparison.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+
+#include <fmt/format.h>
+
+#include "train/plot.h"
+#include "train/sampling.h"
+#include "train/tokenizer.h"
+#include "train/trained_model.h"
+#include "train/training_data.h"
+
+namespace ham {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  HAM_CHECK(in, path, ": cannot open ", what);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    HAM_FAIL(path, ": invalid JSON: ", e.what());
+  }
+}
+
+// "ham@kv=0.50" -> "ham_kv0.50": directory names without shell-special characters.
+std::string directory_name(const std::string& run_name) {
+  std::string out;
+  for (char ch : run_name) {
+    if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_') {
+      out += ch;
+    } else if (ch == '@') {
+      out += '_';
+    }
+  }
+  return out;
+}
+
+double mean(const std::vector<double>& values) {
+  if (values.empty()) return std::nan("");
+  double total = 0;
+  for (double v : values) total += v;
+  return total / double(values.size());
+}
+
+// The run's KV cache relative to a Transformer of the same depth: HAM's measured fraction
+// (mean over layers and evaluated tasks), the share of attention layers for GDN-GSA, 1 for
+// the Transformer and 0 for GDN.
+double relative_kv_fraction(const ModelConfig& config, const EvalReport& report) {
+  std::vector<double> measured;
+  auto add = [&](const std::vector<double>& per_layer) {
+    if (!per_layer.empty()) measured.push_back(mean(per_layer));
+  };
+  if (report.perplexity) add(report.perplexity->kv_fraction);
+  for (const MqarResult& r : report.mqar) add(r.kv_fraction);
+  for (const NiahResult& r : report.niah) add(r.kv_fraction);
+  for (const ChoiceResult& r : report.choices) add(r.kv_fraction);
+  switch (config.family) {
+    case ModelFamily::Transformer: return 1.0;
+    case ModelFamily::GDN: return 0.0;
+    case ModelFamily::GDNGSA: {
+      int64_t attention = 0;
+      for (int64_t i = 0; i < config.n_layers; ++i) attention += config.is_attention_layer(i);
+      return double(attention) / double(config.n_layers);
+    }
+    case ModelFamily::HAM: return mean(measured);
+  }
+  return std::nan("");
+}
+
+// Mean of the last `window` step losses (the final training loss, less noisy than one step).
+double final_train_loss(const TrainResult& r, size_t window = 20) {
+  if (r.step_losses.empty()) return std::nan("");
+  size_t n = std::min(window, r.step_losses.size());
+  double total = 0;
+  for (size_t i = r.step_losses.size() - n; i < r.step_losses.size(); ++i) total += r.step_losses[i];
+  return total / double(n);
+}
+
+// The headline recall number of a run: the first MQAR length, else the first NIAH task.
+std::optional<std::pair<std::string, double>> recall_accuracy(const EvalReport& report) {
+  if (!report.mqar.empty()) {
+    return std::make_pair(fmt::format("MQAR accuracy (T={}, {} pairs)", report.mqar[0].seq_len,
+                                      report.mqar[0].num_pairs),
+                          report.mqar[0].accuracy);
+  }
+  if (!report.niah.empty()) {
+    return std::make_pair(fmt::format("NIAH {} accuracy (T={})", report.niah[0].task,
+                                      report.niah[0].context_tokens),
+                          report.niah[0].accuracy);
+  }
+  return std::nullopt;
+}
+
+// Catches what would fail in evaluation (a NIAH length too short for its needles) before
+// any run spends its training time.
+void check_eval_feasible(const EvalOptions& eval, const std::string& source) {
+  if (eval.niah_tasks.empty()) return;
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(eval.tokenizer);
+  TokenCounter counter = [&tokenizer](std::string_view text) {
+    return int64_t(tokenizer->encode(text).size());
+  };
+  for (const std::string& task : eval.niah_tasks) {
+    for (int64_t length : eval.niah_lengths) {
+      try {
+        make_niah_example(NiahConfig::preset(niah_kind_from_name(task), length, eval.seed), counter);
+      } catch (const Error& e) {
+        HAM_FAIL(source, ": eval NIAH ", task, " at ", length, " tokens: ", e.what());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---- spec -----------------------------------------------------------------------------------
+
+CompareSpec CompareSpec::from_file(const std::string& path) {
+  nlohmann::json j = read_json_file(path, "compare spec");
+  return from_json(j, path, fs::path(path).parent_path().string());
+}
+
+CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& source,
+                                   const std::string& base_dir) {
+  HAM_CHECK(j.is_object(), source, ": a compare spec must be a JSON object");
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();
+    HAM_CHECK(key == "runs" || key == "train" || key == "eval" || key == "sweep_kv", source,
+              ": unknown key '", key, "' (known: runs, train, eval, sweep_kv)");
+  }
+  CompareSpec spec;
+  spec.source = source;
+  HAM_CHECK(j.contains("runs") && j.at("runs").is_object() && !j.at("runs").empty(), source,
+            ": key 'runs' must be a non-empty object of name -> model config (path or object)");
+  for (const auto& item : j.at("runs").items()) {
+    const std::string where = source + ": runs." + item.key();
+    HAM_CHECK(!item.key().empty() && directory_name(item.key()) == item.key(), where,
+              ": a run name may hold only letters, digits, '.', '-' and '_'");
+    if (item.value().is_string()) {
+      fs::path path = item.value().get<std::string>();
+      if (path.is_relative()) path = fs::path(base_dir) / path;
+      spec.configs.emplace_back(item.key(), ModelConfig::from_file(path.string()));
+    } else {
+      HAM_CHECK(item.value().is_object(), where, ": must be a config file path or a config object");
+      spec.configs.emplace_back(item.key(), ModelConfig::from_json(item.value(), where));
+    }
+  }
+  if (j.contains("train")) spec.train.update_from_json(j.at("train"), source + ": train");
+  if (j.contains("eval")) spec.eval.update_from_json(j.at("eval"), source + ": eval");
+  spec.eval.validate();
+  if (j.contains("sweep_kv")) {
+    const nlohmann::json& sweep = j.at("sweep_kv");
+    HAM_CHECK(sweep.is_array(), source, ": key 'sweep_kv' must be a list of fractions in [0, 1]");
+    for (const nlohmann::json& v : sweep) {
+      HAM_CHECK(v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1, source,
+                ": key 'sweep_kv' holds ", v.dump(), ", not a fraction in [0, 1]");
+      spec.sweep_kv.push_back(v.get<double>());
+    }
+  }
+  return spec;
+}
+
+std::vector<CompareRun> CompareSpec::runs() const {
+  std::vector<CompareRun> out;
+  for (const auto& [name, config] : configs) {
+    if (config.family == ModelFamily::HAM && !sweep_kv.empty()) {
+      for (double rho : sweep_kv) {
+        out.push_back({fmt::format("{}@kv={:.2f}", name, rho), with_kv_fraction(config, rho), rho});
+      }
+    } else {
+      out.push_back({name, config, std::nullopt});
+    }
+  }
+  return out;
+}
+
+ModelConfig with_kv_fraction(ModelConfig config, double rho) {
+  HAM_CHECK(config.family == ModelFamily::HAM, "with_kv_fraction: only HAM routes tokens, got a ",
+            family_name(config.family), " config");
+  HAM_CHECK(rho >= 0 && rho <= 1, "with_kv_fraction: KV fraction must lie in [0, 1], got ", rho);
+  constexpr double kEdge = 1e-6;  // tau must stay strictly inside (0, s)
+  if (rho == 0 || rho == 1) {
+    config.learn_tau = false;
+    config.tau = config.tau_scale() * (rho == 0 ? 1 - kEdge : kEdge);
+  } else {
+    config.learn_tau = true;
+    config.kv_target = {rho};
+  }
+  config.validate("with_kv_fraction");
+  return config;
+}
+
+// ---- running ----------------------------------------------------------------------------------
+
+CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
+                             std::ostream& log) {
+  std::vector<CompareRun> runs = spec.runs();
+  spec.eval.validate();
+  check_eval_feasible(spec.eval, spec.source);
+  std::error_code ec;
+  fs::create_directories(fs::path(out_dir) / "runs", ec);
+  HAM_CHECK(!ec, out_dir, ": cannot create: ", ec.message());
+  HAM_CHECK(spec.train.out_dir.empty(), spec.source, ": train option 'out_dir' is set by ham "
+            "compare (each run writes to <out>/runs/<name>); remove it");
+
+  const bool data_rows = spec.train.mix_mqar + spec.train.mix_niah < 1;
+  CompareResult result;
+  auto all_start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const CompareRun& run = runs[i];
+    fs::path dir = fs::path(out_dir) / "runs" / directory_name(run.name);
+    fs::create_directories(dir, ec);
+    HAM_CHECK(!ec, dir.string(), ": cannot create: ", ec.message());
+
+    TrainOptions options = spec.train;
+    options.log_dir = (dir / "metrics").string();
+    // Rows come only from synthetic tasks when the mixture leaves no share for the data.
+    TrainingData data;
+    if (data_rows) {
+      data = open_training_data(options, run.config);
+    } else {
+      data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
+      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+      data.description = "synthetic rows only";
+    }
+
+    std::shared_ptr<LanguageModel> model = make_model(run.config);
+    log << fmt::format("[{}/{}] {}: {} model, {} parameters, training {} steps of {}x{} tokens "
+                       "({}; log: {})\n",
+                       i + 1, runs.size(), run.name, family_name(run.config.family),
+                       model->num_parameters(), options.steps, options.batch_size,
+                       options.seq_len, data.description, (dir / "train.log").string());
+    log.flush();
+    std::ofstream train_log(dir / "train.log");
+    HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
+    auto start = std::chrono::steady_clock::now();
+    CompareRunResult r;
+    r.run = run;
+    r.family = family_name(run.config.family);
+    r.parameters = model->num_parameters();
+    r.train = train(*model, *data.train, *data.val, options, train_log);
+    r.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.weights_dir = (dir / "weights").string();
+    export_trained_model(r.weights_dir, *model);
+
+    Completer complete;
+    if (!spec.eval.niah_tasks.empty()) {
+      std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(spec.eval.tokenizer);
+      std::optional<int64_t> stop;
+      if (tokenizer->eot_id() >= 0) stop = tokenizer->eot_id();
+      complete = greedy_completer(*model, stop);
+    }
+    r.eval = evaluate_model(*model, spec.eval, complete);
+    if (complete) r.eval.generation = "kv-cached decoder";
+    r.eval.source = r.weights_dir;
+    r.eval.step = r.train.steps;
+    r.mean_kv_fraction = relative_kv_fraction(run.config, r.eval);
+
+    std::string summary = fmt::format("train loss {:.4f}", final_train_loss(r.train));
+    if (auto recall = recall_accuracy(r.eval)) {
+      summary += fmt::format(" | {} {:.3f}", recall->first, recall->second);
+    }
+    if (r.eval.perplexity) summary += fmt::format(" | ppl {:.3f}", r.eval.perplexity->perplexity);
+    log << fmt::format("[{}/{}] {}: {} | KV fraction {:.3f} | {:.0f} s\n", i + 1, runs.size(),
+                       run.name, summary, r.mean_kv_fraction, r.train_seconds);
+    log.flush();
+    result.runs.push_back(std::move(r));
+  }
+  result.total_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - all_start).count();
+  return result;
+}
+
+// ---- report -----------------------------------------------------------------------------------
+
+namespace {
+
+std::string format_metric(double v, const char* format = "{:.3f}") {
+  return std::isfinite(v) ? fmt::format(fmt::runtime(format), v) : std::string("-");
+}
+
+// One row per run; the task columns are those of the first run's report (all runs share
+// the eval options, so all have the same tasks).
+std::string markdown_table(const CompareResult& result) {
+  const EvalReport& first = result.runs.front().eval;
+  std::vector<std::string> header = {"run", "family", "parameters", "KV fraction",
+                                     "train loss (last 20 steps)"};
+  if (first.perplexity) header.push_back(fmt::format("perplexity (T={})", first.perplexity->seq_len));
+  for (const MqarResult& m : first.mqar) {
+    header.push_back(fmt::format("MQAR T={} acc", m.seq_len));
+    header.push_back(fmt::format("MQAR T={} all-correct", m.seq_len));
+  }
+  for (const NiahResult& n : first.niah) header.push_back(fmt::format("NIAH {} T={}", n.task, n.context_tokens));
+  for (const ChoiceResult& c : first.choices) header.push_back(fmt::format("{} acc / acc_norm", c.name));
+  header.push_back("train time (s)");
+
+  std::string md = "|";
+  for (const std::string& h : header) md += " " + h + " |";
+  md += "\n|";
+  for (size_t i = 0; i < header.size(); ++i) md += i < 2 ? "---|" : "---:|";
+  md += "\n";
+  for (const CompareRunResult& r : result.runs) {
+    std::vector<std::string> row = {r.run.name, r.family, fmt::format("{}", r.parameters),
+                                    format_metric(r.mean_kv_fraction),
+                                    format_metric(final_train_loss(r.train), "{:.4f}")};
+    if (r.eval.perplexity) row.push_back(format_metric(r.eval.perplexity->perplexity));
+    for (const MqarResult& m : r.eval.mqar) {
+      row.push_back(format_metric(m.accuracy));
+      row.push_back(format_metric(m.sequence_accuracy));
+    }
+    for (const NiahResult& n : r.eval.niah) row.push_back(format_metric(n.accuracy));
+    for (const ChoiceResult& c : r.eval.choices) {
+      row.push_back(format_metric(c.acc) + " / " + format_metric(c.acc_norm));
+    }
+    row.push_back(fmt::format("{:.0f}", r.train_seconds));
+    md += "|";
+    for (const std::string& cell : row) md += " " + cell + " |";
+    md += "\n";
+  }
+  return md;
+}
+
+// Running mean over `window` steps, so that curves of noisy per-step losses stay readable.
+std::vector<double> running_mean(const std::vector<double>& values, size_t window) {
+  std::vector<double> out(values.size());
+  double total = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    total += values[i];
+    if (i >= window) total -= values[i - window];
+    out[i] = total / double(std::min(i + 1, window));
+  }
+  return out;
+}
+
+PlotFigure loss_curves(const CompareResult& result) {
+  constexpr size_t kWindow = 10;
+  PlotPanel panel{"training loss (" + std::to_string(kWindow) + "-step running mean)", "step",
+                  "loss"};
+  for (const CompareRunResult& r : result.runs) {
+    std::vector<double> steps(r.train.step_losses.size());
+    for (size_t i = 0; i < steps.size(); ++i) steps[i] = double(i + 1);
+    panel.series.push_back(make_series(r.run.name, steps, running_mean(r.train.step_losses, kWindow)));
+  }
+  return PlotFigure{"", {panel}};
+}
+
+// The paper's trade-off figure: loss and recall versus KV fraction; the HAM sweep is one
+// line, every other run a single marked point.
+PlotFigure kv_tradeoff(const CompareResult& result) {
+  PlotPanel loss_panel{"final training loss vs KV fraction", "KV fraction (vs a Transformer's cache)",
+                       "train loss"};
+  std::optional<std::string> recall_name;
+  for (const CompareRunResult& r : result.runs) {
+    if (auto recall = recall_accuracy(r.eval)) recall_name = recall->first;
+  }
+  PlotPanel recall_panel{recall_name.value_or("recall") + " vs KV fraction",
+                         "KV fraction (vs a Transformer's cache)", "accuracy"};
+  recall_panel.y_min = 0;
+  recall_panel.y_max = 1;
+
+  // HAM runs grouped by base config name, sorted by KV fraction.
+  std::map<std::string, std::vector<const CompareRunResult*>> sweeps;
+  for (const CompareRunResult& r : result.runs) {
+    if (r.run.kv_target) sweeps[r.run.name.substr(0, r.run.name.find('@'))].push_back(&r);
+  }
+  for (auto& [name, members] : sweeps) {
+    std::sort(members.begin(), members.end(), [](auto* a, auto* b) {
+      return a->mean_kv_fraction < b->mean_kv_fraction;
+    });
+    std::vector<double> kv, loss, recall;
+    for (const CompareRunResult* r : members) {
+      kv.push_back(r->mean_kv_fraction);
+      loss.push_back(final_train_loss(r->train));
+      auto acc = recall_accuracy(r->eval);
+      recall.push_back(acc ? acc->second : std::nan(""));
+    }
+    loss_panel.series.push_back(make_series(name + " sweep", kv, loss, PlotStyle::LinesPoints));
+    recall_panel.series.push_back(make_series(name + " sweep", kv, recall, PlotStyle::LinesPoints));
+  }
+  for (const CompareRunResult& r : result.runs) {
+    if (r.run.kv_target) continue;
+    double kv = std::isfinite(r.mean_kv_fraction) ? r.mean_kv_fraction : 0.0;
+    auto acc = recall_accuracy(r.eval);
+    PlotSeries loss_point = make_series(r.run.name, {kv}, {final_train_loss(r.train)}, PlotStyle::Points);
+    PlotSeries recall_point = make_series(r.run.name, {kv}, {acc ? acc->second : std::nan("")}, PlotStyle::Points);
+    loss_point.width = recall_point.width = 3;  // point size: a lone point must stand out
+    loss_panel.series.push_back(loss_point);
+    recall_panel.series.push_back(recall_point);
+  }
+  loss_panel.x_min = recall_panel.x_min = -0.05;
+  loss_panel.x_max = recall_panel.x_max = 1.05;
+  PlotFigure figure{"", {loss_panel}};
+  if (recall_name) figure.panels.push_back(recall_panel);
+  figure.columns = int64_t(figure.panels.size());
+  return figure;
+}
+
+}  // namespace
+
+std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,
+                                    const std::string& out_dir) {
+  HAM_CHECK(!result.runs.empty(), "write_comparison_report: no runs to report");
+  const TrainOptions& t = spec.train;
+  std::string md = "# ham compare\n\n";
+  md += fmt::format("Spec: `{}`. Every run trained {} steps of {} x {} tokens ({} tokens), data "
+                    "seed {}, then was evaluated with the same options. Total time {:.0f} s.\n\n",
+                    spec.source, t.steps, t.batch_size * t.grad_accum, t.seq_len,
+                    t.steps * t.batch_size * t.grad_accum * t.seq_len, t.seed,
+                    result.total_seconds);
+  md += markdown_table(result);
+  md += "\nKV fraction: HAM's measured selected-token fraction in evaluation (mean over layers); "
+        "for other families the share of layers that keep a full KV cache.\n\n";
+  md += "![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
+  write_plot(loss_curves(result), (fs::path(out_dir) / "loss_curves.png").string());
+  write_plot(kv_tradeoff(result), (fs::path(out_dir) / "kv_tradeoff.png").string());
+
+  nlohmann::json runs = nlohmann::json::array();
+  for (const CompareRunResult& r : result.runs) {
+    runs.push_back({{"name", r.run.name},
+                    {"family", r.family},
+                    {"config", r.run.config.to_json()},
+                    {"kv_target", r.run.kv_target ? nlohmann::json(*r.run.kv_target) : nlohmann::json()},
+                    {"parameters", r.parameters},
+                    {"kv_fraction", std::isfinite(r.mean_kv_fraction) ? nlohmann::json(r.mean_kv_fraction) : nlohmann::json()},
+                    {"train_seconds", r.train_seconds},
+                    {"final_train_loss", final_train_loss(r.train)},
+                    {"step_losses", r.train.step_losses},
+                    {"weights", r.weights_dir},
+                    {"eval", r.eval.to_json()}});
+  }
+  // Generated NIAH answers may hold bytes that are not UTF-8: they become U+FFFD in JSON.
+  nlohmann::json report = {{"spec", spec.source}, {"train", spec.train.to_json()},
+                           {"eval", spec.eval.to_json()}, {"sweep_kv", spec.sweep_kv},
+                           {"total_seconds", result.total_seconds}, {"runs", runs}};
+  for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
+                                   {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
+    fs::path path = fs::path(out_dir) / name;
+    fs::path tmp = fs::path(out_dir) / ("." + name + ".tmp");
+    {
+      std::ofstream out(tmp);
+      HAM_CHECK(out, tmp.string(), ": cannot open for writing");
+      out << text;
+      HAM_CHECK(out.good(), tmp.string(), ": write failed");
+    }
+    fs::rename(tmp, path);
+  }
+  return md;
+}
+
+}  // namespace ham

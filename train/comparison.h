@@ -1,0 +1,85 @@
+#pragma once
+// `ham compare`: the paper's side-by-side comparison at any scale. Several model configs
+// train on the same data, with the same token budget and the same data seed (so every run
+// sees the same rows in the same order), each is evaluated with the same EvalOptions, and
+// one report is written:
+//   <out>/report.md        a markdown table (parameters, KV fraction, losses, accuracies)
+//   <out>/report.json      everything, including each run's full EvalReport and losses
+//   <out>/loss_curves.png  training loss per step of every run (+ .csv, .gp)
+//   <out>/kv_tradeoff.png  final loss and recall accuracy versus KV fraction: the HAM
+//                          sweep as a line, other families as single points
+//   <out>/runs/<name>/     train.log, metrics, and the trained weights (`ham train
+//                          --export` layout, so `ham eval/generate/analyze` read them)
+//
+// The spec is a JSON file:
+//   {"runs":     {"gdn": "mqar/gdn.json", "ham": "mqar/ham.json", ...},  (paths relative
+//                 to the spec file, or inline config objects)
+//    "train":    {TrainOptions keys, e.g. "steps": 1500, "mix_mqar": 1},
+//    "eval":     {"mqar_lengths": [128], "mqar_pairs": 32, "samples": 256, ...},
+//    "sweep_kv": [0.5]}                        (optional; see with_kv_fraction)
+// Every HAM run is repeated once per sweep value; runs of other families run once.
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/config.h"
+#include "train/evaluation.h"
+#include "train/trainer.h"
+
+namespace ham {
+
+struct CompareRun {
+  std::string name;  // "gdn", "ham@kv=0.50", ...
+  ModelConfig config;
+  std::optional<double> kv_target;  // the sweep value this HAM run was given
+};
+
+struct CompareSpec {
+  std::vector<std::pair<std::string, ModelConfig>> configs;  // as listed in "runs"
+  TrainOptions train;
+  EvalOptions eval;
+  std::vector<double> sweep_kv;  // empty: HAM runs keep their own tau settings
+  std::string source;            // the spec file, for messages
+
+  // One-line errors name the file and the key at fault.
+  static CompareSpec from_file(const std::string& path);
+  static CompareSpec from_json(const nlohmann::json& j, const std::string& source,
+                               const std::string& base_dir);
+  // The runs in order: each config, HAM configs once per sweep value.
+  std::vector<CompareRun> runs() const;
+};
+
+// HAM at KV fraction rho: rho in (0, 1) learns tau toward kv_target rho (Algorithm 2);
+// rho = 0 fixes tau at the top of its range (s (1 - 1e-6): no token is selected) and
+// rho = 1 at the bottom (s 1e-6: every token with a non-zero score is selected).
+ModelConfig with_kv_fraction(ModelConfig config, double rho);
+
+struct CompareRunResult {
+  CompareRun run;
+  std::string family;
+  int64_t parameters = 0;
+  TrainResult train;
+  EvalReport eval;
+  double train_seconds = 0;
+  double mean_kv_fraction = 1;  // measured in evaluation; 1 for attention, 0 for GDN
+  std::string weights_dir;
+};
+
+struct CompareResult {
+  std::vector<CompareRunResult> runs;
+  double total_seconds = 0;
+};
+
+// Trains and evaluates every run in order, logging a line per run to `log` (each run's
+// full training log goes to <out>/runs/<name>/train.log).
+CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
+                             std::ostream& log);
+
+// Writes report.md, report.json and the plots into out_dir; returns the markdown.
+std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,
+                                    const std::string& out_dir);
+
+}  // namespace ham
