@@ -183,6 +183,7 @@ Tensor ShardedBlock::gather_input() const { return converted(master_shard_, para
 void ShardedBlock::start_gather() {
   if (stage_ != ShardingStage::Full || flat_parameters_.defined() || pending_gather_) return;
   gathering_into_ = Tensor::empty({layout_.padded_numel()}, parameter_dtype_, device_);
+  if (gathered_bytes_) gathered_bytes_->add(gathered_parameter_bytes());
   pending_gather_ = groups_.shard->all_gather_async(gather_input(), gathering_into_);
 }
 
@@ -203,6 +204,9 @@ bool ShardedBlock::gathered() const {
 void ShardedBlock::release() {
   if (stage_ != ShardingStage::Full) return;
   if (pending_gather_) wait_gather();  // never free a buffer a collective still writes
+  if (flat_parameters_.defined() && gathered_bytes_) {
+    gathered_bytes_->remove(gathered_parameter_bytes());
+  }
   for (auto& [name, p] : parameters_) {
     p.impl()->storage = released_storage_;
     p.impl()->offset_bytes = 0;
@@ -274,8 +278,10 @@ void ShardedBlock::publish_parameters() {
 
 std::vector<std::pair<std::string, Tensor>> ShardedBlock::full_parameters() {
   Tensor flat = flat_parameters_;
-  if (!flat.defined()) {
+  const bool temporary = !flat.defined();
+  if (temporary) {
     flat = Tensor::empty({layout_.padded_numel()}, parameter_dtype_, device_);
+    if (gathered_bytes_) gathered_bytes_->add(gathered_parameter_bytes());
     groups_.shard->all_gather(gather_input(), flat);
   }
   std::vector<std::pair<std::string, Tensor>> out;
@@ -283,6 +289,7 @@ std::vector<std::pair<std::string, Tensor>> ShardedBlock::full_parameters() {
     Tensor piece = flat_piece(flat, e.offset, e.numel, e.shape);
     out.emplace_back(e.name, piece.device().is_cpu() ? piece.clone() : piece.to(Device::cpu()));
   }
+  if (temporary && gathered_bytes_) gathered_bytes_->remove(gathered_parameter_bytes());
   return out;
 }
 
@@ -330,9 +337,13 @@ struct ShardedModel::GradientTracking {
 
 ShardedModel::ShardedModel(std::vector<ParameterBlock> blocks, ShardingGroups groups,
                            ShardingStage stage)
-    : groups_(std::move(groups)), stage_(stage), tracking_(std::make_shared<GradientTracking>()) {
+    : groups_(std::move(groups)), stage_(stage), tracking_(std::make_shared<GradientTracking>()),
+      gathered_bytes_(std::make_shared<GatheredParameterBytes>()) {
   HAM_CHECK(!blocks.empty(), "sharded model: no parameter blocks");
-  for (auto& b : blocks) blocks_.push_back(std::make_unique<ShardedBlock>(std::move(b), groups_, stage_));
+  for (auto& b : blocks) {
+    blocks_.push_back(std::make_unique<ShardedBlock>(std::move(b), groups_, stage_));
+    blocks_.back()->count_gathered_bytes_in(gathered_bytes_);
+  }
 
   GradientTracking& t = *tracking_;
   t.next_to_start = blocks_.size();
@@ -396,6 +407,50 @@ void ShardedModel::gather_all() {
 
 void ShardedModel::release_all() {
   for (auto& b : blocks_) b->release();
+}
+
+namespace {
+
+// Made only to read the engine's creation counter: its number is the next one.
+class CreationMark final : public Node {
+ public:
+  std::string name() const override { return "CreationMark"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&) override { return {}; }
+};
+
+}  // namespace
+
+void ShardedModel::accumulate_gradients_right_after_backward_of(size_t index) {
+  const uint64_t now = CreationMark().sequence_nr;
+  for (const auto& [name, p] : block(index).parameters()) {
+    if (!requires_grad(p)) continue;
+    Edge accumulator = gradient_edge(p);
+    HAM_CHECK(accumulator.valid() && is_leaf(p), "sharded model: block '", block(index).name(),
+              "': parameter '", name, "' is not a leaf, so it has no gradient accumulator");
+    accumulator.node->sequence_nr = now;
+  }
+}
+
+int64_t ShardedModel::gathered_parameter_bytes_now() const {
+  if (stage_ == ShardingStage::GradientsAndOptimizer) return memory_per_rank(false).parameters;
+  return gathered_bytes_->now;
+}
+
+int64_t ShardedModel::peak_gathered_parameter_bytes() const {
+  if (stage_ == ShardingStage::GradientsAndOptimizer) return memory_per_rank(false).parameters;
+  return gathered_bytes_->peak;
+}
+
+void ShardedModel::reset_peak_gathered_parameter_bytes() {
+  gathered_bytes_->peak = gathered_bytes_->now;
+}
+
+int64_t ShardedModel::full_parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& b : blocks_) {
+    bytes += b->layout().numel() * int64_t(dtype_size(b->parameter_dtype()));
+  }
+  return bytes;
 }
 
 void ShardedModel::begin_backward() {
@@ -552,12 +607,13 @@ ShardMemoryReport ShardedModel::memory_per_rank(bool with_optimizer) const {
     }
   }
   if (stage_ == ShardingStage::Full) {
-    // Peak: "rest" stays gathered through the step, plus the running and prefetched block.
-    std::sort(layer_bytes.rbegin(), layer_bytes.rend());
-    report.parameters = rest_bytes;
-    for (size_t i = 0; i < std::min<size_t>(2, layer_bytes.size()); ++i) {
-      report.parameters += layer_bytes[i];
+    // Peak under per-block gathering (distributed/sharded_block_hooks.h): "rest" stays
+    // gathered through the step, plus the running layer and its neighbour being prefetched.
+    int64_t pair = layer_bytes.empty() ? 0 : layer_bytes.front();
+    for (size_t i = 1; i < layer_bytes.size(); ++i) {
+      pair = std::max(pair, layer_bytes[i - 1] + layer_bytes[i]);
     }
+    report.parameters = rest_bytes + pair;
   }
   return report;
 }

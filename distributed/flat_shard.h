@@ -12,7 +12,8 @@
 //     republishes them.
 //   Full (ZeRO-3 / FSDP): parameters exist only as shards. Before a block's forward (and
 //     again before its backward) an all-gather fills a fresh flat buffer and the model's
-//     tensors are re-pointed into it; release() drops it again.
+//     tensors are re-pointed into it; release() drops it again. The model's block hooks
+//     drive this block by block (distributed/sharded_block_hooks.h).
 // Gradients: the block's gradients are copied into a flat buffer, reduce-scattered with
 // avg over the shard group into a shard and accumulated into the gradient shard; under
 // hybrid sharding the shard is then averaged over the replica group too, so every rank
@@ -91,6 +92,17 @@ std::vector<ParameterBlock> group_parameters_by_layer(
 
 // ---- One block ------------------------------------------------------------------------
 
+// Bytes of gathered parameter buffers (Full) alive on this rank, counted from the start of
+// each all-gather (its buffer exists from then) to the release, and the most ever alive.
+struct GatheredParameterBytes {
+  int64_t now = 0, peak = 0;
+  void add(int64_t bytes) {
+    now += bytes;
+    if (now > peak) peak = now;
+  }
+  void remove(int64_t bytes) { now -= bytes; }
+};
+
 class ShardedBlock {
  public:
   // Collective over the groups. Every rank must pass identical parameter values (checked:
@@ -114,6 +126,10 @@ class ShardedBlock {
   void wait_gather();   // starts it if needed; the model's tensors hold the values after
   bool gathered() const;
   void release();  // Full: the model's tensors lose their storage until the next gather
+  // Full: counts this block's gathered buffers in `counter` from now on.
+  void count_gathered_bytes_in(std::shared_ptr<GatheredParameterBytes> counter) {
+    gathered_bytes_ = std::move(counter);
+  }
 
   // Gradients. start: copies each parameter's grad() (zeros where undefined) into a flat
   // buffer, clears grad() and starts the reduce-scatter. wait: accumulates the shard
@@ -170,13 +186,14 @@ class ShardedBlock {
   Tensor scattered_shard_;
   std::unique_ptr<PendingCollective> pending_scatter_;
   std::shared_ptr<Storage> released_storage_;  // zero bytes: what released tensors point at
+  std::shared_ptr<GatheredParameterBytes> gathered_bytes_;  // null: not counted
 };
 
 // ---- A model --------------------------------------------------------------------------
 
 // Memory one rank keeps for the sharded model (bytes).
 struct ShardMemoryReport {
-  int64_t parameters = 0;  // replicated (ZeRO-2) or peak gathered: rest + 2 largest layers
+  int64_t parameters = 0;  // replicated (ZeRO-2) or peak gathered: rest + 2 adjacent layers
   int64_t master = 0;
   int64_t gradients = 0;   // gradient shards
   int64_t optimizer = 0;   // AdamW moments
@@ -204,6 +221,21 @@ class ShardedModel {
   void release(size_t index) { block(index).release(); }
   void gather_all();
   void release_all();
+  // Makes the block's gradients arrive right after its backward in the next backward
+  // instead of at the end of it (call just before the block's forward, in grad mode): the
+  // engine runs ready nodes in decreasing creation order and a parameter's AccumulateGrad
+  // is made once, at its first use, so it would otherwise run after every newer node.
+  // Renumbered as if made now, the block's leaf hooks fire (its reduce-scatter starts,
+  // Full releases it) while the blocks before it still run their backward.
+  void accumulate_gradients_right_after_backward_of(size_t index);
+
+  // Full: gathered parameter bytes now and the most at once since construction or the last
+  // reset (GradientsAndOptimizer: the replicated buffers, always there).
+  int64_t gathered_parameter_bytes_now() const;
+  int64_t peak_gathered_parameter_bytes() const;
+  void reset_peak_gathered_parameter_bytes();
+  // Bytes of all parameters unsharded (no padding): what one process holds.
+  int64_t full_parameter_bytes() const;
 
   // Backward. While armed, each parameter's gradient is copied into its block's flat
   // buffer as it arrives; once every parameter of a block has its gradient, the block's
@@ -246,6 +278,7 @@ class ShardedModel {
   ShardingGroups groups_;
   ShardingStage stage_;
   std::shared_ptr<GradientTracking> tracking_;
+  std::shared_ptr<GatheredParameterBytes> gathered_bytes_;
 };
 
 // ---- Optimizer ------------------------------------------------------------------------

@@ -127,7 +127,7 @@ GDNModel::GDNModel(const ModelConfig& c) : DecoderLM(c) {
 
 Tensor GDNModel::forward(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "GDNModel");
-  for (const auto& layer : layers) x = run_block(layer, x, batch);
+  for (size_t i = 0; i < layers.size(); ++i) x = run_block(int64_t(i), layers[i], x, batch);
   return logits(x);
 }
 
@@ -148,8 +148,8 @@ GDNGSAModel::GDNGSAModel(const ModelConfig& c) : DecoderLM(c) {
 Tensor GDNGSAModel::forward(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "GDNGSAModel");
   for (size_t i = 0; i < gdn_layers.size(); ++i) {
-    x = attention_layers[i] ? run_block(attention_layers[i], x, batch)
-                            : run_block(gdn_layers[i], x, batch);
+    x = attention_layers[i] ? run_block(int64_t(i), attention_layers[i], x, batch)
+                            : run_block(int64_t(i), gdn_layers[i], x, batch);
   }
   return logits(x);
 }

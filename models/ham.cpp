@@ -233,23 +233,28 @@ Tensor HAMModel::forward(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "HAMModel");
   Tensor previous_score;  // EDA: the previous layer's score
   bool pass_score = config_.eda;
-  for (const auto& layer : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& layer = layers[i];
+    const int64_t index = int64_t(i);
+    std::vector<Tensor> in = enter_block(index, {x, previous_score});
+    std::vector<Tensor> out;  // {x} or, with EDA, {x, score}
     if (config_.recompute) {
-      std::vector<Tensor> inputs = {x};
-      if (previous_score.defined()) inputs.push_back(previous_score);
-      std::vector<Tensor> out = checkpoint(
-          [layer, batch, pass_score](const std::vector<Tensor>& in) {
-            HAMLayer::Output r = layer->forward(in[0], batch, in.size() > 1 ? in[1] : Tensor());
+      std::vector<Tensor> inputs = {in[0]};
+      if (in[1].defined()) inputs.push_back(in[1]);
+      out = checkpoint(
+          [layer, batch, pass_score](const std::vector<Tensor>& block_inputs) {
+            HAMLayer::Output r = layer->forward(block_inputs[0], batch,
+                                                block_inputs.size() > 1 ? block_inputs[1] : Tensor());
             return pass_score ? std::vector<Tensor>{r.out, r.score} : std::vector<Tensor>{r.out};
           },
           inputs);
-      x = out[0];
-      if (pass_score) previous_score = out[1];
     } else {
-      HAMLayer::Output r = layer->forward(x, batch, previous_score);
-      x = r.out;
-      if (pass_score) previous_score = r.score;
+      HAMLayer::Output r = layer->forward(in[0], batch, in[1]);
+      out = pass_score ? std::vector<Tensor>{r.out, r.score} : std::vector<Tensor>{r.out};
     }
+    out = leave_block(index, out);
+    x = out[0];
+    if (pass_score) previous_score = out[1];
   }
   // Algorithm 2 counts training forwards only (evaluation runs without grad mode).
   if (thresholds_ && GradMode::is_enabled()) {

@@ -1,6 +1,7 @@
 #pragma once
 // The interface every model family implements, so the trainer, eval and the CLI treat
 // Transformer, GDN, GDN-GSA and HAM alike.
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,28 @@ struct LayerRouting {
   double tau = 0;          // threshold in score units
 };
 
+// Told where the forward and the backward pass are, block by block, so that a caller can
+// hold a block's parameters only while they are read (sharded data parallelism gathers
+// them). Blocks are the layers 0 .. n-1 and kOuterBlock: the embedding (first in forward,
+// last in backward) and the final norm + head (last in forward, first in backward). Order:
+//   forward:  outer, 0, 1, ..., n-1, outer   (before_forward(b) ... after_forward(b) each)
+//   backward: outer, n-1, ..., 0, outer      (before_backward(b) ... after_backward(b) each;
+//             the embedding's backward has no differentiable input, so its visit gets
+//             before_backward only: the caller's code after backward() is its end)
+// The backward calls come from identity nodes on each block's inputs and outputs: the
+// engine runs nodes in decreasing creation order, so before_backward(b) runs before any
+// node of the block's backward (an activation recompute included) and after_backward(b)
+// after all of them. Models without hooks (the default) build exactly the graph they
+// always did.
+struct BlockHooks {
+  static constexpr int64_t kOuterBlock = -1;
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int64_t block) {}
+  virtual void after_forward(int64_t block) {}
+  virtual void before_backward(int64_t block) {}
+  virtual void after_backward(int64_t block) {}
+};
+
 class LanguageModel : public Module {
  public:
   explicit LanguageModel(ModelConfig config) : config_(std::move(config)) {}
@@ -46,9 +69,13 @@ class LanguageModel : public Module {
   // Mean next-token cross-entropy over non-ignored targets (a 0-d tensor).
   Tensor loss(const TokenBatch& batch) const;
   const ModelConfig& config() const { return config_; }
+  // Installs hooks called around each block (null removes them). Every family calls them.
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) { block_hooks_ = std::move(hooks); }
+  const std::shared_ptr<BlockHooks>& block_hooks() const { return block_hooks_; }
 
  protected:
   ModelConfig config_;
+  std::shared_ptr<BlockHooks> block_hooks_;
 };
 
 // The shape every family shares: embedding -> layers -> final RMSNorm -> untied lm_head,
@@ -68,19 +95,31 @@ class DecoderLM : public LanguageModel {
     return register_module("layers." + std::to_string(index), std::move(block));
   }
   void add_head();
-  // Token embeddings of a [B, T] batch (the error names the model).
+  // Token embeddings of a [B, T] batch (the error names the model); the outer block's
+  // first visit.
   Tensor embed_tokens(const TokenBatch& batch, const char* model) const;
-  Tensor logits(const Tensor& x) const { return lm_head->forward(final_norm->forward(x)); }
-  // One residual block x -> block(x, batch), rerun in backward instead of keeping its
-  // activations when the config asks for recompute.
+  // Final norm and head; the outer block's second visit.
+  Tensor logits(const Tensor& x) const;
+  // One residual block x -> block(x, batch) at layer `index`, rerun in backward instead of
+  // keeping its activations when the config asks for recompute (inside the block's hooks,
+  // so the rerun finds its parameters where before_backward put them).
   template <class Block>
-  Tensor run_block(const std::shared_ptr<Block>& block, const Tensor& x,
+  Tensor run_block(int64_t index, const std::shared_ptr<Block>& block, const Tensor& x,
                    const TokenBatch& batch) const {
-    if (!config_.recompute) return block->forward(x, batch);
-    return checkpoint([block, batch](const std::vector<Tensor>& in) {
-             return std::vector<Tensor>{block->forward(in[0], batch)};
-           }, {x})[0];
+    Tensor in = enter_block(index, {x})[0];
+    Tensor out = config_.recompute
+                     ? checkpoint([block, batch](const std::vector<Tensor>& inputs) {
+                         return std::vector<Tensor>{block->forward(inputs[0], batch)};
+                       }, {in})[0]
+                     : block->forward(in, batch);
+    return leave_block(index, {out})[0];
   }
+  // Block boundaries, no-ops (the tensors returned as given) without hooks. enter_block
+  // puts an identity node on the block's inputs (backward: after_backward(block)), then
+  // calls before_forward(block); leave_block puts one on its outputs (backward:
+  // before_backward(block)), then calls after_forward(block). Undefined tensors pass.
+  std::vector<Tensor> enter_block(int64_t block, const std::vector<Tensor>& inputs) const;
+  std::vector<Tensor> leave_block(int64_t block, const std::vector<Tensor>& outputs) const;
 
   Generator init_generator_;
 };

@@ -59,7 +59,7 @@ Transformer::Transformer(const ModelConfig& c) : DecoderLM(c) {
 
 Tensor Transformer::forward(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "Transformer");
-  for (const auto& layer : layers) x = run_block(layer, x, batch);
+  for (size_t i = 0; i < layers.size(); ++i) x = run_block(int64_t(i), layers[i], x, batch);
   return logits(x);
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <streambuf>
 
@@ -22,6 +23,7 @@
 #include "core/ops/optim.h"
 #include "distributed/communicator.h"
 #include "distributed/flat_shard.h"
+#include "distributed/sharded_block_hooks.h"
 #include "distributed/sharded_checkpoint.h"
 #include "models/accounting.h"
 #include "models/ham.h"
@@ -198,12 +200,11 @@ int64_t counted_targets(const Tensor& targets) {
 
 // Mean validation loss when every rank evaluates its rows of each window batch: the
 // rank-average of the per-rank means is the one-process mean (each rank has the same
-// number of rows and every window target counts).
+// number of rows and every window target counts). "full" sharding gathers block by block
+// through the model's hooks.
 double evaluate_distributed(const LanguageModel& model, const TokenSource& data,
-                            const TrainOptions& opt, dist::Communicator& world,
-                            dist::ShardedModel& sharded) {
+                            const TrainOptions& opt, dist::Communicator& world) {
   NoGradGuard no_grad;
-  sharded.gather_all();
   std::vector<TokenBatch> batches = data.sequential(opt.batch_size, opt.seq_len, opt.eval_batches);
   HAM_CHECK(!batches.empty(), "evaluate: the validation stream (", data.size(),
             " tokens) is shorter than one window of ", opt.seq_len + 1);
@@ -277,6 +278,16 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<dist::ShardedModel> sharded;
   std::unique_ptr<dist::ShardedAdamW> sharded_optimizer;
+  // "full" gathers each block just before it runs, through the model's block hooks; they
+  // point into `sharded`, so they come off the model however train() ends.
+  struct RemoveBlockHooks {
+    explicit RemoveBlockHooks(LanguageModel& hooked) : model(hooked) {}
+    RemoveBlockHooks(const RemoveBlockHooks&) = delete;
+    RemoveBlockHooks& operator=(const RemoveBlockHooks&) = delete;
+    ~RemoveBlockHooks() { model.set_block_hooks(nullptr); }
+    LanguageModel& model;
+  };
+  std::optional<RemoveBlockHooks> remove_block_hooks;
   const AdamW::Options adamw_options{opt.lr, opt.beta1, opt.beta2, opt.eps};
   if (sharded_run) {
     int group_size = opt.shard_group_size > 0 ? int(opt.shard_group_size) : world_size;
@@ -295,6 +306,10 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                        world_size, dist::sharding_stage_name(stage), group_size,
                        world_size / group_size, local_rows,
                        sharded->memory_per_rank().str());
+    if (stage == dist::ShardingStage::Full) {
+      model.set_block_hooks(std::make_shared<dist::ShardedBlockHooks>(*sharded, model.config().n_layers));
+      remove_block_hooks.emplace(model);
+    }
   } else {
     optimizer = std::make_unique<AdamW>(decay_groups(model.named_parameters(), opt.weight_decay),
                                         adamw_options);
@@ -331,7 +346,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                        shards_dir.empty() ? "" : " (sharded optimizer state)");
   } else if (has_val) {
     result.initial_val_loss =
-        sharded_run ? evaluate_distributed(model, val_data, opt, *world, *sharded)
+        sharded_run ? evaluate_distributed(model, val_data, opt, *world)
                     : evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
     log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", 0, opt.steps, result.initial_val_loss);
   }
@@ -423,7 +438,6 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
         // the losses and of the gradients the one-process mean. 1 when nothing is ignored.
         const double weight = double(world_size) * double(counted_targets(local.targets)) /
                               double(counted_targets(batch.targets));
-        sharded->gather_all();
         Tensor loss = model.loss(local);
         double value = world->all_reduce_scalar(loss.item() * weight, dist::ReduceOp::Avg);
         if (!std::isfinite(value)) {  // the same decision on every rank
@@ -544,7 +558,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     }
     if (has_val && ((step + 1) % opt.eval_every == 0 || last)) {
       result.final_val_loss =
-          sharded_run ? evaluate_distributed(model, val_data, opt, *world, *sharded)
+          sharded_run ? evaluate_distributed(model, val_data, opt, *world)
                       : evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);
       log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", step + 1, opt.steps, result.final_val_loss);
       if (metrics) metrics->log(step + 1, {{"val/loss", result.final_val_loss}});
@@ -554,8 +568,15 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       write_checkpoint(step + 1);
     }
   }
-  // Leave the model whole for the caller (export, evaluation): "full" released it.
-  if (sharded_run) sharded->gather_all();
+  if (sharded_run) {
+    const int64_t peak = sharded->peak_gathered_parameter_bytes();
+    const int64_t whole = sharded->full_parameter_bytes();
+    log << fmt::format("sharded data parallel: peak gathered parameters {:.3f} MiB of {:.3f} MiB "
+                       "({:.1f}%) on rank 0\n", double(peak) / 1048576.0,
+                       double(whole) / 1048576.0, 100.0 * double(peak) / double(whole));
+    // Leave the model whole for the caller (export, evaluation): "full" released it.
+    sharded->gather_all();
+  }
   return result;
 }
 

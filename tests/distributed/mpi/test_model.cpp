@@ -15,6 +15,7 @@
 
 #include "autograd/engine.h"
 #include "distributed/flat_shard.h"
+#include "distributed/sharded_block_hooks.h"
 #include "models/ham.h"
 #include "models/language_model.h"
 #include "nn/optim.h"
@@ -73,6 +74,10 @@ TEST(MpiModels, ShardedTrainingFollowsOneProcessOnTheWholeBatch) {
       ShardedModel sharded(group_parameters_by_layer(named), make_sharding_groups(world_slot(), n),
                            stage);
       ShardedAdamW optimizer(sharded, decay_groups(named, 0.1), options);
+      // Full gathers block by block from the model's layer loop, as the trainer does.
+      if (stage == ShardingStage::Full) {
+        model->set_block_hooks(std::make_shared<ShardedBlockHooks>(sharded, config.n_layers));
+      }
       for (int64_t step = 1; step <= 3; ++step) {
         TokenBatch batch = global_batch(rows, length, config.vocab_size, 100 + uint64_t(step));
 
@@ -83,7 +88,6 @@ TEST(MpiModels, ShardedTrainingFollowsOneProcessOnTheWholeBatch) {
         reference_optimizer.zero_grad();
         reference->after_optimizer_step(step);
 
-        sharded.gather_all();  // models run all layers in one call: gather them all first
         Tensor loss = model->loss(rows_of(batch, 2 * rank, 2 * rank + 2));
         sharded.begin_backward();
         backward(loss);
@@ -97,6 +101,7 @@ TEST(MpiModels, ShardedTrainingFollowsOneProcessOnTheWholeBatch) {
         EXPECT_NEAR(mean_loss, reference_loss.item(), 1e-4)
             << variant << " " << sharding_stage_name(stage) << " step " << step;
       }
+      model->set_block_hooks(nullptr);
       // And the parameters after three updates.
       auto full = sharded.full_parameters();  // block order: rest first
       auto expected = reference->named_parameters();
@@ -139,6 +144,25 @@ TEST(MemoryReport, PerRankForATinyTransformer) {
     if (world().rank() == 0) {
       std::printf("memory per rank, tiny transformer with 8 layers, N=%d, %s: %s\n", n,
                   sharding_stage_name(stage), report.str().c_str());
+    }
+    if (stage != ShardingStage::Full) continue;
+    // One training step gathered block by block: the parameters held at once stay at
+    // "rest" + two layers, under half of the model, and match the report's estimate.
+    model->set_block_hooks(std::make_shared<ShardedBlockHooks>(sharded, config.n_layers));
+    TokenBatch batch = global_batch(2, 32, config.vocab_size, 5);
+    Tensor loss = model->loss(batch);
+    sharded.begin_backward();
+    backward(loss);
+    sharded.finish_backward();
+    model->set_block_hooks(nullptr);
+    const int64_t peak = sharded.peak_gathered_parameter_bytes();
+    EXPECT_EQ(peak, report.parameters);
+    EXPECT_LT(double(peak), 0.5 * double(sharded.full_parameter_bytes()));
+    EXPECT_EQ(sharded.gathered_parameter_bytes_now(), 0);
+    if (world().rank() == 0) {
+      std::printf("full, N=%d: peak gathered parameters %lld of %lld bytes\n", n,
+                  static_cast<long long>(peak),
+                  static_cast<long long>(sharded.full_parameter_bytes()));
     }
   }
 }
