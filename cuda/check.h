@@ -1,7 +1,10 @@
 #pragma once
-// Every CUDA and cuBLAS return code is checked; the error names the call site.
+// Every CUDA, cuBLAS and cuBLASLt return code is checked; the error is one line naming the
+// call site (file:line), the call and the status, plus any context given (op, shape).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <string>
 
 #include "core/error.h"
 
@@ -9,6 +12,7 @@
   do {                                                                                 \
     cudaError_t ham_status_ = (call);                                                  \
     if (ham_status_ != cudaSuccess) {                                                  \
+      cudaGetLastError(); /* clear a non-sticky error so later launch checks are fresh */ \
       HAM_FAIL(__FILE__, ":", __LINE__, ": ", #call, " failed: ",                      \
                cudaGetErrorName(ham_status_), " (", cudaGetErrorString(ham_status_), ")"); \
     }                                                                                  \
@@ -20,6 +24,29 @@
     if (ham_status_ != CUBLAS_STATUS_SUCCESS) {                                        \
       HAM_FAIL(__FILE__, ":", __LINE__, ": ", #call, " failed: ",                      \
                cublasGetStatusName(ham_status_));                                      \
+    }                                                                                  \
+  } while (0)
+
+// The same checks with context appended: HAM_CUDA_CHECK_CTX(cudaMemcpy(...), "copy of ", n,
+// " bytes to ", device.str()).
+#define HAM_CUDA_CHECK_CTX(call, ...)                                                  \
+  do {                                                                                 \
+    cudaError_t ham_status_ = (call);                                                  \
+    if (ham_status_ != cudaSuccess) {                                                  \
+      cudaGetLastError(); /* clear a non-sticky error so later launch checks are fresh */ \
+      HAM_FAIL(__FILE__, ":", __LINE__, ": ", #call, " failed: ",                      \
+               cudaGetErrorName(ham_status_), " (", cudaGetErrorString(ham_status_), "): ", \
+               __VA_ARGS__);                                                           \
+    }                                                                                  \
+  } while (0)
+
+// cuBLASLt returns cublasStatus_t too, so this also checks cublasLt* calls.
+#define HAM_CUBLAS_CHECK_CTX(call, ...)                                                \
+  do {                                                                                 \
+    cublasStatus_t ham_status_ = (call);                                               \
+    if (ham_status_ != CUBLAS_STATUS_SUCCESS) {                                        \
+      HAM_FAIL(__FILE__, ":", __LINE__, ": ", #call, " failed: ",                      \
+               cublasGetStatusName(ham_status_), ": ", __VA_ARGS__);                   \
     }                                                                                  \
   } while (0)
 

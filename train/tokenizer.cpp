@@ -1,6 +1,8 @@
 #include "train/tokenizer.h"
 
+#ifndef HAM_WITHOUT_ICU
 #include <unicode/uchar.h>
+#endif
 
 #include <array>
 #include <climits>
@@ -100,12 +102,17 @@ enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
 // \s is the Unicode White_Space property, \p{L} the letter categories (Lu Ll Lt Lm Lo) and
 // \p{N} the number categories (Nd Nl No), as in the regex engines Hugging Face uses.
 CharClass classify_with_icu(char32_t cp) {
+#ifdef HAM_WITHOUT_ICU
+  HAM_FAIL("BPE tokenizer: this build has no ICU for Unicode character classes (configure "
+           "with -DHAM_ICU=ON and libicu-dev installed)");
+#else
   UChar32 c = UChar32(cp);
   if (u_isUWhiteSpace(c)) return CharClass::kSpace;
   uint32_t category_mask = U_GET_GC_MASK(c);
   if (category_mask & U_GC_L_MASK) return CharClass::kLetter;
   if (category_mask & U_GC_N_MASK) return CharClass::kNumber;
   return CharClass::kOther;
+#endif
 }
 
 // ASCII is most of the text, so its classes come from a table (filled by ICU, so the two

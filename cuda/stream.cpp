@@ -1,0 +1,120 @@
+#include "cuda/stream.h"
+
+#include <array>
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/device_selection.h"
+
+namespace ham::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+void check_device_index(int device) {
+  HAM_CHECK(device >= 0 && device < kMaxDevices, "cuda:", device, ": device index out of range");
+}
+
+thread_local std::array<cudaStream_t, kMaxDevices> current_streams{};
+
+}  // namespace
+
+Stream::Stream(int device, bool non_blocking) : device_(device) {
+  DeviceGuard guard(device);
+  HAM_CUDA_CHECK_CTX(
+      cudaStreamCreateWithFlags(&stream_, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault),
+      "creating a stream on cuda:", device);
+}
+
+Stream::Stream(Stream&& other) noexcept : stream_(other.stream_), device_(other.device_) {
+  other.stream_ = nullptr;
+}
+
+Stream::~Stream() {
+  // Wait first: the caching allocator may hand this handle's pooled blocks to a new
+  // stream that gets the same handle value. No throw from a destructor.
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void Stream::synchronize() const {
+  HAM_CUDA_CHECK_CTX(cudaStreamSynchronize(stream_), "stream on cuda:", device_);
+}
+
+void Stream::wait(const Event& event) const {
+  HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(stream_, event.handle(), 0), "stream on cuda:", device_);
+}
+
+Event::Event(int device, bool timing) : device_(device) {
+  DeviceGuard guard(device);
+  HAM_CUDA_CHECK_CTX(
+      cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming),
+      "creating an event on cuda:", device);
+}
+
+Event::Event(Event&& other) noexcept : event_(other.event_), device_(other.device_) {
+  other.event_ = nullptr;
+}
+
+Event::~Event() {
+  if (event_) cudaEventDestroy(event_);
+}
+
+void Event::record(cudaStream_t stream) {
+  HAM_CUDA_CHECK_CTX(cudaEventRecord(event_, stream), "event on cuda:", device_);
+}
+
+void Event::synchronize() const {
+  HAM_CUDA_CHECK_CTX(cudaEventSynchronize(event_), "event on cuda:", device_);
+}
+
+bool Event::completed() const {
+  cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) return false;
+  HAM_CUDA_CHECK_CTX(status, "event on cuda:", device_);
+  return true;
+}
+
+float Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0;
+  HAM_CUDA_CHECK_CTX(cudaEventElapsedTime(&ms, start.event_, event_), "events on cuda:", device_);
+  return ms;
+}
+
+cudaStream_t current_stream(int device) {
+  check_device_index(device);
+  return current_streams[size_t(device)];
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : StreamGuard(stream.device(), stream.handle()) {}
+
+StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
+  check_device_index(device);
+  previous_ = current_streams[size_t(device)];
+  current_streams[size_t(device)] = stream;
+}
+
+StreamGuard::~StreamGuard() { current_streams[size_t(device_)] = previous_; }
+
+DeviceGuard::DeviceGuard(int device) {
+  HAM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) {
+    HAM_CUDA_CHECK_CTX(cudaSetDevice(device), "selecting cuda:", device);
+    changed_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) cudaSetDevice(previous_);
+}
+
+int select_local_device() {
+  int device = select_device_index(process_environment(), device_count());
+  HAM_CUDA_CHECK_CTX(cudaSetDevice(device), "selecting cuda:", device, " for this rank");
+  return device;
+}
+
+}  // namespace ham::cuda

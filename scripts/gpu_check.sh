@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds ham with the CUDA backend on a bare GPU machine (nvcc, CMake and PyTorch present;
+# no Debian packages, no network) and runs the GPU tests and the GEMM benchmark against
+# torch.matmul, in one go. Dependencies come from .gpu-deps/, made beforehand on a machine
+# with the packages by scripts/gpu_bundle_deps.sh and carried along with the tree.
+#
+# Usage (from anywhere): scripts/gpu_check.sh [OUTDIR]
+#   OUTDIR (default build-gpu/gpu_check) receives test.log, bench_matmul_ham.csv,
+#   bench_matmul_ratio.csv and bench.log.
+# Environment:
+#   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
+#   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda)
+#   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
+#   HAM_GPU_SKIP_BENCH=1  tests only
+# Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
+# means the GPU was unusable) and the benchmark ran.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+out=${1:-build-gpu/gpu_check}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=build-gpu
+arch=${HAM_GPU_ARCH:-90}
+targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda}
+tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
+
+fail() { echo "gpu_check: $*" >&2; exit 1; }
+[[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null || fail "nvcc not found (looked on PATH and in /usr/local/cuda/bin)"
+command -v cmake >/dev/null || fail "cmake not found"
+[[ -f .gpu-deps/include/Eigen/Core ]] ||
+  fail "no .gpu-deps/: run scripts/gpu_bundle_deps.sh on a machine with the packages and carry .gpu-deps"
+generator=(-G Ninja)
+command -v ninja >/dev/null || generator=(-G "Unix Makefiles")
+
+echo "== machine"
+nvidia-smi -L 2>&1 || true
+nvcc --version | tail -1
+cmake --version | head -1
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
+
+echo "== configure ($build, sm_$arch)"
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$root/.gpu-deps" -DHAM_ICU=OFF \
+  -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
+  { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
+
+echo "== build: $targets"
+# shellcheck disable=SC2086
+cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
+  { grep -E 'error|Error' -A3 "$out/build.log" | head -60; fail "build failed (log: $out/build.log)"; }
+
+echo "== tests (ctest -R '$tests')"
+status=0
+# CudaRequestWithoutBackend... skips by design when the backend exists.
+OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' \
+  --output-on-failure -j 4 2>&1 | tee "$out/test.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
+  echo "gpu_check: some GPU tests were skipped: the GPU is not usable from this build" >&2
+  grep -E 'Skipped|Not Run' "$out/test.log" | head -20 >&2
+  status=1
+fi
+
+if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
+  echo "== GEMM benchmark: ham (cuBLASLt) vs torch.matmul"
+  if "$build/bench/bench_matmul_cuda" --csv "$out/bench_matmul_ham.csv" 2>&1 | tee "$out/bench.log" &&
+     python3 bench/bench_matmul_torch.py "$out/bench_matmul_ham.csv" \
+       --out "$out/bench_matmul_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
+    :
+  else
+    echo "gpu_check: the benchmark failed" >&2
+    status=1
+  fi
+fi
+
+echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"
+exit "$status"
