@@ -2,7 +2,10 @@
 // Shared test helpers: f64 random inputs and a gradcheck assertion.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -10,6 +13,7 @@
 #include "autograd/gradcheck.h"
 #include "tests/error_testing.h"
 #include "autograd/node.h"
+#include "core/device.h"
 #include "core/tensor.h"
 
 namespace ham::testing {
@@ -53,6 +57,99 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
   return m;
+}
+
+// ---- GPU kernels against the CPU reference ----
+
+// Why CUDA tensors cannot be made in this process ("" when they can): a build without the
+// CUDA backend, or one with it on a machine without a usable GPU.
+inline std::string cuda_unavailable_reason() {
+  static const std::string reason = []() -> std::string {
+    if (!has_device_backend(DeviceKind::CUDA)) {
+      return "this build has no CUDA backend (configure with -DHAM_CUDA=ON)";
+    }
+    try {
+      Tensor::zeros({1}, DType::F32, Device::cuda());
+    } catch (const std::exception& e) {
+      return std::string("CUDA backend present but no usable GPU: ") + e.what();
+    }
+    return "";
+  }();
+  return reason;
+}
+
+// First statement of a GPU test: skips it, saying why, when there is no GPU.
+#define HAM_SKIP_UNLESS_CUDA()                                                    \
+  do {                                                                            \
+    const std::string ham_skip_reason_ = ::ham::testing::cuda_unavailable_reason(); \
+    if (!ham_skip_reason_.empty()) GTEST_SKIP() << ham_skip_reason_;              \
+  } while (0)
+
+// The dtypes every GPU kernel is checked in, and the relative RMS error allowed.
+inline const std::vector<DType> kGpuDtypes = {DType::F32, DType::BF16};
+inline double gpu_tolerance(DType dtype) {
+  return dtype == DType::BF16 ? 1e-2 : dtype == DType::F32 ? 1e-5 : 1e-12;
+}
+
+// sqrt(sum (actual - expected)^2 / sum expected^2), both read as f64 on the host. A
+// non-finite actual value where the expected one is finite (an element the kernel never
+// wrote over its NaN poison) makes it infinite; equal non-finite values count as equal.
+inline double relative_rms_error(const Tensor& actual, const Tensor& expected) {
+  EXPECT_EQ(actual.shape(), expected.shape());
+  if (actual.shape() != expected.shape()) return std::numeric_limits<double>::infinity();
+  std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(e[i])) {
+      bool same = (std::isnan(e[i]) && std::isnan(a[i])) || a[i] == e[i];
+      if (!same) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    diff += (a[i] - e[i]) * (a[i] - e[i]);
+    norm += e[i] * e[i];
+  }
+  if (norm == 0) return std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+// Expects a GPU result within gpu_tolerance(dtype) of the CPU reference.
+inline void expect_matches_reference(const Tensor& gpu, const Tensor& cpu, DType dtype,
+                                     const std::string& what) {
+  EXPECT_LE(relative_rms_error(gpu, cpu), gpu_tolerance(dtype))
+      << what << " (" << dtype_name(dtype) << ", " << gpu.str() << ")";
+}
+
+// Normal(mean, scale) values drawn in f64, rounded to `dtype`, placed on `device`.
+inline Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed,
+                            double scale = 1.0, double mean = 0.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(mean, scale);
+  std::vector<double> v(size_t(shape_numel(shape)));
+  for (double& x : v) x = normal(rng);
+  return Tensor::from_vector(v, shape).to(dtype).to(device);
+}
+
+// Uniform integers in [lo, hi) as an i32 or i64 tensor on `device`.
+inline Tensor random_indices(const Shape& shape, DType dtype, Device device, uint64_t seed,
+                             int64_t lo, int64_t hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> uni(lo, hi - 1);
+  std::vector<int64_t> v(size_t(shape_numel(shape)));
+  for (int64_t& x : v) x = uni(rng);
+  return Tensor::from_vector(v, shape).to(dtype).to(device);
+}
+
+// The CPU reference's copy of a (GPU) tensor: on the host, bf16 widened exactly to f32.
+inline Tensor cpu_reference(const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor host = t.to(Device::cpu());
+  return host.dtype() == DType::BF16 ? host.to(DType::F32) : host;
+}
+
+// A NaN-filled tensor: outputs are poisoned so an element a kernel never writes fails.
+inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
+  return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, device);
 }
 
 }  // namespace ham::testing

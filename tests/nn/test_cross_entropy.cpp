@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autograd/engine.h"
+#include "core/ops/cross_entropy.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -252,6 +253,51 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndShapes) {
                {"cross_entropy", "f32[3]", "f64[3, 5]"});
   expect_error([&] { cross_entropy_sum(Tensor::zeros({3, 5}, DType::I64), Tensor::zeros({3}, DType::I64)); },
                {"cross_entropy", "i64[3, 5]"});
+}
+
+// The CUDA kernels against the CPU reference: fresh random logits, ignored rows, i32 and
+// i64 targets, NaN-poisoned outputs, f32 and bf16; vocabularies short (a warp per row)
+// and long (a block per row). Skips without a GPU.
+TEST(CrossEntropy, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 50;
+    for (int64_t vocab : {100, 5000}) {
+      for (DType index_dtype : {DType::I32, DType::I64}) {
+        const int64_t rows = 37;
+        const std::string what = "cross_entropy V=" + std::to_string(vocab) + " " +
+                                 dtype_name(index_dtype) + " targets";
+        std::vector<int64_t> t = testing::random_indices({rows}, DType::I64, Device::cpu(), seed++,
+                                                         0, vocab).to_vector<int64_t>();
+        t[3] = t[20] = -100;  // ignored rows
+        Tensor targets = Tensor::from_vector(t, {rows}).to(index_dtype).to(gpu);
+        Tensor logits = testing::random_tensor({rows, vocab}, dtype, gpu, seed++, 3.0);
+        Tensor logits_cpu = testing::cpu_reference(logits), targets_cpu = targets.to(Device::cpu());
+        auto want = ops::cross_entropy(logits_cpu, targets_cpu, -100);
+
+        Tensor lse = testing::poisoned({rows}, dtype, gpu);
+        Tensor loss = testing::poisoned({}, dtype, gpu);
+        int64_t count = cross_entropy_kernels()(gpu, logits, targets, -100, lse, loss);
+        EXPECT_EQ(count, want.count) << what;
+        testing::expect_matches_reference(lse, want.lse, dtype, what + " lse");
+        testing::expect_matches_reference(loss, want.loss_sum, dtype, what + " loss");
+
+        Tensor dloss = Tensor::scalar(1.3, dtype, gpu);
+        const double scale = 1.0 / double(want.count);
+        Tensor want_dlogits = ops::cross_entropy_backward(logits_cpu, targets_cpu, want.lse, -100,
+                                                          testing::cpu_reference(dloss), scale);
+        Tensor dlogits = testing::poisoned({rows, vocab}, dtype, gpu);
+        cross_entropy_backward_kernels()(gpu, logits, targets, lse, -100, dloss, scale, dlogits);
+        testing::expect_matches_reference(dlogits, want_dlogits, dtype, what + " dlogits");
+      }
+    }
+  }
+  // A target out of range is named as on the CPU.
+  Tensor logits = testing::random_tensor({4, 10}, DType::F32, gpu, 1);
+  Tensor targets = Tensor::from_vector(std::vector<int64_t>{1, 2, 10, 3}, {4}).to(gpu);
+  testing::expect_error([&] { ops::cross_entropy(logits, targets, -100); },
+                        {"cross_entropy", "target 10", "row 2", "V = 10"});
 }
 
 }  // namespace

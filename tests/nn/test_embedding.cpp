@@ -1,6 +1,7 @@
 #include "nn/embedding.h"
 
 #include "autograd/engine.h"
+#include "core/ops/embedding.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -113,6 +114,38 @@ TEST(Embedding, BadArgumentsAreErrors) {
     EXPECT_NE(msg.find("embedding"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[5]"), std::string::npos) << msg;
   }
+}
+
+// The CUDA kernels against the CPU reference: fresh random weights and gradients, ids
+// with many repeats, f32 and bf16, odd and aligned row sizes. The backward adds into
+// zeros by contract, so it runs through ops::embedding_backward. Skips without a GPU.
+TEST(Embedding, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 60;
+    for (int64_t dim : {33, 256}) {
+      for (DType index_dtype : {DType::I32, DType::I64}) {
+        const int64_t vocab = 50;
+        const std::string what = "embedding D=" + std::to_string(dim) + " " + dtype_name(index_dtype);
+        Tensor weight = testing::random_tensor({vocab, dim}, dtype, gpu, seed++);
+        Tensor ids = testing::random_indices({3, 170}, index_dtype, gpu, seed++, 0, vocab);
+        Tensor ids_cpu = ids.to(Device::cpu());
+        Tensor want = ops::embedding(testing::cpu_reference(weight), ids_cpu);
+        Tensor out = testing::poisoned({3, 170, dim}, dtype, gpu);
+        embedding_kernels()(gpu, weight, ids, out);
+        testing::expect_matches_reference(out, want, dtype, what);
+
+        Tensor dy = testing::random_tensor({3, 170, dim}, dtype, gpu, seed++);
+        Tensor want_dw = ops::embedding_backward(testing::cpu_reference(dy), ids_cpu, vocab);
+        Tensor dw = ops::embedding_backward(dy, ids, vocab);
+        testing::expect_matches_reference(dw, want_dw, dtype, what + " backward");
+      }
+    }
+  }
+  Tensor weight = testing::random_tensor({50, 8}, DType::F32, gpu, 1);
+  Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 50, 2}, {3}).to(gpu);
+  testing::expect_error([&] { ops::embedding(weight, ids); }, {"embedding", "id 50", "V = 50"});
 }
 
 }  // namespace

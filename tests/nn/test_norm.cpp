@@ -8,6 +8,7 @@
 #include <string>
 
 #include "autograd/engine.h"
+#include "core/ops/norm.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -214,6 +215,65 @@ TEST(Norm, BadInputErrorsNameOpAndShapes) {
   expect_error([&] { rms_norm(Tensor::scalar(1.0, DType::F64), Tensor()); }, {"rms_norm", "[]"});
   expect_error([&] { l2_norm(Tensor::scalar(1.0, DType::F64)); }, {"l2_norm", "[]"});
   expect_error([&] { l2_norm(Tensor::arange(4)); }, {"l2_norm", "i64[4]"});
+}
+
+// The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
+// f32 and bf16, every gradient; rows short (a warp each) and long (a block each).
+TEST(Norm, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 30;
+    for (int64_t d : {64, 2048}) {
+      for (bool gated : {false, true}) {
+        for (bool weighted : {false, true}) {
+          const std::string what = "rms_norm d=" + std::to_string(d) + (gated ? " gated" : "") +
+                                   (weighted ? " weighted" : "");
+          const Shape shape{3, 37, d};
+          Tensor x = testing::random_tensor(shape, dtype, gpu, seed++);
+          Tensor gate = gated ? testing::random_tensor(shape, dtype, gpu, seed++) : Tensor();
+          Tensor weight = weighted ? testing::random_tensor({d}, dtype, gpu, seed++, 0.5, 1.0)
+                                   : Tensor();
+          Tensor dy = testing::random_tensor(shape, dtype, gpu, seed++);
+          Tensor x_cpu = testing::cpu_reference(x), gate_cpu = testing::cpu_reference(gate);
+          Tensor weight_cpu = testing::cpu_reference(weight);
+          auto want = ops::rms_norm("rms_norm", x_cpu, gate_cpu, weight_cpu, 1e-6);
+          auto want_grads = ops::rms_norm_backward(testing::cpu_reference(dy), x_cpu, gate_cpu,
+                                                   weight_cpu, want.rstd, true, true, true);
+
+          Tensor y = testing::poisoned(shape, dtype, gpu);
+          Tensor rstd = testing::poisoned({3 * 37}, dtype, gpu);
+          rms_norm_kernels()(gpu, x, gate, weight, 1e-6, y, rstd);
+          testing::expect_matches_reference(y, want.y, dtype, what + " y");
+          testing::expect_matches_reference(rstd, want.rstd, dtype, what + " rstd");
+
+          Tensor dx = testing::poisoned(shape, dtype, gpu);
+          Tensor dgate = gated ? testing::poisoned(shape, dtype, gpu) : Tensor();
+          Tensor dweight = weighted ? testing::poisoned({d}, dtype, gpu) : Tensor();
+          rms_norm_backward_kernels()(gpu, dy, x, gate, weight, rstd, dx, dgate, dweight);
+          testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
+          if (gated) testing::expect_matches_reference(dgate, want_grads.dgate, dtype, what + " dgate");
+          if (weighted) {
+            testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
+          }
+        }
+      }
+      const std::string what = "l2_norm d=" + std::to_string(d);
+      Tensor x = testing::random_tensor({5, 9, d}, dtype, gpu, seed++);
+      Tensor dy = testing::random_tensor({5, 9, d}, dtype, gpu, seed++);
+      auto want = ops::l2_norm(testing::cpu_reference(x), 1e-6);
+      Tensor want_dx = ops::l2_norm_backward(testing::cpu_reference(dy), testing::cpu_reference(x),
+                                             want.rstd);
+      Tensor y = testing::poisoned(x.shape(), dtype, gpu);
+      Tensor rstd = testing::poisoned({45}, dtype, gpu);
+      l2_norm_kernels()(gpu, x, 1e-6, y, rstd);
+      testing::expect_matches_reference(y, want.y, dtype, what + " y");
+      testing::expect_matches_reference(rstd, want.rstd, dtype, what + " rstd");
+      Tensor dx = testing::poisoned(x.shape(), dtype, gpu);
+      l2_norm_backward_kernels()(gpu, dy, x, rstd, dx);
+      testing::expect_matches_reference(dx, want_dx, dtype, what + " dx");
+    }
+  }
 }
 
 }  // namespace

@@ -1,9 +1,15 @@
 #include "nn/optim.h"
 
+#include <array>
 #include <cmath>
 
 #include "autograd/node.h"
+#include "core/ops/optim.h"
+#include "core/ops/unary.h"
 #include "tests/testing.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/optim.h"
+#endif
 
 namespace ham {
 namespace {
@@ -95,6 +101,49 @@ TEST(ClipGradNorm, NonFiniteNormLeavesGradientsAlone) {
   EXPECT_TRUE(std::isnan(clip_grad_norm({a}, 1.0)));
   EXPECT_EQ(grad(a).to_vector<double>()[1], 1.0);
 }
+
+#ifdef HAM_WITH_CUDA
+// AdamW and squared_norm on the GPU against the CPU kernel, with fresh random params,
+// moments and gradients: fp32 master weights and moments with f32 or bf16 gradients
+// (the CPU reference runs in f32 on the same, widened gradient, so both are held to
+// the f32 tolerance), one tensor through the op and several through one fused launch.
+TEST(AdamW, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const AdamWHyper hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 7};
+  for (DType grad_dtype : testing::kGpuDtypes) {
+    uint64_t seed = 90;
+    std::vector<cuda::AdamWTensors> list;
+    std::vector<std::array<Tensor, 4>> want;  // param, grad, m, v on the CPU
+    for (int64_t n : {1000, 70000, 1}) {      // 70000 spans two chunks
+      Tensor param = testing::random_tensor({n}, DType::F32, gpu, seed++);
+      Tensor grad = testing::random_tensor({n}, grad_dtype, gpu, seed++);
+      Tensor m = testing::random_tensor({n}, DType::F32, gpu, seed++, 0.1);
+      Tensor v = ops::unary(UnaryOp::Square, testing::random_tensor({n}, DType::F32, Device::cpu(),
+                                                                    seed++, 0.1)).to(gpu);
+      want.push_back({testing::cpu_reference(param), testing::cpu_reference(grad),
+                      testing::cpu_reference(m), testing::cpu_reference(v)});
+      list.push_back({param, grad, m, v});
+    }
+    for (auto& [p, g, m, v] : want) ops::adamw_step(p, g, m, v, hyper);
+    // The op on the first tensor, the fused multi-tensor launch on the others.
+    ops::adamw_step(list[0].param, list[0].grad, list[0].exp_avg, list[0].exp_avg_sq, hyper);
+    cuda::adamw_step_multi_tensor({list[1], list[2]}, hyper);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string what = "adamw tensor " + std::to_string(i) + " grad " + dtype_name(grad_dtype);
+      testing::expect_matches_reference(list[i].param, want[i][0], DType::F32, what + " param");
+      testing::expect_matches_reference(list[i].exp_avg, want[i][2], DType::F32, what + " exp_avg");
+      testing::expect_matches_reference(list[i].exp_avg_sq, want[i][3], DType::F32,
+                                        what + " exp_avg_sq");
+    }
+    Tensor x = testing::random_tensor({300001}, grad_dtype, gpu, seed++);
+    const double want_norm = ops::squared_norm(testing::cpu_reference(x));
+    EXPECT_NEAR(ops::squared_norm(x), want_norm, 1e-9 * want_norm);
+  }
+}
+#else
+TEST(AdamW, GpuMatchesCpu) { HAM_SKIP_UNLESS_CUDA(); }
+#endif
 
 }  // namespace
 }  // namespace ham

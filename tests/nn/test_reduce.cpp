@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/ops/reduce.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -172,6 +173,37 @@ TEST(Reduce, DimOutOfRangeNamesOpDimAndShape) {
   expect_error([&] { sum(x, 2); }, {"sum", "2", "[2, 3]"});
   expect_error([&] { mean(x, -3, true); }, {"mean", "-3", "[2, 3]"});
   expect_error([&] { sum(Tensor::scalar(1.0), 0); }, {"sum", "0", "[]"});
+}
+
+// The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
+// f32 and bf16; row, column and split reductions. Skips without a GPU.
+TEST(Reduce, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 20;
+    for (const Shape& shape : std::vector<Shape>{{3, 5000, 7}, {200000}, {1, 70000, 3}, {9, 40}}) {
+      Tensor x = testing::random_tensor(shape, dtype, gpu, seed++, 1.0, 0.5);
+      Tensor x_cpu = testing::cpu_reference(x);
+      for (int64_t dim = -1; dim < int64_t(shape.size()); ++dim) {  // -1: every element
+        const bool all = dim < 0;
+        ReduceDims dims = all ? ReduceDims{1, x.numel(), 1} : ops::reduce_dims(shape, dim);
+        Shape out_shape = all ? Shape{} : ops::reduced_shape(shape, dim, false);
+        const double scale = 1.0 / double(dims.len);  // a mean
+        const std::string what = "mean of " + shape_str(shape) + " over dim " + std::to_string(dim);
+        Tensor want = ops::reduce_sum("mean", x_cpu, dims, scale, out_shape);
+        Tensor out = testing::poisoned(out_shape, dtype, gpu);
+        reduce_sum_kernels()(gpu, x, out, dims, scale);
+        testing::expect_matches_reference(out, want, dtype, what);
+
+        Tensor dy = testing::random_tensor(out_shape, dtype, gpu, seed++);
+        Tensor want_dx = ops::reduce_sum_backward(testing::cpu_reference(dy), shape, dims, scale);
+        Tensor dx = testing::poisoned(shape, dtype, gpu);
+        reduce_sum_backward_kernels()(gpu, dy, dx, dims, scale);
+        testing::expect_matches_reference(dx, want_dx, dtype, what + " backward");
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops/rope.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -145,6 +146,34 @@ TEST(Rope, BadShapesAreErrors) {
                "[1, 3]");
   expect_error([] { rope(Tensor::zeros({1, 2, 1, 4}), 10.0, Tensor::zeros({1, 2})); },
                "i32 or i64");
+}
+
+// The CUDA kernels against the CPU reference: fresh random inputs, default and long
+// explicit positions (i32, i64), NaN-poisoned outputs, f32 and bf16. Skips without a GPU.
+TEST(Rope, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 70;
+    for (int mode = 0; mode < 3; ++mode) {  // no positions, i32, i64
+      const Shape shape{2, 19, 3, 16};
+      Tensor positions = mode == 0 ? Tensor()
+                                   : testing::random_indices({2, 19}, mode == 1 ? DType::I32 : DType::I64,
+                                                             gpu, seed++, 0, 8192);
+      Tensor positions_cpu = mode == 0 ? Tensor() : positions.to(Device::cpu());
+      const std::string what = "rope positions mode " + std::to_string(mode);
+      Tensor x = testing::random_tensor(shape, dtype, gpu, seed++);
+      Tensor dy = testing::random_tensor(shape, dtype, gpu, seed++);
+      Tensor want = ops::rope(testing::cpu_reference(x), 10000.0, positions_cpu);
+      Tensor want_dx = ops::rope_backward(testing::cpu_reference(dy), 10000.0, positions_cpu);
+      Tensor y = testing::poisoned(shape, dtype, gpu);
+      rope_kernels()(gpu, x, 10000.0, positions, y);
+      testing::expect_matches_reference(y, want, dtype, what);
+      Tensor dx = testing::poisoned(shape, dtype, gpu);
+      rope_backward_kernels()(gpu, dy, 10000.0, positions, dx);
+      testing::expect_matches_reference(dx, want_dx, dtype, what + " backward");
+    }
+  }
 }
 
 }  // namespace

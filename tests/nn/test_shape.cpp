@@ -1,5 +1,6 @@
 #include "nn/shape.h"
 
+#include "core/ops/shape.h"
 #include "tests/testing.h"
 
 namespace ham {
@@ -328,6 +329,64 @@ TEST(IndexSelect, Errors) {
                         {"index_select", "1-D", "[2, 1]", "[3, 4]"});
   expect_error([&] { index_select(x, -3, Tensor::zeros({2}, DType::I64)); },
                         {"index_select", "dim -3"});
+}
+
+// The CUDA layout kernels against the CPU reference: fresh random inputs, NaN-poisoned
+// outputs, f32 and bf16. The scatter-add backwards add into zeros by contract, so they
+// run through ops::. Skips without a GPU.
+TEST(Shape, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 100;
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      const std::string what = "concat/split dim " + std::to_string(dim);
+      Shape s1{2, 3, 4}, s2{2, 3, 4};
+      s2[size_t(dim)] = 5;
+      Tensor a = testing::random_tensor(s1, dtype, gpu, seed++);
+      Tensor b = testing::random_tensor(s2, dtype, gpu, seed++);
+      Tensor want = ops::concat({testing::cpu_reference(a), testing::cpu_reference(b)}, dim);
+      Tensor out = testing::poisoned(want.shape(), dtype, gpu);
+      concat_kernels()(gpu, std::vector<Tensor>{a, b}, dim, out);
+      testing::expect_matches_reference(out, want, dtype, what);
+      std::vector<Tensor> parts = {testing::poisoned(s1, dtype, gpu), testing::poisoned(s2, dtype, gpu)};
+      split_kernels()(gpu, out, dim, parts);
+      testing::expect_matches_reference(parts[0], testing::cpu_reference(a), dtype, what + " split 0");
+      testing::expect_matches_reference(parts[1], testing::cpu_reference(b), dtype, what + " split 1");
+    }
+    Tensor x = testing::random_tensor({2, 3, 4, 5}, dtype, gpu, seed++);
+    const std::vector<int64_t> dims = {2, 0, 3, 1};
+    Tensor want_p = ops::permute(testing::cpu_reference(x), dims);
+    Tensor permuted = testing::poisoned(want_p.shape(), dtype, gpu);
+    permute_kernels()(gpu, x, dims, permuted);
+    testing::expect_matches_reference(permuted, want_p, dtype, "permute");
+
+    Tensor src = testing::random_tensor({2, 5, 4}, dtype, gpu, seed++);
+    Tensor src_cpu = testing::cpu_reference(src);
+    Tensor index = testing::random_indices({2, 6, 3}, DType::I64, gpu, seed++, 0, 5);
+    Tensor index_cpu = index.to(Device::cpu());
+    Tensor want_g = ops::gather(src_cpu, 1, index_cpu);
+    Tensor gathered = testing::poisoned({2, 6, 3}, dtype, gpu);
+    gather_kernels()(gpu, src, 1, index, gathered);
+    testing::expect_matches_reference(gathered, want_g, dtype, "gather");
+    Tensor dy = testing::random_tensor({2, 6, 3}, dtype, gpu, seed++);
+    testing::expect_matches_reference(ops::gather_backward(dy, 1, index, src.shape()),
+                                      ops::gather_backward(testing::cpu_reference(dy), 1, index_cpu,
+                                                           src.shape()),
+                                      dtype, "gather_backward");
+
+    Tensor rows = testing::random_indices({9}, DType::I32, gpu, seed++, 0, 5);
+    Tensor rows_cpu = rows.to(Device::cpu());
+    Tensor want_s = ops::index_select(src_cpu, 1, rows_cpu);
+    Tensor selected = testing::poisoned(want_s.shape(), dtype, gpu);
+    index_select_kernels()(gpu, src, 1, rows, selected);
+    testing::expect_matches_reference(selected, want_s, dtype, "index_select");
+    Tensor dsel = testing::random_tensor(want_s.shape(), dtype, gpu, seed++);
+    testing::expect_matches_reference(ops::index_select_backward(dsel, 1, rows, src.shape()),
+                                      ops::index_select_backward(testing::cpu_reference(dsel), 1,
+                                                                 rows_cpu, src.shape()),
+                                      dtype, "index_select_backward");
+  }
 }
 
 }  // namespace

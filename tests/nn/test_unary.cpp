@@ -157,5 +157,36 @@ TEST(Unary, IntegerInputErrorNamesOpAndTensor) {
   }
 }
 
+// The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
+// f32 and bf16, forward and backward. Skips without a GPU.
+TEST(Unary, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const UnaryOp all_ops[] = {UnaryOp::Exp,  UnaryOp::Log,  UnaryOp::Sigmoid, UnaryOp::Silu,
+                             UnaryOp::Softplus, UnaryOp::Gelu, UnaryOp::Tanh, UnaryOp::Neg,
+                             UnaryOp::Square, UnaryOp::Sqrt, UnaryOp::Relu};
+  for (DType dtype : testing::kGpuDtypes) {
+    uint64_t seed = 10;
+    for (UnaryOp op : all_ops) {
+      const std::string name = unary_op_name(op);
+      const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt;
+      Tensor x = positive ? testing::random_tensor({7, 301}, dtype, gpu, seed++, 0.4, 2.0)
+                          : testing::random_tensor({7, 301}, dtype, gpu, seed++, 1.5);
+      Tensor dy = testing::random_tensor({7, 301}, dtype, gpu, seed++);
+      Tensor x_cpu = testing::cpu_reference(x), dy_cpu = testing::cpu_reference(dy);
+      Tensor want_y = ops::unary(op, x_cpu);
+      Tensor y = testing::poisoned(x.shape(), dtype, gpu);
+      unary_kernels()(gpu, op, x, y);
+      testing::expect_matches_reference(y, want_y, dtype, name);
+
+      const bool reads_output = unary_saves(op) == UnarySaved::Output;
+      Tensor want_dx = ops::unary_backward(op, dy_cpu, reads_output ? want_y : x_cpu);
+      Tensor dx = testing::poisoned(x.shape(), dtype, gpu);
+      unary_backward_kernels()(gpu, op, dy, reads_output ? y : x, dx);
+      testing::expect_matches_reference(dx, want_dx, dtype, name + " backward");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ham

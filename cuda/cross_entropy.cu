@@ -1,0 +1,179 @@
+// CUDA kernels of core/ops/cross_entropy.h: softmax cross-entropy over rows of logits
+// [rows, V] with integer targets (rows whose target is ignore_index take no part):
+//   lse_r = m + log(sum_j e^(z_rj - m)),  m = max_j z_rj
+//   loss  = sum over kept rows of (lse_r - z_r[target_r])
+//   dz_rj = (e^(z_rj - lse_r) - [j == target_r]) * dloss * scale      (0 on ignored rows)
+// One block per row (a warp when V <= 1024); row sums in f32, row losses in f64 and
+// their total by the deterministic reduction of cuda/reduce_utils.cuh. The forward
+// returns the kept-row count, so it waits for the device once; the same readback
+// carries the first out-of-range target, reported with the CPU kernel's message.
+//
+// bf16 logits: lse is stored in the logits' dtype, and a bf16 lse is off by up to
+// |lse| 2^-9 (~0.02 for a 32k vocabulary), which would skew every e^(z - lse) by ~2%. The
+// bf16 backward therefore recomputes lse in f32 from the logits (one more read of the
+// row) instead of trusting the stored one. (The mixed-precision plan wants lse and the
+// loss in f32 whatever the logits' dtype; ops::cross_entropy allocates them in the
+// logits' dtype today, so that is a change to core/ops/cross_entropy.cpp.)
+//
+// Fused with the output projection (not in the CPU op set yet, so not here either): for
+// hidden h [N, D] and W [V, D], the vocabulary is walked in chunks of Vc columns
+// (e.g. 8192), each chunk's logits h W_c^T [N, Vc] made by one GEMM into a reused
+// buffer; a running (max, sum) per row merges chunk by chunk (online logsumexp) and
+// z[target] is picked up from the chunk that holds it. The backward walks the chunks
+// again: it rebuilds a chunk's logits, turns them in place into
+// dz = (e^(z - lse) - onehot) * g, and accumulates dh += dz W_c and dW_c = dz^T h with two
+// more GEMMs, so no more than N x Vc logits ever exist at once.
+#include "core/ops/cross_entropy.h"
+#include "cuda/launch.h"
+#include "cuda/reduce_utils.cuh"
+
+namespace ham::cuda {
+
+namespace {
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return ::exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return ::log(x); }
+
+template <bool kWarp>
+__device__ __forceinline__ int64_t row_index() {
+  return kWarp ? int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32 : int64_t(blockIdx.x);
+}
+
+// lse of one row (every thread of the group gets it).
+template <bool kWarp, class T>
+__device__ compute_t<T> row_logsumexp(const T* z, int64_t vocab) {
+  using C = compute_t<T>;
+  using Group = RowGroup<kWarp>;
+  const C neg_inf = -INFINITY;
+  C m = neg_inf;
+  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) {
+    C v = load(z[j]);
+    m = v > m ? v : m;
+  }
+  m = Group::max(m, neg_inf);
+  C sum = C(0);
+  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) sum += exp_(C(load(z[j])) - m);
+  sum = Group::sum(sum);
+  return m + log_(sum);
+}
+
+// Device-side bookkeeping of the forward: kept rows and the first bad row.
+struct CrossEntropyStats {
+  unsigned long long kept;
+  unsigned long long first_bad_row;  // rows when every target is valid
+};
+
+template <bool kWarp, class T, class I>
+__global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t rows,
+                                   int64_t vocab, int64_t ignore_index, T* lse,
+                                   double* row_loss, CrossEntropyStats* stats) {
+  using Group = RowGroup<kWarp>;
+  const int64_t r = row_index<kWarp>();
+  if (kWarp && r >= rows) return;
+  const int64_t t = int64_t(targets[r]);
+  const bool ignored = t == ignore_index;
+  const bool bad = !ignored && (t < 0 || t >= vocab);
+  if (ignored || bad) {  // uniform over the group
+    if (Group::lane() == 0) {
+      lse[r] = store<T>(0.0f);
+      row_loss[r] = 0.0;
+      if (bad) atomicMin(&stats->first_bad_row, (unsigned long long)r);
+    }
+    return;
+  }
+  const T* z = logits + r * vocab;
+  const auto row_lse = row_logsumexp<kWarp>(z, vocab);
+  if (Group::lane() != 0) return;
+  lse[r] = store<T>(row_lse);
+  row_loss[r] = double(row_lse) - double(load(z[t]));
+  atomicAdd(&stats->kept, 1ull);
+}
+
+template <bool kWarp, class T, class I>
+__global__ void cross_entropy_backward_rows(const T* logits, const I* targets, const T* lse,
+                                            int64_t rows, int64_t vocab, int64_t ignore_index,
+                                            const T* dloss, double scale, T* dlogits) {
+  using C = compute_t<T>;
+  using Group = RowGroup<kWarp>;
+  const int64_t r = row_index<kWarp>();
+  if (kWarp && r >= rows) return;
+  const int64_t t = int64_t(targets[r]);
+  T* d = dlogits + r * vocab;
+  if (t == ignore_index) {
+    for (int64_t j = Group::lane(); j < vocab; j += Group::size()) d[j] = store<T>(C(0));
+    return;
+  }
+  const T* z = logits + r * vocab;
+  // bf16: recompute lse in f32 (see the top of this file).
+  const C row_lse = std::is_same_v<T, bf16> ? row_logsumexp<kWarp>(z, vocab) : C(load(lse[r]));
+  const C g = C(double(load(dloss[0])) * scale);
+  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) {
+    C value = exp_(C(load(z[j])) - row_lse) * g;
+    if (j == t) value -= g;
+    d[j] = store<T>(value);
+  }
+}
+
+struct ReadRowLoss {
+  const double* row_loss;
+  __device__ double operator()(int64_t, int64_t l, int64_t) const { return row_loss[l]; }
+};
+
+int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                      Tensor& lse, Tensor& loss_sum) {
+  const int64_t rows = targets.numel(), vocab = logits.size(-1);
+  use_device_of(logits);
+  const Device device = logits.device();
+  Tensor row_loss = Tensor::empty({rows}, DType::F64, device);
+  Tensor stats_buffer = Tensor::empty({2}, DType::I64, device);
+  auto* stats = ptr<CrossEntropyStats>(stats_buffer);
+  CrossEntropyStats host_stats{0, (unsigned long long)rows};
+  HAM_CUDA_CHECK(cudaMemcpyAsync(stats, &host_stats, sizeof host_stats, cudaMemcpyHostToDevice,
+                                 launch_stream()));
+  dispatch_index("cross_entropy", targets.dtype(), [&]<class I>() {
+    dispatch_floating("cross_entropy", logits.dtype(), [&]<class T>() {
+      launch_rows(rows, vocab, &cross_entropy_rows<true, T, I>, &cross_entropy_rows<false, T, I>,
+                  ptr<const T>(logits), ptr<const I>(targets), rows, vocab, ignore_index,
+                  ptr<T>(lse), ptr<double>(row_loss), stats);
+      reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
+                            StoreScaled<T, double>{ptr<T>(loss_sum), 1.0});
+    });
+  });
+  HAM_CUDA_CHECK(cudaMemcpyAsync(&host_stats, stats, sizeof host_stats, cudaMemcpyDeviceToHost,
+                                 launch_stream()));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(launch_stream()));
+  if (host_stats.first_bad_row < (unsigned long long)rows) {
+    const int64_t row = int64_t(host_stats.first_bad_row);
+    const int64_t t = targets.reshape({rows}).slice(row, row + 1).to_vector<int64_t>()[0];
+    HAM_FAIL("cross_entropy: target ", t, " at row ", row, " is out of range for V = ", vocab,
+             " (ignore_index ", ignore_index, ")");
+  }
+  return int64_t(host_stats.kept);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            int64_t ignore_index, const Tensor& dloss, double scale,
+                            Tensor& dlogits) {
+  const int64_t rows = targets.numel(), vocab = logits.size(-1);
+  use_device_of(logits);
+  dispatch_index("cross_entropy backward", targets.dtype(), [&]<class I>() {
+    dispatch_floating("cross_entropy backward", logits.dtype(), [&]<class T>() {
+      launch_rows(rows, vocab, &cross_entropy_backward_rows<true, T, I>,
+                  &cross_entropy_backward_rows<false, T, I>, ptr<const T>(logits),
+                  ptr<const I>(targets), ptr<const T>(lse), rows, vocab, ignore_index,
+                  ptr<const T>(dloss), scale, ptr<T>(dlogits));
+    });
+  });
+}
+
+const bool registered = [] {
+  cross_entropy_kernels().register_kernel(DeviceKind::CUDA, &cross_entropy);
+  cross_entropy_backward_kernels().register_kernel(DeviceKind::CUDA, &cross_entropy_backward);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace ham::cuda

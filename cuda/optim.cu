@@ -1,0 +1,185 @@
+// CUDA kernels of core/ops/optim.h and the fused multi-tensor AdamW (cuda/optim.h):
+//   adamw_step:   p <- p (1 - lr wd)
+//                 m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+//                 p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//                 computed as p decay - step_size m / (sqrt(v) inv_sqrt_bias2 + eps), as on the CPU
+//   squared_norm: sum of g^2, accumulated in f64.
+// Multi-tensor: every tensor is cut into chunks of kChunk elements and each chunk is one
+// block of a single launch; the (tensor, chunk) table and the tensors' pointers live in
+// a small device buffer uploaded per call, so the launch has no limit on tensor count.
+// The math runs in the moments' type (f32, or f64 when everything is f64); params and
+// gradients are read and written in their own dtypes (bf16 gradients, fp32 masters).
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cuda/launch.h"
+#include "cuda/optim.h"
+#include "cuda/reduce_utils.cuh"
+
+namespace ham::cuda {
+
+namespace {
+
+constexpr int64_t kChunk = 1 << 16;  // elements per block
+
+struct AdamWSlot {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  int64_t numel;
+};
+
+struct AdamWBlock {
+  int32_t slot;
+  int32_t chunk;
+};
+
+template <class M>
+struct AdamWCoefficients {
+  M decay, beta1, beta2, step_size, inv_sqrt_bias2, eps;
+};
+
+template <class P, class G, class M>
+__global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlock* blocks,
+                                          AdamWCoefficients<M> k) {
+  const AdamWBlock work = blocks[blockIdx.x];
+  const AdamWSlot slot = slots[work.slot];
+  P* p = static_cast<P*>(slot.param);
+  const G* g = static_cast<const G*>(slot.grad);
+  M* m = static_cast<M*>(slot.exp_avg);
+  M* v = static_cast<M*>(slot.exp_avg_sq);
+  const int64_t begin = int64_t(work.chunk) * kChunk;
+  const int64_t end = min(slot.numel, begin + kChunk);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const M grad = M(load(g[i]));
+    const M m_new = k.beta1 * m[i] + (M(1) - k.beta1) * grad;
+    const M v_new = k.beta2 * v[i] + (M(1) - k.beta2) * grad * grad;
+    m[i] = m_new;
+    v[i] = v_new;
+    const M denom = sqrt(v_new) * k.inv_sqrt_bias2 + k.eps;
+    p[i] = store<P>(M(load(p[i])) * k.decay - k.step_size * m_new / denom);
+  }
+}
+
+template <class P, class G, class M>
+void launch_adamw(const std::vector<AdamWTensors>& list, const AdamWHyper& h) {
+  std::vector<AdamWSlot> slots;
+  std::vector<AdamWBlock> blocks;
+  for (const AdamWTensors& t : list) {
+    const int64_t n = t.param.numel();
+    if (n == 0) continue;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    HAM_CHECK(chunks < (int64_t(1) << 31) && slots.size() < (size_t(1) << 31),
+              "adamw_step: too many chunks for one launch");
+    for (int64_t c = 0; c < chunks; ++c) blocks.push_back({int32_t(slots.size()), int32_t(c)});
+    slots.push_back({t.param.raw_data(), t.grad.raw_data(), t.exp_avg.raw_data(),
+                     t.exp_avg_sq.raw_data(), n});
+  }
+  if (blocks.empty()) return;
+  // One upload: the slots, then the block table (8-byte aligned after the slots).
+  const size_t slot_bytes = slots.size() * sizeof(AdamWSlot);
+  const size_t block_bytes = blocks.size() * sizeof(AdamWBlock);
+  std::vector<char> host(slot_bytes + block_bytes);
+  std::memcpy(host.data(), slots.data(), slot_bytes);
+  std::memcpy(host.data() + slot_bytes, blocks.data(), block_bytes);
+  Tensor table = Tensor::empty({int64_t(host.size())}, DType::U8, list.front().param.device());
+  const cudaStream_t stream = launch_stream();
+  HAM_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), host.data(), host.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  const auto* device_slots = static_cast<const AdamWSlot*>(table.raw_data());
+  const auto* device_blocks =
+      reinterpret_cast<const AdamWBlock*>(static_cast<const char*>(table.raw_data()) + slot_bytes);
+
+  const double bias1 = 1.0 - std::pow(h.beta1, double(h.step));
+  const double bias2 = 1.0 - std::pow(h.beta2, double(h.step));
+  const AdamWCoefficients<M> k{M(1.0 - h.lr * h.weight_decay), M(h.beta1),       M(h.beta2),
+                               M(h.lr / bias1),                M(1.0 / std::sqrt(bias2)),
+                               M(h.eps)};
+  adamw_multi_tensor_kernel<P, G, M><<<unsigned(blocks.size()), kThreads, 0, stream>>>(
+      device_slots, device_blocks, k);
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+// Calls fn.template operator()<P, G, M>() for the supported dtype combinations.
+template <class Fn>
+void dispatch_adamw_dtypes(DType param, DType grad, DType moments, Fn&& fn) {
+  auto is = [&](DType p, DType g, DType m) { return param == p && grad == g && moments == m; };
+  if (is(DType::F32, DType::F32, DType::F32)) return fn.template operator()<float, float, float>();
+  if (is(DType::F32, DType::BF16, DType::F32)) return fn.template operator()<float, bf16, float>();
+  if (is(DType::BF16, DType::BF16, DType::F32)) return fn.template operator()<bf16, bf16, float>();
+  if (is(DType::BF16, DType::F32, DType::F32)) return fn.template operator()<bf16, float, float>();
+  if (is(DType::F64, DType::F64, DType::F64)) return fn.template operator()<double, double, double>();
+  HAM_FAIL("adamw_step: CUDA kernel takes param/grad/moments as f32/f32/f32, f32/bf16/f32, ",
+           "bf16/bf16/f32, bf16/f32/f32 or f64/f64/f64; got ", dtype_name(param), "/",
+           dtype_name(grad), "/", dtype_name(moments));
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                const AdamWHyper& hyper) {
+  adamw_step_multi_tensor({AdamWTensors{param, grad, exp_avg, exp_avg_sq}}, hyper);
+}
+
+template <class T>
+struct ReadSquare {
+  const T* x;
+  __device__ double operator()(int64_t, int64_t l, int64_t) const {
+    const double v = double(load(x[l]));
+    return v * v;
+  }
+};
+
+double squared_norm(const Tensor& x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  use_device_of(x);
+  Tensor total = Tensor::empty({1}, DType::F64, x.device());
+  dispatch_floating("squared_norm", x.dtype(), [&]<class T>() {
+    reduce_middle<double>(x.device(), 1, n, 1, ReadSquare<T>{ptr<const T>(x)},
+                          StoreScaled<double, double>{ptr<double>(total), 1.0});
+  });
+  double host = 0;
+  HAM_CUDA_CHECK(cudaMemcpyAsync(&host, total.raw_data(), sizeof host, cudaMemcpyDeviceToHost,
+                                 launch_stream()));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(launch_stream()));
+  return host;
+}
+
+const bool registered = [] {
+  adamw_step_kernels().register_kernel(DeviceKind::CUDA, &adamw_step);
+  squared_norm_kernels().register_kernel(DeviceKind::CUDA, &squared_norm);
+  return true;
+}();
+
+}  // namespace
+
+void adamw_step_multi_tensor(const std::vector<AdamWTensors>& list, const AdamWHyper& hyper) {
+  if (list.empty()) return;
+  const AdamWTensors& first = list.front();
+  HAM_CHECK(hyper.step >= 1, "adamw_step: step must be >= 1, got ", hyper.step);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const AdamWTensors& t = list[i];
+    for (const Tensor* other : {&t.grad, &t.exp_avg, &t.exp_avg_sq}) {
+      HAM_CHECK(other->shape() == t.param.shape(), "adamw_step: entry ", i, ": ", other->str(),
+                " does not match param ", t.param.str());
+      HAM_CHECK(other->device() == first.param.device(), "adamw_step: entry ", i, " has ",
+                other->str(), ", the first param is on ", first.param.device().str());
+    }
+    HAM_CHECK(t.param.device() == first.param.device() && t.param.dtype() == first.param.dtype() &&
+                  t.grad.dtype() == first.grad.dtype() &&
+                  t.exp_avg.dtype() == first.exp_avg.dtype() &&
+                  t.exp_avg_sq.dtype() == first.exp_avg.dtype(),
+              "adamw_step: entry ", i, " (param ", t.param.str(), ", grad ", t.grad.str(),
+              ", moments ", t.exp_avg.str(), ") differs in dtype or device from entry 0 (param ",
+              first.param.str(), ", grad ", first.grad.str(), ", moments ", first.exp_avg.str(),
+              ")");
+  }
+  HAM_CHECK(first.param.device().is_cuda(), "adamw_step_multi_tensor: tensors are on ",
+            first.param.device().str(), ", not a GPU");
+  use_device_of(first.param);
+  dispatch_adamw_dtypes(first.param.dtype(), first.grad.dtype(), first.exp_avg.dtype(),
+                        [&]<class P, class G, class M>() { launch_adamw<P, G, M>(list, hyper); });
+}
+
+}  // namespace ham::cuda
