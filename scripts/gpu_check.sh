@@ -9,7 +9,8 @@
 #   bench_matmul_ratio.csv and bench.log.
 # Environment:
 #   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
-#   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda)
+#   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda
+#                    bench_routed_attention_cuda bench_gated_delta_rule_cuda)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
@@ -22,7 +23,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=build-gpu
 arch=${HAM_GPU_ARCH:-90}
-targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda}
+targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
 
 fail() { echo "gpu_check: $*" >&2; exit 1; }
@@ -71,6 +72,32 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     :
   else
     echo "gpu_check: the benchmark failed" >&2
+    status=1
+  fi
+  echo "== routed attention benchmark: ham vs SDPA flash and FlexAttention"
+  if "$build/bench/bench_routed_attention_cuda" --csv "$out/bench_routed_attention_ham.csv" 2>&1 |
+       tee -a "$out/bench.log" &&
+     python3 bench/bench_routed_attention_torch.py "$out/bench_routed_attention_ham.csv" \
+       --out "$out/bench_routed_attention_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
+    :
+  else
+    echo "gpu_check: the routed attention benchmark failed" >&2
+    status=1
+  fi
+  echo "== gated delta rule benchmark: ham vs flash-linear-attention chunk_gated_delta_rule"
+  if "$build/bench/bench_gated_delta_rule_cuda" --csv "$out/bench_gdr_ham.csv" 2>&1 |
+       tee -a "$out/bench.log"; then
+    python3 bench/bench_gated_delta_rule_fla.py "$out/bench_gdr_ham.csv" \
+      --out "$out/bench_gdr_ratio.csv" 2>&1 | tee -a "$out/bench.log"
+    fla_status=${PIPESTATUS[0]}
+    if [[ $fla_status -eq 2 ]]; then
+      echo "gpu_check: flash-linear-attention unavailable here: ham's gated delta rule times only" >&2
+    elif [[ $fla_status -ne 0 ]]; then
+      echo "gpu_check: the flash-linear-attention comparison failed" >&2
+      status=1
+    fi
+  else
+    echo "gpu_check: the gated delta rule benchmark failed" >&2
     status=1
   fi
 fi

@@ -1,9 +1,12 @@
 #include "nn/gated_delta_rule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "tests/testing.h"
 
@@ -427,6 +430,295 @@ TEST(GatedDeltaRule, BadInputsNameOpArgumentAndShapes) {
       {"gated_delta_rule", "g", "f64", "f32"});
   expect_error([&] { gated_delta_rule(Tensor::zeros({5, 3, 16}), k, v, g, beta); },
                         {"gated_delta_rule", "q [5, 3, 16]", "[B, T, H, K]"});
+}
+
+
+// ---- CUDA kernels against the CPU reference (f64) --------------------------------------
+// Inputs are drawn in f64, rounded to the dtype under test and placed on the GPU; the
+// reference runs the CPU kernels in f64 on exactly those rounded values. Outputs are
+// NaN-poisoned, so an element a kernel never writes fails the comparison. Bounds are
+// relative RMS errors (FLA's test practice): bf16 5e-3 for o and the final state, 8e-3
+// for dq dk dv dh0, 2e-2 for dg dbeta, 1e-2 for the fit error; f32 ten times tighter.
+
+using testing::cpu_reference;
+using testing::poisoned;
+using testing::relative_rms_error;
+
+struct GpuBounds {
+  double forward, grad, gate_grad, fit;
+};
+
+GpuBounds gpu_bounds(DType dtype) {
+  if (dtype == DType::BF16) return {5e-3, 8e-3, 2e-2, 1e-2};
+  return {5e-4, 8e-4, 2e-3, 1e-3};
+}
+
+// Log decays g = -s softplus(x), x ~ N(0, 1), the scale s drawn per token from
+// {0.01, 0.1, 1, 10}; about one in ten exactly 0.
+Tensor scaled_gates(const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const double scales[] = {0.01, 0.1, 1.0, 10.0};
+  std::vector<double> g(size_t(shape_numel(shape)));
+  for (double& x : g) {
+    const double scale = scales[size_t(uni(rng) * 4) % 4];
+    const double z = normal(rng);
+    x = uni(rng) < 0.1 ? 0.0 : -scale * std::log1p(std::exp(z));
+  }
+  return Tensor::from_vector(g, shape);
+}
+
+// `docs` documents per batch row, packed: docs - 1 distinct random starts in [1, T) (fewer
+// when T is short), so some documents are one token long and some cross chunk edges.
+template <class Index>
+Tensor packed_doc_ids(int64_t batch, int64_t seq_len, int64_t docs, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int64_t>> starts(static_cast<size_t>(batch));
+  for (auto& row : starts) {
+    std::vector<int64_t> candidates;
+    for (int64_t t = 1; t < seq_len; ++t) candidates.push_back(t);
+    std::shuffle(candidates.begin(), candidates.end(), rng);
+    candidates.resize(size_t(std::min<int64_t>(docs - 1, int64_t(candidates.size()))));
+    std::sort(candidates.begin(), candidates.end());
+    row = candidates;
+  }
+  return doc_ids_from_starts<Index>(batch, seq_len, starts);
+}
+
+struct GpuCase {
+  int64_t batch, seq_len, heads, key_dim, value_dim;
+  bool with_h0;
+  int64_t docs;  // documents per row; 0: no doc_ids
+};
+
+void PrintTo(const GpuCase& c, std::ostream* os) {
+  *os << "B" << c.batch << "_T" << c.seq_len << "_H" << c.heads << "_K" << c.key_dim << "_V"
+      << c.value_dim << (c.with_h0 ? "_h0" : "") << (c.docs ? "_docs" + std::to_string(c.docs) : "");
+}
+
+// f64 host inputs of a case (q ~ N(0, 1/K), L2-normalised k).
+GdnInputs gpu_case_inputs(const GpuCase& c, uint64_t seed) {
+  GdnInputs in;
+  const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
+  in.q = randn64({B, T, H, K}, seed, 1.0 / std::sqrt(double(K)), false);
+  in.k = unit_rows({B, T, H, K}, seed + 1, false);
+  in.v = randn64({B, T, H, V}, seed + 2, 1.0, false);
+  in.g = scaled_gates({B, T, H}, seed + 3);
+  in.beta = write_strengths({B, T, H}, seed + 4, false);
+  if (c.with_h0) in.h0 = randn64({B, H, K, V}, seed + 5, 0.5, false);
+  if (c.docs > 0) {
+    in.doc_ids = c.docs % 2 ? packed_doc_ids<int64_t>(B, T, c.docs, seed + 6)
+                            : packed_doc_ids<int32_t>(B, T, c.docs, seed + 6);
+  }
+  return in;
+}
+
+// The inputs rounded to `dtype` on the GPU (doc_ids keep their index dtype).
+GatedDeltaRuleArgs on_gpu(const GdnInputs& in, DType dtype) {
+  auto put = [&](const Tensor& t) {
+    return t.defined() ? t.to(dtype).to(Device::cuda()) : Tensor();
+  };
+  return {put(in.q), put(in.k), put(in.v), put(in.g), put(in.beta), put(in.h0),
+          in.doc_ids.defined() ? in.doc_ids.to(Device::cuda()) : Tensor()};
+}
+
+// The f64 CPU copy of GPU tensors (the exact rounded values).
+Tensor reference_copy(const Tensor& t) {
+  return t.defined() ? cpu_reference(t).to(DType::F64) : Tensor();
+}
+
+GatedDeltaRuleArgs reference_args(const GatedDeltaRuleArgs& gpu) {
+  return {reference_copy(gpu.q),  reference_copy(gpu.k),    reference_copy(gpu.v),
+          reference_copy(gpu.g),  reference_copy(gpu.beta), reference_copy(gpu.h0),
+          gpu.doc_ids.defined() ? gpu.doc_ids.to(Device::cpu()) : Tensor()};
+}
+
+// Preallocated, NaN-poisoned outputs of one forward on the GPU.
+GatedDeltaRuleResult poisoned_result(const GatedDeltaRuleArgs& a) {
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), K = a.q.size(3),
+                V = a.v.size(3);
+  const DType dtype = a.q.dtype();
+  return {poisoned({B, T, H, V}, dtype, Device::cuda()), poisoned({B, H, K, V}, dtype, Device::cuda()),
+          poisoned({B, T, H}, dtype, Device::cuda())};
+}
+
+// Poisoned gradients; `want` picks dq, dk, dv, dg, dbeta, dh0 (dh0 only with h0).
+GatedDeltaRuleGrads poisoned_grads(const GatedDeltaRuleArgs& a, const ops::GatedDeltaRuleWanted& want) {
+  auto make = [&](bool wanted, const Tensor& like) {
+    return wanted ? poisoned(like.shape(), like.dtype(), Device::cuda()) : Tensor();
+  };
+  return {make(want.q, a.q), make(want.k, a.k),       make(want.v, a.v),
+          make(want.g, a.g), make(want.beta, a.beta), make(want.h0 && a.h0.defined(), a.h0)};
+}
+
+void expect_within(const Tensor& gpu, const Tensor& ref, double bound, const char* what) {
+  const double err = relative_rms_error(gpu, ref);
+  ::testing::Test::RecordProperty(std::string("rel_rms_") + what + "_" + dtype_name(gpu.dtype()),
+                                  sci(err));
+  EXPECT_LE(err, bound) << what << " (" << gpu.str() << ")";
+}
+
+class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase& c = GetParam();
+  const GdnInputs in = gpu_case_inputs(c, 1000 + uint64_t(c.seq_len * 7 + c.key_dim));
+  for (DType dtype : testing::kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const GpuBounds bound = gpu_bounds(dtype);
+    const GatedDeltaRuleArgs gpu = on_gpu(in, dtype);
+    const GatedDeltaRuleArgs ref = reference_args(gpu);
+
+    GatedDeltaRuleResult out = poisoned_result(gpu);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+    const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(ref);
+    expect_within(out.o, expected.o, bound.forward, "o");
+    expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
+    expect_within(out.fit_error, expected.fit_error, bound.fit, "fit_error");
+
+    const Tensor grad_o = randn64(expected.o.shape(), 77, 1.0, false).to(dtype).to(Device::cuda());
+    const Tensor grad_h_final =
+        randn64(expected.h_final.shape(), 78, 1.0, false).to(dtype).to(Device::cuda());
+    GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+    const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
+        ref, reference_copy(grad_o), reference_copy(grad_h_final));
+    expect_within(grads.dq, want.dq, bound.grad, "dq");
+    expect_within(grads.dk, want.dk, bound.grad, "dk");
+    expect_within(grads.dv, want.dv, bound.grad, "dv");
+    if (c.with_h0) expect_within(grads.dh0, want.dh0, bound.grad, "dh0");
+    expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
+    expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
+  }
+}
+
+// The decoding kernel (the _naive table on CUDA) against the CPU recurrence, and against
+// the GPU chunked kernel.
+TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase& c = GetParam();
+  const GdnInputs in = gpu_case_inputs(c, 2000 + uint64_t(c.seq_len * 7 + c.key_dim));
+  for (DType dtype : testing::kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const GpuBounds bound = gpu_bounds(dtype);
+    const GatedDeltaRuleArgs gpu = on_gpu(in, dtype);
+    GatedDeltaRuleResult recurrent = poisoned_result(gpu);
+    gated_delta_rule_naive_kernels()(Device::cuda(), gpu, recurrent);
+    const GatedDeltaRuleResult expected = ops::gated_delta_rule_naive(reference_args(gpu));
+    expect_within(recurrent.o, expected.o, bound.forward, "o");
+    expect_within(recurrent.h_final, expected.h_final, bound.forward, "h_final");
+    expect_within(recurrent.fit_error, expected.fit_error, bound.fit, "fit_error");
+
+    GatedDeltaRuleResult chunked = poisoned_result(gpu);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, chunked);
+    EXPECT_LE(relative_rms_error(recurrent.o, chunked.o), bound.forward);
+    EXPECT_LE(relative_rms_error(recurrent.h_final, chunked.h_final), bound.forward);
+    EXPECT_LE(relative_rms_error(recurrent.fit_error, chunked.fit_error), bound.fit);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GatedDeltaRuleGpu,
+    ::testing::Values(GpuCase{1, 1, 2, 16, 16, true, 0}, GpuCase{2, 1, 3, 32, 24, false, 0},
+                      GpuCase{2, 63, 3, 32, 48, false, 3}, GpuCase{2, 64, 2, 64, 64, true, 0},
+                      GpuCase{2, 65, 5, 64, 128, true, 4}, GpuCase{1, 300, 5, 128, 128, true, 20},
+                      GpuCase{2, 300, 2, 16, 12, false, 7}, GpuCase{1, 300, 2, 64, 96, true, 0},
+                      GpuCase{1, 130, 5, 256, 384, true, 3}, GpuCase{1, 70, 2, 256, 256, false, 0},
+                      GpuCase{1, 65, 1, 128, 512, true, 2}));
+
+TEST(GatedDeltaRule, GpuBackwardSomeGradientsOnlyAndDeterministic) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase c{2, 150, 3, 64, 80, true, 5};
+  const GdnInputs in = gpu_case_inputs(c, 31);
+  for (DType dtype : testing::kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const GpuBounds bound = gpu_bounds(dtype);
+    const GatedDeltaRuleArgs gpu = on_gpu(in, dtype);
+    const GatedDeltaRuleArgs ref = reference_args(gpu);
+    const Shape o_shape{c.batch, c.seq_len, c.heads, c.value_dim};
+    const Shape state_shape{c.batch, c.heads, c.key_dim, c.value_dim};
+    const Tensor grad_o = randn64(o_shape, 5, 1.0, false).to(dtype).to(Device::cuda());
+    const Tensor grad_h_final = randn64(state_shape, 6, 1.0, false).to(dtype).to(Device::cuda());
+    const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
+        ref, reference_copy(grad_o), reference_copy(grad_h_final));
+
+    ops::GatedDeltaRuleWanted some;
+    some.q = some.v = some.g = some.h0 = false;  // dk and dbeta only
+    GatedDeltaRuleGrads grads = poisoned_grads(gpu, some);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+    EXPECT_FALSE(grads.dq.defined());
+    expect_within(grads.dk, want.dk, bound.grad, "dk");
+    expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
+
+    GatedDeltaRuleGrads first = poisoned_grads(gpu, {}), second = poisoned_grads(gpu, {});
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, first);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, second);
+    EXPECT_EQ(testing::max_abs_diff(first.dq, second.dq), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(first.dk, second.dk), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(first.dg, second.dg), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(first.dbeta, second.dbeta), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(first.dh0, second.dh0), 0.0);
+  }
+}
+
+TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase c{1, 0, 2, 8, 12, true, 0};
+  const GdnInputs in = gpu_case_inputs(c, 41);
+  const GatedDeltaRuleArgs gpu = on_gpu(in, DType::F32);
+  GatedDeltaRuleResult out = poisoned_result(gpu);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+  EXPECT_EQ(testing::max_abs_diff(out.h_final, gpu.h0), 0.0);
+  const Tensor grad_o = Tensor::zeros({1, 0, 2, 12}, DType::F32, Device::cuda());
+  const Tensor grad_h_final = randn64({1, 2, 8, 12}, 7, 1.0, false).to(DType::F32).to(Device::cuda());
+  GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+  EXPECT_EQ(testing::max_abs_diff(grads.dh0, grad_h_final), 0.0);
+}
+
+// Decoding: one token per call, the state threaded through h0 -> h_final, equals one
+// chunked call over the whole sequence.
+TEST(GatedDeltaRule, GpuTokenByTokenDecodingEqualsChunked) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase c{2, 9, 3, 32, 40, true, 0};
+  const GdnInputs in = gpu_case_inputs(c, 51);
+  const DType dtype = DType::F32;
+  const GatedDeltaRuleArgs whole = on_gpu(in, dtype);
+  GatedDeltaRuleResult chunked = poisoned_result(whole);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), whole, chunked);
+
+  // Token t of a [B, T, ...] f64 host tensor as [B, 1, ...].
+  auto token = [&](const Tensor& x, int64_t t) {
+    Shape shape = x.shape();
+    const int64_t T = shape[1], width = shape_numel(shape) / (shape[0] * T);
+    std::vector<double> all = x.to_vector<double>(), one;
+    for (int64_t b = 0; b < shape[0]; ++b) {
+      for (int64_t j = 0; j < width; ++j) one.push_back(all[size_t((b * T + t) * width + j)]);
+    }
+    shape[1] = 1;
+    return Tensor::from_vector(one, shape).to(dtype).to(Device::cuda());
+  };
+  Tensor state = whole.h0;
+  std::vector<double> o_steps(size_t(chunked.o.numel()));
+  for (int64_t t = 0; t < c.seq_len; ++t) {
+    GatedDeltaRuleArgs step{token(in.q, t), token(in.k, t), token(in.v, t), token(in.g, t),
+                            token(in.beta, t), state, Tensor()};
+    GatedDeltaRuleResult r = poisoned_result(step);
+    gated_delta_rule_naive_kernels()(Device::cuda(), step, r);
+    std::vector<double> o = r.o.to_vector<double>();
+    const size_t width = size_t(c.heads * c.value_dim);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (size_t j = 0; j < width; ++j) {
+        o_steps[size_t(b * c.seq_len + t) * width + j] = o[size_t(b) * width + j];
+      }
+    }
+    state = r.h_final;
+  }
+  const Tensor o_decoded = Tensor::from_vector(o_steps, chunked.o.shape());
+  EXPECT_LE(relative_rms_error(o_decoded, chunked.o.to(Device::cpu()).to(DType::F64)), 5e-5);
+  EXPECT_LE(relative_rms_error(state, chunked.h_final), 5e-5);
 }
 
 }  // namespace

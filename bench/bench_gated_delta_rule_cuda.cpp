@@ -1,0 +1,178 @@
+// Time of ham's CUDA gated delta rule (cuda/gated_delta_rule.cu), forward and backward,
+// for comparison with flash-linear-attention's chunk_gated_delta_rule on the same shapes
+// (bench/bench_gated_delta_rule_fla.py reads this program's CSV and adds FLA's times).
+//
+// Run (on a GPU machine; scripts/gpu_check.sh does this):
+//   ./build/bench/bench_gated_delta_rule_cuda --csv gdr_ham.csv [--reps 5] [--filter T4096]
+//   python3 bench/bench_gated_delta_rule_fla.py gdr_ham.csv --out gdr_ratio.csv
+//
+// Each case calls the kernel tables directly on preallocated outputs (no autograd, no
+// argument checks): "fwd" is the chunked forward (o, h_final, fit_error), "bwd" the
+// backward of o and h_final with every gradient wanted. Each call is timed on its own with
+// CUDA events after one warm-up call; the CSV has the min and median in milliseconds.
+// Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
+// g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
+// equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ops/gated_delta_rule.h"
+#include "core/tensor.h"
+#include "cuda/check.h"
+#include "cuda/stream.h"
+
+namespace {
+
+using namespace ham;
+
+struct BenchCase {
+  std::string name;
+  std::string dtype;  // bf16, f32
+  int64_t batch, seq_len, heads, key_dim, value_dim, docs;
+};
+
+std::vector<BenchCase> bench_cases() {
+  std::vector<BenchCase> cases;
+  for (std::string dtype : {"bf16", "f32"}) {
+    cases.push_back({"T4096_H16_D128", dtype, 4, 4096, 16, 128, 128, 0});
+    cases.push_back({"T16384_H16_D128", dtype, 2, 16384, 16, 128, 128, 0});
+    cases.push_back({"T4096_H5_K256_V384", dtype, 2, 4096, 5, 256, 384, 0});
+    cases.push_back({"T16384_docs20", dtype, 1, 16384, 16, 128, 128, 20});
+  }
+  return cases;
+}
+
+// n standard normal values.
+std::vector<double> normal_values(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& v : x) v = normal(rng);
+  return x;
+}
+
+// A normal tensor whose rows (last dim) are scaled to L2 norm `norm`, on the GPU.
+Tensor unit_rows_on_gpu(const Shape& shape, double norm, DType dtype, std::mt19937_64& rng) {
+  std::vector<double> x = normal_values(shape_numel(shape), rng);
+  const size_t width = size_t(shape.back());
+  for (size_t r = 0; r < x.size() / width; ++r) {
+    double s = 0;
+    for (size_t j = 0; j < width; ++j) s += x[r * width + j] * x[r * width + j];
+    for (size_t j = 0; j < width; ++j) x[r * width + j] *= norm / std::sqrt(s);
+  }
+  return Tensor::from_vector(x, shape).to(dtype).to(Device::cuda());
+}
+
+struct Timing {
+  double fwd_min, fwd_median, bwd_min, bwd_median;
+};
+
+template <class Fn>
+std::pair<double, double> time_ms(int reps, Fn&& fn) {
+  cudaStream_t stream = cuda::current_stream(0);
+  fn();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    cuda::Event start(0, true), stop(0, true);
+    start.record(stream);
+    fn();
+    stop.record(stream);
+    stop.synchronize();
+    ms.push_back(stop.elapsed_ms_since(start));
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms.front(), ms[ms.size() / 2]};
+}
+
+Timing run_case(const BenchCase& c, int reps) {
+  const DType dtype = c.dtype == "bf16" ? DType::BF16 : DType::F32;
+  const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
+  std::mt19937_64 rng(1234);
+  GatedDeltaRuleArgs a;
+  a.q = unit_rows_on_gpu({B, T, H, K}, 1.0 / std::sqrt(double(K)), dtype, rng);
+  a.k = unit_rows_on_gpu({B, T, H, K}, 1.0, dtype, rng);
+  a.v = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
+  std::vector<double> g = normal_values(B * T * H, rng), beta = normal_values(B * T * H, rng);
+  for (double& x : g) x = -std::log1p(std::exp(x));
+  for (double& x : beta) x = 1.0 / (1.0 + std::exp(-x));
+  a.g = Tensor::from_vector(g, {B, T, H}).to(dtype).to(Device::cuda());
+  a.beta = Tensor::from_vector(beta, {B, T, H}).to(dtype).to(Device::cuda());
+  if (c.docs > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) ids[size_t(b * T + t)] = int32_t(t * c.docs / T);
+    }
+    a.doc_ids = Tensor::from_vector(ids, {B, T}).to(Device::cuda());
+  }
+  ops::check_gated_delta_rule_args("bench_gated_delta_rule_cuda", a);
+
+  GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, dtype, Device::cuda()),
+                           Tensor::empty({B, H, K, V}, dtype, Device::cuda()),
+                           Tensor::empty({B, T, H}, dtype, Device::cuda())};
+  auto [fwd_min, fwd_median] =
+      time_ms(reps, [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); });
+
+  Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
+  Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
+  GatedDeltaRuleGrads grads{Tensor::empty(a.q.shape(), dtype, Device::cuda()),
+                            Tensor::empty(a.k.shape(), dtype, Device::cuda()),
+                            Tensor::empty(a.v.shape(), dtype, Device::cuda()),
+                            Tensor::empty(a.g.shape(), dtype, Device::cuda()),
+                            Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
+  auto [bwd_min, bwd_median] = time_ms(reps, [&] {
+    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
+  });
+  return {fwd_min, fwd_median, bwd_min, bwd_median};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv_path, filter;
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--csv FILE] [--reps N] [--filter SUBSTRING]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (ham::cuda::device_count() == 0) {
+    std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", ham::cuda::unavailable_reason().c_str());
+    return 1;
+  }
+  std::ofstream csv;
+  if (!csv_path.empty()) {
+    csv.open(csv_path);
+    csv << "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
+           "bwd_ms_min,bwd_ms_median\n";
+  }
+  std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
+              "bwd min ms", "bwd med ms");
+  try {
+    for (const BenchCase& c : bench_cases()) {
+      const std::string label = c.name + "_" + c.dtype;
+      if (!filter.empty() && label.find(filter) == std::string::npos) continue;
+      const Timing t = run_case(c, reps);
+      std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f\n", c.name.c_str(), c.dtype.c_str(),
+                  t.fwd_min, t.fwd_median, t.bwd_min, t.bwd_median);
+      std::fflush(stdout);
+      if (csv.is_open()) {
+        csv << c.name << ',' << c.dtype << ',' << c.batch << ',' << c.seq_len << ',' << c.heads
+            << ',' << c.key_dim << ',' << c.value_dim << ',' << c.docs << ',' << t.fwd_min << ','
+            << t.fwd_median << ',' << t.bwd_min << ',' << t.bwd_median << '\n';
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Times flash-linear-attention's chunk_gated_delta_rule on the shapes of ham's CUDA
+benchmark (bench/bench_gated_delta_rule_cuda --csv FILE) and prints the ratios.
+
+Usage: python3 bench/bench_gated_delta_rule_fla.py gdr_ham.csv [--out ratio.csv] [--reps 5]
+
+Same conventions as the ham program: inputs [B, T, H, D]; q, k L2-normalised (q scaled by
+K^-1/2 beforehand, FLA's scale = 1 so neither side scales inside); g = -softplus(normal);
+beta = sigmoid(normal); "docs" rows become FLA's varlen form (B = 1, cu_seqlens of equal
+documents). "fwd" is the forward with the final state; "bwd" is torch.autograd.grad of
+(o, h_final) with grad_o normal and grad_h_final zero, timed alone (the forward's graph is
+built outside the timed region). Every call is timed with CUDA events after one warm-up;
+the min and median in ms are reported. ham's fit error is extra work FLA does not do.
+Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
+"""
+import argparse
+import csv
+import inspect
+import sys
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ham_csv")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        print(f"bench_gated_delta_rule_fla: no torch ({e})", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_gated_delta_rule_fla: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as e:
+        print(f"bench_gated_delta_rule_fla: flash-linear-attention is not installed ({e})",
+              file=sys.stderr)
+        return 2
+    params = set(inspect.signature(chunk_gated_delta_rule).parameters)
+
+    def timed(fn, reps):
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            stop = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        times.sort()
+        return times[0], times[len(times) // 2]
+
+    rows = list(csv.DictReader(open(args.ham_csv)))
+    results = []
+    print(f"{'case':22s} {'dtype':5s} {'ham fwd':>9s} {'fla fwd':>9s} {'ratio':>6s} "
+          f"{'ham bwd':>9s} {'fla bwd':>9s} {'ratio':>6s}")
+    for row in rows:
+        dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
+        B, T, H = int(row["batch"]), int(row["seq_len"]), int(row["heads"])
+        K, V, docs = int(row["key_dim"]), int(row["value_dim"]), int(row["docs"])
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+
+        def normal(*shape):
+            return torch.randn(*shape, device="cuda", generator=gen, dtype=torch.float32)
+
+        cu_seqlens = None
+        if docs > 0:
+            # B rows of `docs` equal documents -> one varlen row of B * docs sequences.
+            bounds = [b * T + (d * T + docs - 1) // docs for b in range(B) for d in range(docs)]
+            cu_seqlens = torch.tensor(bounds + [B * T], device="cuda", dtype=torch.long)
+            B, T = 1, B * T
+        q = (F.normalize(normal(B, T, H, K), dim=-1) * K ** -0.5).to(dtype).requires_grad_()
+        k = F.normalize(normal(B, T, H, K), dim=-1).to(dtype).requires_grad_()
+        v = normal(B, T, H, V).to(dtype).requires_grad_()
+        g = (-F.softplus(normal(B, T, H))).to(dtype).requires_grad_()
+        beta = torch.sigmoid(normal(B, T, H)).to(dtype).requires_grad_()
+        kwargs = dict(q=q, k=k, v=v, g=g, beta=beta, scale=1.0, output_final_state=True)
+        if cu_seqlens is not None:
+            kwargs["cu_seqlens"] = cu_seqlens
+        if "head_first" in params:
+            kwargs["head_first"] = False
+        kwargs = {key: val for key, val in kwargs.items() if key in params}
+
+        def forward():
+            with torch.no_grad():
+                return chunk_gated_delta_rule(**kwargs)
+
+        fwd_min, fwd_med = timed(forward, args.reps)
+        grad_o = normal(B, T, H, V).to(dtype)
+
+        def backward():
+            o, h_final = chunk_gated_delta_rule(**kwargs)
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            stop = torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.autograd.grad((o, h_final), (q, k, v, g, beta),
+                                (grad_o, torch.zeros_like(h_final)))
+            stop.record()
+            stop.synchronize()
+            return start.elapsed_time(stop)
+
+        backward()
+        bwd_times = sorted(backward() for _ in range(args.reps))
+        bwd_min, bwd_med = bwd_times[0], bwd_times[len(bwd_times) // 2]
+
+        ham_fwd, ham_bwd = float(row["fwd_ms_median"]), float(row["bwd_ms_median"])
+        print(f"{row['name']:22s} {row['dtype']:5s} {ham_fwd:9.3f} {fwd_med:9.3f} "
+              f"{ham_fwd / fwd_med:6.2f} {ham_bwd:9.3f} {bwd_med:9.3f} {ham_bwd / bwd_med:6.2f}")
+        results.append(dict(row, fla_fwd_ms_min=fwd_min, fla_fwd_ms_median=fwd_med,
+                            fla_bwd_ms_min=bwd_min, fla_bwd_ms_median=bwd_med,
+                            fwd_ratio=ham_fwd / fwd_med, bwd_ratio=ham_bwd / bwd_med))
+        del q, k, v, g, beta, grad_o, kwargs
+        torch.cuda.empty_cache()
+
+    if args.out and results:
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(results[0].keys()))
+            writer.writeheader()
+            writer.writerows(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

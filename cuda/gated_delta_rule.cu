@@ -1,0 +1,1090 @@
+// CUDA kernels of core/ops/gated_delta_rule.h: the chunked forward (training), its
+// backward, and the token-by-token recurrence (decoding; the _naive table). The math, the
+// output layout and the document semantics are those of the CPU reference
+// (core/cpu/gated_delta_rule.cpp); each step below names the formula it implements.
+//
+// ---- Decomposition ----
+// Every quantity on the key side of one chunk (G, Gamma, M, P, the unit lower-triangular
+// system I + diag(beta) M) depends on q, k, g, beta only, and the value columns of S, v,
+// v_new and o never mix: column j of o and S depends on column j of v and h0 alone. So a
+// block owns one (b, h, V tile of `vt` columns) and carries the fp32 state slice
+// S[:, tile] (K x vt) in shared memory through the whole sequence; the key-side matrices
+// are recomputed by every V tile of a head (cheap next to the state products). Only two
+// things couple the tiles:
+//   * the fit error, 1 - <p, v> / (||p|| ||v|| + 1e-6), needs <p, v>, ||p||^2, ||v||^2
+//     over all of V: each tile writes its three partial sums per token to a scratch
+//     buffer [B*T*H, tiles, 3] and a second kernel adds them in tile order;
+//   * the gradients of q, k, g, beta are sums over value columns: each tile writes its
+//     partial dq, dk, dg, dbeta to scratch [tiles, ...] and a kernel adds them in tile
+//     order (fixed order: deterministic, no atomics).
+// dv and dh0 are per column, written directly by the owning tile.
+//
+// ---- Chunks and documents ----
+// A chunk table per batch row (chunk_table_kernel) lists chunk starts: every document
+// segment is chunked from its own first token in pieces of at most 64 tokens, exactly as
+// the CPU does, so no chunk holds a document start. chunk_doc_start marks chunks that
+// begin a document; there the state resets to 0 (h0 only seeds the chunk at t = 0).
+//
+// ---- Forward of one chunk (c <= 64 rows, start state S0 = the block's S) ----
+//   G_i = g_0 + ... + g_i (chunk-local cumsum, compute type), E = e^G,
+//   Gamma_ij = e^{G_i - G_j} (j <= i; the exponent is a difference, taken only where kept)
+//   M = strict_tril(K K^T * Gamma),  P = tril(Q K^T * Gamma)
+//   R = V - diag(E) K S0;  forward substitution (I + diag(beta) M) u = diag(beta) R, i.e.
+//     u_i = beta_i (R_i - sum_{j<i} M_ij u_j)        [u = v_new = U - W S0, the WY form]
+//   O = diag(E) Q S0 + P u
+//   pred = diag(E) K S0 + M u     (p_t: the decayed state's prediction, before the write)
+//   S_end = e^{G_last} S0 + K^T diag(e^{G_last - G}) u
+//
+// ---- Backward of one chunk (reverse over chunks; dS holds dS_end, then dS0) ----
+//   du = P^T dO + diag(e^{G_last-G}) K dS_end;  dX = (I + diag(beta) M)^-T du (back
+//   substitution);  dv = dR = diag(beta) dX;  dM = -strict_tril(diag(beta) dX u^T);
+//   dP = tril(dO u^T);  dbeta_i = <dX_i, R_i - (M u)_i>;
+//   dq = diag(E) dO S0^T + (dP * Gamma) K
+//   dk = diag(e^{G_last-G}) u dS_end^T - diag(E) dR S0^T + (dP * Gamma)^T Q
+//        + (dM * Gamma) K + (dM * Gamma)^T K
+//   dG_i = E_i <dO_i, (Q S0)_i> - E_i <dR_i, (K S0)_i> - e^{G_last-G_i} <(K dS_end)_i, u_i>
+//          + rowsum(Z)_i - colsum(Z)_i,  Z = dP * P + dM * M
+//   dG_last += e^{G_last} <S0, dS_end> + sum_j e^{G_last-G_j} <(K dS_end)_j, u_j>
+//   dg = reverse chunk-local cumsum of dG
+//   dS0 = e^{G_last} dS_end + Q^T diag(E) dO - K^T diag(E) dR
+// The backward first re-runs the forward over the sequence, saving each chunk's start
+// state to a scratch buffer, then walks the chunks in reverse recomputing the chunk terms
+// from the saved state (v_new is never stored). Only the last document segment sees
+// grad_h_final; only the segment at t = 0 reaches dh0.
+//
+// Precision: inputs bf16, f32 (or f64); everything on chip, every accumulation and the
+// state in f32 (f64 for f64 inputs); outputs are rounded once to the input dtype.
+//
+// Status: a straightforward design chosen for correctness (one block per (b, h, V tile),
+// shared-memory products with one output element per thread, no tensor cores). The chunk
+// table is one kernel launch per call; the backward reads the largest chunk count back to
+// the host (one stream synchronisation) to size its checkpoint buffer.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/ops/gated_delta_rule.h"
+#include "cuda/launch.h"
+
+namespace ham::cuda {
+
+namespace {
+
+constexpr int kChunk = 64;
+static_assert(kChunk == kGatedDeltaRuleChunkSize, "the CUDA chunk must be the CPU's");
+constexpr int kBlock = 256;         // threads of the forward, backward and decode blocks
+constexpr int kTableThreads = 1024;  // threads of the chunk table block (one per batch row)
+constexpr double kFitEpsilon = 1e-6;  // fit_error = 1 - <p, v> / (||p|| ||v|| + eps)
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return ::exp(x); }
+__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return ::sqrt(x); }
+
+// ---- Chunk table ---------------------------------------------------------------------
+// Per batch row b: chunk_begin[b, c] for c < count[b] (and chunk_begin[b, count[b]] = T),
+// chunk_doc_start[b, c] = 1 when chunk c begins a document (t = 0 included). A token t
+// begins a chunk iff (t - s) % 64 == 0 with s its document's first token, which is the
+// CPU's "each segment chunked from its first token". One block per row walks the row in
+// tiles of kTableThreads tokens: s by a max-scan of document starts, the chunk index by
+// a sum-scan of chunk starts, both carried across tiles.
+
+struct MaxOp {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+
+template <class Index>
+__global__ void __launch_bounds__(kTableThreads)
+    chunk_table_kernel(const Index* doc_ids, int64_t seq_len, int32_t* chunk_begin,
+                       int32_t* chunk_doc_start, int32_t* chunk_count) {
+  using Scan = cub::BlockScan<int, kTableThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int carry_doc_start, carry_count;
+  const int64_t b = blockIdx.x;
+  const Index* doc = doc_ids ? doc_ids + b * seq_len : nullptr;
+  int32_t* begins = chunk_begin + b * (seq_len + 1);
+  int32_t* doc_starts = chunk_doc_start + b * (seq_len + 1);
+  if (threadIdx.x == 0) {
+    carry_doc_start = 0;
+    carry_count = 0;
+  }
+  __syncthreads();
+  for (int64_t base = 0; base < seq_len; base += kTableThreads) {
+    const int64_t t = base + threadIdx.x;
+    const bool in_range = t < seq_len;
+    const bool starts_doc = in_range && (t == 0 || (doc && doc[t] != doc[t - 1]));
+    int doc_first = starts_doc ? int(t) : -1;
+    Scan(scan_storage).InclusiveScan(doc_first, doc_first, MaxOp());
+    __syncthreads();  // scan_storage is reused below
+    doc_first = max(doc_first, carry_doc_start);
+    const int starts_chunk = in_range && (t - doc_first) % kChunk == 0 ? 1 : 0;
+    int index = 0, tile_chunks = 0;
+    Scan(scan_storage).ExclusiveSum(starts_chunk, index, tile_chunks);
+    if (starts_chunk) {
+      begins[carry_count + index] = int32_t(t);
+      doc_starts[carry_count + index] = t == doc_first ? 1 : 0;
+    }
+    __syncthreads();  // every thread has read the carries
+    if (threadIdx.x == kTableThreads - 1) {
+      carry_doc_start = doc_first;
+      carry_count += tile_chunks;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    begins[carry_count] = int32_t(seq_len);
+    chunk_count[b] = carry_count;
+  }
+}
+
+struct ChunkTable {
+  Tensor begin, doc_start, count;  // i32 [B, T + 1], [B, T + 1], [B]
+};
+
+ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t seq_len) {
+  const Device device = a.q.device();
+  ChunkTable table{Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
+                   Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
+                   Tensor::empty(Shape{batch}, DType::I32, device)};
+  if (batch == 0) return table;
+  HAM_CHECK(batch < (int64_t(1) << 31), "gated_delta_rule: batch ", batch, " exceeds the grid");
+  auto launch = [&]<class Index>(const Index* doc_ids) {
+    chunk_table_kernel<Index><<<unsigned(batch), kTableThreads, 0, launch_stream()>>>(
+        doc_ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
+        ptr<int32_t>(table.count));
+    HAM_CUDA_CHECK_LAUNCH();
+  };
+  if (a.doc_ids.defined()) {
+    dispatch_index("gated_delta_rule doc_ids", a.doc_ids.dtype(),
+                   [&]<class Index>() { launch(ptr<const Index>(a.doc_ids)); });
+  } else {
+    launch(static_cast<const int64_t*>(nullptr));
+  }
+  return table;
+}
+
+// ---- Shared memory of one block ------------------------------------------------------
+// The same carve on host (sizing) and device (pointers). kc, qc hold the chunk's key and
+// query rows in the input dtype (exact copies); the rest is in the compute type C.
+struct SmemLayout {
+  size_t kc, qc;                       // T [kChunk][K]
+  size_t state;                        // C [K][vt]            S (forward), S0 (backward)
+  size_t m, p;                         // C [kChunk][kChunk]   M, P (then dM*Gamma, dP*Gamma)
+  size_t ks, qs, r, u;                 // C [kChunk][vt]       K S0, Q S0, R, v_new
+  size_t gcum, decay, to_end, beta;    // C [kChunk]           G, e^G, e^{G_last-G}, beta
+  size_t scalars;                      // C [4]                e^{G_last}
+  size_t dstate, z, dout, dx, kds;     // backward: C [K][vt], [kChunk][kChunk], [kChunk][vt] x3
+  size_t dgate, to_end_terms;          // backward: C [kChunk]
+  size_t bytes;
+  // Row strides, padded by one 4-byte word so that lanes walking different rows of kc, qc,
+  // S, dS or u at the same column hit different banks.
+  int64_t ldk;  // kc, qc: K + 2 (bf16) or K + 1
+  int lds;      // state, dstate: vt + 1
+  int ldu;      // u: vt + 1
+
+  __host__ __device__ static size_t take(size_t& at, size_t nbytes) {
+    const size_t here = at;
+    at += (nbytes + 15) / 16 * 16;
+    return here;
+  }
+
+  __host__ __device__ SmemLayout(int64_t key_dim, int vt, size_t t_size, size_t c_size,
+                                 bool backward) {
+    size_t at = 0;
+    ldk = key_dim + (t_size == 2 ? 2 : 1);
+    lds = vt + 1;
+    ldu = vt + 1;
+    const size_t rows_k = size_t(kChunk) * size_t(ldk), rows_v = size_t(kChunk) * vt;
+    const size_t square = size_t(kChunk) * kChunk, state_size = size_t(key_dim) * lds;
+    kc = take(at, rows_k * t_size);
+    qc = take(at, rows_k * t_size);
+    state = take(at, state_size * c_size);
+    m = take(at, square * c_size);
+    p = take(at, square * c_size);
+    ks = take(at, rows_v * c_size);
+    qs = take(at, rows_v * c_size);
+    r = take(at, rows_v * c_size);
+    u = take(at, size_t(kChunk) * ldu * c_size);
+    gcum = take(at, kChunk * c_size);
+    decay = take(at, kChunk * c_size);
+    to_end = take(at, kChunk * c_size);
+    beta = take(at, kChunk * c_size);
+    scalars = take(at, 4 * c_size);
+    const size_t b = backward ? 1 : 0;
+    dstate = take(at, b * state_size * c_size);
+    z = take(at, b * square * c_size);
+    dout = take(at, b * rows_v * c_size);
+    dx = take(at, b * rows_v * c_size);
+    kds = take(at, b * rows_v * c_size);
+    dgate = take(at, b * kChunk * c_size);
+    to_end_terms = take(at, b * kChunk * c_size);
+    bytes = at;
+  }
+};
+
+template <class T, class C>
+struct Smem {
+  T *kc, *qc;
+  C *state, *m, *p, *ks, *qs, *r, *u, *gcum, *decay, *to_end, *beta, *scalars;
+  C *dstate, *z, *dout, *dx, *kds, *dgate, *to_end_terms;
+  int64_t ldk;
+  int lds, ldu;
+
+  __device__ Smem(unsigned char* base, const SmemLayout& l)
+      : kc(reinterpret_cast<T*>(base + l.kc)),
+        qc(reinterpret_cast<T*>(base + l.qc)),
+        state(reinterpret_cast<C*>(base + l.state)),
+        m(reinterpret_cast<C*>(base + l.m)),
+        p(reinterpret_cast<C*>(base + l.p)),
+        ks(reinterpret_cast<C*>(base + l.ks)),
+        qs(reinterpret_cast<C*>(base + l.qs)),
+        r(reinterpret_cast<C*>(base + l.r)),
+        u(reinterpret_cast<C*>(base + l.u)),
+        gcum(reinterpret_cast<C*>(base + l.gcum)),
+        decay(reinterpret_cast<C*>(base + l.decay)),
+        to_end(reinterpret_cast<C*>(base + l.to_end)),
+        beta(reinterpret_cast<C*>(base + l.beta)),
+        scalars(reinterpret_cast<C*>(base + l.scalars)),
+        dstate(reinterpret_cast<C*>(base + l.dstate)),
+        z(reinterpret_cast<C*>(base + l.z)),
+        dout(reinterpret_cast<C*>(base + l.dout)),
+        dx(reinterpret_cast<C*>(base + l.dx)),
+        kds(reinterpret_cast<C*>(base + l.kds)),
+        dgate(reinterpret_cast<C*>(base + l.dgate)),
+        to_end_terms(reinterpret_cast<C*>(base + l.to_end_terms)),
+        ldk(l.ldk),
+        lds(l.lds),
+        ldu(l.ldu) {}
+};
+
+// Inputs and sizes shared by the kernels.
+template <class T>
+struct Problem {
+  const T *q, *k, *v, *g, *beta, *h0;  // h0 may be null
+  const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;
+  int64_t batch, seq_len, heads, key_dim, value_dim;
+  int vt, tiles;
+
+  // Index of token t of batch b, head h into [B, T, H] (times the width for [B, T, H, D]).
+  __device__ int64_t row(int64_t b, int64_t t, int64_t h) const {
+    return (b * seq_len + t) * heads + h;
+  }
+};
+
+// The block's coordinates: batch b, head h, V tile `tile` covering value columns
+// [col0, col0 + cols) (cols < vt on a ragged last tile; the missing columns are zeros).
+struct BlockCoords {
+  int64_t b, h, tile, col0;
+  int cols;
+};
+
+template <class T>
+__device__ BlockCoords block_coords(const Problem<T>& pr) {
+  BlockCoords c;
+  c.tile = blockIdx.x;
+  c.h = blockIdx.y;
+  c.b = blockIdx.z;
+  c.col0 = c.tile * pr.vt;
+  c.cols = int(min(int64_t(pr.vt), pr.value_dim - c.col0));
+  return c;
+}
+
+// S <- h0[b, h, :, tile] (zeros without h0 and in the missing columns of a ragged tile);
+// S is [K][vt] with row stride ld.
+template <class T, class C>
+__device__ void load_state(const Problem<T>& pr, const BlockCoords& bc, const T* src, C* state,
+                           int ld) {
+  const int vt = pr.vt;
+  const int64_t base = (bc.b * pr.heads + bc.h) * pr.key_dim * pr.value_dim;
+  for (int64_t idx = threadIdx.x; idx < pr.key_dim * vt; idx += blockDim.x) {
+    const int64_t a = idx / vt;
+    const int c = int(idx % vt);
+    state[a * ld + c] =
+        src && c < bc.cols ? C(load(src[base + a * pr.value_dim + bc.col0 + c])) : C(0);
+  }
+}
+
+template <class T, class C>
+__device__ void store_state(const Problem<T>& pr, const BlockCoords& bc, const C* state, int ld,
+                            T* dst) {
+  const int vt = pr.vt;
+  const int64_t base = (bc.b * pr.heads + bc.h) * pr.key_dim * pr.value_dim;
+  for (int64_t idx = threadIdx.x; idx < pr.key_dim * vt; idx += blockDim.x) {
+    const int64_t a = idx / vt;
+    const int c = int(idx % vt);
+    if (c < bc.cols) dst[base + a * pr.value_dim + bc.col0 + c] = store<T>(state[a * ld + c]);
+  }
+}
+
+// S <- 0 for a [rows][cols] matrix of row stride ld.
+template <class C>
+__device__ void zero_state(C* x, int64_t rows, int cols, int ld) {
+  for (int64_t idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+    x[(idx / cols) * ld + idx % cols] = C(0);
+  }
+}
+
+// Everything of one chunk [begin, begin + n) that the forward output and the backward
+// read, given its start state in s.state (CPU: compute_chunk_terms). On return (after a
+// barrier): kc, qc, gcum = G, decay = E, to_end = e^{G_last - G}, beta, scalars[0] =
+// e^{G_last}, m = M, p = P (zero outside the chunk's rows and masks), ks = K S0,
+// qs = Q S0, u = v_new, and r = R - M u (the residual left once the earlier rows'
+// writes are subtracted; u = diag(beta) r).
+template <class T, class C>
+__device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const Smem<T, C>& s,
+                            int64_t begin, int n) {
+  const int64_t K = pr.key_dim;
+  const int vt = pr.vt;
+  // Rows of the chunk; gates and write strengths.
+  for (int64_t idx = threadIdx.x; idx < int64_t(n) * K; idx += blockDim.x) {
+    const int64_t i = idx / K, a = idx % K;
+    const int64_t at = pr.row(bc.b, begin + i, bc.h) * K + a;
+    s.kc[i * s.ldk + a] = pr.k[at];
+    s.qc[i * s.ldk + a] = pr.q[at];
+  }
+  if (threadIdx.x < n) {
+    const int64_t at = pr.row(bc.b, begin + threadIdx.x, bc.h);
+    s.gcum[threadIdx.x] = C(load(pr.g[at]));
+    s.beta[threadIdx.x] = C(load(pr.beta[at]));
+  }
+  __syncthreads();
+  // G_i = g_0 + ... + g_i, in order (as the CPU's running sum).
+  if (threadIdx.x == 0) {
+    C running = C(0);
+    for (int i = 0; i < n; ++i) s.gcum[i] = running += s.gcum[i];
+  }
+  __syncthreads();
+  // E_i = e^{G_i}, e^{G_last - G_i}, e^{G_last}
+  if (threadIdx.x < n) {
+    const C last = s.gcum[n - 1], gi = s.gcum[threadIdx.x];
+    s.decay[threadIdx.x] = exp_(gi);
+    s.to_end[threadIdx.x] = exp_(last - gi);
+    if (threadIdx.x == 0) s.scalars[0] = exp_(last);
+  }
+  // M = strict_tril(K K^T * Gamma), P = tril(Q K^T * Gamma); Gamma_ij = e^{G_i - G_j} is
+  // evaluated only for j <= i (no e^{-G}, no inf * 0).
+  for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += blockDim.x) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    C mv = C(0), pv = C(0);
+    if (i < n && j <= i) {
+      const T *ki = s.kc + i * s.ldk, *qi = s.qc + i * s.ldk, *kj = s.kc + j * s.ldk;
+      C kk = C(0), qk = C(0);
+      for (int64_t a = 0; a < K; ++a) {
+        const C kja = C(load(kj[a]));
+        kk += C(load(ki[a])) * kja;
+        qk += C(load(qi[a])) * kja;
+      }
+      const C gamma = exp_(s.gcum[i] - s.gcum[j]);
+      mv = j < i ? kk * gamma : C(0);
+      pv = qk * gamma;
+    }
+    s.m[idx] = mv;
+    s.p[idx] = pv;
+  }
+  // K S0, Q S0 and R = V - diag(E) K S0 (columns past the tile's end read as 0).
+  for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
+    const int i = idx / vt, c = idx % vt;
+    const T *ki = s.kc + i * s.ldk, *qi = s.qc + i * s.ldk;
+    C kv = C(0), qv = C(0);
+    for (int64_t a = 0; a < K; ++a) {
+      const C sa = s.state[a * s.lds + c];
+      kv += C(load(ki[a])) * sa;
+      qv += C(load(qi[a])) * sa;
+    }
+    s.ks[idx] = kv;
+    s.qs[idx] = qv;
+    const C vv =
+        c < bc.cols ? C(load(pr.v[pr.row(bc.b, begin + i, bc.h) * pr.value_dim + bc.col0 + c]))
+                    : C(0);
+    // R_i = V_i - E_i (K S0)_i  (E_i from G directly: s.decay is not yet published)
+    s.r[idx] = vv - exp_(s.gcum[i]) * kv;
+  }
+  __syncthreads();
+  // Forward substitution with the unit lower-triangular I + diag(beta) M, one value
+  // column per group of tpc consecutive lanes (a group never spans two warps):
+  //   u_i = beta_i (R_i - sum_{j<i} M_ij u_j)
+  // Rows go in order; the group's lanes split the j sum and combine it by shuffles in a
+  // fixed pattern (deterministic). No block barrier between rows: columns are independent.
+  {
+    const int tpc = int(blockDim.x) / vt;
+    const int c = int(threadIdx.x) / tpc, sub = int(threadIdx.x) % tpc;
+    for (int i = 0; i < n; ++i) {
+      C acc = C(0);
+      for (int j = sub; j < i; j += tpc) acc += s.m[i * kChunk + j] * s.u[j * s.ldu + c];
+      for (int offset = tpc / 2; offset > 0; offset >>= 1) {
+        acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      }
+      if (sub == 0) {
+        const C rest = s.r[i * vt + c] - acc;
+        s.r[i * vt + c] = rest;
+        s.u[i * s.ldu + c] = s.beta[i] * rest;
+      }
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+}
+
+// S <- e^{G_last} S0 + K^T diag(e^{G_last - G}) u   (CPU: chunk_end_state)
+template <class T, class C>
+__device__ void advance_state(const Problem<T>& pr, const Smem<T, C>& s, int n) {
+  const int64_t K = pr.key_dim;
+  const int vt = pr.vt;
+  const C total = s.scalars[0];
+  for (int64_t idx = threadIdx.x; idx < K * vt; idx += blockDim.x) {
+    const int64_t a = idx / vt;
+    const int c = int(idx % vt);
+    C acc = total * s.state[a * s.lds + c];
+    for (int i = 0; i < n; ++i) {
+      acc += C(load(s.kc[i * s.ldk + a])) * s.to_end[i] * s.u[i * s.ldu + c];
+    }
+    s.state[a * s.lds + c] = acc;
+  }
+}
+
+// ---- Chunked forward -----------------------------------------------------------------
+// One block per (tile, h, b). Writes o for its columns, h_final for its columns and the
+// fit partial sums fit_part[row, tile, 0..2] = (<p, v>, ||p||^2, ||v||^2) over its columns.
+template <class T>
+__global__ void __launch_bounds__(kBlock)
+    gdr_forward_kernel(Problem<T> pr, T* o, T* h_final, compute_t<T>* fit_part) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), false);
+  const Smem<T, C> s(smem_raw, layout);
+  const BlockCoords bc = block_coords(pr);
+  const int vt = pr.vt;
+  const int64_t V = pr.value_dim;
+  const int32_t* begins = pr.chunk_begin + bc.b * (pr.seq_len + 1);
+  const int32_t* doc_starts = pr.chunk_doc_start + bc.b * (pr.seq_len + 1);
+  const int chunks = pr.chunk_count[bc.b];
+
+  load_state(pr, bc, pr.h0, s.state, s.lds);  // h0 seeds the segment at t = 0
+  __syncthreads();
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    if (begin > 0 && doc_starts[chunk]) {  // document start: the state resets
+      zero_state(s.state, pr.key_dim, vt, s.lds);
+      __syncthreads();
+    }
+    chunk_terms(pr, bc, s, begin, n);
+    // O = diag(E) Q S0 + P u;   pred = diag(E) K S0 + M u  (into ks, element by element)
+    for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
+      const int i = idx / vt, c = idx % vt;
+      C out = s.decay[i] * s.qs[idx], pred = s.decay[i] * s.ks[idx];
+      for (int j = 0; j <= i; ++j) {
+        const C uj = s.u[j * s.ldu + c];
+        out += s.p[i * kChunk + j] * uj;
+        pred += s.m[i * kChunk + j] * uj;  // M_ii = 0
+      }
+      s.ks[idx] = pred;
+      if (c < bc.cols) o[pr.row(bc.b, begin + i, bc.h) * V + bc.col0 + c] = store<T>(out);
+    }
+    advance_state(pr, s, n);
+    __syncthreads();
+    // Fit partial sums of each row, one warp per row, lanes over the tile's columns.
+    {
+      const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+      const int warps = int(blockDim.x) / 32;
+      for (int i = warp; i < n; i += warps) {
+        const int64_t row = pr.row(bc.b, begin + i, bc.h);
+        C pv = C(0), pp = C(0), vv = C(0);
+        for (int c = lane; c < bc.cols; c += 32) {
+          const C pred = s.ks[i * vt + c], val = C(load(pr.v[row * V + bc.col0 + c]));
+          pv += pred * val;
+          pp += pred * pred;
+          vv += val * val;
+        }
+        pv = warp_sum(pv);
+        pp = warp_sum(pp);
+        vv = warp_sum(vv);
+        if (lane == 0) {
+          C* part = fit_part + (row * pr.tiles + bc.tile) * 3;
+          part[0] = pv;
+          part[1] = pp;
+          part[2] = vv;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  store_state(pr, bc, s.state, s.lds, h_final);  // after token T-1 (h0, or 0, when T = 0)
+}
+
+// fit_error[row] = 1 - <p, v> / (||p|| ||v|| + 1e-6), the three sums added in tile order.
+template <class T, class C>
+__global__ void fit_error_kernel(const C* fit_part, int64_t rows, int tiles, T* fit_error) {
+  HAM_GRID_STRIDE_LOOP(row, rows) {
+    C pv = C(0), pp = C(0), vv = C(0);
+    for (int t = 0; t < tiles; ++t) {
+      const C* part = fit_part + (row * tiles + t) * 3;
+      pv += part[0];
+      pp += part[1];
+      vv += part[2];
+    }
+    fit_error[row] = store<T>(C(1) - pv / (sqrt_(pp) * sqrt_(vv) + C(kFitEpsilon)));
+  }
+}
+
+// ---- Token-by-token recurrence (decoding; the _naive table) --------------------------
+// One block per (tile, h, b), the state slice S [K][vt] in shared memory, per token:
+//   S <- e^{g_t} S;  p = S^T k_t;  fit partials of (p, v_t);  S += beta_t k_t (v_t - p)^T;
+//   o_t = S^T q_t
+// (CPU: gated_delta_rule_naive). The document reset happens before the decay.
+struct RecurrentLayout {
+  size_t state, kvec, qvec, pred, resid, bytes;
+  __host__ __device__ RecurrentLayout(int64_t key_dim, int vt, size_t c_size) {
+    size_t at = 0;
+    state = SmemLayout::take(at, size_t(key_dim) * vt * c_size);
+    kvec = SmemLayout::take(at, size_t(key_dim) * c_size);
+    qvec = SmemLayout::take(at, size_t(key_dim) * c_size);
+    pred = SmemLayout::take(at, size_t(vt) * c_size);
+    resid = SmemLayout::take(at, size_t(vt) * c_size);
+    bytes = at;
+  }
+};
+
+template <class T, class Index>
+__global__ void __launch_bounds__(kBlock)
+    gdr_recurrent_kernel(Problem<T> pr, const Index* doc_ids, T* o, T* h_final,
+                         compute_t<T>* fit_part) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const RecurrentLayout l(pr.key_dim, pr.vt, sizeof(C));
+  C* state = reinterpret_cast<C*>(smem_raw + l.state);
+  C* kvec = reinterpret_cast<C*>(smem_raw + l.kvec);
+  C* qvec = reinterpret_cast<C*>(smem_raw + l.qvec);
+  C* pred = reinterpret_cast<C*>(smem_raw + l.pred);
+  C* resid = reinterpret_cast<C*>(smem_raw + l.resid);
+  const BlockCoords bc = block_coords(pr);
+  const int vt = pr.vt;
+  const int64_t K = pr.key_dim, V = pr.value_dim, T_ = pr.seq_len;
+  const int tpc = int(blockDim.x) / vt;
+  const int col = int(threadIdx.x) / tpc, sub = int(threadIdx.x) % tpc;
+
+  load_state(pr, bc, pr.h0, state, vt);
+  for (int64_t t = 0; t < T_; ++t) {
+    const int64_t row = pr.row(bc.b, t, bc.h);
+    for (int64_t a = threadIdx.x; a < K; a += blockDim.x) {
+      kvec[a] = C(load(pr.k[row * K + a]));
+      qvec[a] = C(load(pr.q[row * K + a]));
+    }
+    const bool reset = t > 0 && doc_ids && doc_ids[bc.b * T_ + t] != doc_ids[bc.b * T_ + t - 1];
+    const C decay = exp_(C(load(pr.g[row])));
+    const C beta = C(load(pr.beta[row]));
+    __syncthreads();  // also orders the previous token's reads of state before the writes
+    // S <- e^{g_t} S (0 at a document start)
+    for (int64_t idx = threadIdx.x; idx < K * vt; idx += blockDim.x) {
+      state[idx] = reset ? C(0) : state[idx] * decay;
+    }
+    __syncthreads();
+    // p = S^T k_t, one column per lane group
+    {
+      C acc = C(0);
+      for (int64_t a = sub; a < K; a += tpc) acc += state[a * vt + col] * kvec[a];
+      for (int offset = tpc / 2; offset > 0; offset >>= 1) {
+        acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      }
+      if (sub == 0) pred[col] = acc;
+    }
+    __syncthreads();
+    // Fit partial sums and r = v_t - p (warp 0)
+    if (threadIdx.x < 32) {
+      C pv = C(0), pp = C(0), vv = C(0);
+      for (int c = int(threadIdx.x); c < vt; c += 32) {
+        const C val = c < bc.cols ? C(load(pr.v[row * V + bc.col0 + c])) : C(0);
+        const C pc = pred[c];
+        pv += pc * val;
+        pp += pc * pc;
+        vv += val * val;
+        resid[c] = val - pc;
+      }
+      pv = warp_sum(pv);
+      pp = warp_sum(pp);
+      vv = warp_sum(vv);
+      if (threadIdx.x == 0) {
+        C* part = fit_part + (row * pr.tiles + bc.tile) * 3;
+        part[0] = pv;
+        part[1] = pp;
+        part[2] = vv;
+      }
+    }
+    __syncthreads();
+    // S += beta_t k_t r^T
+    for (int64_t idx = threadIdx.x; idx < K * vt; idx += blockDim.x) {
+      state[idx] += beta * kvec[idx / vt] * resid[idx % vt];
+    }
+    __syncthreads();
+    // o_t = S^T q_t
+    {
+      C acc = C(0);
+      for (int64_t a = sub; a < K; a += tpc) acc += state[a * vt + col] * qvec[a];
+      for (int offset = tpc / 2; offset > 0; offset >>= 1) {
+        acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      }
+      if (sub == 0 && col < bc.cols) o[row * V + bc.col0 + col] = store<T>(acc);
+    }
+    __syncthreads();  // the next token overwrites kvec, qvec
+  }
+  store_state(pr, bc, state, vt, h_final);
+}
+
+// ---- Backward ------------------------------------------------------------------------
+// One block per (tile, h, b). Pass 1 re-runs the forward and saves each chunk's start
+// state to checkpoints[block][chunk]; pass 2 walks the chunks in reverse (CPU:
+// chunked_backward_head / chunk_backward). Partial k-side gradients of this tile go to
+// *_part[tile][...] (null when not wanted); dv and dh0 are written directly.
+template <class T>
+struct BackwardOut {
+  const T *grad_o, *grad_h_final;
+  compute_t<T>* checkpoints;  // [blocks][max_chunks][K][vt]
+  int64_t max_chunks;
+  T *dv, *dh0;                                           // may be null
+  compute_t<T> *dq_part, *dk_part, *dg_part, *dbeta_part;  // may be null
+};
+
+template <class T>
+__global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, BackwardOut<T> out) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), true);
+  const Smem<T, C> s(smem_raw, layout);
+  const BlockCoords bc = block_coords(pr);
+  const int vt = pr.vt;
+  const int64_t K = pr.key_dim, V = pr.value_dim, state_size = K * vt;
+  const int64_t rows = pr.batch * pr.seq_len * pr.heads;
+  const int32_t* begins = pr.chunk_begin + bc.b * (pr.seq_len + 1);
+  const int32_t* doc_starts = pr.chunk_doc_start + bc.b * (pr.seq_len + 1);
+  const int chunks = pr.chunk_count[bc.b];
+  const int64_t block = (bc.b * pr.heads + bc.h) * pr.tiles + bc.tile;
+  C* checkpoints = out.checkpoints + block * out.max_chunks * state_size;
+
+  // Pass 1: chunk start states (the segment at t = 0 starts from h0, the others from 0).
+  load_state(pr, bc, pr.h0, s.state, s.lds);
+  __syncthreads();
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    if (begin > 0 && doc_starts[chunk]) {
+      zero_state(s.state, K, vt, s.lds);
+      __syncthreads();
+    }
+    C* saved = checkpoints + int64_t(chunk) * state_size;
+    for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
+      saved[idx] = s.state[(idx / vt) * s.lds + idx % vt];
+    }
+    chunk_terms(pr, bc, s, begin, n);
+    advance_state(pr, s, n);
+    __syncthreads();
+  }
+
+  // Pass 2: dS = grad_h_final for the last segment, 0 at the end of every earlier one.
+  load_state(pr, bc, out.grad_h_final, s.dstate, s.lds);
+  __syncthreads();
+  const int tpc = int(blockDim.x) / vt;
+  for (int chunk = chunks - 1; chunk >= 0; --chunk) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    if (chunk + 1 < chunks && doc_starts[chunk + 1]) zero_state(s.dstate, K, vt, s.lds);
+    const C* saved = checkpoints + int64_t(chunk) * state_size;
+    for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
+      s.state[(idx / vt) * s.lds + idx % vt] = saved[idx];
+    }
+    chunk_terms(pr, bc, s, begin, n);  // its first barrier orders the two loops above
+    const C total = s.scalars[0];
+
+    // dO rows of the tile and K dS_end.
+    for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
+      const int i = idx / vt, c = idx % vt;
+      s.dout[idx] = c < bc.cols
+                        ? C(load(out.grad_o[pr.row(bc.b, begin + i, bc.h) * V + bc.col0 + c]))
+                        : C(0);
+      C acc = C(0);
+      for (int64_t a = 0; a < K; ++a) acc += C(load(s.kc[i * s.ldk + a])) * s.dstate[a * s.lds + c];
+      s.kds[idx] = acc;
+    }
+    __syncthreads();
+    // du = P^T dO + diag(e^{G_last-G}) K dS_end   (into dx)
+    for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
+      const int i = idx / vt, c = idx % vt;
+      C acc = s.to_end[i] * s.kds[idx];
+      for (int j = i; j < n; ++j) acc += s.p[j * kChunk + i] * s.dout[j * vt + c];
+      s.dx[idx] = acc;
+    }
+    __syncthreads();
+    // dX = (I + diag(beta) M)^-T du by back substitution, in place:
+    //   dX_i = du_i - sum_{j>i} beta_j M_ji dX_j,  i = n-1 .. 0
+    {
+      const int c = int(threadIdx.x) / tpc, sub = int(threadIdx.x) % tpc;
+      for (int i = n - 1; i >= 0; --i) {
+        C acc = C(0);
+        for (int j = i + 1 + sub; j < n; j += tpc) {
+          acc += s.beta[j] * s.m[j * kChunk + i] * s.dx[j * vt + c];
+        }
+        for (int offset = tpc / 2; offset > 0; offset >>= 1) {
+          acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+        }
+        if (sub == 0) s.dx[i * vt + c] -= acc;
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    // dv = dR = diag(beta) dX
+    if (out.dv) {
+      for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
+        const int i = idx / vt, c = idx % vt;
+        if (c < bc.cols) {
+          out.dv[pr.row(bc.b, begin + i, bc.h) * V + bc.col0 + c] = store<T>(s.beta[i] * s.dx[idx]);
+        }
+      }
+    }
+    // dM_ij = -beta_i <dX_i, u_j> (j < i), dP_ij = <dO_i, u_j> (j <= i) over the tile;
+    // Z = dP * P + dM * M; then M, P are replaced by dM * Gamma, dP * Gamma (same element).
+    for (int idx = threadIdx.x; idx < kChunk * kChunk; idx += blockDim.x) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      C zv = C(0), dm_gamma = C(0), dp_gamma = C(0);
+      if (i < n && j <= i) {
+        C xu = C(0), ou = C(0);
+        for (int c = 0; c < vt; ++c) {
+          const C uj = s.u[j * s.ldu + c];
+          xu += s.dx[i * vt + c] * uj;
+          ou += s.dout[i * vt + c] * uj;
+        }
+        const C gamma = exp_(s.gcum[i] - s.gcum[j]);
+        const C dm = j < i ? -s.beta[i] * xu : C(0);
+        zv = ou * s.p[idx] + dm * s.m[idx];
+        dm_gamma = dm * gamma;
+        dp_gamma = ou * gamma;
+      }
+      s.z[idx] = zv;
+      s.m[idx] = dm_gamma;
+      s.p[idx] = dp_gamma;
+    }
+    __syncthreads();
+    // dq = diag(E) dO S0^T + (dP * Gamma) K
+    // dk = diag(e^{G_last-G}) u dS_end^T - diag(E) dR S0^T + (dP * Gamma)^T Q
+    //      + (dM * Gamma) K + (dM * Gamma)^T K
+    if (out.dq_part || out.dk_part) {
+      for (int64_t idx = threadIdx.x; idx < int64_t(n) * K; idx += blockDim.x) {
+        const int i = int(idx / K);
+        const int64_t a = idx % K;
+        const int64_t at = (bc.tile * rows + pr.row(bc.b, begin + i, bc.h)) * K + a;
+        if (out.dq_part) {
+          C do_s = C(0);
+          for (int c = 0; c < vt; ++c) do_s += s.dout[i * vt + c] * s.state[a * s.lds + c];
+          C acc = s.decay[i] * do_s;
+          for (int j = 0; j <= i; ++j) acc += s.p[i * kChunk + j] * C(load(s.kc[j * s.ldk + a]));
+          out.dq_part[at] = acc;
+        }
+        if (out.dk_part) {
+          C u_ds = C(0), dx_s = C(0);
+          for (int c = 0; c < vt; ++c) {
+            u_ds += s.u[i * s.ldu + c] * s.dstate[a * s.lds + c];
+            dx_s += s.dx[i * vt + c] * s.state[a * s.lds + c];
+          }
+          C acc = s.to_end[i] * u_ds - s.decay[i] * s.beta[i] * dx_s;
+          for (int j = i; j < n; ++j) acc += s.p[j * kChunk + i] * C(load(s.qc[j * s.ldk + a]));
+          for (int j = 0; j < n; ++j) {
+            acc += (s.m[i * kChunk + j] + s.m[j * kChunk + i]) * C(load(s.kc[j * s.ldk + a]));
+          }
+          out.dk_part[at] = acc;
+        }
+      }
+    }
+    // Per row: dbeta_i = <dX_i, R_i - (M u)_i> (= -sum_j (dX u^T)_ij M_ij + <dX_i, R_i>),
+    // and dG_i without the chunk-end terms.
+    if (threadIdx.x < n) {
+      const int i = int(threadIdx.x);
+      C eo = C(0), er = C(0), tt = C(0), xr = C(0), row_z = C(0), col_z = C(0);
+      for (int c = 0; c < vt; ++c) {
+        const int e = i * vt + c;
+        eo += s.dout[e] * s.qs[e];
+        er += s.dx[e] * s.ks[e];
+        tt += s.kds[e] * s.u[i * s.ldu + c];
+        xr += s.dx[e] * s.r[e];
+      }
+      for (int j = 0; j < n; ++j) {
+        row_z += s.z[i * kChunk + j];
+        col_z += s.z[j * kChunk + i];
+      }
+      const C to_end_term = s.to_end[i] * tt;
+      s.to_end_terms[i] = to_end_term;
+      s.dgate[i] = s.decay[i] * eo - s.decay[i] * s.beta[i] * er - to_end_term + row_z - col_z;
+      if (out.dbeta_part) out.dbeta_part[bc.tile * rows + pr.row(bc.b, begin + i, bc.h)] = xr;
+    }
+    // <S0, dS_end> (block_sum's barriers also publish dgate and to_end_terms)
+    C s_ds = C(0);
+    for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
+      const int64_t e = (idx / vt) * s.lds + idx % vt;
+      s_ds += s.state[e] * s.dstate[e];
+    }
+    s_ds = block_sum(s_ds);
+    // dG_last += e^{G_last} <S0, dS_end> + sum_j e^{G_last-G_j} <(K dS_end)_j, u_j>;
+    // dg = reverse cumsum of dG within the chunk.
+    if (threadIdx.x == 0 && out.dg_part) {
+      C end_terms = total * s_ds;
+      for (int j = 0; j < n; ++j) end_terms += s.to_end_terms[j];
+      C running = C(0);
+      for (int i = n - 1; i >= 0; --i) {
+        running += s.dgate[i] + (i == n - 1 ? end_terms : C(0));
+        out.dg_part[bc.tile * rows + pr.row(bc.b, begin + i, bc.h)] = running;
+      }
+    }
+    __syncthreads();  // everything above read dS_end and S0
+    // dS0 = e^{G_last} dS_end + Q^T diag(E) dO - K^T diag(E) dR
+    for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
+      const int64_t a = idx / vt;
+      const int c = int(idx % vt);
+      C acc = total * s.dstate[a * s.lds + c];
+      for (int i = 0; i < n; ++i) {
+        const C e_do = s.decay[i] * s.dout[i * vt + c];
+        const C e_dr = s.decay[i] * s.beta[i] * s.dx[i * vt + c];
+        acc += C(load(s.qc[i * s.ldk + a])) * e_do - C(load(s.kc[i * s.ldk + a])) * e_dr;
+      }
+      s.dstate[a * s.lds + c] = acc;
+    }
+    __syncthreads();
+  }
+  // The segment at t = 0 reaches h0 (T = 0: dh0 = grad_h_final).
+  if (out.dh0) store_state(pr, bc, s.dstate, s.lds, out.dh0);
+}
+
+// out[i] = sum over tiles of part[tile * count + i], in tile order.
+template <class T, class C>
+__global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out) {
+  HAM_GRID_STRIDE_LOOP(i, count) {
+    C acc = C(0);
+    for (int t = 0; t < tiles; ++t) acc += part[int64_t(t) * count + i];
+    out[i] = store<T>(acc);
+  }
+}
+
+// ---- Host side -----------------------------------------------------------------------
+
+struct Dims {
+  int64_t batch, seq_len, heads, key_dim, value_dim;
+};
+
+Dims dims_of(const GatedDeltaRuleArgs& a) {
+  return {a.q.size(0), a.q.size(1), a.q.size(2), a.q.size(3), a.v.size(3)};
+}
+
+// Largest dynamic shared memory a block of `kernel` may use on the current device.
+template <class Kernel>
+size_t shared_memory_limit(Kernel kernel) {
+  int device = 0, optin = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attributes{};
+  HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return size_t(optin) > attributes.sharedSizeBytes ? size_t(optin) - attributes.sharedSizeBytes
+                                                    : 0;
+}
+
+// V tile width: the smallest of 8, 16, 32, 64 that covers V (64 when V > 64), halved until
+// the block's shared memory fits. Tiles of 8..64 columns give 32..4 lanes per column.
+template <class Bytes>
+int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_for) {
+  int vt = 8;
+  while (vt < 64 && vt < d.value_dim) vt *= 2;
+  for (; vt >= 8; vt /= 2) {
+    if (bytes_for(vt) <= limit) return vt;
+  }
+  HAM_FAIL(op, ": K = ", d.key_dim, " needs ", bytes_for(8),
+           " bytes of shared memory per block even with 8-column V tiles; the device allows ",
+           limit);
+}
+
+template <class T>
+Problem<T> make_problem(const GatedDeltaRuleArgs& a, const Dims& d, const ChunkTable& table,
+                        int vt) {
+  Problem<T> pr;
+  pr.q = ptr<const T>(a.q);
+  pr.k = ptr<const T>(a.k);
+  pr.v = ptr<const T>(a.v);
+  pr.g = ptr<const T>(a.g);
+  pr.beta = ptr<const T>(a.beta);
+  pr.h0 = ptr_or_null<const T>(a.h0);
+  pr.chunk_begin = table.begin.defined() ? ptr<const int32_t>(table.begin) : nullptr;
+  pr.chunk_doc_start = table.doc_start.defined() ? ptr<const int32_t>(table.doc_start) : nullptr;
+  pr.chunk_count = table.count.defined() ? ptr<const int32_t>(table.count) : nullptr;
+  pr.batch = d.batch;
+  pr.seq_len = d.seq_len;
+  pr.heads = d.heads;
+  pr.key_dim = d.key_dim;
+  pr.value_dim = d.value_dim;
+  pr.vt = vt;
+  pr.tiles = int((d.value_dim + vt - 1) / vt);
+  return pr;
+}
+
+dim3 grid_of(const char* op, const Dims& d, int tiles) {
+  HAM_CHECK(d.heads < 65536 && d.batch < 65536, op, ": B = ", d.batch, ", H = ", d.heads,
+            " exceed the grid (at most 65535 each)");
+  return dim3(unsigned(tiles), unsigned(d.heads), unsigned(d.batch));
+}
+
+void check_sizes(const char* op, const Dims& d) {
+  HAM_CHECK(d.seq_len < (int64_t(1) << 30), op, ": T = ", d.seq_len, " is too long");
+}
+
+// fit_error from the per-tile partial sums.
+template <class T>
+void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& fit_error) {
+  using C = compute_t<T>;
+  const int64_t rows = d.batch * d.seq_len * d.heads;
+  if (rows == 0) return;
+  fit_error_kernel<T, C><<<grid_for(rows), kThreads, 0, launch_stream()>>>(
+      tiles > 0 ? ptr<const C>(fit_part) : nullptr, rows, tiles, ptr<T>(fit_error));
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
+  const char* op = "gated_delta_rule (cuda)";
+  const Dims d = dims_of(a);
+  check_sizes(op, d);
+  if (d.batch == 0 || d.heads == 0) return;
+  use_device_of(a.q);
+  dispatch_floating(op, a.q.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    const size_t limit = shared_memory_limit(gdr_forward_kernel<T>);
+    const int vt = choose_value_tile(op, d, limit, [&](int tile) {
+      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false).bytes;
+    });
+    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
+    const Problem<T> pr = make_problem<T>(a, d, table, vt);
+    const int64_t rows = d.batch * d.seq_len * d.heads;
+    Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
+    if (pr.tiles > 0) {
+      const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), false).bytes;
+      HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_forward_kernel<T>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      gdr_forward_kernel<T><<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(
+          pr, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
+      HAM_CUDA_CHECK_LAUNCH();
+    }
+    finish_fit_error<T>(fit_part, d, pr.tiles, out.fit_error);
+  });
+}
+
+void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
+  const char* op = "gated_delta_rule_naive (cuda)";
+  const Dims d = dims_of(a);
+  if (d.batch == 0 || d.heads == 0) return;
+  use_device_of(a.q);
+  dispatch_floating(op, a.q.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    auto run = [&]<class Index>(const Index* doc_ids) {
+      const size_t limit = shared_memory_limit(gdr_recurrent_kernel<T, Index>);
+      const int vt = choose_value_tile(op, d, limit, [&](int tile) {
+        return RecurrentLayout(d.key_dim, tile, sizeof(C)).bytes;
+      });
+      const Problem<T> pr = make_problem<T>(a, d, ChunkTable{}, vt);
+      const int64_t rows = d.batch * d.seq_len * d.heads;
+      Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
+      if (pr.tiles > 0) {
+        const size_t bytes = RecurrentLayout(d.key_dim, vt, sizeof(C)).bytes;
+        HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_recurrent_kernel<T, Index>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(bytes)));
+        gdr_recurrent_kernel<T, Index>
+            <<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(
+                pr, doc_ids, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
+        HAM_CUDA_CHECK_LAUNCH();
+      }
+      finish_fit_error<T>(fit_part, d, pr.tiles, out.fit_error);
+    };
+    if (a.doc_ids.defined()) {
+      dispatch_index(op, a.doc_ids.dtype(),
+                     [&]<class Index>() { run(ptr<const Index>(a.doc_ids)); });
+    } else {
+      run(static_cast<const int64_t*>(nullptr));
+    }
+  });
+}
+
+// Largest chunk count over the batch rows (one device-to-host read on the launch stream).
+int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
+  std::vector<int32_t> counts(static_cast<size_t>(batch));
+  cudaStream_t stream = launch_stream();
+  HAM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ptr<const int32_t>(table.count),
+                                 size_t(batch) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int64_t most = 0;
+  for (int32_t c : counts) most = std::max<int64_t>(most, c);
+  return most;
+}
+
+void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o,
+                               const Tensor& grad_h_final, GatedDeltaRuleGrads& grads) {
+  const char* op = "gated_delta_rule_backward (cuda)";
+  const Dims d = dims_of(a);
+  check_sizes(op, d);
+  if (d.batch == 0 || d.heads == 0) return;
+  use_device_of(a.q);
+  dispatch_floating(op, a.q.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    const Device device = a.q.device();
+    const size_t limit = shared_memory_limit(gdr_backward_kernel<T>);
+    const int vt = choose_value_tile(op, d, limit, [&](int tile) {
+      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true).bytes;
+    });
+    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
+    const Problem<T> pr = make_problem<T>(a, d, table, vt);
+    const int64_t rows = d.batch * d.seq_len * d.heads;
+    const int64_t max_chunks = pr.tiles > 0 ? max_chunk_count(table, d.batch) : 0;
+    const int64_t blocks = d.batch * d.heads * pr.tiles;
+    const DType cd = compute_dtype<T>();
+    Tensor checkpoints = Tensor::empty(Shape{blocks * max_chunks * d.key_dim * vt}, cd, device);
+    auto part = [&](bool want, int64_t width) {
+      return want ? Tensor::empty(Shape{pr.tiles * rows * width}, cd, device) : Tensor();
+    };
+    Tensor dq_part = part(grads.dq.defined(), d.key_dim);
+    Tensor dk_part = part(grads.dk.defined(), d.key_dim);
+    Tensor dg_part = part(grads.dg.defined(), 1);
+    Tensor dbeta_part = part(grads.dbeta.defined(), 1);
+    if (pr.tiles > 0) {
+      BackwardOut<T> bo;
+      bo.grad_o = ptr<const T>(grad_o);
+      bo.grad_h_final = ptr<const T>(grad_h_final);
+      bo.checkpoints = ptr<C>(checkpoints);
+      bo.max_chunks = max_chunks;
+      bo.dv = ptr_or_null<T>(grads.dv);
+      bo.dh0 = ptr_or_null<T>(grads.dh0);
+      bo.dq_part = ptr_or_null<C>(dq_part);
+      bo.dk_part = ptr_or_null<C>(dk_part);
+      bo.dg_part = ptr_or_null<C>(dg_part);
+      bo.dbeta_part = ptr_or_null<C>(dbeta_part);
+      const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), true).bytes;
+      HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_backward_kernel<T>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      gdr_backward_kernel<T><<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(pr, bo);
+      HAM_CUDA_CHECK_LAUNCH();
+    }
+    // k-side gradients: the tiles' partial sums added in tile order (zeros when V = 0).
+    auto finish = [&](const Tensor& partial, Tensor& grad) {
+      if (!grad.defined() || grad.numel() == 0) return;
+      sum_tiles_kernel<T, C><<<grid_for(grad.numel()), kThreads, 0, launch_stream()>>>(
+          pr.tiles > 0 ? ptr<const C>(partial) : nullptr, grad.numel(), pr.tiles, ptr<T>(grad));
+      HAM_CUDA_CHECK_LAUNCH();
+    };
+    finish(dq_part, grads.dq);
+    finish(dk_part, grads.dk);
+    finish(dg_part, grads.dg);
+    finish(dbeta_part, grads.dbeta);
+  });
+}
+
+const bool registered = [] {
+  gated_delta_rule_chunked_kernels().register_kernel(DeviceKind::CUDA, &gated_delta_rule_chunked);
+  gated_delta_rule_naive_kernels().register_kernel(DeviceKind::CUDA, &gated_delta_rule_recurrent);
+  gated_delta_rule_backward_kernels().register_kernel(DeviceKind::CUDA, &gated_delta_rule_backward);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace ham::cuda
