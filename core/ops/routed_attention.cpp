@@ -125,8 +125,12 @@ CompactSelection compact_selection(const Tensor& select, const Tensor& doc_ids) 
   sel.visible_begin = Tensor::empty(bt, DType::I64, select.device());
   sel.visible_end = Tensor::empty(bt, DType::I64, select.device());
   compact_selection_kernels()(select.device(), select, doc_ids, sel);
-  std::vector<int64_t> counts = sel.key_counts.to_vector<int64_t>();
-  sel.max_key_count = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  if (select.device().is_cpu()) {
+    std::vector<int64_t> counts = sel.key_counts.to_vector<int64_t>();
+    sel.max_key_count = counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  } else {
+    sel.max_key_count = bt[1];  // an upper bound: reading the counts back would stall the stream
+  }
   return sel;
 }
 

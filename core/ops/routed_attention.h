@@ -47,7 +47,10 @@ struct CompactSelection {
   Tensor key_counts;  // [B]
   // [B, T]: query t sees the compacted keys [visible_begin, visible_end) of its row.
   Tensor visible_begin, visible_end;
-  int64_t max_key_count = 0;  // max over rows of key_counts (sizes the kernels' buffers)
+  // Sizes the CPU kernels' buffers: the max over rows of key_counts on the CPU; on a GPU,
+  // whose kernels need no such bound, T (an upper bound), so building a selection never
+  // copies the counts back to the host.
+  int64_t max_key_count = 0;
 };
 
 HAM_DECLARE_KERNEL_TABLE(compact_selection,

@@ -607,5 +607,270 @@ TEST(RoutedAttention, Float32SelectIsRejectedClearly) {
       {"routed_attention", "select", "u8"});
 }
 
+// ---- GPU kernels against the CPU reference ----------------------------------------------
+// Fresh random inputs on the GPU, outputs poisoned with NaN (or a sentinel for indices),
+// every output compared with the CPU kernels run on the same values (bf16 widened exactly
+// to f32): relative RMS error <= 1e-2 for bf16, <= 1e-5 for f32 (testing::gpu_tolerance).
+
+enum class GpuDocs { None, Runs, Interleaved, Packed20 };
+
+const char* gpu_docs_name(GpuDocs docs) {
+  switch (docs) {
+    case GpuDocs::None: return "NoDocs";
+    case GpuDocs::Runs: return "DocRuns";
+    case GpuDocs::Interleaved: return "DocsMixed";
+    case GpuDocs::Packed20: return "Packed20";
+  }
+  return "?";
+}
+
+struct GpuCase {
+  int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
+  double density;
+  bool value_scale;
+  GpuDocs docs;
+  bool first_unselected;  // token 0 of every row unselected: the first query sees nothing
+};
+
+std::string gpu_case_name(const GpuCase& c) {
+  std::ostringstream name;
+  name << "B" << c.batch << "_T" << c.seq_len << "_H" << c.q_heads << "x" << c.kv_heads << "_D"
+       << c.key_dim << "x" << c.value_dim << "_rho" << std::lround(c.density * 100)
+       << (c.value_scale ? "_p_" : "_") << gpu_docs_name(c.docs)
+       << (c.first_unselected ? "_FirstEmpty" : "");
+  return name.str();
+}
+
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << gpu_case_name(c); }
+
+// 20 documents per row, each one run of tokens, cut at random places (ids from 100 up).
+Tensor packed_docs(int64_t batch, int64_t seq_len, int64_t documents, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(size_t(batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> cuts;
+    for (int64_t t = 1; t < seq_len; ++t) cuts.push_back(t);
+    std::shuffle(cuts.begin(), cuts.end(), rng);
+    cuts.resize(size_t(std::min<int64_t>(documents - 1, int64_t(cuts.size()))));
+    std::sort(cuts.begin(), cuts.end());
+    int64_t doc = 100, next = 0;
+    for (int64_t t = 0; t < seq_len; ++t) {
+      if (next < int64_t(cuts.size()) && t == cuts[size_t(next)]) {
+        ++doc;
+        ++next;
+      }
+      ids[size_t(b * seq_len + t)] = doc;
+    }
+  }
+  return Tensor::from_vector(ids, {batch, seq_len});
+}
+
+Tensor gpu_case_docs(const GpuCase& c, uint64_t seed) {
+  switch (c.docs) {
+    case GpuDocs::None: return Tensor();
+    case GpuDocs::Runs: return random_docs(c.batch, c.seq_len, Docs::Runs, seed);
+    case GpuDocs::Interleaved: return random_docs(c.batch, c.seq_len, Docs::Interleaved, seed);
+    case GpuDocs::Packed20: return packed_docs(c.batch, c.seq_len, 20, seed).to(DType::I32);
+  }
+  return Tensor();
+}
+
+Tensor gpu_case_select(const GpuCase& c, uint64_t seed) {
+  Tensor select = random_select(c.batch, c.seq_len, c.density, seed);
+  if (!c.first_unselected) return select;
+  std::vector<uint8_t> s = select.to_vector<uint8_t>();
+  for (int64_t b = 0; b < c.batch; ++b) s[size_t(b * c.seq_len)] = 0;
+  return Tensor::from_vector(s, {c.batch, c.seq_len});
+}
+
+CompactSelection poisoned_selection(int64_t batch, int64_t seq_len, Device device) {
+  CompactSelection s;
+  s.key_positions = Tensor::full({batch, seq_len}, 777, DType::I64, device);
+  s.key_counts = Tensor::full({batch}, 777, DType::I64, device);
+  s.visible_begin = Tensor::full({batch, seq_len}, 777, DType::I64, device);
+  s.visible_end = Tensor::full({batch, seq_len}, 777, DType::I64, device);
+  return s;
+}
+
+// Every value of `t` ([B, T, ...], read as f64) at the tokens n = b * T + t listed is 0.
+bool rows_exactly_zero(const Tensor& t, const std::vector<int64_t>& tokens) {
+  const int64_t per_token = t.numel() / (t.size(0) * t.size(1));
+  std::vector<double> v = t.to_vector<double>();
+  for (int64_t n : tokens) {
+    for (int64_t j = 0; j < per_token; ++j) {
+      if (v[size_t(n * per_token + j)] != 0.0) return false;
+    }
+  }
+  return true;
+}
+
+void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
+  const Device gpu = Device::cuda();
+  const std::string what = gpu_case_name(c) + " " + dtype_name(dtype);
+  const DType lse_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+  uint64_t seed = 1000 + uint64_t(c.seq_len) * 7 + uint64_t(c.key_dim);
+  Tensor q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
+  Tensor k = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, gpu, seed++);
+  Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, gpu, seed++);
+  Tensor p = c.value_scale
+                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
+                 : Tensor();
+  Tensor select_cpu = gpu_case_select(c, seed++);
+  Tensor docs_cpu = gpu_case_docs(c, seed++);
+  Tensor select = select_cpu.to(gpu);
+  Tensor docs = docs_cpu.defined() ? docs_cpu.to(gpu) : Tensor();
+
+  // Compaction: exactly the CPU's lists.
+  CompactSelection want_sel = ops::compact_selection(select_cpu, docs_cpu);
+  CompactSelection sel = poisoned_selection(c.batch, c.seq_len, gpu);
+  compact_selection_kernels()(gpu, select, docs, sel);
+  EXPECT_EQ(sel.key_positions.to_vector<int64_t>(), want_sel.key_positions.to_vector<int64_t>())
+      << what;
+  EXPECT_EQ(sel.key_counts.to_vector<int64_t>(), want_sel.key_counts.to_vector<int64_t>()) << what;
+  EXPECT_EQ(sel.visible_begin.to_vector<int64_t>(), want_sel.visible_begin.to_vector<int64_t>())
+      << what;
+  EXPECT_EQ(sel.visible_end.to_vector<int64_t>(), want_sel.visible_end.to_vector<int64_t>())
+      << what;
+  sel.max_key_count = c.seq_len;
+
+  // Forward.
+  Tensor q_ref = testing::cpu_reference(q), k_ref = testing::cpu_reference(k);
+  Tensor v_ref = testing::cpu_reference(v), p_ref = testing::cpu_reference(p);
+  const double scale = ops::routed_attention_scale(0.0, c.key_dim);
+  ops::RoutedAttentionOutput want =
+      ops::routed_attention_forward(q_ref, k_ref, v_ref, want_sel, p_ref, scale);
+  Tensor out = testing::poisoned({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, gpu);
+  Tensor lse = testing::poisoned({c.batch, c.seq_len, c.q_heads}, lse_dtype, gpu);
+  routed_attention_forward_kernels()(gpu, q, k, v, p, sel, scale, out, lse);
+  testing::expect_matches_reference(out, want.out, dtype, what + " o");
+  EXPECT_LE(testing::relative_rms_error(lse, want.lse), testing::gpu_tolerance(lse_dtype))
+      << what << " lse";
+
+  // Backward, from the reference's own forward on the CPU side.
+  Tensor dout = testing::random_tensor(out.shape(), dtype, gpu, seed++);
+  ops::RoutedAttentionGrads want_g = ops::routed_attention_backward(
+      testing::cpu_reference(dout), q_ref, k_ref, v_ref, want_sel, want.out, want.lse, p_ref, scale);
+  Tensor dq = testing::poisoned(q.shape(), dtype, gpu);
+  Tensor dk = testing::poisoned(k.shape(), dtype, gpu);
+  Tensor dv = testing::poisoned(v.shape(), dtype, gpu);
+  Tensor dp = c.value_scale ? testing::poisoned(p.shape(), dtype, gpu) : Tensor();
+  routed_attention_backward_kernels()(gpu, dout, q, k, v, p, sel, out, lse, scale, dq, dk, dv, dp);
+  testing::expect_matches_reference(dq, want_g.dq, dtype, what + " dq");
+  testing::expect_matches_reference(dk, want_g.dk, dtype, what + " dk");
+  testing::expect_matches_reference(dv, want_g.dv, dtype, what + " dv");
+  if (c.value_scale) testing::expect_matches_reference(dp, want_g.dvalue_scale, dtype, what + " dp");
+
+  // Exact zeros: unselected keys get no gradient; queries that see nothing output 0, dq 0.
+  std::vector<int64_t> unselected, blind;
+  auto sel_values = select_cpu.to_vector<int64_t>();
+  auto begin = want_sel.visible_begin.to_vector<int64_t>();
+  auto end = want_sel.visible_end.to_vector<int64_t>();
+  for (int64_t n = 0; n < c.batch * c.seq_len; ++n) {
+    if (sel_values[size_t(n)] == 0) unselected.push_back(n);
+    if (begin[size_t(n)] == end[size_t(n)]) blind.push_back(n);
+  }
+  if (c.first_unselected) {
+    EXPECT_FALSE(blind.empty()) << what;
+  }
+  EXPECT_TRUE(rows_exactly_zero(dk, unselected)) << what << " dk of unselected keys";
+  EXPECT_TRUE(rows_exactly_zero(dv, unselected)) << what << " dv of unselected keys";
+  if (c.value_scale) {
+    EXPECT_TRUE(rows_exactly_zero(dp, unselected))
+        << what << " dp of unselected keys";
+  }
+  EXPECT_TRUE(rows_exactly_zero(out, blind)) << what << " o of queries that see nothing";
+  EXPECT_TRUE(rows_exactly_zero(dq, blind)) << what << " dq of queries that see nothing";
+}
+
+class RoutedAttentionGpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(RoutedAttentionGpu, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  for (DType dtype : testing::kGpuDtypes) expect_gpu_matches_cpu(GetParam(), dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RoutedAttentionGpu,
+    ::testing::Values(
+        // selection rates 0, 0.05, 0.25, 0.5, 1 (head dims 64), first query blind
+        GpuCase{2, 300, 4, 2, 64, 64, 0.0, true, GpuDocs::Runs, true},
+        GpuCase{2, 300, 4, 2, 64, 64, 0.05, true, GpuDocs::Runs, true},
+        GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+        GpuCase{2, 300, 4, 2, 64, 64, 0.5, false, GpuDocs::Runs, true},
+        GpuCase{2, 300, 4, 2, 64, 64, 1.0, true, GpuDocs::Runs, false},
+        // dense causal attention (everything selected, one document)
+        GpuCase{1, 257, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false},
+        // head dims 128, grouped-query heads 8 x 2
+        GpuCase{2, 200, 8, 2, 128, 128, 0.5, false, GpuDocs::None, true},
+        GpuCase{1, 333, 4, 1, 128, 128, 0.25, true, GpuDocs::Runs, false},
+        // v 192, 20 packed documents
+        GpuCase{1, 700, 4, 2, 128, 192, 0.25, true, GpuDocs::Packed20, true},
+        GpuCase{2, 640, 2, 1, 64, 192, 1.0, true, GpuDocs::Packed20, false},
+        // head dims 256 (the smaller tiles)
+        GpuCase{1, 150, 2, 1, 256, 256, 0.5, true, GpuDocs::Runs, false},
+        // documents that interleave (ids reappear)
+        GpuCase{2, 180, 4, 2, 64, 64, 0.5, true, GpuDocs::Interleaved, false},
+        // generic kernels: head dims with no tiled instance
+        GpuCase{2, 90, 4, 2, 40, 24, 0.5, true, GpuDocs::Runs, true},
+        GpuCase{1, 70, 3, 1, 300, 20, 0.5, false, GpuDocs::None, false},
+        // one token per row (a single decode query)
+        GpuCase{3, 1, 4, 2, 64, 64, 1.0, true, GpuDocs::None, false}),
+    [](const ::testing::TestParamInfo<GpuCase>& info) { return gpu_case_name(info.param); });
+
+TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
+  HAM_SKIP_UNLESS_CUDA();
+  expect_gpu_matches_cpu(GpuCase{2, 70, 4, 2, 64, 64, 0.4, true, GpuDocs::Runs, true}, DType::F64);
+}
+
+TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const int64_t batch = 2, seq_len = 260;
+  Tensor q = testing::random_tensor({batch, seq_len, 4, 64}, DType::BF16, gpu, 1);
+  Tensor k = testing::random_tensor({batch, seq_len, 2, 64}, DType::BF16, gpu, 2);
+  Tensor v = testing::random_tensor({batch, seq_len, 2, 64}, DType::BF16, gpu, 3);
+  Tensor p = uniform64({batch, seq_len}, 4, 0.2, 1.5, false).to(DType::BF16).to(gpu);
+  Tensor select = random_select(batch, seq_len, 0.5, 5).to(gpu);
+  Tensor docs = packed_docs(batch, seq_len, 20, 6).to(gpu);
+  CompactSelection sel = ops::compact_selection(select, docs);
+  ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+  Tensor dout = testing::random_tensor(r.out.shape(), DType::BF16, gpu, 7);
+  ops::RoutedAttentionGrads first = ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+  ops::RoutedAttentionGrads second =
+      ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+  EXPECT_EQ(max_abs_diff(first.dq, second.dq), 0.0);
+  EXPECT_EQ(max_abs_diff(first.dk, second.dk), 0.0);
+  EXPECT_EQ(max_abs_diff(first.dv, second.dv), 0.0);
+  EXPECT_EQ(max_abs_diff(first.dvalue_scale, second.dvalue_scale), 0.0);
+}
+
+TEST(RoutedAttentionGpu, AutogradOnGpuMatchesCpu) {
+  // nn::routed_attention end to end on GPU tensors (compaction, forward, backward through
+  // the autograd node) against the same call on the CPU, in f32.
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const int64_t batch = 2, seq_len = 150;
+  Tensor q = testing::random_tensor({batch, seq_len, 4, 64}, DType::F32, Device::cpu(), 11);
+  Tensor k = testing::random_tensor({batch, seq_len, 2, 64}, DType::F32, Device::cpu(), 12);
+  Tensor v = testing::random_tensor({batch, seq_len, 2, 128}, DType::F32, Device::cpu(), 13);
+  Tensor p = uniform64({batch, seq_len}, 14, 0.2, 1.5, false).to(DType::F32);
+  Tensor select = random_select(batch, seq_len, 0.3, 15);
+  Tensor docs = random_docs(batch, seq_len, Docs::Runs, 16);
+  Tensor dout = testing::random_tensor({batch, seq_len, 4, 128}, DType::F32, Device::cpu(), 17);
+  auto run = [&](Device device) {
+    std::vector<Tensor> x{q.to(device), k.to(device), v.to(device), p.to(device)};
+    for (Tensor& t : x) set_requires_grad(t);
+    Tensor out = routed_attention(x[0], x[1], x[2], select.to(device), x[3], docs.to(device));
+    std::vector<Tensor> all{out};
+    for (Tensor& g : gradients({out}, x, {dout.to(device)})) all.push_back(g);
+    return all;
+  };
+  auto on_cpu = run(Device::cpu()), on_gpu = run(gpu);
+  const char* names[] = {"out", "dq", "dk", "dv", "dp"};
+  for (size_t j = 0; j < on_cpu.size(); ++j) {
+    testing::expect_matches_reference(on_gpu[j], on_cpu[j], DType::F32, names[j]);
+  }
+}
+
 }  // namespace
 }  // namespace ham

@@ -1,0 +1,215 @@
+// Routed (sparse-KV) attention on the GPU: compaction, forward and backward times of ham's
+// CUDA kernels (cuda/routed_attention.cu), for comparison with PyTorch's SDPA flash
+// attention and FlexAttention on the same shapes and masks
+// (bench/bench_routed_attention_torch.py reads this program's CSV).
+//
+// Run (on a GPU machine; scripts/gpu_check.sh does this):
+//   ./build/bench/bench_routed_attention_cuda --csv routed_ham.csv [--reps 10] [--filter T4096]
+//   python3 bench/bench_routed_attention_torch.py routed_ham.csv
+//
+// The masks are a pure function of (b, t) that the Python script recomputes bit for bit:
+//   selected(b, t) = splitmix64(seed + b * T + t) >> 40  <  density * 2^24   (density 1: all)
+//   doc(b, t)      = t * docs / T                          (docs equal runs of tokens)
+// value_scale p is present (the learned router's path), q, k, v are bf16 normal values.
+// Each step is timed on its own with CUDA events after 3 warm-ups; the table gives the
+// median in ms, and TFLOP/s counted on the visible pairs only:
+//   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/ops/routed_attention.h"
+#include "core/tensor.h"
+#include "cuda/check.h"
+#include "cuda/stream.h"
+
+namespace {
+
+using namespace ham;
+
+struct BenchCase {
+  int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
+  double density;
+  int64_t docs;
+  std::string name() const {
+    return "T" + std::to_string(seq_len) + "_B" + std::to_string(batch) + "_H" +
+           std::to_string(q_heads) + "x" + std::to_string(kv_heads) + "_D" +
+           std::to_string(key_dim) + "_rho" + std::to_string(int(density * 100 + 0.5)) + "_docs" +
+           std::to_string(docs);
+  }
+};
+
+// 16k tokens per step (B * T), 16 heads of 128, as in flash-attention's published tables.
+std::vector<BenchCase> bench_cases() {
+  std::vector<BenchCase> cases;
+  for (int64_t seq_len : {4096, 16384}) {
+    for (int64_t docs : {1, 20}) {
+      for (double density : {0.05, 0.25, 0.5, 1.0}) {
+        cases.push_back({16384 / seq_len, seq_len, 16, 16, 128, 128, density, docs});
+      }
+    }
+  }
+  cases.push_back({1, 16384, 16, 4, 128, 128, 0.25, 20});  // grouped-query heads
+  cases.push_back({1, 16384, 16, 16, 64, 64, 0.25, 20});
+  return cases;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+constexpr uint64_t kMaskSeed = 12345;
+
+std::vector<uint8_t> make_select(const BenchCase& c) {
+  std::vector<uint8_t> s(size_t(c.batch * c.seq_len));
+  const uint64_t threshold = uint64_t(c.density * double(1 << 24));
+  for (int64_t n = 0; n < c.batch * c.seq_len; ++n) {
+    s[size_t(n)] = c.density >= 1.0 || (splitmix64(kMaskSeed + uint64_t(n)) >> 40) < threshold;
+  }
+  return s;
+}
+
+std::vector<int64_t> make_docs(const BenchCase& c) {
+  std::vector<int64_t> d(size_t(c.batch * c.seq_len));
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t t = 0; t < c.seq_len; ++t) d[size_t(b * c.seq_len + t)] = t * c.docs / c.seq_len;
+  }
+  return d;
+}
+
+// sum over (b, t) of |S(b, t)|.
+double visible_pairs(const BenchCase& c, const std::vector<uint8_t>& select,
+                     const std::vector<int64_t>& docs) {
+  double pairs = 0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    int64_t in_doc = 0;
+    for (int64_t t = 0; t < c.seq_len; ++t) {
+      const size_t n = size_t(b * c.seq_len + t);
+      if (t > 0 && docs[n] != docs[n - 1]) in_doc = 0;
+      in_doc += select[n];
+      pairs += double(in_doc);
+    }
+  }
+  return pairs;
+}
+
+Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
+  std::vector<float> values(size_t(shape_numel(shape)));
+  uint64_t state = seed;
+  for (float& v : values) {
+    state = splitmix64(state);
+    v = lo + (hi - lo) * float(state >> 40) / float(1 << 24);
+  }
+  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
+}
+
+// Median milliseconds of `reps` calls of `step`, each between two events.
+double median_ms(int reps, const std::function<void()>& step) {
+  cudaStream_t stream = cuda::current_stream(0);
+  for (int i = 0; i < 3; ++i) step();
+  std::vector<cuda::Event> starts, stops;
+  for (int i = 0; i < reps; ++i) {
+    starts.emplace_back(0, true);
+    stops.emplace_back(0, true);
+  }
+  for (int i = 0; i < reps; ++i) {
+    starts[size_t(i)].record(stream);
+    step();
+    stops[size_t(i)].record(stream);
+  }
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) ms.push_back(stops[size_t(i)].elapsed_ms_since(starts[size_t(i)]));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct Timing {
+  double compact_ms, forward_ms, backward_ms, pairs;
+};
+
+Timing run_case(const BenchCase& c, int reps) {
+  const DType dtype = DType::BF16;
+  const Device gpu = Device::cuda();
+  std::vector<uint8_t> select_host = make_select(c);
+  std::vector<int64_t> docs_host = make_docs(c);
+  Tensor select = Tensor::from_vector(select_host, {c.batch, c.seq_len}).to(gpu);
+  Tensor docs = Tensor::from_vector(docs_host, {c.batch, c.seq_len}).to(gpu);
+  Tensor q = random_on_gpu({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, 1, -1.f, 1.f);
+  Tensor k = random_on_gpu({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, 2, -1.f, 1.f);
+  Tensor v = random_on_gpu({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, 3, -1.f, 1.f);
+  Tensor p = random_on_gpu({c.batch, c.seq_len}, dtype, 4, 0.2f, 1.5f);
+  Tensor dout = random_on_gpu({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, 5, -1.f, 1.f);
+
+  Timing t{};
+  CompactSelection selection;
+  t.compact_ms = median_ms(reps, [&] { selection = ops::compact_selection(select, docs); });
+  ops::RoutedAttentionOutput forward;
+  t.forward_ms =
+      median_ms(reps, [&] { forward = ops::routed_attention_forward(q, k, v, selection, p); });
+  t.backward_ms = median_ms(reps, [&] {
+    ops::routed_attention_backward(dout, q, k, v, selection, forward.out, forward.lse, p);
+  });
+  t.pairs = visible_pairs(c, select_host, docs_host);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 10;
+  std::string csv_path, filter;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--csv" && i + 1 < argc) csv_path = argv[++i];
+    else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    std::string reason = cuda::unavailable_reason();
+    if (!reason.empty()) {
+      std::fprintf(stderr, "bench_routed_attention_cuda: %s\n", reason.c_str());
+      return 1;
+    }
+    std::ofstream csv;
+    if (!csv_path.empty()) {
+      csv.open(csv_path);
+      csv << "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
+             "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops\n";
+    }
+    std::printf("%-34s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
+                "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
+    for (const BenchCase& c : bench_cases()) {
+      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+      Timing t = run_case(c, reps);
+      const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
+      const double fwd_tflops = flops / (t.forward_ms * 1e-3) / 1e12;
+      const double bwd_tflops = 2.5 * flops / (t.backward_ms * 1e-3) / 1e12;
+      std::printf("%-34s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
+                  t.compact_ms, t.forward_ms, t.backward_ms, fwd_tflops, bwd_tflops);
+      std::fflush(stdout);
+      if (csv.is_open()) {
+        csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
+            << c.kv_heads << ',' << c.key_dim << ',' << c.value_dim << ',' << c.density << ','
+            << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ',' << t.compact_ms
+            << ',' << t.forward_ms << ',' << t.backward_ms << ',' << fwd_tflops << ','
+            << bwd_tflops << '\n';
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

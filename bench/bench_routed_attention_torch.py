@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA (flash) and FlexAttention on the cases bench_routed_attention_cuda measured.
+
+Usage: python3 bench/bench_routed_attention_torch.py routed_ham.csv [--out ratios.csv]
+                                                     [--reps N] [--no-flex]
+
+Reads the CSV written by `bench_routed_attention_cuda --csv`, rebuilds each case's masks
+bit for bit (the same splitmix64 selection and equal-run documents), and times in bf16:
+
+  sdpa_flash  F.scaled_dot_product_attention(is_causal=True) under the flash backend:
+              dense causal attention over all T keys, one document. It ignores the
+              selection and the documents: the dense cost routed attention is measured
+              against (for density 1 with one document the two compute the same thing).
+  flex        FlexAttention (torch.compile'd) with a block mask built from
+              mask_mod = kv <= q  &  select[b, kv]  &  doc[b, q] == doc[b, kv]
+              (the same S(b, t) as ham): blocks holding no selected key are skipped,
+              the rest are computed densely and masked per element.
+
+Both get v already multiplied by value_scale (outside the timed region); ham applies it
+inside its kernels. Forward and backward are timed separately with CUDA events (3 warm-ups,
+median of --reps); the backward of each rep runs on a fresh forward graph, timed alone.
+Prints ms per step and the ratios torch / ham (above 1: ham is faster).
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def splitmix64(x):
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def case_masks(row):
+    batch, seq_len = int(row["batch"]), int(row["seq_len"])
+    density, docs, seed = float(row["density"]), int(row["docs"]), int(row["mask_seed"])
+    n = np.arange(batch * seq_len, dtype=np.uint64)
+    if density >= 1.0:
+        select = np.ones(batch * seq_len, dtype=bool)
+    else:
+        threshold = np.uint64(int(density * float(1 << 24)))
+        select = (splitmix64(np.uint64(seed) + n) >> np.uint64(40)) < threshold
+    t = np.arange(seq_len, dtype=np.int64)
+    doc = np.tile(t * docs // seq_len, (batch, 1))
+    return (torch.from_numpy(select.reshape(batch, seq_len)).cuda(),
+            torch.from_numpy(doc).cuda())
+
+
+def median_ms(reps, step, before=None):
+    """Median ms of step() timed alone; before() (untimed) runs ahead of each step."""
+    for _ in range(3):
+        if before:
+            before()
+        step()
+    times = []
+    for _ in range(reps):
+        if before:
+            before()
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def time_attention(attend, q, k, v, dout, reps):
+    """(forward ms, backward ms) of out = attend(q, k, v) and its gradient."""
+    with torch.no_grad():
+        fwd = median_ms(reps, lambda: attend(q, k, v))
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    state = {}
+
+    def forward_graph():
+        state["out"] = attend(q, k, v)
+
+    def backward():
+        torch.autograd.grad(state["out"], (q, k, v), dout)
+
+    bwd = median_ms(reps, backward, before=forward_graph)
+    return fwd, bwd
+
+
+def run_case(row, reps, use_flex):
+    batch, seq_len = int(row["batch"]), int(row["seq_len"])
+    q_heads, kv_heads = int(row["q_heads"]), int(row["kv_heads"])
+    key_dim, value_dim = int(row["key_dim"]), int(row["value_dim"])
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    dtype = torch.bfloat16
+
+    def rand(*shape):
+        return torch.rand(shape, device="cuda", dtype=torch.float32, generator=gen) * 2 - 1
+
+    # [B, H, T, D], the layout both torch paths take.
+    q = rand(batch, q_heads, seq_len, key_dim).to(dtype)
+    k = rand(batch, kv_heads, seq_len, key_dim).to(dtype)
+    v = rand(batch, kv_heads, seq_len, value_dim)
+    p = torch.rand(batch, 1, seq_len, 1, device="cuda", generator=gen) * 1.3 + 0.2
+    v = (v * p).to(dtype)
+    dout = rand(batch, q_heads, seq_len, value_dim).to(dtype)
+    results = {}
+
+    # SDPA flash: dense causal; grouped-query heads expanded beforehand (untimed).
+    group = q_heads // kv_heads
+    k_full = k.repeat_interleave(group, dim=1) if group > 1 else k
+    v_full = v.repeat_interleave(group, dim=1) if group > 1 else v
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(q_, k_, v_):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+
+    if key_dim == value_dim:
+        results["sdpa_flash"] = time_attention(sdpa, q, k_full, v_full, dout, reps)
+
+    if use_flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        select, doc = case_masks(row)
+
+        def routed_mask(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & select[b, kv_idx] & (doc[b, q_idx] == doc[b, kv_idx])
+
+        block_mask = create_block_mask(routed_mask, batch, None, seq_len, seq_len, device="cuda")
+        flex = torch.compile(flex_attention)
+
+        def attend(q_, k_, v_):
+            return flex(q_, k_, v_, block_mask=block_mask, enable_gqa=group > 1)
+
+        results["flex"] = time_attention(attend, q, k, v, dout, reps)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ham_csv")
+    parser.add_argument("--out", help="write the comparison as CSV here")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--no-flex", action="store_true", help="time SDPA flash only")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_routed_attention_torch: torch sees no GPU", file=sys.stderr)
+        return 1
+    with open(args.ham_csv) as f:
+        rows = list(csv.DictReader(f))
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    print(f"{'case':<34} {'ham fwd/bwd ms':>18} {'flash fwd/bwd ms':>18} {'flex fwd/bwd ms':>18} "
+          f"{'flash/ham':>11} {'flex/ham':>11}")
+    out_rows = []
+    for row in rows:
+        ham = (float(row["forward_ms"]), float(row["backward_ms"]))
+        torch_times = run_case(row, args.reps, not args.no_flex)
+        flash = torch_times.get("sdpa_flash", (float("nan"), float("nan")))
+        flex = torch_times.get("flex", (float("nan"), float("nan")))
+
+        def ratio(other):
+            return (other[0] / ham[0], other[1] / ham[1])
+
+        r_flash, r_flex = ratio(flash), ratio(flex)
+        print(f"{row['name']:<34} {ham[0]:8.3f} {ham[1]:8.3f}  {flash[0]:8.3f} {flash[1]:8.3f}  "
+              f"{flex[0]:8.3f} {flex[1]:8.3f}  {r_flash[0]:5.2f} {r_flash[1]:5.2f} "
+              f"{r_flex[0]:5.2f} {r_flex[1]:5.2f}", flush=True)
+        out_rows.append({"name": row["name"], "ham_forward_ms": ham[0], "ham_backward_ms": ham[1],
+                         "flash_forward_ms": flash[0], "flash_backward_ms": flash[1],
+                         "flex_forward_ms": flex[0], "flex_backward_ms": flex[1],
+                         "flash_over_ham_forward": r_flash[0], "flash_over_ham_backward": r_flash[1],
+                         "flex_over_ham_forward": r_flex[0], "flex_over_ham_backward": r_flex[1]})
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(out_rows[0].keys()) if out_rows else ["name"])
+            writer.writeheader()
+            writer.writerows(out_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1124 @@
+// CUDA kernels of core/ops/routed_attention.h (the math and CompactSelection are there; the
+// CPU kernels in core/cpu/routed_attention.cpp are the reference these match).
+//
+// Compaction (no host round trip; three kernels per call):
+//   1. with doc_ids: every token finds the first position of its document through a
+//      per-row open-addressing hash table whose slots hold token indices (a slot's key is
+//      the document of the token it holds; atomicCAS claims, atomicMin keeps the first).
+//   2. one block per batch row: per-document counts of selected keys (integer atomics, so
+//      exact), an exclusive scan over documents in order of first appearance (a document
+//      is numbered by its first position) -> visible_begin, then one warp walks the row
+//      32 tokens at a time: __match_any_sync groups the lanes of one document, the rank
+//      of a selected lane among them gives its slot (stable: ascending inside a document)
+//      -> key_positions, visible_end. The per-document counters live in shared memory
+//      when the row fits, in a global scratch row otherwise.
+//
+// Forward, tiled (f32 and bf16, head dims Dk in {64, 128, 256}, Dv in {64, 128, 192, 256}):
+//   one block of 256 threads per (query tile of 64, query head, batch row). The block
+//   visits only the compacted keys [min begin, max end) of its rows, in key tiles of 64
+//   (32 when a head dim exceeds 128) staged in shared memory (k, and v' = p v scaled in
+//   the load); scores and the online softmax are fp32; the per-element visibility test
+//   runs only on tiles that are not inside every row's range (tile boundaries, document
+//   boundaries, rows past T). Rows with no visible key write o = 0 and lse = -inf.
+//   Thread (ty, tx) of a 16 x 16 grid owns rows ty + 16 i and columns tx + 16 j of every
+//   product, so a row's reductions stay inside one half-warp.
+//
+// Backward, tiled, deterministic (no float atomics anywhere):
+//   D = rowsum(dO * o) (one warp per row);
+//   dK/dV' pass: one block per (key tile of 64 compacted keys, kv head, batch row); it
+//     loops over the query heads of its group and over the query tiles at or after its
+//     first key's position, skipping tiles none of whose rows see it, and accumulates
+//     dk, dv' in registers; then writes dk, dv = p dv' to the keys' original positions
+//     (the rest was zeroed) and the per-kv-head share <dv'_g, v_g> of dp to a scratch
+//     buffer, which a last kernel sums over kv heads in order and scatters.
+//   dQ pass: one block per (query tile, query head, batch row), over the same key tiles
+//     as the forward.
+//
+// Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
+// the device's shared memory): one warp per query row (forward, dq) or per compacted key
+// and kv head (dk, dv'), plain loops over exactly the visible pairs; the dk/dv' one scans
+// every later query, so it costs O(T^2) per key head and exists to be obviously right.
+#include <climits>
+#include <cmath>
+
+#include "core/ops/routed_attention.h"
+#include "cuda/launch.h"
+
+namespace ham::cuda {
+
+namespace {
+
+constexpr const char* kOp = "routed_attention";
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return ::exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return ::log(x); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Opt-in shared memory per block of the current device.
+size_t max_shared_per_block() {
+  int device = 0, bytes = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return size_t(bytes);
+}
+
+template <class Kernel>
+void allow_dynamic_shared(Kernel* kernel, size_t bytes) {
+  HAM_CUDA_CHECK_CTX(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+      kOp, ": ", bytes, " bytes of dynamic shared memory");
+}
+
+// ---- Compaction ---------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t mix_bits(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+// Slots of row b: table[b * table_size + s] = -1 (empty) or a token index whose document
+// is the slot's key; ends holding the first token of that document.
+template <class I>
+__global__ void insert_first_positions(const I* docs, int64_t batch, int64_t seq_len, int* table,
+                                       int64_t table_size) {
+  HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
+    const int64_t b = n / seq_len;
+    const int t = int(n % seq_len);
+    const I doc = docs[n];
+    const I* row_docs = docs + b * seq_len;
+    int* slots = table + b * table_size;
+    int64_t s = int64_t(mix_bits(uint64_t(int64_t(doc))) & uint64_t(table_size - 1));
+    while (true) {
+      const int owner = atomicCAS(&slots[s], -1, t);
+      if (owner == -1) break;  // claimed an empty slot
+      if (row_docs[owner] == doc) {  // the document's slot: keep its first token
+        atomicMin(&slots[s], t);
+        break;
+      }
+      s = (s + 1) & (table_size - 1);
+    }
+  }
+}
+
+// first[n] = first position of token n's document in its row.
+template <class I>
+__global__ void lookup_first_positions(const I* docs, int64_t batch, int64_t seq_len,
+                                       const int* table, int64_t table_size, int* first) {
+  HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
+    const int64_t b = n / seq_len;
+    const I doc = docs[n];
+    const I* row_docs = docs + b * seq_len;
+    const int* slots = table + b * table_size;
+    int64_t s = int64_t(mix_bits(uint64_t(int64_t(doc))) & uint64_t(table_size - 1));
+    while (true) {
+      const int owner = slots[s];
+      if (owner < 0) __trap();  // cannot happen: every document was inserted on this path
+      if (row_docs[owner] == doc) {
+        first[n] = owner;
+        break;
+      }
+      s = (s + 1) & (table_size - 1);
+    }
+  }
+}
+
+constexpr int kCompactThreads = 1024;
+
+// One block per batch row. first == nullptr: the whole row is one document.
+__global__ void __launch_bounds__(kCompactThreads)
+    compact_rows(const uint8_t* select, const int* first, int64_t seq_len, bool counter_in_shared,
+                 int* counter_scratch, int64_t* positions, int64_t* counts, int64_t* begin,
+                 int64_t* end) {
+  extern __shared__ int shared_counter[];
+  __shared__ int warp_prefix[32];
+  __shared__ int carry;
+  const int64_t b = blockIdx.x, row = b * seq_len;
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int warps = int(blockDim.x / 32);
+  // counter[f]: indexed by a document's first position f.
+  int* counter = counter_in_shared ? shared_counter : counter_scratch + row;
+  auto group_of = [&](int64_t t) { return first ? first[row + t] : 0; };
+
+  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) counter[t] = 0;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) {
+    if (select[row + t]) atomicAdd(&counter[group_of(t)], 1);
+  }
+  __syncthreads();
+
+  // counter <- exclusive prefix sum over f: the first slot of each document.
+  for (int64_t base = 0; base < seq_len; base += blockDim.x) {
+    const int64_t t = base + threadIdx.x;
+    const int x = t < seq_len ? counter[t] : 0;
+    int inclusive = x;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int y = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += y;
+    }
+    if (lane == 31) warp_prefix[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {
+      const int w = lane < warps ? warp_prefix[lane] : 0;
+      int scanned = w;
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int y = __shfl_up_sync(kFullMask, scanned, offset);
+        if (lane >= offset) scanned += y;
+      }
+      if (lane < warps) warp_prefix[lane] = scanned - w;
+    }
+    __syncthreads();
+    const int exclusive = carry + warp_prefix[warp] + inclusive - x;
+    if (t < seq_len) counter[t] = exclusive;
+    __syncthreads();  // carry and warp_prefix are read by all before being rewritten
+    if (threadIdx.x == blockDim.x - 1) carry = exclusive + x;
+    __syncthreads();
+  }
+  const int total = carry;
+
+  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) begin[row + t] = counter[group_of(t)];
+  __syncthreads();
+
+  // Slots in token order; counter[f] becomes document f's next free slot.
+  if (warp == 0) {
+    for (int64_t base = 0; base < seq_len; base += 32) {
+      const int64_t t = base + lane;
+      const bool valid = t < seq_len;
+      const int group = valid ? group_of(t) : -1;
+      const bool selected = valid && select[row + t] != 0;
+      const unsigned peers = __match_any_sync(kFullMask, group);
+      const unsigned chosen = __ballot_sync(kFullMask, selected) & peers;
+      const int rank = __popc(chosen & ((1u << lane) - 1u));
+      const int slot0 = valid ? counter[group] : 0;
+      if (valid) {
+        if (selected) positions[row + slot0 + rank] = t;
+        end[row + t] = slot0 + rank + (selected ? 1 : 0);
+      }
+      __syncwarp();
+      if (valid && lane == 31 - __clz(int(peers))) counter[group] = slot0 + __popc(chosen);
+      __syncwarp();
+    }
+  }
+  for (int64_t j = total + threadIdx.x; j < seq_len; j += blockDim.x) positions[row + j] = -1;
+  if (threadIdx.x == 0) counts[b] = total;
+}
+
+void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelection& out) {
+  const int64_t batch = select.size(0), seq_len = select.size(1);
+  if (batch == 0 || seq_len == 0) {
+    if (batch > 0) {
+      use_device_of(select);
+      HAM_CUDA_CHECK(cudaMemsetAsync(ptr<int64_t>(out.key_counts), 0, size_t(batch) * 8,
+                                     launch_stream()));
+    }
+    return;
+  }
+  HAM_CHECK(seq_len < (int64_t(1) << 30), kOp, ": sequence length ", seq_len,
+            " too long for the CUDA compaction");
+  HAM_CHECK(batch < (int64_t(1) << 31), kOp, ": batch ", batch, " exceeds the grid");
+  use_device_of(select);
+  const Device device = select.device();
+  cudaStream_t stream = launch_stream();
+  Tensor first;
+  if (doc_ids.defined()) {
+    int64_t table_size = 1;
+    while (table_size < 2 * seq_len) table_size <<= 1;
+    Tensor table = Tensor::empty(Shape{batch, table_size}, DType::I32, device);
+    HAM_CUDA_CHECK(cudaMemsetAsync(ptr<int>(table), 0xff, size_t(batch * table_size) * 4, stream));
+    first = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
+    dispatch_index(kOp, doc_ids.dtype(), [&]<class I>() {
+      insert_first_positions<I><<<grid_for(batch * seq_len), kThreads, 0, stream>>>(
+          ptr<const I>(doc_ids), batch, seq_len, ptr<int>(table), table_size);
+      HAM_CUDA_CHECK_LAUNCH();
+      lookup_first_positions<I><<<grid_for(batch * seq_len), kThreads, 0, stream>>>(
+          ptr<const I>(doc_ids), batch, seq_len, ptr<const int>(table), table_size,
+          ptr<int>(first));
+      HAM_CUDA_CHECK_LAUNCH();
+    });
+  }
+  const size_t counter_bytes = size_t(seq_len) * sizeof(int);
+  const size_t shared_limit = std::min<size_t>(max_shared_per_block() - 1024, 160 * 1024);
+  const bool in_shared = counter_bytes <= shared_limit;
+  Tensor scratch;
+  if (!in_shared) scratch = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
+  const size_t dynamic = in_shared ? counter_bytes : 0;
+  if (dynamic > 48 * 1024) allow_dynamic_shared(compact_rows, dynamic);
+  compact_rows<<<unsigned(batch), kCompactThreads, dynamic, stream>>>(
+      ptr<const uint8_t>(select), first.defined() ? ptr<const int>(first) : nullptr, seq_len,
+      in_shared, scratch.defined() ? ptr<int>(scratch) : nullptr, ptr<int64_t>(out.key_positions),
+      ptr<int64_t>(out.key_counts), ptr<int64_t>(out.visible_begin),
+      ptr<int64_t>(out.visible_end));
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+// ---- Shared arguments ----------------------------------------------------------------
+
+template <class T>
+struct AttentionArgs {
+  using C = compute_t<T>;
+  const T *q, *k, *v;
+  const T* p;  // value_scale or nullptr
+  const int64_t *positions, *counts, *begin, *end;
+  int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
+  C scale;
+  // forward
+  T* out;
+  C* lse;
+  // backward (lse above is read)
+  const T* dout;
+  const C* delta;       // [B, T, Hq] = <dO, o>
+  T *dq, *dk, *dv;
+  C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
+
+  __device__ int64_t group() const { return q_heads / kv_heads; }
+  __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
+    return (b * seq_len + t) * q_heads + h;
+  }
+  __device__ int64_t kv_index(int64_t b, int64_t i, int64_t g) const {
+    return (b * seq_len + i) * kv_heads + g;
+  }
+};
+
+// ---- Tiled kernels (f32 compute) -------------------------------------------------------
+
+constexpr int kTileThreads = 256;  // a 16 x 16 grid of threads
+
+__device__ __forceinline__ float half_warp_max(float v) {
+  for (int offset = 8; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+__device__ __forceinline__ float half_warp_sum(float v) {
+  for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+template <int DK, int DV>
+struct TileShape {
+  static constexpr bool kLarge = DK > 128 || DV > 128;
+  // forward and dQ: 64 queries, key tiles of kKeys; dK/dV: 64 keys, query tiles of kQueries
+  static constexpr int kQueries = kLarge ? 32 : 64;
+  static constexpr int kKeys = kLarge ? 32 : 64;
+  static constexpr size_t forward_bytes =
+      size_t(64 * (DK + 1) + kKeys * (DK + 1) + kKeys * (DV + 1) + 64 * (kKeys + 1)) * 4;
+  static constexpr size_t dq_bytes = size_t(64 * (DK + 1) + 64 * (DV + 1) + kKeys * (DK + 1) +
+                                            kKeys * (DV + 1) + 64 * (kKeys + 1)) *
+                                     4;
+  static constexpr size_t dkdv_bytes = size_t(64 * (DK + 1) + 64 * (DV + 1) +
+                                              kQueries * (DK + 1) + kQueries * (DV + 1) +
+                                              2 * 64 * (kQueries + 1)) *
+                                       4;
+};
+
+// Reads the visible ranges of query rows [q0, q0 + BQ) into s_begin / s_end (empty past
+// T) and their union [lo, hi) plus intersection [full_lo, full_hi).
+template <class T, int BQ>
+__device__ void load_query_ranges(const AttentionArgs<T>& a, int64_t b, int64_t q0, int* s_begin,
+                                  int* s_end, int* bounds) {
+  if (threadIdx.x == 0) {
+    bounds[0] = INT_MAX;
+    bounds[1] = 0;
+    bounds[2] = 0;
+    bounds[3] = INT_MAX;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
+    const int64_t t = q0 + r;
+    int lo = 0, hi = 0;
+    if (t < a.seq_len) {
+      lo = int(a.begin[b * a.seq_len + t]);
+      hi = int(a.end[b * a.seq_len + t]);
+    }
+    s_begin[r] = lo;
+    s_end[r] = hi;
+    if (hi > lo) {
+      atomicMin(&bounds[0], lo);
+      atomicMax(&bounds[1], hi);
+    }
+    atomicMax(&bounds[2], lo);
+    atomicMin(&bounds[3], hi);
+  }
+  __syncthreads();
+}
+
+// Compacted keys [k0, k0 + BK) (those below `limit`): their positions and value scales.
+template <class T, int BK>
+__device__ void load_key_positions(const AttentionArgs<T>& a, int64_t b, int k0, int limit,
+                                   int* s_pos, float* s_pscale) {
+  for (int j = threadIdx.x; j < BK; j += blockDim.x) {
+    const int kj = k0 + j;
+    int pos = -1;
+    float ps = 0.f;
+    if (kj < limit) {
+      pos = int(a.positions[b * a.seq_len + kj]);
+      ps = a.p ? float(load(a.p[b * a.seq_len + pos])) : 1.f;
+    }
+    s_pos[j] = pos;
+    s_pscale[j] = ps;
+  }
+}
+
+// dst[j][0:D) (row stride D + 1) = scale_j * src row of key j (zeros where pos < 0).
+template <class T, int D, int BK>
+__device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int64_t g,
+                              const int* s_pos, const float* s_pscale, float* dst) {
+  for (int idx = threadIdx.x; idx < BK * D; idx += blockDim.x) {
+    const int j = idx / D, d = idx % D;
+    const int pos = s_pos[j];
+    float x = 0.f;
+    if (pos >= 0) {
+      x = float(load(src[a.kv_index(b, pos, g) * D + d]));
+      if (s_pscale) x *= s_pscale[j];
+    }
+    dst[j * (D + 1) + d] = x;
+  }
+}
+
+// dst[r][0:D) = row (b, q0 + r, h) of src ([B, T, Hq, D]), zeros past T.
+template <class T, int D, int BQ>
+__device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int64_t q0,
+                                int64_t h, float* dst) {
+  for (int idx = threadIdx.x; idx < BQ * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    const int64_t t = q0 + r;
+    dst[r * (D + 1) + d] = t < a.seq_len ? float(load(src[a.q_index(b, t, h) * D + d])) : 0.f;
+  }
+}
+
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a) {
+  constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
+  constexpr int RQ = BQ / 16, RK = BK / 16, CV = DV / 16;
+  extern __shared__ float smem[];
+  float* sQ = smem;                 // [BQ][DK + 1]
+  float* sK = sQ + BQ * (DK + 1);   // [BK][DK + 1]
+  float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
+  float* sP = sV + BK * (DV + 1);   // [BQ][BK + 1]
+  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
+  __shared__ float s_pscale[BK];
+  const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
+  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
+
+  float o[RQ][CV];
+  float m[RQ], l[RQ];
+#pragma unroll
+  for (int i = 0; i < RQ; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CV; ++c) o[i][c] = 0.f;
+  }
+  for (int k0 = lo; k0 < hi; k0 += BK) {
+    __syncthreads();  // the previous tile is no longer read
+    load_key_positions<T, BK>(a, b, k0, hi, s_pos, s_pscale);
+    __syncthreads();
+    load_key_rows<T, DK, BK>(a.k, a, b, g, s_pos, nullptr, sK);
+    load_key_rows<T, DV, BK>(a.v, a, b, g, s_pos, s_pscale, sV);
+    __syncthreads();
+
+    float s[RQ][RK];
+#pragma unroll
+    for (int i = 0; i < RQ; ++i)
+#pragma unroll
+      for (int j = 0; j < RK; ++j) s[i][j] = 0.f;
+#pragma unroll 4
+    for (int d = 0; d < DK; ++d) {
+      float qv[RQ], kv[RK];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) qv[i] = sQ[(ty + 16 * i) * (DK + 1) + d];
+#pragma unroll
+      for (int j = 0; j < RK; ++j) kv[j] = sK[(tx + 16 * j) * (DK + 1) + d];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i)
+#pragma unroll
+        for (int j = 0; j < RK; ++j) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
+    }
+    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
+#pragma unroll
+    for (int i = 0; i < RQ; ++i) {
+      const int r = ty + 16 * i;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < RK; ++j) {
+        const int kj = k0 + tx + 16 * j;
+        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+        s[i][j] = visible ? s[i][j] * a.scale : -INFINITY;
+        tile_max = fmaxf(tile_max, s[i][j]);
+      }
+      tile_max = half_warp_max(tile_max);
+      const float m_new = fmaxf(m[i], tile_max);
+      const float alpha = m[i] == -INFINITY ? 0.f : expf(m[i] - m_new);
+      float row_sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < RK; ++j) {
+        const float pj = s[i][j] == -INFINITY ? 0.f : expf(s[i][j] - m_new);
+        sP[r * (BK + 1) + tx + 16 * j] = pj;
+        row_sum += pj;
+      }
+      row_sum = half_warp_sum(row_sum);
+      l[i] = l[i] * alpha + row_sum;
+      m[i] = m_new;
+#pragma unroll
+      for (int c = 0; c < CV; ++c) o[i][c] *= alpha;
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int j = 0; j < BK; ++j) {
+      float pv[RQ];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) pv[i] = sP[(ty + 16 * i) * (BK + 1) + j];
+#pragma unroll
+      for (int c = 0; c < CV; ++c) {
+        const float vv = sV[j * (DV + 1) + tx + 16 * c];
+#pragma unroll
+        for (int i = 0; i < RQ; ++i) o[i][c] = fmaf(pv[i], vv, o[i][c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RQ; ++i) {
+    const int64_t t = q0 + ty + 16 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  // no visible key: o = 0
+#pragma unroll
+    for (int c = 0; c < CV; ++c) a.out[row * DV + tx + 16 * c] = store<T>(o[i][c] * inv);
+    if (tx == 0) a.lse[row] = l[i] > 0.f ? m[i] + logf(l[i]) : -INFINITY;
+  }
+}
+
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<T> a) {
+  constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
+  constexpr int RQ = BQ / 16, RK = BK / 16, CK = DK / 16;
+  extern __shared__ float smem[];
+  float* sQ = smem;                 // [BQ][DK + 1]
+  float* sO = sQ + BQ * (DK + 1);   // dO [BQ][DV + 1]
+  float* sK = sO + BQ * (DV + 1);   // [BK][DK + 1]
+  float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
+  float* sS = sV + BK * (DV + 1);   // scale * dS [BQ][BK + 1]
+  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
+  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
+  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
+  load_query_rows<T, DV, BQ>(a.dout, a, b, q0, h, sO);
+  for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
+    const int64_t t = q0 + r;
+    s_lse[r] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) : 0.f;
+    s_delta[r] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+  }
+
+  float dq[RQ][CK];
+#pragma unroll
+  for (int i = 0; i < RQ; ++i)
+#pragma unroll
+    for (int c = 0; c < CK; ++c) dq[i][c] = 0.f;
+  for (int k0 = lo; k0 < hi; k0 += BK) {
+    __syncthreads();
+    load_key_positions<T, BK>(a, b, k0, hi, s_pos, s_pscale);
+    __syncthreads();
+    load_key_rows<T, DK, BK>(a.k, a, b, g, s_pos, nullptr, sK);
+    load_key_rows<T, DV, BK>(a.v, a, b, g, s_pos, s_pscale, sV);
+    __syncthreads();
+
+    float s[RQ][RK], dp[RQ][RK];
+#pragma unroll
+    for (int i = 0; i < RQ; ++i)
+#pragma unroll
+      for (int j = 0; j < RK; ++j) s[i][j] = dp[i][j] = 0.f;
+#pragma unroll 4
+    for (int d = 0; d < DK; ++d) {
+      float qv[RQ], kv[RK];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) qv[i] = sQ[(ty + 16 * i) * (DK + 1) + d];
+#pragma unroll
+      for (int j = 0; j < RK; ++j) kv[j] = sK[(tx + 16 * j) * (DK + 1) + d];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i)
+#pragma unroll
+        for (int j = 0; j < RK; ++j) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
+    }
+#pragma unroll 4
+    for (int c = 0; c < DV; ++c) {
+      float ov[RQ], vv[RK];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) ov[i] = sO[(ty + 16 * i) * (DV + 1) + c];
+#pragma unroll
+      for (int j = 0; j < RK; ++j) vv[j] = sV[(tx + 16 * j) * (DV + 1) + c];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i)
+#pragma unroll
+        for (int j = 0; j < RK; ++j) dp[i][j] = fmaf(ov[i], vv[j], dp[i][j]);
+    }
+    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
+#pragma unroll
+    for (int i = 0; i < RQ; ++i) {
+      const int r = ty + 16 * i;
+#pragma unroll
+      for (int j = 0; j < RK; ++j) {
+        const int kj = k0 + tx + 16 * j;
+        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+        const float prob = visible ? expf(s[i][j] * a.scale - s_lse[r]) : 0.f;
+        sS[r * (BK + 1) + tx + 16 * j] = a.scale * prob * (dp[i][j] - s_delta[r]);
+      }
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int j = 0; j < BK; ++j) {
+      float ds[RQ];
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) ds[i] = sS[(ty + 16 * i) * (BK + 1) + j];
+#pragma unroll
+      for (int c = 0; c < CK; ++c) {
+        const float kv = sK[j * (DK + 1) + tx + 16 * c];
+#pragma unroll
+        for (int i = 0; i < RQ; ++i) dq[i][c] = fmaf(ds[i], kv, dq[i][c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RQ; ++i) {
+    const int64_t t = q0 + ty + 16 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+#pragma unroll
+    for (int c = 0; c < CK; ++c) a.dq[row * DK + tx + 16 * c] = store<T>(dq[i][c]);
+  }
+}
+
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArgs<T> a) {
+  constexpr int BK = 64, BQ = TileShape<DK, DV>::kQueries;
+  constexpr int RK = BK / 16, RQ = BQ / 16, CK = DK / 16, CV = DV / 16;
+  extern __shared__ float smem[];
+  float* sK = smem;                 // [BK][DK + 1]
+  float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
+  float* sQ = sV + BK * (DV + 1);   // [BQ][DK + 1]
+  float* sO = sQ + BQ * (DK + 1);   // dO [BQ][DV + 1]
+  float* sP = sO + BQ * (DV + 1);   // P [BK][BQ + 1]
+  float* sS = sP + BK * (BQ + 1);   // scale * dS [BK][BQ + 1]
+  __shared__ int s_pos[BK], s_begin[BQ], s_end[BQ], first_query;
+  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
+  const int64_t b = blockIdx.z, g = blockIdx.y;
+  const int k0 = int(blockIdx.x) * BK;
+  const int count = int(a.counts[b]);
+  if (k0 >= count) return;  // past this row's keys (the whole block)
+  const int k_end = min(k0 + BK, count);
+
+  if (threadIdx.x == 0) first_query = INT_MAX;
+  __syncthreads();
+  load_key_positions<T, BK>(a, b, k0, k_end, s_pos, s_pscale);
+  for (int j = threadIdx.x; j < BK; j += blockDim.x) {
+    if (k0 + j < k_end) atomicMin(&first_query, int(a.positions[b * a.seq_len + k0 + j]));
+  }
+  __syncthreads();
+  load_key_rows<T, DK, BK>(a.k, a, b, g, s_pos, nullptr, sK);
+  load_key_rows<T, DV, BK>(a.v, a, b, g, s_pos, s_pscale, sV);
+
+  float dk[RK][CK], dv[RK][CV];
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+#pragma unroll
+    for (int c = 0; c < CK; ++c) dk[i][c] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CV; ++c) dv[i][c] = 0.f;
+  }
+  const int64_t group = a.group();
+  // A query sees a key only at or after the key's position.
+  const int64_t q_start = int64_t(first_query) / BQ * BQ;
+  for (int64_t hh = 0; hh < group; ++hh) {
+    const int64_t h = g * group + hh;
+    for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
+      __syncthreads();  // the previous query tile is no longer read
+      bool sees = false, covers = true;
+      for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
+        const int64_t t = q0 + r;
+        int lo = 0, hi = 0;
+        float lse = 0.f, delta = 0.f;
+        if (t < a.seq_len) {
+          lo = int(a.begin[b * a.seq_len + t]);
+          hi = int(a.end[b * a.seq_len + t]);
+          lse = float(a.lse[a.q_index(b, t, h)]);
+          delta = float(a.delta[a.q_index(b, t, h)]);
+        }
+        s_begin[r] = lo;
+        s_end[r] = hi;
+        s_lse[r] = lse;
+        s_delta[r] = delta;
+        sees = sees || (lo < hi && lo < k_end && hi > k0);
+        covers = covers && lo <= k0 && k0 + BK <= hi;
+      }
+      if (!__syncthreads_or(sees)) continue;  // no row of this tile sees these keys
+      const bool check = !__syncthreads_and(covers);
+      load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
+      load_query_rows<T, DV, BQ>(a.dout, a, b, q0, h, sO);
+      __syncthreads();
+
+      // Transposed scores: keys ty + 16 i, queries tx + 16 j.
+      float s[RK][RQ], dp[RK][RQ];
+#pragma unroll
+      for (int i = 0; i < RK; ++i)
+#pragma unroll
+        for (int j = 0; j < RQ; ++j) s[i][j] = dp[i][j] = 0.f;
+#pragma unroll 4
+      for (int d = 0; d < DK; ++d) {
+        float kv[RK], qv[RQ];
+#pragma unroll
+        for (int i = 0; i < RK; ++i) kv[i] = sK[(ty + 16 * i) * (DK + 1) + d];
+#pragma unroll
+        for (int j = 0; j < RQ; ++j) qv[j] = sQ[(tx + 16 * j) * (DK + 1) + d];
+#pragma unroll
+        for (int i = 0; i < RK; ++i)
+#pragma unroll
+          for (int j = 0; j < RQ; ++j) s[i][j] = fmaf(kv[i], qv[j], s[i][j]);
+      }
+#pragma unroll 4
+      for (int c = 0; c < DV; ++c) {
+        float vv[RK], ov[RQ];
+#pragma unroll
+        for (int i = 0; i < RK; ++i) vv[i] = sV[(ty + 16 * i) * (DV + 1) + c];
+#pragma unroll
+        for (int j = 0; j < RQ; ++j) ov[j] = sO[(tx + 16 * j) * (DV + 1) + c];
+#pragma unroll
+        for (int i = 0; i < RK; ++i)
+#pragma unroll
+          for (int j = 0; j < RQ; ++j) dp[i][j] = fmaf(vv[i], ov[j], dp[i][j]);
+      }
+#pragma unroll
+      for (int i = 0; i < RK; ++i) {
+        const int key = ty + 16 * i, kj = k0 + key;
+#pragma unroll
+        for (int j = 0; j < RQ; ++j) {
+          const int r = tx + 16 * j;
+          const bool visible = kj < k_end && (!check || (kj >= s_begin[r] && kj < s_end[r]));
+          const float prob = visible ? expf(s[i][j] * a.scale - s_lse[r]) : 0.f;
+          sP[key * (BQ + 1) + r] = prob;
+          sS[key * (BQ + 1) + r] = a.scale * prob * (dp[i][j] - s_delta[r]);
+        }
+      }
+      __syncthreads();
+#pragma unroll 2
+      for (int r = 0; r < BQ; ++r) {
+        float pk[RK], sk[RK];
+#pragma unroll
+        for (int i = 0; i < RK; ++i) {
+          pk[i] = sP[(ty + 16 * i) * (BQ + 1) + r];
+          sk[i] = sS[(ty + 16 * i) * (BQ + 1) + r];
+        }
+#pragma unroll
+        for (int c = 0; c < CV; ++c) {
+          const float ov = sO[r * (DV + 1) + tx + 16 * c];
+#pragma unroll
+          for (int i = 0; i < RK; ++i) dv[i][c] = fmaf(pk[i], ov, dv[i][c]);
+        }
+#pragma unroll
+        for (int c = 0; c < CK; ++c) {
+          const float qv = sQ[r * (DK + 1) + tx + 16 * c];
+#pragma unroll
+          for (int i = 0; i < RK; ++i) dk[i][c] = fmaf(sk[i], qv, dk[i][c]);
+        }
+      }
+    }
+  }
+  // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>.
+#pragma unroll
+  for (int i = 0; i < RK; ++i) {
+    const int key = ty + 16 * i;
+    const int pos = s_pos[key];  // the same for the 16 lanes of a half-warp
+    float dp_share = 0.f;
+    if (pos >= 0) {
+      const int64_t kv_row = a.kv_index(b, pos, g);
+#pragma unroll
+      for (int c = 0; c < CK; ++c) a.dk[kv_row * DK + tx + 16 * c] = store<T>(dk[i][c]);
+#pragma unroll
+      for (int c = 0; c < CV; ++c) {
+        a.dv[kv_row * DV + tx + 16 * c] = store<T>(s_pscale[key] * dv[i][c]);
+        dp_share += dv[i][c] * float(load(a.v[kv_row * DV + tx + 16 * c]));
+      }
+    }
+    dp_share = half_warp_sum(dp_share);
+    if (a.dp_partial && pos >= 0 && tx == 0) {
+      a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+    }
+  }
+}
+
+// ---- Generic kernels (any head dims, any floating dtype) -----------------------------
+
+constexpr int kChunk = 8;  // columns per lane per pass: a warp covers 256 columns at once
+
+// One warp per query row (b, t, h) of forward / dq; rows = B * T * Hq.
+template <class T>
+__device__ __forceinline__ bool warp_query_row(const AttentionArgs<T>& a, int64_t& b, int64_t& t,
+                                               int64_t& h) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (row >= a.batch * a.seq_len * a.q_heads) return false;
+  h = row % a.q_heads;
+  t = row / a.q_heads % a.seq_len;
+  b = row / (a.q_heads * a.seq_len);
+  return true;
+}
+
+// scale <x, k_pos>, x a row of key_dim values; every lane gets it.
+template <class T>
+__device__ compute_t<T> warp_score(const AttentionArgs<T>& a, const T* x, int64_t b, int64_t pos,
+                                   int64_t g) {
+  using C = compute_t<T>;
+  const T* key = a.k + a.kv_index(b, pos, g) * a.key_dim;
+  C dot = C(0);
+  for (int64_t d = threadIdx.x % 32; d < a.key_dim; d += 32) dot += C(load(x[d])) * C(load(key[d]));
+  return warp_sum(dot) * a.scale;
+}
+
+template <class T>
+__device__ compute_t<T> value_scale_at(const AttentionArgs<T>& a, int64_t b, int64_t pos) {
+  using C = compute_t<T>;
+  return a.p ? C(load(a.p[b * a.seq_len + pos])) : C(1);
+}
+
+template <class T>
+__global__ void forward_generic(AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  int64_t b, t, h;
+  if (!warp_query_row(a, b, t, h)) return;
+  const int lane = int(threadIdx.x % 32);
+  const int64_t g = h / a.group(), row = a.q_index(b, t, h);
+  const int64_t lo = a.begin[b * a.seq_len + t], hi = a.end[b * a.seq_len + t];
+  const T* q_row = a.q + row * a.key_dim;
+  C m = C(-INFINITY), l = C(0);
+  for (int64_t kj = lo; kj < hi; ++kj) {
+    const C s = warp_score(a, q_row, b, a.positions[b * a.seq_len + kj], g);
+    const C m_new = s > m ? s : m;
+    l = (m == C(-INFINITY) ? C(0) : l * exp_(m - m_new)) + exp_(s - m_new);
+    m = m_new;
+  }
+  T* o_row = a.out + row * a.value_dim;
+  for (int64_t c0 = 0; c0 < a.value_dim; c0 += 32 * kChunk) {
+    C acc[kChunk] = {};
+    for (int64_t kj = lo; kj < hi; ++kj) {
+      const int64_t pos = a.positions[b * a.seq_len + kj];
+      const C w = exp_(warp_score(a, q_row, b, pos, g) - m) / l * value_scale_at(a, b, pos);
+      const T* v_row = a.v + a.kv_index(b, pos, g) * a.value_dim;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const int64_t c = c0 + lane + 32 * e;
+        if (c < a.value_dim) acc[e] += w * C(load(v_row[c]));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      const int64_t c = c0 + lane + 32 * e;
+      if (c < a.value_dim) o_row[c] = store<T>(acc[e]);  // 0 when nothing is visible
+    }
+  }
+  if (lane == 0) a.lse[row] = hi > lo ? m + log_(l) : C(-INFINITY);
+}
+
+// <dO_row, v'_pos> for query row `row` and key position pos.
+template <class T>
+__device__ compute_t<T> warp_dprob(const AttentionArgs<T>& a, int64_t row, int64_t b, int64_t pos,
+                                   int64_t g) {
+  using C = compute_t<T>;
+  const T* d_row = a.dout + row * a.value_dim;
+  const T* v_row = a.v + a.kv_index(b, pos, g) * a.value_dim;
+  C dot = C(0);
+  for (int64_t c = threadIdx.x % 32; c < a.value_dim; c += 32) {
+    dot += C(load(d_row[c])) * C(load(v_row[c]));
+  }
+  return warp_sum(dot) * value_scale_at(a, b, pos);
+}
+
+template <class T>
+__global__ void backward_dq_generic(AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  int64_t b, t, h;
+  if (!warp_query_row(a, b, t, h)) return;
+  const int lane = int(threadIdx.x % 32);
+  const int64_t g = h / a.group(), row = a.q_index(b, t, h);
+  const int64_t lo = a.begin[b * a.seq_len + t], hi = a.end[b * a.seq_len + t];
+  const T* q_row = a.q + row * a.key_dim;
+  const C lse = a.lse[row], delta = a.delta[row];
+  for (int64_t c0 = 0; c0 < a.key_dim; c0 += 32 * kChunk) {
+    C acc[kChunk] = {};
+    for (int64_t kj = lo; kj < hi; ++kj) {
+      const int64_t pos = a.positions[b * a.seq_len + kj];
+      const C prob = exp_(warp_score(a, q_row, b, pos, g) - lse);
+      const C ds = prob * (warp_dprob(a, row, b, pos, g) - delta);
+      const T* k_row = a.k + a.kv_index(b, pos, g) * a.key_dim;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const int64_t c = c0 + lane + 32 * e;
+        if (c < a.key_dim) acc[e] += ds * C(load(k_row[c]));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      const int64_t c = c0 + lane + 32 * e;
+      if (c < a.key_dim) a.dq[row * a.key_dim + c] = store<T>(a.scale * acc[e]);
+    }
+  }
+}
+
+// One warp per (b, compacted key kj, kv head g); rows = B * T * Hkv.
+template <class T>
+__global__ void backward_dkdv_generic(AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  const int64_t item = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (item >= a.batch * a.seq_len * a.kv_heads) return;
+  const int lane = int(threadIdx.x % 32);
+  const int64_t g = item % a.kv_heads, kj = item / a.kv_heads % a.seq_len;
+  const int64_t b = item / (a.kv_heads * a.seq_len);
+  if (kj >= a.counts[b]) return;
+  const int64_t pos = a.positions[b * a.seq_len + kj];
+  const int64_t kv_row = a.kv_index(b, pos, g);
+  const C ps = value_scale_at(a, b, pos);
+  const int64_t widest = a.key_dim > a.value_dim ? a.key_dim : a.value_dim;
+  C dp_share = C(0);
+  for (int64_t c0 = 0; c0 < widest; c0 += 32 * kChunk) {
+    C acc_k[kChunk] = {}, acc_v[kChunk] = {};
+    for (int64_t hh = 0; hh < a.group(); ++hh) {
+      const int64_t h = g * a.group() + hh;
+      for (int64_t t = pos; t < a.seq_len; ++t) {
+        if (!(a.begin[b * a.seq_len + t] <= kj && kj < a.end[b * a.seq_len + t])) continue;
+        const int64_t row = a.q_index(b, t, h);
+        const T* q_row = a.q + row * a.key_dim;
+        const T* d_row = a.dout + row * a.value_dim;
+        const C prob = exp_(warp_score(a, q_row, b, pos, g) - C(a.lse[row]));
+        const C ds = prob * (warp_dprob(a, row, b, pos, g) - C(a.delta[row]));
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          const int64_t c = c0 + lane + 32 * e;
+          if (c < a.key_dim) acc_k[e] += a.scale * ds * C(load(q_row[c]));
+          if (c < a.value_dim) acc_v[e] += prob * C(load(d_row[c]));
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      const int64_t c = c0 + lane + 32 * e;
+      if (c < a.key_dim) a.dk[kv_row * a.key_dim + c] = store<T>(acc_k[e]);
+      if (c < a.value_dim) {
+        a.dv[kv_row * a.value_dim + c] = store<T>(ps * acc_v[e]);
+        dp_share += acc_v[e] * C(load(a.v[kv_row * a.value_dim + c]));
+      }
+    }
+  }
+  dp_share = warp_sum(dp_share);
+  if (a.dp_partial && lane == 0) a.dp_partial[(b * a.kv_heads + g) * a.seq_len + kj] = dp_share;
+}
+
+// ---- Small backward kernels ----------------------------------------------------------
+
+// delta[row] = <dO_row, o_row>, one warp per row.
+template <class T>
+__global__ void row_dots(const T* dout, const T* out, int64_t rows, int64_t dim,
+                         compute_t<T>* delta) {
+  using C = compute_t<T>;
+  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  C dot = C(0);
+  for (int64_t c = threadIdx.x % 32; c < dim; c += 32) {
+    dot += C(load(dout[row * dim + c])) * C(load(out[row * dim + c]));
+  }
+  dot = warp_sum(dot);
+  if (threadIdx.x % 32 == 0) delta[row] = dot;
+}
+
+// dp[b, pos_kj] = sum over kv heads g, in order, of dp_partial[b, g, kj].
+template <class T>
+__global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
+                                        const int64_t* counts, int64_t batch, int64_t seq_len,
+                                        int64_t kv_heads, T* dp) {
+  using C = compute_t<T>;
+  HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
+    const int64_t b = n / seq_len, kj = n % seq_len;
+    if (kj >= counts[b]) continue;
+    C total = C(0);
+    for (int64_t g = 0; g < kv_heads; ++g) total += partial[(b * kv_heads + g) * seq_len + kj];
+    dp[b * seq_len + positions[n]] = store<T>(total);
+  }
+}
+
+// ---- Host side -------------------------------------------------------------------------
+
+template <class T>
+AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& value_scale, const CompactSelection& selection,
+                           double scale) {
+  AttentionArgs<T> a{};
+  a.q = ptr<const T>(q);
+  a.k = ptr<const T>(k);
+  a.v = ptr<const T>(v);
+  a.p = ptr_or_null<const T>(value_scale);
+  a.positions = ptr<const int64_t>(selection.key_positions);
+  a.counts = ptr<const int64_t>(selection.key_counts);
+  a.begin = ptr<const int64_t>(selection.visible_begin);
+  a.end = ptr<const int64_t>(selection.visible_end);
+  a.batch = q.size(0);
+  a.seq_len = q.size(1);
+  a.q_heads = q.size(2);
+  a.kv_heads = k.size(2);
+  a.key_dim = q.size(3);
+  a.value_dim = v.size(3);
+  a.scale = compute_t<T>(scale);
+  return a;
+}
+
+void check_grid(const Tensor& q, const Tensor& k) {
+  HAM_CHECK(q.size(1) < (int64_t(1) << 30), kOp, ": sequence length ", q.size(1),
+            " too long for the CUDA kernels");
+  HAM_CHECK(q.size(0) <= 65535 && q.size(2) <= 65535 && k.size(2) <= 65535, kOp, ": batch ",
+            q.size(0), " or heads ", q.size(2), " exceed the CUDA grid");
+}
+
+// Calls fn.template operator()<DK, DV>() when (key_dim, value_dim) has a tiled instance;
+// returns whether it did.
+template <class Fn>
+bool dispatch_head_dims(int64_t key_dim, int64_t value_dim, Fn&& fn) {
+  auto with_value_dim = [&]<int DK>() {
+    switch (value_dim) {
+      case 64: fn.template operator()<DK, 64>(); return true;
+      case 128: fn.template operator()<DK, 128>(); return true;
+      case 192: fn.template operator()<DK, 192>(); return true;
+      case 256: fn.template operator()<DK, 256>(); return true;
+      default: return false;
+    }
+  };
+  switch (key_dim) {
+    case 64: return with_value_dim.template operator()<64>();
+    case 128: return with_value_dim.template operator()<128>();
+    case 256: return with_value_dim.template operator()<256>();
+    default: return false;
+  }
+}
+
+constexpr size_t kStaticSharedAllowance = 2048;  // the kernels' small __shared__ arrays
+
+// Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
+// the device; returns whether it launched.
+template <class T>
+bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
+                  const AttentionArgs<T>& args) {
+  if (bytes + kStaticSharedAllowance > max_shared_per_block()) return false;
+  if (bytes > 48 * 1024) allow_dynamic_shared(kernel, bytes);
+  kernel<<<grid, kTileThreads, bytes, launch_stream()>>>(args);
+  HAM_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+template <class T>
+void launch_warp_rows(void (*kernel)(AttentionArgs<T>), int64_t rows, const AttentionArgs<T>& args) {
+  if (rows == 0) return;
+  HAM_CHECK(ceil_div(rows, kWarpRowsPerBlock) < (int64_t(1) << 31), kOp, ": ", rows,
+            " rows exceed the grid");
+  kernel<<<unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, launch_stream()>>>(args);
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
+             const CompactSelection& selection, double scale, Tensor& out, Tensor& lse) {
+  if (q.numel() == 0 || v.size(3) == 0) return;
+  check_grid(q, k);
+  use_device_of(q);
+  dispatch_floating(kOp, q.dtype(), [&]<class T>() {
+    AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
+    a.out = ptr<T>(out);
+    a.lse = ptr<compute_t<T>>(lse);
+    bool tiled = false;
+    if constexpr (!std::is_same_v<T, double>) {
+      const dim3 grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads), unsigned(a.batch));
+      dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
+        tiled = launch_tiled(&forward_tiled<T, DK, DV>, grid, TileShape<DK, DV>::forward_bytes, a);
+      });
+    }
+    if (!tiled) launch_warp_rows(&forward_generic<T>, a.batch * a.seq_len * a.q_heads, a);
+  });
+}
+
+void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& value_scale, const CompactSelection& selection, const Tensor& out,
+              const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+              Tensor& dvalue_scale) {
+  use_device_of(q);
+  cudaStream_t stream = launch_stream();
+  // Unselected positions get exactly zero dk, dv and dp.
+  for (Tensor* t : {&dk, &dv, &dvalue_scale}) {
+    if (t->defined() && t->numel() > 0) {
+      HAM_CUDA_CHECK(cudaMemsetAsync(t->raw_data(), 0, size_t(t->numel()) * dtype_size(t->dtype()),
+                                     stream));
+    }
+  }
+  if (q.numel() == 0) return;
+  check_grid(q, k);
+  dispatch_floating(kOp, q.dtype(), [&]<class T>() {
+    using C = compute_t<T>;
+    AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
+    const int64_t rows = a.batch * a.seq_len * a.q_heads;
+    Tensor delta = Tensor::empty(Shape{a.batch, a.seq_len, a.q_heads}, compute_dtype<T>(), q.device());
+    row_dots<T><<<unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, stream>>>(
+        ptr<const T>(dout), ptr<const T>(out), rows, a.value_dim, ptr<C>(delta));
+    HAM_CUDA_CHECK_LAUNCH();
+    Tensor dp_partial;
+    if (value_scale.defined()) {
+      dp_partial = Tensor::empty(Shape{a.batch, a.kv_heads, a.seq_len}, compute_dtype<T>(), q.device());
+    }
+    a.lse = const_cast<C*>(ptr<const C>(lse));
+    a.dout = ptr<const T>(dout);
+    a.delta = ptr<const C>(delta);
+    a.dq = ptr<T>(dq);
+    a.dk = ptr<T>(dk);
+    a.dv = ptr<T>(dv);
+    a.dp_partial = dp_partial.defined() ? ptr<C>(dp_partial) : nullptr;
+
+    bool tiled_dkdv = false, tiled_dq = false;
+    if constexpr (!std::is_same_v<T, double>) {
+      const dim3 key_grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.kv_heads),
+                          unsigned(a.batch));
+      const dim3 query_grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads),
+                            unsigned(a.batch));
+      dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
+        tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
+                                  TileShape<DK, DV>::dkdv_bytes, a);
+        tiled_dq = launch_tiled(&backward_dq_tiled<T, DK, DV>, query_grid,
+                                TileShape<DK, DV>::dq_bytes, a);
+      });
+    }
+    if (!tiled_dkdv) launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
+    if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
+    if (dvalue_scale.defined()) {
+      gather_value_scale_grad<T><<<grid_for(a.batch * a.seq_len), kThreads, 0, stream>>>(
+          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
+          ptr<T>(dvalue_scale));
+      HAM_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+const bool registered = [] {
+  compact_selection_kernels().register_kernel(DeviceKind::CUDA, &compact_selection);
+  routed_attention_forward_kernels().register_kernel(DeviceKind::CUDA, &forward);
+  routed_attention_backward_kernels().register_kernel(DeviceKind::CUDA, &backward);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace ham::cuda
