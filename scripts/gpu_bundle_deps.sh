@@ -3,6 +3,9 @@
 # machine lacks, into .gpu-deps/ (ignored by git; carried to the GPU machine with the tree):
 #   include/  Eigen, nlohmann/json, CLI11 and fmt headers (fmt used header-only)
 #   src/googletest/  GoogleTest's sources, built there with the tests
+#   wheels/   flash-linear-attention's kernels (fla-core, pure Python + Triton) and einops,
+#             the reference the gated delta rule benchmark compares against (pip download:
+#             this machine has network; skipped with a note when it has none)
 # Not carried: ICU (31 MB of data; the GPU build sets -DHAM_ICU=OFF, so only the BPE
 # tokenizer is unavailable there, with an error saying so), MPI (single-process GPU tests)
 # and Google Benchmark (the CUDA GEMM benchmark is a plain program).
@@ -31,6 +34,12 @@ cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/fmt "$dest/include/"
 # GoogleTest without googlemock, docs, samples and its own tests.
 src=/usr/src/googletest/googletest
 cp -r "$src/CMakeLists.txt" "$src/cmake" "$src/include" "$src/src" "$dest/src/googletest/"
+# The FLA reference for bench/bench_gated_delta_rule_fla.py. The GPU machine has torch and
+# triton; fla-core needs only einops beyond them.
+mkdir -p "$dest/wheels"
+if ! python3 -m pip download --quiet --no-deps -d "$dest/wheels" fla-core==0.6.0 einops; then
+  echo "gpu_bundle_deps: could not download the fla-core wheel; the GPU check will time ham's gated delta rule alone" >&2
+fi
 cat > "$dest/README" <<NOTE
 Made by scripts/gpu_bundle_deps.sh on $(date -u +%Y-%m-%d) from this machine's packages:
 eigen $(dpkg-query -W -f='${Version}' libeigen3-dev 2>/dev/null || echo '?'),

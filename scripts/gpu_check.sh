@@ -40,6 +40,12 @@ nvidia-smi -L 2>&1 || true
 nvcc --version | tail -1
 cmake --version | head -1
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
+# flash-linear-attention from the carried wheels, installed into the build tree (no network).
+if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then
+  python3 -m pip install --quiet --no-deps --no-index --target "$root/build-gpu/pylib" \
+    .gpu-deps/wheels/*.whl 2>&1 | tail -2 || true
+  export PYTHONPATH="$root/build-gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 echo "== configure ($build, sm_$arch)"
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
