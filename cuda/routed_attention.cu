@@ -300,6 +300,30 @@ __device__ __forceinline__ float half_warp_sum(float v) {
   return v;
 }
 
+// acc[i][j] = sum_d A[ty + 16 i][d] * B[tx + 16 j][d]: the register tile of thread (ty, tx)
+// of A B^T, for A and B held as rows of D values in shared memory with a padded stride of
+// D + 1 (no bank conflicts down a column).
+template <int RA, int RB, int D>
+__device__ __forceinline__ void tile_row_dots(const float* A, const float* B, int ty, int tx,
+                                              float (&acc)[RA][RB]) {
+#pragma unroll
+  for (int i = 0; i < RA; ++i)
+#pragma unroll
+    for (int j = 0; j < RB; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+  for (int d = 0; d < D; ++d) {
+    float av[RA], bv[RB];
+#pragma unroll
+    for (int i = 0; i < RA; ++i) av[i] = A[(ty + 16 * i) * (D + 1) + d];
+#pragma unroll
+    for (int j = 0; j < RB; ++j) bv[j] = B[(tx + 16 * j) * (D + 1) + d];
+#pragma unroll
+    for (int i = 0; i < RA; ++i)
+#pragma unroll
+      for (int j = 0; j < RB; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+  }
+}
+
 template <int DK, int DV>
 struct TileShape {
   static constexpr bool kLarge = DK > 128 || DV > 128;
@@ -429,22 +453,7 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
     __syncthreads();
 
     float s[RQ][RK];
-#pragma unroll
-    for (int i = 0; i < RQ; ++i)
-#pragma unroll
-      for (int j = 0; j < RK; ++j) s[i][j] = 0.f;
-#pragma unroll 4
-    for (int d = 0; d < DK; ++d) {
-      float qv[RQ], kv[RK];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) qv[i] = sQ[(ty + 16 * i) * (DK + 1) + d];
-#pragma unroll
-      for (int j = 0; j < RK; ++j) kv[j] = sK[(tx + 16 * j) * (DK + 1) + d];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i)
-#pragma unroll
-        for (int j = 0; j < RK; ++j) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
-    }
+    tile_row_dots<RQ, RK, DK>(sQ, sK, ty, tx, s);
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
@@ -539,34 +548,8 @@ __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<
     __syncthreads();
 
     float s[RQ][RK], dp[RQ][RK];
-#pragma unroll
-    for (int i = 0; i < RQ; ++i)
-#pragma unroll
-      for (int j = 0; j < RK; ++j) s[i][j] = dp[i][j] = 0.f;
-#pragma unroll 4
-    for (int d = 0; d < DK; ++d) {
-      float qv[RQ], kv[RK];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) qv[i] = sQ[(ty + 16 * i) * (DK + 1) + d];
-#pragma unroll
-      for (int j = 0; j < RK; ++j) kv[j] = sK[(tx + 16 * j) * (DK + 1) + d];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i)
-#pragma unroll
-        for (int j = 0; j < RK; ++j) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
-    }
-#pragma unroll 4
-    for (int c = 0; c < DV; ++c) {
-      float ov[RQ], vv[RK];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i) ov[i] = sO[(ty + 16 * i) * (DV + 1) + c];
-#pragma unroll
-      for (int j = 0; j < RK; ++j) vv[j] = sV[(tx + 16 * j) * (DV + 1) + c];
-#pragma unroll
-      for (int i = 0; i < RQ; ++i)
-#pragma unroll
-        for (int j = 0; j < RK; ++j) dp[i][j] = fmaf(ov[i], vv[j], dp[i][j]);
-    }
+    tile_row_dots<RQ, RK, DK>(sQ, sK, ty, tx, s);
+    tile_row_dots<RQ, RK, DV>(sO, sV, ty, tx, dp);
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
@@ -674,34 +657,8 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 
       // Transposed scores: keys ty + 16 i, queries tx + 16 j.
       float s[RK][RQ], dp[RK][RQ];
-#pragma unroll
-      for (int i = 0; i < RK; ++i)
-#pragma unroll
-        for (int j = 0; j < RQ; ++j) s[i][j] = dp[i][j] = 0.f;
-#pragma unroll 4
-      for (int d = 0; d < DK; ++d) {
-        float kv[RK], qv[RQ];
-#pragma unroll
-        for (int i = 0; i < RK; ++i) kv[i] = sK[(ty + 16 * i) * (DK + 1) + d];
-#pragma unroll
-        for (int j = 0; j < RQ; ++j) qv[j] = sQ[(tx + 16 * j) * (DK + 1) + d];
-#pragma unroll
-        for (int i = 0; i < RK; ++i)
-#pragma unroll
-          for (int j = 0; j < RQ; ++j) s[i][j] = fmaf(kv[i], qv[j], s[i][j]);
-      }
-#pragma unroll 4
-      for (int c = 0; c < DV; ++c) {
-        float vv[RK], ov[RQ];
-#pragma unroll
-        for (int i = 0; i < RK; ++i) vv[i] = sV[(ty + 16 * i) * (DV + 1) + c];
-#pragma unroll
-        for (int j = 0; j < RQ; ++j) ov[j] = sO[(tx + 16 * j) * (DV + 1) + c];
-#pragma unroll
-        for (int i = 0; i < RK; ++i)
-#pragma unroll
-          for (int j = 0; j < RQ; ++j) dp[i][j] = fmaf(vv[i], ov[j], dp[i][j]);
-      }
+      tile_row_dots<RK, RQ, DK>(sK, sQ, ty, tx, s);
+      tile_row_dots<RK, RQ, DV>(sV, sO, ty, tx, dp);
 #pragma unroll
       for (int i = 0; i < RK; ++i) {
         const int key = ty + 16 * i, kj = k0 + key;
