@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench.h"
 #include "core/ops/gated_delta_rule.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
@@ -72,20 +73,10 @@ struct Timing {
   double fwd_min, fwd_median, bwd_min, bwd_median;
 };
 
+// (min, median) milliseconds of `reps` calls of fn (after one untimed call).
 template <class Fn>
 std::pair<double, double> time_ms(int reps, Fn&& fn) {
-  cudaStream_t stream = cuda::current_stream(0);
-  fn();  // warm-up
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    cuda::Event start(0, true), stop(0, true);
-    start.record(stream);
-    fn();
-    stop.record(stream);
-    stop.synchronize();
-    ms.push_back(stop.elapsed_ms_since(start));
-  }
-  std::sort(ms.begin(), ms.end());
+  std::vector<double> ms = bench::sorted_event_times_ms(reps, 1, [&](int) { fn(); });
   return {ms.front(), ms[ms.size() / 2]};
 }
 
@@ -133,17 +124,10 @@ Timing run_case(const BenchCase& c, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv_path, filter;
-  int reps = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--csv FILE] [--reps N] [--filter SUBSTRING]\n", argv[0]);
-      return 2;
-    }
-  }
+  const ham::bench::CudaBenchArgs args = ham::bench::parse_cuda_bench_args(argc, argv, 5);
+  const int reps = args.reps;
+  const std::string& csv_path = args.csv_path;
+  const std::string& filter = args.filter;
   if (ham::cuda::device_count() == 0) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", ham::cuda::unavailable_reason().c_str());
     return 1;

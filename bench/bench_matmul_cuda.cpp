@@ -20,6 +20,7 @@
 
 #include "core/ops/matmul.h"
 #include "core/tensor.h"
+#include "bench/cuda_bench.h"
 #include "cuda/check.h"
 #include "cuda/cublas.h"
 #include "cuda/stream.h"
@@ -87,44 +88,23 @@ Timing run_case(const BenchCase& c, int reps) {
     bs.push_back(random_on_gpu(b_shape, dtype, 3 * i + 2));
     cs.push_back(Tensor::empty(c_shape, dtype, Device::cuda()));
   }
-  cudaStream_t stream = cuda::current_stream(0);
-  for (int i = 0; i < 5; ++i) ops::gemm(as[i % sets], bs[i % sets], cs[i % sets], c.trans_a, c.trans_b);
-  std::vector<cuda::Event> starts, stops;
-  for (int i = 0; i < reps; ++i) {
-    starts.emplace_back(0, true);
-    stops.emplace_back(0, true);
-  }
-  for (int i = 0; i < reps; ++i) {
-    starts[size_t(i)].record(stream);
+  std::vector<double> ms = bench::sorted_event_times_ms(reps, 5, [&](int i) {
     ops::gemm(as[i % sets], bs[i % sets], cs[i % sets], c.trans_a, c.trans_b);
-    stops[size_t(i)].record(stream);
-  }
-  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  });
   double flops = 2.0 * double(c.batch) * double(c.m) * double(c.n) * double(c.k);
+  // The fastest call has the highest throughput: min time -> max TFLOP/s.
   std::vector<double> tflops;
-  for (int i = 0; i < reps; ++i) {
-    double ms = stops[size_t(i)].elapsed_ms_since(starts[size_t(i)]);
-    tflops.push_back(flops / (ms * 1e-3) / 1e12);
-  }
-  std::sort(tflops.begin(), tflops.end());
+  for (auto it = ms.rbegin(); it != ms.rend(); ++it) tflops.push_back(flops / (*it * 1e-3) / 1e12);
   return {tflops.front(), tflops[tflops.size() / 2], tflops.back()};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 30;
-  std::string csv_path, filter;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (arg == "--csv" && i + 1 < argc) csv_path = argv[++i];
-    else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]\n", argv[0]);
-      return 2;
-    }
-  }
+  const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 30);
+  const int reps = args.reps;
+  const std::string& csv_path = args.csv_path;
+  const std::string& filter = args.filter;
   try {
     std::string reason = cuda::unavailable_reason();
     if (!reason.empty()) {

@@ -24,6 +24,7 @@
 
 #include "core/ops/routed_attention.h"
 #include "core/tensor.h"
+#include "bench/cuda_bench.h"
 #include "cuda/check.h"
 #include "cuda/stream.h"
 
@@ -110,24 +111,9 @@ Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float lo, f
   return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
 }
 
-// Median milliseconds of `reps` calls of `step`, each between two events.
+// Median milliseconds of `reps` calls of `step` (after 3 untimed ones).
 double median_ms(int reps, const std::function<void()>& step) {
-  cudaStream_t stream = cuda::current_stream(0);
-  for (int i = 0; i < 3; ++i) step();
-  std::vector<cuda::Event> starts, stops;
-  for (int i = 0; i < reps; ++i) {
-    starts.emplace_back(0, true);
-    stops.emplace_back(0, true);
-  }
-  for (int i = 0; i < reps; ++i) {
-    starts[size_t(i)].record(stream);
-    step();
-    stops[size_t(i)].record(stream);
-  }
-  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) ms.push_back(stops[size_t(i)].elapsed_ms_since(starts[size_t(i)]));
-  std::sort(ms.begin(), ms.end());
+  std::vector<double> ms = bench::sorted_event_times_ms(reps, 3, [&](int) { step(); });
   return ms[ms.size() / 2];
 }
 
@@ -164,18 +150,10 @@ Timing run_case(const BenchCase& c, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 10;
-  std::string csv_path, filter;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (arg == "--csv" && i + 1 < argc) csv_path = argv[++i];
-    else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]\n", argv[0]);
-      return 2;
-    }
-  }
+  const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 10);
+  const int reps = args.reps;
+  const std::string& csv_path = args.csv_path;
+  const std::string& filter = args.filter;
   try {
     std::string reason = cuda::unavailable_reason();
     if (!reason.empty()) {

@@ -1,0 +1,63 @@
+#pragma once
+// What the plain CUDA benchmark programs share (bench_*_cuda.cpp; they time with CUDA events
+// rather than Google Benchmark): the command line and the event timing loop.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/stream.h"
+
+namespace ham::bench {
+
+struct CudaBenchArgs {
+  int reps = 10;
+  std::string csv_path;  // "" = no CSV
+  std::string filter;    // run only cases whose label contains it
+};
+
+// [--reps N] [--csv FILE] [--filter SUBSTRING]; anything else prints the usage and exits 2.
+inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_reps) {
+  CudaBenchArgs args;
+  args.reps = default_reps;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) args.reps = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--csv" && i + 1 < argc) args.csv_path = argv[++i];
+    else if (arg == "--filter" && i + 1 < argc) args.filter = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  return args;
+}
+
+// Milliseconds of each of `reps` calls step(i) on the current stream of device 0, each timed
+// between two events recorded around it, after `warmup` untimed calls; sorted ascending
+// (front = min, [size / 2] = median, back = max).
+inline std::vector<double> sorted_event_times_ms(int reps, int warmup,
+                                                 const std::function<void(int)>& step) {
+  cudaStream_t stream = cuda::current_stream(0);
+  for (int i = 0; i < warmup; ++i) step(i);
+  std::vector<cuda::Event> starts, stops;
+  for (int i = 0; i < reps; ++i) {
+    starts.emplace_back(0, true);
+    stops.emplace_back(0, true);
+  }
+  for (int i = 0; i < reps; ++i) {
+    starts[size_t(i)].record(stream);
+    step(i);
+    stops[size_t(i)].record(stream);
+  }
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) ms.push_back(stops[size_t(i)].elapsed_ms_since(starts[size_t(i)]));
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+}  // namespace ham::bench
