@@ -72,7 +72,8 @@ class RuleModel : public LanguageModel {
 // key-value prefix) predicts that key's value; `forget_last` drops the last pair.
 RuleModel::Rule recall_rule(int64_t pairs, bool forget_last = false) {
   return [pairs, forget_last](const std::vector<int64_t>& row, int64_t t) -> int64_t {
-    for (int64_t i = 0; i < pairs - (forget_last ? 1 : 0); ++i) {
+    // Rows shorter than the prefix (a multiple-choice context) hold fewer pairs.
+    for (int64_t i = 0; i < pairs - (forget_last ? 1 : 0) && 2 * i + 1 < int64_t(row.size()); ++i) {
       if (row[size_t(2 * i)] == row[size_t(t)]) return row[size_t(2 * i + 1)];
     }
     return 0;
