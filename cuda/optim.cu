@@ -1,4 +1,5 @@
-// CUDA kernels of core/ops/optim.h and the fused multi-tensor AdamW (cuda/optim.h):
+// CUDA kernels of core/ops/optim.h (adamw_step, adamw_step_multi, squared_norm) and the
+// fused multi-tensor AdamW of cuda/optim.h:
 //   adamw_step:   p <- p (1 - lr wd)
 //                 m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
 //                 p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
@@ -63,19 +64,22 @@ __global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlo
   }
 }
 
+// Entry i is (params[i], grads[i], exp_avg[i], exp_avg_sq[i]); the lists are checked.
 template <class P, class G, class M>
-void launch_adamw(const std::vector<AdamWTensors>& list, const AdamWHyper& h) {
+void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                  const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                  const AdamWHyper& h) {
   std::vector<AdamWSlot> slots;
   std::vector<AdamWBlock> blocks;
-  for (const AdamWTensors& t : list) {
-    const int64_t n = t.param.numel();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
     if (n == 0) continue;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     HAM_CHECK(chunks < (int64_t(1) << 31) && slots.size() < (size_t(1) << 31),
               "adamw_step: too many chunks for one launch");
     for (int64_t c = 0; c < chunks; ++c) blocks.push_back({int32_t(slots.size()), int32_t(c)});
-    slots.push_back({t.param.raw_data(), t.grad.raw_data(), t.exp_avg.raw_data(),
-                     t.exp_avg_sq.raw_data(), n});
+    slots.push_back({params[i].raw_data(), grads[i].raw_data(), exp_avg[i].raw_data(),
+                     exp_avg_sq[i].raw_data(), n});
   }
   if (blocks.empty()) return;
   // One upload: the slots, then the block table (8-byte aligned after the slots).
@@ -84,7 +88,7 @@ void launch_adamw(const std::vector<AdamWTensors>& list, const AdamWHyper& h) {
   std::vector<char> host(slot_bytes + block_bytes);
   std::memcpy(host.data(), slots.data(), slot_bytes);
   std::memcpy(host.data() + slot_bytes, blocks.data(), block_bytes);
-  Tensor table = Tensor::empty({int64_t(host.size())}, DType::U8, list.front().param.device());
+  Tensor table = Tensor::empty({int64_t(host.size())}, DType::U8, params.front().device());
   const cudaStream_t stream = launch_stream();
   HAM_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), host.data(), host.size(),
                                  cudaMemcpyHostToDevice, stream));
@@ -104,21 +108,43 @@ void launch_adamw(const std::vector<AdamWTensors>& list, const AdamWHyper& h) {
 
 // Calls fn.template operator()<P, G, M>() for the supported dtype combinations.
 template <class Fn>
-void dispatch_adamw_dtypes(DType param, DType grad, DType moments, Fn&& fn) {
+void dispatch_adamw_dtypes(const char* op, DType param, DType grad, DType moments, Fn&& fn) {
   auto is = [&](DType p, DType g, DType m) { return param == p && grad == g && moments == m; };
   if (is(DType::F32, DType::F32, DType::F32)) return fn.template operator()<float, float, float>();
   if (is(DType::F32, DType::BF16, DType::F32)) return fn.template operator()<float, bf16, float>();
   if (is(DType::BF16, DType::BF16, DType::F32)) return fn.template operator()<bf16, bf16, float>();
   if (is(DType::BF16, DType::F32, DType::F32)) return fn.template operator()<bf16, float, float>();
   if (is(DType::F64, DType::F64, DType::F64)) return fn.template operator()<double, double, double>();
-  HAM_FAIL("adamw_step: CUDA kernel takes param/grad/moments as f32/f32/f32, f32/bf16/f32, ",
+  HAM_FAIL(op, ": CUDA kernel takes param/grad/moments as f32/f32/f32, f32/bf16/f32, ",
            "bf16/bf16/f32, bf16/f32/f32 or f64/f64/f64; got ", dtype_name(param), "/",
            dtype_name(grad), "/", dtype_name(moments));
+}
+
+// Updates every entry with one launch; the lists share dtypes and one CUDA device
+// (checked by the callers: ops::adamw_step_multi, adamw_step_multi_tensor).
+void launch_adamw_lists(const char* op, const std::vector<Tensor>& params,
+                        const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                        const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& hyper) {
+  if (params.empty()) return;
+  HAM_CHECK(params.front().device().is_cuda(), op, ": tensors are on ",
+            params.front().device().str(), ", not a GPU");
+  use_device_of(params.front());
+  dispatch_adamw_dtypes(op, params.front().dtype(), grads.front().dtype(),
+                        exp_avg.front().dtype(), [&]<class P, class G, class M>() {
+                          launch_adamw<P, G, M>(params, grads, exp_avg, exp_avg_sq, hyper);
+                        });
 }
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 const AdamWHyper& hyper) {
   adamw_step_multi_tensor({AdamWTensors{param, grad, exp_avg, exp_avg_sq}}, hyper);
+}
+
+// The kernel of ops::adamw_step_multi (which has checked the lists).
+void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                      const AdamWHyper& hyper) {
+  launch_adamw_lists("adamw_step_multi", params, grads, exp_avg, exp_avg_sq, hyper);
 }
 
 template <class T>
@@ -148,6 +174,7 @@ double squared_norm(const Tensor& x) {
 
 const bool registered = [] {
   adamw_step_kernels().register_kernel(DeviceKind::CUDA, &adamw_step);
+  adamw_step_multi_kernels().register_kernel(DeviceKind::CUDA, &adamw_step_multi);
   squared_norm_kernels().register_kernel(DeviceKind::CUDA, &squared_norm);
   return true;
 }();
@@ -175,11 +202,14 @@ void adamw_step_multi_tensor(const std::vector<AdamWTensors>& list, const AdamWH
               first.param.str(), ", grad ", first.grad.str(), ", moments ", first.exp_avg.str(),
               ")");
   }
-  HAM_CHECK(first.param.device().is_cuda(), "adamw_step_multi_tensor: tensors are on ",
-            first.param.device().str(), ", not a GPU");
-  use_device_of(first.param);
-  dispatch_adamw_dtypes(first.param.dtype(), first.grad.dtype(), first.exp_avg.dtype(),
-                        [&]<class P, class G, class M>() { launch_adamw<P, G, M>(list, hyper); });
+  std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
+  for (const AdamWTensors& t : list) {
+    params.push_back(t.param);
+    grads.push_back(t.grad);
+    exp_avg.push_back(t.exp_avg);
+    exp_avg_sq.push_back(t.exp_avg_sq);
+  }
+  launch_adamw_lists("adamw_step", params, grads, exp_avg, exp_avg_sq, hyper);
 }
 
 }  // namespace ham::cuda

@@ -1,5 +1,6 @@
 #include "nn/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numbers>
@@ -36,16 +37,45 @@ AdamW::AdamW(std::vector<ParamGroup> groups, Options options)
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++step_;
+  // Parameters with a gradient, bucketed by what one multi-tensor call must share: the
+  // group's lr and weight decay, the dtypes of param, grad and moments, and the device.
+  // Buckets keep the order in which they first appear, parameters their order within.
+  struct Bucket {
+    double lr, weight_decay;
+    DType param_dtype, grad_dtype, moment_dtype;
+    Device device;
+    std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
+  };
+  std::vector<Bucket> buckets;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const ParamGroup& g = groups_[gi];
-    AdamWHyper hyper{lr * g.lr_scale, options_.beta1, options_.beta2, options_.eps,
-                     g.weight_decay, step_};
+    const double group_lr = lr * g.lr_scale;
     for (size_t pi = 0; pi < g.params.size(); ++pi) {
-      Tensor param = g.params[pi].second;
+      const Tensor& param = g.params[pi].second;
       Tensor gr = grad(param);
       if (!gr.defined()) continue;
-      ops::adamw_step(param, gr, exp_avg_[gi][pi], exp_avg_sq_[gi][pi], hyper);
+      const Tensor& m = exp_avg_[gi][pi];
+      auto same = [&](const Bucket& b) {
+        return b.lr == group_lr && b.weight_decay == g.weight_decay &&
+               b.param_dtype == param.dtype() && b.grad_dtype == gr.dtype() &&
+               b.moment_dtype == m.dtype() && b.device == param.device();
+      };
+      auto it = std::find_if(buckets.begin(), buckets.end(), same);
+      if (it == buckets.end()) {
+        buckets.push_back({group_lr, g.weight_decay, param.dtype(), gr.dtype(), m.dtype(),
+                           param.device(), {}, {}, {}, {}});
+        it = buckets.end() - 1;
+      }
+      it->params.push_back(param);
+      it->grads.push_back(std::move(gr));
+      it->exp_avg.push_back(m);
+      it->exp_avg_sq.push_back(exp_avg_sq_[gi][pi]);
     }
+  }
+  for (Bucket& b : buckets) {
+    const AdamWHyper hyper{b.lr, options_.beta1, options_.beta2, options_.eps, b.weight_decay,
+                           step_};
+    ops::adamw_step_multi(b.params, b.grads, b.exp_avg, b.exp_avg_sq, hyper);
   }
 }
 

@@ -29,7 +29,9 @@ class AdamW {
   };
   AdamW(std::vector<ParamGroup> groups, Options options);
 
-  // One update of every parameter that has a gradient, at learning rate `lr`.
+  // One update of every parameter that has a gradient, at learning rate `lr`: one
+  // ops::adamw_step_multi call per (group lr, weight decay, dtypes, device), so groups with
+  // equal hyper-parameters share a call (one fused launch on CUDA).
   void step(double lr);
   void zero_grad();
   int64_t steps_taken() const { return step_; }

@@ -32,6 +32,16 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
   });
 }
 
+// The per-tensor kernel on each entry in turn, so every entry is bit-identical to
+// adamw_step on that tensor.
+void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                      const AdamWHyper& hyper) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    adamw_step(params[i], grads[i], exp_avg[i], exp_avg_sq[i], hyper);
+  }
+}
+
 double squared_norm(const Tensor& x) {
   double total = 0;
   dispatch_floating("squared_norm", x.dtype(), [&]<class T>() {

@@ -7,6 +7,10 @@ namespace ham {
 HAM_DEFINE_KERNEL_TABLE(adamw_step, &cpu::adamw_step,
                         void(Tensor& param, const Tensor& grad, Tensor& exp_avg,
                              Tensor& exp_avg_sq, const AdamWHyper&))
+HAM_DEFINE_KERNEL_TABLE(adamw_step_multi, &cpu::adamw_step_multi,
+                        void(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                             std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                             const AdamWHyper&))
 HAM_DEFINE_KERNEL_TABLE(squared_norm, &cpu::squared_norm, double(const Tensor& x))
 
 namespace ops {
@@ -19,6 +23,48 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
   HAM_CHECK(exp_avg.dtype() == exp_avg_sq.dtype(), "adamw_step: moment dtypes differ");
   HAM_CHECK(hyper.step >= 1, "adamw_step: step must be >= 1, got ", hyper.step);
   adamw_step_kernels()(param.device(), param, grad, exp_avg, exp_avg_sq, hyper);
+}
+
+void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                      const AdamWHyper& hyper) {
+  constexpr const char* op = "adamw_step_multi";
+  HAM_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
+                exp_avg_sq.size() == params.size(),
+            op, ": the lists differ in length: ", params.size(), " params, ", grads.size(),
+            " grads, ", exp_avg.size(), " exp_avg, ", exp_avg_sq.size(), " exp_avg_sq");
+  HAM_CHECK(hyper.step >= 1, op, ": step must be >= 1, got ", hyper.step);
+  if (params.empty()) return;
+  struct List {
+    const char* name;
+    const std::vector<Tensor>* tensors;
+  };
+  const List lists[] = {{"params", &params}, {"grads", &grads}, {"exp_avg", &exp_avg},
+                        {"exp_avg_sq", &exp_avg_sq}};
+  for (const List& list : lists) {
+    for (size_t i = 0; i < list.tensors->size(); ++i) {
+      HAM_CHECK((*list.tensors)[i].defined(), op, ": ", list.name, "[", i, "] is undefined");
+    }
+  }
+  const Device device = params[0].device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (const List& list : lists) {
+      const Tensor& t = (*list.tensors)[i];
+      // The dtype every entry of this list must have: its entry 0's (exp_avg_sq: exp_avg's).
+      const bool second_moment = list.tensors == &exp_avg_sq;
+      const Tensor& first = second_moment ? exp_avg[0] : (*list.tensors)[0];
+      const char* first_name = second_moment ? "exp_avg" : list.name;
+      HAM_CHECK(t.shape() == params[i].shape(), op, ": ", list.name, "[", i, "] has shape ",
+                shape_str(t.shape()), " but params[", i, "] has shape ",
+                shape_str(params[i].shape()));
+      HAM_CHECK(t.dtype() == first.dtype(), op, ": ", list.name, "[", i, "] is ",
+                dtype_name(t.dtype()), " but ", first_name, "[0] is ", dtype_name(first.dtype()),
+                second_moment ? " (both moments share one dtype)" : " (one dtype per list)");
+      HAM_CHECK(t.device() == device, op, ": ", list.name, "[", i, "] is on ", t.device().str(),
+                " but params[0] is on ", device.str(), " (one device for every tensor)");
+    }
+  }
+  adamw_step_multi_kernels()(device, params, grads, exp_avg, exp_avg_sq, hyper);
 }
 
 double squared_norm(const Tensor& x) { return squared_norm_kernels()(x.device(), x); }

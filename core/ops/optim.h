@@ -4,7 +4,14 @@
 //     p <- p (1 - lr wd)
 //     m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
 //     p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//   adamw_step_multi: the same update for lists of tensors in one call (one fused launch
+//     on CUDA, cuda/optim.cu; a loop over the per-tensor kernel on the CPU, so the results
+//     are bit-identical to adamw_step on each tensor). Entry i is (params[i], grads[i],
+//     exp_avg[i], exp_avg_sq[i]), all of one shape; every list has one dtype (the moments
+//     share theirs) and every tensor lives on one device.
 //   squared_norm: sum of g^2, accumulated in double.
+#include <vector>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 
@@ -17,11 +24,20 @@ struct AdamWHyper {
 
 HAM_DECLARE_KERNEL_TABLE(adamw_step, void(Tensor& param, const Tensor& grad, Tensor& exp_avg,
                                           Tensor& exp_avg_sq, const AdamWHyper&));
+HAM_DECLARE_KERNEL_TABLE(adamw_step_multi,
+                         void(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                              std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                              const AdamWHyper&));
 HAM_DECLARE_KERNEL_TABLE(squared_norm, double(const Tensor& x));
 
 namespace ops {
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 const AdamWHyper& hyper);
+// Checks the lists (equal lengths, shapes, one dtype per list, one device; errors name the
+// op, the entry and the mismatch), then updates every entry with one kernel call.
+void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                      const AdamWHyper& hyper);
 double squared_norm(const Tensor& x);
 // True when every element is finite (no NaN or Inf).
 bool all_finite(const Tensor& x);
@@ -30,6 +46,9 @@ bool all_finite(const Tensor& x);
 namespace cpu {
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 const AdamWHyper& hyper);
+void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                      std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                      const AdamWHyper& hyper);
 double squared_norm(const Tensor& x);
 }  // namespace cpu
 

@@ -102,6 +102,242 @@ TEST(ClipGradNorm, NonFiniteNormLeavesGradientsAlone) {
   EXPECT_EQ(grad(a).to_vector<double>()[1], 1.0);
 }
 
+// ---- adamw_step_multi: the per-tensor update over lists, in one call ----
+
+// One AdamW entry (param, grad, exp_avg, exp_avg_sq) of n elements with random values,
+// never zeros: the second moment is a square, so positive.
+struct AdamWEntry {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+};
+
+AdamWEntry random_entry(int64_t n, DType param_dtype, DType grad_dtype, Device device,
+                        uint64_t seed) {
+  const DType moments = param_dtype == DType::F64 ? DType::F64 : DType::F32;
+  return {testing::random_tensor({n}, param_dtype, device, seed),
+          testing::random_tensor({n}, grad_dtype, device, seed + 1),
+          testing::random_tensor({n}, moments, device, seed + 2, 0.1),
+          ops::unary(UnaryOp::Square, testing::random_tensor({n}, DType::F64, Device::cpu(),
+                                                             seed + 3, 0.1))
+              .to(moments)
+              .to(device)};
+}
+
+AdamWEntry clone_entry(const AdamWEntry& e) {
+  return {e.param.clone(), e.grad.clone(), e.exp_avg.clone(), e.exp_avg_sq.clone()};
+}
+
+void step_multi(std::vector<AdamWEntry>& entries, const AdamWHyper& hyper) {
+  std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
+  for (const AdamWEntry& e : entries) {
+    params.push_back(e.param);
+    grads.push_back(e.grad);
+    exp_avg.push_back(e.exp_avg);
+    exp_avg_sq.push_back(e.exp_avg_sq);
+  }
+  ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper);
+}
+
+// Sizes 1 and odd ones (no multiple of any vector width), and one past the CUDA chunk of
+// 2^16 elements.
+const std::vector<int64_t> kMultiSizes = {1, 3, 7, 1000, 4099, 65537};
+
+TEST(AdamW, MultiTensorOpEqualsPerTensorOpBitForBit) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    std::vector<AdamWEntry> multi, single, before;
+    uint64_t seed = 500;
+    for (int64_t n : kMultiSizes) {
+      multi.push_back(random_entry(n, dtype, dtype, Device::cpu(), seed));
+      single.push_back(clone_entry(multi.back()));
+      before.push_back(clone_entry(multi.back()));
+      seed += 4;
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      const AdamWHyper hyper{1e-2 * double(step), 0.9, 0.95, 1e-8, 0.1, step};
+      step_multi(multi, hyper);
+      for (AdamWEntry& e : single) {
+        ops::adamw_step(e.param, e.grad, e.exp_avg, e.exp_avg_sq, hyper);
+      }
+    }
+    for (size_t i = 0; i < multi.size(); ++i) {
+      const std::string what = std::string(dtype_name(dtype)) + " entry " + std::to_string(i);
+      EXPECT_EQ(multi[i].param.to_vector<double>(), single[i].param.to_vector<double>()) << what;
+      EXPECT_EQ(multi[i].exp_avg.to_vector<double>(), single[i].exp_avg.to_vector<double>())
+          << what;
+      EXPECT_EQ(multi[i].exp_avg_sq.to_vector<double>(),
+                single[i].exp_avg_sq.to_vector<double>())
+          << what;
+      EXPECT_NE(multi[i].param.to_vector<double>(), before[i].param.to_vector<double>())
+          << what << ": not updated";
+    }
+  }
+}
+
+TEST(AdamW, MultiTensorErrorsNameTheOpTheEntryAndTheMismatch) {
+  auto lists = [](std::vector<AdamWEntry> entries) {
+    std::array<std::vector<Tensor>, 4> l;
+    for (const AdamWEntry& e : entries) {
+      l[0].push_back(e.param);
+      l[1].push_back(e.grad);
+      l[2].push_back(e.exp_avg);
+      l[3].push_back(e.exp_avg_sq);
+    }
+    return l;
+  };
+  const AdamWHyper hyper{};
+  auto run = [&](std::array<std::vector<Tensor>, 4> l, const AdamWHyper& h) {
+    return [l, h]() mutable { ops::adamw_step_multi(l[0], l[1], l[2], l[3], h); };
+  };
+  const Device cpu = Device::cpu();
+  auto ok = [&](int64_t n, uint64_t seed) {
+    return random_entry(n, DType::F32, DType::F32, cpu, seed);
+  };
+
+  auto l = lists({ok(3, 1), ok(4, 2)});
+  l[1].pop_back();
+  testing::expect_error(run(l, hyper), {"adamw_step_multi", "2 params", "1 grads"});
+
+  l = lists({ok(3, 1), ok(4, 2)});
+  l[1][1] = Tensor::zeros({5});
+  testing::expect_error(run(l, hyper),
+                        {"adamw_step_multi", "grads[1]", "[5]", "params[1]", "[4]"});
+
+  l = lists({ok(3, 1), ok(4, 2)});
+  l[3][1] = Tensor::zeros({2, 2});
+  testing::expect_error(run(l, hyper), {"adamw_step_multi", "exp_avg_sq[1]", "[2, 2]", "[4]"});
+
+  l = lists({ok(3, 1), ok(4, 2), random_entry(5, DType::F64, DType::F64, cpu, 3)});
+  testing::expect_error(run(l, hyper), {"adamw_step_multi", "params[2]", "f64", "params[0]",
+                                        "f32"});
+
+  l = lists({ok(3, 1), ok(4, 2)});
+  l[3][0] = l[3][0].to(DType::F64);
+  testing::expect_error(run(l, hyper),
+                        {"adamw_step_multi", "exp_avg_sq[0]", "f64", "exp_avg[0]", "f32"});
+
+  l = lists({ok(3, 1), ok(4, 2)});
+  l[1][1] = Tensor();
+  testing::expect_error(run(l, hyper), {"adamw_step_multi", "grads[1]", "undefined"});
+
+  AdamWHyper step0 = hyper;
+  step0.step = 0;
+  testing::expect_error(run(lists({ok(3, 1)}), step0), {"adamw_step_multi", "step", ">= 1"});
+
+  // Empty lists are no update at all.
+  std::vector<Tensor> none;
+  ops::adamw_step_multi(none, none, none, none, hyper);
+}
+
+// AdamW::step buckets parameters by (lr, weight decay, dtypes, device) into multi-tensor
+// calls; the result is the per-tensor update of every parameter with a gradient.
+TEST(AdamW, StepIsThePerTensorUpdateOfEveryParameter) {
+  const Device cpu = Device::cpu();
+  std::vector<AdamWEntry> init;
+  uint64_t seed = 900;
+  // decay: two f32 and one f64; no_decay: f32 (one without a gradient); scaled: f32;
+  // more_decay: same hyper-parameters as decay, so the same bucket.
+  const std::vector<std::pair<int64_t, DType>> specs = {
+      {1000, DType::F32}, {3, DType::F32}, {7, DType::F64}, {1, DType::F32},
+      {5, DType::F32},    {4099, DType::F32}, {17, DType::F32}};
+  for (auto [n, dtype] : specs) {
+    init.push_back(random_entry(n, dtype, dtype, cpu, seed));
+    seed += 4;
+  }
+  std::vector<Tensor> params;
+  for (const AdamWEntry& e : init) {
+    params.push_back(e.param.clone());
+    set_requires_grad(params.back());
+  }
+  std::vector<ParamGroup> groups = {
+      {"decay", {{"a", params[0]}, {"b", params[1]}, {"c", params[2]}}, 0.1, 1.0},
+      {"no_decay", {{"d", params[3]}, {"e", params[4]}}, 0.0, 1.0},
+      {"scaled", {{"f", params[5]}}, 0.0, 0.5},
+      {"more_decay", {{"g", params[6]}}, 0.1, 1.0}};
+  const size_t no_grad = 4;  // "e" never gets a gradient
+  AdamW opt(groups, {0.01, 0.9, 0.95, 1e-8});
+  const std::vector<double> lr_scale = {1, 1, 1, 1, 1, 0.5, 1};
+  const std::vector<double> decay = {0.1, 0.1, 0.1, 0, 0, 0, 0.1};
+
+  // The reference: ops::adamw_step on each tensor with moments starting at zero.
+  std::vector<AdamWEntry> ref;
+  for (const AdamWEntry& e : init) {
+    ref.push_back({e.param.clone(), e.grad, Tensor::zeros(e.param.shape(), e.param.dtype()),
+                   Tensor::zeros(e.param.shape(), e.param.dtype())});
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    const double lr = 0.01 * double(step);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (i == no_grad) continue;
+      Tensor g = ops::unary(UnaryOp::Neg, init[i].grad);  // varies from step to step
+      if (step % 2) g = init[i].grad;
+      set_grad(params[i], g.clone());
+      ref[i].grad = g;
+      ops::adamw_step(ref[i].param, ref[i].grad, ref[i].exp_avg, ref[i].exp_avg_sq,
+                      AdamWHyper{lr * lr_scale[i], 0.9, 0.95, 1e-8, decay[i], step});
+    }
+    opt.step(lr);
+  }
+  auto state = opt.state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].to_vector<double>(), ref[i].param.to_vector<double>()) << "param " << i;
+    EXPECT_EQ(state[2 * i].second.to_vector<double>(), ref[i].exp_avg.to_vector<double>())
+        << "exp_avg " << i;
+    EXPECT_EQ(state[2 * i + 1].second.to_vector<double>(),
+              ref[i].exp_avg_sq.to_vector<double>())
+        << "exp_avg_sq " << i;
+  }
+  EXPECT_EQ(params[no_grad].to_vector<double>(), init[no_grad].param.to_vector<double>());
+}
+
+// The CUDA multi-tensor kernel of ops::adamw_step_multi against the CPU kernel on fresh
+// random params, gradients and moments: f32 params and moments with f32 or bf16 gradients,
+// and bf16 params (f32 moments). The update is in place, so instead of NaN-poisoned
+// outputs every element of an f32 result that still equals its input where the CPU
+// reference changed it counts as never written and fails the test.
+TEST(AdamW, MultiTensorGpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const AdamWHyper hyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 7};
+  const std::vector<std::pair<DType, DType>> combos = {
+      {DType::F32, DType::F32}, {DType::F32, DType::BF16}, {DType::BF16, DType::BF16}};
+  uint64_t seed = 7000;
+  for (auto [param_dtype, grad_dtype] : combos) {
+    std::vector<AdamWEntry> on_gpu, before, want;
+    for (int64_t n : {int64_t(1), int64_t(3), int64_t(1000), int64_t(65537), int64_t(70001),
+                      int64_t(4099)}) {
+      on_gpu.push_back(random_entry(n, param_dtype, grad_dtype, gpu, seed));
+      seed += 4;
+      const AdamWEntry& e = on_gpu.back();
+      before.push_back({testing::cpu_reference(e.param), testing::cpu_reference(e.grad),
+                        testing::cpu_reference(e.exp_avg), testing::cpu_reference(e.exp_avg_sq)});
+      want.push_back(clone_entry(before.back()));
+    }
+    step_multi(want, hyper);    // the CPU kernel, in f32 on the widened values
+    step_multi(on_gpu, hyper);  // one CUDA launch
+    auto unwritten = [](const Tensor& got, const Tensor& input, const Tensor& expected) {
+      std::vector<double> g = got.to_vector<double>(), in = input.to_vector<double>(),
+                          e = expected.to_vector<double>();
+      int64_t count = 0;
+      for (size_t j = 0; j < g.size(); ++j) count += g[j] == in[j] && e[j] != in[j];
+      return count;
+    };
+    for (size_t i = 0; i < on_gpu.size(); ++i) {
+      const std::string what = "adamw_step_multi entry " + std::to_string(i) + " param " +
+                               dtype_name(param_dtype) + " grad " + dtype_name(grad_dtype);
+      const AdamWEntry& got = on_gpu[i];
+      testing::expect_matches_reference(got.param, want[i].param, param_dtype, what + " param");
+      testing::expect_matches_reference(got.exp_avg, want[i].exp_avg, DType::F32,
+                                        what + " exp_avg");
+      testing::expect_matches_reference(got.exp_avg_sq, want[i].exp_avg_sq, DType::F32,
+                                        what + " exp_avg_sq");
+      if (param_dtype == DType::F32) {
+        EXPECT_EQ(unwritten(got.param, before[i].param, want[i].param), 0) << what;
+      }
+      EXPECT_EQ(unwritten(got.exp_avg, before[i].exp_avg, want[i].exp_avg), 0) << what;
+      EXPECT_EQ(unwritten(got.exp_avg_sq, before[i].exp_avg_sq, want[i].exp_avg_sq), 0) << what;
+    }
+  }
+}
+
 #ifdef HAM_WITH_CUDA
 // AdamW and squared_norm on the GPU against the CPU kernel, with fresh random params,
 // moments and gradients: fp32 master weights and moments with f32 or bf16 gradients
