@@ -53,6 +53,11 @@ class CpuBackend final : public DeviceBackend {
   }
 };
 
+std::array<bool, kNumDeviceKinds>& emulated_kinds() {
+  static std::array<bool, kNumDeviceKinds> emulated{};
+  return emulated;
+}
+
 std::array<DeviceBackend*, kNumDeviceKinds>& backends() {
   static CpuBackend cpu_backend;
   static std::array<DeviceBackend*, kNumDeviceKinds> table{&cpu_backend, nullptr};
@@ -66,6 +71,18 @@ void register_device_backend(DeviceKind kind, DeviceBackend* backend) {
 }
 
 bool has_device_backend(DeviceKind kind) { return backends()[size_t(kind)] != nullptr; }
+
+void emulate_device_on_cpu(DeviceKind kind) {
+  HAM_CHECK(kind != DeviceKind::CPU, "emulate_device_on_cpu: cpu is not emulated");
+  if (is_emulated_on_cpu(kind)) return;
+  HAM_CHECK(!has_device_backend(kind), "emulate_device_on_cpu: ", Device{kind, 0}.str(),
+            " has a real backend in this build; emulation is for builds without it");
+  static CpuBackend host_memory;
+  register_device_backend(kind, &host_memory);
+  emulated_kinds()[size_t(kind)] = true;
+}
+
+bool is_emulated_on_cpu(DeviceKind kind) { return emulated_kinds()[size_t(kind)]; }
 
 DeviceBackend& device_backend(Device device) {
   DeviceBackend* backend = backends()[size_t(device.kind)];

@@ -39,4 +39,11 @@ void register_device_backend(DeviceKind kind, DeviceBackend* backend);
 DeviceBackend& device_backend(Device device);
 bool has_device_backend(DeviceKind kind);
 
+// Device emulation, for testing device plumbing without the hardware: `kind` gets a
+// host-memory backend, and every op without a kernel for `kind` runs its CPU kernel. Code
+// that mixes devices, or reads device memory without a copy, still fails as on the device.
+// An error when `kind` already has a real backend (this build links the CUDA backend).
+void emulate_device_on_cpu(DeviceKind kind);
+bool is_emulated_on_cpu(DeviceKind kind);
+
 }  // namespace ham

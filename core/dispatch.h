@@ -28,6 +28,7 @@ class KernelTable<R(Args...)> {
   template <class... CallArgs>
   R operator()(Device device, CallArgs&&... args) const {
     Kernel kernel = kernels_[size_t(device.kind)];
+    if (!kernel && is_emulated_on_cpu(device.kind)) kernel = kernels_[size_t(DeviceKind::CPU)];
     HAM_CHECK(kernel, "op '", op_name_, "' has no kernel for device ", device.str());
     return kernel(std::forward<CallArgs>(args)...);
   }

@@ -30,7 +30,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const TokenBatch& batch) co
   q = rope(q, rope_base_, batch.positions);
   k = rope(k, rope_base_, batch.positions);
   // Dense causal attention is routed attention with every token selected.
-  Tensor all_selected = Tensor::full({B, T}, 1.0, DType::U8);
+  Tensor all_selected = Tensor::full({B, T}, 1.0, DType::U8, x.device());
   Tensor o = routed_attention(q, k, v, all_selected, Tensor(), batch.doc_ids,
                               1.0 / std::sqrt(double(head_dim_)));
   return o_proj->forward(reshape(o, {B, T, n_heads_ * v_head_dim_}));

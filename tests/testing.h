@@ -68,6 +68,7 @@ inline std::string cuda_unavailable_reason() {
     if (!has_device_backend(DeviceKind::CUDA)) {
       return "this build has no CUDA backend (configure with -DHAM_CUDA=ON)";
     }
+    if (is_emulated_on_cpu(DeviceKind::CUDA)) return "CUDA is emulated on the CPU in this process";
     try {
       Tensor::zeros({1}, DType::F32, Device::cuda());
     } catch (const std::exception& e) {

@@ -35,14 +35,42 @@
 
 namespace ham {
 
+Device resolve_training_device(const std::string& spec, int local_rank) {
+  Device device = Device::parse(spec);
+  if (spec == "cuda") device = Device::cuda(local_rank);
+  if (device.is_cpu()) return device;
+  try {
+    Tensor::zeros({1}, DType::F32, device);
+  } catch (const std::exception& e) {
+    HAM_FAIL("train option 'device' (", spec, "): cannot use ", device.str(), ": ", e.what());
+  }
+  return device;
+}
+
+TokenBatch batch_on_device(const TokenBatch& batch, Device device) {
+  auto moved = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
+  return {moved(batch.inputs), moved(batch.targets), moved(batch.doc_ids),
+          moved(batch.positions)};
+}
+
+namespace {
+
+Device model_device(const LanguageModel& model) {
+  std::vector<Tensor> params = model.parameters();
+  return params.empty() ? Device::cpu() : params.front().device();
+}
+
+}  // namespace
+
 double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches) {
   NoGradGuard no_grad;
   std::vector<TokenBatch> batches = data.sequential(batch, seq_len, max_batches);
   HAM_CHECK(!batches.empty(), "evaluate: the validation stream (", data.size(),
             " tokens) is shorter than one window of ", seq_len + 1);
+  const Device device = model_device(model);
   double total = 0;
-  for (const TokenBatch& b : batches) total += model.loss(b).item();
+  for (const TokenBatch& b : batches) total += model.loss(batch_on_device(b, device)).item();
   return total / double(batches.size());
 }
 
@@ -58,7 +86,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"mix_mqar", mix_mqar}, {"mqar_pairs", mqar_pairs}, {"mix_niah", mix_niah},
           {"peak_gflops", peak_gflops}, {"grad_norms_every", grad_norms_every},
           {"dump_grads", dump_grads}, {"dump_grads_at", dump_grads_at},
-          {"shard", shard}, {"shard_group_size", shard_group_size}};
+          {"shard", shard}, {"shard_group_size", shard_group_size}, {"device", device}};
 }
 
 void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -94,7 +122,13 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("peak_gflops", o.peak_gflops); get("grad_norms_every", o.grad_norms_every);
   get("dump_grads", o.dump_grads); get("dump_grads_at", o.dump_grads_at);
   get("shard", o.shard); get("shard_group_size", o.shard_group_size);
+  get("device", o.device);
   dist::parse_sharding_stage(o.shard);  // fails here, naming the stages, when misspelt
+  try {
+    Device::parse(o.device);
+  } catch (const Error& e) {
+    HAM_FAIL(source, ": train option 'device': ", e.what());
+  }
   *this = o;
 }
 
@@ -209,8 +243,11 @@ double evaluate_distributed(const LanguageModel& model, const TokenSource& data,
   HAM_CHECK(!batches.empty(), "evaluate: the validation stream (", data.size(),
             " tokens) is shorter than one window of ", opt.seq_len + 1);
   const int64_t rows = opt.batch_size / world.size(), first = world.rank() * rows;
+  const Device device = model_device(model);
   double total = 0;
-  for (const TokenBatch& b : batches) total += model.loss(rows_of(b, first, first + rows)).item();
+  for (const TokenBatch& b : batches) {
+    total += model.loss(batch_on_device(rows_of(b, first, first + rows), device)).item();
+  }
   return world.all_reduce_scalar(total / double(batches.size()), dist::ReduceOp::Avg);
 }
 
@@ -242,6 +279,11 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   NullBuffer discard;
   std::ostream silent(&discard);
   std::ostream& log = rank == 0 ? log_to : silent;
+
+  // Parameters move first: the optimizer state, the shards and the gradient monitor are
+  // made from them on their device. A resumed checkpoint is copied into them there.
+  const Device device = resolve_training_device(opt.device, world->local_rank());
+  model.to(device);
 
   Generator data_gen(opt.seed);
   CosineSchedule schedule{opt.lr, opt.lr * opt.min_lr_ratio, opt.warmup_steps, opt.steps};
@@ -422,6 +464,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       // keeps its rows, so N ranks see exactly the rows one process would.
       TokenBatch batch = sample_rows(opt.batch_size, opt.seq_len, data_gen);
       if (!sharded_run) {
+        batch = batch_on_device(batch, device);
         Tensor loss = model.loss(batch);
         double value = loss.item();
         if (!std::isfinite(value)) {
@@ -432,7 +475,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
         step_loss += value / double(opt.grad_accum);
         backward(scale(loss, 1.0 / double(opt.grad_accum)));
       } else {
-        TokenBatch local = rows_of(batch, first_row, first_row + local_rows);
+        TokenBatch local = batch_on_device(rows_of(batch, first_row, first_row + local_rows), device);
         // The loss is a mean over counted targets; weighting rank r's mean by
         // N c_r / C (c_r its counted targets, C the batch's) makes the rank average of
         // the losses and of the gradients the one-process mean. 1 when nothing is ignored.

@@ -59,6 +59,9 @@ struct TrainOptions {
   // hybrid sharding), replicated across groups. A world of one ignores both.
   std::string shard = "grads";
   int64_t shard_group_size = 0;
+  // Where the model trains: "cpu", "cuda" (cuda:<local rank> under mpirun, else cuda:0) or
+  // "cuda:N". Parameters, optimizer state and batches live there; checkpoints are on CPU.
+  std::string device = "cpu";
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
@@ -78,7 +81,16 @@ struct TrainResult {
   std::string last_checkpoint;
 };
 
-// Mean loss over up to `max_batches` consecutive windows of `data`, without gradients.
+// The device `spec` ("cpu", "cuda", "cuda:N") names for a process of local rank
+// `local_rank`. Checks that a tensor can be made there; the one-line error names the
+// option and why not (a build without CUDA, no visible GPU).
+Device resolve_training_device(const std::string& spec, int local_rank);
+
+// The batch's tensors on `device` (a no-op when they are there already).
+TokenBatch batch_on_device(const TokenBatch& batch, Device device);
+
+// Mean loss over up to `max_batches` consecutive windows of `data`, without gradients,
+// on the device of the model's parameters.
 double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches);
 

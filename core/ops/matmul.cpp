@@ -13,8 +13,14 @@ GemmShape gemm_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_
              shape_str(b.shape()), trans_b ? "^T" : "");
   };
   if (a.dim() < 2 || b.dim() < 2) fail("operands need at least 2 dims");
-  if (a.dtype() != b.dtype()) fail("dtypes differ");
-  if (a.device() != b.device()) fail("operands on different devices");
+  if (a.dtype() != b.dtype()) {
+    fail(("dtypes differ (" + std::string(dtype_name(a.dtype())) + " and " +
+          dtype_name(b.dtype()) + ")").c_str());
+  }
+  if (a.device() != b.device()) {
+    fail(("operands on different devices (" + a.device().str() + " and " + b.device().str() +
+          ")").c_str());
+  }
   GemmShape s;
   s.trans_a = trans_a;
   s.trans_b = trans_b;

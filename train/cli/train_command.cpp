@@ -1,4 +1,4 @@
-// ham train: train a model on CPU on byte-level text (the embedded corpus by default),
+// ham train: train a model on CPU or a GPU on byte-level text (the embedded corpus by default),
 // with checkpoints, exact resume and a weights-only export.
 #include <omp.h>
 
@@ -63,7 +63,10 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 // Plain `ham train` is a world of one; under mpirun every rank runs the same command and
 // trains its share of the batch (a rank that fails ends the whole job, naming itself).
 int run_train(const TrainArgs& args) {
-  std::shared_ptr<dist::Communicator> world = dist::make_world_communicator();
+  // CUDA tensors move between ranks over NCCL, CPU tensors over MPI.
+  dist::WorldOptions world_options;
+  world_options.use_nccl = Device::parse(args.options.device).is_cuda();
+  std::shared_ptr<dist::Communicator> world = dist::make_world_communicator(world_options);
   if (world->size() == 1) return train_on_this_rank(args, world);
   return dist::run_or_abort_job(*world, [&] { return train_on_this_rank(args, world); });
 }
@@ -133,7 +136,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 Command add_train_command(CLI::App& root) {
   auto args = std::make_shared<TrainArgs>();
   TrainOptions& o = args->options;
-  CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU (text files, the embedded corpus or llm.c token shards)");
+  CLI::App* cmd = root.add_subcommand("train", "Train a model on CPU or a GPU (text files, the embedded corpus or llm.c token shards)");
   cmd->add_option("--config", args->config_path, "Model config JSON (default: the tiny built-in Transformer)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--train-config", args->train_config_path, "Training options JSON (keys as printed in the 'train:' line, e.g. configs/train/paper.json); flags given here override it")
@@ -180,6 +183,15 @@ Command add_train_command(CLI::App& root) {
   add("--shard", &TrainOptions::shard, "Under mpirun: grads shards gradients, optimizer state and fp32 master weights over the ranks (ZeRO-2); full shards the parameters too (ZeRO-3/FSDP). One process ignores it")
       ->check(CLI::IsMember({"grads", "grads+optimizer", "zero2", "full", "zero3"}));
   add("--shard-group-size", &TrainOptions::shard_group_size, "Under mpirun: ranks per shard group (hybrid sharding: shard within a group, e.g. a node's ranks, replicate across groups); 0: all ranks");
+  add("--device", &TrainOptions::device, "cpu, cuda (under mpirun: the GPU of the local rank) or cuda:N; parameters, optimizer state and batches live there")
+      ->check([](const std::string& text) {
+        try {
+          Device::parse(text);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      });
   add("--dump-grads-at", &TrainOptions::dump_grads_at, "Steps (1-based, comma-separated) at which the --dump-grads gradients, before clipping, go to <out or log-dir>/grads/step-NNNNNNNN.safetensors")
       ->delimiter(',');
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,

@@ -1,0 +1,66 @@
+// One training step of every tiny model on the GPU against the same step on the CPU:
+// the loss and every parameter's gradient, then the weights after the optimizer step,
+// within the f32 bound (relative RMS error <= 1e-5). Skips, saying why, without a GPU.
+// (tests/device runs the same comparison on an emulated device, exactly, on any machine.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "tests/device_training.h"
+#include "tests/testing.h"
+
+namespace ham {
+namespace {
+
+TEST(DeviceTraining, CudaStepMatchesTheCpuStepForEveryTinyModel) {
+  HAM_SKIP_UNLESS_CUDA();
+  TokenBatch batch = testing::corpus_batch(2, 64, 11);
+  for (const auto& file : testing::tiny_config_files()) {
+    SCOPED_TRACE(file.filename().string());
+    ModelConfig config = ModelConfig::from_file(file.string());
+    auto on_cpu = make_model(config), on_gpu = make_model(config);
+    on_gpu->to(Device::cuda());
+    testing::StepResult cpu = testing::loss_and_gradients(*on_cpu, batch);
+    testing::StepResult gpu = testing::loss_and_gradients(*on_gpu, batch);
+    EXPECT_LE(std::abs(gpu.loss - cpu.loss), 1e-5 * std::abs(cpu.loss));
+    ASSERT_EQ(gpu.gradients.size(), cpu.gradients.size());
+    for (size_t i = 0; i < cpu.gradients.size(); ++i) {
+      const std::string& name = cpu.gradients[i].first;
+      ASSERT_EQ(gpu.gradients[i].second.defined(), cpu.gradients[i].second.defined()) << name;
+      if (!cpu.gradients[i].second.defined()) continue;
+      EXPECT_LE(testing::relative_rms_error(gpu.gradients[i].second, cpu.gradients[i].second),
+                testing::gpu_tolerance(DType::F32))
+          << name;
+    }
+  }
+}
+
+TEST(DeviceTraining, CudaTrainingStepsMatchTheCpuForEveryTinyModel) {
+  HAM_SKIP_UNLESS_CUDA();
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  for (const auto& file : testing::tiny_config_files()) {
+    SCOPED_TRACE(file.filename().string());
+    ModelConfig config = ModelConfig::from_file(file.string());
+    auto on_cpu = make_model(config), on_gpu = make_model(config);
+    std::ostringstream cpu_log, gpu_log;
+    TrainResult cpu = train(*on_cpu, train_data, val_data, testing::short_run("cpu", 2), cpu_log);
+    TrainResult gpu = train(*on_gpu, train_data, val_data, testing::short_run("cuda", 2), gpu_log);
+    ASSERT_EQ(gpu.step_losses.size(), cpu.step_losses.size()) << gpu_log.str();
+    for (size_t s = 0; s < cpu.step_losses.size(); ++s) {
+      EXPECT_LE(std::abs(gpu.step_losses[s] - cpu.step_losses[s]), 1e-5 * cpu.step_losses[s])
+          << "step " << s + 1;
+    }
+    auto cpu_params = on_cpu->named_parameters(), gpu_params = on_gpu->named_parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      EXPECT_EQ(gpu_params[i].second.device(), Device::cuda()) << gpu_params[i].first;
+      EXPECT_LE(testing::relative_rms_error(gpu_params[i].second.to(Device::cpu()),
+                                            cpu_params[i].second),
+                testing::gpu_tolerance(DType::F32))
+          << gpu_params[i].first;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ham
