@@ -10,7 +10,8 @@
 # Environment:
 #   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
 #   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda
-#                    bench_routed_attention_cuda bench_gated_delta_rule_cuda)
+#                    bench_routed_attention_cuda bench_gated_delta_rule_cuda
+#                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
@@ -23,7 +24,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=build-gpu
 arch=${HAM_GPU_ARCH:-90}
-targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda}
+targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
 
 fail() { echo "gpu_check: $*" >&2; exit 1; }
@@ -104,6 +105,24 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     fi
   else
     echo "gpu_check: the gated delta rule benchmark failed" >&2
+    status=1
+  fi
+  echo "== linear cross-entropy benchmark: ham fused vs F.cross_entropy(h @ W.T, t)"
+  if "$build/bench/bench_linear_cross_entropy_cuda" --csv "$out/bench_lce_ham.csv" 2>&1 |
+       tee -a "$out/bench.log" &&
+     python3 bench/bench_linear_cross_entropy_torch.py "$out/bench_lce_ham.csv" \
+       --out "$out/bench_lce_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
+    :
+  else
+    echo "gpu_check: the linear cross-entropy benchmark failed" >&2
+    status=1
+  fi
+  echo "== memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)"
+  if "$build/bench/bench_memory_bound_cuda" --csv "$out/bench_memory_bound.csv" 2>&1 |
+       tee -a "$out/bench.log"; then
+    :
+  else
+    echo "gpu_check: the memory-bound benchmark failed" >&2
     status=1
   fi
 fi

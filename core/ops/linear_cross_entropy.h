@@ -1,0 +1,58 @@
+#pragma once
+// Fused linear cross-entropy: an LM head (no bias) followed by softmax cross-entropy,
+// without ever holding the whole [N, V] logits. hidden h [N, D], weight W [V, D],
+// integer targets t [N] (i32/i64); rows whose target is ignore_index take no part.
+//   z_r    = h_r W^T                                        (logits of row r, [V])
+//   loss   = sum over kept rows r of (logsumexp(z_r) - z_r[t_r])
+//   dz_r   = softmax(z_r) - onehot(t_r)                      (0 on ignored rows)
+//   dh     = dz W,   dW = dz^T h                             (gradients of the summed loss)
+// The rows are walked in chunks of c rows; per chunk (h_c = rows [r0, r0 + c) of h):
+//   z_c  = h_c W^T                        GEMM into one reused [c, V] buffer
+//   lse_c, loss_c, kept_c                 the cross_entropy kernel; loss += loss_c
+//   and when gradients are asked for:
+//   dz_c = softmax(z_c) - onehot          the cross_entropy_backward kernel, over z_c in place
+//   dh_c = dz_c W                         GEMM into rows [r0, r0 + c) of dh
+//   dW  += dz_c^T h_c                     GEMM accumulating into dW (beta = 1)
+// so 1 GEMM per chunk for the loss alone, 3 with both gradients (as Liger-Kernel's fused
+// linear cross-entropy). Extra memory beyond the inputs and the gradients: the c x V
+// logits buffer and c log-sum-exps. Default c = max(1, min(N, 2^23 / V)): at most 2^23
+// logits (32 MiB in f32) per chunk. The chunks run one after another with the existing
+// device-dispatched kernels (ops::gemm, cross_entropy, cross_entropy_backward), so the op
+// runs on every device that has those; it has no kernel table of its own.
+//
+// Writing dz_c over z_c relies on the cross_entropy_backward kernels reading each logit
+// before writing the same element's gradient (the CPU and CUDA kernels do; the tests
+// compare with the unfused path on both). On CUDA the forward kernel returns each chunk's
+// kept-row count, so every chunk waits for the device once.
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace ham::ops {
+
+// Logits per chunk of the default chunk size: 2^23 (32 MiB in f32).
+inline constexpr int64_t kLinearCrossEntropyChunkElements = int64_t(1) << 23;
+
+// The chunk size used for `rows` rows and a vocabulary of `vocab`: `chunk_rows` clamped to
+// [1, rows] when positive, max(1, min(rows, 2^23 / vocab)) when 0.
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows = 0);
+
+struct LinearCrossEntropyResult {
+  Tensor loss_sum;      // 0-d, hidden's dtype: sum over kept rows
+  int64_t count = 0;    // rows whose target is not ignore_index
+  Tensor grad_hidden;   // d loss_sum / d hidden, hidden's shape (when asked for)
+  Tensor grad_weight;   // d loss_sum / d weight, [V, D] (when asked for)
+};
+
+// hidden [N, D] ([..., D] with targets [...] also works), weight [V, D] of hidden's
+// floating dtype, targets [N] i32/i64, all on one device. chunk_rows 0 = the default
+// above. with_grad_hidden / with_grad_weight: also compute that gradient of loss_sum
+// (2 more GEMMs per chunk for both, 1 for either). A target outside [0, V) that is not
+// ignore_index is an error naming the chunk and the row in it.
+LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor& weight,
+                                              const Tensor& targets, int64_t ignore_index = -100,
+                                              int64_t chunk_rows = 0,
+                                              bool with_grad_hidden = false,
+                                              bool with_grad_weight = false);
+
+}  // namespace ham::ops
