@@ -1,10 +1,12 @@
 #pragma once
 // Op dispatch: each op owns a KernelTable that maps a device kind to its kernel. The CPU
 // kernel is set where the table is defined (core/ops/*.cpp); cuda/ registers its kernels
-// at load time, so core/ never includes CUDA code.
+// at load time, so core/ never includes CUDA code. CPU kernels take bf16 through f32
+// stand-ins (core/bf16_widening.h) unless the table is defined BF16_NATIVE.
 #include <array>
 #include <utility>
 
+#include "core/bf16_widening.h"
 #include "core/device.h"
 #include "core/error.h"
 
@@ -35,15 +37,30 @@ class KernelTable<R(Args...)> {
 
   const char* op_name() const { return op_name_; }
 
+  // `kernel` behind the bf16 widening: bf16 tensors reach it as f32 copies and its bf16
+  // outputs are rounded back (core/bf16_widening.h).
+  template <Kernel kernel>
+  static constexpr Kernel bf16_widened() {
+    return &bf16_widening::call_widened<kernel, R, Args...>;
+  }
+
  private:
   const char* op_name_;
   std::array<Kernel, kNumDeviceKinds> kernels_{};
 };
 
 // Declares `KernelTable<sig>& name##_kernels()` in a header; defined once with
-// HAM_DEFINE_KERNEL_TABLE next to the op's dispatch code.
+// HAM_DEFINE_KERNEL_TABLE next to the op's dispatch code. The CPU kernel is installed
+// behind the bf16 widening; HAM_DEFINE_KERNEL_TABLE_BF16_NATIVE installs it as it is, for a
+// kernel that reads and writes bf16 itself (cast).
 #define HAM_DECLARE_KERNEL_TABLE(name, ...) ::ham::KernelTable<__VA_ARGS__>& name##_kernels()
-#define HAM_DEFINE_KERNEL_TABLE(name, cpu_kernel, ...)              \
+#define HAM_DEFINE_KERNEL_TABLE(name, cpu_kernel, ...)                                      \
+  ::ham::KernelTable<__VA_ARGS__>& name##_kernels() {                                       \
+    static ::ham::KernelTable<__VA_ARGS__> table(                                           \
+        #name, ::ham::KernelTable<__VA_ARGS__>::template bf16_widened<cpu_kernel>());        \
+    return table;                                                                            \
+  }
+#define HAM_DEFINE_KERNEL_TABLE_BF16_NATIVE(name, cpu_kernel, ...)  \
   ::ham::KernelTable<__VA_ARGS__>& name##_kernels() {               \
     static ::ham::KernelTable<__VA_ARGS__> table(#name, cpu_kernel); \
     return table;                                                    \

@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <cstring>
+#include <type_traits>
+
 #include "core/error.h"
 
 namespace ham {
@@ -37,6 +40,30 @@ DType dtype_from_name(const std::string& name) {
 
 bool is_floating(DType dtype) {
   return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16;
+}
+
+void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(src_dtype));
+    return;
+  }
+  visit_dtype(src_dtype, [&]<class S>() {
+    visit_dtype(dst_dtype, [&]<class D>() {
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<S, BFloat16> && std::is_same_v<D, BFloat16>) {
+          d[i] = s[i];
+        } else if constexpr (std::is_same_v<S, BFloat16>) {
+          d[i] = static_cast<D>(bf16_to_float(s[i]));
+        } else if constexpr (std::is_same_v<D, BFloat16>) {
+          d[i] = float_to_bf16(float(s[i]));
+        } else {
+          d[i] = static_cast<D>(s[i]);
+        }
+      }
+    });
+  });
 }
 
 }  // namespace ham

@@ -37,6 +37,10 @@ inline BFloat16 float_to_bf16(float f) {
   return BFloat16{uint16_t((u + rounding_bias) >> 16)};
 }
 
+// Converts n elements between host buffers of any two dtypes: to bf16 rounds to nearest
+// even (f64 goes through f32), floating to integer truncates toward zero.
+void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
+
 template <class T>
 constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/ops/cast.h"
+
 namespace ham {
 
 std::string shape_str(const Shape& shape) {
@@ -68,38 +70,6 @@ T convert_from_double(double v) {
   } else {
     return static_cast<T>(v);
   }
-}
-
-template <class T>
-double convert_to_double(T v) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    return bf16_to_float(v);
-  } else {
-    return static_cast<double>(v);
-  }
-}
-
-// Element-wise conversion between host buffers of any two dtypes.
-void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
-  if (src_dtype == dst_dtype) {
-    std::memcpy(dst, src, size_t(n) * dtype_size(src_dtype));
-    return;
-  }
-  visit_dtype(src_dtype, [&]<class S>() {
-    visit_dtype(dst_dtype, [&]<class D>() {
-      const S* s = static_cast<const S*>(src);
-      D* d = static_cast<D*>(dst);
-      for (int64_t i = 0; i < n; ++i) {
-        if constexpr (std::is_same_v<S, BFloat16>) {
-          d[i] = convert_from_double<D>(bf16_to_float(s[i]));
-        } else if constexpr (std::is_same_v<D, BFloat16>) {
-          d[i] = float_to_bf16(float(s[i]));
-        } else {
-          d[i] = static_cast<D>(s[i]);
-        }
-      }
-    });
-  });
 }
 
 }  // namespace
@@ -221,14 +191,7 @@ Tensor Tensor::clone() const {
   return out;
 }
 
-Tensor Tensor::to(DType target) const {
-  if (target == dtype()) return *this;
-  HAM_CHECK(device().is_cpu(), "Tensor::to(", dtype_name(target), ") on ", device().str(),
-            ": move to cpu first (device-side conversion comes with the CUDA backend)");
-  Tensor out = empty(shape(), target, device());
-  convert_host(raw_data(), dtype(), out.raw_data(), target, numel());
-  return out;
-}
+Tensor Tensor::to(DType target) const { return ops::cast(*this, target); }
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
@@ -276,7 +239,7 @@ template <class T>
 std::vector<T> Tensor::to_vector() const {
   Tensor host = to(Device::cpu());
   std::vector<T> out(static_cast<size_t>(numel()));
-  convert_host(host.raw_data(), host.dtype(), out.data(), dtype_of<T>(), numel());
+  convert_elements(host.raw_data(), host.dtype(), out.data(), dtype_of<T>(), numel());
   return out;
 }
 

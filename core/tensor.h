@@ -94,7 +94,7 @@ class Tensor {
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;    // same tensor when already that dtype
+  Tensor to(DType dtype) const;    // same tensor when already that dtype; ops::cast on any device
   Tensor to(Device device) const;  // same tensor when already there
   void copy_(const Tensor& src);   // same shape and dtype, any devices
   void zero_();

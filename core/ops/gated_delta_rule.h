@@ -71,6 +71,20 @@ struct GatedDeltaRuleGrads {
   Tensor dq, dk, dv, dg, dbeta, dh0;
 };
 
+// The tensors of each struct, for the CPU kernels' bf16 widening (core/bf16_widening.h).
+template <class F>
+void for_each_tensor(GatedDeltaRuleArgs& a, F&& f) {
+  for (Tensor* t : {&a.q, &a.k, &a.v, &a.g, &a.beta, &a.h0, &a.doc_ids}) f(*t);
+}
+template <class F>
+void for_each_tensor(GatedDeltaRuleResult& r, F&& f) {
+  for (Tensor* t : {&r.o, &r.h_final, &r.fit_error}) f(*t);
+}
+template <class F>
+void for_each_tensor(GatedDeltaRuleGrads& g, F&& f) {
+  for (Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dg, &g.dbeta, &g.dh0}) f(*t);
+}
+
 // Chunked forward (training path) and the token-by-token recurrence (test reference and
 // decoding); both fill the preallocated outputs.
 HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_chunked,

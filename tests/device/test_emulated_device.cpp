@@ -32,7 +32,10 @@ TEST_F(EmulatedCuda, OpsRunThereAndRefuseMixedDevices) {
   EXPECT_EQ(c.device(), Device::cuda());
   EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{7, 10, 15, 22}));
   expect_error([&] { ops::matmul(a, b); }, {"cpu", "cuda:0"});
-  expect_error([&] { b.to(DType::F64); }, {"cuda:0", "move to cpu first"});
+  // dtype conversion runs on the device (the cast op) and stays there.
+  Tensor wide = b.to(DType::F64);
+  EXPECT_EQ(wide.device(), Device::cuda());
+  EXPECT_EQ(wide.to(Device::cpu()).to_vector<double>(), (std::vector<double>{1, 2, 3, 4}));
 }
 
 TEST_F(EmulatedCuda, TheDeviceOptionIsCheckedAndResolvedByLocalRank) {
