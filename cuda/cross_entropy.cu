@@ -8,12 +8,8 @@
 // returns the kept-row count, so it waits for the device once; the same readback
 // carries the first out-of-range target, reported with the CPU kernel's message.
 //
-// bf16 logits: lse is stored in the logits' dtype, and a bf16 lse is off by up to
-// |lse| 2^-9 (~0.02 for a 32k vocabulary), which would skew every e^(z - lse) by ~2%. The
-// bf16 backward therefore recomputes lse in f32 from the logits (one more read of the
-// row) instead of trusting the stored one. (The mixed-precision plan wants lse and the
-// loss in f32 whatever the logits' dtype; ops::cross_entropy allocates them in the
-// logits' dtype today, so that is a change to core/ops/cross_entropy.cpp.)
+// lse, the loss and dloss are f32 for f32 and bf16 logits and f64 for f64 logits
+// (S = compute_t<T>; cross_entropy_stats_dtype in core/ops/cross_entropy.h).
 //
 // Fused with the output projection (not in the CPU op set yet, so not here either): for
 // hidden h [N, D] and W [V, D], the vocabulary is walked in chunks of Vc columns
@@ -67,7 +63,7 @@ struct CrossEntropyStats {
 
 template <bool kWarp, class T, class I>
 __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t rows,
-                                   int64_t vocab, int64_t ignore_index, T* lse,
+                                   int64_t vocab, int64_t ignore_index, compute_t<T>* lse,
                                    double* row_loss, CrossEntropyStats* stats) {
   using Group = RowGroup<kWarp>;
   const int64_t r = row_index<kWarp>();
@@ -77,7 +73,7 @@ __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t ro
   const bool bad = !ignored && (t < 0 || t >= vocab);
   if (ignored || bad) {  // uniform over the group
     if (Group::lane() == 0) {
-      lse[r] = store<T>(0.0f);
+      lse[r] = compute_t<T>(0);
       row_loss[r] = 0.0;
       if (bad) atomicMin(&stats->first_bad_row, (unsigned long long)r);
     }
@@ -86,15 +82,16 @@ __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t ro
   const T* z = logits + r * vocab;
   const auto row_lse = row_logsumexp<kWarp>(z, vocab);
   if (Group::lane() != 0) return;
-  lse[r] = store<T>(row_lse);
+  lse[r] = row_lse;
   row_loss[r] = double(row_lse) - double(load(z[t]));
   atomicAdd(&stats->kept, 1ull);
 }
 
 template <bool kWarp, class T, class I>
-__global__ void cross_entropy_backward_rows(const T* logits, const I* targets, const T* lse,
-                                            int64_t rows, int64_t vocab, int64_t ignore_index,
-                                            const T* dloss, double scale, T* dlogits) {
+__global__ void cross_entropy_backward_rows(const T* logits, const I* targets,
+                                            const compute_t<T>* lse, int64_t rows, int64_t vocab,
+                                            int64_t ignore_index, const compute_t<T>* dloss,
+                                            double scale, T* dlogits) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
   const int64_t r = row_index<kWarp>();
@@ -106,9 +103,8 @@ __global__ void cross_entropy_backward_rows(const T* logits, const I* targets, c
     return;
   }
   const T* z = logits + r * vocab;
-  // bf16: recompute lse in f32 (see the top of this file).
-  const C row_lse = std::is_same_v<T, bf16> ? row_logsumexp<kWarp>(z, vocab) : C(load(lse[r]));
-  const C g = C(double(load(dloss[0])) * scale);
+  const C row_lse = lse[r];
+  const C g = C(double(dloss[0]) * scale);
   for (int64_t j = Group::lane(); j < vocab; j += Group::size()) {
     C value = exp_(C(load(z[j])) - row_lse) * g;
     if (j == t) value -= g;
@@ -136,9 +132,9 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
     dispatch_floating("cross_entropy", logits.dtype(), [&]<class T>() {
       launch_rows(rows, vocab, &cross_entropy_rows<true, T, I>, &cross_entropy_rows<false, T, I>,
                   ptr<const T>(logits), ptr<const I>(targets), rows, vocab, ignore_index,
-                  ptr<T>(lse), ptr<double>(row_loss), stats);
+                  ptr<compute_t<T>>(lse), ptr<double>(row_loss), stats);
       reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
-                            StoreScaled<T, double>{ptr<T>(loss_sum), 1.0});
+                            StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
     });
   });
   HAM_CUDA_CHECK(cudaMemcpyAsync(&host_stats, stats, sizeof host_stats, cudaMemcpyDeviceToHost,
@@ -162,8 +158,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     dispatch_floating("cross_entropy backward", logits.dtype(), [&]<class T>() {
       launch_rows(rows, vocab, &cross_entropy_backward_rows<true, T, I>,
                   &cross_entropy_backward_rows<false, T, I>, ptr<const T>(logits),
-                  ptr<const I>(targets), ptr<const T>(lse), rows, vocab, ignore_index,
-                  ptr<const T>(dloss), scale, ptr<T>(dlogits));
+                  ptr<const I>(targets), ptr<const compute_t<T>>(lse), rows, vocab,
+                  ignore_index, ptr<const compute_t<T>>(dloss), scale, ptr<T>(dlogits));
     });
   });
 }

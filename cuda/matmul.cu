@@ -64,14 +64,15 @@ uint32_t alignment_bytes(const void* ptr, int64_t batch_stride_elems, size_t ele
 struct PlanKey {
   GemmEpilogue epilogue;
   int device;
-  DType dtype;
+  DType dtype;    // of A and B
+  DType c_dtype;  // of C and D: dtype, or f32 for bf16 operands
   bool tf32;
   bool trans_a, trans_b;
   int64_t batch, m, n, k, a_stride, b_stride;
   uint32_t align_a, align_b, align_c;
   auto tie() const {
-    return std::tie(epilogue, device, dtype, tf32, trans_a, trans_b, batch, m, n, k, a_stride, b_stride,
-                    align_a, align_b, align_c);
+    return std::tie(epilogue, device, dtype, c_dtype, tf32, trans_a, trans_b, batch, m, n, k,
+                    a_stride, b_stride, align_a, align_b, align_c);
   }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
@@ -99,7 +100,9 @@ std::map<PlanKey, std::unique_ptr<GemmPlan>>& plan_cache() {
 
 std::string describe(const PlanKey& key) {
   return detail::concat(key.epilogue == GemmEpilogue::kNone ? "matmul" : "matmul+epilogue",
-                        " on cuda:", key.device, ": ", dtype_name(key.dtype), " batch ",
+                        " on cuda:", key.device, ": ", dtype_name(key.dtype),
+                        key.c_dtype != key.dtype ? " into " : "",
+                        key.c_dtype != key.dtype ? dtype_name(key.c_dtype) : "", " batch ",
                         key.batch, " M=", key.m, " N=", key.n, " K=", key.k, " trans_a=",
                         key.trans_a, " trans_b=", key.trans_b, key.tf32 ? " (tf32)" : "");
 }
@@ -166,7 +169,8 @@ std::unique_ptr<GemmPlan> make_plan(const PlanKey& key) {
                                    key.b_stride, what);
   plan->layout_second = make_layout(type, second_rows, second_cols, second_rows, key.batch,
                                     key.a_stride, what);
-  plan->layout_c = make_layout(type, key.n, key.m, key.n, key.batch, key.m * key.n, what);
+  plan->layout_c = make_layout(cuda_data_type(key.c_dtype), key.n, key.m, key.n, key.batch,
+                               key.m * key.n, what);
 
   cublasLtMatmulPreference_t preference = nullptr;
   HAM_CUBLAS_CHECK_CTX(cublasLtMatmulPreferenceCreate(&preference), what);
@@ -262,6 +266,7 @@ void run_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& shap
   PlanKey key{epilogue,
               device,
               a.dtype(),
+              c.dtype(),
               a.dtype() == DType::F32 && matmul_allows_tf32(),
               s.trans_a,
               s.trans_b,
@@ -273,7 +278,7 @@ void run_gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& shap
               s.batch > 1 ? s.b_batch_stride : 0,
               alignment_bytes(a.raw_data(), s.batch > 1 ? s.a_batch_stride : 0, elem),
               alignment_bytes(b.raw_data(), s.batch > 1 ? s.b_batch_stride : 0, elem),
-              alignment_bytes(c.raw_data(), s.batch > 1 ? s.m * s.n : 0, elem)};
+              alignment_bytes(c.raw_data(), s.batch > 1 ? s.m * s.n : 0, dtype_size(c.dtype()))};
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) {
     scale_output(c, s.beta, stream, describe(key));

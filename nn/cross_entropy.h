@@ -1,8 +1,9 @@
 #pragma once
 // Differentiable softmax cross-entropy, fused (formulas in core/ops/cross_entropy.h).
-// logits [N, V] (f32/f64; [..., V] with targets [...] also works), targets [N] (i32/i64).
-// Rows whose target is ignore_index contribute nothing. The forward saves only the
-// per-row logsumexp; dlogits = (softmax - onehot) * dloss (/ count for the mean).
+// logits [N, V] (f32/bf16/f64; [..., V] with targets [...] also works), targets [N]
+// (i32/i64). Rows whose target is ignore_index contribute nothing. The forward saves only
+// the per-row logsumexp; dlogits = (softmax - onehot) * dloss (/ count for the mean). The
+// loss is f32 for bf16 logits (mixed precision keeps the loss in f32), f64 for f64.
 #include <cstdint>
 
 #include "core/tensor.h"

@@ -2,6 +2,7 @@
 
 #include "autograd/function.h"
 #include "autograd/node.h"
+#include "core/ops/cast.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/linear_cross_entropy.h"
 
@@ -21,9 +22,11 @@ class LinearCrossEntropyBackward final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor g = scale == 1.0 ? grads[0] : ops::scaled(grads[0], scale);
+    // g is f32 for bf16 inputs (the loss is): scaled in the gradients' own dtype.
+    auto scaled_by_g = [&](const Tensor& t) { return ops::mul(t, ops::cast(g, t.dtype())); };
     Tensor dhidden, dweight;
-    if (needs_input_grad(*this, 0) && grad_hidden.defined()) dhidden = ops::mul(grad_hidden, g);
-    if (needs_input_grad(*this, 1) && grad_weight.defined()) dweight = ops::mul(grad_weight, g);
+    if (needs_input_grad(*this, 0) && grad_hidden.defined()) dhidden = scaled_by_g(grad_hidden);
+    if (needs_input_grad(*this, 1) && grad_weight.defined()) dweight = scaled_by_g(grad_weight);
     return {dhidden, dweight};
   }
 

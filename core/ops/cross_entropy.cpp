@@ -39,8 +39,9 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
                                  int64_t ignore_index) {
   check_inputs(logits, targets);
   CrossEntropyResult r;
-  r.lse = Tensor::empty({targets.numel()}, logits.dtype(), logits.device());
-  r.loss_sum = Tensor::empty({}, logits.dtype(), logits.device());
+  const DType stats = cross_entropy_stats_dtype(logits.dtype());
+  r.lse = Tensor::empty({targets.numel()}, stats, logits.device());
+  r.loss_sum = Tensor::empty({}, stats, logits.device());
   r.count = cross_entropy_kernels()(logits.device(), logits, targets, ignore_index, r.lse,
                                     r.loss_sum);
   return r;
@@ -48,9 +49,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               int64_t ignore_index, const Tensor& dloss, double scale) {
-  HAM_CHECK(dloss.numel() == 1 && dloss.dtype() == logits.dtype(),
-            "cross_entropy backward: gradient ", dloss.str(), " must be one ",
-            dtype_name(logits.dtype()), " value");
+  const DType stats = cross_entropy_stats_dtype(logits.dtype());
+  HAM_CHECK(dloss.numel() == 1 && dloss.dtype() == stats, "cross_entropy backward: gradient ",
+            dloss.str(), " must be one ", dtype_name(stats), " value (logits ", logits.str(), ")");
+  HAM_CHECK(lse.numel() == targets.numel() && lse.dtype() == stats,
+            "cross_entropy backward: lse ", lse.str(), " must be ", dtype_name(stats), "[",
+            targets.numel(), "] (logits ", logits.str(), ")");
   Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   cross_entropy_backward_kernels()(logits.device(), logits, targets, lse, ignore_index, dloss,
                                    scale, dlogits);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/ops/cast.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
@@ -54,22 +55,28 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   const Tensor h = hidden.reshape({rows, dim});  // views
   const Tensor t = targets.reshape({rows});
 
+  // The loss, lse and (for bf16) the dW accumulator are kept in f32 (f64 for f64).
+  const DType stats = cross_entropy_stats_dtype(dtype);
   LinearCrossEntropyResult r;
-  r.loss_sum = Tensor::zeros({}, dtype, device);
-  Tensor dh;
+  r.loss_sum = Tensor::zeros({}, stats, device);
+  Tensor dh, dw_sum;
   if (with_grad_hidden) {
     r.grad_hidden = Tensor::empty(hidden.shape(), dtype, device);
     dh = r.grad_hidden.reshape({rows, dim});
   }
-  if (with_grad_weight) r.grad_weight = Tensor::zeros({vocab, dim}, dtype, device);
-  if (rows == 0) return r;
+  if (with_grad_weight) dw_sum = Tensor::zeros({vocab, dim}, stats, device);
+  auto finish = [&] {
+    if (with_grad_weight) r.grad_weight = ops::cast(dw_sum, dtype);
+    return r;
+  };
+  if (rows == 0) return finish();
   const bool with_grad = with_grad_hidden || with_grad_weight;
 
   const int64_t chunk = linear_cross_entropy_chunk_rows(rows, vocab, chunk_rows);
   Tensor logits_buffer = Tensor::empty({chunk, vocab}, dtype, device);
-  Tensor lse_buffer = Tensor::empty({chunk}, dtype, device);
-  Tensor chunk_loss = Tensor::empty({}, dtype, device);
-  const Tensor one = with_grad ? Tensor::scalar(1.0, dtype, device) : Tensor();
+  Tensor lse_buffer = Tensor::empty({chunk}, stats, device);
+  Tensor chunk_loss = Tensor::empty({}, stats, device);
+  const Tensor one = with_grad ? Tensor::scalar(1.0, stats, device) : Tensor();
 
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t r1 = std::min(rows, r0 + chunk);
@@ -95,9 +102,9 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
     // dz_c = softmax(z_c) - onehot, written over z_c (each element read before it is written).
     cross_entropy_backward_kernels()(device, z, t_c, lse, ignore_index, one, 1.0, z);
     if (with_grad_hidden) gemm(z, weight, dh_c, false, false);                  // dz_c W
-    if (with_grad_weight) gemm(z, h_c, r.grad_weight, true, false, 1.0, 1.0);  // += dz_c^T h_c
+    if (with_grad_weight) gemm(z, h_c, dw_sum, true, false, 1.0, 1.0);  // += dz_c^T h_c
   }
-  return r;
+  return finish();
 }
 
 }  // namespace ham::ops

@@ -18,7 +18,9 @@
 // logits buffer and c log-sum-exps. Default c = max(1, min(N, 2^23 / V)): at most 2^23
 // logits (32 MiB in f32) per chunk. The chunks run one after another with the existing
 // device-dispatched kernels (ops::gemm, cross_entropy, cross_entropy_backward), so the op
-// runs on every device that has those; it has no kernel table of its own.
+// runs on every device that has those; it has no kernel table of its own. The loss and the
+// log-sum-exps are f32 for f32 and bf16 inputs (f64 for f64), and dW accumulates over the
+// chunks in f32 (bf16 products into an f32 GEMM output), rounded to bf16 once at the end.
 //
 // Writing dz_c over z_c relies on the cross_entropy_backward kernels reading each logit
 // before writing the same element's gradient (the CPU and CUDA kernels do; the tests
@@ -38,7 +40,7 @@ inline constexpr int64_t kLinearCrossEntropyChunkElements = int64_t(1) << 23;
 int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows = 0);
 
 struct LinearCrossEntropyResult {
-  Tensor loss_sum;      // 0-d, hidden's dtype: sum over kept rows
+  Tensor loss_sum;      // 0-d, f32 (f64 for f64 inputs): sum over kept rows
   int64_t count = 0;    // rows whose target is not ignore_index
   Tensor grad_hidden;   // d loss_sum / d hidden, hidden's shape (when asked for)
   Tensor grad_weight;   // d loss_sum / d weight, [V, D] (when asked for)

@@ -70,8 +70,10 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_
                 c.size(-1) == s.n,
             "gemm: output shape ", shape_str(c.shape()), " does not match [", s.batch, " x ", s.m,
             ", ", s.n, "] for A", shape_str(a.shape()), " @ B", shape_str(b.shape()));
-  HAM_CHECK(c.dtype() == a.dtype() && c.device() == a.device(),
-            "gemm: output must match the operands' dtype and device, got ", c.str());
+  const bool wide_output = a.dtype() == DType::BF16 && c.dtype() == DType::F32;
+  HAM_CHECK((c.dtype() == a.dtype() || wide_output) && c.device() == a.device(),
+            "gemm: output ", c.str(), " must be on the operands' device with their dtype ",
+            dtype_name(a.dtype()), a.dtype() == DType::BF16 ? " (or f32)" : "");
   gemm_kernels()(a.device(), a, b, c, s);
 }
 

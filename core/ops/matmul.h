@@ -23,7 +23,8 @@ namespace ops {
 // Returns op(A) @ op(B) with shape [..., M, N].
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
-// In place: c = alpha * op(A) @ op(B) + beta * c; c must already have shape [..., M, N].
+// In place: c = alpha * op(A) @ op(B) + beta * c; c must already have shape [..., M, N],
+// the operands' dtype, or f32 for bf16 operands (accumulating bf16 products into f32).
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b,
           double alpha = 1.0, double beta = 0.0);
 

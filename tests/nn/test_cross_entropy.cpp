@@ -258,6 +258,29 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndShapes) {
 // The CUDA kernels against the CPU reference: fresh random logits, ignored rows, i32 and
 // i64 targets, NaN-poisoned outputs, f32 and bf16; vocabularies short (a warp per row)
 // and long (a block per row). Skips without a GPU.
+// bf16 logits: lse and the loss are f32 and equal the f32 op's on the same values.
+TEST(CrossEntropy, Bf16LogitsGiveAnF32LossAndLse) {
+  Tensor logits = testing::random_tensor({6, 300}, DType::BF16, Device::cpu(), 40, 3.0);
+  Tensor targets = Tensor::from_vector<int64_t>({0, 299, -100, 7, 150, 1}, {6});
+  auto bf = ops::cross_entropy(logits, targets, -100);
+  auto f32 = ops::cross_entropy(logits.to(DType::F32), targets, -100);
+  EXPECT_EQ(bf.loss_sum.dtype(), DType::F32);
+  EXPECT_EQ(bf.lse.dtype(), DType::F32);
+  EXPECT_EQ(bf.loss_sum.item(), f32.loss_sum.item());
+  EXPECT_EQ(bf.lse.to_vector<float>(), f32.lse.to_vector<float>());
+  Tensor logits_grad = set_requires_grad(logits.clone());
+  Tensor loss = cross_entropy(logits_grad, targets);
+  EXPECT_EQ(loss.dtype(), DType::F32);
+  Tensor dlogits = gradients({loss}, {logits_grad})[0];
+  EXPECT_EQ(dlogits.dtype(), DType::BF16);
+  Tensor logits32 = set_requires_grad(logits.to(DType::F32));
+  Tensor want = gradients({cross_entropy(logits32, targets)}, {logits32})[0];
+  EXPECT_EQ(dlogits.to_vector<float>(), want.to(DType::BF16).to_vector<float>());
+  testing::expect_error([&] { ops::cross_entropy_backward(logits, targets, bf.lse, -100,
+                                                          Tensor::scalar(1.0, DType::BF16), 1.0); },
+                        {"cross_entropy backward", "f32"});
+}
+
 TEST(CrossEntropy, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
@@ -276,14 +299,16 @@ TEST(CrossEntropy, GpuMatchesCpu) {
         Tensor logits_cpu = testing::cpu_reference(logits), targets_cpu = targets.to(Device::cpu());
         auto want = ops::cross_entropy(logits_cpu, targets_cpu, -100);
 
-        Tensor lse = testing::poisoned({rows}, dtype, gpu);
-        Tensor loss = testing::poisoned({}, dtype, gpu);
+        // lse and the loss are f32 for f32 and bf16 logits.
+        const DType stats = cross_entropy_stats_dtype(dtype);
+        Tensor lse = testing::poisoned({rows}, stats, gpu);
+        Tensor loss = testing::poisoned({}, stats, gpu);
         int64_t count = cross_entropy_kernels()(gpu, logits, targets, -100, lse, loss);
         EXPECT_EQ(count, want.count) << what;
         testing::expect_matches_reference(lse, want.lse, dtype, what + " lse");
         testing::expect_matches_reference(loss, want.loss_sum, dtype, what + " loss");
 
-        Tensor dloss = Tensor::scalar(1.3, dtype, gpu);
+        Tensor dloss = Tensor::scalar(1.3, stats, gpu);
         const double scale = 1.0 / double(want.count);
         Tensor want_dlogits = ops::cross_entropy_backward(logits_cpu, targets_cpu, want.lse, -100,
                                                           testing::cpu_reference(dloss), scale);

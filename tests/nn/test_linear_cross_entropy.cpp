@@ -184,6 +184,30 @@ TEST(LinearCrossEntropy, F32MatchesUnfusedPath) {
   }
 }
 
+// bf16 inputs on the CPU: the loss is f32, and the result is the f32 path's on the same
+// bf16-rounded inputs within bf16 rounding of the per-chunk logits (dW accumulates in f32).
+TEST(LinearCrossEntropy, Bf16KeepsTheLossInF32AndTracksTheF32Path) {
+  const int64_t rows = 90, dim = 32, vocab = 500;
+  Tensor targets = targets_tensor(make_targets(rows, vocab, {5, 60}, 120), DType::I64);
+  Tensor hidden = set_requires_grad(randn64({rows, dim}, 121, 1.0, false).to(DType::BF16));
+  Tensor weight = set_requires_grad(randn64({vocab, dim}, 122, 0.5, false).to(DType::BF16));
+  Tensor hidden32 = set_requires_grad(detach(hidden).to(DType::F32));
+  Tensor weight32 = set_requires_grad(detach(weight).to(DType::F32));
+  for (int64_t chunk : {0, 16}) {
+    SCOPED_TRACE("chunk_rows " + std::to_string(chunk));
+    Tensor loss = linear_cross_entropy(hidden, weight, targets, -100, chunk);
+    Tensor loss32 = linear_cross_entropy(hidden32, weight32, targets, -100, chunk);
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    EXPECT_NEAR(loss.item(), loss32.item(), 5e-3 * loss32.item());
+    auto g = gradients({loss}, {hidden, weight});
+    auto g32 = gradients({loss32}, {hidden32, weight32});
+    EXPECT_EQ(g[0].dtype(), DType::BF16);
+    EXPECT_EQ(g[1].dtype(), DType::BF16);
+    EXPECT_LE(relative_rms_error(g[0], g32[0]), 1e-2);
+    EXPECT_LE(relative_rms_error(g[1], g32[1]), 1e-2);
+  }
+}
+
 TEST(LinearCrossEntropy, LeadingDimsFlattenIntoRows) {
   Tensor hidden = randn64({2, 3, 4}, 96, 1.0);
   Tensor weight = randn64({6, 4}, 97, 0.7);
@@ -304,46 +328,53 @@ TEST(LinearCrossEntropy, BadInputErrorsNameOpAndShapes) {
 TEST(LinearCrossEntropy, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  const DType dtype = DType::F32;
   uint64_t seed = 110;
   const int64_t rows = 300, dim = 64;
-  for (int64_t vocab : {1000, 5000}) {
-    for (int64_t chunk : {0, 64, 100}) {
-      for (DType index_dtype : {DType::I32, DType::I64}) {
-        const std::string what = "linear_cross_entropy V=" + std::to_string(vocab) + " chunk " +
-                                 std::to_string(chunk) + " " + dtype_name(index_dtype);
-        std::vector<int64_t> t = make_targets(rows, vocab, {0, 17, 18, 150, 299}, seed++);
-        Tensor targets = targets_tensor(t, index_dtype).to(gpu);
-        Tensor hidden = set_requires_grad(testing::random_tensor({rows, dim}, dtype, gpu, seed++));
-        Tensor weight =
-            set_requires_grad(testing::random_tensor({vocab, dim}, dtype, gpu, seed++, 0.3));
-        Tensor hidden_cpu = set_requires_grad(testing::cpu_reference(hidden));
-        Tensor weight_cpu = set_requires_grad(testing::cpu_reference(weight));
-        Tensor targets_cpu = targets.to(Device::cpu());
+  // bf16 is compared with the CPU's bf16 path (f32 compute on the same bf16 values).
+  for (DType dtype : testing::kGpuDtypes) {
+    for (int64_t vocab : {1000, 5000}) {
+      for (int64_t chunk : {0, 64, 100}) {
+        for (DType index_dtype : {DType::I32, DType::I64}) {
+          const std::string what = "linear_cross_entropy " + std::string(dtype_name(dtype)) +
+                                   " V=" + std::to_string(vocab) + " chunk " +
+                                   std::to_string(chunk) + " " + dtype_name(index_dtype);
+          std::vector<int64_t> t = make_targets(rows, vocab, {0, 17, 18, 150, 299}, seed++);
+          Tensor targets = targets_tensor(t, index_dtype).to(gpu);
+          Tensor hidden =
+              set_requires_grad(testing::random_tensor({rows, dim}, dtype, gpu, seed++));
+          Tensor weight =
+              set_requires_grad(testing::random_tensor({vocab, dim}, dtype, gpu, seed++, 0.3));
+          Tensor hidden_cpu = set_requires_grad(hidden.to(Device::cpu()));
+          Tensor weight_cpu = set_requires_grad(weight.to(Device::cpu()));
+          Tensor targets_cpu = targets.to(Device::cpu());
 
-        CrossEntropyStats want =
-            linear_cross_entropy_sum(hidden_cpu, weight_cpu, targets_cpu, -100, chunk);
-        CrossEntropyStats got = linear_cross_entropy_sum(hidden, weight, targets, -100, chunk);
-        EXPECT_EQ(got.count, want.count) << what;
-        EXPECT_EQ(got.loss.device(), gpu) << what;
-        testing::expect_matches_reference(got.loss, want.loss, dtype, what + " loss");
-        Tensor upstream = Tensor::scalar(0.7, dtype);
-        auto want_grads = gradients({want.loss}, {hidden_cpu, weight_cpu}, {upstream});
-        auto got_grads = gradients({got.loss}, {hidden, weight}, {upstream.to(gpu)});
-        testing::expect_matches_reference(got_grads[0], want_grads[0], dtype, what + " dhidden");
-        testing::expect_matches_reference(got_grads[1], want_grads[1], dtype, what + " dweight");
+          CrossEntropyStats want =
+              linear_cross_entropy_sum(hidden_cpu, weight_cpu, targets_cpu, -100, chunk);
+          CrossEntropyStats got = linear_cross_entropy_sum(hidden, weight, targets, -100, chunk);
+          EXPECT_EQ(got.count, want.count) << what;
+          EXPECT_EQ(got.loss.device(), gpu) << what;
+          EXPECT_EQ(got.loss.dtype(), DType::F32) << what;
+          testing::expect_matches_reference(got.loss, want.loss, dtype, what + " loss");
+          Tensor upstream = Tensor::scalar(0.7, DType::F32);
+          auto want_grads = gradients({want.loss}, {hidden_cpu, weight_cpu}, {upstream});
+          auto got_grads = gradients({got.loss}, {hidden, weight}, {upstream.to(gpu)});
+          testing::expect_matches_reference(got_grads[0], want_grads[0], dtype, what + " dhidden");
+          testing::expect_matches_reference(got_grads[1], want_grads[1], dtype, what + " dweight");
 
-        // The mean, and the loss alone under no-grad.
-        Tensor mean = linear_cross_entropy(hidden, weight, targets, -100, chunk);
-        testing::expect_matches_reference(
-            mean, unfused_loss(detach(hidden_cpu), detach(weight_cpu), targets_cpu), dtype,
-            what + " mean");
-        NoGradGuard no_grad;
-        testing::expect_matches_reference(linear_cross_entropy(hidden, weight, targets, -100, chunk),
-                                          mean, dtype, what + " no-grad mean");
+          // The mean, and the loss alone under no-grad.
+          Tensor mean = linear_cross_entropy(hidden, weight, targets, -100, chunk);
+          testing::expect_matches_reference(
+              mean, unfused_loss(detach(hidden_cpu), detach(weight_cpu), targets_cpu), dtype,
+              what + " mean");
+          NoGradGuard no_grad;
+          testing::expect_matches_reference(
+              linear_cross_entropy(hidden, weight, targets, -100, chunk), mean, dtype,
+              what + " no-grad mean");
+        }
       }
     }
   }
+  const DType dtype = DType::F32;
   // Every row ignored: zero loss and gradients on the GPU too.
   Tensor hidden = set_requires_grad(testing::random_tensor({9, 8}, dtype, gpu, seed++));
   Tensor weight = set_requires_grad(testing::random_tensor({20, 8}, dtype, gpu, seed++));
