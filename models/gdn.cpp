@@ -125,10 +125,10 @@ GDNModel::GDNModel(const ModelConfig& c) : DecoderLM(c) {
   add_head();
 }
 
-Tensor GDNModel::forward(const TokenBatch& batch) const {
+Tensor GDNModel::hidden_states(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "GDNModel");
   for (size_t i = 0; i < layers.size(); ++i) x = run_block(int64_t(i), layers[i], x, batch);
-  return logits(x);
+  return x;
 }
 
 GDNGSAModel::GDNGSAModel(const ModelConfig& c) : DecoderLM(c) {
@@ -145,13 +145,13 @@ GDNGSAModel::GDNGSAModel(const ModelConfig& c) : DecoderLM(c) {
   add_head();
 }
 
-Tensor GDNGSAModel::forward(const TokenBatch& batch) const {
+Tensor GDNGSAModel::hidden_states(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "GDNGSAModel");
   for (size_t i = 0; i < gdn_layers.size(); ++i) {
     x = attention_layers[i] ? run_block(int64_t(i), attention_layers[i], x, batch)
                             : run_block(int64_t(i), gdn_layers[i], x, batch);
   }
-  return logits(x);
+  return x;
 }
 
 }  // namespace ham

@@ -66,7 +66,7 @@ class GDNBlock : public Module {
 class GDNModel : public DecoderLM {
  public:
   explicit GDNModel(const ModelConfig& config);
-  Tensor forward(const TokenBatch& batch) const override;
+  Tensor hidden_states(const TokenBatch& batch) const override;
   std::vector<std::shared_ptr<GDNBlock>> layers;
 };
 
@@ -75,7 +75,7 @@ class GDNModel : public DecoderLM {
 class GDNGSAModel : public DecoderLM {
  public:
   explicit GDNGSAModel(const ModelConfig& config);
-  Tensor forward(const TokenBatch& batch) const override;
+  Tensor hidden_states(const TokenBatch& batch) const override;
   // Layer i is exactly one of the two: attention_layers[i] set where
   // config.is_attention_layer(i), gdn_layers[i] elsewhere (the other entry is null).
   std::vector<std::shared_ptr<TransformerBlock>> attention_layers;

@@ -229,7 +229,7 @@ HAMModel::HAMModel(const ModelConfig& c) : DecoderLM(c) {
   }
 }
 
-Tensor HAMModel::forward(const TokenBatch& batch) const {
+Tensor HAMModel::hidden_states(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "HAMModel");
   Tensor previous_score;  // EDA: the previous layer's score
   bool pass_score = config_.eda;
@@ -264,7 +264,7 @@ Tensor HAMModel::forward(const TokenBatch& batch) const {
     }
     thresholds_->record_forward(fractions);
   }
-  return logits(x);
+  return x;
 }
 
 std::vector<LayerRouting> HAMModel::routing() const {

@@ -129,7 +129,7 @@ class HAMBlock : public Module {
 class HAMModel : public DecoderLM {
  public:
   explicit HAMModel(const ModelConfig& config);
-  Tensor forward(const TokenBatch& batch) const override;
+  Tensor hidden_states(const TokenBatch& batch) const override;
   // Per layer: kv fraction of the last forward (mean over sequences) and tau.
   std::vector<LayerRouting> routing() const override;
   // Algorithm 2 (learned tau only): apply the synthetic gradients of the training forwards

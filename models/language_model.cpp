@@ -7,6 +7,7 @@
 #include "models/ham.h"
 #include "models/transformer.h"
 #include "nn/cross_entropy.h"
+#include "nn/linear_cross_entropy.h"
 #include "nn/view.h"
 
 namespace ham {
@@ -38,9 +39,19 @@ Tensor DecoderLM::embed_tokens(const TokenBatch& batch, const char* model) const
   return leave_block(BlockHooks::kOuterBlock, {embed->forward(batch.inputs)})[0];
 }
 
-Tensor DecoderLM::logits(const Tensor& x) const {
-  Tensor in = enter_block(BlockHooks::kOuterBlock, {x})[0];
+// Final norm and head are the outer block's second visit, in both forward and loss.
+Tensor DecoderLM::forward(const TokenBatch& batch) const {
+  Tensor in = enter_block(BlockHooks::kOuterBlock, {hidden_states(batch)})[0];
   return leave_block(BlockHooks::kOuterBlock, {lm_head->forward(final_norm->forward(in))})[0];
+}
+
+Tensor DecoderLM::loss(const TokenBatch& batch) const {
+  Tensor in = enter_block(BlockHooks::kOuterBlock, {hidden_states(batch)})[0];
+  Tensor normed = final_norm->forward(in);
+  const int64_t d = normed.size(-1);
+  Tensor loss = linear_cross_entropy(reshape(normed, {-1, d}), lm_head->weight,
+                                     batch.targets.reshape({-1}));
+  return leave_block(BlockHooks::kOuterBlock, {loss})[0];
 }
 
 namespace {

@@ -66,8 +66,9 @@ class LanguageModel : public Module {
   // optimizer), saved in checkpoints so that a resumed run continues bit for bit.
   virtual std::vector<std::pair<std::string, Tensor>> training_state() const { return {}; }
   virtual void load_training_state(const std::vector<std::pair<std::string, Tensor>>& state) {}
-  // Mean next-token cross-entropy over non-ignored targets (a 0-d tensor).
-  Tensor loss(const TokenBatch& batch) const;
+  // Mean next-token cross-entropy over non-ignored targets (a 0-d tensor; f32 for bf16
+  // models). The default is cross_entropy(forward(batch)); DecoderLM fuses the head.
+  virtual Tensor loss(const TokenBatch& batch) const;
   const ModelConfig& config() const { return config_; }
   // Installs hooks called around each block (null removes them). Every family calls them.
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) { block_hooks_ = std::move(hooks); }
@@ -88,6 +89,15 @@ class DecoderLM : public LanguageModel {
   std::shared_ptr<RMSNorm> final_norm;
   std::shared_ptr<Linear> lm_head;
 
+  // The last layer's output [B, T, d_model], before the final norm: what each family
+  // computes.
+  virtual Tensor hidden_states(const TokenBatch& batch) const = 0;
+  // Logits [B, T, vocab] = lm_head(final_norm(hidden_states)).
+  Tensor forward(const TokenBatch& batch) const override;
+  // The same loss through the fused linear cross-entropy (nn/linear_cross_entropy.h): the
+  // head's logits exist only a chunk of rows at a time, never as [B, T, vocab].
+  Tensor loss(const TokenBatch& batch) const override;
+
  protected:
   explicit DecoderLM(const ModelConfig& config);
   template <class Block>
@@ -98,8 +108,6 @@ class DecoderLM : public LanguageModel {
   // Token embeddings of a [B, T] batch (the error names the model); the outer block's
   // first visit.
   Tensor embed_tokens(const TokenBatch& batch, const char* model) const;
-  // Final norm and head; the outer block's second visit.
-  Tensor logits(const Tensor& x) const;
   // One residual block x -> block(x, batch) at layer `index`, rerun in backward instead of
   // keeping its activations when the config asks for recompute (inside the block's hooks,
   // so the rerun finds its parameters where before_backward put them).

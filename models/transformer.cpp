@@ -57,10 +57,10 @@ Transformer::Transformer(const ModelConfig& c) : DecoderLM(c) {
   add_head();
 }
 
-Tensor Transformer::forward(const TokenBatch& batch) const {
+Tensor Transformer::hidden_states(const TokenBatch& batch) const {
   Tensor x = embed_tokens(batch, "Transformer");
   for (size_t i = 0; i < layers.size(); ++i) x = run_block(int64_t(i), layers[i], x, batch);
-  return logits(x);
+  return x;
 }
 
 

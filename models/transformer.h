@@ -29,7 +29,7 @@ class TransformerBlock : public Module {
 class Transformer : public DecoderLM {
  public:
   explicit Transformer(const ModelConfig& config);
-  Tensor forward(const TokenBatch& batch) const override;
+  Tensor hidden_states(const TokenBatch& batch) const override;
   std::vector<std::shared_ptr<TransformerBlock>> layers;
 };
 
