@@ -263,6 +263,7 @@ struct Smem {
 template <class T>
 struct Problem {
   const T *q, *k, *v, *g, *beta, *h0;  // h0 may be null
+  const float* g_f32;  // f32 gates with bf16 T (mixed precision); then g is null
   const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;
   int64_t batch, seq_len, heads, key_dim, value_dim;
   int vt, tiles;
@@ -272,6 +273,12 @@ struct Problem {
     return (b * seq_len + t) * heads + h;
   }
 };
+
+// The log-decay gate of row i ([B, T, H] index), from the f32 gates when given.
+template <class T>
+__device__ __forceinline__ compute_t<T> gate_at(const Problem<T>& pr, int64_t i) {
+  return pr.g_f32 ? compute_t<T>(pr.g_f32[i]) : compute_t<T>(load(pr.g[i]));
+}
 
 // The block's coordinates: batch b, head h, V tile `tile` covering value columns
 // [col0, col0 + cols) (cols < vt on a ragged last tile; the missing columns are zeros).
@@ -346,7 +353,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
   }
   if (threadIdx.x < n) {
     const int64_t at = pr.row(bc.b, begin + threadIdx.x, bc.h);
-    s.gcum[threadIdx.x] = C(load(pr.g[at]));
+    s.gcum[threadIdx.x] = gate_at(pr, at);
     s.beta[threadIdx.x] = C(load(pr.beta[at]));
   }
   __syncthreads();
@@ -573,7 +580,7 @@ __global__ void __launch_bounds__(kBlock)
       qvec[a] = C(load(pr.q[row * K + a]));
     }
     const bool reset = t > 0 && doc_ids && doc_ids[bc.b * T_ + t] != doc_ids[bc.b * T_ + t - 1];
-    const C decay = exp_(C(load(pr.g[row])));
+    const C decay = exp_(gate_at(pr, row));
     const C beta = C(load(pr.beta[row]));
     __syncthreads();  // also orders the previous token's reads of state before the writes
     // S <- e^{g_t} S (0 at a document start)
@@ -905,7 +912,9 @@ Problem<T> make_problem(const GatedDeltaRuleArgs& a, const Dims& d, const ChunkT
   pr.q = ptr<const T>(a.q);
   pr.k = ptr<const T>(a.k);
   pr.v = ptr<const T>(a.v);
-  pr.g = ptr<const T>(a.g);
+  const bool f32_gates = a.g.dtype() == DType::F32 && !std::is_same_v<T, float>;
+  pr.g = f32_gates ? nullptr : ptr<const T>(a.g);
+  pr.g_f32 = f32_gates ? ptr<const float>(a.g) : nullptr;
   pr.beta = ptr<const T>(a.beta);
   pr.h0 = ptr_or_null<const T>(a.h0);
   pr.chunk_begin = table.begin.defined() ? ptr<const int32_t>(table.begin) : nullptr;
@@ -1073,7 +1082,17 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     };
     finish(dq_part, grads.dq);
     finish(dk_part, grads.dk);
-    finish(dg_part, grads.dg);
+    if (grads.dg.defined() && grads.dg.dtype() == DType::F32 && !std::is_same_v<T, float>) {
+      // f32 gates: dg stays f32 (mixed precision).
+      if (grads.dg.numel() > 0) {
+        sum_tiles_kernel<float, C><<<grid_for(grads.dg.numel()), kThreads, 0, launch_stream()>>>(
+            pr.tiles > 0 ? ptr<const C>(dg_part) : nullptr, grads.dg.numel(), pr.tiles,
+            ptr<float>(grads.dg));
+        HAM_CUDA_CHECK_LAUNCH();
+      }
+    } else {
+      finish(dg_part, grads.dg);
+    }
     finish(dbeta_part, grads.dbeta);
   });
 }

@@ -78,8 +78,25 @@ std::vector<ParameterBlock> group_parameters_by_layer(
     block.parameters.push_back(named);
   }
   std::vector<ParameterBlock> blocks;
-  if (!rest.parameters.empty()) blocks.push_back(std::move(rest));
-  for (auto& [index, block] : layers) blocks.push_back(std::move(block));
+  // A flat buffer holds one dtype: a group of several (mixed precision keeps a few
+  // parameters f32 in a bf16 model) becomes adjacent blocks, "<name>" with its first
+  // parameter's dtype and "<name>:<dtype>" for each other one.
+  auto add_split_by_dtype = [&](ParameterBlock group) {
+    std::vector<ParameterBlock> parts;
+    std::vector<DType> dtypes;
+    for (auto& named : group.parameters) {
+      const DType dtype = named.second.dtype();
+      size_t i = size_t(std::find(dtypes.begin(), dtypes.end(), dtype) - dtypes.begin());
+      if (i == dtypes.size()) {
+        dtypes.push_back(dtype);
+        parts.push_back({i == 0 ? group.name : group.name + ":" + dtype_name(dtype), {}});
+      }
+      parts[i].parameters.push_back(std::move(named));
+    }
+    for (auto& part : parts) blocks.push_back(std::move(part));
+  };
+  if (!rest.parameters.empty()) add_split_by_dtype(std::move(rest));
+  for (auto& [index, block] : layers) add_split_by_dtype(std::move(block));
   return blocks;
 }
 
@@ -290,6 +307,17 @@ std::vector<std::pair<std::string, Tensor>> ShardedBlock::full_parameters() {
     out.emplace_back(e.name, piece.device().is_cpu() ? piece.clone() : piece.to(Device::cpu()));
   }
   if (temporary && gathered_bytes_) gathered_bytes_->remove(gathered_parameter_bytes());
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> ShardedBlock::full_master_parameters() {
+  Tensor flat = Tensor::empty({layout_.padded_numel()}, master_dtype_, device_);
+  groups_.shard->all_gather(master_shard_, flat);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const FlatEntry& e : layout_.entries()) {
+    Tensor piece = flat_piece(flat, e.offset, e.numel, e.shape);
+    out.emplace_back(e.name, piece.device().is_cpu() ? piece.clone() : piece.to(Device::cpu()));
+  }
   return out;
 }
 
@@ -554,6 +582,14 @@ std::vector<std::pair<std::string, Tensor>> ShardedModel::full_parameters() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& b : blocks_) {
     for (auto& named : b->full_parameters()) out.push_back(std::move(named));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> ShardedModel::full_master_parameters() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& b : blocks_) {
+    for (auto& named : b->full_master_parameters()) out.push_back(std::move(named));
   }
   return out;
 }

@@ -87,6 +87,9 @@ struct ParameterBlock {
 // registration order (left out when there is none). Then one block per "layers.<i>."
 // prefix, named "layers.<i>", in layer order. Backward finishes the blocks in reverse
 // index order (the last layer first, the embedding last), which ShardedModel relies on.
+// A group holding several dtypes (a bf16 model whose gates and routers stay f32) is split
+// into adjacent blocks "<name>" and "<name>:<dtype>" (e.g. "layers.0:f32"), one flat
+// buffer per dtype.
 std::vector<ParameterBlock> group_parameters_by_layer(
     const std::vector<std::pair<std::string, Tensor>>& named_parameters);
 
@@ -155,6 +158,9 @@ class ShardedBlock {
   // Full copies of the parameters (fresh CPU tensors, in the parameter dtype). Collective
   // over the shard group.
   std::vector<std::pair<std::string, Tensor>> full_parameters();
+  // The same from the master shards (f32 for f32 and bf16 models, f64 for f64): the values
+  // a bf16 model's parameters are rounded from. Collective over the shard group.
+  std::vector<std::pair<std::string, Tensor>> full_master_parameters();
   // Sets this rank's master shard from full values (every rank passes the same; names
   // looked up in `full`, missing ones are an error). Call publish_parameters() after.
   void load_full_parameters(const std::map<std::string, Tensor>& full);
@@ -262,6 +268,9 @@ class ShardedModel {
   void publish_parameters();
   // Full parameter copies, for model.safetensors. Collective over the shard group.
   std::vector<std::pair<std::string, Tensor>> full_parameters();
+  // Full copies of the master weights (f32 for bf16 models): what checkpoints save, so a
+  // resumed bf16 run continues from the exact f32 values. Collective over the shard group.
+  std::vector<std::pair<std::string, Tensor>> full_master_parameters();
   // The whole mean gradient (what one process would hold in grad() before clipping), as
   // fresh tensors in the parameters' dtype and device, model order by block. Collective over
   // the shard group; costs a full copy of the gradients (for gradient inspection only).

@@ -30,66 +30,82 @@ namespace ham::dist {
 class ShardedBlockHooks final : public BlockHooks {
  public:
   // `sharded` must be Full and grouped by group_parameters_by_layer of a model with
-  // `n_layers` layers (blocks "rest", "layers.0" ... "layers.<n-1>"; checked).
+  // `n_layers` layers (blocks "rest", "layers.0" ... "layers.<n-1>", each possibly with
+  // ":<dtype>" parts; checked).
   ShardedBlockHooks(ShardedModel& sharded, int64_t n_layers) : sharded_(sharded) {
     HAM_CHECK(sharded.stage() == ShardingStage::Full,
               "sharded block hooks: the model is sharded with stage '",
               sharding_stage_name(sharded.stage()), "'; per-block gathering needs 'full'");
-    rest_ = sharded.block_index("rest");
+    rest_ = blocks_named("rest");
+    size_t found = rest_.size();
     for (int64_t i = 0; i < n_layers; ++i) {
-      layers_.push_back(sharded.block_index("layers." + std::to_string(i)));
+      layers_.push_back(blocks_named("layers." + std::to_string(i)));
+      found += layers_.back().size();
     }
-    HAM_CHECK(sharded.num_blocks() == layers_.size() + 1, "sharded block hooks: the sharded "
-              "model has ", sharded.num_blocks(), " blocks, the model ", n_layers,
-              " layers + \"rest\"");
+    HAM_CHECK(sharded.num_blocks() == found, "sharded block hooks: the sharded model has ",
+              sharded.num_blocks(), " blocks, the model ", n_layers, " layers + \"rest\"");
   }
 
   void before_forward(int64_t block) override {
     if (block == kOuterBlock) {
       const bool embedding = last_forward_block_ < 0;  // else the head, after the layers
       last_forward_block_ = kOuterBlock;
-      sharded_.gather(rest_);
-      if (embedding && !layers_.empty()) sharded_.prefetch(layers_.front());
+      for (size_t b : rest_) sharded_.gather(b);
+      if (embedding && !layers_.empty()) prefetch(layers_.front());
       return;
     }
     last_forward_block_ = block;
-    const size_t index = layer(block);
-    sharded_.gather(index);
-    if (size_t(block) + 1 < layers_.size()) sharded_.prefetch(layers_[size_t(block) + 1]);
-    if (GradMode::is_enabled()) sharded_.accumulate_gradients_right_after_backward_of(index);
+    for (size_t b : layer(block)) sharded_.gather(b);
+    if (size_t(block) + 1 < layers_.size()) prefetch(layers_[size_t(block) + 1]);
+    if (GradMode::is_enabled()) {
+      for (size_t b : layer(block)) sharded_.accumulate_gradients_right_after_backward_of(b);
+    }
   }
 
   void after_forward(int64_t block) override {
-    if (block != kOuterBlock) sharded_.release(layer(block));
+    if (block == kOuterBlock) return;
+    for (size_t b : layer(block)) sharded_.release(b);
   }
 
   void before_backward(int64_t block) override {
     if (block == kOuterBlock) {
       const bool head = last_backward_block_ < 0;  // else the embedding, after the layers
       last_backward_block_ = kOuterBlock;
-      sharded_.gather(rest_);
-      if (head && !layers_.empty()) sharded_.prefetch(layers_.back());
+      for (size_t b : rest_) sharded_.gather(b);
+      if (head && !layers_.empty()) prefetch(layers_.back());
       return;
     }
     last_backward_block_ = block;
-    sharded_.gather(layer(block));
-    if (block > 0) sharded_.prefetch(layers_[size_t(block) - 1]);
+    for (size_t b : layer(block)) sharded_.gather(b);
+    if (block > 0) prefetch(layers_[size_t(block) - 1]);
   }
 
   void after_backward(int64_t block) override {
-    if (block != kOuterBlock) sharded_.release(layer(block));
+    if (block == kOuterBlock) return;
+    for (size_t b : layer(block)) sharded_.release(b);
   }
 
  private:
-  size_t layer(int64_t block) const {
+  // The sharded blocks of group `name`: "<name>" and its "<name>:<dtype>" parts.
+  std::vector<size_t> blocks_named(const std::string& name) const {
+    std::vector<size_t> out{sharded_.block_index(name)};
+    for (size_t b = 0; b < sharded_.num_blocks(); ++b) {
+      if (sharded_.block(b).name().rfind(name + ":", 0) == 0) out.push_back(b);
+    }
+    return out;
+  }
+  void prefetch(const std::vector<size_t>& blocks) {
+    for (size_t b : blocks) sharded_.prefetch(b);
+  }
+  const std::vector<size_t>& layer(int64_t block) const {
     HAM_CHECK(block >= 0 && size_t(block) < layers_.size(), "sharded block hooks: block ", block,
               " is not a layer of this ", layers_.size(), "-layer model");
     return layers_[size_t(block)];
   }
 
   ShardedModel& sharded_;
-  size_t rest_ = 0;
-  std::vector<size_t> layers_;  // sharded block index of layer i
+  std::vector<size_t> rest_;                 // sharded blocks of "rest"
+  std::vector<std::vector<size_t>> layers_;  // sharded blocks of layer i
   int64_t last_forward_block_ = kOuterBlock, last_backward_block_ = kOuterBlock;
 };
 

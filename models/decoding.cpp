@@ -13,6 +13,7 @@
 #include "models/ham.h"
 #include "models/router.h"
 #include "models/transformer.h"
+#include "nn/cast.h"
 #include "nn/elementwise.h"
 #include "nn/norm.h"
 #include "nn/rope.h"
@@ -303,7 +304,7 @@ class GDNLayerState final : public Decoder::LayerState {
     q = scale(l2_norm(q), 1.0 / std::sqrt(double(K)));
     k = l2_norm(k);
     Tensor beta = sigmoid(m.b_proj->forward(h));
-    Tensor g = mul(neg(exp(m.A_log)), softplus(add(m.a_proj->forward(h), m.dt_bias)));
+    Tensor g = gdn_log_decay(m.a_proj->forward(h), m.A_log, m.dt_bias);
     Tensor o = state_.step(q, k, v, g, beta).o;
     Tensor gate = reshape(m.gate_proj->forward(h), {B, n, H, V});
     o = gated_rms_norm(o, gate, m.o_norm->weight, c_.norm_eps);
@@ -361,7 +362,7 @@ class HAMLayerState final : public Decoder::LayerState {
     rnn_q = scale(l2_norm(reshape(rnn_q, {B, n, H, K})), 1.0 / std::sqrt(double(K)));
     rnn_k = l2_norm(reshape(rnn_k, {B, n, H, K}));
     rnn_v = reshape(rnn_v, {B, n, H, V});
-    Tensor log_decay = mul(neg(exp(m.A_log)), softplus(add(m.a_proj->forward(h), m.dt_bias)));
+    Tensor log_decay = gdn_log_decay(m.a_proj->forward(h), m.A_log, m.dt_bias);
     Tensor beta = sigmoid(m.b_proj->forward(h));
     GatedDeltaRuleResult recurrent = state_.step(rnn_q, rnn_k, rnn_v, log_decay, beta);
 
@@ -389,7 +390,8 @@ class HAMLayerState final : public Decoder::LayerState {
     kv_q = rope(reshape(kv_q, {B, n, c_.n_heads, c_.head_dim}), c_.rope_base, positions);
     kv_k = rope(reshape(kv_k, {B, n, c_.n_kv_heads, c_.head_dim}), c_.rope_base, positions);
     kv_v = reshape(kv_v, {B, n, c_.n_kv_heads, c_.v_head_dim});
-    std::vector<int64_t> visible = cache_.append(kv_k, kv_v, m.router ? score : Tensor(), selected);
+    std::vector<int64_t> visible =
+        cache_.append(kv_k, kv_v, m.router ? cast(score, kv_v.dtype()) : Tensor(), selected);
     Tensor kv_out = cache_.attend(kv_q, visible, 1.0 / std::sqrt(double(c_.head_dim)));
 
     // o = g_RNN * GatedNorm(o_RNN) + g_KV * Norm(o_KV), heads merged before the sum.

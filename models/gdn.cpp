@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/node.h"
+#include "nn/cast.h"
 #include "nn/conv1d.h"
 #include "nn/elementwise.h"
 #include "nn/gated_delta_rule.h"
@@ -53,6 +54,10 @@ Tensor init_dt_bias(int64_t heads, Generator& gen) {
 
 }  // namespace
 
+Tensor gdn_log_decay(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias) {
+  return mul(neg(exp(A_log)), softplus(add(cast(a, A_log.dtype()), dt_bias)));
+}
+
 ShortConvolution::ShortConvolution(int64_t channels, int64_t width, Generator& gen) {
   // Depthwise conv: fan-in is the width, so U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's Conv1d).
   double bound = 1.0 / std::sqrt(double(width));
@@ -80,6 +85,8 @@ GatedDeltaNet::GatedDeltaNet(const ModelConfig& c, Generator& gen)
   b_proj = register_module("b_proj", std::make_shared<Linear>(d, heads_, false, gen, init));
   register_parameter("A_log", A_log, init_a_log(heads_, gen));
   register_parameter("dt_bias", dt_bias, init_dt_bias(heads_, gen));
+  keep_full_precision(A_log);
+  keep_full_precision(dt_bias);
   gate_proj = register_module("gate_proj", std::make_shared<Linear>(d, v_dim, false, gen, init));
   o_norm = register_module("o_norm", std::make_shared<RMSNorm>(v_head_dim_, c.norm_eps));
   o_proj = register_module("o_proj", std::make_shared<Linear>(v_dim, d, false, gen,
@@ -96,7 +103,7 @@ Tensor GatedDeltaNet::forward(const Tensor& x, const TokenBatch& batch) const {
   k = l2_norm(k);
   Tensor beta = sigmoid(b_proj->forward(x));  // [B, T, h] write strength in (0, 1)
   // g = -A * dt <= 0 with A = exp(A_log) and dt = softplus(a_proj x + dt_bias): log decay.
-  Tensor g = mul(neg(exp(A_log)), softplus(add(a_proj->forward(x), dt_bias)));
+  Tensor g = gdn_log_decay(a_proj->forward(x), A_log, dt_bias);
   GatedDeltaRuleResult recurrent = gated_delta_rule(q, k, v, g, beta, Tensor(), docs);
   trace_ = {detach(g), detach(recurrent.fit_error)};
   Tensor o = recurrent.o;  // [B, T, h, V]

@@ -19,6 +19,12 @@
 
 namespace ham {
 
+// Gated DeltaNet's log decay g = -exp(A_log) * softplus(a + dt_bias) <= 0, [B, T, h] from
+// a = a_proj(x). Computed in A_log's dtype: under mixed precision A_log and dt_bias stay
+// f32 (as flash-linear-attention keeps them), so g and its gradient are f32 while a is
+// bf16; the gated delta rule takes f32 gates with bf16 q, k, v.
+Tensor gdn_log_decay(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias);
+
 // Depthwise short causal conv over time followed by SiLU; weight [C, W], no bias.
 class ShortConvolution : public Module {
  public:

@@ -7,6 +7,7 @@
 #include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "nn/cast.h"
 #include "nn/elementwise.h"
 #include "nn/gated_delta_rule.h"
 #include "nn/norm.h"
@@ -77,6 +78,8 @@ HAMLayer::HAMLayer(const ModelConfig& c, int64_t layer, Generator& gen)
                        double dt = std::max(std::exp(log_dt), 1e-4);
                        return dt + std::log(-std::expm1(-dt));
                      }));
+  keep_full_precision(A_log);
+  keep_full_precision(dt_bias);
 
   gate_proj = register_module("gate_proj", std::make_shared<Linear>(d, vd, false, gen, init));
   rnn_out_norm = register_module("rnn_out_norm",
@@ -110,7 +113,7 @@ HAMLayer::Output HAMLayer::forward(const Tensor& x, const TokenBatch& batch,
   Tensor rnn_k_heads = l2_norm(reshape(r.k, {B, T, rnn_heads, rnn_k}));
   Tensor rnn_v_heads = reshape(r.v, {B, T, rnn_heads, rnn_v});
   // g = -exp(A_log) softplus(W_a x + dt_bias) <= 0;  beta = sigmoid(W_b x).
-  Tensor log_decay = mul(neg(exp(A_log)), softplus(add(a_proj->forward(x), dt_bias)));
+  Tensor log_decay = gdn_log_decay(a_proj->forward(x), A_log, dt_bias);
   Tensor beta = sigmoid(b_proj->forward(x));
   GatedDeltaRuleResult recurrent =
       gated_delta_rule(rnn_q, rnn_k_heads, rnn_v_heads, log_decay, beta, Tensor(), batch.doc_ids);
@@ -153,9 +156,11 @@ HAMLayer::Output HAMLayer::forward(const Tensor& x, const TokenBatch& batch,
   Tensor kv_q = rope(reshape(a.q, {B, T, kv_heads, kv_k}), c.rope_base, batch.positions);
   Tensor kv_k_heads = rope(reshape(a.k, {B, T, kv_heads, kv_k}), c.rope_base, batch.positions);
   Tensor kv_v_heads = reshape(a.v, {B, T, kv_heads, kv_v});
+  // The value scale takes the values' dtype (a learned router's score is f32 also in a
+  // bf16 model; the cast sends its gradient back in f32).
   Tensor kv_out = routed_attention(kv_q, kv_k_heads, kv_v_heads, select,
-                                   router ? score : Tensor(), batch.doc_ids,
-                                   1.0 / std::sqrt(double(kv_k)));
+                                   router ? cast(score, kv_v_heads.dtype()) : Tensor(),
+                                   batch.doc_ids, 1.0 / std::sqrt(double(kv_k)));
   if (keep_path_outputs) {
     trace_.kv_q = detach(kv_q);
     trace_.kv_k = detach(kv_k_heads);

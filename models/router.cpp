@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/node.h"
+#include "nn/cast.h"
 #include "nn/elementwise.h"
 #include "nn/unary.h"
 #include "nn/view.h"
@@ -29,6 +30,7 @@ InputRouter::InputRouter(RouterKind kind_, int64_t d_model, int64_t hidden, Gene
     : kind(kind_) {
   HAM_CHECK(kind != RouterKind::FitError,
             "InputRouter: the fit_error router has no weights (it reads the GDN forward)");
+  keep_full_precision();  // the paper's routers run in fp32; bf16 inputs are cast up
   InitOptions init{init_std};
   if (kind == RouterKind::InputShallow) {
     proj = register_module("proj", std::make_shared<Linear>(d_model, 1, false, gen, init));
@@ -41,9 +43,11 @@ InputRouter::InputRouter(RouterKind kind_, int64_t d_model, int64_t hidden, Gene
 
 Tensor InputRouter::forward(const Tensor& x) const {
   int64_t B = x.size(0), T = x.size(1);
+  const Tensor& first = kind == RouterKind::InputShallow ? proj->weight : fc1->weight;
+  Tensor in = cast(x, first.dtype());  // a bf16 activation into the f32 router
   Tensor logit = kind == RouterKind::InputShallow
-                     ? proj->forward(x)
-                     : fc3->forward(gelu(fc2->forward(gelu(fc1->forward(x)))));
+                     ? proj->forward(in)
+                     : fc3->forward(gelu(fc2->forward(gelu(fc1->forward(in)))));
   return reshape(sigmoid(logit), {B, T});
 }
 
@@ -57,6 +61,7 @@ int64_t InputRouter::parameter_count(RouterKind kind, int64_t d_model, int64_t h
 }
 
 DepthAverage::DepthAverage() {
+  keep_full_precision();  // mixes the routers' f32 scores
   register_parameter("gamma_logit", gamma_logit, Tensor::zeros({1}));
 }
 

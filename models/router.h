@@ -32,6 +32,8 @@ namespace ham {
 Tensor aggregate_head_scores(const Tensor& per_head, HeadAggregate aggregate);
 
 // A learned function of the layer's (normalised) input x [B, T, d] -> e [B, T] in (0, 1).
+// Learned routers keep f32 parameters under mixed precision (Module::keep_full_precision)
+// and return an f32 score for bf16 inputs.
 class InputRouter : public Module {
  public:
   InputRouter(RouterKind kind, int64_t d_model, int64_t hidden, Generator& gen, double init_std);

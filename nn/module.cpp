@@ -1,5 +1,6 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <map>
 
 #include "autograd/node.h"
@@ -54,12 +55,16 @@ Tensor Module::parameter(const std::string& dotted_name) const {
 }
 
 void Module::to(DType dtype) {
-  for (const auto& [name, slot] : parameter_slots()) {
-    if (slot->dtype() == dtype) continue;
-    Tensor converted = slot->to(dtype);
-    *slot = converted;
+  const DType target = full_precision_ && dtype == DType::BF16 ? DType::F32 : dtype;
+  for (const auto& [name, slot] : params_) {
+    const bool kept = std::find(full_precision_slots_.begin(), full_precision_slots_.end(),
+                                slot) != full_precision_slots_.end();
+    const DType wanted = kept && target == DType::BF16 ? DType::F32 : target;
+    if (slot->dtype() == wanted) continue;
+    *slot = slot->to(wanted);
     set_requires_grad(*slot);
   }
+  for (const auto& [name, child] : children_) child->to(target);
 }
 
 void Module::to(Device device) {

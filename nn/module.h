@@ -26,6 +26,7 @@ class Module {
   Tensor parameter(const std::string& dotted_name) const;
 
   // Replaces every parameter by a copy in `dtype`/on `device` (e.g. f64 for gradcheck).
+  // to(bf16) leaves the parameters of full-precision modules (and their children) in f32.
   void to(DType dtype);
   void to(Device device);
   // Overwrites parameter values (shapes must match); used by checkpoint loading.
@@ -34,6 +35,13 @@ class Module {
   void zero_grad() const;
 
  protected:
+  // Under mixed precision (to(bf16)) this module keeps f32 parameters; its forward must
+  // accept bf16 inputs (cast them). For small, precision-sensitive parts such as HAM's
+  // learned routers.
+  void keep_full_precision() { full_precision_ = true; }
+  // The same for one registered parameter (by its member slot), e.g. Gated DeltaNet's
+  // A_log and dt_bias, from which the f32 log-decay gates are computed.
+  void keep_full_precision(const Tensor& slot) { full_precision_slots_.push_back(&slot); }
   // `slot` must be a member of the module: the tree keeps its address.
   void register_parameter(const std::string& name, Tensor& slot, Tensor value);
   template <class M>
@@ -49,6 +57,8 @@ class Module {
 
   std::vector<std::pair<std::string, Tensor*>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool full_precision_ = false;
+  std::vector<const Tensor*> full_precision_slots_;
 };
 
 }  // namespace ham

@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/ops/cast.h"
 #include "core/ops/elementwise.h"
 
 namespace ham {
@@ -27,9 +28,13 @@ AdamW::AdamW(std::vector<ParamGroup> groups, Options options)
   for (const ParamGroup& g : groups_) {
     exp_avg_.emplace_back();
     exp_avg_sq_.emplace_back();
+    master_.emplace_back();
     for (const auto& [name, p] : g.params) {
-      exp_avg_.back().push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
-      exp_avg_sq_.back().push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
+      const bool with_master = p.dtype() == DType::BF16;
+      const DType moments = with_master ? DType::F32 : p.dtype();
+      exp_avg_.back().push_back(Tensor::zeros(p.shape(), moments, p.device()));
+      exp_avg_sq_.back().push_back(Tensor::zeros(p.shape(), moments, p.device()));
+      master_.back().push_back(with_master ? ops::cast(p, DType::F32) : Tensor());
     }
   }
 }
@@ -51,8 +56,9 @@ void AdamW::step(double lr) {
     const ParamGroup& g = groups_[gi];
     const double group_lr = lr * g.lr_scale;
     for (size_t pi = 0; pi < g.params.size(); ++pi) {
-      const Tensor& param = g.params[pi].second;
-      Tensor gr = grad(param);
+      const Tensor& master = master_[gi][pi];
+      const Tensor& param = master.defined() ? master : g.params[pi].second;
+      Tensor gr = grad(g.params[pi].second);
       if (!gr.defined()) continue;
       const Tensor& m = exp_avg_[gi][pi];
       auto same = [&](const Bucket& b) {
@@ -76,6 +82,14 @@ void AdamW::step(double lr) {
     const AdamWHyper hyper{b.lr, options_.beta1, options_.beta2, options_.eps, b.weight_decay,
                            step_};
     ops::adamw_step_multi(b.params, b.grads, b.exp_avg, b.exp_avg_sq, hyper);
+  }
+  // bf16 parameters take their updated masters, rounded.
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      if (!master_[gi][pi].defined()) continue;
+      Tensor param = groups_[gi].params[pi].second;
+      if (grad(param).defined()) ops::cast_into(master_[gi][pi], param);
+    }
   }
 }
 
@@ -115,6 +129,35 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
     }
   }
   step_ = steps_taken;
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::full_precision_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      const auto& [name, p] = groups_[gi].params[pi];
+      out.emplace_back(name, master_[gi][pi].defined() ? master_[gi][pi] : p);
+    }
+  }
+  return out;
+}
+
+void AdamW::load_master_weights(const std::vector<std::pair<std::string, Tensor>>& weights) {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
+      Tensor& master = master_[gi][pi];
+      auto it = by_name.find(groups_[gi].params[pi].first);
+      if (!master.defined() || it == by_name.end()) continue;
+      HAM_CHECK(it->second.shape() == master.shape(), "AdamW::load_master_weights: '",
+                it->first, "' has shape ", shape_str(it->second.shape()), ", expected ",
+                shape_str(master.shape()));
+      master.copy_(it->second.to(master.device()).to(master.dtype()));
+      Tensor param = groups_[gi].params[pi].second;
+      ops::cast_into(master, param);
+    }
+  }
 }
 
 double CosineSchedule::lr(int64_t step) const {

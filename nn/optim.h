@@ -22,6 +22,10 @@ struct ParamGroup {
 std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& params,
                                      double weight_decay);
 
+// Mixed precision: a bf16 parameter gets an f32 master copy. The update runs on the master
+// (f32 moments, the bf16 gradient read as f32) and the parameter is the master rounded to
+// bf16 after every step, so small updates accumulate in f32 instead of vanishing in bf16
+// rounding. Parameters of other dtypes are updated in place with moments of their dtype.
 class AdamW {
  public:
   struct Options {
@@ -41,10 +45,19 @@ class AdamW {
   std::vector<std::pair<std::string, Tensor>> state() const;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps_taken);
 
+  // Every parameter at full precision: the f32 master of a bf16 parameter, the parameter
+  // itself otherwise (in group order). What a checkpoint saves as the model's weights.
+  std::vector<std::pair<std::string, Tensor>> full_precision_parameters() const;
+  // Sets the masters from full-precision values (a checkpoint's weights; names looked up,
+  // parameters without a master or a value are left alone) and rounds the parameters to
+  // them, so a resumed bf16 run continues from the exact f32 weights.
+  void load_master_weights(const std::vector<std::pair<std::string, Tensor>>& weights);
+
  private:
   std::vector<ParamGroup> groups_;
   Options options_;
   std::vector<std::vector<Tensor>> exp_avg_, exp_avg_sq_;  // [group][param]
+  std::vector<std::vector<Tensor>> master_;  // [group][param]; undefined unless bf16
   int64_t step_ = 0;
 };
 

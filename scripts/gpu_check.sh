@@ -11,7 +11,7 @@
 #   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
 #   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda
 #                    bench_routed_attention_cuda bench_gated_delta_rule_cuda
-#                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda)
+#                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda test_train)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
@@ -24,7 +24,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=build-gpu
 arch=${HAM_GPU_ARCH:-90}
-targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda}
+targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
 
 fail() { echo "gpu_check: $*" >&2; exit 1; }

@@ -47,6 +47,12 @@ Device resolve_training_device(const std::string& spec, int local_rank) {
   return device;
 }
 
+DType training_dtype(const std::string& precision) {
+  if (precision == "f32") return DType::F32;
+  if (precision == "bf16") return DType::BF16;
+  HAM_FAIL("train option 'precision': unknown precision '", precision, "' (expected f32 or bf16)");
+}
+
 TokenBatch batch_on_device(const TokenBatch& batch, Device device) {
   auto moved = [&](const Tensor& t) { return t.defined() ? t.to(device) : Tensor(); };
   return {moved(batch.inputs), moved(batch.targets), moved(batch.doc_ids),
@@ -86,7 +92,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"mix_mqar", mix_mqar}, {"mqar_pairs", mqar_pairs}, {"mix_niah", mix_niah},
           {"peak_gflops", peak_gflops}, {"grad_norms_every", grad_norms_every},
           {"dump_grads", dump_grads}, {"dump_grads_at", dump_grads_at},
-          {"shard", shard}, {"shard_group_size", shard_group_size}, {"device", device}};
+          {"shard", shard}, {"shard_group_size", shard_group_size}, {"device", device},
+          {"precision", precision}};
 }
 
 void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -123,11 +130,17 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("dump_grads", o.dump_grads); get("dump_grads_at", o.dump_grads_at);
   get("shard", o.shard); get("shard_group_size", o.shard_group_size);
   get("device", o.device);
+  get("precision", o.precision);
   dist::parse_sharding_stage(o.shard);  // fails here, naming the stages, when misspelt
   try {
     Device::parse(o.device);
   } catch (const Error& e) {
     HAM_FAIL(source, ": train option 'device': ", e.what());
+  }
+  try {
+    training_dtype(o.precision);
+  } catch (const Error& e) {
+    HAM_FAIL(source, ": ", e.what());
   }
   *this = o;
 }
@@ -283,7 +296,12 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   // Parameters move first: the optimizer state, the shards and the gradient monitor are
   // made from them on their device. A resumed checkpoint is copied into them there.
   const Device device = resolve_training_device(opt.device, world->local_rank());
+  const DType compute_dtype = training_dtype(opt.precision);
   model.to(device);
+  // Mixed precision: the model computes in bf16; the optimizers keep f32 master weights
+  // (nn's AdamW and the sharded one both make them for bf16 parameters).
+  const bool mixed_precision = compute_dtype == DType::BF16;
+  if (mixed_precision) model.to(DType::BF16);
 
   Generator data_gen(opt.seed);
   CosineSchedule schedule{opt.lr, opt.lr * opt.min_lr_ratio, opt.warmup_steps, opt.steps};
@@ -358,6 +376,13 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   }
 
   if (resume) {
+    // A checkpoint's weights are the f32 masters: the bf16 parameters were loaded rounded,
+    // the masters take the exact values.
+    if (mixed_precision && sharded_run) {
+      sharded->load_full_parameters(resume->model);
+    } else if (mixed_precision) {
+      optimizer->load_master_weights(resume->model);
+    }
     const nlohmann::json& st = resume->state;
     const std::string checkpoint_dir = st.value("checkpoint_dir", std::string("?"));
     const int64_t optimizer_steps = st.at("optimizer_steps").get<int64_t>();
@@ -393,9 +418,22 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     log << fmt::format("step {:>5}/{} | val loss {:.4f}\n", 0, opt.steps, result.initial_val_loss);
   }
 
+  // The model's weights at full precision, in the model's order (bf16 parameters replaced
+  // by their f32 masters).
+  auto full_precision_weights = [&] {
+    std::map<std::string, Tensor> masters;
+    for (auto& [name, t] : optimizer->full_precision_parameters()) masters[name] = t;
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const auto& [name, p] : model.named_parameters()) {
+      auto it = masters.find(name);
+      out.emplace_back(name, it != masters.end() ? it->second : p);
+    }
+    return out;
+  };
+
   auto write_checkpoint = [&](int64_t step) {
     CheckpointContents c;
-    c.model = sharded_run ? sharded->full_parameters() : model.named_parameters();
+    c.model = sharded_run ? sharded->full_master_parameters() : full_precision_weights();
     c.optimizer = sharded_run ? std::vector<std::pair<std::string, Tensor>>{}
                               : with_prefix("optimizer.", optimizer->state());
     for (auto& entry : with_prefix("training.", model.training_state())) c.optimizer.push_back(entry);
@@ -619,6 +657,12 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                        double(whole) / 1048576.0, 100.0 * double(peak) / double(whole));
     // Leave the model whole for the caller (export, evaluation): "full" released it.
     sharded->gather_all();
+  }
+  // Mixed precision leaves the caller the f32 master weights.
+  if (mixed_precision) {
+    auto weights = sharded_run ? sharded->full_master_parameters() : full_precision_weights();
+    model.to(DType::F32);
+    model.load_parameters(weights);
   }
   return result;
 }

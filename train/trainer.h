@@ -62,6 +62,10 @@ struct TrainOptions {
   // Where the model trains: "cpu", "cuda" (cuda:<local rank> under mpirun, else cuda:0) or
   // "cuda:N". Parameters, optimizer state and batches live there; checkpoints are on CPU.
   std::string device = "cpu";
+  // "f32", or "bf16": mixed precision. Parameters, activations and gradients in bf16 (HAM's
+  // learned routers stay f32), f32 master weights and AdamW moments, loss in f32.
+  // Checkpoints and the model train() leaves behind hold the f32 master weights.
+  std::string precision = "f32";
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
@@ -85,6 +89,10 @@ struct TrainResult {
 // `local_rank`. Checks that a tensor can be made there; the one-line error names the
 // option and why not (a build without CUDA, no visible GPU).
 Device resolve_training_device(const std::string& spec, int local_rank);
+
+// The compute dtype the `precision` option names ("f32" or "bf16"); the error names the
+// option and the choices.
+DType training_dtype(const std::string& precision);
 
 // The batch's tensors on `device` (a no-op when they are there already).
 TokenBatch batch_on_device(const TokenBatch& batch, Device device);

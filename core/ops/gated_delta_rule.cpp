@@ -47,7 +47,11 @@ void check_gated_delta_rule_args(const char* op, const GatedDeltaRuleArgs& a) {
             " must be [B, T, H] = ", shape_str(gate_shape), " for ", described("q", q));
   check_like_q(op, "k", k, q);
   check_like_q(op, "v", v, q);
-  check_like_q(op, "g", g, q);
+  // Mixed precision: f32 log-decay gates with bf16 q, k, v (and the gradient dg in f32).
+  const bool wide_gates = q.dtype() == DType::BF16 && g.dtype() == DType::F32;
+  if (!wide_gates) check_like_q(op, "g", g, q);
+  HAM_CHECK(g.device() == q.device(), op, ": g is ", g.str(), " but q is ", q.str(),
+            " (devices must match)");
   check_like_q(op, "beta", beta, q);
   if (a.h0.defined()) {
     Shape state_shape{B, H, K, V};

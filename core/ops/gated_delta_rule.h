@@ -55,7 +55,9 @@ namespace ham {
 // Tokens per chunk of the chunked form (CPU; a document segment is chunked from its start).
 inline constexpr int64_t kGatedDeltaRuleChunkSize = 64;
 
-// h0 and doc_ids may be undefined (Tensor()).
+// h0 and doc_ids may be undefined (Tensor()). Every floating input has q's dtype, except
+// that bf16 q, k, v may come with f32 gates g (mixed precision keeps the log decay and its
+// gradient in f32, as flash-linear-attention does); dg then is f32 too.
 struct GatedDeltaRuleArgs {
   Tensor q, k, v, g, beta, h0, doc_ids;
 };

@@ -78,6 +78,30 @@ TEST_F(EmulatedCuda, EveryTinyModelTrainsThereExactlyAsOnTheCpu) {
   }
 }
 
+// Mixed precision (bf16 compute, f32 masters) on the device equals it on the CPU too.
+TEST_F(EmulatedCuda, Bf16MixedPrecisionTrainsThereExactlyAsOnTheCpu) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  for (const char* name : {"gdn-gsa.json", "ham-learned-router-eda.json"}) {
+    SCOPED_TRACE(name);
+    ModelConfig config =
+        ModelConfig::from_file((testing::repository_dir() / "configs/tiny" / name).string());
+    auto on_cpu = make_model(config), on_device = make_model(config);
+    TrainOptions cpu_opt = testing::short_run("cpu", 3), device_opt = testing::short_run("cuda", 3);
+    cpu_opt.precision = device_opt.precision = "bf16";
+    std::ostringstream log;
+    TrainResult cpu = train(*on_cpu, train_data, val_data, cpu_opt, log);
+    TrainResult dev = train(*on_device, train_data, val_data, device_opt, log);
+    EXPECT_EQ(dev.step_losses, cpu.step_losses) << log.str();
+    auto cpu_params = on_cpu->named_parameters(), device_params = on_device->named_parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      EXPECT_EQ(device_params[i].second.dtype(), DType::F32) << device_params[i].first;
+      EXPECT_EQ(device_params[i].second.to(Device::cpu()).to_vector<float>(),
+                cpu_params[i].second.to_vector<float>())
+          << device_params[i].first;
+    }
+  }
+}
+
 // The gradient path alone: one backward on the device gives the CPU's gradients.
 TEST_F(EmulatedCuda, OneStepsGradientsEqualTheCpus) {
   TokenBatch batch = testing::corpus_batch(2, 32, 7);

@@ -81,6 +81,33 @@ TEST(GroupParametersByLayer, RestFirstThenLayersInNumericOrder) {
   EXPECT_EQ(blocks[2].name, "layers.10");
 }
 
+// Mixed precision keeps a few parameters f32 in a bf16 model: one flat buffer per dtype.
+TEST(GroupParametersByLayer, MixedDtypesSplitIntoAdjacentBlocks) {
+  std::vector<std::pair<std::string, Tensor>> named = {
+      {"embed.weight", Tensor::zeros({4, 2}, DType::BF16)},
+      {"layers.0.a", Tensor::zeros({3}, DType::BF16)},
+      {"layers.0.gate", Tensor::zeros({2}, DType::F32)},
+      {"layers.0.b", Tensor::zeros({5}, DType::BF16)},
+      {"layers.1.a", Tensor::zeros({3}, DType::BF16)}};
+  auto blocks = group_parameters_by_layer(named);
+  ASSERT_EQ(blocks.size(), 4u);
+  EXPECT_EQ(blocks[0].name, "rest");
+  EXPECT_EQ(blocks[1].name, "layers.0");
+  ASSERT_EQ(blocks[1].parameters.size(), 2u);
+  EXPECT_EQ(blocks[1].parameters[1].first, "layers.0.b");
+  EXPECT_EQ(blocks[2].name, "layers.0:f32");
+  ASSERT_EQ(blocks[2].parameters.size(), 1u);
+  EXPECT_EQ(blocks[2].parameters[0].first, "layers.0.gate");
+  EXPECT_EQ(blocks[3].name, "layers.1");
+  ShardedModel model(std::move(blocks), single_process_groups(), ShardingStage::Full);
+  EXPECT_EQ(model.block(2).parameter_dtype(), DType::F32);
+  EXPECT_EQ(model.block(2).master_dtype(), DType::F32);
+  EXPECT_EQ(model.block(1).master_dtype(), DType::F32);  // bf16 parameters, f32 masters
+  auto masters = model.full_master_parameters();
+  ASSERT_EQ(masters.size(), 5u);
+  for (const auto& [name, t] : masters) EXPECT_EQ(t.dtype(), DType::F32) << name;
+}
+
 TEST(ShardingStage, ParsesAndNamesTheStages) {
   EXPECT_EQ(parse_sharding_stage("full"), ShardingStage::Full);
   EXPECT_EQ(parse_sharding_stage("zero2"), ShardingStage::GradientsAndOptimizer);
@@ -139,7 +166,9 @@ TEST(ShardedModel, FullStageReleasesAndGathersParameters) {
 TEST(ShardedModel, RefusesMixedDtypesAndEmptyBlocks) {
   auto params = make_parameters(awkward_shapes(), 30);
   params[2].second = params[2].second.to(DType::F64);
-  expect_error([&] { ShardedModel(blocks_of(params), single_process_groups(), ShardingStage::Full); },
+  // group_parameters_by_layer splits by dtype; a block made by hand must hold one.
+  std::vector<ParameterBlock> mixed = {{"layers.0", {params[1], params[2]}}};
+  expect_error([&] { ShardedModel(mixed, single_process_groups(), ShardingStage::Full); },
                {"sharded block 'layers.0'", "layers.0.u", "f64", "one dtype and device"});
   expect_error([] { ShardedModel({}, single_process_groups(), ShardingStage::Full); },
                {"sharded model", "no parameter blocks"});

@@ -9,6 +9,9 @@
 # summation order (each rank sums its 2 rows, MPI averages the gradients), a few fp32 ulps
 # per step; eps is 1e-8 because the paper's 1e-15 turns a gradient that is zero up to
 # rounding into a full +-lr step whose sign is the rounding's.
+# HAM_TRAIN_PRECISION=bf16 trains in mixed precision instead; LOSS_TOL and WEIGHT_TOL then
+# allow for the bf16 roundings that the different summation order moves (the weights
+# compared are the exported f32 masters).
 set -euo pipefail
 mpirun_sh="$1"
 mpirun="$2"
@@ -18,11 +21,11 @@ config="$5"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 export OMP_NUM_THREADS=1
-loss_tol=1e-5
-weight_tol=1e-5
+loss_tol=${LOSS_TOL:-1e-5}
+weight_tol=${WEIGHT_TOL:-1e-5}
 common=(--steps 10 --batch-size 4 --seq-len 32 --log-every 1 --eval-every 1000
         --set train.eval_batches=2 --set train.eps=1e-8 --peak-gflops 1 --threads 1
-        --checkpoint-every 5 --keep 0)
+        --checkpoint-every 5 --keep 0 --precision "${HAM_TRAIN_PRECISION:-f32}")
 
 run() {  # run NAME NP ARGS...: trains into $out/NAME, its output in $out/NAME.log
   local name="$1" np="$2"

@@ -559,6 +559,34 @@ void expect_within(const Tensor& gpu, const Tensor& ref, double bound, const cha
   EXPECT_LE(err, bound) << what << " (" << gpu.str() << ")";
 }
 
+// Mixed precision on the CPU: f32 gates with bf16 q, k, v, beta give the f32 op's results
+// on the same values, rounded to bf16 once; dg is f32, the other gradients bf16.
+TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
+  const GpuCase c{2, 70, 2, 16, 12, true, 3};
+  const GdnInputs in = gpu_case_inputs(c, 4000);
+  auto bf = [](const Tensor& t) { return t.defined() ? t.to(DType::BF16) : Tensor(); };
+  GatedDeltaRuleArgs mixed{bf(in.q), bf(in.k), bf(in.v), in.g.to(DType::F32), bf(in.beta),
+                           bf(in.h0), in.doc_ids};
+  GatedDeltaRuleArgs wide{mixed.q.to(DType::F32), mixed.k.to(DType::F32), mixed.v.to(DType::F32),
+                          mixed.g, mixed.beta.to(DType::F32), mixed.h0.to(DType::F32), in.doc_ids};
+  GatedDeltaRuleResult got = ops::gated_delta_rule_chunked(mixed);
+  GatedDeltaRuleResult want = ops::gated_delta_rule_chunked(wide);
+  EXPECT_EQ(got.o.dtype(), DType::BF16);
+  EXPECT_EQ(got.o.to_vector<float>(), want.o.to(DType::BF16).to_vector<float>());
+  Tensor grad_o = randn64(want.o.shape(), 81, 1.0, false).to(DType::BF16);
+  Tensor grad_h = randn64(want.h_final.shape(), 82, 1.0, false).to(DType::BF16);
+  GatedDeltaRuleGrads g = ops::gated_delta_rule_backward(mixed, grad_o, grad_h);
+  GatedDeltaRuleGrads g_wide =
+      ops::gated_delta_rule_backward(wide, grad_o.to(DType::F32), grad_h.to(DType::F32));
+  EXPECT_EQ(g.dg.dtype(), DType::F32);
+  EXPECT_EQ(g.dg.to_vector<float>(), g_wide.dg.to_vector<float>());
+  EXPECT_EQ(g.dq.dtype(), DType::BF16);
+  EXPECT_EQ(g.dq.to_vector<float>(), g_wide.dq.to(DType::BF16).to_vector<float>());
+  // f32 gates go only with bf16 inputs: f64 q with f32 g stays an error.
+  GatedDeltaRuleArgs bad{in.q, in.k, in.v, in.g.to(DType::F32), in.beta, Tensor(), Tensor()};
+  testing::expect_error([&] { ops::gated_delta_rule_chunked(bad); }, {"gated_delta_rule", "g", "dtypes must match"});
+}
+
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
@@ -592,6 +620,35 @@ TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
     expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
     expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
   }
+}
+
+// Mixed precision: bf16 q, k, v, beta with f32 gates (dg comes back f32), within the bf16
+// bounds of the f64 reference on the same values.
+TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase& c = GetParam();
+  const GdnInputs in = gpu_case_inputs(c, 3000 + uint64_t(c.seq_len * 7 + c.key_dim));
+  const GpuBounds bound = gpu_bounds(DType::BF16);
+  GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
+  gpu.g = in.g.to(DType::F32).to(Device::cuda());
+  const GatedDeltaRuleArgs ref = reference_args(gpu);
+  GatedDeltaRuleResult out = poisoned_result(gpu);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+  const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(ref);
+  expect_within(out.o, expected.o, bound.forward, "o");
+  expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
+  const Tensor grad_o = randn64(expected.o.shape(), 79, 1.0, false).to(DType::BF16).to(Device::cuda());
+  const Tensor grad_h_final =
+      randn64(expected.h_final.shape(), 80, 1.0, false).to(DType::BF16).to(Device::cuda());
+  GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+  ASSERT_EQ(grads.dg.dtype(), DType::F32);
+  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+  const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
+      ref, reference_copy(grad_o), reference_copy(grad_h_final));
+  expect_within(grads.dq, want.dq, bound.grad, "dq");
+  expect_within(grads.dk, want.dk, bound.grad, "dk");
+  expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
+  expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
 }
 
 // The decoding kernel (the _naive table on CUDA) against the CPU recurrence, and against

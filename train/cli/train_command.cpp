@@ -192,6 +192,8 @@ Command add_train_command(CLI::App& root) {
         }
         return std::string();
       });
+  add("--precision", &TrainOptions::precision, "f32, or bf16 mixed precision: bf16 parameters, activations and gradients (HAM's learned routers f32), f32 master weights, AdamW moments and loss; checkpoints and --export hold the f32 weights")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   add("--dump-grads-at", &TrainOptions::dump_grads_at, "Steps (1-based, comma-separated) at which the --dump-grads gradients, before clipping, go to <out or log-dir>/grads/step-NNNNNNNN.safetensors")
       ->delimiter(',');
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
