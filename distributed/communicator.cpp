@@ -189,9 +189,14 @@ std::shared_ptr<Communicator> make_world_communicator(const WorldOptions& option
   double timeout_s = resolve_collective_timeout(options.collective_timeout_s);
   if (!launched_by_mpi()) {
     // A world of one; CUDA tensors need no NCCL here (collectives are copies).
-    HAM_CHECK(!options.use_nccl || built_with_nccl(),
+    if (!options.use_nccl || !options.nccl_in_a_world_of_one) {
+      return std::make_shared<SingleProcessCommunicator>();
+    }
+    HAM_CHECK(built_with_nccl(),
               "world communicator: NCCL was asked for but this build has no NCCL");
-    return std::make_shared<SingleProcessCommunicator>();
+    auto cpu = std::make_shared<SingleProcessCommunicator>();
+    auto nccl = make_nccl_communicator(*cpu, 0, timeout_s);
+    return std::make_shared<DeviceDispatchCommunicator>(std::move(cpu), std::move(nccl));
   }
   HAM_CHECK(built_with_mpi(), "world communicator: started by an MPI launcher but this build "
                               "has no MPI (reconfigure with MPI installed)");

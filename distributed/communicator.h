@@ -119,11 +119,16 @@ class SingleProcessCommunicator final : public Communicator {
 // ---- The world ----------------------------------------------------------------------
 
 struct WorldOptions {
-  // Route CUDA tensors through NCCL on cuda:<local_rank> (needs a build with NCCL).
+  // Route CUDA tensors through NCCL on cuda:<local_rank> under an MPI launcher (needs a
+  // build with NCCL). A world of one needs no NCCL (collectives are copies) and ignores it
+  // (so `ham train --device cuda` runs on builds without NCCL) unless told otherwise below.
   bool use_nccl = false;
   // A rank blocked this long in one collective decides a peer has failed and ends the
   // job. <= 0: HAM_COLLECTIVE_TIMEOUT_S from the environment, else 600 s.
   double collective_timeout_s = 0;
+  // With use_nccl: a world of one also sends CUDA tensors through a one-rank NCCL
+  // communicator (the NCCL path on a single GPU, for tests).
+  bool nccl_in_a_world_of_one = false;
 };
 
 // True when an MPI launcher started this process (mpirun/mpiexec/srun set OMPI_COMM_WORLD_SIZE,
@@ -131,7 +136,7 @@ struct WorldOptions {
 bool launched_by_mpi();
 // The world of this job: MPI (plus NCCL when asked) under an MPI launcher, otherwise a
 // world of one that never touches MPI. Throws when launched by mpirun in a build without
-// MPI, or when NCCL is asked for in a build without it.
+// MPI, or when NCCL is needed (see WorldOptions) in a build without it.
 std::shared_ptr<Communicator> make_world_communicator(const WorldOptions& options = {});
 // The timeout WorldOptions resolves to.
 double resolve_collective_timeout(double requested_s);

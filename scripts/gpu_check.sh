@@ -11,7 +11,8 @@
 #   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
 #   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda
 #                    bench_routed_attention_cuda bench_gated_delta_rule_cuda
-#                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda test_train)
+#                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda test_train
+#                    test_distributed)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
@@ -24,7 +25,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=build-gpu
 arch=${HAM_GPU_ARCH:-90}
-targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda}
+targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train test_distributed bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
 
 fail() { echo "gpu_check: $*" >&2; exit 1; }
@@ -48,9 +49,15 @@ if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then
   export PYTHONPATH="$root/build-gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+# NCCL: the toolkit's, else the nvidia-nccl wheel that PyTorch installs (its prefix has
+# include/nccl.h and lib/libnccl.so.2).
+nccl_root=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null || true)
+echo "nccl: ${nccl_root:-toolkit only}"
+
 echo "== configure ($build, sm_$arch)"
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$root/.gpu-deps" -DHAM_ICU=OFF \
+  -DHAM_NCCL_ROOT="$nccl_root" \
   -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
   { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
 

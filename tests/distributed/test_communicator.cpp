@@ -7,7 +7,13 @@
 #include <cstdlib>
 #include <thread>
 
+#include <map>
+
+#include "autograd/engine.h"
 #include "distributed/communicator.h"
+#include "distributed/flat_shard.h"
+#include "models/language_model.h"
+#include "nn/optim.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/watchdog.h"
@@ -27,6 +33,21 @@ TEST(WorldOfOne, NeedsNoMpiWhenNotLaunchedByMpirun) {
   EXPECT_EQ(world->size(), 1);
   EXPECT_EQ(world->local_rank(), 0);
   EXPECT_EQ(world->name(), "world");
+}
+
+// `ham train --device cuda` asks for NCCL; a world of one does not need it, so builds
+// without NCCL train on one GPU.
+TEST(WorldOfOne, IgnoresNcclUnlessAskedForInAWorldOfOne) {
+  if (launched_by_mpi()) GTEST_SKIP() << "this process was started by an MPI launcher";
+  WorldOptions options;
+  options.use_nccl = true;
+  auto world = make_world_communicator(options);
+  EXPECT_EQ(world->size(), 1);
+  EXPECT_NE(dynamic_cast<SingleProcessCommunicator*>(world.get()), nullptr);
+  if (!built_with_nccl()) {
+    options.nccl_in_a_world_of_one = true;
+    expect_error([&] { make_world_communicator(options); }, {"NCCL", "no NCCL"});
+  }
 }
 
 TEST(WorldOfOne, CollectivesAreTheIdentity) {
@@ -132,6 +153,61 @@ TEST(Nccl, CollectivesOnCudaTensors) {
   Tensor gathered = Tensor::zeros({5}, DType::F32, Device::cuda(0));
   nccl->all_gather(x, gathered);
   EXPECT_EQ(gathered.to_vector<float>(), before.to_vector<float>());
+}
+
+// The NCCL path of sharded training on one GPU: a world of one whose CUDA tensors go
+// through a one-rank NCCL communicator, the tiny Transformer sharded with both stages, two
+// steps against nn's AdamW on the same GPU (the same arithmetic: 1e-5 relative).
+TEST(Nccl, ShardedTrainingStepOnOneGpuMatchesAdamW) {
+  std::string reason = nccl_unavailable_reason();
+  if (!reason.empty()) GTEST_SKIP() << "NCCL not testable here: " << reason;
+  WorldOptions options;
+  options.use_nccl = true;
+  options.nccl_in_a_world_of_one = true;
+  auto world = make_world_communicator(options);
+  ModelConfig config =
+      ModelConfig::from_file(std::string(HAM_SOURCE_DIR) + "/configs/tiny/transformer.json");
+  const AdamW::Options adamw{3e-3, 0.9, 0.95, 1e-8};
+  for (ShardingStage stage : {ShardingStage::GradientsAndOptimizer, ShardingStage::Full}) {
+    auto reference = make_model(config), model = make_model(config);
+    reference->to(Device::cuda());
+    model->to(Device::cuda());
+    AdamW reference_optimizer(decay_groups(reference->named_parameters(), 0.1), adamw);
+    auto named = model->named_parameters();
+    ShardedModel sharded(group_parameters_by_layer(named), make_sharding_groups(world, 1), stage);
+    ShardedAdamW optimizer(sharded, decay_groups(named, 0.1), adamw);
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<int64_t> tokens(2 * 33);
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t((i * 37 + size_t(step)) % 257);
+      std::vector<int64_t> in, out;
+      for (int64_t r = 0; r < 2; ++r) {
+        for (int64_t t = 0; t < 32; ++t) {
+          in.push_back(tokens[size_t(r * 33 + t)]);
+          out.push_back(tokens[size_t(r * 33 + t + 1)]);
+        }
+      }
+      TokenBatch batch{Tensor::from_vector(in, {2, 32}).to(Device::cuda()),
+                       Tensor::from_vector(out, {2, 32}).to(Device::cuda()), {}, {}};
+      Tensor reference_loss = reference->loss(batch);
+      backward(reference_loss);
+      reference_optimizer.step(3e-3);
+      reference_optimizer.zero_grad();
+      Tensor loss = model->loss(batch);
+      sharded.begin_backward();
+      backward(loss);
+      sharded.finish_backward();
+      optimizer.step(3e-3);
+      sharded.zero_gradients();
+      EXPECT_NEAR(loss.item(), reference_loss.item(), 1e-5 * reference_loss.item())
+          << sharding_stage_name(stage) << " step " << step;
+    }
+    auto full = sharded.full_parameters();
+    std::map<std::string, Tensor> by_name(full.begin(), full.end());
+    for (const auto& [name, p] : reference->named_parameters()) {
+      EXPECT_LE(testing::max_abs_difference(by_name.at(name), p.to(Device::cpu())), 1e-5)
+          << sharding_stage_name(stage) << " " << name;
+    }
+  }
 }
 
 TEST(Nccl, BuildsWithoutNcclSayWhy) {
