@@ -78,60 +78,40 @@ if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
   status=1
 fi
 
+# bench TITLE NAME [REFERENCE]: runs build-gpu/bench/NAME (CSV in OUT/NAME.csv), then the
+# Python REFERENCE on that CSV, which times PyTorch's or FLA's kernels on the same shapes in
+# this session and writes the ratios to OUT/NAME_ratio.csv. A reference that exits 2 has no
+# library to compare with here (not a failure: ham's times stand alone).
+bench() {
+  local title="$1" name="$2" reference="${3:-}"
+  echo "== $title"
+  if ! "$build/bench/$name" --csv "$out/$name.csv" 2>&1 | tee -a "$out/bench.log"; then
+    echo "gpu_check: $name failed" >&2
+    status=1
+    return
+  fi
+  [[ -n $reference ]] || return
+  python3 "$reference" "$out/$name.csv" --out "$out/${name}_ratio.csv" 2>&1 |
+    tee -a "$out/bench.log"
+  local rc=${PIPESTATUS[0]}
+  if [[ $rc -eq 2 ]]; then
+    echo "gpu_check: $reference has no reference library here: ham's times only" >&2
+  elif [[ $rc -ne 0 ]]; then
+    echo "gpu_check: $reference failed" >&2
+    status=1
+  fi
+}
+
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
-  echo "== GEMM benchmark: ham (cuBLASLt) vs torch.matmul"
-  if "$build/bench/bench_matmul_cuda" --csv "$out/bench_matmul_ham.csv" 2>&1 | tee "$out/bench.log" &&
-     python3 bench/bench_matmul_torch.py "$out/bench_matmul_ham.csv" \
-       --out "$out/bench_matmul_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
-    :
-  else
-    echo "gpu_check: the benchmark failed" >&2
-    status=1
-  fi
-  echo "== routed attention benchmark: ham vs SDPA flash and FlexAttention"
-  if "$build/bench/bench_routed_attention_cuda" --csv "$out/bench_routed_attention_ham.csv" 2>&1 |
-       tee -a "$out/bench.log" &&
-     python3 bench/bench_routed_attention_torch.py "$out/bench_routed_attention_ham.csv" \
-       --out "$out/bench_routed_attention_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
-    :
-  else
-    echo "gpu_check: the routed attention benchmark failed" >&2
-    status=1
-  fi
-  echo "== gated delta rule benchmark: ham vs flash-linear-attention chunk_gated_delta_rule"
-  if "$build/bench/bench_gated_delta_rule_cuda" --csv "$out/bench_gdr_ham.csv" 2>&1 |
-       tee -a "$out/bench.log"; then
-    python3 bench/bench_gated_delta_rule_fla.py "$out/bench_gdr_ham.csv" \
-      --out "$out/bench_gdr_ratio.csv" 2>&1 | tee -a "$out/bench.log"
-    fla_status=${PIPESTATUS[0]}
-    if [[ $fla_status -eq 2 ]]; then
-      echo "gpu_check: flash-linear-attention unavailable here: ham's gated delta rule times only" >&2
-    elif [[ $fla_status -ne 0 ]]; then
-      echo "gpu_check: the flash-linear-attention comparison failed" >&2
-      status=1
-    fi
-  else
-    echo "gpu_check: the gated delta rule benchmark failed" >&2
-    status=1
-  fi
-  echo "== linear cross-entropy benchmark: ham fused vs F.cross_entropy(h @ W.T, t)"
-  if "$build/bench/bench_linear_cross_entropy_cuda" --csv "$out/bench_lce_ham.csv" 2>&1 |
-       tee -a "$out/bench.log" &&
-     python3 bench/bench_linear_cross_entropy_torch.py "$out/bench_lce_ham.csv" \
-       --out "$out/bench_lce_ratio.csv" 2>&1 | tee -a "$out/bench.log"; then
-    :
-  else
-    echo "gpu_check: the linear cross-entropy benchmark failed" >&2
-    status=1
-  fi
-  echo "== memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)"
-  if "$build/bench/bench_memory_bound_cuda" --csv "$out/bench_memory_bound.csv" 2>&1 |
-       tee -a "$out/bench.log"; then
-    :
-  else
-    echo "gpu_check: the memory-bound benchmark failed" >&2
-    status=1
-  fi
+  bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
+  bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
+    bench/bench_routed_attention_torch.py
+  bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
+    bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py
+  bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
+    bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
+  bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
+    bench_memory_bound_cuda
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"

@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "autograd/gradcheck.h"
 #include "tests/error_testing.h"
@@ -40,6 +43,15 @@ inline Tensor uniform64(const Shape& shape, uint64_t seed, double lo, double hi,
   Tensor t = Tensor::from_vector(v, shape);
   if (grad) set_requires_grad(t);
   return t;
+}
+
+// An empty directory path under the system's temp folder, unique to this process and
+// `name` (removed first if a previous run left it).
+inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              ("ham_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
 }
 
 // Asserts the f64 finite-difference check passes (relative error < 1e-6 by default).

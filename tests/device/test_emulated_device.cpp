@@ -12,6 +12,7 @@
 #include "models/ham.h"
 #include "tests/device_training.h"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 #include "train/checkpoint.h"
 
 namespace ham {
@@ -131,9 +132,7 @@ TEST_F(EmulatedCuda, ADeviceCheckpointResumesOnTheCpu) {
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
   ModelConfig config =
       ModelConfig::from_file((testing::repository_dir() / "configs/tiny/ham-learned-tau.json").string());
-  std::string dir = (std::filesystem::temp_directory_path() /
-                     ("ham_test_emulated_device_" + std::to_string(::getpid()))).string();
-  std::filesystem::remove_all(dir);
+  std::string dir = testing::fresh_temp_dir("emulated_device").string();
   std::ostringstream log;
   auto on_device = make_model(config);
   TrainOptions opt = testing::short_run("cuda:0", 4);

@@ -589,36 +589,41 @@ TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
 
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
+// The GPU forward and backward on `gpu` against the f64 CPU reference on the same values.
+void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds& bound,
+                                  uint64_t seed) {
+  const GatedDeltaRuleArgs ref = reference_args(gpu);
+  GatedDeltaRuleResult out = poisoned_result(gpu);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+  const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(ref);
+  expect_within(out.o, expected.o, bound.forward, "o");
+  expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
+  expect_within(out.fit_error, expected.fit_error, bound.fit, "fit_error");
+
+  const DType dtype = gpu.q.dtype();
+  const Tensor grad_o = randn64(expected.o.shape(), seed, 1.0, false).to(dtype).to(Device::cuda());
+  const Tensor grad_h_final =
+      randn64(expected.h_final.shape(), seed + 1, 1.0, false).to(dtype).to(Device::cuda());
+  GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+  EXPECT_EQ(grads.dg.dtype(), gpu.g.dtype());
+  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+  const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
+      ref, reference_copy(grad_o), reference_copy(grad_h_final));
+  expect_within(grads.dq, want.dq, bound.grad, "dq");
+  expect_within(grads.dk, want.dk, bound.grad, "dk");
+  expect_within(grads.dv, want.dv, bound.grad, "dv");
+  if (gpu.h0.defined()) expect_within(grads.dh0, want.dh0, bound.grad, "dh0");
+  expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
+  expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
+}
+
 TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
   const GdnInputs in = gpu_case_inputs(c, 1000 + uint64_t(c.seq_len * 7 + c.key_dim));
   for (DType dtype : testing::kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
-    const GpuBounds bound = gpu_bounds(dtype);
-    const GatedDeltaRuleArgs gpu = on_gpu(in, dtype);
-    const GatedDeltaRuleArgs ref = reference_args(gpu);
-
-    GatedDeltaRuleResult out = poisoned_result(gpu);
-    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
-    const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(ref);
-    expect_within(out.o, expected.o, bound.forward, "o");
-    expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
-    expect_within(out.fit_error, expected.fit_error, bound.fit, "fit_error");
-
-    const Tensor grad_o = randn64(expected.o.shape(), 77, 1.0, false).to(dtype).to(Device::cuda());
-    const Tensor grad_h_final =
-        randn64(expected.h_final.shape(), 78, 1.0, false).to(dtype).to(Device::cuda());
-    GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
-    const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
-        ref, reference_copy(grad_o), reference_copy(grad_h_final));
-    expect_within(grads.dq, want.dq, bound.grad, "dq");
-    expect_within(grads.dk, want.dk, bound.grad, "dk");
-    expect_within(grads.dv, want.dv, bound.grad, "dv");
-    if (c.with_h0) expect_within(grads.dh0, want.dh0, bound.grad, "dh0");
-    expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
-    expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
+    expect_gpu_matches_reference(on_gpu(in, dtype), gpu_bounds(dtype), 77);
   }
 }
 
@@ -628,27 +633,9 @@ TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
   const GdnInputs in = gpu_case_inputs(c, 3000 + uint64_t(c.seq_len * 7 + c.key_dim));
-  const GpuBounds bound = gpu_bounds(DType::BF16);
   GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
   gpu.g = in.g.to(DType::F32).to(Device::cuda());
-  const GatedDeltaRuleArgs ref = reference_args(gpu);
-  GatedDeltaRuleResult out = poisoned_result(gpu);
-  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
-  const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(ref);
-  expect_within(out.o, expected.o, bound.forward, "o");
-  expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
-  const Tensor grad_o = randn64(expected.o.shape(), 79, 1.0, false).to(DType::BF16).to(Device::cuda());
-  const Tensor grad_h_final =
-      randn64(expected.h_final.shape(), 80, 1.0, false).to(DType::BF16).to(Device::cuda());
-  GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
-  ASSERT_EQ(grads.dg.dtype(), DType::F32);
-  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
-  const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
-      ref, reference_copy(grad_o), reference_copy(grad_h_final));
-  expect_within(grads.dq, want.dq, bound.grad, "dq");
-  expect_within(grads.dk, want.dk, bound.grad, "dk");
-  expect_within(grads.dg, want.dg, bound.gate_grad, "dg");
-  expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
+  expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 79);
 }
 
 // The decoding kernel (the _naive table on CUDA) against the CPU recurrence, and against

@@ -6,18 +6,13 @@
 #include <sstream>
 
 #include "models/transformer.h"
+#include "tests/testing.h"
 #include "train/trainer.h"
 
 namespace ham {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("ham_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
-}
 
 ModelConfig small_config() {
   ModelConfig c;
@@ -46,7 +41,7 @@ TrainOptions small_options(int64_t steps, const fs::path& out) {
 TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
   std::ostringstream log;
-  fs::path dir_a = fresh_dir("straight"), dir_b = fresh_dir("resumed");
+  fs::path dir_a = testing::fresh_temp_dir("straight"), dir_b = testing::fresh_temp_dir("resumed");
 
   Transformer straight(small_config());
   TrainResult full = train(straight, train_data, val_data, small_options(40, dir_a), log);
@@ -93,7 +88,7 @@ TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
   c.tau_lr = 0.05;
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
   std::ostringstream log;
-  fs::path dir = fresh_dir("ham_resume");
+  fs::path dir = testing::fresh_temp_dir("ham_resume");
   TrainOptions o = small_options(40, dir);
   o.checkpoint_every = 20;
   o.keep_checkpoints = 0;
@@ -119,7 +114,7 @@ TEST(Checkpoint, SyntheticTaskMixtureResumesBitForBit) {
   // MQAR and NIAH rows are drawn with the trainer's data generator, which is checkpointed.
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
   std::ostringstream log;
-  fs::path dir = fresh_dir("mixture");
+  fs::path dir = testing::fresh_temp_dir("mixture");
   TrainOptions o = small_options(16, dir);
   o.seq_len = 384;
   o.mix_mqar = 0.3;
@@ -137,7 +132,7 @@ TEST(Checkpoint, SyntheticTaskMixtureResumesBitForBit) {
 }
 
 TEST(Checkpoint, KeepsOnlyTheNewest) {
-  fs::path dir = fresh_dir("keep");
+  fs::path dir = testing::fresh_temp_dir("keep");
   CheckpointContents c;
   c.model = {{"w", Tensor::full({2}, 1.0)}};
   c.state = {{"step", 0}};
@@ -151,7 +146,7 @@ TEST(Checkpoint, KeepsOnlyTheNewest) {
 }
 
 TEST(Checkpoint, AFailedWriteLeavesThePreviousCheckpointIntact) {
-  fs::path dir = fresh_dir("atomic");
+  fs::path dir = testing::fresh_temp_dir("atomic");
   CheckpointContents good;
   good.model = {{"w", Tensor::full({3}, 2.0)}};
   good.state = {{"step", 1}};
@@ -169,7 +164,7 @@ TEST(Checkpoint, AFailedWriteLeavesThePreviousCheckpointIntact) {
 }
 
 TEST(Checkpoint, MissingCheckpointIsNamed) {
-  fs::path dir = fresh_dir("empty");
+  fs::path dir = testing::fresh_temp_dir("empty");
   fs::create_directories(dir);
   try {
     load_checkpoint(dir.string());

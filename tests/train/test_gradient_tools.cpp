@@ -18,6 +18,7 @@
 #include "models/ham.h"
 #include "models/transformer.h"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 #include "train/gradient_monitor.h"
 #include "train/trainer.h"
 
@@ -25,13 +26,6 @@ namespace ham {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() /
-                 ("ham_test_gradient_tools_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
-}
 
 ModelConfig small_transformer() {
   ModelConfig c;
@@ -137,7 +131,7 @@ TEST(GradientTools, OptionsRoundTripAndOldJsonLoads) {
 
 TEST(GradientTools, LoggedGradNormsMatchADirectComputation) {
   TokenStream data = text_stream();
-  fs::path dir = fresh_dir("norms");
+  fs::path dir = testing::fresh_temp_dir("gradient_tools_norms");
   TrainOptions opt = one_step(dir);
   opt.grad_norms_every = 1;
   Transformer model(small_transformer());
@@ -165,7 +159,7 @@ TEST(GradientTools, LoggedGradNormsMatchADirectComputation) {
 
 TEST(GradientTools, DumpHoldsExactlyTheRequestedGradients) {
   TokenStream data = text_stream();
-  fs::path dir = fresh_dir("dump");
+  fs::path dir = testing::fresh_temp_dir("gradient_tools_dump");
   TrainOptions opt = one_step(dir);
   opt.dump_grads = {"layers.1.mlp.*", "lm_head.weight"};
   opt.dump_grads_at = {1};
@@ -193,7 +187,7 @@ TEST(GradientTools, DumpHoldsExactlyTheRequestedGradients) {
 TEST(GradientTools, RouterStatisticsAndScoreGradientsOfALearnedRouter) {
   ModelConfig config = ModelConfig::from_file(HAM_SOURCE_DIR "/configs/tiny/ham-learned-router.json");
   TokenStream data = text_stream();
-  fs::path dir = fresh_dir("router");
+  fs::path dir = testing::fresh_temp_dir("gradient_tools_router");
   TrainOptions opt = one_step(dir);
   opt.grad_norms_every = 1;
   opt.dump_grads = {"score_grad"};
@@ -250,7 +244,7 @@ TEST(GradientTools, RouterStatisticsAndScoreGradientsOfALearnedRouter) {
 
 TEST(GradientTools, PatternMatchingNothingIsAOneLineErrorNamingIt) {
   TokenStream data = text_stream();
-  fs::path dir = fresh_dir("bad_pattern");
+  fs::path dir = testing::fresh_temp_dir("gradient_tools_bad_pattern");
   TrainOptions opt = one_step(dir);
   opt.dump_grads = {"lm_head.weight", "layers.7.*"};
   opt.dump_grads_at = {1};

@@ -21,12 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("ham_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
-}
-
 TrainOptions run_options(const std::string& precision, int64_t steps) {
   TrainOptions o = testing::short_run("cpu", steps);
   o.precision = precision;
@@ -147,7 +141,7 @@ TEST(MixedPrecision, ResumeIsBitIdenticalAndCheckpointsHoldF32) {
     SCOPED_TRACE(name);
     ModelConfig config =
         ModelConfig::from_file((testing::repository_dir() / "configs/tiny" / name).string());
-    fs::path dir = fresh_dir("bf16_resume");
+    fs::path dir = testing::fresh_temp_dir("bf16_resume");
     TrainOptions o = run_options("bf16", 8);
     o.out_dir = dir.string();
     o.checkpoint_every = 4;
