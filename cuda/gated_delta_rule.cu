@@ -75,6 +75,8 @@ namespace {
 constexpr int kChunk = 64;
 static_assert(kChunk == kGatedDeltaRuleChunkSize, "the CUDA chunk must be the CPU's");
 constexpr int kBlock = 256;         // threads of the forward, backward and decode blocks
+// Per-row loops give thread i row i of a chunk, and warp reductions need whole warps.
+static_assert(kBlock >= kChunk && kBlock % 32 == 0, "kBlock: one thread per chunk row, whole warps");
 constexpr int kTableThreads = 1024;  // threads of the chunk table block (one per batch row)
 constexpr double kFitEpsilon = 1e-6;  // fit_error = 1 - <p, v> / (||p|| ||v|| + eps)
 
@@ -819,7 +821,9 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
       }
       const C to_end_term = s.to_end[i] * tt;
       s.to_end_terms[i] = to_end_term;
-      s.dgate[i] = s.decay[i] * eo - s.decay[i] * s.beta[i] * er - to_end_term + row_z - col_z;
+      // (row_z - col_z) first: it is exactly 0 for a one-token chunk, so a gradient that
+      // is 0 in exact arithmetic (T = 1 with no h0) comes out 0, not rounding noise.
+      s.dgate[i] = (row_z - col_z) + s.decay[i] * eo - s.decay[i] * s.beta[i] * er - to_end_term;
       if (out.dbeta_part) out.dbeta_part[bc.tile * rows + pr.row(bc.b, begin + i, bc.h)] = xr;
     }
     // <S0, dS_end> (block_sum's barriers also publish dgate and to_end_terms)

@@ -501,10 +501,11 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
     const int64_t t = q0 + ty + 16 * i;
     if (t >= a.seq_len) continue;
     const int64_t row = a.q_index(b, t, h);
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;  // no visible key: o = 0
+    // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
+    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];
 #pragma unroll
     for (int c = 0; c < CV; ++c) a.out[row * DV + tx + 16 * c] = store<T>(o[i][c] * inv);
-    if (tx == 0) a.lse[row] = l[i] > 0.f ? m[i] + logf(l[i]) : -INFINITY;
+    if (tx == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : m[i] + logf(l[i]);
   }
 }
 
@@ -952,6 +953,7 @@ template <class Fn>
 bool dispatch_head_dims(int64_t key_dim, int64_t value_dim, Fn&& fn) {
   auto with_value_dim = [&]<int DK>() {
     switch (value_dim) {
+      case 32: fn.template operator()<DK, 32>(); return true;
       case 64: fn.template operator()<DK, 64>(); return true;
       case 128: fn.template operator()<DK, 128>(); return true;
       case 192: fn.template operator()<DK, 192>(); return true;
@@ -960,6 +962,7 @@ bool dispatch_head_dims(int64_t key_dim, int64_t value_dim, Fn&& fn) {
     }
   };
   switch (key_dim) {
+    case 32: return with_value_dim.template operator()<32>();
     case 64: return with_value_dim.template operator()<64>();
     case 128: return with_value_dim.template operator()<128>();
     case 256: return with_value_dim.template operator()<256>();
@@ -967,14 +970,20 @@ bool dispatch_head_dims(int64_t key_dim, int64_t value_dim, Fn&& fn) {
   }
 }
 
-constexpr size_t kStaticSharedAllowance = 2048;  // the kernels' small __shared__ arrays
+// The kernel's own static __shared__ arrays, which count against the same per-block limit.
+template <class Kernel>
+size_t static_shared_bytes(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  HAM_CUDA_CHECK_CTX(cudaFuncGetAttributes(&attributes, kernel), kOp, ": kernel attributes");
+  return attributes.sharedSizeBytes;
+}
 
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
 // the device; returns whether it launched.
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args) {
-  if (bytes + kStaticSharedAllowance > max_shared_per_block()) return false;
+  if (bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
   if (bytes > 48 * 1024) allow_dynamic_shared(kernel, bytes);
   kernel<<<grid, kTileThreads, bytes, launch_stream()>>>(args);
   HAM_CUDA_CHECK_LAUNCH();

@@ -288,9 +288,10 @@ void chunk_backward(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
   Vector<Scalar> to_end_terms =
       c.decay_to_end.cwiseProduct(k_dstate.cwiseProduct(u).rowwise().sum());
   Matrix<Scalar> z = d_qk.cwiseProduct(c.qk_gamma) + d_kk_gamma.cwiseProduct(c.kk_gamma);
-  Vector<Scalar> d_cum_gate = e_do.cwiseProduct(c.q_state).rowwise().sum() -
-                              e_dr.cwiseProduct(c.k_state).rowwise().sum() - to_end_terms +
-                              z.rowwise().sum() - z.colwise().sum().transpose();
+  // rowsum(Z) - colsum(Z) first, as on the GPU: exactly 0 for a one-token chunk.
+  Vector<Scalar> d_cum_gate = z.rowwise().sum() - z.colwise().sum().transpose();
+  d_cum_gate += e_do.cwiseProduct(c.q_state).rowwise().sum() -
+                e_dr.cwiseProduct(c.k_state).rowwise().sum() - to_end_terms;
   d_cum_gate(n - 1) += c.decay_total * S0.cwiseProduct(dS_end).sum() + to_end_terms.sum();
   // G = cumsum(g) within the chunk  =>  dg_j = sum_{i >= j} dG_i
   Scalar running = 0;

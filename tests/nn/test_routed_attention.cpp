@@ -704,6 +704,13 @@ bool rows_exactly_zero(const Tensor& t, const std::vector<int64_t>& tokens) {
   return true;
 }
 
+double rms(const Tensor& t) {
+  double sum = 0;
+  const std::vector<double> v = t.to_vector<double>();
+  for (double x : v) sum += x * x;
+  return v.empty() ? 0.0 : std::sqrt(sum / double(v.size()));
+}
+
 void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   const Device gpu = Device::cuda();
   const std::string what = gpu_case_name(c) + " " + dtype_name(dtype);
@@ -755,9 +762,17 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   Tensor dv = testing::poisoned(v.shape(), dtype, gpu);
   Tensor dp = c.value_scale ? testing::poisoned(p.shape(), dtype, gpu) : Tensor();
   routed_attention_backward_kernels()(gpu, dout, q, k, v, p, sel, out, lse, scale, dq, dk, dv, dp);
-  testing::expect_matches_reference(dq, want_g.dq, dtype, what + " dq");
-  testing::expect_matches_reference(dk, want_g.dk, dtype, what + " dk");
   testing::expect_matches_reference(dv, want_g.dv, dtype, what + " dv");
+  if (c.seq_len == 1) {
+    // One visible key: the softmax is constant, so dq and dk are 0 in exact arithmetic and
+    // the kernel's are rounding noise; bound them against the size of dv instead.
+    const double noise_bound = testing::gpu_tolerance(dtype) * rms(want_g.dv);
+    EXPECT_LE(rms(dq), noise_bound) << what << " dq";
+    EXPECT_LE(rms(dk), noise_bound) << what << " dk";
+  } else {
+    testing::expect_matches_reference(dq, want_g.dq, dtype, what + " dq");
+    testing::expect_matches_reference(dk, want_g.dk, dtype, what + " dk");
+  }
   if (c.value_scale) testing::expect_matches_reference(dp, want_g.dvalue_scale, dtype, what + " dp");
 
   // Exact zeros: unselected keys get no gradient; queries that see nothing output 0, dq 0.
@@ -810,6 +825,9 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{1, 150, 2, 1, 256, 256, 0.5, true, GpuDocs::Runs, false},
         // documents that interleave (ids reappear)
         GpuCase{2, 180, 4, 2, 64, 64, 0.5, true, GpuDocs::Interleaved, false},
+        // head dim 32 (the default configs' heads), tiled
+        GpuCase{2, 200, 4, 2, 32, 32, 0.5, true, GpuDocs::Runs, true},
+        GpuCase{1, 130, 2, 1, 32, 64, 0.25, false, GpuDocs::Packed20, false},
         // generic kernels: head dims with no tiled instance
         GpuCase{2, 90, 4, 2, 40, 24, 0.5, true, GpuDocs::Runs, true},
         GpuCase{1, 70, 3, 1, 300, 20, 0.5, false, GpuDocs::None, false},
