@@ -128,19 +128,13 @@ int main(int argc, char** argv) {
   const int reps = args.reps;
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
-  if (ham::cuda::device_count() == 0) {
-    std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", ham::cuda::unavailable_reason().c_str());
-    return 1;
-  }
-  std::ofstream csv;
-  if (!csv_path.empty()) {
-    csv.open(csv_path);
-    csv << "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
-           "bwd_ms_min,bwd_ms_median\n";
-  }
-  std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
-              "bwd min ms", "bwd med ms");
   try {
+    if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
+    std::ofstream csv = ham::bench::open_csv(
+        csv_path, "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
+                  "bwd_ms_min,bwd_ms_median");
+    std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
+                "bwd min ms", "bwd med ms");
     for (const BenchCase& c : bench_cases()) {
       const std::string label = c.name + "_" + c.dtype;
       if (!filter.empty() && label.find(filter) == std::string::npos) continue;

@@ -74,19 +74,6 @@ std::vector<BenchCase> bench_cases() {
   return cases;
 }
 
-// xorshift values in [-scale, scale]: only need to be non-trivial, not statistically good.
-Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float scale) {
-  std::vector<float> values(size_t(shape_numel(shape)));
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& v : values) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    v = scale * float(int64_t(state % 2001) - 1000) / 1000.0f;
-  }
-  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
-}
-
 Tensor random_targets(int64_t rows, int64_t vocab, uint64_t seed) {
   std::vector<int64_t> t(static_cast<size_t>(rows));
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -127,8 +114,9 @@ using UnfusedCache = std::map<std::string, std::pair<Stats, double>>;
 CaseResult run_case(const BenchCase& c, int reps, UnfusedCache& unfused_cache) {
   const DType dtype = c.dtype == "bf16" ? DType::BF16 : DType::F32;
   cuda::set_matmul_allow_tf32(c.dtype == "tf32");
-  Tensor hidden = random_on_gpu({c.rows, c.dim}, dtype, 1, 1.0f);
-  Tensor weight = random_on_gpu({c.vocab, c.dim}, dtype, 2, 1.0f / std::sqrt(float(c.dim)));
+  Tensor hidden = bench::uniform_on_gpu({c.rows, c.dim}, dtype, 1, -1.0f, 1.0f);
+  const float weight_scale = 1.0f / std::sqrt(float(c.dim));
+  Tensor weight = bench::uniform_on_gpu({c.vocab, c.dim}, dtype, 2, -weight_scale, weight_scale);
   Tensor targets = random_targets(c.rows, c.vocab, 3);
   set_requires_grad(hidden);
   set_requires_grad(weight);
@@ -166,20 +154,13 @@ CaseResult run_case(const BenchCase& c, int reps, UnfusedCache& unfused_cache) {
 int main(int argc, char** argv) {
   const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 10);
   try {
-    std::string reason = cuda::unavailable_reason();
-    if (!reason.empty()) {
-      std::fprintf(stderr, "bench_linear_cross_entropy_cuda: %s\n", reason.c_str());
-      return 1;
-    }
-    std::ofstream csv;
-    if (!args.csv_path.empty()) {
-      csv.open(args.csv_path);
-      csv << "name,dtype,rows,dim,vocab,chunk_rows,reps,"
-             "fused_fb_min_ms,fused_fb_median_ms,fused_fb_max_ms,fused_fb_peak_mib,"
-             "fused_fwd_min_ms,fused_fwd_median_ms,fused_fwd_max_ms,fused_fwd_peak_mib,"
-             "unfused_fb_min_ms,unfused_fb_median_ms,unfused_fb_max_ms,unfused_fb_peak_mib,"
-             "fused_loss,unfused_loss\n";
-    }
+    if (!bench::gpu_available("bench_linear_cross_entropy_cuda")) return 1;
+    std::ofstream csv = bench::open_csv(
+        args.csv_path, "name,dtype,rows,dim,vocab,chunk_rows,reps,"
+                       "fused_fb_min_ms,fused_fb_median_ms,fused_fb_max_ms,fused_fb_peak_mib,"
+                       "fused_fwd_min_ms,fused_fwd_median_ms,fused_fwd_max_ms,fused_fwd_peak_mib,"
+                       "unfused_fb_min_ms,unfused_fb_median_ms,unfused_fb_max_ms,unfused_fb_peak_mib,"
+                       "fused_loss,unfused_loss");
     std::printf("%-34s %-5s %6s  %-26s %-26s %-26s %9s %9s  %s\n", "case", "dtype", "chunk",
                 "fused fwd+bwd ms min/med/max", "fused fwd ms min/med/max",
                 "unfused fwd+bwd min/med/max", "fused MiB", "unfus MiB", "loss fused / unfused");

@@ -51,19 +51,6 @@ std::vector<BenchCase> bench_cases() {
   return cases;
 }
 
-Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed) {
-  // A cheap generator: the values only need to be non-trivial, not statistically good.
-  std::vector<float> values(size_t(shape_numel(shape)));
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& v : values) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    v = float(int64_t(state % 2001) - 1000) / 1000.0f;
-  }
-  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
-}
-
 struct Timing {
   double min_tflops, median_tflops, max_tflops;
 };
@@ -84,8 +71,8 @@ Timing run_case(const BenchCase& c, int reps) {
   int sets = set_bytes < (size_t(256) << 20) ? 4 : 1;
   std::vector<Tensor> as, bs, cs;
   for (int i = 0; i < sets; ++i) {
-    as.push_back(random_on_gpu(a_shape, dtype, 3 * i + 1));
-    bs.push_back(random_on_gpu(b_shape, dtype, 3 * i + 2));
+    as.push_back(bench::uniform_on_gpu(a_shape, dtype, 3 * i + 1, -1.f, 1.f));
+    bs.push_back(bench::uniform_on_gpu(b_shape, dtype, 3 * i + 2, -1.f, 1.f));
     cs.push_back(Tensor::empty(c_shape, dtype, Device::cuda()));
   }
   std::vector<double> ms = bench::sorted_event_times_ms(reps, 5, [&](int i) {
@@ -106,16 +93,9 @@ int main(int argc, char** argv) {
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
-    std::string reason = cuda::unavailable_reason();
-    if (!reason.empty()) {
-      std::fprintf(stderr, "bench_matmul_cuda: %s\n", reason.c_str());
-      return 1;
-    }
-    std::ofstream csv;
-    if (!csv_path.empty()) {
-      csv.open(csv_path);
-      csv << "name,dtype,batch,m,n,k,trans_a,trans_b,reps,tflops_min,tflops_median,tflops_max\n";
-    }
+    if (!bench::gpu_available("bench_matmul_cuda")) return 1;
+    std::ofstream csv = bench::open_csv(
+        csv_path, "name,dtype,batch,m,n,k,trans_a,trans_b,reps,tflops_min,tflops_median,tflops_max");
     std::printf("%-14s %-5s %5s %6s %6s %6s %2s  %9s %9s %9s\n", "case", "dtype", "batch", "M",
                 "N", "K", "op", "min", "median", "max");
     for (const BenchCase& c : bench_cases()) {

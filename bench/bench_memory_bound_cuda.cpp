@@ -36,24 +36,6 @@ using namespace ham;
 constexpr double kTarget = 0.70;        // fraction of the copy bandwidth the issue asks for
 constexpr int64_t kElements = 1 << 27;  // elementwise and norm cases: 512 MiB of f32 per tensor
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform values in [lo, hi), rounded to dtype, on GPU 0.
-Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
-  std::vector<float> values(size_t(shape_numel(shape)));
-  uint64_t state = seed;
-  for (float& v : values) {
-    state = splitmix64(state);
-    v = lo + (hi - lo) * float(state >> 40) / float(1 << 24);
-  }
-  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
-}
-
 struct Measured {
   std::string name, dtype;
   double bytes;
@@ -91,8 +73,8 @@ void run_dtype(const std::string& dtype_label, int reps,
   auto label = [&](const std::string& name) { return name + " " + dtype_label; };
 
   if (keep(label("add")) || keep(label("scale")) || keep(label("axpy"))) {
-    Tensor a = random_on_gpu({kElements}, dtype, 11, -1.f, 1.f);
-    Tensor b = random_on_gpu({kElements}, dtype, 12, -1.f, 1.f);
+    Tensor a = bench::uniform_on_gpu({kElements}, dtype, 11, -1.f, 1.f);
+    Tensor b = bench::uniform_on_gpu({kElements}, dtype, 12, -1.f, 1.f);
     if (keep(label("add"))) {
       // out = a + b: read a and b, write out: 3 N s.
       Tensor result;
@@ -118,9 +100,9 @@ void run_dtype(const std::string& dtype_label, int reps,
     const bool backward = keep(label("rms_norm_bwd" + suffix));
     if (!forward && !backward) continue;
     const double r = double(rows), dd = double(d);
-    Tensor x = random_on_gpu({rows, d}, dtype, 21, -2.f, 2.f);
-    Tensor w = random_on_gpu({d}, dtype, 22, 0.5f, 1.5f);
-    Tensor dy = random_on_gpu({rows, d}, dtype, 23, -1.f, 1.f);
+    Tensor x = bench::uniform_on_gpu({rows, d}, dtype, 21, -2.f, 2.f);
+    Tensor w = bench::uniform_on_gpu({d}, dtype, 22, 0.5f, 1.5f);
+    Tensor dy = bench::uniform_on_gpu({rows, d}, dtype, 23, -1.f, 1.f);
     ops::NormResult fwd = ops::rms_norm("rms_norm", x, Tensor(), w, 1e-6);
     if (forward) {
       // y = x rstd w: read x [R, D] and w [D], write y [R, D] and rstd [R]:
@@ -163,10 +145,10 @@ void run_dtype(const std::string& dtype_label, int reps,
     double numel = 0;
     uint64_t seed = 100;
     for (const Shape& shape : gpt2_small_shapes()) {
-      params.push_back(random_on_gpu(shape, c.param, seed++, -0.1f, 0.1f));
-      grads.push_back(random_on_gpu(shape, c.grad, seed++, -1e-2f, 1e-2f));
-      exp_avg.push_back(random_on_gpu(shape, DType::F32, seed++, -1e-3f, 1e-3f));
-      exp_avg_sq.push_back(random_on_gpu(shape, DType::F32, seed++, 1e-6f, 1e-4f));
+      params.push_back(bench::uniform_on_gpu(shape, c.param, seed++, -0.1f, 0.1f));
+      grads.push_back(bench::uniform_on_gpu(shape, c.grad, seed++, -1e-2f, 1e-2f));
+      exp_avg.push_back(bench::uniform_on_gpu(shape, DType::F32, seed++, -1e-3f, 1e-3f));
+      exp_avg_sq.push_back(bench::uniform_on_gpu(shape, DType::F32, seed++, 1e-6f, 1e-4f));
       numel += double(shape_numel(shape));
     }
     const double bytes =
@@ -192,11 +174,7 @@ void run_dtype(const std::string& dtype_label, int reps,
 int main(int argc, char** argv) {
   const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 20);
   try {
-    std::string reason = cuda::unavailable_reason();
-    if (!reason.empty()) {
-      std::fprintf(stderr, "bench_memory_bound_cuda: %s\n", reason.c_str());
-      return 1;
-    }
+    if (!bench::gpu_available("bench_memory_bound_cuda")) return 1;
     auto keep = [&](const std::string& label) {
       return args.filter.empty() || label.find(args.filter) != std::string::npos;
     };
@@ -205,7 +183,7 @@ int main(int argc, char** argv) {
     std::vector<Measured> results;
     {
       const int64_t copy_elements = int64_t(1) << 28;
-      Tensor src = random_on_gpu({copy_elements}, DType::F32, 1, -1.f, 1.f);
+      Tensor src = bench::uniform_on_gpu({copy_elements}, DType::F32, 1, -1.f, 1.f);
       Tensor dst = Tensor::empty({copy_elements}, DType::F32, Device::cuda());
       const size_t bytes = src.nbytes();
       const cudaStream_t stream = cuda::current_stream(0);
@@ -220,12 +198,9 @@ int main(int argc, char** argv) {
     const Measured& copy = results.front();
     const double copy_gbps = gbps(copy, copy.ms[copy.ms.size() / 2]);
 
-    std::ofstream csv;
-    if (!args.csv_path.empty()) {
-      csv.open(args.csv_path);
-      csv << "name,dtype,bytes,reps,ms_min,ms_median,ms_max,gbps_min,gbps_median,gbps_max,"
-             "copy_gbps_median,ratio_min,ratio_median,ratio_max\n";
-    }
+    std::ofstream csv = bench::open_csv(
+        args.csv_path, "name,dtype,bytes,reps,ms_min,ms_median,ms_max,gbps_min,gbps_median,gbps_max,"
+                       "copy_gbps_median,ratio_min,ratio_median,ratio_max");
     std::printf("%-22s %-5s %9s %9s  %8s %8s %8s GB/s  %6s %6s %6s of copy\n", "case", "dtype",
                 "MB", "median", "min", "median", "max", "min", "median", "max");
     int below = 0;

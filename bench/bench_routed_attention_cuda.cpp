@@ -59,20 +59,13 @@ std::vector<BenchCase> bench_cases() {
   return cases;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 constexpr uint64_t kMaskSeed = 12345;
 
 std::vector<uint8_t> make_select(const BenchCase& c) {
   std::vector<uint8_t> s(size_t(c.batch * c.seq_len));
   const uint64_t threshold = uint64_t(c.density * double(1 << 24));
   for (int64_t n = 0; n < c.batch * c.seq_len; ++n) {
-    s[size_t(n)] = c.density >= 1.0 || (splitmix64(kMaskSeed + uint64_t(n)) >> 40) < threshold;
+    s[size_t(n)] = c.density >= 1.0 || (bench::splitmix64(kMaskSeed + uint64_t(n)) >> 40) < threshold;
   }
   return s;
 }
@@ -101,16 +94,6 @@ double visible_pairs(const BenchCase& c, const std::vector<uint8_t>& select,
   return pairs;
 }
 
-Tensor random_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
-  std::vector<float> values(size_t(shape_numel(shape)));
-  uint64_t state = seed;
-  for (float& v : values) {
-    state = splitmix64(state);
-    v = lo + (hi - lo) * float(state >> 40) / float(1 << 24);
-  }
-  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
-}
-
 // Median milliseconds of `reps` calls of `step` (after 3 untimed ones).
 double median_ms(int reps, const std::function<void()>& step) {
   std::vector<double> ms = bench::sorted_event_times_ms(reps, 3, [&](int) { step(); });
@@ -128,11 +111,11 @@ Timing run_case(const BenchCase& c, int reps) {
   std::vector<int64_t> docs_host = make_docs(c);
   Tensor select = Tensor::from_vector(select_host, {c.batch, c.seq_len}).to(gpu);
   Tensor docs = Tensor::from_vector(docs_host, {c.batch, c.seq_len}).to(gpu);
-  Tensor q = random_on_gpu({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, 1, -1.f, 1.f);
-  Tensor k = random_on_gpu({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, 2, -1.f, 1.f);
-  Tensor v = random_on_gpu({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, 3, -1.f, 1.f);
-  Tensor p = random_on_gpu({c.batch, c.seq_len}, dtype, 4, 0.2f, 1.5f);
-  Tensor dout = random_on_gpu({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, 5, -1.f, 1.f);
+  Tensor q = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, 1, -1.f, 1.f);
+  Tensor k = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, 2, -1.f, 1.f);
+  Tensor v = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, 3, -1.f, 1.f);
+  Tensor p = bench::uniform_on_gpu({c.batch, c.seq_len}, dtype, 4, 0.2f, 1.5f);
+  Tensor dout = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, 5, -1.f, 1.f);
 
   Timing t{};
   CompactSelection selection;
@@ -155,17 +138,10 @@ int main(int argc, char** argv) {
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
-    std::string reason = cuda::unavailable_reason();
-    if (!reason.empty()) {
-      std::fprintf(stderr, "bench_routed_attention_cuda: %s\n", reason.c_str());
-      return 1;
-    }
-    std::ofstream csv;
-    if (!csv_path.empty()) {
-      csv.open(csv_path);
-      csv << "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
-             "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops\n";
-    }
+    if (!bench::gpu_available("bench_routed_attention_cuda")) return 1;
+    std::ofstream csv = bench::open_csv(
+        csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
+                  "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops");
     std::printf("%-34s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
                 "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
     for (const BenchCase& c : bench_cases()) {

@@ -1,13 +1,18 @@
 #pragma once
 // What the plain CUDA benchmark programs share (bench_*_cuda.cpp; they time with CUDA events
-// rather than Google Benchmark): the command line and the event timing loop.
+// rather than Google Benchmark): the command line, the GPU and CSV set-up, their inputs and
+// the event timing loop.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/tensor.h"
 #include "cuda/check.h"
 #include "cuda/stream.h"
 
@@ -34,6 +39,43 @@ inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_re
     }
   }
   return args;
+}
+
+// False, after saying why on stderr, when `program` finds no usable GPU.
+inline bool gpu_available(const char* program) {
+  const std::string reason = cuda::unavailable_reason();
+  if (reason.empty()) return true;
+  std::fprintf(stderr, "%s: %s\n", program, reason.c_str());
+  return false;
+}
+
+// The CSV file at `path` with its header line written; a closed stream for "" (no CSV).
+inline std::ofstream open_csv(const std::string& path, const char* header) {
+  std::ofstream csv;
+  if (path.empty()) return csv;
+  csv.open(path);
+  if (!csv) throw Error("--csv " + path + ": cannot open for writing");
+  csv << header << "\n";
+  return csv;
+}
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Values uniform in [lo, hi) from splitmix64 (cheap, and the same on every run), rounded to
+// `dtype`, on GPU 0.
+inline Tensor uniform_on_gpu(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
+  std::vector<float> values(size_t(shape_numel(shape)));
+  uint64_t state = seed;
+  for (float& v : values) {
+    state = splitmix64(state);
+    v = lo + (hi - lo) * float(state >> 40) / float(1 << 24);
+  }
+  return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
 }
 
 // Milliseconds of each of `reps` calls step(i) on the current stream of device 0, each timed
