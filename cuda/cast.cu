@@ -46,7 +46,8 @@ void cast(const Tensor& x, Tensor& out) {
   use_device_of(x);
   visit_device_dtype(x.dtype(), [&]<class S>() {
     visit_device_dtype(out.dtype(), [&]<class D>() {
-      cast_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(ptr<const S>(x), ptr<D>(out), n);
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), cast_kernel)(
+          ptr<const S>(x), ptr<D>(out), n);
       HAM_CUDA_CHECK_LAUNCH();
     });
   });

@@ -107,7 +107,7 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   use_device_of(x);
   dispatch_floating("causal_conv1d", x.dtype(), [&]<class T>() {
     with_doc_ids("causal_conv1d", doc_ids, [&]<class I>(const I* ids) {
-      conv_forward<<<grid_for(n), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_forward)(
           ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, seq, channels,
           width, ptr<T>(y), n);
       HAM_CUDA_CHECK_LAUNCH();
@@ -124,7 +124,7 @@ void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
     using C = compute_t<T>;
     with_doc_ids("causal_conv1d_backward", doc_ids, [&]<class I>(const I* ids) {
       if (dx.defined() && n > 0) {
-        conv_backward_input<<<grid_for(n), kThreads, 0, launch_stream()>>>(
+        HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_backward_input)(
             ptr<const T>(dy), ptr<const T>(weight), ids, seq, channels, width, ptr<T>(dx), n);
         HAM_CUDA_CHECK_LAUNCH();
       }

@@ -112,8 +112,8 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     }
     if (a.shape() == out.shape() && is_trailing_block(b.shape(), out.shape()) &&
         b.numel() > 0) {
-      binary_trailing<<<grid_for(n), kThreads, 0, launch_stream()>>>(op, pa, pb, po, n,
-                                                                      b.numel());
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), binary_trailing)(
+          op, pa, pb, po, n, b.numel());
     } else {
       const Shape& shape = out.shape();
       HAM_CHECK(shape.size() <= size_t(kMaxDims), binary_op_name(op),
@@ -127,7 +127,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
         s.a[d] = sa[size_t(d)];
         s.b[d] = sb[size_t(d)];
       }
-      binary_broadcast<<<grid_for(n), kThreads, 0, launch_stream()>>>(op, pa, pb, po, n, s);
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), binary_broadcast)(op, pa, pb, po, n, s);
     }
     HAM_CUDA_CHECK_LAUNCH();
   });

@@ -70,7 +70,7 @@ void embedding(const Tensor& weight, const Tensor& ids, Tensor& out) {
   auto launch = [&]<class W>() {
     const int64_t words = int64_t(row_bytes / sizeof(W)), positions = ids.numel();
     dispatch_index("embedding", ids.dtype(), [&]<class I>() {
-      gather_rows<<<grid_for(positions * words), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(positions * words), kThreads, 0, launch_stream(), gather_rows)(
           ptr<const W>(weight), ptr<const I>(ids), ptr<W>(out), positions, words);
       HAM_CUDA_CHECK_LAUNCH();
     });
@@ -95,7 +95,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& dweight) {
     Tensor positions = Tensor::empty({n}, DType::I64, device);
     Tensor sorted_positions = Tensor::empty({n}, DType::I64, device);
     Tensor sorted_ids = Tensor::empty({n}, ids.dtype(), device);
-    iota<<<grid_for(n), kThreads, 0, stream>>>(ptr<int64_t>(positions), n);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, stream, iota)(ptr<int64_t>(positions), n);
     HAM_CUDA_CHECK_LAUNCH();
     const int end_bit = significant_bits(vocab);
     size_t scratch_bytes = 0;
@@ -108,9 +108,9 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& dweight) {
         ptr<const int64_t>(positions), ptr<int64_t>(sorted_positions), int(n), 0, end_bit,
         stream));
     dispatch_floating("embedding_backward", dy.dtype(), [&]<class T>() {
-      add_sorted_runs<<<unsigned(n), 128, 0, stream>>>(ptr<const T>(dy), ptr<const I>(sorted_ids),
-                                                       ptr<const int64_t>(sorted_positions), n,
-                                                       dim, ptr<T>(dweight));
+      HAM_LAUNCH(unsigned(n), 128, 0, stream, add_sorted_runs)(
+          ptr<const T>(dy), ptr<const I>(sorted_ids), ptr<const int64_t>(sorted_positions), n, dim,
+          ptr<T>(dweight));
       HAM_CUDA_CHECK_LAUNCH();
     });
   });

@@ -153,7 +153,7 @@ ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t
   if (batch == 0) return table;
   HAM_CHECK(batch < (int64_t(1) << 31), "gated_delta_rule: batch ", batch, " exceeds the grid");
   auto launch = [&]<class Index>(const Index* doc_ids) {
-    chunk_table_kernel<Index><<<unsigned(batch), kTableThreads, 0, launch_stream()>>>(
+    HAM_LAUNCH(unsigned(batch), kTableThreads, 0, launch_stream(), chunk_table_kernel<Index>)(
         doc_ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
         ptr<int32_t>(table.count));
     HAM_CUDA_CHECK_LAUNCH();
@@ -460,7 +460,7 @@ template <class T>
 __global__ void __launch_bounds__(kBlock)
     gdr_forward_kernel(Problem<T> pr, T* o, T* h_final, compute_t<T>* fit_part) {
   using C = compute_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), false);
   const Smem<T, C> s(smem_raw, layout);
   const BlockCoords bc = block_coords(pr);
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(kBlock)
     gdr_recurrent_kernel(Problem<T> pr, const Index* doc_ids, T* o, T* h_final,
                          compute_t<T>* fit_part) {
   using C = compute_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   const RecurrentLayout l(pr.key_dim, pr.vt, sizeof(C));
   C* state = reinterpret_cast<C*>(smem_raw + l.state);
   C* kvec = reinterpret_cast<C*>(smem_raw + l.kvec);
@@ -658,7 +658,7 @@ struct BackwardOut {
 template <class T>
 __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, BackwardOut<T> out) {
   using C = compute_t<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), true);
   const Smem<T, C> s(smem_raw, layout);
   const BlockCoords bc = block_coords(pr);
@@ -950,7 +950,7 @@ void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& 
   using C = compute_t<T>;
   const int64_t rows = d.batch * d.seq_len * d.heads;
   if (rows == 0) return;
-  fit_error_kernel<T, C><<<grid_for(rows), kThreads, 0, launch_stream()>>>(
+  HAM_LAUNCH(grid_for(rows), kThreads, 0, launch_stream(), fit_error_kernel<T, C>)(
       tiles > 0 ? ptr<const C>(fit_part) : nullptr, rows, tiles, ptr<T>(fit_error));
   HAM_CUDA_CHECK_LAUNCH();
 }
@@ -975,7 +975,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
       const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), false).bytes;
       HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_forward_kernel<T>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-      gdr_forward_kernel<T><<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_forward_kernel<T>)(
           pr, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
       HAM_CUDA_CHECK_LAUNCH();
     }
@@ -1003,9 +1003,9 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
         HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_recurrent_kernel<T, Index>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(bytes)));
-        gdr_recurrent_kernel<T, Index>
-            <<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(
-                pr, doc_ids, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
+        HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(),
+                   gdr_recurrent_kernel<T, Index>)(pr, doc_ids, ptr<T>(out.o), ptr<T>(out.h_final),
+                                                   ptr<C>(fit_part));
         HAM_CUDA_CHECK_LAUNCH();
       }
       finish_fit_error<T>(fit_part, d, pr.tiles, out.fit_error);
@@ -1074,13 +1074,14 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
       const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), true).bytes;
       HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_backward_kernel<T>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-      gdr_backward_kernel<T><<<grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream()>>>(pr, bo);
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_backward_kernel<T>)(
+          pr, bo);
       HAM_CUDA_CHECK_LAUNCH();
     }
     // k-side gradients: the tiles' partial sums added in tile order (zeros when V = 0).
     auto finish = [&](const Tensor& partial, Tensor& grad) {
       if (!grad.defined() || grad.numel() == 0) return;
-      sum_tiles_kernel<T, C><<<grid_for(grad.numel()), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(grad.numel()), kThreads, 0, launch_stream(), sum_tiles_kernel<T, C>)(
           pr.tiles > 0 ? ptr<const C>(partial) : nullptr, grad.numel(), pr.tiles, ptr<T>(grad));
       HAM_CUDA_CHECK_LAUNCH();
     };
@@ -1089,7 +1090,8 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     if (grads.dg.defined() && grads.dg.dtype() == DType::F32 && !std::is_same_v<T, float>) {
       // f32 gates: dg stays f32 (mixed precision).
       if (grads.dg.numel() > 0) {
-        sum_tiles_kernel<float, C><<<grid_for(grads.dg.numel()), kThreads, 0, launch_stream()>>>(
+        HAM_LAUNCH(grid_for(grads.dg.numel()), kThreads, 0, launch_stream(),
+                   sum_tiles_kernel<float, C>)(
             pr.tiles > 0 ? ptr<const C>(dg_part) : nullptr, grads.dg.numel(), pr.tiles,
             ptr<float>(grads.dg));
         HAM_CUDA_CHECK_LAUNCH();

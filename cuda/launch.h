@@ -16,6 +16,29 @@
 // Checks the launch just made (bad configuration, missing kernel image), naming the site.
 #define HAM_CUDA_CHECK_LAUNCH() HAM_CUDA_CHECK(cudaGetLastError())
 
+// HAM_LAUNCH(grid, block, shared_bytes, stream, kernel)(args...) is
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), spelled so that the same source
+// also compiles as C++ for the SIMT emulator (cuda/emulator/, HAM_CUDA_EMULATOR), which runs
+// the kernel's threads as fibers on the CPU. The kernel comes last: its template arguments
+// may hold commas.
+#ifdef HAM_CUDA_EMULATOR
+#define HAM_LAUNCH(grid, block, shared_bytes, stream, ...)                                    \
+  ::ham::cuda::emulator::KernelLaunch({#__VA_ARGS__, __FILE__, __LINE__}, grid, block,       \
+                                      shared_bytes, stream,                                  \
+                                      [&](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); })
+#else
+#define HAM_LAUNCH(grid, block, shared_bytes, stream, ...) \
+  __VA_ARGS__<<<grid, block, shared_bytes, stream>>>
+#endif
+
+// The block's dynamic shared memory as an array `name` of `type` (extern __shared__).
+#ifdef HAM_CUDA_EMULATOR
+#define HAM_DYNAMIC_SHARED(type, name) \
+  type* name = static_cast<type*>(::ham::cuda::emulator::dynamic_shared_memory())
+#else
+#define HAM_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
 namespace ham::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -200,10 +223,11 @@ void launch_rows(int64_t rows, int64_t row_length, void (*warp_kernel)(KernelArg
                  void (*block_kernel)(KernelArgs...), Args... args) {
   if (rows == 0) return;
   if (row_length <= kWarpRowMax) {
-    warp_kernel<<<warp_row_blocks(rows), kThreads, 0, launch_stream()>>>(KernelArgs(args)...);
+    HAM_LAUNCH(warp_row_blocks(rows), kThreads, 0, launch_stream(), warp_kernel)(
+        KernelArgs(args)...);
   } else {
     HAM_CHECK(rows < (int64_t(1) << 31), "cuda: ", rows, " rows exceed the grid");
-    block_kernel<<<unsigned(rows), kThreads, 0, launch_stream()>>>(KernelArgs(args)...);
+    HAM_LAUNCH(unsigned(rows), kThreads, 0, launch_stream(), block_kernel)(KernelArgs(args)...);
   }
   HAM_CUDA_CHECK_LAUNCH();
 }
@@ -265,10 +289,10 @@ void launch_map1(const T* x, T* out, int64_t n, F f) {
   if (n == 0) return;
   if (aligned_16(x) && aligned_16(out)) {
     constexpr int N = kPackWidth<T>;
-    map1_kernel<N><<<grid_for(std::max<int64_t>(n / N, 1)), kThreads, 0, launch_stream()>>>(x, out,
-                                                                                            n, f);
+    HAM_LAUNCH(grid_for(std::max<int64_t>(n / N, 1)), kThreads, 0, launch_stream(), map1_kernel<N>)(
+        x, out, n, f);
   } else {
-    map1_kernel<1><<<grid_for(n), kThreads, 0, launch_stream()>>>(x, out, n, f);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), map1_kernel<1>)(x, out, n, f);
   }
   HAM_CUDA_CHECK_LAUNCH();
 }
@@ -278,10 +302,10 @@ void launch_map2(const T* a, const T* b, T* out, int64_t n, F f) {
   if (n == 0) return;
   if (aligned_16(a) && aligned_16(b) && aligned_16(out)) {
     constexpr int N = kPackWidth<T>;
-    map2_kernel<N><<<grid_for(std::max<int64_t>(n / N, 1)), kThreads, 0, launch_stream()>>>(
+    HAM_LAUNCH(grid_for(std::max<int64_t>(n / N, 1)), kThreads, 0, launch_stream(), map2_kernel<N>)(
         a, b, out, n, f);
   } else {
-    map2_kernel<1><<<grid_for(n), kThreads, 0, launch_stream()>>>(a, b, out, n, f);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), map2_kernel<1>)(a, b, out, n, f);
   }
   HAM_CUDA_CHECK_LAUNCH();
 }

@@ -32,6 +32,7 @@
 #include "cuda/caching_allocator.h"
 #include "cuda/check.h"
 #include "cuda/cublas.h"
+#include "cuda/launch.h"
 #include "cuda/stream.h"
 
 namespace ham::cuda {
@@ -239,13 +240,15 @@ void scale_output(Tensor& c, double beta, cudaStream_t stream, const std::string
   unsigned blocks = unsigned((n + threads - 1) / threads);
   switch (c.dtype()) {
     case DType::F32:
-      scale_in_place<<<blocks, threads, 0, stream>>>(c.data<float>(), n, float(beta));
+      HAM_LAUNCH(blocks, threads, 0, stream, scale_in_place)(c.data<float>(), n, float(beta));
       break;
     case DType::BF16:
-      scale_in_place<<<blocks, threads, 0, stream>>>(
+      HAM_LAUNCH(blocks, threads, 0, stream, scale_in_place)(
           static_cast<__nv_bfloat16*>(c.raw_data()), n, float(beta));
       break;
-    case DType::F64: scale_in_place_f64<<<blocks, threads, 0, stream>>>(c.data<double>(), n, beta); break;
+    case DType::F64:
+      HAM_LAUNCH(blocks, threads, 0, stream, scale_in_place_f64)(c.data<double>(), n, beta);
+      break;
     default: HAM_FAIL(what, ": unsupported dtype");
   }
   HAM_CUDA_CHECK_CTX(cudaGetLastError(), what, " (scaling C by beta)");

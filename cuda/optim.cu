@@ -101,7 +101,7 @@ void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   const AdamWCoefficients<M> k{M(1.0 - h.lr * h.weight_decay), M(h.beta1),       M(h.beta2),
                                M(h.lr / bias1),                M(1.0 / std::sqrt(bias2)),
                                M(h.eps)};
-  adamw_multi_tensor_kernel<P, G, M><<<unsigned(blocks.size()), kThreads, 0, stream>>>(
+  HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream, adamw_multi_tensor_kernel<P, G, M>)(
       device_slots, device_blocks, k);
   HAM_CUDA_CHECK_LAUNCH();
 }

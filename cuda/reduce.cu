@@ -35,7 +35,7 @@ void reduce_sum_backward(const Tensor& dy, Tensor& dx, const ReduceDims& dims, d
   if (n == 0) return;
   use_device_of(dy);
   dispatch_floating("sum backward", dy.dtype(), [&]<class T>() {
-    spread_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), spread_kernel)(
         ptr<const T>(dy), ptr<T>(dx), dims.len, dims.inner, n, compute_t<T>(scale));
     HAM_CUDA_CHECK_LAUNCH();
   });

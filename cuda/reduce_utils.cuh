@@ -106,19 +106,19 @@ void reduce_middle(Device device, int64_t outer, int64_t len, int64_t inner, Val
   }
   const dim3 grid{unsigned(base_blocks), unsigned(splits)};
   if (warp_rows) {
-    row_sums<true, C><<<grid, kThreads, 0, launch_stream()>>>(outer, len, splits, value, store,
-                                                              partial);
+    HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<true, C>)(
+        outer, len, splits, value, store, partial);
   } else if (rows) {
-    row_sums<false, C><<<grid, kThreads, 0, launch_stream()>>>(outer, len, splits, value, store,
-                                                               partial);
+    HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<false, C>)(
+        outer, len, splits, value, store, partial);
   } else {
-    column_sums<C><<<grid, dim3(kColumnWidth, kColumnRows), 0, launch_stream()>>>(
+    HAM_LAUNCH(grid, dim3(kColumnWidth, kColumnRows), 0, launch_stream(), column_sums<C>)(
         outer, len, inner, splits, value, store, partial);
   }
   HAM_CUDA_CHECK_LAUNCH();
   if (splits > 1) {
-    add_splits<C><<<grid_for(count), kThreads, 0, launch_stream()>>>(count, splits, partial,
-                                                                     store);
+    HAM_LAUNCH(grid_for(count), kThreads, 0, launch_stream(), add_splits<C>)(
+        count, splits, partial, store);
     HAM_CUDA_CHECK_LAUNCH();
   }
 }

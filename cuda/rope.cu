@@ -42,7 +42,7 @@ void rotate(const char* op, const Tensor& x, double base, const Tensor& position
   use_device_of(x);
   dispatch_floating(op, x.dtype(), [&]<class T>() {
     auto launch = [&]<class I>(const I* pos) {
-      rotate_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), rotate_kernel)(
           ptr<const T>(x), pos, seq, heads, dim, base, sign, ptr<T>(y), n);
       HAM_CUDA_CHECK_LAUNCH();
     };

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kCompactThreads)
     compact_rows(const uint8_t* select, const int* first, int64_t seq_len, bool counter_in_shared,
                  int* counter_scratch, int64_t* positions, int64_t* counts, int64_t* begin,
                  int64_t* end) {
-  extern __shared__ int shared_counter[];
+  HAM_DYNAMIC_SHARED(int, shared_counter);
   __shared__ int warp_prefix[32];
   __shared__ int carry;
   const int64_t b = blockIdx.x, row = b * seq_len;
@@ -235,12 +235,11 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
     HAM_CUDA_CHECK(cudaMemsetAsync(ptr<int>(table), 0xff, size_t(batch * table_size) * 4, stream));
     first = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
     dispatch_index(kOp, doc_ids.dtype(), [&]<class I>() {
-      insert_first_positions<I><<<grid_for(batch * seq_len), kThreads, 0, stream>>>(
+      HAM_LAUNCH(grid_for(batch * seq_len), kThreads, 0, stream, insert_first_positions<I>)(
           ptr<const I>(doc_ids), batch, seq_len, ptr<int>(table), table_size);
       HAM_CUDA_CHECK_LAUNCH();
-      lookup_first_positions<I><<<grid_for(batch * seq_len), kThreads, 0, stream>>>(
-          ptr<const I>(doc_ids), batch, seq_len, ptr<const int>(table), table_size,
-          ptr<int>(first));
+      HAM_LAUNCH(grid_for(batch * seq_len), kThreads, 0, stream, lookup_first_positions<I>)(
+          ptr<const I>(doc_ids), batch, seq_len, ptr<const int>(table), table_size, ptr<int>(first));
       HAM_CUDA_CHECK_LAUNCH();
     });
   }
@@ -251,11 +250,10 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
   if (!in_shared) scratch = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
   const size_t dynamic = in_shared ? counter_bytes : 0;
   if (dynamic > 48 * 1024) allow_dynamic_shared(compact_rows, dynamic);
-  compact_rows<<<unsigned(batch), kCompactThreads, dynamic, stream>>>(
+  HAM_LAUNCH(unsigned(batch), kCompactThreads, dynamic, stream, compact_rows)(
       ptr<const uint8_t>(select), first.defined() ? ptr<const int>(first) : nullptr, seq_len,
       in_shared, scratch.defined() ? ptr<int>(scratch) : nullptr, ptr<int64_t>(out.key_positions),
-      ptr<int64_t>(out.key_counts), ptr<int64_t>(out.visible_begin),
-      ptr<int64_t>(out.visible_end));
+      ptr<int64_t>(out.key_counts), ptr<int64_t>(out.visible_begin), ptr<int64_t>(out.visible_end));
   HAM_CUDA_CHECK_LAUNCH();
 }
 
@@ -420,7 +418,7 @@ template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a) {
   constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
   constexpr int RQ = BQ / 16, RK = BK / 16, CV = DV / 16;
-  extern __shared__ float smem[];
+  HAM_DYNAMIC_SHARED(float, smem);
   float* sQ = smem;                 // [BQ][DK + 1]
   float* sK = sQ + BQ * (DK + 1);   // [BK][DK + 1]
   float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
@@ -513,7 +511,7 @@ template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<T> a) {
   constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
   constexpr int RQ = BQ / 16, RK = BK / 16, CK = DK / 16;
-  extern __shared__ float smem[];
+  HAM_DYNAMIC_SHARED(float, smem);
   float* sQ = smem;                 // [BQ][DK + 1]
   float* sO = sQ + BQ * (DK + 1);   // dO [BQ][DV + 1]
   float* sK = sO + BQ * (DV + 1);   // [BK][DK + 1]
@@ -591,7 +589,7 @@ template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArgs<T> a) {
   constexpr int BK = 64, BQ = TileShape<DK, DV>::kQueries;
   constexpr int RK = BK / 16, RQ = BQ / 16, CK = DK / 16, CV = DV / 16;
-  extern __shared__ float smem[];
+  HAM_DYNAMIC_SHARED(float, smem);
   float* sK = smem;                 // [BK][DK + 1]
   float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
   float* sQ = sV + BK * (DV + 1);   // [BQ][DK + 1]
@@ -985,7 +983,7 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args) {
   if (bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
   if (bytes > 48 * 1024) allow_dynamic_shared(kernel, bytes);
-  kernel<<<grid, kTileThreads, bytes, launch_stream()>>>(args);
+  HAM_LAUNCH(grid, kTileThreads, bytes, launch_stream(), kernel)(args);
   HAM_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -995,7 +993,8 @@ void launch_warp_rows(void (*kernel)(AttentionArgs<T>), int64_t rows, const Atte
   if (rows == 0) return;
   HAM_CHECK(ceil_div(rows, kWarpRowsPerBlock) < (int64_t(1) << 31), kOp, ": ", rows,
             " rows exceed the grid");
-  kernel<<<unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, launch_stream()>>>(args);
+  HAM_LAUNCH(unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, launch_stream(), kernel)(
+      args);
   HAM_CUDA_CHECK_LAUNCH();
 }
 
@@ -1039,7 +1038,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
     const int64_t rows = a.batch * a.seq_len * a.q_heads;
     Tensor delta = Tensor::empty(Shape{a.batch, a.seq_len, a.q_heads}, compute_dtype<T>(), q.device());
-    row_dots<T><<<unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, stream>>>(
+    HAM_LAUNCH(unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, stream, row_dots<T>)(
         ptr<const T>(dout), ptr<const T>(out), rows, a.value_dim, ptr<C>(delta));
     HAM_CUDA_CHECK_LAUNCH();
     Tensor dp_partial;
@@ -1070,9 +1069,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     if (!tiled_dkdv) launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
     if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
     if (dvalue_scale.defined()) {
-      gather_value_scale_grad<T><<<grid_for(a.batch * a.seq_len), kThreads, 0, stream>>>(
-          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
-          ptr<T>(dvalue_scale));
+      HAM_LAUNCH(grid_for(a.batch * a.seq_len), kThreads, 0, stream, gather_value_scale_grad<T>)(
+          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads, ptr<T>(dvalue_scale));
       HAM_CUDA_CHECK_LAUNCH();
     }
   });

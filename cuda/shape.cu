@@ -122,8 +122,8 @@ void permute(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
   for (size_t k = 0; k < dims.size(); ++k) src_stride[k] = xs[size_t(dims[k])];
   Dims source = make_dims("permute", out.shape(), src_stride);
   dispatch_element_size("permute", x.dtype(), [&]<class E>() {
-    permute_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(ptr<const E>(x), ptr<E>(out), n,
-                                                                   source);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), permute_kernel)(
+        ptr<const E>(x), ptr<E>(out), n, source);
     HAM_CUDA_CHECK_LAUNCH();
   });
 }
@@ -200,12 +200,12 @@ void accumulate_into(Tensor& dx, Scatter&& scatter) {
   if constexpr (std::is_same_v<T, bf16>) {
     const int64_t n = dx.numel();
     Tensor acc = Tensor::empty(dx.shape(), DType::F32, dx.device());
-    convert_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(ptr<const bf16>(dx),
-                                                                  ptr<float>(acc), n);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), convert_kernel)(
+        ptr<const bf16>(dx), ptr<float>(acc), n);
     HAM_CUDA_CHECK_LAUNCH();
     scatter.template operator()<float>(ptr<float>(acc));
-    convert_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(ptr<const float>(acc),
-                                                                  ptr<bf16>(dx), n);
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), convert_kernel)(
+        ptr<const float>(acc), ptr<bf16>(dx), n);
     HAM_CUDA_CHECK_LAUNCH();
   } else {
     scatter.template operator()<T>(ptr<T>(dx));
@@ -225,7 +225,7 @@ void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
   Dims dims = make_dims("gather", index.shape(), contiguous_strides(x.shape()));
   dispatch_element_size("gather", x.dtype(), [&]<class E>() {
     dispatch_index("gather", index.dtype(), [&]<class I>() {
-      gather_kernel<<<grid_for(n), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), gather_kernel)(
           ptr<const E>(x), ptr<const I>(index), ptr<E>(out), n, dims, int(dim));
       HAM_CUDA_CHECK_LAUNCH();
     });
@@ -244,7 +244,7 @@ void gather_backward(const Tensor& dy, int64_t dim, const Tensor& index, Tensor&
   dispatch_floating("gather_backward", dy.dtype(), [&]<class T>() {
     dispatch_index("gather_backward", index.dtype(), [&]<class I>() {
       accumulate_into<T>(dx, [&]<class A>(A* acc) {
-        gather_backward_kernel<<<grid_for(lines), kThreads, 0, launch_stream()>>>(
+        HAM_LAUNCH(grid_for(lines), kThreads, 0, launch_stream(), gather_backward_kernel)(
             ptr<const T>(dy), ptr<const I>(index), acc, lines, n, inner, dims, int(dim));
         HAM_CUDA_CHECK_LAUNCH();
       });
@@ -262,7 +262,7 @@ void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out
   const int64_t inner = product(shape, size_t(dim) + 1, shape.size()), n = index.numel();
   dispatch_element_size("index_select", x.dtype(), [&]<class E>() {
     dispatch_index("index_select", index.dtype(), [&]<class I>() {
-      index_select_kernel<<<grid_for(total), kThreads, 0, launch_stream()>>>(
+      HAM_LAUNCH(grid_for(total), kThreads, 0, launch_stream(), index_select_kernel)(
           ptr<const E>(x), ptr<const I>(index), ptr<E>(out), total, n, inner, limit);
       HAM_CUDA_CHECK_LAUNCH();
     });
@@ -281,7 +281,7 @@ void index_select_backward(const Tensor& dy, int64_t dim, const Tensor& index, T
   dispatch_floating("index_select_backward", dy.dtype(), [&]<class T>() {
     dispatch_index("index_select_backward", index.dtype(), [&]<class I>() {
       accumulate_into<T>(dx, [&]<class A>(A* acc) {
-        index_select_backward_kernel<<<grid_for(columns), kThreads, 0, launch_stream()>>>(
+        HAM_LAUNCH(grid_for(columns), kThreads, 0, launch_stream(), index_select_backward_kernel)(
             ptr<const T>(dy), ptr<const I>(index), acc, columns, n, inner, limit);
         HAM_CUDA_CHECK_LAUNCH();
       });
