@@ -6,7 +6,7 @@
 #include <atomic>
 
 #include "core/ops/matmul.h"
-#include "tests/cuda/cuda_testing.h"
+#include "tests/testing.h"
 #include "tests/error_testing.h"
 
 namespace ham {
@@ -45,14 +45,14 @@ void check_case(const Case& cs, DType dtype) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " A" + shape_str(cs.a) + (cs.trans_a ? "^T" : "") +
                " B" + shape_str(cs.b) + (cs.trans_b ? "^T" : "") +
                " alpha=" + std::to_string(cs.alpha) + " beta=" + std::to_string(cs.beta));
-  Tensor a = random_tensor(cs.a, dtype, next_seed++);
-  Tensor b = random_tensor(cs.b, dtype, next_seed++);
+  Tensor a = random_tensor(cs.a, dtype, Device::cpu(), next_seed++);
+  Tensor b = random_tensor(cs.b, dtype, Device::cpu(), next_seed++);
   GemmShape s = ops::gemm_shape(a, b, cs.trans_a, cs.trans_b);
   Shape c_shape(cs.a.size() >= cs.b.size() ? cs.a.begin() : cs.b.begin(),
                 cs.a.size() >= cs.b.size() ? cs.a.end() - 2 : cs.b.end() - 2);
   c_shape.push_back(s.m);
   c_shape.push_back(s.n);
-  Tensor c = random_tensor(c_shape, dtype, next_seed++);
+  Tensor c = random_tensor(c_shape, dtype, Device::cpu(), next_seed++);
   Tensor ref = cpu_reference(a, b, c, cs.trans_a, cs.trans_b, cs.alpha, cs.beta);
 
   Tensor a_gpu = a.to(Device::cuda()), b_gpu = b.to(Device::cuda());
@@ -91,31 +91,31 @@ const std::vector<Case>& cases() {
 }
 
 TEST(CudaMatmul, F32MatchesCpuReference) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   for (const Case& cs : cases()) check_case(cs, DType::F32);
 }
 
 TEST(CudaMatmul, Bf16WithFp32AccumulationMatchesCpuReference) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   for (const Case& cs : cases()) check_case(cs, DType::BF16);
 }
 
 TEST(CudaMatmul, F64MatchesCpuReference) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   for (const Case& cs : cases()) check_case(cs, DType::F64);
 }
 
 TEST(CudaMatmul, LargeSquareF32AndBf16) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   check_case({{1024, 1536}, {1536, 768}}, DType::F32);
   check_case({{1024, 1536}, {768, 1536}, false, true}, DType::BF16);
 }
 
 TEST(CudaMatmul, UnalignedViewsMatchCpuReference) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   // Row slices start at odd offsets inside their storage: pointers only 4-byte aligned.
-  Tensor a_full = random_tensor({41, 13}, DType::F32, next_seed++);
-  Tensor b = random_tensor({13, 7}, DType::F32, next_seed++);
+  Tensor a_full = random_tensor({41, 13}, DType::F32, Device::cpu(), next_seed++);
+  Tensor b = random_tensor({13, 7}, DType::F32, Device::cpu(), next_seed++);
   Tensor a = a_full.slice(1, 40);
   Tensor ref = ops::matmul(a, b);
   Tensor out = ops::matmul(a_full.to(Device::cuda()).slice(1, 40), b.to(Device::cuda()));
@@ -123,7 +123,7 @@ TEST(CudaMatmul, UnalignedViewsMatchCpuReference) {
 }
 
 TEST(CudaMatmul, EmptyInnerDimensionScalesC) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   Tensor a = Tensor::empty({3, 0}, DType::F32, Device::cuda());
   Tensor b = Tensor::empty({0, 4}, DType::F32, Device::cuda());
   Tensor c = Tensor::full({3, 4}, 2.0, DType::F32, Device::cuda());
@@ -134,14 +134,14 @@ TEST(CudaMatmul, EmptyInnerDimensionScalesC) {
 }
 
 TEST(CudaMatmul, MixedDevicesAreAOneLineError) {
-  HAM_SKIP_WITHOUT_GPU();
-  Tensor a = random_tensor({4, 4}, DType::F32, next_seed++);
+  HAM_SKIP_UNLESS_CUDA();
+  Tensor a = random_tensor({4, 4}, DType::F32, Device::cpu(), next_seed++);
   testing::expect_error([&] { ops::matmul(a, a.to(Device::cuda())); },
                         {"matmul", "different devices", "[4, 4]"});
 }
 
 TEST(CudaMatmul, IntegerDtypeIsAOneLineError) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   Tensor a = Tensor::zeros({4, 4}, DType::I32, Device::cuda());
   testing::expect_error([&] { ops::matmul(a, a); }, {"matmul", "i32"});
 }

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "tests/cuda/cuda_testing.h"
+#include "tests/testing.h"
 #include "tests/error_testing.h"
 
 #if HAM_WITH_CUDA
@@ -19,7 +19,7 @@ namespace ham::cuda {
 namespace {
 
 TEST(CudaMemory, TensorsComeFromTheCachingAllocator) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   empty_cache(0);
   AllocatorStats before = memory_stats(0);
   {
@@ -39,7 +39,7 @@ TEST(CudaMemory, TensorsComeFromTheCachingAllocator) {
 }
 
 TEST(CudaMemory, OutOfMemoryIsAOneLineErrorWithByteCounts) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   size_t free_bytes = 0, total_bytes = 0;
   HAM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   int64_t too_many = int64_t(total_bytes / 4) * 2;  // f32: twice the card's memory
@@ -52,11 +52,11 @@ TEST(CudaMemory, OutOfMemoryIsAOneLineErrorWithByteCounts) {
 }
 
 TEST(CudaStreams, WorkOnAStreamIsOrderedAndEventsTimeIt) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   Stream stream(0);
   Event start(0, /*timing=*/true), stop(0, /*timing=*/true);
-  Tensor a = testing::random_tensor({256, 256}, DType::F32, 7);
-  Tensor b = testing::random_tensor({256, 256}, DType::F32, 8);
+  Tensor a = testing::random_tensor({256, 256}, DType::F32, Device::cpu(), 7);
+  Tensor b = testing::random_tensor({256, 256}, DType::F32, Device::cpu(), 8);
   Tensor expected = ops::matmul(a, b);
   Tensor result;
   {
@@ -76,7 +76,7 @@ TEST(CudaStreams, WorkOnAStreamIsOrderedAndEventsTimeIt) {
 }
 
 TEST(CudaStreams, AStreamWaitsForAnotherStreamsEvent) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   Stream producer(0), consumer(0);
   Event ready(0);
   Tensor filled;
@@ -98,7 +98,7 @@ TEST(CudaStreams, AStreamWaitsForAnotherStreamsEvent) {
 }
 
 TEST(CudaStreams, CheckMacrosNameFileLineAndStatus) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   testing::expect_error([] { HAM_CUDA_CHECK(cudaSetDevice(9999)); },
                         {"test_stream_cuda.cpp:", "cudaSetDevice(9999)", "cudaErrorInvalidDevice"});
   testing::expect_error(
@@ -108,7 +108,7 @@ TEST(CudaStreams, CheckMacrosNameFileLineAndStatus) {
 }
 
 TEST(CudaStreams, SelectLocalDeviceUsesTheRankFromTheEnvironment) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
   EXPECT_EQ(select_local_device(), 0);
   ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(device_count()).c_str(), 1);
@@ -117,9 +117,9 @@ TEST(CudaStreams, SelectLocalDeviceUsesTheRankFromTheEnvironment) {
 }
 
 TEST(CudaMatmulPlans, OnePlanPerShapeIsCached) {
-  HAM_SKIP_WITHOUT_GPU();
-  Tensor a = testing::random_tensor({96, 80}, DType::F32, 11).to(Device::cuda());
-  Tensor b = testing::random_tensor({80, 72}, DType::F32, 12).to(Device::cuda());
+  HAM_SKIP_UNLESS_CUDA();
+  Tensor a = testing::random_tensor({96, 80}, DType::F32, Device::cpu(), 11).to(Device::cuda());
+  Tensor b = testing::random_tensor({80, 72}, DType::F32, Device::cpu(), 12).to(Device::cuda());
   ops::matmul(a, b);
   size_t plans = gemm_plan_cache_size();
   for (int i = 0; i < 3; ++i) ops::matmul(a, b);
@@ -129,9 +129,9 @@ TEST(CudaMatmulPlans, OnePlanPerShapeIsCached) {
 }
 
 TEST(CudaMatmulPlans, Tf32IsOptInAndStaysClose) {
-  HAM_SKIP_WITHOUT_GPU();
-  Tensor a = testing::random_tensor({512, 512}, DType::F32, 13);
-  Tensor b = testing::random_tensor({512, 512}, DType::F32, 14);
+  HAM_SKIP_UNLESS_CUDA();
+  Tensor a = testing::random_tensor({512, 512}, DType::F32, Device::cpu(), 13);
+  Tensor b = testing::random_tensor({512, 512}, DType::F32, Device::cpu(), 14);
   Tensor ref = ops::matmul(a, b);
   bool before = matmul_allows_tf32();
   set_matmul_allow_tf32(true);
@@ -143,15 +143,15 @@ TEST(CudaMatmulPlans, Tf32IsOptInAndStaysClose) {
 
 // act(x @ W^T + bias) fused in cuBLASLt against the CPU: matmul, bias, then the activation.
 TEST(CudaMatmulEpilogue, BiasReluAndGeluMatchCpu) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   const int64_t m = 70, n = 48, k = 96;
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (GemmEpilogue epilogue :
          {GemmEpilogue::kBias, GemmEpilogue::kReluBias, GemmEpilogue::kGeluBias}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " epilogue " + std::to_string(int(epilogue)));
-      Tensor x = testing::random_tensor({2, m, k}, dtype, 21 + int(epilogue));
-      Tensor w = testing::random_tensor({n, k}, dtype, 31 + int(epilogue));
-      Tensor bias = testing::random_tensor({n}, dtype, 41 + int(epilogue));
+      Tensor x = testing::random_tensor({2, m, k}, dtype, Device::cpu(), 21 + int(epilogue));
+      Tensor w = testing::random_tensor({n, k}, dtype, Device::cpu(), 31 + int(epilogue));
+      Tensor bias = testing::random_tensor({n}, dtype, Device::cpu(), 41 + int(epilogue));
       std::vector<double> product = ops::matmul(x.to(DType::F32), w.to(DType::F32), false, true)
                                         .to_vector<double>();
       std::vector<double> b = bias.to_vector<double>();
@@ -175,7 +175,7 @@ TEST(CudaMatmulEpilogue, BiasReluAndGeluMatchCpu) {
 }
 
 TEST(CudaMatmulEpilogue, WrongBiasShapeIsAOneLineError) {
-  HAM_SKIP_WITHOUT_GPU();
+  HAM_SKIP_UNLESS_CUDA();
   Tensor x = Tensor::zeros({4, 8}, DType::F32, Device::cuda());
   Tensor w = Tensor::zeros({6, 8}, DType::F32, Device::cuda());
   Tensor bias = Tensor::zeros({5}, DType::F32, Device::cuda());
