@@ -1,9 +1,18 @@
-// One training step of every tiny model on the GPU against the same step on the CPU:
-// the loss and every parameter's gradient, then the weights after the optimizer step,
-// within the f32 bound (relative RMS error <= 1e-5). Skips, saying why, without a GPU.
-// (tests/device runs the same comparison on an emulated device, exactly, on any machine.)
+// One training step of every tiny model on the GPU against the same step on the CPU: the
+// loss, every parameter's gradient, then the weights after the optimizer steps. Both are
+// measured against the CPU in f64: the GPU's relative RMS error must be within the dtype's
+// bound (1e-5 f32, 1e-2 bf16) or, where rounding in that dtype costs the CPU itself more,
+// within kRoundingSlack times the CPU's own error. (The gate and router parameters'
+// gradients are sums over every token of terms that cancel, and AdamW's first steps divide
+// by |g|, so f32 on two devices can differ by more than 1e-5 while both are as accurate as
+// f32 summed in their own orders allows: the GPU's tile partial sums, tree reductions and
+// GEMM k-splits add in other orders than the CPU's loops.) A wrong kernel is off by orders
+// of magnitude more. Skips,
+// saying why, without a GPU. (tests/device runs the same comparison on an emulated device,
+// exactly, on any machine.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -13,55 +22,78 @@
 namespace ham {
 namespace {
 
+// How much more rounding error than the CPU's the GPU may show on an ill-conditioned
+// tensor (measured on the SIMT emulator: up to 5x, on the EDA and router weights).
+constexpr double kRoundingSlack = 8;
+
+// The GPU's error against the f64 reference is within `bound` or kRoundingSlack times the
+// CPU's error in the same precision.
+void expect_as_accurate_as_the_cpu(const Tensor& gpu, const Tensor& cpu, const Tensor& reference,
+                                   double bound, const std::string& what) {
+  const Tensor ref = reference.to(DType::F64);
+  const double gpu_error = testing::relative_rms_error(gpu.to(Device::cpu()).to(DType::F64), ref);
+  const double cpu_error = testing::relative_rms_error(cpu.to(DType::F64), ref);
+  EXPECT_LE(gpu_error, std::max(bound, kRoundingSlack * cpu_error))
+      << what << ": the CPU in the same precision is off by " << cpu_error;
+}
+
 TEST(DeviceTraining, CudaStepMatchesTheCpuStepForEveryTinyModel) {
   HAM_SKIP_UNLESS_CUDA();
   TokenBatch batch = testing::corpus_batch(2, 64, 11);
   for (const auto& file : testing::tiny_config_files()) {
     SCOPED_TRACE(file.filename().string());
     ModelConfig config = ModelConfig::from_file(file.string());
-    auto on_cpu = make_model(config), on_gpu = make_model(config);
+    auto on_cpu = make_model(config), on_gpu = make_model(config), in_f64 = make_model(config);
     on_gpu->to(Device::cuda());
+    in_f64->to(DType::F64);
     testing::StepResult cpu = testing::loss_and_gradients(*on_cpu, batch);
     testing::StepResult gpu = testing::loss_and_gradients(*on_gpu, batch);
-    EXPECT_LE(std::abs(gpu.loss - cpu.loss), 1e-5 * std::abs(cpu.loss));
+    testing::StepResult ref = testing::loss_and_gradients(*in_f64, batch);
+    EXPECT_LE(std::abs(gpu.loss - ref.loss),
+              std::max(1e-5 * std::abs(ref.loss), kRoundingSlack * std::abs(cpu.loss - ref.loss)));
     ASSERT_EQ(gpu.gradients.size(), cpu.gradients.size());
     for (size_t i = 0; i < cpu.gradients.size(); ++i) {
       const std::string& name = cpu.gradients[i].first;
       ASSERT_EQ(gpu.gradients[i].second.defined(), cpu.gradients[i].second.defined()) << name;
       if (!cpu.gradients[i].second.defined()) continue;
-      EXPECT_LE(testing::relative_rms_error(gpu.gradients[i].second, cpu.gradients[i].second),
-                testing::gpu_tolerance(DType::F32))
-          << name;
+      expect_as_accurate_as_the_cpu(gpu.gradients[i].second, cpu.gradients[i].second,
+                                    ref.gradients[i].second, testing::gpu_tolerance(DType::F32),
+                                    name);
     }
   }
 }
 
-// Two training steps of every tiny model on the GPU and on the CPU in `precision`: the
-// losses and the final (f32 master) weights within `bound` relative.
+// Two training steps of every tiny model on the GPU and on the CPU in `precision`, and on
+// the CPU in f64: the losses and the final (f32 master) weights.
 void expect_gpu_training_tracks_the_cpu(const std::string& precision, double bound) {
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
   for (const auto& file : testing::tiny_config_files()) {
     SCOPED_TRACE(file.filename().string() + " " + precision);
     ModelConfig config = ModelConfig::from_file(file.string());
-    auto on_cpu = make_model(config), on_gpu = make_model(config);
+    auto on_cpu = make_model(config), on_gpu = make_model(config), in_f64 = make_model(config);
+    in_f64->to(DType::F64);
     TrainOptions cpu_opt = testing::short_run("cpu", 2), gpu_opt = testing::short_run("cuda", 2);
+    TrainOptions ref_opt = cpu_opt;
     cpu_opt.precision = gpu_opt.precision = precision;
-    std::ostringstream cpu_log, gpu_log;
+    std::ostringstream cpu_log, gpu_log, ref_log;
     TrainResult cpu = train(*on_cpu, train_data, val_data, cpu_opt, cpu_log);
     TrainResult gpu = train(*on_gpu, train_data, val_data, gpu_opt, gpu_log);
+    TrainResult ref = train(*in_f64, train_data, val_data, ref_opt, ref_log);
     ASSERT_EQ(gpu.step_losses.size(), cpu.step_losses.size()) << gpu_log.str();
+    ASSERT_EQ(ref.step_losses.size(), cpu.step_losses.size()) << ref_log.str();
     for (size_t s = 0; s < cpu.step_losses.size(); ++s) {
-      EXPECT_LE(std::abs(gpu.step_losses[s] - cpu.step_losses[s]), bound * cpu.step_losses[s])
+      EXPECT_LE(std::abs(gpu.step_losses[s] - ref.step_losses[s]),
+                std::max(bound * ref.step_losses[s],
+                         kRoundingSlack * std::abs(cpu.step_losses[s] - ref.step_losses[s])))
           << "step " << s + 1;
     }
     auto cpu_params = on_cpu->named_parameters(), gpu_params = on_gpu->named_parameters();
+    auto ref_params = in_f64->named_parameters();
     for (size_t i = 0; i < cpu_params.size(); ++i) {
       EXPECT_EQ(gpu_params[i].second.device(), Device::cuda()) << gpu_params[i].first;
       EXPECT_EQ(gpu_params[i].second.dtype(), DType::F32) << gpu_params[i].first;
-      EXPECT_LE(testing::relative_rms_error(gpu_params[i].second.to(Device::cpu()),
-                                            cpu_params[i].second),
-                bound)
-          << gpu_params[i].first;
+      expect_as_accurate_as_the_cpu(gpu_params[i].second, cpu_params[i].second,
+                                    ref_params[i].second, bound, gpu_params[i].first);
     }
   }
 }
