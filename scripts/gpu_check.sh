@@ -57,7 +57,7 @@ echo "nccl: ${nccl_root:-toolkit only}"
 echo "== configure ($build, sm_$arch)"
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$root/.gpu-deps" -DHAM_ICU=OFF \
-  -DHAM_NCCL_ROOT="$nccl_root" \
+  -DHAM_NCCL_ROOT="$nccl_root" -DHAM_CUDA_EMULATOR=OFF \
   -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
   { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
 

@@ -1,0 +1,196 @@
+#pragma once
+// The CUDA runtime as the SIMT emulator provides it: what cuda/*.cu use of the runtime API
+// (memory, streams, events, errors, attributes; cuda/emulator/runtime.cpp) and of the
+// device language (qualifiers, built-in variables, barriers, warp intrinsics, atomics;
+// cuda/emulator/simt.h runs them). Only the ham_cuda_emulated build sees this header;
+// the real build uses the toolkit's.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cuda/emulator/simt.h"
+
+// ---- Qualifiers -------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+// Blocks run one after another on one OS thread, so a static is the block's shared copy.
+#define __shared__ static
+#define __constant__ static
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+#define threadIdx (::ham::cuda::emulator::place().thread_idx)
+#define blockIdx (::ham::cuda::emulator::place().block_idx)
+#define blockDim (::ham::cuda::emulator::place().block_dim)
+#define gridDim (::ham::cuda::emulator::place().grid_dim)
+constexpr int warpSize = 32;
+
+// ---- Runtime types ----------------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInitializationError = 3,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+
+struct CUstream_st;
+struct CUevent_st;
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+#define cudaStreamLegacy (reinterpret_cast<cudaStream_t>(0x1))
+#define cudaStreamPerThread (reinterpret_cast<cudaStream_t>(0x2))
+
+constexpr unsigned cudaStreamDefault = 0x0;
+constexpr unsigned cudaStreamNonBlocking = 0x1;
+constexpr unsigned cudaEventDefault = 0x0;
+constexpr unsigned cudaEventBlockingSync = 0x1;
+constexpr unsigned cudaEventDisableTiming = 0x2;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMaxThreadsPerBlock = 1,
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrWarpSize = 10,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+};
+
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int ptxVersion;
+  int binaryVersion;
+  int cacheModeCA;
+  int maxDynamicSharedSizeBytes;
+  int preferredShmemCarveout;
+};
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int multiProcessorCount;
+  int major;
+  int minor;
+  size_t sharedMemPerBlockOptin;
+};
+
+// ---- Runtime API (cuda/emulator/runtime.cpp) --------------------------------------------
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorName(cudaError_t error);
+const char* cudaGetErrorString(cudaError_t error);
+
+namespace ham::cuda::emulator {
+cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value);
+cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* function);
+// Checks a launch configuration as the GPU would: on failure records the error for
+// cudaGetLastError and returns false.
+bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream);
+}  // namespace ham::cuda::emulator
+
+template <class Function>
+cudaError_t cudaFuncSetAttribute(Function* function, cudaFuncAttribute attribute, int value) {
+  return ham::cuda::emulator::set_function_attribute(reinterpret_cast<const void*>(function),
+                                                     attribute, value);
+}
+template <class Function>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Function* function) {
+  return ham::cuda::emulator::get_function_attributes(attributes,
+                                                      reinterpret_cast<const void*>(function));
+}
+
+#include "cuda/emulator/device_functions.h"
+
+namespace ham::cuda::emulator {
+
+// What HAM_LAUNCH (cuda/launch.h) builds: a launch configuration and a call of the kernel,
+// run for every thread when the arguments come.
+template <class Call>
+struct KernelLaunch {
+  LaunchSite site;
+  dim3 grid, block;
+  size_t shared_bytes;
+  cudaStream_t stream;
+  Call call;
+
+  KernelLaunch(LaunchSite site_, dim3 grid_, dim3 block_, size_t shared_bytes_,
+               cudaStream_t stream_, Call call_)
+      : site(site_), grid(grid_), block(block_), shared_bytes(shared_bytes_), stream(stream_),
+        call(call_) {}
+
+  // Arguments are taken by value, as a kernel launch copies them; each thread's call copies
+  // them again into the kernel's parameters.
+  template <class... Args>
+  void operator()(Args... args) {
+    if (!accept_launch(grid, block, shared_bytes, stream)) return;
+    run_kernel(site, grid, block, shared_bytes, [&] { call(args...); });
+  }
+};
+
+}  // namespace ham::cuda::emulator

@@ -1,0 +1,504 @@
+// The SIMT emulator's scheduler: a fiber per CUDA thread, barriers and warp collectives
+// (cuda/emulator/simt.h says what is and is not emulated).
+#include "cuda/emulator/simt.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+#if !defined(__x86_64__)
+#error "the SIMT emulator switches fibers with x86-64 code; port ham_emulator_switch first"
+#endif
+
+// switch(save, load): saves the callee-saved registers on the current stack and its
+// pointer in *save, then continues on the stack `load` (where an earlier switch saved, or
+// a fresh stack made by new_fiber_stack). The System V ABI leaves every other register to
+// the caller, so these six and the stack pointer are the whole context.
+extern "C" void ham_emulator_switch(void** save, void* load);
+// First code a fresh fiber runs: calls r13(r12) and never returns.
+extern "C" void ham_emulator_fiber_start();
+asm(R"(
+  .text
+  .globl ham_emulator_switch
+  .type ham_emulator_switch, @function
+ham_emulator_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size ham_emulator_switch, .-ham_emulator_switch
+
+  .globl ham_emulator_fiber_start
+  .type ham_emulator_fiber_start, @function
+ham_emulator_fiber_start:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+  .size ham_emulator_fiber_start, .-ham_emulator_fiber_start
+)");
+
+namespace ham::cuda::emulator {
+
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;  // per CUDA thread; only touched pages are backed
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr int kWarpSize = 32;
+
+// One mapping per fiber: a guard page at the bottom, so an overflow faults.
+struct FiberStack {
+  char* base = nullptr;
+  FiberStack() {
+    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    HAM_CHECK(p != MAP_FAILED, "cuda emulator: cannot map a ", kStackBytes, "-byte fiber stack");
+    base = static_cast<char*>(p);
+    mprotect(base, size_t(sysconf(_SC_PAGESIZE)), PROT_NONE);
+  }
+  ~FiberStack() { munmap(base, kStackBytes); }
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+};
+
+enum class FiberState { Ready, Running, AtBlockBarrier, InWarpCollective, Exited };
+
+struct Fiber {
+  void* sp = nullptr;
+  FiberState state = FiberState::Ready;
+  ThreadPlace place{};
+  int linear = 0;  // thread index within the block
+  // What the fiber brought to a barrier or collective, and what it gets back.
+  int predicate = 0;
+  BarrierCount barrier_count{0, 0};
+  WarpCollective kind = WarpCollective::Sync;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int lane_operand = 0, width = kWarpSize;
+};
+
+// Lanes of one warp gathered in one collective that has not completed yet.
+struct PendingCollective {
+  WarpCollective kind;
+  unsigned mask;
+  int width;
+  unsigned arrived;
+};
+
+Schedule schedule_from_environment() {
+  const char* value = std::getenv("HAM_EMULATOR_SCHEDULE");
+  if (!value || !*value || std::string(value) == "forward") return Schedule::Forward;
+  if (std::string(value) == "reverse") return Schedule::Reverse;
+  if (std::string(value) == "shuffle") return Schedule::Shuffle;
+  HAM_FAIL("HAM_EMULATOR_SCHEDULE=", value, ": expected forward, reverse or shuffle");
+}
+
+const char* collective_name(WarpCollective kind) {
+  switch (kind) {
+    case WarpCollective::Sync: return "__syncwarp";
+    case WarpCollective::ShuffleIndex: return "__shfl_sync";
+    case WarpCollective::ShuffleUp: return "__shfl_up_sync";
+    case WarpCollective::ShuffleDown: return "__shfl_down_sync";
+    case WarpCollective::ShuffleXor: return "__shfl_xor_sync";
+    case WarpCollective::Ballot: return "__ballot_sync";
+    case WarpCollective::Any: return "__any_sync";
+    case WarpCollective::All: return "__all_sync";
+    case WarpCollective::MatchAny: return "__match_any_sync";
+  }
+  return "?";
+}
+
+std::string hex(unsigned mask) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", mask);
+  return text;
+}
+
+// The fibers of one block and their scheduling, on the launching OS thread.
+class BlockRunner {
+ public:
+  BlockRunner(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+              const std::function<void()>& body)
+      : site_(site), grid_(grid), block_(block), body_(body),
+        threads_(int(block.x * block.y * block.z)),
+        schedule_(schedule()),
+        fibers_(size_t(threads_)),
+        shared_(dynamic_shared_bytes) {
+    while (stacks().size() < size_t(threads_)) stacks().push_back(std::make_unique<FiberStack>());
+    pending_.resize(size_t((threads_ + kWarpSize - 1) / kWarpSize));
+  }
+
+  void run_block(uint3 block_idx) {
+    block_idx_ = block_idx;
+    std::memset(shared_.data(), 0xff, shared_.size());
+    ready_.clear();
+    at_barrier_.clear();
+    for (auto& p : pending_) p.clear();
+    live_ = threads_;
+    for (int i = 0; i < threads_; ++i) {
+      Fiber& f = fibers_[size_t(i)];
+      f = Fiber{};
+      f.linear = i;
+      f.place.thread_idx = {unsigned(i) % block_.x, (unsigned(i) / block_.x) % block_.y,
+                            unsigned(i) / (block_.x * block_.y)};
+      f.place.block_idx = block_idx;
+      f.place.block_dim = block_;
+      f.place.grid_dim = grid_;
+      f.sp = fresh_stack(*stacks()[size_t(i)], &f);
+    }
+    std::vector<int> all(static_cast<size_t>(threads_));
+    for (int i = 0; i < threads_; ++i) all[size_t(i)] = i;
+    make_ready(all);
+    while (live_ > 0) {
+      if (ready_.empty()) fail_deadlock();
+      Fiber& f = fibers_[size_t(ready_.front())];
+      ready_.pop_front();
+      current_ = &f;
+      f.state = FiberState::Running;
+      ham_emulator_switch(&scheduler_sp_, f.sp);
+      current_ = nullptr;
+      if (error_) std::rethrow_exception(error_);
+    }
+  }
+
+  Fiber& current() { return *current_; }
+  void* shared() { return shared_.data(); }
+
+  BarrierCount block_barrier(int predicate) {
+    Fiber& f = current();
+    f.predicate = predicate;
+    f.state = FiberState::AtBlockBarrier;
+    at_barrier_.push_back(f.linear);
+    if (int(at_barrier_.size()) == live_) release_block_barrier();
+    yield(f);
+    return f.barrier_count;
+  }
+
+  uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int lane_operand,
+                           int width) {
+    Fiber& f = current();
+    const int lane = f.linear % kWarpSize, warp = f.linear / kWarpSize;
+    const int warp_lanes = std::min(kWarpSize, threads_ - warp * kWarpSize);
+    const unsigned existing = warp_lanes == kWarpSize ? ~0u : (1u << warp_lanes) - 1u;
+    if (!(mask >> lane & 1u)) {
+      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) +
+                     " that leaves out the calling lane " + std::to_string(lane));
+    }
+    if (mask & ~existing) {
+      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) + " naming lanes " +
+                     "beyond the " + std::to_string(warp_lanes) + " this warp has");
+    }
+    if (width <= 0 || width > kWarpSize || (width & (width - 1))) {
+      fail_in(f, std::string(collective_name(kind)) + " with width " + std::to_string(width) +
+                     " (a power of two up to 32)");
+    }
+    for (int l = 0; l < kWarpSize; ++l) {
+      if ((mask >> l & 1u) && fibers_[size_t(warp * kWarpSize + l)].state == FiberState::Exited) {
+        fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) +
+                       " naming lane " + std::to_string(l) + ", which has exited");
+      }
+    }
+    f.kind = kind;
+    f.mask = mask;
+    f.value = value;
+    f.lane_operand = lane_operand;
+    f.width = width;
+    f.state = FiberState::InWarpCollective;
+    std::vector<PendingCollective>& pending = pending_[size_t(warp)];
+    auto it = std::find_if(pending.begin(), pending.end(),
+                           [&](const PendingCollective& p) { return (p.mask & mask) != 0; });
+    if (it == pending.end()) {
+      pending.push_back({kind, mask, width, 0u});
+      it = pending.end() - 1;
+    } else if (it->kind != kind || it->mask != mask || it->width != width) {
+      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) + " while lanes " +
+                     hex(it->arrived) + " of its warp wait in " + collective_name(it->kind) +
+                     " with mask " + hex(it->mask) + ": the lanes diverged");
+    }
+    it->arrived |= 1u << lane;
+    if (it->arrived == mask) {
+      complete_collective(warp, *it);
+      pending.erase(it);
+    }
+    yield(f);
+    return f.result;
+  }
+
+  // A fiber's body returned (or threw).
+  void exit_fiber(Fiber& f) {
+    f.state = FiberState::Exited;
+    --live_;
+    const int lane = f.linear % kWarpSize, warp = f.linear / kWarpSize;
+    for (const PendingCollective& p : pending_[size_t(warp)]) {
+      if (p.mask >> lane & 1u) {
+        fail_in(f, std::string("lane ") + std::to_string(lane) + " exited while lanes " +
+                       hex(p.arrived) + " wait for it in " + collective_name(p.kind) +
+                       " with mask " + hex(p.mask));
+      }
+    }
+    if (!at_barrier_.empty() && int(at_barrier_.size()) == live_) release_block_barrier();
+  }
+
+  [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
+    HAM_FAIL("cuda emulator: ", where(f), ": ", what);
+  }
+
+  std::string where(const Fiber& f) const {
+    const uint3 b = f.place.block_idx, t = f.place.thread_idx;
+    return detail::concat("kernel ", site_.kernel, " launched at ", site_.file, ":", site_.line,
+                          ", block (", b.x, ",", b.y, ",", b.z, ") thread (", t.x, ",", t.y, ",",
+                          t.z, ")");
+  }
+
+  void record_error(std::exception_ptr e) {
+    if (!error_) error_ = e;
+  }
+
+  // Back to the scheduler; returns when this fiber is scheduled again.
+  void yield(Fiber& f) { ham_emulator_switch(&f.sp, scheduler_sp_); }
+  // The last switch of a fiber.
+  [[noreturn]] void leave(Fiber& f) {
+    ham_emulator_switch(&f.sp, scheduler_sp_);
+    std::abort();  // an exited fiber is never scheduled again
+  }
+
+ private:
+  static std::vector<std::unique_ptr<FiberStack>>& stacks() {
+    thread_local std::vector<std::unique_ptr<FiberStack>> pool;
+    return pool;
+  }
+
+  static void fiber_main(Fiber* f);
+
+  // The stack as ham_emulator_switch leaves it, so that the first switch "returns" into
+  // ham_emulator_fiber_start with r12 = the fiber and r13 = fiber_main. After that `ret`
+  // the stack pointer is 16-byte aligned, as a call needs.
+  static void* fresh_stack(FiberStack& stack, Fiber* f) {
+    auto top = reinterpret_cast<uintptr_t>(stack.base + kStackBytes) & ~uintptr_t(15);
+    auto* slots = reinterpret_cast<uintptr_t*>(top - 24 - 6 * 8);
+    slots[0] = 0;                                            // r15
+    slots[1] = 0;                                            // r14
+    slots[2] = reinterpret_cast<uintptr_t>(&fiber_main);     // r13
+    slots[3] = reinterpret_cast<uintptr_t>(f);               // r12
+    slots[4] = 0;                                            // rbx
+    slots[5] = 0;                                            // rbp
+    slots[6] = reinterpret_cast<uintptr_t>(&ham_emulator_fiber_start);  // return address
+    return slots;
+  }
+
+  // Queues fibers in the schedule's order.
+  void make_ready(std::vector<int> ids) {
+    if (schedule_ == Schedule::Reverse) std::reverse(ids.begin(), ids.end());
+    if (schedule_ == Schedule::Shuffle) std::shuffle(ids.begin(), ids.end(), rng_);
+    for (int id : ids) {
+      fibers_[size_t(id)].state = FiberState::Ready;
+      ready_.push_back(id);
+    }
+  }
+
+  void release_block_barrier() {
+    int count = 0;
+    for (int id : at_barrier_) count += fibers_[size_t(id)].predicate != 0;
+    const int total = int(at_barrier_.size());
+    for (int id : at_barrier_) fibers_[size_t(id)].barrier_count = {count, total};
+    std::vector<int> released;
+    released.swap(at_barrier_);
+    std::sort(released.begin(), released.end());
+    make_ready(std::move(released));
+  }
+
+  void complete_collective(int warp, const PendingCollective& p) {
+    Fiber* lanes = &fibers_[size_t(warp * kWarpSize)];
+    std::vector<int> released;
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+      if (!(p.mask >> lane & 1u)) continue;
+      Fiber& f = lanes[lane];
+      released.push_back(f.linear);
+      const int segment = lane & ~(p.width - 1);
+      auto source = [&](int src) -> uint64_t {
+        if (!(p.mask >> src & 1u)) {
+          fail_in(f, std::string(collective_name(p.kind)) + " reads lane " + std::to_string(src) +
+                         ", outside the mask " + hex(p.mask));
+        }
+        return lanes[src].value;
+      };
+      switch (p.kind) {
+        case WarpCollective::Sync: f.result = 0; break;
+        case WarpCollective::ShuffleIndex:
+          f.result = source(segment + (f.lane_operand & (p.width - 1)));
+          break;
+        case WarpCollective::ShuffleUp: {
+          const int src = lane - f.lane_operand;
+          f.result = src >= segment ? source(src) : f.value;
+          break;
+        }
+        case WarpCollective::ShuffleDown: {
+          const int src = lane + f.lane_operand;
+          f.result = src < segment + p.width ? source(src) : f.value;
+          break;
+        }
+        case WarpCollective::ShuffleXor: {
+          const int src = lane ^ f.lane_operand;
+          f.result = (src & ~(p.width - 1)) == segment ? source(src) : f.value;
+          break;
+        }
+        case WarpCollective::Ballot:
+        case WarpCollective::Any:
+        case WarpCollective::All: {
+          unsigned ballot = 0;
+          for (int l = 0; l < kWarpSize; ++l) {
+            if ((p.mask >> l & 1u) && lanes[l].value != 0) ballot |= 1u << l;
+          }
+          f.result = p.kind == WarpCollective::Ballot ? ballot
+                     : p.kind == WarpCollective::Any  ? uint64_t(ballot != 0)
+                                                      : uint64_t(ballot == p.mask);
+          break;
+        }
+        case WarpCollective::MatchAny: {
+          unsigned same = 0;
+          for (int l = 0; l < kWarpSize; ++l) {
+            if ((p.mask >> l & 1u) && lanes[l].value == f.value) same |= 1u << l;
+          }
+          f.result = same;
+          break;
+        }
+      }
+    }
+    make_ready(std::move(released));
+  }
+
+  [[noreturn]] void fail_deadlock() {
+    int at_barrier = 0, in_warp = 0, exited = 0;
+    const Fiber* example = nullptr;
+    for (const Fiber& f : fibers_) {
+      if (f.state == FiberState::AtBlockBarrier) ++at_barrier;
+      if (f.state == FiberState::InWarpCollective) {
+        ++in_warp;
+        if (!example) example = &f;
+      }
+      if (f.state == FiberState::Exited) ++exited;
+    }
+    std::string detail = detail::concat(at_barrier, " thread(s) wait in __syncthreads, ", in_warp,
+                                        " in warp collectives, ", exited, " exited");
+    if (example) {
+      detail += detail::concat("; thread ", example->linear, " waits in ",
+                               collective_name(example->kind), " with mask ", hex(example->mask));
+    }
+    HAM_FAIL("cuda emulator: kernel ", site_.kernel, " launched at ", site_.file, ":", site_.line,
+             ", block (", block_idx_.x, ",", block_idx_.y, ",", block_idx_.z,
+             ") deadlocks: ", detail);
+  }
+
+  LaunchSite site_;
+  dim3 grid_, block_;
+  const std::function<void()>& body_;
+  int threads_;
+  Schedule schedule_;
+  std::mt19937 rng_{12345};
+  std::vector<Fiber> fibers_;
+  std::vector<unsigned char> shared_;
+  std::vector<std::vector<PendingCollective>> pending_;  // per warp
+  std::deque<int> ready_;
+  std::vector<int> at_barrier_;
+  int live_ = 0;
+  uint3 block_idx_{};
+  Fiber* current_ = nullptr;
+  void* scheduler_sp_ = nullptr;
+  std::exception_ptr error_;
+
+  friend void run_kernel(const LaunchSite&, dim3, dim3, size_t, const std::function<void()>&);
+};
+
+thread_local BlockRunner* running = nullptr;
+
+Schedule& schedule_setting() {
+  static Schedule setting = schedule_from_environment();
+  return setting;
+}
+
+BlockRunner& runner() {
+  HAM_CHECK(running, "cuda emulator: a device function was called outside a kernel");
+  return *running;
+}
+
+void BlockRunner::fiber_main(Fiber* f) {
+  BlockRunner& r = runner();
+  try {
+    r.body_();
+  } catch (...) {
+    r.record_error(std::current_exception());
+  }
+  try {
+    r.exit_fiber(*f);
+  } catch (...) {
+    r.record_error(std::current_exception());
+  }
+  r.leave(*f);
+}
+
+}  // namespace
+
+const ThreadPlace& place() { return runner().current().place; }
+
+void* dynamic_shared_memory() { return runner().shared(); }
+
+BarrierCount block_barrier(int predicate) { return runner().block_barrier(predicate); }
+
+uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int lane_operand,
+                         int width) {
+  return runner().warp_collective(kind, mask, value, lane_operand, width);
+}
+
+void trap(const char* why) {
+  BlockRunner& r = runner();
+  r.fail_in(r.current(), why);
+}
+
+bool in_kernel() { return running != nullptr; }
+
+Schedule schedule() { return schedule_setting(); }
+
+void set_schedule(Schedule s) { schedule_setting() = s; }
+
+void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                const std::function<void()>& body) {
+  HAM_CHECK(!running, "cuda emulator: kernel ", site.kernel, " launched from inside a kernel");
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+  if (threads == 0 || blocks == 0) return;  // the runtime already rejected it
+  HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ", site.kernel,
+            " with ", threads, " threads per block");
+  BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
+  running = &block_runner;
+  struct Reset {
+    ~Reset() { running = nullptr; }
+  } reset;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) block_runner.run_block({x, y, z});
+    }
+  }
+}
+
+}  // namespace ham::cuda::emulator

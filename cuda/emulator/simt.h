@@ -1,0 +1,119 @@
+#pragma once
+// The SIMT emulator: runs the project's CUDA kernels (cuda/*.cu compiled as C++) on the CPU,
+// so that their logic is tested on machines without a GPU (docs/cuda_emulator.md).
+//
+// Every CUDA thread of a block is a fiber with its own stack; the fibers of one block run
+// cooperatively on the launching OS thread, one at a time, and switch only where a CUDA
+// thread would wait for others: __syncthreads and the warp collectives (__syncwarp,
+// __shfl_*_sync, __ballot_sync, __match_any_sync, ...). Blocks run one after another. So
+// a kernel sees one legal interleaving of its threads; HAM_EMULATOR_SCHEDULE picks which
+// (forward, reverse or shuffled thread order at every barrier) so that a race on shared
+// memory shows up as a difference between schedules.
+//
+// What a GPU would reject or leave undefined is an error here, naming the kernel's launch
+// site, the block and the thread: a barrier some threads of the block never reach
+// (deadlock), lanes of a warp meeting in different collectives or with different masks, a
+// shuffle reading a lane outside the mask, a mask naming a lane that has exited, __trap(),
+// a bad launch configuration. Dynamic shared memory and fresh device memory are filled
+// with 0xff bytes (NaN as floats), so a read of something never written shows.
+//
+// Not emulated: timing, occupancy, registers, the memory model beyond "a barrier orders
+// everything", races between blocks, and a __shared__ variable keeps its value from one
+// block to the next (on a GPU it starts undefined).
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+struct uint3 {
+  unsigned x, y, z;
+};
+// The vector types kernels move 8 or 16 bytes at a time with, aligned as CUDA aligns them.
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+namespace ham::cuda::emulator {
+
+// Where the running CUDA thread is (threadIdx, blockIdx, blockDim, gridDim).
+struct ThreadPlace {
+  uint3 thread_idx;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+// The calling fiber's place; outside a kernel, an error.
+const ThreadPlace& place();
+
+// A launch site, for messages: "gdr_forward_kernel<T> at cuda/gated_delta_rule.cu:978".
+struct LaunchSite {
+  const char* kernel;
+  const char* file;
+  int line;
+};
+
+// Runs `body` once per thread of every block of `grid` x `block`, with `dynamic_shared_bytes`
+// of dynamic shared memory per block. Throws (ham::Error) on a bad configuration or when the
+// kernel fails; a bad configuration is also left for cudaGetLastError like on a GPU.
+void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                const std::function<void()>& body);
+
+// The block's dynamic shared memory (extern __shared__).
+void* dynamic_shared_memory();
+
+// __syncthreads and its counting forms: waits for every thread of the block that has not
+// exited; returns how many of them met there and how many passed a non-zero predicate.
+struct BarrierCount {
+  int passed;
+  int total;
+};
+BarrierCount block_barrier(int predicate);
+
+// The warp collectives. Every lane named in `mask` must make the same call (same kind and
+// mask) before any of them returns.
+enum class WarpCollective {
+  Sync,
+  ShuffleIndex,
+  ShuffleUp,
+  ShuffleDown,
+  ShuffleXor,
+  Ballot,
+  Any,
+  All,
+  MatchAny
+};
+// `value` is the lane's operand (raw bits, up to 8 bytes); `lane_operand` the source lane,
+// delta or xor mask of a shuffle; `width` the shuffle's segment width. Returns the lane's
+// result as raw bits (the shuffled value, or a lane mask).
+uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int lane_operand,
+                         int width);
+
+// The order in which the fibers of a block run, at the start and after every barrier:
+// thread order, reverse thread order, or a shuffle (fixed seed). The default comes from
+// HAM_EMULATOR_SCHEDULE (forward, reverse, shuffle; forward when unset).
+enum class Schedule { Forward, Reverse, Shuffle };
+Schedule schedule();
+void set_schedule(Schedule schedule);
+
+// __trap(): the kernel fails with this message.
+[[noreturn]] void trap(const char* why);
+
+// Host-side bookkeeping the runtime shares with the scheduler.
+// True while the calling OS thread runs a kernel's fibers.
+bool in_kernel();
+
+}  // namespace ham::cuda::emulator

@@ -1,0 +1,282 @@
+// The SIMT emulator itself (cuda/emulator/): small kernels in CUDA syntax whose results are
+// worked out by hand, and the mistakes a GPU would punish, which the emulator must report.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/launch.h"
+#include "tests/error_testing.h"
+
+namespace ham::cuda {
+namespace {
+
+using emulator::Schedule;
+
+// Device buffers of ints, copied in and out.
+struct DeviceInts {
+  int* data = nullptr;
+  size_t n = 0;
+  explicit DeviceInts(size_t count) : n(count) {
+    HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(int)));
+  }
+  ~DeviceInts() { cudaFree(data); }
+  std::vector<int> read() const {
+    std::vector<int> out(n);
+    HAM_CUDA_CHECK(cudaMemcpy(out.data(), data, n * sizeof(int), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+// Restores the default schedule after a test that sets one.
+struct ScheduleGuard {
+  Schedule saved = emulator::schedule();
+  ~ScheduleGuard() { emulator::set_schedule(saved); }
+};
+
+__global__ void write_coordinates(int* out) {
+  const int thread = int(threadIdx.x + threadIdx.y * blockDim.x);
+  const int block = int(blockIdx.x + blockIdx.y * gridDim.x);
+  const int per_block = int(blockDim.x * blockDim.y);
+  out[block * per_block + thread] = block * 1000 + thread;
+}
+
+TEST(SimtEmulator, EveryThreadOfEveryBlockRunsWithItsCoordinates) {
+  DeviceInts out(2 * 3 * 4 * 5);
+  HAM_LAUNCH(dim3(2, 3), dim3(4, 5), 0, nullptr, write_coordinates)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  std::vector<int> got = out.read();
+  for (int block = 0; block < 6; ++block) {
+    for (int thread = 0; thread < 20; ++thread) {
+      EXPECT_EQ(got[size_t(block * 20 + thread)], block * 1000 + thread);
+    }
+  }
+}
+
+// Thread i writes i + 1 to shared memory; after the barrier thread 0 sums all of it.
+__global__ void sum_through_shared(int* out) {
+  __shared__ int values[256];
+  values[threadIdx.x] = int(threadIdx.x) + 1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int sum = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) sum += values[i];
+    out[blockIdx.x] = sum;
+  }
+}
+
+TEST(SimtEmulator, ABarrierMakesEveryWriteBeforeItVisible) {
+  ScheduleGuard guard;
+  for (Schedule s : {Schedule::Forward, Schedule::Reverse, Schedule::Shuffle}) {
+    emulator::set_schedule(s);
+    DeviceInts out(3);
+    HAM_LAUNCH(3, 256, 0, nullptr, sum_through_shared)(out.data);
+    HAM_CUDA_CHECK_LAUNCH();
+    EXPECT_EQ(out.read(), std::vector<int>(3, 256 * 257 / 2)) << "schedule " << int(s);
+  }
+}
+
+// The same without the barrier: a race. Thread 0 sees every value only when it runs last.
+__global__ void sum_without_barrier(int* out) {
+  __shared__ int values[64];
+  values[threadIdx.x] = 1;
+  if (threadIdx.x == 0) {
+    int sum = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) sum += values[i];
+    out[0] = sum;
+  }
+  __syncthreads();
+  values[threadIdx.x] = 0;  // so that the next launch starts from zeros again
+}
+
+TEST(SimtEmulator, SchedulesExposeAMissingBarrier) {
+  ScheduleGuard guard;
+  std::vector<int> sums;
+  for (Schedule s : {Schedule::Forward, Schedule::Reverse}) {
+    emulator::set_schedule(s);
+    DeviceInts out(1);
+    HAM_LAUNCH(1, 64, 0, nullptr, sum_without_barrier)(out.data);
+    HAM_CUDA_CHECK_LAUNCH();
+    sums.push_back(out.read()[0]);
+  }
+  // Forward: thread 0 runs first and sees only its own write (the statics start at 0 or
+  // hold the previous launch's zeros); reverse: it runs last and sees all 64.
+  EXPECT_EQ(sums[0], 1);
+  EXPECT_EQ(sums[1], 64);
+}
+
+__global__ void shuffles(int* out) {
+  const int lane = int(threadIdx.x % 32);
+  const int value = 100 + lane;
+  int* row = out + 6 * threadIdx.x;
+  row[0] = __shfl_xor_sync(0xffffffffu, value, 1);
+  row[1] = __shfl_up_sync(0xffffffffu, value, 3);
+  row[2] = __shfl_down_sync(0xffffffffu, value, 5);
+  row[3] = __shfl_sync(0xffffffffu, value, 7);
+  row[4] = __shfl_xor_sync(0xffffffffu, value, 8, 8);  // width 8: stays in its group of 8
+  row[5] = __shfl_sync(0xffffffffu, value, 2, 16);     // lane 2 of its half-warp
+}
+
+TEST(SimtEmulator, ShufflesReadTheLanesCudaDefines) {
+  DeviceInts out(64 * 6);
+  HAM_LAUNCH(1, 64, 0, nullptr, shuffles)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  std::vector<int> got = out.read();
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32;
+    const int* row = &got[size_t(6 * t)];
+    SCOPED_TRACE("thread " + std::to_string(t));
+    EXPECT_EQ(row[0], 100 + (lane ^ 1));
+    EXPECT_EQ(row[1], 100 + (lane >= 3 ? lane - 3 : lane));
+    EXPECT_EQ(row[2], 100 + (lane + 5 < 32 ? lane + 5 : lane));
+    EXPECT_EQ(row[3], 100 + 7);
+    EXPECT_EQ(row[4], 100 + lane);  // lane ^ 8 leaves the group of 8: own value
+    EXPECT_EQ(row[5], 100 + (lane & ~15) + 2);
+  }
+}
+
+__global__ void votes(unsigned* out) {
+  const int lane = int(threadIdx.x % 32);
+  out[4 * threadIdx.x + 0] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  out[4 * threadIdx.x + 1] = unsigned(__any_sync(0xffffffffu, lane == 31));
+  out[4 * threadIdx.x + 2] = unsigned(__all_sync(0xffffffffu, lane < 31));
+  out[4 * threadIdx.x + 3] = __match_any_sync(0xffffffffu, lane / 10);
+  const int passed = __syncthreads_count(lane < 4);
+  if (threadIdx.x == 0) out[4 * blockDim.x] = unsigned(passed);
+  out[4 * blockDim.x + 1 + threadIdx.x] = unsigned(__syncthreads_or(threadIdx.x == 33)) * 10 +
+                                          unsigned(__syncthreads_and(threadIdx.x < 1000));
+}
+
+TEST(SimtEmulator, VotesAndCountingBarriers) {
+  unsigned* out = nullptr;
+  const size_t n = 4 * 64 + 1 + 64;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), n * sizeof(unsigned)));
+  HAM_LAUNCH(1, 64, 0, nullptr, votes)(out);
+  HAM_CUDA_CHECK_LAUNCH();
+  std::vector<unsigned> got(n);
+  HAM_CUDA_CHECK(cudaMemcpy(got.data(), out, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  cudaFree(out);
+  unsigned every_third = 0;
+  for (int l = 0; l < 32; l += 3) every_third |= 1u << l;
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32;
+    const unsigned group = lane < 10   ? 0x3ffu
+                           : lane < 20 ? 0xffc00u
+                           : lane < 30 ? 0x3ff00000u
+                                       : 0xc0000000u;
+    EXPECT_EQ(got[size_t(4 * t + 0)], every_third);
+    EXPECT_EQ(got[size_t(4 * t + 1)], 1u);
+    EXPECT_EQ(got[size_t(4 * t + 2)], 0u);
+    EXPECT_EQ(got[size_t(4 * t + 3)], group) << "lane " << lane;
+    EXPECT_EQ(got[size_t(4 * 64 + 1 + t)], 11u);
+  }
+  EXPECT_EQ(got[4 * 64], 8u);  // lanes 0..3 of both warps
+}
+
+__global__ void barrier_after_early_exit(int* out) {
+  if (threadIdx.x >= 32) return;
+  __syncthreads();
+  out[threadIdx.x] = 2;
+}
+
+// As on Volta and later GPUs, threads that have exited no longer hold a barrier up.
+TEST(SimtEmulator, ThreadsThatExitedDoNotHoldABarrierUp) {
+  DeviceInts out(32);
+  HAM_LAUNCH(1, 64, 0, nullptr, barrier_after_early_exit)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(out.read(), std::vector<int>(32, 2));
+}
+
+__global__ void barrier_in_a_loop_of_thread_dependent_length(int* out) {
+  for (unsigned i = 0; i <= threadIdx.x; ++i) __syncthreads();
+  // Thread 0 leaves after one barrier; thread 1 waits in its second for thread 0, which is
+  // now waiting in a warp collective with the rest of its warp: nobody can go on.
+  __syncwarp();
+  out[threadIdx.x] = 1;
+}
+
+TEST(SimtEmulator, DeadlocksAreOneLineErrorsNamingTheKernel) {
+  DeviceInts out(64);
+  testing::expect_error(
+      [&] {
+        HAM_LAUNCH(1, 64, 0, nullptr, barrier_in_a_loop_of_thread_dependent_length)(out.data);
+      },
+      {"cuda emulator", "barrier_in_a_loop_of_thread_dependent_length", "test_simt_emulator.cpp",
+       "deadlocks", "__syncthreads", "__syncwarp"});
+}
+
+__global__ void divergent_shuffles(int* out) {
+  int v = int(threadIdx.x);
+  if (threadIdx.x % 2 == 0) {
+    v = __shfl_xor_sync(0xffffffffu, v, 1);
+  } else {
+    __syncwarp();
+  }
+  out[threadIdx.x] = v;
+}
+
+__global__ void shuffle_outside_the_mask(int* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0x0000ffffu, int(threadIdx.x), 20);
+}
+
+__global__ void mask_without_the_caller(int* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0x1u, int(threadIdx.x), 0);
+}
+
+__global__ void trapping(int* out) {
+  if (threadIdx.x == 5) __trap();
+  out[threadIdx.x] = 0;
+}
+
+TEST(SimtEmulator, UndefinedWarpUseAndTrapsAreErrors) {
+  DeviceInts out(32);
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 0, nullptr, divergent_shuffles)(out.data); },
+                        {"divergent_shuffles", "__shfl_xor_sync", "__syncwarp", "diverged"});
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 0, nullptr, shuffle_outside_the_mask)(out.data); },
+                        {"shuffle_outside_the_mask", "reads lane 20", "0x0000ffff"});
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 0, nullptr, mask_without_the_caller)(out.data); },
+                        {"mask_without_the_caller", "leaves out the calling lane"});
+  testing::expect_error([&] { HAM_LAUNCH(2, 32, 0, nullptr, trapping)(out.data); },
+                        {"trapping", "block (0,0,0) thread (5,0,0)", "__trap()"});
+}
+
+__global__ void read_dynamic_shared(float* out) {
+  HAM_DYNAMIC_SHARED(float, scratch);
+  if (threadIdx.x == 0) scratch[0] = 1.5f;
+  __syncthreads();
+  out[threadIdx.x] = scratch[threadIdx.x];
+}
+
+TEST(SimtEmulator, UnwrittenMemoryReadsAsNaN) {
+  float* out = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 4 * sizeof(float)));
+  std::vector<float> fresh(4);
+  HAM_CUDA_CHECK(cudaMemcpy(fresh.data(), out, sizeof(float) * 4, cudaMemcpyDeviceToHost));
+  for (float x : fresh) EXPECT_TRUE(std::isnan(x));  // fresh device memory
+  HAM_LAUNCH(1, 4, 4 * sizeof(float), nullptr, read_dynamic_shared)(out);
+  HAM_CUDA_CHECK_LAUNCH();
+  std::vector<float> got(4);
+  HAM_CUDA_CHECK(cudaMemcpy(got.data(), out, sizeof(float) * 4, cudaMemcpyDeviceToHost));
+  cudaFree(out);
+  EXPECT_EQ(got[0], 1.5f);
+  for (int i = 1; i < 4; ++i) EXPECT_TRUE(std::isnan(got[size_t(i)])) << i;  // never written
+}
+
+TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {
+  DeviceInts out(1);
+  HAM_LAUNCH(1, 1025, 0, nullptr, write_coordinates)(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  HAM_LAUNCH(dim3(1, 70000), 32, 0, nullptr, write_coordinates)(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  HAM_LAUNCH(1, 32, 300 * 1024, nullptr, write_coordinates)(out.data);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once, then cleared
+  testing::expect_error([&] {
+    HAM_LAUNCH(1, 1025, 0, nullptr, write_coordinates)(out.data);
+    HAM_CUDA_CHECK_LAUNCH();
+  }, {"test_simt_emulator.cpp", "cudaErrorInvalidConfiguration"});
+}
+
+}  // namespace
+}  // namespace ham::cuda
