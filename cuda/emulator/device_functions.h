@@ -91,53 +91,34 @@ unsigned __match_any_sync(unsigned mask, T value) {
 [[noreturn]] inline void __trap() { ham::cuda::emulator::trap("__trap()"); }
 
 // ---- Atomics ------------------------------------------------------------------------------
-template <class T>
-T atomicAdd(T* address, T value) {
-  T old = *address;
-  *address = old + value;
+namespace ham::cuda::emulator {
+// *address = f(old), returning old.
+template <class T, class F>
+T atomic_update(T* address, F f) {
+  const T old = *address;
+  *address = f(old);
   return old;
 }
+}  // namespace ham::cuda::emulator
+using ham::cuda::emulator::atomic_update;
+
 template <class T>
-T atomicSub(T* address, T value) {
-  T old = *address;
-  *address = old - value;
-  return old;
-}
+T atomicAdd(T* a, T v) { return atomic_update(a, [v](T x) { return T(x + v); }); }
 template <class T>
-T atomicMin(T* address, T value) {
-  T old = *address;
-  *address = value < old ? value : old;
-  return old;
-}
+T atomicSub(T* a, T v) { return atomic_update(a, [v](T x) { return T(x - v); }); }
 template <class T>
-T atomicMax(T* address, T value) {
-  T old = *address;
-  *address = value > old ? value : old;
-  return old;
-}
+T atomicMin(T* a, T v) { return atomic_update(a, [v](T x) { return v < x ? v : x; }); }
 template <class T>
-T atomicExch(T* address, T value) {
-  T old = *address;
-  *address = value;
-  return old;
-}
+T atomicMax(T* a, T v) { return atomic_update(a, [v](T x) { return v > x ? v : x; }); }
 template <class T>
-T atomicCAS(T* address, T compare, T value) {
-  T old = *address;
-  if (old == compare) *address = value;
-  return old;
-}
+T atomicExch(T* a, T v) { return atomic_update(a, [v](T) { return v; }); }
 template <class T>
-T atomicOr(T* address, T value) {
-  T old = *address;
-  *address = old | value;
-  return old;
-}
+T atomicOr(T* a, T v) { return atomic_update(a, [v](T x) { return T(x | v); }); }
 template <class T>
-T atomicAnd(T* address, T value) {
-  T old = *address;
-  *address = old & value;
-  return old;
+T atomicAnd(T* a, T v) { return atomic_update(a, [v](T x) { return T(x & v); }); }
+template <class T>
+T atomicCAS(T* a, T compare, T v) {
+  return atomic_update(a, [=](T x) { return x == compare ? v : x; });
 }
 
 // ---- Integer intrinsics -------------------------------------------------------------------
