@@ -353,7 +353,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
     s.kc[i * s.ldk + a] = pr.k[at];
     s.qc[i * s.ldk + a] = pr.q[at];
   }
-  if (threadIdx.x < n) {
+  if (int(threadIdx.x) < n) {
     const int64_t at = pr.row(bc.b, begin + threadIdx.x, bc.h);
     s.gcum[threadIdx.x] = gate_at(pr, at);
     s.beta[threadIdx.x] = C(load(pr.beta[at]));
@@ -366,7 +366,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
   }
   __syncthreads();
   // E_i = e^{G_i}, e^{G_last - G_i}, e^{G_last}
-  if (threadIdx.x < n) {
+  if (int(threadIdx.x) < n) {
     const C last = s.gcum[n - 1], gi = s.gcum[threadIdx.x];
     s.decay[threadIdx.x] = exp_(gi);
     s.to_end[threadIdx.x] = exp_(last - gi);
@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
     }
     // Per row: dbeta_i = <dX_i, R_i - (M u)_i> (= -sum_j (dX u^T)_ij M_ij + <dX_i, R_i>),
     // and dG_i without the chunk-end terms.
-    if (threadIdx.x < n) {
+    if (int(threadIdx.x) < n) {
       const int i = int(threadIdx.x);
       C eo = C(0), er = C(0), tt = C(0), xr = C(0), row_z = C(0), col_z = C(0);
       for (int c = 0; c < vt; ++c) {

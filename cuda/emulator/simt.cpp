@@ -96,6 +96,8 @@ struct Fiber {
   unsigned mask = 0;
   uint64_t value = 0, result = 0;
   int lane_operand = 0, width = kWarpSize;
+  WarpCombine combine = nullptr;  // Exchange
+  const char* name = nullptr;     // Exchange: the instruction
 };
 
 // Lanes of one warp gathered in one collective that has not completed yet.
@@ -104,6 +106,8 @@ struct PendingCollective {
   unsigned mask;
   int width;
   unsigned arrived;
+  WarpCombine combine;
+  const char* name;
 };
 
 Schedule schedule_from_environment() {
@@ -125,8 +129,13 @@ const char* collective_name(WarpCollective kind) {
     case WarpCollective::Any: return "__any_sync";
     case WarpCollective::All: return "__all_sync";
     case WarpCollective::MatchAny: return "__match_any_sync";
+    case WarpCollective::Exchange: return "a warp-wide instruction";
   }
   return "?";
+}
+
+const char* collective_name(WarpCollective kind, const char* name) {
+  return kind == WarpCollective::Exchange && name ? name : collective_name(kind);
 }
 
 std::string hex(unsigned mask) {
@@ -196,27 +205,25 @@ class BlockRunner {
   }
 
   uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int lane_operand,
-                           int width) {
+                           int width, WarpCombine combine = nullptr, const char* name = nullptr) {
     Fiber& f = current();
     const int lane = f.linear % kWarpSize, warp = f.linear / kWarpSize;
     const int warp_lanes = std::min(kWarpSize, threads_ - warp * kWarpSize);
     const unsigned existing = warp_lanes == kWarpSize ? ~0u : (1u << warp_lanes) - 1u;
+    const std::string call = std::string(collective_name(kind, name)) + " with mask " + hex(mask);
     if (!(mask >> lane & 1u)) {
-      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) +
-                     " that leaves out the calling lane " + std::to_string(lane));
+      fail_in(f, call + " that leaves out the calling lane " + std::to_string(lane));
     }
     if (mask & ~existing) {
-      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) + " naming lanes " +
-                     "beyond the " + std::to_string(warp_lanes) + " this warp has");
+      fail_in(f, call + " naming lanes beyond the " + std::to_string(warp_lanes) +
+                     " this warp has");
     }
     if (width <= 0 || width > kWarpSize || (width & (width - 1))) {
-      fail_in(f, std::string(collective_name(kind)) + " with width " + std::to_string(width) +
-                     " (a power of two up to 32)");
+      fail_in(f, call + " and width " + std::to_string(width) + " (a power of two up to 32)");
     }
     for (int l = 0; l < kWarpSize; ++l) {
       if ((mask >> l & 1u) && fibers_[size_t(warp * kWarpSize + l)].state == FiberState::Exited) {
-        fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) +
-                       " naming lane " + std::to_string(l) + ", which has exited");
+        fail_in(f, call + " naming lane " + std::to_string(l) + ", which has exited");
       }
     }
     f.kind = kind;
@@ -224,17 +231,20 @@ class BlockRunner {
     f.value = value;
     f.lane_operand = lane_operand;
     f.width = width;
+    f.combine = combine;
+    f.name = name;
     f.state = FiberState::InWarpCollective;
     std::vector<PendingCollective>& pending = pending_[size_t(warp)];
     auto it = std::find_if(pending.begin(), pending.end(),
                            [&](const PendingCollective& p) { return (p.mask & mask) != 0; });
     if (it == pending.end()) {
-      pending.push_back({kind, mask, width, 0u});
+      pending.push_back({kind, mask, width, 0u, combine, name});
       it = pending.end() - 1;
-    } else if (it->kind != kind || it->mask != mask || it->width != width) {
-      fail_in(f, std::string(collective_name(kind)) + " with mask " + hex(mask) + " while lanes " +
-                     hex(it->arrived) + " of its warp wait in " + collective_name(it->kind) +
-                     " with mask " + hex(it->mask) + ": the lanes diverged");
+    } else if (it->kind != kind || it->mask != mask || it->width != width ||
+               it->combine != combine) {
+      fail_in(f, call + " while lanes " + hex(it->arrived) + " of its warp wait in " +
+                     collective_name(it->kind, it->name) + " with mask " + hex(it->mask) +
+                     ": the lanes diverged");
     }
     it->arrived |= 1u << lane;
     if (it->arrived == mask) {
@@ -253,7 +263,7 @@ class BlockRunner {
     for (const PendingCollective& p : pending_[size_t(warp)]) {
       if (p.mask >> lane & 1u) {
         fail_in(f, std::string("lane ") + std::to_string(lane) + " exited while lanes " +
-                       hex(p.arrived) + " wait for it in " + collective_name(p.kind) +
+                       hex(p.arrived) + " wait for it in " + collective_name(p.kind, p.name) +
                        " with mask " + hex(p.mask));
       }
     }
@@ -330,6 +340,17 @@ class BlockRunner {
 
   void complete_collective(int warp, const PendingCollective& p) {
     Fiber* lanes = &fibers_[size_t(warp * kWarpSize)];
+    if (p.kind == WarpCollective::Exchange) {
+      void* data[kWarpSize] = {};
+      for (int lane = 0; lane < kWarpSize; ++lane) {
+        if (p.mask >> lane & 1u) data[lane] = reinterpret_cast<void*>(lanes[lane].value);
+      }
+      try {
+        p.combine(data, p.mask);
+      } catch (const Error& e) {
+        fail_in(current(), e.what());
+      }
+    }
     std::vector<int> released;
     for (int lane = 0; lane < kWarpSize; ++lane) {
       if (!(p.mask >> lane & 1u)) continue;
@@ -338,13 +359,14 @@ class BlockRunner {
       const int segment = lane & ~(p.width - 1);
       auto source = [&](int src) -> uint64_t {
         if (!(p.mask >> src & 1u)) {
-          fail_in(f, std::string(collective_name(p.kind)) + " reads lane " + std::to_string(src) +
-                         ", outside the mask " + hex(p.mask));
+          fail_in(f, std::string(collective_name(p.kind, p.name)) + " reads lane " +
+                         std::to_string(src) + ", outside the mask " + hex(p.mask));
         }
         return lanes[src].value;
       };
       switch (p.kind) {
-        case WarpCollective::Sync: f.result = 0; break;
+        case WarpCollective::Sync:
+        case WarpCollective::Exchange: f.result = 0; break;
         case WarpCollective::ShuffleIndex:
           f.result = source(segment + (f.lane_operand & (p.width - 1)));
           break;
@@ -403,7 +425,8 @@ class BlockRunner {
                                         " in warp collectives, ", exited, " exited");
     if (example) {
       detail += detail::concat("; thread ", example->linear, " waits in ",
-                               collective_name(example->kind), " with mask ", hex(example->mask));
+                               collective_name(example->kind, example->name), " with mask ",
+                               hex(example->mask));
     }
     HAM_FAIL("cuda emulator: kernel ", site_.kernel, " launched at ", site_.file, ":", site_.line,
              ", block (", block_idx_.x, ",", block_idx_.y, ",", block_idx_.z,
@@ -467,7 +490,13 @@ BarrierCount block_barrier(int predicate) { return runner().block_barrier(predic
 
 uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int lane_operand,
                          int width) {
+  HAM_CHECK(kind != WarpCollective::Exchange, "cuda emulator: exchanges go through warp_exchange");
   return runner().warp_collective(kind, mask, value, lane_operand, width);
+}
+
+void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const char* name) {
+  runner().warp_collective(WarpCollective::Exchange, mask, reinterpret_cast<uint64_t>(lane_data), 0,
+                           kWarpSize, combine, name);
 }
 
 void trap(const char* why) {

@@ -94,7 +94,8 @@ enum class WarpCollective {
   Ballot,
   Any,
   All,
-  MatchAny
+  MatchAny,
+  Exchange,  // warp_exchange below
 };
 // `value` is the lane's operand (raw bits, up to 8 bytes); `lane_operand` the source lane,
 // delta or xor mask of a shuffle; `width` the shuffle's segment width. Returns the lane's
@@ -108,6 +109,13 @@ uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int
 enum class Schedule { Forward, Reverse, Shuffle };
 Schedule schedule();
 void set_schedule(Schedule schedule);
+
+// A warp-wide operation on more than a value per lane (mma.sync, ldmatrix: cuda/mma.cuh):
+// every lane of `mask` arrives with a pointer to its own data; once all have, `combine` runs
+// once with the 32 pointers (null outside the mask) and writes each lane's results through
+// them; then every lane goes on. `name` is the instruction, for messages.
+using WarpCombine = void (*)(void* const* lanes, unsigned mask);
+void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const char* name);
 
 // __trap(): the kernel fails with this message.
 [[noreturn]] void trap(const char* why);

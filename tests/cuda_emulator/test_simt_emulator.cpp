@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "cuda/launch.h"
+#include "cuda/mma.cuh"
 #include "tests/error_testing.h"
 
 namespace ham::cuda {
@@ -276,6 +278,81 @@ TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {
     HAM_LAUNCH(1, 1025, 0, nullptr, write_coordinates)(out.data);
     HAM_CUDA_CHECK_LAUNCH();
   }, {"test_simt_emulator.cpp", "cudaErrorInvalidConfiguration"});
+}
+
+// One 16 x 8 x 16 product through ldmatrix and mma.sync, B read both from [n][k] rows and,
+// transposed, from [k][n] rows; D written out in the accumulator layout of cuda/mma.cuh.
+__global__ void mma_tile(const uint16_t* a_in, const uint16_t* b_kn, float* d_out) {
+  __shared__ __align__(16) uint16_t A[16][16], B_nk[8][16], B_kn[16][8];
+  const int lane = int(threadIdx.x);
+  for (int i = lane; i < 256; i += 32) A[i / 16][i % 16] = a_in[i];
+  for (int i = lane; i < 128; i += 32) {
+    B_kn[i / 8][i % 8] = b_kn[i];
+    B_nk[i % 8][i / 8] = b_kn[i];
+  }
+  __syncwarp();
+  uint32_t a[4], b[2], b_t[2];
+  mma::ldmatrix<4, false>(a, &A[lane % 16][8 * (lane / 16)]);
+  mma::ldmatrix<2, false>(b, &B_nk[lane % 8][8 * ((lane / 8) % 2)]);
+  mma::ldmatrix<2, true>(b_t, &B_kn[lane % 16][0]);
+  float d[4] = {0, 0, 0, 0}, e[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  mma::mma_bf16_16816(d, a, b);
+  mma::mma_bf16_16816(e, a, b_t);
+  const int g = lane / 4, t = lane % 4;
+  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  for (int r = 0; r < 4; ++r) {
+    d_out[rows[r] * 8 + cols[r]] = d[r];
+    d_out[128 + rows[r] * 8 + cols[r]] = e[r];
+  }
+}
+
+TEST(SimtEmulator, MmaAndLdmatrixFollowThePtxFragmentLayouts) {
+  std::vector<uint16_t> a(256), b(128);
+  std::vector<double> want(128, 0.0);
+  for (int i = 0; i < 256; ++i) a[size_t(i)] = float_to_bf16(float((i * 7) % 13 - 6)).bits;
+  for (int i = 0; i < 128; ++i) b[size_t(i)] = float_to_bf16(float((i * 5) % 11 - 5) * 0.5f).bits;
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      for (int k = 0; k < 16; ++k) {
+        want[size_t(m * 8 + n)] += double(bf16_to_float({a[size_t(m * 16 + k)]})) *
+                                   double(bf16_to_float({b[size_t(k * 8 + n)]}));
+      }
+    }
+  }
+  uint16_t *a_dev = nullptr, *b_dev = nullptr;
+  float* d_dev = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&a_dev), 512));
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&b_dev), 256));
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_dev), 256 * sizeof(float)));
+  HAM_CUDA_CHECK(cudaMemcpy(a_dev, a.data(), 512, cudaMemcpyHostToDevice));
+  HAM_CUDA_CHECK(cudaMemcpy(b_dev, b.data(), 256, cudaMemcpyHostToDevice));
+  HAM_LAUNCH(1, 32, 0, nullptr, mma_tile)(a_dev, b_dev, d_dev);
+  HAM_CUDA_CHECK_LAUNCH();
+  std::vector<float> got(256);
+  HAM_CUDA_CHECK(cudaMemcpy(got.data(), d_dev, 256 * sizeof(float), cudaMemcpyDeviceToHost));
+  cudaFree(a_dev);
+  cudaFree(b_dev);
+  cudaFree(d_dev);
+  for (int i = 0; i < 128; ++i) {
+    EXPECT_EQ(got[size_t(i)], float(want[size_t(i)])) << "D[" << i / 8 << "][" << i % 8 << "]";
+    EXPECT_EQ(got[size_t(128 + i)], float(want[size_t(i)] + 0.5)) << "transposed B, " << i;
+  }
+}
+
+__global__ void ldmatrix_on_a_misaligned_row(float* out) {
+  __shared__ __align__(16) uint16_t rows[8][16];
+  uint32_t r[1];
+  mma::ldmatrix<1, false>(r, &rows[threadIdx.x % 8][1]);
+  out[threadIdx.x] = float(r[0]);
+}
+
+TEST(SimtEmulator, LdmatrixRowsMustBeSixteenByteAligned) {
+  float* out = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 32 * sizeof(float)));
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 0, nullptr, ldmatrix_on_a_misaligned_row)(out); },
+                        {"ldmatrix_on_a_misaligned_row", "ldmatrix row 0 of matrix 0",
+                         "not 16-byte aligned"});
+  cudaFree(out);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@
 #define __shared__ static
 #define __constant__ static
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 #define threadIdx (::ham::cuda::emulator::place().thread_idx)
 #define blockIdx (::ham::cuda::emulator::place().block_idx)
