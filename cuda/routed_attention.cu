@@ -43,6 +43,7 @@
 
 #include "core/ops/routed_attention.h"
 #include "cuda/launch.h"
+#include "cuda/mma.cuh"
 
 namespace ham::cuda {
 
@@ -717,6 +718,211 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
   }
 }
 
+// ---- Tensor-core kernels (bf16) ------------------------------------------------------
+// bf16 inputs run through the tensor cores (cuda/mma.cuh: mma.sync m16n8k16, f32
+// accumulation), flash-attention-2 style. A block of 4 warps owns 64 query rows of one
+// (query head, batch row), 16 per warp; per key tile the block stages K and v' = p v (bf16,
+// v' rounded once) in shared memory, and each warp computes its S = Q K^T slice in
+// registers, applies the scale, the visibility test (boundary tiles only) and the online
+// softmax there, and feeds P straight from the accumulator registers into P V': the
+// accumulator layout of two adjacent 8-column blocks of S is the A-fragment layout of one
+// 16-column block of P. Scores, maxima, sums and O stay f32; P is rounded to bf16 for the
+// product, as flash-attention does. Shared-memory rows are padded by 8 elements so that
+// ldmatrix's eight 16-byte rows fall in different banks.
+
+constexpr int kMmaThreads = 128;  // 4 warps
+constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
+
+template <int DK, int DV>
+struct MmaShape {
+  static constexpr int kKeys = DK > 128 || DV > 128 ? 32 : 64;  // keys per tile
+  static constexpr int ldk = DK + 8, ldv = DV + 8;               // smem row strides (bf16)
+  static constexpr size_t forward_bytes = size_t(kMmaRows * ldk + kKeys * ldk + kKeys * ldv) * 2;
+};
+
+// Rows [0, rows) of a bf16 tile in shared memory (row stride LD) from global rows of D
+// elements, 16 bytes per load: row r comes from `source(r)` (nullptr: zeros), multiplied by
+// scale[r] when `scale` is given (rounded back to bf16).
+template <int D, int LD, class Source>
+__device__ void stage_rows(bf16* dst, int rows, Source source, const float* scale) {
+  constexpr int kChunks = D / 8;
+  for (int idx = int(threadIdx.x); idx < rows * kChunks; idx += int(blockDim.x)) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    const bf16* row = source(r);
+    uint4 chunk = {0u, 0u, 0u, 0u};
+    if (row) {
+      chunk = *reinterpret_cast<const uint4*>(row + c);
+      if (scale) {
+        bf16* e = reinterpret_cast<bf16*>(&chunk);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) e[i] = store<bf16>(load(e[i]) * scale[r]);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + r * LD + c) = chunk;
+  }
+}
+
+// A-fragment (16 x 16 at column `col`) of the warp's 16 rows of a row-major bf16 tile.
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t (&frag)[4], const bf16* tile, int col) {
+  const int lane = int(threadIdx.x % 32);
+  mma::ldmatrix<4, false>(frag, tile + (lane % 16) * LD + col + 8 * (lane / 16));
+}
+
+// B-fragment (k 16 x n 8) from a tile stored [n][k] (rows n0.., columns k0..).
+template <int LD>
+__device__ __forceinline__ void load_b_nk(uint32_t (&frag)[2], const bf16* tile, int n0, int k0) {
+  const int lane = int(threadIdx.x % 32);
+  mma::ldmatrix<2, false>(frag, tile + (n0 + lane % 8) * LD + k0 + 8 * ((lane / 8) % 2));
+}
+
+// B-fragment (k 16 x n 8) from a tile stored [k][n] (rows k0.., columns n0..).
+template <int LD>
+__device__ __forceinline__ void load_b_kn(uint32_t (&frag)[2], const bf16* tile, int k0, int n0) {
+  const int lane = int(threadIdx.x % 32);
+  mma::ldmatrix<2, true>(frag, tile + (k0 + lane % 16) * LD + n0);
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
+  using Shape = MmaShape<DK, DV>;
+  constexpr int BQ = kMmaRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
+  constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
+  bf16* sK = sQ + BQ * LDK;                      // [BK][LDK]
+  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
+  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
+  __shared__ float s_pscale[BK];
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int t4 = lane % 4;
+  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  stage_rows<DK, LDK>(sQ, BQ, [&](int r) {
+    return q0 + r < a.seq_len ? a.q + a.q_index(b, q0 + r, h) * DK : nullptr;
+  }, nullptr);
+
+  // This lane's accumulator rows are r0 and r0 + 8 of the block (element e of a fragment
+  // is in row r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
+  const int r0 = warp * 16 + lane / 4;
+  float o[VB][4];
+#pragma unroll
+  for (int vb = 0; vb < VB; ++vb) o[vb][0] = o[vb][1] = o[vb][2] = o[vb][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int k0 = lo; k0 < hi; k0 += BK) {
+    __syncthreads();  // the previous tile is no longer read
+    load_key_positions<bf16, BK>(a, b, k0, hi, s_pos, s_pscale);
+    __syncthreads();
+    auto key_row = [&](const bf16* base, int D) {
+      return [=, &a](int j) -> const bf16* {
+        return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
+      };
+    };
+    stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
+    stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 rows.
+    float s[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DK; kk += 16) {
+      uint32_t qa[4];
+      load_a<LDK>(qa, sQ + warp * 16 * LDK, kk);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        uint32_t kb[2];
+        load_b_nk<LDK>(kb, sK, nb * 8, kk);
+        mma::mma_bf16_16816(s[nb], qa, kb);
+      }
+    }
+
+    // Scale, visibility, online softmax (row max and sum over the quad's lanes).
+    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+        s[nb][e] = visible ? s[nb][e] * a.scale : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
+      }
+    }
+    float alpha[2], row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
+      alpha[i] = m[i] == -INFINITY ? 0.f : expf(m[i] - m_new);
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = s[nb][e];
+        s[nb][e] = x == -INFINITY ? 0.f : expf(x - m[e / 2]);  // P (a NaN score stays NaN)
+        row_sum[e / 2] += s[nb][e];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + quad_sum(row_sum[i]);
+#pragma unroll
+    for (int vb = 0; vb < VB; ++vb) {
+      o[vb][0] *= alpha[0];
+      o[vb][1] *= alpha[0];
+      o[vb][2] *= alpha[1];
+      o[vb][3] *= alpha[1];
+    }
+
+    // O += P V': P's accumulator registers are the A-fragments of P.
+#pragma unroll
+    for (int j = 0; j < BK / 16; ++j) {
+      const uint32_t pa[4] = {mma::pack_bf16(s[2 * j][0], s[2 * j][1]),
+                              mma::pack_bf16(s[2 * j][2], s[2 * j][3]),
+                              mma::pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]),
+                              mma::pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {
+        uint32_t vf[2];
+        load_b_kn<LDV>(vf, sV, j * 16, vb * 8);
+        mma::mma_bf16_16816(o[vb], pa, vf);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0 + 8 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+    // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
+    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];
+#pragma unroll
+    for (int vb = 0; vb < VB; ++vb) {
+      a.out[row * DV + vb * 8 + 2 * t4] = store<bf16>(o[vb][2 * i] * inv);
+      a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[vb][2 * i + 1] * inv);
+    }
+    if (t4 == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : m[i] + logf(l[i]);
+  }
+}
+
 // ---- Generic kernels (any head dims, any floating dtype) -----------------------------
 
 constexpr int kChunk = 8;  // columns per lane per pass: a warp covers 256 columns at once
@@ -980,12 +1186,18 @@ size_t static_shared_bytes(Kernel* kernel) {
 // the device; returns whether it launched.
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
-                  const AttentionArgs<T>& args) {
+                  const AttentionArgs<T>& args, int threads = kTileThreads) {
   if (bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
   if (bytes > 48 * 1024) allow_dynamic_shared(kernel, bytes);
-  HAM_LAUNCH(grid, kTileThreads, bytes, launch_stream(), kernel)(args);
+  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args);
   HAM_CUDA_CHECK_LAUNCH();
   return true;
+}
+
+// The tensor-core kernels read q, k, v 16 bytes at a time.
+bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.dtype() == DType::BF16 && aligned_16(q.raw_data()) && aligned_16(k.raw_data()) &&
+         aligned_16(v.raw_data());
 }
 
 template <class T>
@@ -1011,7 +1223,15 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
     if constexpr (!std::is_same_v<T, double>) {
       const dim3 grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads), unsigned(a.batch));
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
-        tiled = launch_tiled(&forward_tiled<T, DK, DV>, grid, TileShape<DK, DV>::forward_bytes, a);
+        if constexpr (std::is_same_v<T, bf16>) {
+          if (tensor_core_ready(q, k, v)) {
+            tiled = launch_tiled(&forward_mma<DK, DV>, grid, MmaShape<DK, DV>::forward_bytes, a,
+                                 kMmaThreads);
+          }
+        }
+        if (!tiled) {
+          tiled = launch_tiled(&forward_tiled<T, DK, DV>, grid, TileShape<DK, DV>::forward_bytes, a);
+        }
       });
     }
     if (!tiled) launch_warp_rows(&forward_generic<T>, a.batch * a.seq_len * a.q_heads, a);
