@@ -34,6 +34,11 @@
 //   dQ pass: one block per (query tile, query head, batch row), over the same key tiles
 //     as the forward.
 //
+// Tensor-core kernels (bf16 with 16-byte aligned q, k, v, dO; the same head dims, the
+// backward for Dk <= 128 and Dv <= 192): the forward, dQ and dK/dV passes above with the
+// products on mma.sync (cuda/mma.cuh), flash-attention-2 style; see their section. Other
+// bf16 calls take the tiled kernels.
+//
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
 // and kv head (dk, dv'), plain loops over exactly the visible pairs; the dk/dv' one scans
@@ -793,6 +798,59 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
+// The accumulator of S (16 rows x 8 N columns) as the A-fragments of the 16 x N operand of
+// the next product, rounded to bf16: blocks 2j and 2j + 1 make the 16 columns of j.
+template <int N>
+__device__ __forceinline__ void accumulator_as_a(const float (&acc)[N / 8][4], int j,
+                                                 uint32_t (&frag)[4]) {
+  frag[0] = mma::pack_bf16(acc[2 * j][0], acc[2 * j][1]);
+  frag[1] = mma::pack_bf16(acc[2 * j][2], acc[2 * j][3]);
+  frag[2] = mma::pack_bf16(acc[2 * j + 1][0], acc[2 * j + 1][1]);
+  frag[3] = mma::pack_bf16(acc[2 * j + 1][2], acc[2 * j + 1][3]);
+}
+
+template <int NB>
+__device__ __forceinline__ void zero(float (&acc)[NB][4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+}
+
+// acc (16 x 8 NB) += A B^T, A the warp's 16 rows of `a_tile` and B the rows [0, 8 NB) of
+// `b_tile`, both row-major over D columns (a product over D, as Q K^T).
+template <int D, int LD, int NB>
+__device__ __forceinline__ void rows_times_rows(const bf16* a_tile, const bf16* b_tile,
+                                                float (&acc)[NB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af[4];
+    load_a<LD>(af, a_tile, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_nk<LD>(bf, b_tile, nb * 8, kk);
+      mma::mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+// acc (16 x D) += X B, X (16 x 8 NX) held as an accumulator and B the rows [0, 8 NX) of a
+// row-major tile of D columns (as P V).
+template <int D, int LD, int NX>
+__device__ __forceinline__ void accumulator_times_rows(const float (&x)[NX][4], const bf16* tile,
+                                                       float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < NX / 2; ++j) {
+    uint32_t af[4];
+    accumulator_as_a<NX * 8>(x, j, af);
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      uint32_t bf[2];
+      load_b_kn<LD>(bf, tile, j * 16, nb * 8);
+      mma::mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
   using Shape = MmaShape<DK, DV>;
@@ -819,8 +877,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   // is in row r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
   const int r0 = warp * 16 + lane / 4;
   float o[VB][4];
-#pragma unroll
-  for (int vb = 0; vb < VB; ++vb) o[vb][0] = o[vb][1] = o[vb][2] = o[vb][3] = 0.f;
+  zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   for (int k0 = lo; k0 < hi; k0 += BK) {
@@ -838,19 +895,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
 
     // S = Q K^T for the warp's 16 rows.
     float s[NB][4];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < DK; kk += 16) {
-      uint32_t qa[4];
-      load_a<LDK>(qa, sQ + warp * 16 * LDK, kk);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        uint32_t kb[2];
-        load_b_nk<LDK>(kb, sK, nb * 8, kk);
-        mma::mma_bf16_16816(s[nb], qa, kb);
-      }
-    }
+    zero(s);
+    rows_times_rows<DK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
 
     // Scale, visibility, online softmax (row max and sum over the quad's lanes).
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
@@ -892,19 +938,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     }
 
     // O += P V': P's accumulator registers are the A-fragments of P.
-#pragma unroll
-    for (int j = 0; j < BK / 16; ++j) {
-      const uint32_t pa[4] = {mma::pack_bf16(s[2 * j][0], s[2 * j][1]),
-                              mma::pack_bf16(s[2 * j][2], s[2 * j][3]),
-                              mma::pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]),
-                              mma::pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
-#pragma unroll
-      for (int vb = 0; vb < VB; ++vb) {
-        uint32_t vf[2];
-        load_b_kn<LDV>(vf, sV, j * 16, vb * 8);
-        mma::mma_bf16_16816(o[vb], pa, vf);
-      }
-    }
+    accumulator_times_rows<DV, LDV, NB>(s, sV, o);
   }
 
 #pragma unroll
@@ -920,6 +954,234 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
       a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[vb][2 * i + 1] * inv);
     }
     if (t4 == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : m[i] + logf(l[i]);
+  }
+}
+
+// Backward on the tensor cores, deterministic like the tiled one (no float atomics):
+//   dQ pass, per (64 query rows, query head): per key tile S = Q K^T and dP = dO V'^T in
+//     accumulators, dS = scale P (dP - D) with P = exp(scale S - lse) recomputed, then
+//     dQ += dS K with dS fed from the accumulators as A-fragments.
+//   dK/dV' pass, per (64 compacted keys, kv head): over the query heads of the group and
+//     the query tiles that see the keys, S^T = K Q^T and dP^T = V' dO^T, then
+//     dV' += P^T dO and dK += dS^T Q; finally dk, dv = p dv' and this head's <dv', v> go
+//     to the keys' positions as in the tiled kernel.
+// Instances exist for head dims up to 128 (keys) and 192 (values): each warp keeps its
+// 16 rows of dK and dV' (or dQ) in registers.
+
+template <int DK, int DV>
+constexpr bool kMmaBackwardFits = DK <= 128 && DV <= 192;
+
+template <int DK, int DV>
+struct MmaBackwardShape {
+  static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // keys (dQ) or queries (dK/dV)
+  static constexpr int ldk = DK + 8, ldv = DV + 8;
+  static constexpr size_t bytes = size_t((kMmaRows + kTile) * (ldk + ldv)) * 2;
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf16> a) {
+  using Shape = MmaBackwardShape<DK, DV>;
+  constexpr int BQ = kMmaRows, BK = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
+  constexpr int NB = BK / 8;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
+  bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
+  bf16* sK = sO + BQ * LDV;                      // [BK][LDK]
+  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
+  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
+  __shared__ float s_pscale[BK];
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int t4 = lane % 4;
+  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  auto query_row = [&](const bf16* base, int D) {
+    return [=, &a](int r) -> const bf16* {
+      return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
+    };
+  };
+  stage_rows<DK, LDK>(sQ, BQ, query_row(a.q, DK), nullptr);
+  stage_rows<DV, LDV>(sO, BQ, query_row(a.dout, DV), nullptr);
+  const int r0 = warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+  float lse[2], delta[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0 + 8 * i;
+    lse[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) : 0.f;
+    delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+  }
+
+  float dq[DK / 8][4];
+  zero(dq);
+  for (int k0 = lo; k0 < hi; k0 += BK) {
+    __syncthreads();
+    load_key_positions<bf16, BK>(a, b, k0, hi, s_pos, s_pscale);
+    __syncthreads();
+    auto key_row = [&](const bf16* base, int D) {
+      return [=, &a](int j) -> const bf16* {
+        return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
+      };
+    };
+    stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
+    stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
+    __syncthreads();
+
+    float s[NB][4], ds[NB][4];
+    zero(s);
+    zero(ds);
+    rows_times_rows<DK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
+    rows_times_rows<DV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dP
+    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, r = r0 + 8 * i, kj = k0 + nb * 8 + 2 * t4 + e % 2;
+        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+        const float prob = visible ? expf(s[nb][e] * a.scale - lse[i]) : 0.f;
+        ds[nb][e] = a.scale * prob * (ds[nb][e] - delta[i]);
+      }
+    }
+    accumulator_times_rows<DK, LDK, NB>(ds, sK, dq);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0 + 8 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+#pragma unroll
+    for (int nb = 0; nb < DK / 8; ++nb) {
+      a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(dq[nb][2 * i]);
+      a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(dq[nb][2 * i + 1]);
+    }
+  }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
+  using Shape = MmaBackwardShape<DK, DV>;
+  constexpr int BK = kMmaRows, BQ = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
+  constexpr int NQ = BQ / 8;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BK][LDK]
+  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
+  bf16* sQ = sV + BK * LDV;                      // [BQ][LDK]
+  bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
+  __shared__ int s_pos[BK], s_begin[BQ], s_end[BQ], first_query;
+  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int t4 = lane % 4;
+  const int64_t b = blockIdx.z, g = blockIdx.y;
+  const int k0 = int(blockIdx.x) * BK;
+  const int count = int(a.counts[b]);
+  if (k0 >= count) return;  // past this row's keys (the whole block)
+  const int k_end = min(k0 + BK, count);
+
+  if (threadIdx.x == 0) first_query = INT_MAX;
+  __syncthreads();
+  load_key_positions<bf16, BK>(a, b, k0, k_end, s_pos, s_pscale);
+  for (int j = int(threadIdx.x); j < BK; j += int(blockDim.x)) {
+    if (k0 + j < k_end) atomicMin(&first_query, int(a.positions[b * a.seq_len + k0 + j]));
+  }
+  __syncthreads();
+  auto key_row = [&](const bf16* base, int D) {
+    return [=, &a](int j) -> const bf16* {
+      return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
+    };
+  };
+  stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
+  stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
+
+  const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
+  float dk[DK / 8][4], dv[DV / 8][4];
+  zero(dk);
+  zero(dv);
+  const int64_t group = a.group();
+  // A query sees a key only at or after the key's position.
+  const int64_t q_start = int64_t(first_query) / BQ * BQ;
+  for (int64_t hh = 0; hh < group; ++hh) {
+    const int64_t h = g * group + hh;
+    for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
+      __syncthreads();  // the previous query tile is no longer read
+      bool sees = false, covers = true;
+      for (int r = int(threadIdx.x); r < BQ; r += int(blockDim.x)) {
+        const int64_t t = q0 + r;
+        int lo = 0, hi = 0;
+        float lse = 0.f, delta = 0.f;
+        if (t < a.seq_len) {
+          lo = int(a.begin[b * a.seq_len + t]);
+          hi = int(a.end[b * a.seq_len + t]);
+          lse = float(a.lse[a.q_index(b, t, h)]);
+          delta = float(a.delta[a.q_index(b, t, h)]);
+        }
+        s_begin[r] = lo;
+        s_end[r] = hi;
+        s_lse[r] = lse;
+        s_delta[r] = delta;
+        sees = sees || (lo < hi && lo < k_end && hi > k0);
+        covers = covers && lo <= k0 && k0 + BK <= hi;
+      }
+      if (!__syncthreads_or(sees)) continue;  // no row of this tile sees these keys
+      const bool check = !__syncthreads_and(covers);
+      auto query_row = [&](const bf16* base, int D) {
+        return [=, &a](int r) -> const bf16* {
+          return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
+        };
+      };
+      stage_rows<DK, LDK>(sQ, BQ, query_row(a.q, DK), nullptr);
+      stage_rows<DV, LDV>(sO, BQ, query_row(a.dout, DV), nullptr);
+      __syncthreads();
+
+      // Transposed: rows are the warp's 16 keys, columns the tile's queries.
+      float p[NQ][4], ds[NQ][4];
+      zero(p);
+      zero(ds);
+      rows_times_rows<DK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
+      rows_times_rows<DV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+#pragma unroll
+      for (int nb = 0; nb < NQ; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
+          const bool visible = kj < k_end && (!check || (kj >= s_begin[r] && kj < s_end[r]));
+          const float prob = visible ? expf(p[nb][e] * a.scale - s_lse[r]) : 0.f;
+          p[nb][e] = prob;
+          ds[nb][e] = a.scale * prob * (ds[nb][e] - s_delta[r]);
+        }
+      }
+      accumulator_times_rows<DV, LDV, NQ>(p, sO, dv);   // dV' += P^T dO
+      accumulator_times_rows<DK, LDK, NQ>(ds, sQ, dk);  // dK += dS^T Q
+    }
+  }
+  // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + 8 * i;
+    const int pos = s_pos[key];  // the same for the 4 lanes of a quad
+    float dp_share = 0.f;
+    if (pos >= 0) {
+      const int64_t kv_row = a.kv_index(b, pos, g);
+#pragma unroll
+      for (int nb = 0; nb < DK / 8; ++nb) {
+        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(dk[nb][2 * i]);
+        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(dk[nb][2 * i + 1]);
+      }
+#pragma unroll
+      for (int nb = 0; nb < DV / 8; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t at = kv_row * DV + nb * 8 + 2 * t4 + c;
+          a.dv[at] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
+          dp_share += dv[nb][2 * i + c] * load(a.v[at]);
+        }
+      }
+    }
+    dp_share = quad_sum(dp_share);
+    if (a.dp_partial && pos >= 0 && t4 == 0) {
+      a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+    }
   }
 }
 
@@ -1280,10 +1542,21 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       const dim3 query_grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads),
                             unsigned(a.batch));
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
-        tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
-                                  TileShape<DK, DV>::dkdv_bytes, a);
-        tiled_dq = launch_tiled(&backward_dq_tiled<T, DK, DV>, query_grid,
-                                TileShape<DK, DV>::dq_bytes, a);
+        if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
+          if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
+            const size_t bytes = MmaBackwardShape<DK, DV>::bytes;
+            tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, bytes, a, kMmaThreads);
+            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>, query_grid, bytes, a, kMmaThreads);
+          }
+        }
+        if (!tiled_dkdv) {
+          tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
+                                    TileShape<DK, DV>::dkdv_bytes, a);
+        }
+        if (!tiled_dq) {
+          tiled_dq = launch_tiled(&backward_dq_tiled<T, DK, DV>, query_grid,
+                                  TileShape<DK, DV>::dq_bytes, a);
+        }
       });
     }
     if (!tiled_dkdv) launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
