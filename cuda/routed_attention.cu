@@ -48,7 +48,7 @@
 
 #include "core/ops/routed_attention.h"
 #include "cuda/launch.h"
-#include "cuda/mma.cuh"
+#include "cuda/mma_tiles.cuh"
 
 namespace ham::cuda {
 
@@ -767,89 +767,9 @@ __device__ void stage_rows(bf16* dst, int rows, Source source, const float* scal
   }
 }
 
-// A-fragment (16 x 16 at column `col`) of the warp's 16 rows of a row-major bf16 tile.
-template <int LD>
-__device__ __forceinline__ void load_a(uint32_t (&frag)[4], const bf16* tile, int col) {
-  const int lane = int(threadIdx.x % 32);
-  mma::ldmatrix<4, false>(frag, tile + (lane % 16) * LD + col + 8 * (lane / 16));
-}
-
-// B-fragment (k 16 x n 8) from a tile stored [n][k] (rows n0.., columns k0..).
-template <int LD>
-__device__ __forceinline__ void load_b_nk(uint32_t (&frag)[2], const bf16* tile, int n0, int k0) {
-  const int lane = int(threadIdx.x % 32);
-  mma::ldmatrix<2, false>(frag, tile + (n0 + lane % 8) * LD + k0 + 8 * ((lane / 8) % 2));
-}
-
-// B-fragment (k 16 x n 8) from a tile stored [k][n] (rows k0.., columns n0..).
-template <int LD>
-__device__ __forceinline__ void load_b_kn(uint32_t (&frag)[2], const bf16* tile, int k0, int n0) {
-  const int lane = int(threadIdx.x % 32);
-  mma::ldmatrix<2, true>(frag, tile + (k0 + lane % 16) * LD + n0);
-}
-
-// Max and sum over the 4 lanes of a quad (the lanes holding one accumulator row).
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
-  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(kFullMask, v, 1);
-  return v + __shfl_xor_sync(kFullMask, v, 2);
-}
-
-// The accumulator of S (16 rows x 8 N columns) as the A-fragments of the 16 x N operand of
-// the next product, rounded to bf16: blocks 2j and 2j + 1 make the 16 columns of j.
-template <int N>
-__device__ __forceinline__ void accumulator_as_a(const float (&acc)[N / 8][4], int j,
-                                                 uint32_t (&frag)[4]) {
-  frag[0] = mma::pack_bf16(acc[2 * j][0], acc[2 * j][1]);
-  frag[1] = mma::pack_bf16(acc[2 * j][2], acc[2 * j][3]);
-  frag[2] = mma::pack_bf16(acc[2 * j + 1][0], acc[2 * j + 1][1]);
-  frag[3] = mma::pack_bf16(acc[2 * j + 1][2], acc[2 * j + 1][3]);
-}
-
-template <int NB>
-__device__ __forceinline__ void zero(float (&acc)[NB][4]) {
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
-}
-
-// acc (16 x 8 NB) += A B^T, A the warp's 16 rows of `a_tile` and B the rows [0, 8 NB) of
-// `b_tile`, both row-major over D columns (a product over D, as Q K^T).
-template <int D, int LD, int NB>
-__device__ __forceinline__ void rows_times_rows(const bf16* a_tile, const bf16* b_tile,
-                                                float (&acc)[NB][4]) {
-#pragma unroll
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t af[4];
-    load_a<LD>(af, a_tile, kk);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_nk<LD>(bf, b_tile, nb * 8, kk);
-      mma::mma_bf16_16816(acc[nb], af, bf);
-    }
-  }
-}
-
-// acc (16 x D) += X B, X (16 x 8 NX) held as an accumulator and B the rows [0, 8 NX) of a
-// row-major tile of D columns (as P V).
-template <int D, int LD, int NX>
-__device__ __forceinline__ void accumulator_times_rows(const float (&x)[NX][4], const bf16* tile,
-                                                       float (&acc)[D / 8][4]) {
-#pragma unroll
-  for (int j = 0; j < NX / 2; ++j) {
-    uint32_t af[4];
-    accumulator_as_a<NX * 8>(x, j, af);
-#pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb) {
-      uint32_t bf[2];
-      load_b_kn<LD>(bf, tile, j * 16, nb * 8);
-      mma::mma_bf16_16816(acc[nb], af, bf);
-    }
-  }
-}
+using mma::quad_max;
+using mma::quad_sum;
+using mma::zero;
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
@@ -896,7 +816,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     // S = Q K^T for the warp's 16 rows.
     float s[NB][4];
     zero(s);
-    rows_times_rows<DK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
+    mma::rows_times_rows<DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
 
     // Scale, visibility, online softmax (row max and sum over the quad's lanes).
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
@@ -938,7 +858,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     }
 
     // O += P V': P's accumulator registers are the A-fragments of P.
-    accumulator_times_rows<DV, LDV, NB>(s, sV, o);
+    mma::accumulator_times_matrix<NB, LDV, DV / 8>(s, sV, o);
   }
 
 #pragma unroll
@@ -1031,8 +951,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     float s[NB][4], ds[NB][4];
     zero(s);
     zero(ds);
-    rows_times_rows<DK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
-    rows_times_rows<DV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dP
+    mma::rows_times_rows<DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
+    mma::rows_times_rows<DV, LDV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dP
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
@@ -1044,7 +964,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
         ds[nb][e] = a.scale * prob * (ds[nb][e] - delta[i]);
       }
     }
-    accumulator_times_rows<DK, LDK, NB>(ds, sK, dq);
+    mma::accumulator_times_matrix<NB, LDK, DK / 8>(ds, sK, dq);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1138,8 +1058,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
       float p[NQ][4], ds[NQ][4];
       zero(p);
       zero(ds);
-      rows_times_rows<DK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
-      rows_times_rows<DV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+      mma::rows_times_rows<DK, LDK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
+      mma::rows_times_rows<DV, LDV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
 #pragma unroll
       for (int nb = 0; nb < NQ; ++nb) {
 #pragma unroll
@@ -1151,8 +1071,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
           ds[nb][e] = a.scale * prob * (ds[nb][e] - s_delta[r]);
         }
       }
-      accumulator_times_rows<DV, LDV, NQ>(p, sO, dv);   // dV' += P^T dO
-      accumulator_times_rows<DK, LDK, NQ>(ds, sQ, dk);  // dK += dS^T Q
+      mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
+      mma::accumulator_times_matrix<NQ, LDK, DK / 8>(ds, sQ, dk);  // dK += dS^T Q
     }
   }
   // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>.

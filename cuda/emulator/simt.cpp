@@ -2,10 +2,12 @@
 // (cuda/emulator/simt.h says what is and is not emulated).
 #include "cuda/emulator/simt.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -156,6 +158,7 @@ class BlockRunner {
         shared_(dynamic_shared_bytes) {
     while (stacks().size() < size_t(threads_)) stacks().push_back(std::make_unique<FiberStack>());
     pending_.resize(size_t((threads_ + kWarpSize - 1) / kWarpSize));
+    exited_.resize(pending_.size());
   }
 
   void run_block(uint3 block_idx) {
@@ -164,6 +167,7 @@ class BlockRunner {
     ready_.clear();
     at_barrier_.clear();
     for (auto& p : pending_) p.clear();
+    std::fill(exited_.begin(), exited_.end(), 0u);
     live_ = threads_;
     for (int i = 0; i < threads_; ++i) {
       Fiber& f = fibers_[size_t(i)];
@@ -192,6 +196,8 @@ class BlockRunner {
   }
 
   Fiber& current() { return *current_; }
+  const Fiber* current_or_null() const { return current_; }
+  const LaunchSite& site() const { return site_; }
   void* shared() { return shared_.data(); }
 
   BarrierCount block_barrier(int predicate) {
@@ -210,21 +216,21 @@ class BlockRunner {
     const int lane = f.linear % kWarpSize, warp = f.linear / kWarpSize;
     const int warp_lanes = std::min(kWarpSize, threads_ - warp * kWarpSize);
     const unsigned existing = warp_lanes == kWarpSize ? ~0u : (1u << warp_lanes) - 1u;
-    const std::string call = std::string(collective_name(kind, name)) + " with mask " + hex(mask);
+    // The checks cost little; their messages are built only on failure.
+    auto call = [&] { return std::string(collective_name(kind, name)) + " with mask " + hex(mask); };
     if (!(mask >> lane & 1u)) {
-      fail_in(f, call + " that leaves out the calling lane " + std::to_string(lane));
+      fail_in(f, call() + " that leaves out the calling lane " + std::to_string(lane));
     }
     if (mask & ~existing) {
-      fail_in(f, call + " naming lanes beyond the " + std::to_string(warp_lanes) +
+      fail_in(f, call() + " naming lanes beyond the " + std::to_string(warp_lanes) +
                      " this warp has");
     }
     if (width <= 0 || width > kWarpSize || (width & (width - 1))) {
-      fail_in(f, call + " and width " + std::to_string(width) + " (a power of two up to 32)");
+      fail_in(f, call() + " and width " + std::to_string(width) + " (a power of two up to 32)");
     }
-    for (int l = 0; l < kWarpSize; ++l) {
-      if ((mask >> l & 1u) && fibers_[size_t(warp * kWarpSize + l)].state == FiberState::Exited) {
-        fail_in(f, call + " naming lane " + std::to_string(l) + ", which has exited");
-      }
+    if (const unsigned gone = mask & exited_[size_t(warp)]) {
+      fail_in(f, call() + " naming lane " + std::to_string(__builtin_ctz(gone)) +
+                     ", which has exited");
     }
     f.kind = kind;
     f.mask = mask;
@@ -242,7 +248,7 @@ class BlockRunner {
       it = pending.end() - 1;
     } else if (it->kind != kind || it->mask != mask || it->width != width ||
                it->combine != combine) {
-      fail_in(f, call + " while lanes " + hex(it->arrived) + " of its warp wait in " +
+      fail_in(f, call() + " while lanes " + hex(it->arrived) + " of its warp wait in " +
                      collective_name(it->kind, it->name) + " with mask " + hex(it->mask) +
                      ": the lanes diverged");
     }
@@ -260,6 +266,7 @@ class BlockRunner {
     f.state = FiberState::Exited;
     --live_;
     const int lane = f.linear % kWarpSize, warp = f.linear / kWarpSize;
+    exited_[size_t(warp)] |= 1u << lane;
     for (const PendingCollective& p : pending_[size_t(warp)]) {
       if (p.mask >> lane & 1u) {
         fail_in(f, std::string("lane ") + std::to_string(lane) + " exited while lanes " +
@@ -442,6 +449,7 @@ class BlockRunner {
   std::vector<Fiber> fibers_;
   std::vector<unsigned char> shared_;
   std::vector<std::vector<PendingCollective>> pending_;  // per warp
+  std::vector<unsigned> exited_;                         // per warp: lanes that have exited
   std::deque<int> ready_;
   std::vector<int> at_barrier_;
   int live_ = 0;
@@ -458,6 +466,53 @@ thread_local BlockRunner* running = nullptr;
 Schedule& schedule_setting() {
   static Schedule setting = schedule_from_environment();
   return setting;
+}
+
+// A fault inside a kernel (a read of null, freed or unmapped memory; a fiber's stack
+// running into its guard page) ends the process, as an illegal memory access ends a CUDA
+// context, but first says which kernel, block and thread faulted. Installed per launching
+// thread, with an alternate signal stack (the fault may be a full fiber stack); a fault
+// outside a kernel goes to the previous handler.
+struct sigaction previous_segv, previous_bus;
+
+void on_fault(int signal, siginfo_t* info, void*) {
+  const BlockRunner* r = running;
+  const Fiber* f = r ? r->current_or_null() : nullptr;
+  if (f) {
+    char text[640];
+    const uint3 b = f->place.block_idx, t = f->place.thread_idx;
+    const int n = std::snprintf(
+        text, sizeof text,
+        "cuda emulator: kernel %s launched at %s:%d, block (%u,%u,%u) thread (%u,%u,%u): "
+        "illegal memory access at address %p (%s)\n",
+        r->site().kernel, r->site().file, r->site().line, b.x, b.y, b.z, t.x, t.y, t.z,
+        info->si_addr, signal == SIGSEGV ? "SIGSEGV" : "SIGBUS");
+    if (n > 0) (void)!write(STDERR_FILENO, text, size_t(std::min<int>(n, sizeof text - 1)));
+  }
+  sigaction(signal, signal == SIGSEGV ? &previous_segv : &previous_bus, nullptr);
+  raise(signal);
+}
+
+void install_fault_handler() {
+  thread_local bool installed = false;
+  if (installed) return;
+  installed = true;
+  static constexpr size_t kAltStackBytes = 64 * 1024;
+  thread_local std::vector<char> alt_stack(kAltStackBytes);
+  stack_t ss{};
+  ss.ss_sp = alt_stack.data();
+  ss.ss_size = alt_stack.size();
+  sigaltstack(&ss, nullptr);
+  static const bool process_handler = [] {
+    struct sigaction action {};
+    action.sa_sigaction = &on_fault;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &previous_segv);
+    sigaction(SIGBUS, &action, &previous_bus);
+    return true;
+  }();
+  (void)process_handler;
 }
 
 BlockRunner& runner() {
@@ -518,6 +573,7 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
   if (threads == 0 || blocks == 0) return;  // the runtime already rejected it
   HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ", site.kernel,
             " with ", threads, " threads per block");
+  install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
   running = &block_runner;
   struct Reset {

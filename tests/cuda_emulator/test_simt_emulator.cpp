@@ -355,5 +355,22 @@ TEST(SimtEmulator, LdmatrixRowsMustBeSixteenByteAligned) {
   cudaFree(out);
 }
 
+__global__ void read_through(const float* p, float* out) { out[threadIdx.x] = p[threadIdx.x]; }
+
+// A fault in a kernel ends the process, as an illegal memory access ends a CUDA context, but
+// names the kernel, block and thread first.
+TEST(SimtEmulatorDeathTest, AFaultNamesTheKernelBlockAndThread) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float* out = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 32 * sizeof(float)));
+  EXPECT_DEATH(
+      {
+        HAM_LAUNCH(2, 32, 0, nullptr, read_through)(static_cast<const float*>(nullptr), out);
+      },
+      "kernel read_through launched at .*test_simt_emulator.cpp:[0-9]+, block \\(0,0,0\\) "
+      "thread \\(0,0,0\\): illegal memory access at address");
+  cudaFree(out);
+}
+
 }  // namespace
 }  // namespace ham::cuda

@@ -1,0 +1,152 @@
+#pragma once
+// Warp tiles on the tensor cores, built from cuda/mma.cuh: one warp computes a 16-row slice
+// of a product, its accumulator `acc[NB][4]` holding 16 x 8 NB f32 values in the mma
+// D-fragment layout (element e of block nb: row lane / 4 + 8 (e / 2), column
+// 8 nb + 2 (lane % 4) + e % 2). Operands are bf16 tiles in shared memory with row stride LD
+// elements (16-byte aligned rows; padding LD by 8 puts ldmatrix's rows in different banks).
+// Shared by the tensor-core kernels of routed_attention and gated_delta_rule.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/mma.cuh"
+
+namespace ham::cuda::mma {
+
+using bf16_t = __nv_bfloat16;
+
+__device__ __forceinline__ int lane_id() { return int(threadIdx.x % 32); }
+
+// A-fragment of the 16 x 16 block at column `col` of a row-major tile (rows = the warp's 16).
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t (&frag)[4], const bf16_t* tile, int col) {
+  const int lane = lane_id();
+  ldmatrix<4, false>(frag, tile + (lane % 16) * LD + col + 8 * (lane / 16));
+}
+
+// A-fragment of the 16 x 16 block (rows m0.., columns k0..) of A = X^T, X stored [k][m]
+// (e.g. K^T from the rows of K): ldmatrix's transposing load.
+template <int LD>
+__device__ __forceinline__ void load_a_trans(uint32_t (&frag)[4], const bf16_t* x, int m0,
+                                             int k0) {
+  const int lane = lane_id();
+  ldmatrix<4, true>(frag, x + (k0 + lane % 8 + 8 * (lane / 16)) * LD + m0 + 8 * ((lane / 8) % 2));
+}
+
+// B-fragment (k 16 x n 8) from a tile stored [n][k] (rows n0.., columns k0..).
+template <int LD>
+__device__ __forceinline__ void load_b_nk(uint32_t (&frag)[2], const bf16_t* tile, int n0,
+                                          int k0) {
+  const int lane = lane_id();
+  ldmatrix<2, false>(frag, tile + (n0 + lane % 8) * LD + k0 + 8 * ((lane / 8) % 2));
+}
+
+// B-fragment (k 16 x n 8) from a tile stored [k][n] (rows k0.., columns n0..).
+template <int LD>
+__device__ __forceinline__ void load_b_kn(uint32_t (&frag)[2], const bf16_t* tile, int k0,
+                                          int n0) {
+  const int lane = lane_id();
+  ldmatrix<2, true>(frag, tile + (k0 + lane % 16) * LD + n0);
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes holding one accumulator row).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <int NB>
+__device__ __forceinline__ void zero(float (&acc)[NB][4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+}
+
+// Accumulator blocks 2j and 2j + 1 (16 x 16) as an A-fragment, rounded to bf16: the
+// accumulator of one product feeds the next one without leaving registers.
+template <int NB>
+__device__ __forceinline__ void accumulator_as_a(const float (&acc)[NB][4], int j,
+                                                 uint32_t (&frag)[4]) {
+  frag[0] = pack_bf16(acc[2 * j][0], acc[2 * j][1]);
+  frag[1] = pack_bf16(acc[2 * j][2], acc[2 * j][3]);
+  frag[2] = pack_bf16(acc[2 * j + 1][0], acc[2 * j + 1][1]);
+  frag[3] = pack_bf16(acc[2 * j + 1][2], acc[2 * j + 1][3]);
+}
+
+// acc (16 x 8 NB) += A B^T over D columns: A the warp's 16 rows of `a_tile`, B the rows
+// [0, 8 NB) of `b_tile`, both row-major (as Q K^T).
+template <int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void rows_times_rows(const bf16_t* a_tile, const bf16_t* b_tile,
+                                                float (&acc)[NB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af[4];
+    load_a<LDA>(af, a_tile, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
+      mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+// acc (16 x 8 NB) += A B over D: A the warp's 16 rows of `a_tile` (row-major, D columns),
+// B the [D][8 NB] tile `b_tile` stored row-major (as W S).
+template <int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void rows_times_matrix(const bf16_t* a_tile, const bf16_t* b_tile,
+                                                  float (&acc)[NB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af[4];
+    load_a<LDA>(af, a_tile, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
+      mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+// acc (16 x 8 NB) += X^T B over D rows: X^T's 16 rows are the columns [m0, m0 + 16) of
+// `x` ([D][...] row-major), B the [D][8 NB] tile `b_tile` (as K^T v).
+template <int D, int LDX, int LDB, int NB>
+__device__ __forceinline__ void columns_times_matrix(const bf16_t* x, int m0, const bf16_t* b_tile,
+                                                     float (&acc)[NB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af[4];
+    load_a_trans<LDX>(af, x, m0, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
+      mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+// acc (16 x 8 NB) += X B: X (16 x 8 NX) held as an accumulator, B the rows [0, 8 NX) of a
+// row-major tile of 8 NB columns (as P V).
+template <int NX, int LDB, int NB>
+__device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4],
+                                                         const bf16_t* b_tile,
+                                                         float (&acc)[NB][4]) {
+#pragma unroll
+  for (int j = 0; j < NX / 2; ++j) {
+    uint32_t af[4];
+    accumulator_as_a(x, j, af);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_kn<LDB>(bf, b_tile, j * 16, nb * 8);
+      mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+}  // namespace ham::cuda::mma
