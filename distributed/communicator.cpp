@@ -202,7 +202,13 @@ std::shared_ptr<Communicator> make_world_communicator(const WorldOptions& option
                               "has no MPI (reconfigure with MPI installed)");
   std::shared_ptr<Communicator> mpi = make_mpi_world_communicator(timeout_s);
   if (!options.use_nccl) return mpi;
-  auto nccl = make_nccl_communicator(*mpi, mpi->local_rank(), timeout_s);
+  std::shared_ptr<Communicator> nccl;
+  try {
+    nccl = make_nccl_communicator(*mpi, mpi->local_rank(), timeout_s);
+  } catch (const std::exception& e) {
+    // The other ranks wait in NCCL's set-up, which has no timeout: end the job.
+    mpi->abort_job(e.what(), 1);
+  }
   return std::make_shared<DeviceDispatchCommunicator>(std::move(mpi), std::move(nccl));
 }
 
@@ -248,16 +254,31 @@ std::function<double(double)> mean_over_ranks(std::shared_ptr<Communicator> comm
   };
 }
 
-#ifndef HAM_WITH_NCCL
-bool built_with_nccl() { return false; }
+namespace {
+NcclBackend*& nccl_backend() {
+  static NcclBackend* backend = nullptr;
+  return backend;
+}
+}  // namespace
+
+void register_nccl_backend(const NcclBackend& backend) {
+  nccl_backend() = new NcclBackend(backend);
+}
+
+bool built_with_nccl() { return nccl_backend() != nullptr; }
+
 std::string nccl_unavailable_reason() {
-  return "this build has no NCCL (configure with CUDA and NCCL to enable it)";
+  if (!built_with_nccl()) {
+    return "this build has no NCCL (configure with CUDA and NCCL to enable it)";
+  }
+  return nccl_backend()->unavailable_reason();
 }
+
 std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device_index,
-                                                     double) {
-  HAM_FAIL("NCCL communicator on ", bootstrap.name(), " (cuda:", device_index,
-           "): this build has no NCCL");
+                                                     double collective_timeout_s) {
+  HAM_CHECK(built_with_nccl(), "NCCL communicator on ", bootstrap.name(), " (cuda:", device_index,
+            "): this build has no NCCL");
+  return nccl_backend()->make(bootstrap, device_index, collective_timeout_s);
 }
-#endif
 
 }  // namespace ham::dist

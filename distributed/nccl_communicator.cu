@@ -1,5 +1,6 @@
-// NCCL collectives on CUDA tensors. Built only with CUDA and NCCL; not exercised on the
-// project's CI, which has no GPU (tests/distributed skips with the reason).
+// NCCL collectives on CUDA tensors, registered with ham_distributed when this library
+// (ham_nccl) is linked. On the project's CI, which has no GPU, it runs on the SIMT
+// emulator against an NCCL stand-in over MPI (ham_nccl_emulated, cuda/emulator/nccl.cpp).
 #include "distributed/nccl_communicator.h"
 
 #include <nccl.h>
@@ -27,9 +28,9 @@
 
 namespace ham::dist {
 
-bool built_with_nccl() { return true; }
+namespace {
 
-std::string nccl_unavailable_reason() {
+std::string unavailable_reason() {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -39,8 +40,6 @@ std::string nccl_unavailable_reason() {
   if (count == 0) return "no CUDA device: the driver reports 0 GPUs";
   return "";
 }
-
-namespace {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -183,8 +182,13 @@ class NcclCommunicator final : public Communicator {
       : rank_(bootstrap.rank()), size_(bootstrap.size()), local_rank_(bootstrap.local_rank()),
         local_size_(bootstrap.local_size()), device_(device_index),
         name_("nccl:" + bootstrap.name()), timeout_s_(timeout_s) {
-    std::string reason = nccl_unavailable_reason();
+    std::string reason = unavailable_reason();
     HAM_CHECK(reason.empty(), "NCCL communicator on ", bootstrap.name(), ": ", reason);
+    int devices = 0;
+    HAM_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    HAM_CHECK(device_ < devices, "NCCL communicator on ", bootstrap.name(), ": rank ", rank_,
+              " (local rank ", local_rank_, ") wants cuda:", device_, " but ", devices,
+              " GPU(s) are visible; start at most one rank per GPU on each node");
     HAM_CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
     if (rank_ == 0) HAM_NCCL_CHECK(ncclGetUniqueId(&id), name_);
@@ -337,11 +341,16 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<NcclWatchdog> watchdog_;
 };
 
-}  // namespace
-
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device_index,
-                                                     double collective_timeout_s) {
+std::shared_ptr<Communicator> make(Communicator& bootstrap, int device_index,
+                                   double collective_timeout_s) {
   return std::make_shared<NcclCommunicator>(bootstrap, device_index, collective_timeout_s);
 }
+
+const bool registered = [] {
+  register_nccl_backend({&unavailable_reason, &make});
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace ham::dist

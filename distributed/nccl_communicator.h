@@ -1,6 +1,9 @@
 #pragma once
-// NCCL for CUDA tensors (distributed/nccl_communicator.cu, built when CUDA and NCCL are
-// found). The communicator's unique id is made on rank 0 and broadcast over `bootstrap`
+// NCCL for CUDA tensors. distributed/nccl_communicator.cu implements it in its own library
+// (ham_nccl, built when CUDA and NCCL are found; ham_nccl_emulated on the SIMT emulator,
+// docs/cuda_emulator.md), which registers itself when linked, as the CUDA backend does;
+// ham_distributed itself needs no NCCL. The communicator's unique id is made on rank 0 and
+// broadcast over `bootstrap`
 // (MPI); the device is cuda:device_index (the trainer passes the local rank). Collectives
 // run on the communicator's own stream: an event recorded on the compute stream (the
 // legacy default stream, where ham's kernels and copies run) orders them after the work
@@ -8,7 +11,6 @@
 // recorded after them. A watchdog thread ends the process when one stays unfinished past
 // the timeout or NCCL reports an asynchronous error (after ncclCommAbort).
 //
-// Not run on this project's CI (no GPU): only compiled. The tests skip with the reason.
 #include <memory>
 #include <string>
 
@@ -16,7 +18,15 @@
 
 namespace ham::dist {
 
-// False in a build without CUDA or without NCCL.
+// What an NCCL implementation registers (register_nccl_backend, at load time).
+struct NcclBackend {
+  std::string (*unavailable_reason)();
+  std::shared_ptr<Communicator> (*make)(Communicator& bootstrap, int device_index,
+                                        double collective_timeout_s);
+};
+void register_nccl_backend(const NcclBackend& backend);
+
+// False when no NCCL implementation is linked into this program.
 bool built_with_nccl();
 // Why NCCL collectives cannot run here ("" when they can): no NCCL in the build, or no GPU.
 std::string nccl_unavailable_reason();

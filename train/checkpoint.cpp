@@ -120,7 +120,7 @@ std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
   return all.back().string();
 }
 
-CheckpointContents load_checkpoint(const std::string& path) {
+nlohmann::json load_checkpoint_state(const std::string& path) {
   fs::path dir(path);
   HAM_CHECK(fs::exists(dir), path, ": no such checkpoint directory");
   if (!fs::exists(dir / kStateFile)) {
@@ -128,17 +128,24 @@ CheckpointContents load_checkpoint(const std::string& path) {
     HAM_CHECK(latest, path, ": holds no complete checkpoint (no step-*/", kStateFile, ")");
     dir = *latest;
   }
-  CheckpointContents c;
   std::ifstream in(dir / kStateFile);
   HAM_CHECK(in, (dir / kStateFile).string(), ": cannot open");
+  nlohmann::json state;
   try {
-    c.state = nlohmann::json::parse(in);
+    state = nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     HAM_FAIL((dir / kStateFile).string(), ": invalid JSON: ", e.what());
   }
+  state["checkpoint_dir"] = dir.string();
+  return state;
+}
+
+CheckpointContents load_checkpoint(const std::string& path) {
+  CheckpointContents c;
+  c.state = load_checkpoint_state(path);
+  const fs::path dir(c.state.at("checkpoint_dir").get<std::string>());
   c.model = load_safetensors((dir / "model.safetensors").string()).tensors;
   c.optimizer = load_safetensors((dir / "optimizer.safetensors").string()).tensors;
-  c.state["checkpoint_dir"] = dir.string();
   return c;
 }
 

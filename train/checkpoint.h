@@ -34,6 +34,8 @@ std::string checkpoint_temporary_dir(const std::string& out_dir, int64_t step, i
 
 // Loads a checkpoint directory, or the newest complete one inside an output directory.
 CheckpointContents load_checkpoint(const std::string& path);
+// Only its state.json (with "checkpoint_dir" set to the directory it was read from).
+nlohmann::json load_checkpoint_state(const std::string& path);
 
 // The newest complete checkpoint directory in out_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);

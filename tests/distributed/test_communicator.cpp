@@ -16,6 +16,7 @@
 #include "nn/optim.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/nccl_communicator.h"
+#include "distributed/sharded_block_hooks.h"
 #include "distributed/watchdog.h"
 #include "tests/distributed/distributed_testing.h"
 #include "tests/error_testing.h"
@@ -176,6 +177,10 @@ TEST(Nccl, ShardedTrainingStepOnOneGpuMatchesAdamW) {
     auto named = model->named_parameters();
     ShardedModel sharded(group_parameters_by_layer(named), make_sharding_groups(world, 1), stage);
     ShardedAdamW optimizer(sharded, decay_groups(named, 0.1), adamw);
+    // Full gathers block by block from the model's layer loop, as the trainer does.
+    if (stage == ShardingStage::Full) {
+      model->set_block_hooks(std::make_shared<ShardedBlockHooks>(sharded, config.n_layers));
+    }
     for (int step = 1; step <= 2; ++step) {
       std::vector<int64_t> tokens(2 * 33);
       for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t((i * 37 + size_t(step)) % 257);

@@ -11,7 +11,9 @@
 # rounding into a full +-lr step whose sign is the rounding's.
 # HAM_TRAIN_PRECISION=bf16 trains in mixed precision instead; LOSS_TOL and WEIGHT_TOL then
 # allow for the bf16 roundings that the different summation order moves (the weights
-# compared are the exported f32 masters).
+# compared are the exported f32 masters). HAM_TRAIN_DEVICE=cuda trains on the GPU (with
+# HAM the program built on the SIMT emulator, ham_on_emulated_gpu: CUDA tensors, NCCL
+# between the ranks).
 set -euo pipefail
 mpirun_sh="$1"
 mpirun="$2"
@@ -25,7 +27,8 @@ loss_tol=${LOSS_TOL:-1e-5}
 weight_tol=${WEIGHT_TOL:-1e-5}
 common=(--steps 10 --batch-size 4 --seq-len 32 --log-every 1 --eval-every 1000
         --set train.eval_batches=2 --set train.eps=1e-8 --peak-gflops 1 --threads 1
-        --checkpoint-every 5 --keep 0 --precision "${HAM_TRAIN_PRECISION:-f32}")
+        --checkpoint-every 5 --keep 0 --precision "${HAM_TRAIN_PRECISION:-f32}"
+        --device "${HAM_TRAIN_DEVICE:-cpu}")
 
 run() {  # run NAME NP ARGS...: trains into $out/NAME, its output in $out/NAME.log
   local name="$1" np="$2"

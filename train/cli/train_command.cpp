@@ -56,7 +56,15 @@ struct TrainArgs {
   int threads = 0;
   // Options given on the command line, each with how to copy it onto resumed options.
   std::vector<std::pair<CLI::Option*, std::function<void(TrainOptions&, const TrainOptions&)>>> given;
+  CLI::Option* device_option = nullptr;
 };
+
+// Where the run trains: --device, or for --resume without it the checkpoint's device.
+std::string training_device(const TrainArgs& args) {
+  if (args.resume_path.empty() || args.device_option->count() > 0) return args.options.device;
+  const nlohmann::json state = load_checkpoint_state(args.resume_path);
+  return state.at("train").value("device", args.options.device);
+}
 
 int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Communicator>& world);
 
@@ -65,7 +73,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 int run_train(const TrainArgs& args) {
   // CUDA tensors move between ranks over NCCL, CPU tensors over MPI.
   dist::WorldOptions world_options;
-  world_options.use_nccl = Device::parse(args.options.device).is_cuda();
+  world_options.use_nccl = Device::parse(training_device(args)).is_cuda();
   std::shared_ptr<dist::Communicator> world = dist::make_world_communicator(world_options);
   if (world->size() == 1) return train_on_this_rank(args, world);
   return dist::run_or_abort_job(*world, [&] { return train_on_this_rank(args, world); });
@@ -183,7 +191,7 @@ Command add_train_command(CLI::App& root) {
   add("--shard", &TrainOptions::shard, "Under mpirun: grads shards gradients, optimizer state and fp32 master weights over the ranks (ZeRO-2); full shards the parameters too (ZeRO-3/FSDP). One process ignores it")
       ->check(CLI::IsMember({"grads", "grads+optimizer", "zero2", "full", "zero3"}));
   add("--shard-group-size", &TrainOptions::shard_group_size, "Under mpirun: ranks per shard group (hybrid sharding: shard within a group, e.g. a node's ranks, replicate across groups); 0: all ranks");
-  add("--device", &TrainOptions::device, "cpu, cuda (under mpirun: the GPU of the local rank) or cuda:N; parameters, optimizer state and batches live there")
+  args->device_option = add("--device", &TrainOptions::device, "cpu, cuda (under mpirun: the GPU of the local rank) or cuda:N; parameters, optimizer state and batches live there")
       ->check([](const std::string& text) {
         try {
           Device::parse(text);
