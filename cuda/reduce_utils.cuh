@@ -5,12 +5,18 @@
 // `value` and `store` are functor structs with __device__ operator() (no extended
 // lambdas). When the outputs alone cannot fill the GPU, len is cut into `splits` pieces
 // whose partial sums go to a scratch buffer and are added in split order: the result
-// depends on the GPU's SM count (through `splits`) but never on scheduling.
+// depends on the GPU's SM count (through `splits`) but never on scheduling. Sums are taken
+// in f64 whatever C is, as the CPU kernels take them (core/cpu/reduce.cpp): the gradient of a
+// broadcast parameter (a gate's A_log, EDA's gamma) is a sum over every token of terms that
+// cancel, where f32 accumulation would lose digits the CPU keeps. The reductions are memory
+// bound, so the f64 adds cost nothing measurable.
 #include "cuda/launch.h"
 
 namespace ham::cuda {
 
 namespace reduce_detail {
+
+using Acc = double;  // the accumulator of every sum here
 
 constexpr int kColumnWidth = 32;  // columns per block in the inner > 1 case
 constexpr int kColumnRows = 8;    // rows walked in parallel per column
@@ -26,18 +32,18 @@ __device__ __forceinline__ void split_range(int64_t len, int64_t split, int64_t 
 // inner == 1: one row (o) per warp or per block, split blockIdx.y.
 template <bool kWarp, class C, class Value, class Store>
 __global__ void row_sums(int64_t outer, int64_t len, int64_t splits, Value value, Store store,
-                         C* partial) {
+                         Acc* partial) {
   using Group = RowGroup<kWarp>;
   const int64_t o = kWarp ? int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32
                           : int64_t(blockIdx.x);
   if (kWarp && o >= outer) return;  // whole warps leave together
   int64_t begin, end;
   split_range(len, blockIdx.y, splits, begin, end);
-  C acc = C(0);
-  for (int64_t l = begin + Group::lane(); l < end; l += Group::size()) acc += value(o, l, 0);
+  Acc acc = 0;
+  for (int64_t l = begin + Group::lane(); l < end; l += Group::size()) acc += Acc(value(o, l, 0));
   acc = Group::sum(acc);
   if (Group::lane() != 0) return;
-  if (splits == 1) store(o, acc);
+  if (splits == 1) store(o, C(acc));
   else partial[int64_t(blockIdx.y) * outer + o] = acc;
 }
 
@@ -45,34 +51,34 @@ __global__ void row_sums(int64_t outer, int64_t len, int64_t splits, Value value
 // (o, column tile), blockIdx.y the split.
 template <class C, class Value, class Store>
 __global__ void column_sums(int64_t outer, int64_t len, int64_t inner, int64_t splits,
-                            Value value, Store store, C* partial) {
-  __shared__ C tile[kColumnRows][kColumnWidth + 1];
+                            Value value, Store store, Acc* partial) {
+  __shared__ Acc tile[kColumnRows][kColumnWidth + 1];
   const int64_t tiles = (inner + kColumnWidth - 1) / kColumnWidth;
   const int64_t o = int64_t(blockIdx.x) / tiles;
   const int64_t i = (int64_t(blockIdx.x) % tiles) * kColumnWidth + threadIdx.x;
   int64_t begin, end;
   split_range(len, blockIdx.y, splits, begin, end);
-  C acc = C(0);
+  Acc acc = 0;
   if (i < inner) {
-    for (int64_t l = begin + threadIdx.y; l < end; l += kColumnRows) acc += value(o, l, i);
+    for (int64_t l = begin + threadIdx.y; l < end; l += kColumnRows) acc += Acc(value(o, l, i));
   }
   tile[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || i >= inner) return;
-  C total = C(0);
+  Acc total = 0;
   for (int r = 0; r < kColumnRows; ++r) total += tile[r][threadIdx.x];  // fixed order
   const int64_t out = o * inner + i;
-  if (splits == 1) store(out, total);
+  if (splits == 1) store(out, C(total));
   else partial[int64_t(blockIdx.y) * outer * inner + out] = total;
 }
 
 // store(idx, sum over s of partial[s * count + idx]), s in order.
 template <class C, class Store>
-__global__ void add_splits(int64_t count, int64_t splits, const C* partial, Store store) {
+__global__ void add_splits(int64_t count, int64_t splits, const Acc* partial, Store store) {
   HAM_GRID_STRIDE_LOOP(idx, count) {
-    C total = C(0);
+    Acc total = 0;
     for (int64_t s = 0; s < splits; ++s) total += partial[s * count + idx];
-    store(idx, total);
+    store(idx, C(total));
   }
 }
 
@@ -98,11 +104,10 @@ void reduce_middle(Device device, int64_t outer, int64_t len, int64_t inner, Val
   HAM_CHECK(base_blocks < (int64_t(1) << 31), "reduce: ", base_blocks, " blocks exceed the grid");
 
   Tensor scratch;
-  C* partial = nullptr;
+  Acc* partial = nullptr;
   if (splits > 1) {
-    scratch = Tensor::empty({splits * count}, std::is_same_v<C, double> ? DType::F64 : DType::F32,
-                            device);
-    partial = ptr<C>(scratch);
+    scratch = Tensor::empty({splits * count}, DType::F64, device);
+    partial = ptr<Acc>(scratch);
   }
   const dim3 grid{unsigned(base_blocks), unsigned(splits)};
   if (warp_rows) {
