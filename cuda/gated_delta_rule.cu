@@ -67,6 +67,7 @@
 
 #include "core/ops/gated_delta_rule.h"
 #include "cuda/launch.h"
+#include "cuda/mma_tiles.cuh"
 
 namespace ham::cuda {
 
@@ -873,6 +874,391 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
   }
 }
 
+// ---- Tensor-core forward (bf16) ------------------------------------------------------
+// bf16 q, k, v (with bf16 or f32 gates) and K in {16, 32, 64, 128, 256} take the WY form in
+// three kernels, as flash-linear-attention does, so that only the state recurrence is
+// sequential and everything else runs on all chunks at once:
+//   1. gdr_prepare_mma, one block per (chunk, h, b):
+//        G (chunk cumsum), L = diag(beta) M = strict_tril(diag(beta) (K K^T * Gamma)),
+//        A = (I + L)^-1 by forward substitution in f32 (a column per thread),
+//        W = A diag(beta E) K,  U = A diag(beta) V          -> scratch, bf16 [B, T, H, *]
+//   2. gdr_state_mma, one block per (64-column V tile, h, b), the chunks in order:
+//        S0 of each chunk -> scratch (bf16),  v_new = U - W S0 -> scratch (bf16),
+//        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 shared memory)
+//   3. gdr_output_mma, one block per (chunk, V tile, h, b):
+//        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
+// (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
+// the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
+// A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
+// 16 rows of each product; the 4 warps of a block cover a chunk's 64.
+
+constexpr int kMmaThreads = 128;
+constexpr int kMmaVt = 64;  // value columns per block of the state and output kernels
+
+// dst[r][c] (row stride ld) for r < rows, c < width: element c of source(r), times
+// scale(r), for r < n and c < cols; zero elsewhere (padding rows and columns).
+template <class Source, class Scale>
+__device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int cols,
+                           Source source, Scale scale) {
+  for (int idx = int(threadIdx.x); idx < rows * width; idx += int(blockDim.x)) {
+    const int r = idx / width, c = idx % width;
+    float x = 0.f;
+    if (r < n && c < cols) x = load(source(r)[c]) * scale(r);
+    dst[r * ld + c] = store<bf16>(x);
+  }
+}
+
+struct NoScale {
+  __device__ float operator()(int) const { return 1.f; }
+};
+
+// G of the chunk [begin, begin + n) into s_g (zeros past n), in order as the CPU sums it.
+__device__ void chunk_gate_cumsum(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t begin,
+                                  int n, float* s_g) {
+  if (int(threadIdx.x) < kChunk) {
+    const int i = int(threadIdx.x);
+    s_g[i] = i < n ? float(gate_at(pr, pr.row(b, begin + i, h))) : 0.f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float running = 0.f;
+    for (int i = 0; i < n; ++i) s_g[i] = running += s_g[i];
+  }
+  __syncthreads();
+}
+
+// Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
+// rows' block, column in the 8 nb block.
+__device__ __forceinline__ int acc_row(int e) { return mma::lane_id() / 4 + 8 * (e / 2); }
+__device__ __forceinline__ int acc_col(int nb, int e) {
+  return nb * 8 + 2 * (mma::lane_id() % 4) + e % 2;
+}
+
+template <int KD>
+struct MmaPrepareLayout {
+  static constexpr int ldk = KD + 8, lda = kChunk + 8, ldv = kMmaVt + 8, ldf = kChunk + 1;
+  static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2, a_bytes = size_t(kChunk) * lda * 2,
+                          v_bytes = size_t(kChunk) * ldv * 2, f_bytes = size_t(kChunk) * ldf * 4;
+  static constexpr size_t bytes = k_bytes + a_bytes + v_bytes + 2 * f_bytes;
+};
+
+template <int KD>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out) {
+  using L = MmaPrepareLayout<KD>;
+  constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);                    // k, then beta E k
+  bf16* sA = reinterpret_cast<bf16*>(smem_raw + L::k_bytes);       // A (bf16)
+  bf16* sV = reinterpret_cast<bf16*>(smem_raw + L::k_bytes + L::a_bytes);  // beta v tile
+  float* sL = reinterpret_cast<float*>(smem_raw + L::k_bytes + L::a_bytes + L::v_bytes);
+  float* sAf = sL + kChunk * LDF;                                  // A (f32)
+  __shared__ float s_g[kChunk], s_beta[kChunk];
+  const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
+  const int warp = int(threadIdx.x / 32);
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    __syncthreads();  // the previous chunk's tiles are no longer read
+    stage_tile(sK, LDK, kChunk, KD, n, KD,
+               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    if (int(threadIdx.x) < kChunk) {
+      const int i = int(threadIdx.x);
+      s_beta[i] = i < n ? load(pr.beta[pr.row(b, begin + i, h)]) : 0.f;
+    }
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+
+    // L = strict_tril(diag(beta) (K K^T * Gamma)); Gamma only where j < i (no e^{-G}).
+    {
+      float kk[kChunk / 8][4];
+      mma::zero(kk);
+      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
+#pragma unroll
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+          sL[i * LDF + j] = j < i && i < n ? s_beta[i] * kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+        }
+      }
+    }
+    __syncthreads();
+    // A = (I + L)^-1, unit lower triangular: column j by thread j, rows in order,
+    //   A_ij = [i == j] - sum_{j <= m < i} L_im A_mj.
+    if (int(threadIdx.x) < kChunk) {
+      const int j = int(threadIdx.x);
+      for (int i = 0; i < kChunk; ++i) {
+        float x = i == j ? 1.f : 0.f;
+        for (int m = j; m < i; ++m) x -= sL[i * LDF + m] * sAf[m * LDF + j];
+        sAf[i * LDF + j] = x;
+      }
+    }
+    __syncthreads();
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      sA[i * LDA + j] = store<bf16>(sAf[i * LDF + j]);
+    }
+    for (int idx = int(threadIdx.x); idx < kChunk * KD; idx += int(blockDim.x)) {
+      const int i = idx / KD, c = idx % KD;  // beta_i e^{G_i} k_i (rows past n stay 0)
+      sK[i * LDK + c] = store<bf16>(load(sK[i * LDK + c]) * s_beta[i] * expf(s_g[i]));
+    }
+    __syncthreads();
+
+    // W = A diag(beta E) K, 64 key columns (or all K) at a time.
+    constexpr int KB = KD < 64 ? KD : 64;
+    for (int c0 = 0; c0 < KD; c0 += KB) {
+      float acc[KB / 8][4];
+      mma::zero(acc);
+      mma::rows_times_matrix<kChunk, LDA, LDK, KB / 8>(sA + warp * 16 * LDA, sK + c0, acc);
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e);
+          if (i < n) w_out[pr.row(b, begin + i, h) * KD + c0 + acc_col(nb, e)] = store<bf16>(acc[nb][e]);
+        }
+      }
+    }
+    // U = A diag(beta) V, one 64-column V tile at a time.
+    for (int64_t v0 = 0; v0 < V; v0 += kMmaVt) {
+      const int cols = int(min(int64_t(kMmaVt), V - v0));
+      __syncthreads();  // sV of the previous tile is no longer read
+      stage_tile(sV, LDV, kChunk, kMmaVt, n, cols,
+                 [&](int r) { return pr.v + pr.row(b, begin + r, h) * V + v0; },
+                 [&](int r) { return s_beta[r]; });
+      __syncthreads();
+      float acc[kMmaVt / 8][4];
+      mma::zero(acc);
+      mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, sV, acc);
+#pragma unroll
+      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          if (i < n && c < cols) u_out[pr.row(b, begin + i, h) * V + v0 + c] = store<bf16>(acc[nb][e]);
+        }
+      }
+    }
+  }
+}
+
+template <int KD>
+struct MmaStateLayout {
+  static constexpr int ldk = KD + 8, lds = kMmaVt + 8, ldf = kMmaVt + 4;
+  static constexpr size_t f_bytes = size_t(KD) * ldf * 4, s_bytes = size_t(KD) * lds * 2,
+                          k_bytes = size_t(kChunk) * ldk * 2, v_bytes = size_t(kChunk) * lds * 2;
+  static constexpr size_t bytes = f_bytes + s_bytes + 2 * k_bytes + v_bytes;
+};
+
+// The chunk start state S0 of (b, h, chunk) in the scratch buffer [B, H, max_chunks, K, V].
+__device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t b, int64_t h,
+                                                int64_t chunk, int64_t max_chunks) {
+  return ((b * pr.heads + h) * max_chunks + chunk) * pr.key_dim * pr.value_dim;
+}
+
+template <int KD>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_state_mma(Problem<bf16> pr, const bf16* w, const bf16* u, bf16* v_new, bf16* states,
+                  int64_t max_chunks, bf16* h_final) {
+  using L = MmaStateLayout<KD>;
+  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* sS = reinterpret_cast<float*>(smem_raw);                   // S [K][vt], f32
+  bf16* sSb = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);       // S0 [K][vt], bf16
+  bf16* sW = reinterpret_cast<bf16*>(smem_raw + L::f_bytes + L::s_bytes);  // W rows
+  bf16* sK = sW + kChunk * LDK;                                      // K rows
+  bf16* sVn = sK + kChunk * LDK;                                     // e^{G_last - G} v_new
+  __shared__ float s_g[kChunk];
+  const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
+  const int64_t col0 = int64_t(blockIdx.x) * kMmaVt;
+  const int cols = int(min(int64_t(kMmaVt), V - col0));
+  const int warp = int(threadIdx.x / 32);
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int32_t* doc_starts = pr.chunk_doc_start + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  const int64_t state_base = (b * pr.heads + h) * KD * V;
+
+  for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
+    const int a = idx / kMmaVt, c = idx % kMmaVt;  // h0 seeds the segment at t = 0
+    sS[a * LDF + c] = pr.h0 && c < cols ? load(pr.h0[state_base + a * V + col0 + c]) : 0.f;
+  }
+  for (int chunk = 0; chunk < count; ++chunk) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    __syncthreads();  // S is complete; the previous chunk's tiles are no longer read
+    const bool reset = begin > 0 && doc_starts[chunk];  // a document start: S = 0
+    bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
+    for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
+      const int a = idx / kMmaVt, c = idx % kMmaVt;
+      if (reset) sS[a * LDF + c] = 0.f;
+      const bf16 x = store<bf16>(sS[a * LDF + c]);
+      sSb[a * LDS + c] = x;
+      if (c < cols) saved[a * V + col0 + c] = x;
+    }
+    stage_tile(sW, LDK, kChunk, KD, n, KD,
+               [&](int r) { return w + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    stage_tile(sK, LDK, kChunk, KD, n, KD,
+               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
+    const float g_last = n > 0 ? s_g[n - 1] : 0.f;
+
+    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn.
+    {
+      float acc[kMmaVt / 8][4];
+      mma::zero(acc);
+      mma::rows_times_matrix<KD, LDK, LDS, kMmaVt / 8>(sW + warp * 16 * LDK, sSb, acc);
+#pragma unroll
+      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          float x = 0.f;
+          if (i < n && c < cols) {
+            const int64_t at = pr.row(b, begin + i, h) * V + col0 + c;
+            const bf16 vn = store<bf16>(load(u[at]) - acc[nb][e]);
+            v_new[at] = vn;
+            x = load(vn) * expf(g_last - s_g[i]);
+          }
+          sVn[i * LDS + c] = store<bf16>(x);
+        }
+      }
+    }
+    __syncthreads();
+    // S <- e^{G_last} S + K^T (e^{G_last - G} v_new): warp w owns key rows w 16 + 64 r.
+    const float total = expf(g_last);
+    for (int a0 = warp * 16; a0 < KD; a0 += 64) {
+      float acc[kMmaVt / 8][4];
+      mma::zero(acc);
+      mma::columns_times_matrix<kChunk, LDK, LDS, kMmaVt / 8>(sK, a0, sVn, acc);
+#pragma unroll
+      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& s = sS[(a0 + acc_row(e)) * LDF + acc_col(nb, e)];
+          s = total * s + acc[nb][e];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
+    const int a = idx / kMmaVt, c = idx % kMmaVt;  // the state after token T - 1
+    if (c < cols) h_final[state_base + a * V + col0 + c] = store<bf16>(sS[a * LDF + c]);
+  }
+}
+
+template <int KD>
+struct MmaOutputLayout {
+  static constexpr int ldk = KD + 8, lds = kMmaVt + 8;
+  static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2, s_bytes = size_t(KD) * lds * 2,
+                          v_bytes = size_t(kChunk) * lds * 2;
+  static constexpr size_t bytes = 2 * k_bytes + s_bytes + v_bytes;
+};
+
+template <int KD>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, int64_t max_chunks,
+                   bf16* o, float* fit_part) {
+  using L = MmaOutputLayout<KD>;
+  constexpr int LDK = L::ldk, LDS = L::lds;
+  constexpr int NB = kMmaVt / 8;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + kChunk * LDK;
+  bf16* sS = sK + kChunk * LDK;   // S0 tile [K][vt]
+  bf16* sVn = sS + KD * LDS;      // v_new tile [64][vt]
+  __shared__ float s_g[kChunk];
+  const int tile = int(blockIdx.y);
+  const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
+  const int64_t col0 = int64_t(tile) * kMmaVt;
+  const int cols = int(min(int64_t(kMmaVt), V - col0));
+  const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    __syncthreads();
+    stage_tile(sQ, LDK, kChunk, KD, n, KD,
+               [&](int r) { return pr.q + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    stage_tile(sK, LDK, kChunk, KD, n, KD,
+               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
+    stage_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; },
+               NoScale{});
+    stage_tile(sVn, LDS, kChunk, kMmaVt, n, cols,
+               [&](int r) { return v_new + pr.row(b, begin + r, h) * V + col0; }, NoScale{});
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
+
+    // P = tril(Q K^T * Gamma), M = strict_tril(K K^T * Gamma) for the warp's 16 rows.
+    float p[kChunk / 8][4], m[kChunk / 8][4];
+    mma::zero(p);
+    mma::zero(m);
+    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
+    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, m);
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+        const float gamma = j <= i && i < n ? expf(s_g[i] - s_g[j]) : 0.f;
+        p[nb][e] *= gamma;
+        m[nb][e] = j < i ? m[nb][e] * gamma : 0.f;
+      }
+    }
+    // O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new.
+    float out[NB][4], pred[NB][4];
+    mma::zero(out);
+    mma::zero(pred);
+    mma::rows_times_matrix<KD, LDK, LDS, NB>(sQ + warp * 16 * LDK, sS, out);
+    mma::rows_times_matrix<KD, LDK, LDS, NB>(sK + warp * 16 * LDK, sS, pred);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float decay = expf(s_g[warp * 16 + acc_row(e)]);
+        out[nb][e] *= decay;
+        pred[nb][e] *= decay;
+      }
+    }
+    mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(p, sVn, out);
+    mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(m, sVn, pred);
+
+    // o, and the fit partial sums of this tile's columns per row (a row's 4 lanes add up).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
+      const bool row_ok = i < n;
+      const int64_t row = row_ok ? pr.row(b, begin + i, h) : 0;
+      float pv = 0.f, pp = 0.f, vv = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          const int c = acc_col(nb, e);
+          if (!row_ok || c >= cols) continue;
+          o[row * V + col0 + c] = store<bf16>(out[nb][e]);
+          const float val = load(pr.v[row * V + col0 + c]);
+          pv += pred[nb][e] * val;
+          pp += pred[nb][e] * pred[nb][e];
+          vv += val * val;
+        }
+      }
+      pv = mma::quad_sum(pv);
+      pp = mma::quad_sum(pp);
+      vv = mma::quad_sum(vv);
+      if (row_ok && t4 == 0) {
+        float* part = fit_part + (row * pr.tiles + tile) * 3;
+        part[0] = pv;
+        part[1] = pp;
+        part[2] = vv;
+      }
+    }
+  }
+}
+
 // ---- Host side -----------------------------------------------------------------------
 
 struct Dims {
@@ -955,12 +1341,76 @@ void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& 
   HAM_CUDA_CHECK_LAUNCH();
 }
 
+// Largest chunk count over the batch rows (one device-to-host read on the launch stream).
+int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
+  std::vector<int32_t> counts(static_cast<size_t>(batch));
+  cudaStream_t stream = launch_stream();
+  HAM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ptr<const int32_t>(table.count),
+                                 size_t(batch) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int64_t most = 0;
+  for (int32_t c : counts) most = std::max<int64_t>(most, c);
+  return most;
+}
+
+// The tensor-core forward (above) when it applies: bf16 q, k, v, K in {16, 32, 64, 128,
+// 256}. Returns whether it ran. Reads the chunk counts back to size the S0 scratch (one
+// stream synchronisation), which holds every chunk's start state in bf16 as FLA's does.
+bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
+                                  GatedDeltaRuleResult& out) {
+  if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
+  auto run = [&]<int KD>() {
+    const char* op = "gated_delta_rule (cuda, tensor cores)";
+    HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
+    const Device device = a.q.device();
+    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
+    const Problem<bf16> pr = make_problem<bf16>(a, d, table, kMmaVt);
+    const int64_t max_chunks = max_chunk_count(table, d.batch);
+    const int64_t rows = d.batch * d.seq_len * d.heads;
+    Tensor w = Tensor::empty(Shape{rows * d.key_dim}, DType::BF16, device);
+    Tensor u = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
+    Tensor v_new = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
+    Tensor states = Tensor::empty(
+        Shape{d.batch * d.heads * max_chunks * d.key_dim * d.value_dim}, DType::BF16, device);
+    Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, DType::F32, device);
+    const unsigned chunk_blocks = unsigned(std::max<int64_t>(1, (d.seq_len + kChunk - 1) / kChunk));
+    auto launch = [&](auto kernel, dim3 grid, size_t bytes, auto... args) {
+      if (bytes > 48 * 1024) {
+        HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(bytes)));
+      }
+      HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
+      HAM_CUDA_CHECK_LAUNCH();
+    };
+    launch(&gdr_prepare_mma<KD>, dim3(chunk_blocks, unsigned(d.heads), unsigned(d.batch)),
+           MmaPrepareLayout<KD>::bytes, pr, ptr<bf16>(w), ptr<bf16>(u));
+    launch(&gdr_state_mma<KD>, grid_of(op, d, pr.tiles), MmaStateLayout<KD>::bytes, pr,
+           ptr<const bf16>(w), ptr<const bf16>(u), ptr<bf16>(v_new), ptr<bf16>(states),
+           max_chunks, ptr<bf16>(out.h_final));
+    launch(&gdr_output_mma<KD>,
+           dim3(chunk_blocks, unsigned(pr.tiles), unsigned(d.batch * d.heads)),
+           MmaOutputLayout<KD>::bytes, pr, ptr<const bf16>(v_new), ptr<const bf16>(states),
+           max_chunks, ptr<bf16>(out.o), ptr<float>(fit_part));
+    finish_fit_error<bf16>(fit_part, d, pr.tiles, out.fit_error);
+    return true;
+  };
+  switch (d.key_dim) {
+    case 16: return run.template operator()<16>();
+    case 32: return run.template operator()<32>();
+    case 64: return run.template operator()<64>();
+    case 128: return run.template operator()<128>();
+    case 256: return run.template operator()<256>();
+    default: return false;
+  }
+}
+
 void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
   const char* op = "gated_delta_rule (cuda)";
   const Dims d = dims_of(a);
   check_sizes(op, d);
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
+  if (gated_delta_rule_forward_mma(a, d, out)) return;
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const size_t limit = shared_memory_limit(gdr_forward_kernel<T>);
@@ -1019,17 +1469,6 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
   });
 }
 
-// Largest chunk count over the batch rows (one device-to-host read on the launch stream).
-int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
-  std::vector<int32_t> counts(static_cast<size_t>(batch));
-  cudaStream_t stream = launch_stream();
-  HAM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ptr<const int32_t>(table.count),
-                                 size_t(batch) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  int64_t most = 0;
-  for (int32_t c : counts) most = std::max<int64_t>(most, c);
-  return most;
-}
 
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o,
                                const Tensor& grad_h_final, GatedDeltaRuleGrads& grads) {

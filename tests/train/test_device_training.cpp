@@ -27,15 +27,23 @@ namespace {
 // about 2x on one step's gradients; after two AdamW steps, whose first updates divide by
 // |g|, up to about 5x on single weights.
 constexpr double kRoundingSlack = 8;
+// In bf16 the GPU rounds more than the CPU reference does: its tensor-core kernels
+// (routed attention, the gated delta rule's forward) feed bf16 operands to mma (P, the
+// chunk's inverse A, the state, v_new), as flash-attention and flash-linear-attention do,
+// while the CPU computes each op in f32 and rounds only its outputs. Their op-level errors
+// stay within the bf16 bounds (measured 2-3e-3 against 5e-3), and HAM's routing turns the
+// difference into a few tokens selected differently; measured up to 10x the CPU's error.
+constexpr double kRoundingSlackBf16 = 16;
 
-// The GPU's error against the f64 reference is within `bound` or kRoundingSlack times the
-// CPU's error in the same precision.
+// The GPU's error against the f64 reference is within `bound` or `slack` times the CPU's
+// error in the same precision.
 void expect_as_accurate_as_the_cpu(const Tensor& gpu, const Tensor& cpu, const Tensor& reference,
-                                   double bound, const std::string& what) {
+                                   double bound, const std::string& what,
+                                   double slack = kRoundingSlack) {
   const Tensor ref = reference.to(DType::F64);
   const double gpu_error = testing::relative_rms_error(gpu.to(Device::cpu()).to(DType::F64), ref);
   const double cpu_error = testing::relative_rms_error(cpu.to(DType::F64), ref);
-  EXPECT_LE(gpu_error, std::max(bound, kRoundingSlack * cpu_error))
+  EXPECT_LE(gpu_error, std::max(bound, slack * cpu_error))
       << what << ": the CPU in the same precision is off by " << cpu_error;
 }
 
@@ -95,7 +103,8 @@ void expect_gpu_training_tracks_the_cpu(const std::string& precision, double bou
       EXPECT_EQ(gpu_params[i].second.device(), Device::cuda()) << gpu_params[i].first;
       EXPECT_EQ(gpu_params[i].second.dtype(), DType::F32) << gpu_params[i].first;
       expect_as_accurate_as_the_cpu(gpu_params[i].second, cpu_params[i].second,
-                                    ref_params[i].second, bound, gpu_params[i].first);
+                                    ref_params[i].second, bound, gpu_params[i].first,
+                                    precision == "bf16" ? kRoundingSlackBf16 : kRoundingSlack);
     }
   }
 }
