@@ -55,10 +55,17 @@
 // Precision: inputs bf16, f32 (or f64); everything on chip, every accumulation and the
 // state in f32 (f64 for f64 inputs); outputs are rounded once to the input dtype.
 //
-// Status: a straightforward design chosen for correctness (one block per (b, h, V tile),
-// shared-memory products with one output element per thread, no tensor cores). The chunk
-// table is one kernel launch per call; the backward reads the largest chunk count back to
-// the host (one stream synchronisation) to size its checkpoint buffer.
+// Two implementations of the forward:
+//   * the SIMT kernels below (f32, f64, and bf16 with a head dim the tensor-core path does
+//     not take): one block per (b, h, V tile), shared-memory products with one output
+//     element per thread, every chunk term recomputed by each V tile: straightforward and
+//     exact to f32 rounding, but only B * H * tiles blocks and no tensor cores;
+//   * the tensor-core forward for bf16 ("Tensor-core forward" below): flash-linear-
+//     attention's three-kernel WY form on mma.sync, all chunks in parallel but the state
+//     recurrence.
+// The backward and the decode kernel are SIMT. The chunk table is one kernel launch per
+// call; the backward and the tensor-core forward read the largest chunk count back to the
+// host (one stream synchronisation) to size their per-chunk buffers.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -1192,41 +1199,44 @@ __global__ void __launch_bounds__(kMmaThreads)
                [&](int r) { return v_new + pr.row(b, begin + r, h) * V + col0; }, NoScale{});
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
 
-    // P = tril(Q K^T * Gamma), M = strict_tril(K K^T * Gamma) for the warp's 16 rows.
-    float p[kChunk / 8][4], m[kChunk / 8][4];
-    mma::zero(p);
-    mma::zero(m);
-    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
-    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, m);
+    // The warp's 16 rows, first of O = diag(E) Q S0 + P v_new with P = tril(Q K^T * Gamma),
+    // then of pred = diag(E) K S0 + M v_new with M = strict_tril(K K^T * Gamma): one
+    // product at a time keeps half the accumulators live.
+    auto chunk_product = [&](const bf16* rows, bool strict, float (&result)[NB][4]) {
+      float x[kChunk / 8][4];
+      mma::zero(x);
+      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(rows + warp * 16 * LDK, sK, x);
 #pragma unroll
-    for (int nb = 0; nb < kChunk / 8; ++nb) {
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-        const float gamma = j <= i && i < n ? expf(s_g[i] - s_g[j]) : 0.f;
-        p[nb][e] *= gamma;
-        m[nb][e] = j < i ? m[nb][e] * gamma : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+          const bool kept = (strict ? j < i : j <= i) && i < n;
+          x[nb][e] = kept ? x[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+        }
       }
-    }
-    // O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new.
-    float out[NB][4], pred[NB][4];
-    mma::zero(out);
-    mma::zero(pred);
-    mma::rows_times_matrix<KD, LDK, LDS, NB>(sQ + warp * 16 * LDK, sS, out);
-    mma::rows_times_matrix<KD, LDK, LDS, NB>(sK + warp * 16 * LDK, sS, pred);
+      mma::zero(result);
+      mma::rows_times_matrix<KD, LDK, LDS, NB>(rows + warp * 16 * LDK, sS, result);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) result[nb][e] *= expf(s_g[warp * 16 + acc_row(e)]);
+      }
+      mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(x, sVn, result);
+    };
+    float acc[NB][4];
+    chunk_product(sQ, false, acc);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float decay = expf(s_g[warp * 16 + acc_row(e)]);
-        out[nb][e] *= decay;
-        pred[nb][e] *= decay;
+        const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+        if (i < n && c < cols) o[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(acc[nb][e]);
       }
     }
-    mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(p, sVn, out);
-    mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(m, sVn, pred);
+    chunk_product(sK, true, acc);  // the prediction
 
-    // o, and the fit partial sums of this tile's columns per row (a row's 4 lanes add up).
+    // The fit partial sums of this tile's columns per row (a row's 4 lanes add up).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
@@ -1239,10 +1249,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
           const int c = acc_col(nb, e);
           if (!row_ok || c >= cols) continue;
-          o[row * V + col0 + c] = store<bf16>(out[nb][e]);
           const float val = load(pr.v[row * V + col0 + c]);
-          pv += pred[nb][e] * val;
-          pp += pred[nb][e] * pred[nb][e];
+          pv += acc[nb][e] * val;
+          pp += acc[nb][e] * acc[nb][e];
           vv += val * val;
         }
       }
