@@ -941,6 +941,45 @@ __device__ __forceinline__ int acc_col(int nb, int e) {
   return nb * 8 + 2 * (mma::lane_id() % 4) + e % 2;
 }
 
+// The chunk's M = strict_tril(K K^T * Gamma) (f32, Gamma only where j < i: no e^{-G})
+// and A = (I + diag(beta) M)^-1 (unit lower triangular; f32 in sAf, bf16 in sA), from its
+// key rows sK, G and beta. A by forward substitution, column j by thread j, rows in order:
+//   A_ij = [i == j] - sum_{j <= m < i} beta_i M_im A_mj.
+// Ends with a barrier.
+template <int KD, int LDK, int LDA, int LDF>
+__device__ void chunk_inverse(const bf16* sK, const float* s_g, const float* s_beta, int n,
+                              float* sM, float* sAf, bf16* sA) {
+  const int warp = int(threadIdx.x / 32);
+  {
+    float kk[kChunk / 8][4];
+    mma::zero(kk);
+    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+        sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+      }
+    }
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < kChunk) {
+    const int j = int(threadIdx.x);
+    for (int i = 0; i < kChunk; ++i) {
+      float x = i == j ? 1.f : 0.f;
+      for (int m = j; m < i; ++m) x -= s_beta[i] * sM[i * LDF + m] * sAf[m * LDF + j];
+      sAf[i * LDF + j] = x;
+    }
+  }
+  __syncthreads();
+  for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    sA[i * LDA + j] = store<bf16>(sAf[i * LDF + j]);
+  }
+  __syncthreads();
+}
+
 template <int KD>
 struct MmaPrepareLayout {
   static constexpr int ldk = KD + 8, lda = kChunk + 8, ldv = kMmaVt + 8, ldf = kChunk + 1;
@@ -958,8 +997,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);                    // k, then beta E k
   bf16* sA = reinterpret_cast<bf16*>(smem_raw + L::k_bytes);       // A (bf16)
   bf16* sV = reinterpret_cast<bf16*>(smem_raw + L::k_bytes + L::a_bytes);  // beta v tile
-  float* sL = reinterpret_cast<float*>(smem_raw + L::k_bytes + L::a_bytes + L::v_bytes);
-  float* sAf = sL + kChunk * LDF;                                  // A (f32)
+  float* sM = reinterpret_cast<float*>(smem_raw + L::k_bytes + L::a_bytes + L::v_bytes);  // M
+  float* sAf = sM + kChunk * LDF;                                  // A (f32)
   __shared__ float s_g[kChunk], s_beta[kChunk];
   const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32);
@@ -977,36 +1016,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);
 
-    // L = strict_tril(diag(beta) (K K^T * Gamma)); Gamma only where j < i (no e^{-G}).
-    {
-      float kk[kChunk / 8][4];
-      mma::zero(kk);
-      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
-#pragma unroll
-      for (int nb = 0; nb < kChunk / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-          sL[i * LDF + j] = j < i && i < n ? s_beta[i] * kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
-        }
-      }
-    }
-    __syncthreads();
-    // A = (I + L)^-1, unit lower triangular: column j by thread j, rows in order,
-    //   A_ij = [i == j] - sum_{j <= m < i} L_im A_mj.
-    if (int(threadIdx.x) < kChunk) {
-      const int j = int(threadIdx.x);
-      for (int i = 0; i < kChunk; ++i) {
-        float x = i == j ? 1.f : 0.f;
-        for (int m = j; m < i; ++m) x -= sL[i * LDF + m] * sAf[m * LDF + j];
-        sAf[i * LDF + j] = x;
-      }
-    }
-    __syncthreads();
-    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-      const int i = idx / kChunk, j = idx % kChunk;
-      sA[i * LDA + j] = store<bf16>(sAf[i * LDF + j]);
-    }
+    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
     for (int idx = int(threadIdx.x); idx < kChunk * KD; idx += int(blockDim.x)) {
       const int i = idx / KD, c = idx % KD;  // beta_i e^{G_i} k_i (rows past n stay 0)
       sK[i * LDK + c] = store<bf16>(load(sK[i * LDK + c]) * s_beta[i] * expf(s_g[i]));
@@ -1268,6 +1278,712 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// ---- Tensor-core backward (bf16) -----------------------------------------------------
+// The backward of the WY form, for the inputs the tensor-core forward takes. Per chunk,
+// with u = v_new, tau_i = e^{G_last - G_i}, lambda = e^{G_last}, Kbg = diag(beta E) K and
+// Vb = diag(beta) V (so W = A Kbg, U = A Vb, u = U - W S0):
+//   du    = P^T dO + diag(tau) K dS_end           (dS_end: the gradient of the chunk's end state)
+//   dS0   = lambda dS_end + Q^T diag(E) dO - W^T du          (the previous chunk's dS_end)
+//   dP    = tril(dO u^T),   dq = diag(E) dO S0^T + (dP * Gamma) K
+//   dW    = -du S0^T,   dKbg = A^T dW,   dVb = A^T du,   dA = du Vb^T + dW Kbg^T
+//   dL    = -strict_tril(A^T dA A^T),   dM = diag(beta) dL           (L = diag(beta) M)
+//   dk    = diag(tau) u dS_end^T + (dP * Gamma)^T Q + diag(beta E) dKbg
+//           + (dM * Gamma) K + (dM * Gamma)^T K
+//   dv    = diag(beta) dVb
+//   dbeta = <dVb_i, V_i> + E_i <dKbg_i, K_i> + sum_j dL_ij M_ij
+//   dG_i  = E_i (<dO_i, (Q S0)_i> + beta_i <dKbg_i, K_i>) - tau_i <(K dS_end)_i, u_i>
+//           + rowsum(Z)_i - colsum(Z)_i,   Z = dP * P + dM * M
+//   dG_last += lambda <S0, dS_end> + sum_i tau_i <(K dS_end)_i, u_i>;  dg = reverse cumsum
+// (the CPU's backward, core/ops/gated_delta_rule.h, is the same gradient written with the
+// forward substitution). After the forward's prepare and state kernels recompute W, U, S0
+// and u, five kernels, all but the second parallel over chunks:
+//   1. gdr_bwd_local_mma   per (chunk, V tile): dvl = P^T dO
+//   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
+//                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
+//   3. gdr_bwd_values_mma  per chunk, over V tiles: dP, du Vb^T, dv, and the row sums
+//                          <dVb, V>, <dO, Q S0>, <K dS_end, u> and <S0, dS_end>
+//   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and V tiles: dq, dW,
+//                          dA += dW Kbg^T, dk's first two terms
+//   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
+// Per-chunk matrices and row sums pass between them in f32 scratch.
+
+// Scratch and outputs of the tensor-core backward. Per-chunk arrays are indexed by
+// chunk_slot; per-row arrays like [B, T, H] (times the width).
+struct MmaBackward {
+  const bf16 *grad_o, *grad_h_final;  // grad_h_final may be null
+  const bf16 *w, *v_new, *states;     // from the forward's kernels
+  bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
+  float *dvl, *du;                    // [rows, V]
+  float *dpg, *da;                    // (dP * Gamma), dA per chunk, [slots, 64, 64]
+  float *dw, *dk_part;                // [rows, K]
+  float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
+  float* chunk_dlambda;                            // [slots]
+  int64_t max_chunks;
+  bf16 *dq, *dk, *dv, *dbeta, *dh0;  // outputs; null when not wanted
+  void* dg;                          // f32 when the gates are f32, else bf16; may be null
+  bool dg_f32;
+};
+
+__device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b, int64_t h,
+                                              int64_t chunk, int64_t max_chunks) {
+  return (b * pr.heads + h) * max_chunks + chunk;
+}
+
+// A-fragment of the 16 x 16 block (rows m0.., columns k0..) of an f32 matrix in shared
+// memory (row stride ld), or of its transpose, rounded to bf16.
+template <bool kTranspose>
+__device__ __forceinline__ void load_a_f32(uint32_t (&frag)[4], const float* x, int ld, int m0,
+                                           int k0) {
+  const int g = mma::lane_id() / 4, t = mma::lane_id() % 4;
+  auto at = [&](int r, int c) {
+    return kTranspose ? x[(k0 + c) * ld + m0 + r] : x[(m0 + r) * ld + k0 + c];
+  };
+  frag[0] = mma::pack_bf16(at(g, 2 * t), at(g, 2 * t + 1));
+  frag[1] = mma::pack_bf16(at(g + 8, 2 * t), at(g + 8, 2 * t + 1));
+  frag[2] = mma::pack_bf16(at(g, 2 * t + 8), at(g, 2 * t + 9));
+  frag[3] = mma::pack_bf16(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9));
+}
+
+// acc (16 x 8 NB) += X B with X the warp's 16 rows of the 64 x 64 f32 matrix x (or of its
+// transpose), B the rows [0, 64) of a bf16 tile [64][...] (columns n0 + 8 nb).
+template <bool kTranspose, int LDB, int NB>
+__device__ __forceinline__ void square_times_matrix(const float* x, int ldx, const bf16* b_tile,
+                                                    float (&acc)[NB][4]) {
+  const int warp = int(threadIdx.x / 32);
+#pragma unroll
+  for (int kk = 0; kk < kChunk; kk += 16) {
+    uint32_t af[4];
+    load_a_f32<kTranspose>(af, x, ldx, warp * 16, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      mma::load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
+      mma::mma_bf16_16816(acc[nb], af, bf);
+    }
+  }
+}
+
+// The value-tile width of the backward kernels: 64 columns, 32 for K = 256 (shared memory).
+template <int KD>
+constexpr int kBackwardVt = KD > 128 ? 32 : 64;
+
+// Per-chunk quantities every backward kernel starts from: G (s_g), beta, E, tau.
+struct ChunkScalars {
+  float *g, *beta;
+};
+
+__device__ void load_beta(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t begin, int n,
+                          float* s_beta) {
+  if (int(threadIdx.x) < kChunk) {
+    const int i = int(threadIdx.x);
+    s_beta[i] = i < n ? load(pr.beta[pr.row(b, begin + i, h)]) : 0.f;
+  }
+}
+
+template <int KD, int VT>
+struct BwdLocalLayout {
+  static constexpr int ldk = KD + 8, ldv = VT + 8;
+  static constexpr size_t bytes = size_t(2 * kChunk * ldk + kChunk * ldv) * 2;
+};
+
+template <int KD, int VT>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_bwd_local_mma(Problem<bf16> pr, MmaBackward bw) {
+  constexpr int LDK = BwdLocalLayout<KD, VT>::ldk, LDV = BwdLocalLayout<KD, VT>::ldv;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + kChunk * LDK;
+  bf16* sdO = sK + kChunk * LDK;
+  __shared__ float s_g[kChunk];
+  const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
+  const int64_t col0 = int64_t(blockIdx.y) * VT;
+  const int cols = int(min(int64_t(VT), V - col0));
+  const int warp = int(threadIdx.x / 32);
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    __syncthreads();
+    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
+      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
+    };
+    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
+    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0), NoScale{});
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    // P^T for the warp's rows j: (K Q^T)_ji Gamma_ij where i >= j.
+    float pt[kChunk / 8][4];
+    mma::zero(pt);
+    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sQ, pt);
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = warp * 16 + acc_row(e), i = acc_col(nb, e);
+        pt[nb][e] = i >= j && i < n ? pt[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+      }
+    }
+    float out[VT / 8][4];
+    mma::zero(out);
+    mma::accumulator_times_matrix<kChunk / 8, LDV, VT / 8>(pt, sdO, out);
+#pragma unroll
+    for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = warp * 16 + acc_row(e), c = acc_col(nb, e);
+        if (j < n && c < cols) bw.dvl[pr.row(b, begin + j, h) * V + col0 + c] = out[nb][e];
+      }
+    }
+  }
+}
+
+template <int KD, int VT>
+struct BwdStateLayout {
+  static constexpr int ldk = KD + 8, lds = VT + 8, ldf = VT + 4;
+  static constexpr size_t f_bytes = size_t(KD) * ldf * 4;
+  static constexpr size_t bytes =
+      f_bytes + size_t(KD * lds + 3 * kChunk * ldk + 2 * kChunk * lds) * 2;
+};
+
+template <int KD, int VT>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
+  using L = BwdStateLayout<KD, VT>;
+  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* dS = reinterpret_cast<float*>(smem_raw);               // [K][VT], f32
+  bf16* dSb = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);   // dS_end in bf16
+  bf16* sQe = dSb + KD * LDS;                                    // diag(E) Q
+  bf16* sK = sQe + kChunk * LDK;
+  bf16* sW = sK + kChunk * LDK;
+  bf16* sdO = sW + kChunk * LDK;
+  bf16* sDu = sdO + kChunk * LDS;
+  __shared__ float s_g[kChunk];
+  const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
+  const int64_t col0 = int64_t(blockIdx.x) * VT;
+  const int cols = int(min(int64_t(VT), V - col0));
+  const int warp = int(threadIdx.x / 32);
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int32_t* doc_starts = pr.chunk_doc_start + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  const int64_t state_base = (b * pr.heads + h) * KD * V;
+
+  for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+    const int a = idx / VT, c = idx % VT;  // the gradient of the state after token T - 1
+    dS[a * LDF + c] =
+        bw.grad_h_final && c < cols ? load(bw.grad_h_final[state_base + a * V + col0 + c]) : 0.f;
+  }
+  for (int chunk = count - 1; chunk >= 0; --chunk) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    __syncthreads();  // dS is complete; the previous chunk's tiles are no longer read
+    // A chunk followed by a document start ends its document: its end state is dropped.
+    const bool reset = chunk + 1 < count && doc_starts[chunk + 1];
+    bf16* saved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+      const int a = idx / VT, c = idx % VT;
+      if (reset) dS[a * LDF + c] = 0.f;
+      const bf16 x = store<bf16>(dS[a * LDF + c]);
+      dSb[a * LDS + c] = x;
+      if (c < cols) saved[a * V + col0 + c] = x;
+    }
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
+    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
+      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
+    };
+    stage_tile(sQe, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0),
+               [&](int r) { return expf(s_g[r]); });
+    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    stage_tile(sW, LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0), NoScale{});
+    stage_tile(sdO, LDS, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0), NoScale{});
+    __syncthreads();
+    const float g_last = n > 0 ? s_g[n - 1] : 0.f;
+    // du = dvl + diag(tau) K dS_end for the warp's 16 rows.
+    {
+      float acc[VT / 8][4];
+      mma::zero(acc);
+      mma::rows_times_matrix<KD, LDK, LDS, VT / 8>(sK + warp * 16 * LDK, dSb, acc);
+#pragma unroll
+      for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          float du = 0.f;
+          if (i < n && c < cols) {
+            const int64_t at = pr.row(b, begin + i, h) * V + col0 + c;
+            du = bw.dvl[at] + expf(g_last - s_g[i]) * acc[nb][e];
+            bw.du[at] = du;
+          }
+          sDu[i * LDS + c] = store<bf16>(du);
+        }
+      }
+    }
+    __syncthreads();
+    // dS0 = lambda dS_end + (diag(E) Q)^T dO - W^T du: warp w owns key rows w 16 + 64 r.
+    const float lambda = expf(g_last);
+    for (int a0 = warp * 16; a0 < KD; a0 += 64) {
+      float plus[VT / 8][4], minus[VT / 8][4];
+      mma::zero(plus);
+      mma::zero(minus);
+      mma::columns_times_matrix<kChunk, LDK, LDS, VT / 8>(sQe, a0, sdO, plus);
+      mma::columns_times_matrix<kChunk, LDK, LDS, VT / 8>(sW, a0, sDu, minus);
+#pragma unroll
+      for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& s = dS[(a0 + acc_row(e)) * LDF + acc_col(nb, e)];
+          s = lambda * s + plus[nb][e] - minus[nb][e];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (bw.dh0) {  // dS0 of the segment at t = 0
+    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+      const int a = idx / VT, c = idx % VT;
+      if (c < cols) bw.dh0[state_base + a * V + col0 + c] = store<bf16>(dS[a * LDF + c]);
+    }
+  }
+}
+
+template <int KD, int VT>
+struct BwdValuesLayout {
+  static constexpr int ldk = KD + 8, ldv = VT + 8, lda = kChunk + 8, ldf = kChunk + 1;
+  static constexpr size_t f_bytes = size_t(3 * kChunk * ldf) * 4;
+  static constexpr size_t bytes =
+      f_bytes + size_t(2 * kChunk * ldk + kChunk * lda + 4 * kChunk * ldv + 2 * KD * ldv) * 2;
+};
+
+template <int KD, int VT>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_bwd_values_mma(Problem<bf16> pr, MmaBackward bw) {
+  using L = BwdValuesLayout<KD, VT>;
+  constexpr int LDK = L::ldk, LDV = L::ldv, LDA = L::lda, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* sM = reinterpret_cast<float*>(smem_raw);
+  float* sAf = sM + kChunk * LDF;
+  float* sZ = sAf + kChunk * LDF;  // dP * P
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
+  bf16* sK = sQ + kChunk * LDK;
+  bf16* sA = sK + kChunk * LDK;
+  bf16* sdO = sA + kChunk * LDA;
+  bf16* sU = sdO + kChunk * LDV;  // u = v_new
+  bf16* sDu = sU + kChunk * LDV;
+  bf16* sVb = sDu + kChunk * LDV;
+  bf16* sS0 = sVb + kChunk * LDV;  // [K][VT]
+  bf16* sdS = sS0 + KD * LDV;      // [K][VT]
+  __shared__ float s_g[kChunk], s_beta[kChunk];
+  const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
+  const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
+    __syncthreads();
+    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
+      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
+    };
+    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
+    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    load_beta(pr, b, h, begin, n, s_beta);
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
+
+    float dp[kChunk / 8][4], dav[kChunk / 8][4];
+    mma::zero(dp);
+    mma::zero(dav);
+    float dbv[2] = {0.f, 0.f}, deo[2] = {0.f, 0.f}, dtau[2] = {0.f, 0.f}, dlambda = 0.f;
+    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+    for (int64_t v0 = 0; v0 < V; v0 += VT) {
+      const int cols = int(min(int64_t(VT), V - v0));
+      __syncthreads();  // the previous tile is no longer read
+      stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0), NoScale{});
+      stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
+      stage_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0),
+                 [&](int r) { return s_beta[r]; });
+      for (int idx = int(threadIdx.x); idx < kChunk * VT; idx += int(blockDim.x)) {
+        const int i = idx / VT, c = idx % VT;
+        sDu[i * LDV + c] =
+            store<bf16>(i < n && c < cols ? bw.du[pr.row(b, begin + i, h) * V + v0 + c] : 0.f);
+      }
+      stage_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; }, NoScale{});
+      stage_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; }, NoScale{});
+      __syncthreads();
+      mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sdO + warp * 16 * LDV, sU, dp);
+      mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sDu + warp * 16 * LDV, sVb, dav);
+      // dVb = A^T du -> dv = diag(beta) dVb and <dVb_i, V_i>.
+      {
+        float dvb[VT / 8][4];
+        mma::zero(dvb);
+        mma::columns_times_matrix<kChunk, LDA, LDV, VT / 8>(sA, warp * 16, sDu, dvb);
+#pragma unroll
+        for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+            if (i >= n || c >= cols) continue;
+            const int64_t at = pr.row(b, begin + i, h) * V + v0 + c;
+            if (bw.dv) bw.dv[at] = store<bf16>(s_beta[i] * dvb[nb][e]);
+            dbv[e / 2] += dvb[nb][e] * load(pr.v[at]);
+          }
+        }
+      }
+      // <dO_i, (Q S0)_i> and <(K dS_end)_i, u_i>.
+      {
+        float x[VT / 8][4];
+        mma::zero(x);
+        mma::rows_times_matrix<KD, LDK, LDV, VT / 8>(sQ + warp * 16 * LDK, sS0, x);
+#pragma unroll
+        for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+            deo[e / 2] += x[nb][e] * load(sdO[i * LDV + c]);  // zero padding past n, cols
+          }
+        }
+        mma::zero(x);
+        mma::rows_times_matrix<KD, LDK, LDV, VT / 8>(sK + warp * 16 * LDK, sdS, x);
+#pragma unroll
+        for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+            dtau[e / 2] += x[nb][e] * load(sU[i * LDV + c]);
+          }
+        }
+      }
+      for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+        const int a = idx / VT, c = idx % VT;  // <S0, dS_end>
+        dlambda += load(sS0[a * LDV + c]) * load(sdS[a * LDV + c]);
+      }
+    }
+    dlambda = block_sum(dlambda);
+    if (threadIdx.x == 0) bw.chunk_dlambda[slot] = dlambda;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
+      const float a = mma::quad_sum(dbv[half]), c = mma::quad_sum(deo[half]),
+                  d = mma::quad_sum(dtau[half]);
+      if (i < n && t4 == 0) {
+        const int64_t row = pr.row(b, begin + i, h);
+        bw.row_dbeta[row] = a;
+        bw.row_deo[row] = c;
+        bw.row_dtau[row] = d;
+      }
+    }
+    // dP * Gamma and dA (= du Vb^T here) to scratch; Z = dP * P for dG.
+    float p[kChunk / 8][4];
+    mma::zero(p);
+    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
+    float* dpg = bw.dpg + slot * kChunk * kChunk;
+    float* da = bw.da + slot * kChunk * kChunk;
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+        const float gamma = j <= i && i < n ? expf(s_g[i] - s_g[j]) : 0.f;
+        dpg[i * kChunk + j] = dp[nb][e] * gamma;
+        da[i * kChunk + j] = dav[nb][e];
+        sZ[i * LDF + j] = dp[nb][e] * p[nb][e] * gamma;
+      }
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < n) {
+      const int i = int(threadIdx.x);
+      float z = 0.f;
+      for (int j = 0; j < kChunk; ++j) z += sZ[i * LDF + j] - sZ[j * LDF + i];
+      bw.row_zp[pr.row(b, begin + i, h)] = z;
+    }
+  }
+}
+
+template <int KD, int VT>
+struct BwdKeysLayout {
+  static constexpr int kb = KD < 64 ? KD : 64;  // key columns per block
+  static constexpr int ldk = KD + 8, ldv = VT + 8, ldb = kb + 8, ldf = kChunk + 1;
+  static constexpr size_t f_bytes = size_t(kChunk * ldf) * 4;
+  static constexpr size_t bytes =
+      f_bytes + size_t(2 * kChunk * ldk + 3 * kChunk * ldv + 2 * kb * ldv + kChunk * ldb) * 2;
+};
+
+template <int KD, int VT>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_bwd_keys_mma(Problem<bf16> pr, MmaBackward bw) {
+  using L = BwdKeysLayout<KD, VT>;
+  constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* sDpg = reinterpret_cast<float*>(smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
+  bf16* sK = sQ + kChunk * LDK;
+  bf16* sdO = sK + kChunk * LDK;
+  bf16* sDu = sdO + kChunk * LDV;
+  bf16* sU = sDu + kChunk * LDV;
+  bf16* sS0 = sU + kChunk * LDV;  // [KB][VT]: the key block's rows of S0
+  bf16* sdS = sS0 + KB * LDV;
+  bf16* sKbg = sdS + KB * LDV;  // [64][KB]: beta E K, the key block's columns
+  __shared__ float s_g[kChunk], s_beta[kChunk];
+  const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
+  const int warp = int(threadIdx.x / 32);
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
+    __syncthreads();
+    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
+      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
+    };
+    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
+    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      sDpg[(idx / kChunk) * LDF + idx % kChunk] = bw.dpg[slot * kChunk * kChunk + idx];
+    }
+    load_beta(pr, b, h, begin, n, s_beta);
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+
+    float dA2[kChunk / 8][4];  // dW Kbg^T
+    mma::zero(dA2);
+    for (int k0 = 0; k0 < KD; k0 += KB) {
+      float x1[KB / 8][4], x2[KB / 8][4], x3[KB / 8][4];
+      mma::zero(x1);
+      mma::zero(x2);
+      mma::zero(x3);
+      for (int64_t v0 = 0; v0 < V; v0 += VT) {
+        const int cols = int(min(int64_t(VT), V - v0));
+        __syncthreads();
+        stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0), NoScale{});
+        stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
+        for (int idx = int(threadIdx.x); idx < kChunk * VT; idx += int(blockDim.x)) {
+          const int i = idx / VT, c = idx % VT;
+          sDu[i * LDV + c] =
+              store<bf16>(i < n && c < cols ? bw.du[pr.row(b, begin + i, h) * V + v0 + c] : 0.f);
+        }
+        stage_tile(sS0, LDV, KB, VT, KB, cols,
+                   [&](int a) { return saved + (k0 + a) * V + v0; }, NoScale{});
+        stage_tile(sdS, LDV, KB, VT, KB, cols,
+                   [&](int a) { return dsaved + (k0 + a) * V + v0; }, NoScale{});
+        __syncthreads();
+        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
+        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sDu + warp * 16 * LDV, sS0, x2);  // du S0^T
+        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sU + warp * 16 * LDV, sdS, x3);   // u dS^T
+      }
+      // dq = diag(E) dO S0^T + (dP * Gamma) K
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x1[nb][e] *= expf(s_g[warp * 16 + acc_row(e)]);
+      }
+      square_times_matrix<false, LDK, KB / 8>(sDpg, LDF, sK + k0, x1);
+      // dk's terms diag(tau) u dS_end^T + (dP * Gamma)^T Q
+      const float g_last = n > 0 ? s_g[n - 1] : 0.f;
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x3[nb][e] *= expf(g_last - s_g[warp * 16 + acc_row(e)]);
+      }
+      square_times_matrix<true, LDK, KB / 8>(sDpg, LDF, sQ + k0, x3);
+      // dW = -du S0^T
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          x2[nb][e] = -x2[nb][e];
+          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          if (i >= n) continue;
+          const int64_t at = pr.row(b, begin + i, h) * KD + c;
+          if (bw.dq) bw.dq[at] = store<bf16>(x1[nb][e]);
+          bw.dw[at] = x2[nb][e];
+          bw.dk_part[at] = x3[nb][e];
+        }
+      }
+      // dA += dW Kbg^T over this key block
+      __syncthreads();  // sKbg of the previous block is no longer read
+      for (int idx = int(threadIdx.x); idx < kChunk * KB; idx += int(blockDim.x)) {
+        const int j = idx / KB, c = idx % KB;
+        sKbg[j * LDB + c] =
+            store<bf16>(load(sK[j * LDK + k0 + c]) * s_beta[j] * expf(s_g[j]));
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < KB / 16; ++kk) {
+        uint32_t af[4];
+        mma::accumulator_as_a(x2, kk, af);
+#pragma unroll
+        for (int nb = 0; nb < kChunk / 8; ++nb) {
+          uint32_t bf[2];
+          mma::load_b_nk<LDB>(bf, sKbg, nb * 8, kk * 16);
+          mma::mma_bf16_16816(dA2[nb], af, bf);
+        }
+      }
+    }
+    float* da = bw.da + slot * kChunk * kChunk;
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+        da[i * kChunk + j] += dA2[nb][e];
+      }
+    }
+  }
+}
+
+template <int KD>
+struct BwdWyLayout {
+  static constexpr int kb = KD < 64 ? KD : 64;
+  static constexpr int ldk = KD + 8, lda = kChunk + 8, ldb = kb + 8, ldf = kChunk + 1;
+  static constexpr size_t f_bytes = size_t(4 * kChunk * ldf) * 4;
+  static constexpr size_t bytes = f_bytes + size_t(kChunk * ldk + kChunk * lda + kChunk * ldb) * 2;
+};
+
+template <int KD>
+__global__ void __launch_bounds__(kMmaThreads)
+    gdr_bwd_wy_mma(Problem<bf16> pr, MmaBackward bw) {
+  using L = BwdWyLayout<KD>;
+  constexpr int KB = L::kb, LDK = L::ldk, LDA = L::lda, LDB = L::ldb, LDF = L::ldf;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* sM = reinterpret_cast<float*>(smem_raw);
+  float* sAf = sM + kChunk * LDF;
+  float* sD = sAf + kChunk * LDF;  // dA, then dL, then dM * Gamma
+  float* sT = sD + kChunk * LDF;   // A^T dA
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
+  bf16* sA = sK + kChunk * LDK;
+  bf16* sdW = sA + kChunk * LDA;  // [64][KB]: the key block of dW
+  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk];
+  const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads;
+  const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
+  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
+  const int count = pr.chunk_count[b];
+  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+    const int64_t begin = begins[chunk];
+    const int n = int(begins[chunk + 1] - begin);
+    const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
+    __syncthreads();
+    stage_tile(sK, LDK, kChunk, KD, n, KD,
+               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      sD[(idx / kChunk) * LDF + idx % kChunk] = bw.da[slot * kChunk * kChunk + idx];
+    }
+    load_beta(pr, b, h, begin, n, s_beta);
+    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
+    // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      float x = 0.f;
+      for (int m = i; m < kChunk; ++m) x += sAf[m * LDF + i] * sD[m * LDF + j];  // A_mi = 0, m < i
+      sT[i * LDF + j] = x;
+    }
+    __syncthreads();
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      float x = 0.f;
+      if (j < i) {
+        for (int m = 0; m <= j; ++m) x += sT[i * LDF + m] * sAf[j * LDF + m];  // A_jm = 0, m > j
+      }
+      sD[i * LDF + j] = -x;
+    }
+    __syncthreads();
+    // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma).
+    float dbeta_l = 0.f, zm = 0.f;
+    if (int(threadIdx.x) < kChunk) {
+      const int i = int(threadIdx.x);
+      for (int j = 0; j < kChunk; ++j) {
+        dbeta_l += sD[i * LDF + j] * sM[i * LDF + j];
+        zm += s_beta[i] * sD[i * LDF + j] * sM[i * LDF + j] -
+              s_beta[j] * sD[j * LDF + i] * sM[j * LDF + i];
+      }
+    }
+    __syncthreads();
+    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+      const int i = idx / kChunk, j = idx % kChunk;  // dM * Gamma, dM = diag(beta) dL
+      sD[i * LDF + j] = j < i && i < n ? s_beta[i] * sD[i * LDF + j] * expf(s_g[i] - s_g[j]) : 0.f;
+    }
+    __syncthreads();
+
+    // dk = dk_part + (dM * Gamma) K + (dM * Gamma)^T K + diag(beta E) A^T dW, by key blocks.
+    float dbk[2] = {0.f, 0.f};  // <dKbg_i, K_i> of the lane's two rows
+    for (int k0 = 0; k0 < KD; k0 += KB) {
+      __syncthreads();  // sdW of the previous block is no longer read
+      for (int idx = int(threadIdx.x); idx < kChunk * KB; idx += int(blockDim.x)) {
+        const int i = idx / KB, c = idx % KB;
+        sdW[i * LDB + c] =
+            store<bf16>(i < n ? bw.dw[pr.row(b, begin + i, h) * KD + k0 + c] : 0.f);
+      }
+      __syncthreads();
+      float dkbg[KB / 8][4], dm[KB / 8][4];
+      mma::zero(dkbg);
+      mma::zero(dm);
+      mma::columns_times_matrix<kChunk, LDA, LDB, KB / 8>(sA, warp * 16, sdW, dkbg);
+      square_times_matrix<false, LDK, KB / 8>(sD, LDF, sK + k0, dm);
+      square_times_matrix<true, LDK, KB / 8>(sD, LDF, sK + k0, dm);
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          dbk[e / 2] += dkbg[nb][e] * load(sK[i * LDK + c]);
+          if (i >= n) continue;
+          const int64_t at = pr.row(b, begin + i, h) * KD + c;
+          if (bw.dk) {
+            bw.dk[at] = store<bf16>(bw.dk_part[at] + dm[nb][e] +
+                                    s_beta[i] * expf(s_g[i]) * dkbg[nb][e]);
+          }
+        }
+      }
+    }
+    // Per row: dbeta and dG (the lane t4 == 0 of a row's quad, then thread i for zm).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
+      const float k_dot = mma::quad_sum(dbk[half]);
+      if (t4 == 0) s_dg[i] = k_dot;  // <dKbg_i, K_i>, for now
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < kChunk) {
+      const int i = int(threadIdx.x);
+      float dG = 0.f;
+      if (i < n) {
+        const int64_t row = pr.row(b, begin + i, h);
+        const float e_i = expf(s_g[i]), k_dot = s_dg[i];
+        const float tau = expf(s_g[n - 1] - s_g[i]);
+        if (bw.dbeta) bw.dbeta[row] = store<bf16>(bw.row_dbeta[row] + e_i * k_dot + dbeta_l);
+        dG = e_i * (bw.row_deo[row] + s_beta[i] * k_dot) - tau * bw.row_dtau[row] +
+             bw.row_zp[row] + zm;
+      }
+      s_dg[i] = dG;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && n > 0) {
+      float last = expf(s_g[n - 1]) * bw.chunk_dlambda[slot];
+      for (int i = 0; i < n; ++i) {
+        last += expf(s_g[n - 1] - s_g[i]) * bw.row_dtau[pr.row(b, begin + i, h)];
+      }
+      // dg = reverse chunk-local cumsum of dG (dG_last with its chunk-end terms).
+      float running = 0.f;
+      for (int i = n - 1; i >= 0; --i) {
+        running += s_dg[i] + (i == n - 1 ? last : 0.f);
+        s_dg[i] = running;
+      }
+    }
+    __syncthreads();
+    if (bw.dg && int(threadIdx.x) < n) {
+      const int i = int(threadIdx.x);
+      const int64_t row = pr.row(b, begin + i, h);
+      if (bw.dg_f32) static_cast<float*>(bw.dg)[row] = s_dg[i];
+      else static_cast<bf16*>(bw.dg)[row] = store<bf16>(s_dg[i]);
+    }
+  }
+}
+
 // ---- Host side -----------------------------------------------------------------------
 
 struct Dims {
@@ -1479,6 +2195,98 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
 }
 
 
+// The tensor-core backward (above) when it applies: the tensor-core forward's inputs, T > 0.
+// Returns whether it ran. Recomputes the forward's W, U, S0 and v_new first.
+bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
+                                   const Tensor& grad_o, const Tensor& grad_h_final,
+                                   GatedDeltaRuleGrads& grads) {
+  if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
+  auto run = [&]<int KD>() {
+    constexpr int VT = kBackwardVt<KD>;
+    const char* op = "gated_delta_rule_backward (cuda, tensor cores)";
+    HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
+    const Device device = a.q.device();
+    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
+    const Problem<bf16> fwd = make_problem<bf16>(a, d, table, kMmaVt);
+    const Problem<bf16> pr = make_problem<bf16>(a, d, table, VT);
+    const int64_t max_chunks = max_chunk_count(table, d.batch);
+    const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
+    const int64_t K = d.key_dim, V = d.value_dim;
+    auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
+    Tensor w = scratch(rows * K, DType::BF16), u = scratch(rows * V, DType::BF16);
+    Tensor v_new = scratch(rows * V, DType::BF16), states = scratch(slots * K * V, DType::BF16);
+    Tensor h_end = scratch(d.batch * d.heads * K * V, DType::BF16);
+    Tensor dstates = scratch(slots * K * V, DType::BF16);
+    Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::F32);
+    Tensor dpg = scratch(slots * kChunk * kChunk, DType::F32);
+    Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
+    Tensor dw = scratch(rows * K, DType::F32), dk_part = scratch(rows * K, DType::F32);
+    Tensor row_sums = scratch(4 * rows, DType::F32), dlambda = scratch(slots, DType::F32);
+
+    MmaBackward bw{};
+    bw.grad_o = ptr<const bf16>(grad_o);
+    bw.grad_h_final = ptr_or_null<const bf16>(grad_h_final);
+    bw.w = ptr<const bf16>(w);
+    bw.v_new = ptr<const bf16>(v_new);
+    bw.states = ptr<const bf16>(states);
+    bw.dstates = ptr<bf16>(dstates);
+    bw.dvl = ptr<float>(dvl);
+    bw.du = ptr<float>(du);
+    bw.dpg = ptr<float>(dpg);
+    bw.da = ptr<float>(da);
+    bw.dw = ptr<float>(dw);
+    bw.dk_part = ptr<float>(dk_part);
+    bw.row_dbeta = ptr<float>(row_sums);
+    bw.row_deo = bw.row_dbeta + rows;
+    bw.row_dtau = bw.row_deo + rows;
+    bw.row_zp = bw.row_dtau + rows;
+    bw.chunk_dlambda = ptr<float>(dlambda);
+    bw.max_chunks = max_chunks;
+    bw.dq = ptr_or_null<bf16>(grads.dq);
+    bw.dk = ptr_or_null<bf16>(grads.dk);
+    bw.dv = ptr_or_null<bf16>(grads.dv);
+    bw.dbeta = ptr_or_null<bf16>(grads.dbeta);
+    bw.dh0 = a.h0.defined() ? ptr_or_null<bf16>(grads.dh0) : nullptr;
+    bw.dg = grads.dg.defined() ? grads.dg.raw_data() : nullptr;
+    bw.dg_f32 = grads.dg.defined() && grads.dg.dtype() == DType::F32;
+
+    const unsigned chunk_blocks = unsigned(std::max<int64_t>(1, (d.seq_len + kChunk - 1) / kChunk));
+    const unsigned bh = unsigned(d.batch * d.heads);
+    auto launch = [&](auto kernel, dim3 grid, size_t bytes, auto... args) {
+      if (bytes > 48 * 1024) {
+        HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(bytes)));
+      }
+      HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
+      HAM_CUDA_CHECK_LAUNCH();
+    };
+    // The forward's W, U, chunk start states and v_new.
+    launch(&gdr_prepare_mma<KD>, dim3(chunk_blocks, unsigned(d.heads), unsigned(d.batch)),
+           MmaPrepareLayout<KD>::bytes, fwd, ptr<bf16>(w), ptr<bf16>(u));
+    launch(&gdr_state_mma<KD>, grid_of(op, d, fwd.tiles), MmaStateLayout<KD>::bytes, fwd,
+           ptr<const bf16>(w), ptr<const bf16>(u), ptr<bf16>(v_new), ptr<bf16>(states),
+           max_chunks, ptr<bf16>(h_end));
+    launch(&gdr_bwd_local_mma<KD, VT>, dim3(chunk_blocks, unsigned(pr.tiles), bh),
+           BwdLocalLayout<KD, VT>::bytes, pr, bw);
+    launch(&gdr_bwd_state_mma<KD, VT>, grid_of(op, d, pr.tiles), BwdStateLayout<KD, VT>::bytes,
+           pr, bw);
+    launch(&gdr_bwd_values_mma<KD, VT>, dim3(chunk_blocks, 1, bh), BwdValuesLayout<KD, VT>::bytes,
+           pr, bw);
+    launch(&gdr_bwd_keys_mma<KD, VT>, dim3(chunk_blocks, 1, bh), BwdKeysLayout<KD, VT>::bytes, pr,
+           bw);
+    launch(&gdr_bwd_wy_mma<KD>, dim3(chunk_blocks, 1, bh), BwdWyLayout<KD>::bytes, pr, bw);
+    return true;
+  };
+  switch (d.key_dim) {
+    case 16: return run.template operator()<16>();
+    case 32: return run.template operator()<32>();
+    case 64: return run.template operator()<64>();
+    case 128: return run.template operator()<128>();
+    case 256: return run.template operator()<256>();
+    default: return false;
+  }
+}
+
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o,
                                const Tensor& grad_h_final, GatedDeltaRuleGrads& grads) {
   const char* op = "gated_delta_rule_backward (cuda)";
@@ -1486,6 +2294,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
   check_sizes(op, d);
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
+  if (gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, grads)) return;
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const Device device = a.q.device();
