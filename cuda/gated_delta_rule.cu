@@ -55,17 +55,17 @@
 // Precision: inputs bf16, f32 (or f64); everything on chip, every accumulation and the
 // state in f32 (f64 for f64 inputs); outputs are rounded once to the input dtype.
 //
-// Two implementations of the forward:
-//   * the SIMT kernels below (f32, f64, and bf16 with a head dim the tensor-core path does
+// Two implementations of the forward and the backward:
+//   * the SIMT kernels below (f32, f64, and bf16 with a key dim the tensor-core path does
 //     not take): one block per (b, h, V tile), shared-memory products with one output
 //     element per thread, every chunk term recomputed by each V tile: straightforward and
 //     exact to f32 rounding, but only B * H * tiles blocks and no tensor cores;
-//   * the tensor-core forward for bf16 ("Tensor-core forward" below): flash-linear-
-//     attention's three-kernel WY form on mma.sync, all chunks in parallel but the state
-//     recurrence.
-// The backward and the decode kernel are SIMT. The chunk table is one kernel launch per
-// call; the backward and the tensor-core forward read the largest chunk count back to the
-// host (one stream synchronisation) to size their per-chunk buffers.
+//   * the tensor-core kernels for bf16 ("Tensor-core forward", "Tensor-core backward"):
+//     flash-linear-attention's WY form on mma.sync, every chunk in parallel except in the
+//     state recurrences (forward and reverse).
+// The decode kernel is SIMT. The chunk table is one kernel launch per call; the chunked
+// paths read the largest chunk count back to the host (one stream synchronisation) to size
+// their per-chunk buffers.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
