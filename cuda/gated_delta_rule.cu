@@ -915,6 +915,21 @@ __device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int co
   }
 }
 
+// Row pointers into a [B, T, H, width] tensor for the tokens of the chunk starting at
+// `begin`: rows_of(base, width, offset)(r) is token begin + r's row, `offset` columns in.
+struct ChunkRows {
+  int64_t seq_len, heads, b, h, begin;
+  __device__ ChunkRows(const Problem<bf16>& pr, int64_t b_, int64_t h_, int64_t begin_)
+      : seq_len(pr.seq_len), heads(pr.heads), b(b_), h(h_), begin(begin_) {}
+  template <class E>
+  __device__ auto operator()(const E* base, int64_t width, int64_t offset) const {
+    const ChunkRows at = *this;
+    return [=](int r) {
+      return base + ((at.b * at.seq_len + at.begin + r) * at.heads + at.h) * width + offset;
+    };
+  }
+};
+
 struct NoScale {
   __device__ float operator()(int) const { return 1.f; }
 };
@@ -1009,7 +1024,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();  // the previous chunk's tiles are no longer read
     stage_tile(sK, LDK, kChunk, KD, n, KD,
-               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
       s_beta[i] = i < n ? load(pr.beta[pr.row(b, begin + i, h)]) : 0.f;
@@ -1043,7 +1058,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int cols = int(min(int64_t(kMmaVt), V - v0));
       __syncthreads();  // sV of the previous tile is no longer read
       stage_tile(sV, LDV, kChunk, kMmaVt, n, cols,
-                 [&](int r) { return pr.v + pr.row(b, begin + r, h) * V + v0; },
+                 ChunkRows(pr, b, h, begin)(pr.v, V, v0),
                  [&](int r) { return s_beta[r]; });
       __syncthreads();
       float acc[kMmaVt / 8][4];
@@ -1060,6 +1075,20 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
   }
 }
+
+// A state-pass block's place: batch row b (blockIdx.z), head h (blockIdx.y), the value
+// columns [col0, col0 + cols) of its tile (blockIdx.x, `width` wide), its row's chunks.
+struct StateTile {
+  int64_t b, h, col0, state_base;
+  int cols, count;
+  const int32_t *begins, *doc_starts;
+  __device__ StateTile(const Problem<bf16>& pr, int width)
+      : b(blockIdx.z), h(blockIdx.y), col0(int64_t(blockIdx.x) * width),
+        state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim),
+        cols(int(min(int64_t(width), pr.value_dim - col0))), count(pr.chunk_count[b]),
+        begins(pr.chunk_begin + b * (pr.seq_len + 1)),
+        doc_starts(pr.chunk_doc_start + b * (pr.seq_len + 1)) {}
+};
 
 template <int KD>
 struct MmaStateLayout {
@@ -1088,14 +1117,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = sW + kChunk * LDK;                                      // K rows
   bf16* sVn = sK + kChunk * LDK;                                     // e^{G_last - G} v_new
   __shared__ float s_g[kChunk];
-  const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
-  const int64_t col0 = int64_t(blockIdx.x) * kMmaVt;
-  const int cols = int(min(int64_t(kMmaVt), V - col0));
-  const int warp = int(threadIdx.x / 32);
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int32_t* doc_starts = pr.chunk_doc_start + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  const int64_t state_base = (b * pr.heads + h) * KD * V;
+  const StateTile st(pr, kMmaVt);
+  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0, state_base = st.state_base;
+  const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
   for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
     const int a = idx / kMmaVt, c = idx % kMmaVt;  // h0 seeds the segment at t = 0
@@ -1115,9 +1140,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       if (c < cols) saved[a * V + col0 + c] = x;
     }
     stage_tile(sW, LDK, kChunk, KD, n, KD,
-               [&](int r) { return w + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(w, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD,
-               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
     const float g_last = n > 0 ? s_g[n - 1] : 0.f;
 
@@ -1199,14 +1224,14 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();
     stage_tile(sQ, LDK, kChunk, KD, n, KD,
-               [&](int r) { return pr.q + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(pr.q, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD,
-               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
     const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
     stage_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; },
                NoScale{});
     stage_tile(sVn, LDS, kChunk, kMmaVt, n, cols,
-               [&](int r) { return v_new + pr.row(b, begin + r, h) * V + col0; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(v_new, V, col0), NoScale{});
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
 
     // The warp's 16 rows, first of O = diag(E) Q S0 + P v_new with P = tril(Q K^T * Gamma),
@@ -1405,9 +1430,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();
-    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
-      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
-    };
+    const ChunkRows rows_of{pr, b, h, begin};
     stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
     stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0), NoScale{});
@@ -1460,14 +1483,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sdO = sW + kChunk * LDK;
   bf16* sDu = sdO + kChunk * LDS;
   __shared__ float s_g[kChunk];
-  const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
-  const int64_t col0 = int64_t(blockIdx.x) * VT;
-  const int cols = int(min(int64_t(VT), V - col0));
-  const int warp = int(threadIdx.x / 32);
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int32_t* doc_starts = pr.chunk_doc_start + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  const int64_t state_base = (b * pr.heads + h) * KD * V;
+  const StateTile st(pr, VT);
+  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0, state_base = st.state_base;
+  const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
   for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
     const int a = idx / VT, c = idx % VT;  // the gradient of the state after token T - 1
@@ -1489,9 +1508,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       if (c < cols) saved[a * V + col0 + c] = x;
     }
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
-    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
-      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
-    };
+    const ChunkRows rows_of{pr, b, h, begin};
     stage_tile(sQe, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0),
                [&](int r) { return expf(s_g[r]); });
     stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
@@ -1583,9 +1600,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
-    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
-      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
-    };
+    const ChunkRows rows_of{pr, b, h, begin};
     stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
     load_beta(pr, b, h, begin, n, s_beta);
@@ -1605,11 +1620,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
       stage_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0),
                  [&](int r) { return s_beta[r]; });
-      for (int idx = int(threadIdx.x); idx < kChunk * VT; idx += int(blockDim.x)) {
-        const int i = idx / VT, c = idx % VT;
-        sDu[i * LDV + c] =
-            store<bf16>(i < n && c < cols ? bw.du[pr.row(b, begin + i, h) * V + v0 + c] : 0.f);
-      }
+      stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});
       stage_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; }, NoScale{});
       stage_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; }, NoScale{});
       __syncthreads();
@@ -1736,9 +1747,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
-    auto rows_of = [&](const bf16* base, int64_t width, int64_t offset) {
-      return [=, &pr](int r) { return base + pr.row(b, begin + r, h) * width + offset; };
-    };
+    const ChunkRows rows_of{pr, b, h, begin};
     stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
@@ -1761,11 +1770,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         __syncthreads();
         stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0), NoScale{});
         stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
-        for (int idx = int(threadIdx.x); idx < kChunk * VT; idx += int(blockDim.x)) {
-          const int i = idx / VT, c = idx % VT;
-          sDu[i * LDV + c] =
-              store<bf16>(i < n && c < cols ? bw.du[pr.row(b, begin + i, h) * V + v0 + c] : 0.f);
-        }
+        stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});
         stage_tile(sS0, LDV, KB, VT, KB, cols,
                    [&](int a) { return saved + (k0 + a) * V + v0; }, NoScale{});
         stage_tile(sdS, LDV, KB, VT, KB, cols,
@@ -1868,7 +1873,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     stage_tile(sK, LDK, kChunk, KD, n, KD,
-               [&](int r) { return pr.k + pr.row(b, begin + r, h) * KD; }, NoScale{});
+               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       sD[(idx / kChunk) * LDF + idx % kChunk] = bw.da[slot * kChunk * kChunk + idx];
     }
@@ -2078,6 +2083,71 @@ int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
   return most;
 }
 
+// Launches a tensor-core kernel (kMmaThreads threads), first raising its shared-memory
+// limit when it needs more than the default 48 KiB.
+template <class Kernel, class... Args>
+void launch_mma(Kernel kernel, dim3 grid, size_t bytes, Args... args) {
+  if (bytes > 48 * 1024) {
+    HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(bytes)));
+  }
+  HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+// Blocks along the chunks of a row (each loops over chunks beyond the grid).
+unsigned mma_chunk_blocks(const Dims& d) {
+  return unsigned(std::max<int64_t>(1, (d.seq_len + kChunk - 1) / kChunk));
+}
+
+// Calls fn.template operator()<K>() for the key dims with tensor-core kernels; false for
+// the others.
+template <class Fn>
+bool dispatch_mma_key_dim(int64_t key_dim, Fn&& fn) {
+  switch (key_dim) {
+    case 16: return fn.template operator()<16>();
+    case 32: return fn.template operator()<32>();
+    case 64: return fn.template operator()<64>();
+    case 128: return fn.template operator()<128>();
+    case 256: return fn.template operator()<256>();
+    default: return false;
+  }
+}
+
+// What the forward's first two kernels leave for its output kernel and for the backward:
+// the chunk table, W and U of every chunk, every chunk's start state S0 and v_new.
+struct MmaChunkStates {
+  ChunkTable table;
+  Problem<bf16> pr;  // 64-column value tiles
+  int64_t max_chunks = 0;
+  Tensor w, u, v_new, states;
+};
+
+// Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
+template <int KD>
+MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
+                                Tensor& h_end) {
+  HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
+  MmaChunkStates c;
+  c.table = build_chunk_table(a, d.batch, d.seq_len);
+  c.pr = make_problem<bf16>(a, d, c.table, kMmaVt);
+  c.max_chunks = max_chunk_count(c.table, d.batch);
+  const Device device = a.q.device();
+  const int64_t rows = d.batch * d.seq_len * d.heads;
+  c.w = Tensor::empty(Shape{rows * d.key_dim}, DType::BF16, device);
+  c.u = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
+  c.v_new = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
+  c.states = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * d.key_dim * d.value_dim},
+                           DType::BF16, device);
+  const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
+  launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
+             ptr<bf16>(c.u));
+  launch_mma(&gdr_state_mma<KD>, grid_of(op, d, c.pr.tiles), MmaStateLayout<KD>::bytes, c.pr,
+             ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<bf16>(c.v_new), ptr<bf16>(c.states),
+             c.max_chunks, ptr<bf16>(h_end));
+  return c;
+}
+
 // The tensor-core forward (above) when it applies: bf16 q, k, v, K in {16, 32, 64, 128,
 // 256}. Returns whether it ran. Reads the chunk counts back to size the S0 scratch (one
 // stream synchronisation), which holds every chunk's start state in bf16 as FLA's does.
@@ -2086,47 +2156,17 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
   if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
   auto run = [&]<int KD>() {
     const char* op = "gated_delta_rule (cuda, tensor cores)";
-    HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
-    const Device device = a.q.device();
-    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
-    const Problem<bf16> pr = make_problem<bf16>(a, d, table, kMmaVt);
-    const int64_t max_chunks = max_chunk_count(table, d.batch);
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final);
     const int64_t rows = d.batch * d.seq_len * d.heads;
-    Tensor w = Tensor::empty(Shape{rows * d.key_dim}, DType::BF16, device);
-    Tensor u = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
-    Tensor v_new = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
-    Tensor states = Tensor::empty(
-        Shape{d.batch * d.heads * max_chunks * d.key_dim * d.value_dim}, DType::BF16, device);
-    Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, DType::F32, device);
-    const unsigned chunk_blocks = unsigned(std::max<int64_t>(1, (d.seq_len + kChunk - 1) / kChunk));
-    auto launch = [&](auto kernel, dim3 grid, size_t bytes, auto... args) {
-      if (bytes > 48 * 1024) {
-        HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(bytes)));
-      }
-      HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
-      HAM_CUDA_CHECK_LAUNCH();
-    };
-    launch(&gdr_prepare_mma<KD>, dim3(chunk_blocks, unsigned(d.heads), unsigned(d.batch)),
-           MmaPrepareLayout<KD>::bytes, pr, ptr<bf16>(w), ptr<bf16>(u));
-    launch(&gdr_state_mma<KD>, grid_of(op, d, pr.tiles), MmaStateLayout<KD>::bytes, pr,
-           ptr<const bf16>(w), ptr<const bf16>(u), ptr<bf16>(v_new), ptr<bf16>(states),
-           max_chunks, ptr<bf16>(out.h_final));
-    launch(&gdr_output_mma<KD>,
-           dim3(chunk_blocks, unsigned(pr.tiles), unsigned(d.batch * d.heads)),
-           MmaOutputLayout<KD>::bytes, pr, ptr<const bf16>(v_new), ptr<const bf16>(states),
-           max_chunks, ptr<bf16>(out.o), ptr<float>(fit_part));
-    finish_fit_error<bf16>(fit_part, d, pr.tiles, out.fit_error);
+    Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
+    launch_mma(&gdr_output_mma<KD>,
+               dim3(mma_chunk_blocks(d), unsigned(c.pr.tiles), unsigned(d.batch * d.heads)),
+               MmaOutputLayout<KD>::bytes, c.pr, ptr<const bf16>(c.v_new),
+               ptr<const bf16>(c.states), c.max_chunks, ptr<bf16>(out.o), ptr<float>(fit_part));
+    finish_fit_error<bf16>(fit_part, d, c.pr.tiles, out.fit_error);
     return true;
   };
-  switch (d.key_dim) {
-    case 16: return run.template operator()<16>();
-    case 32: return run.template operator()<32>();
-    case 64: return run.template operator()<64>();
-    case 128: return run.template operator()<128>();
-    case 256: return run.template operator()<256>();
-    default: return false;
-  }
+  return dispatch_mma_key_dim(d.key_dim, run);
 }
 
 void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
@@ -2204,18 +2244,14 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
   auto run = [&]<int KD>() {
     constexpr int VT = kBackwardVt<KD>;
     const char* op = "gated_delta_rule_backward (cuda, tensor cores)";
-    HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
     const Device device = a.q.device();
-    const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
-    const Problem<bf16> fwd = make_problem<bf16>(a, d, table, kMmaVt);
-    const Problem<bf16> pr = make_problem<bf16>(a, d, table, VT);
-    const int64_t max_chunks = max_chunk_count(table, d.batch);
-    const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
     const int64_t K = d.key_dim, V = d.value_dim;
+    Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, h_end);  // recomputed
+    const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
+    const int64_t max_chunks = c.max_chunks;
+    const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
     auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
-    Tensor w = scratch(rows * K, DType::BF16), u = scratch(rows * V, DType::BF16);
-    Tensor v_new = scratch(rows * V, DType::BF16), states = scratch(slots * K * V, DType::BF16);
-    Tensor h_end = scratch(d.batch * d.heads * K * V, DType::BF16);
     Tensor dstates = scratch(slots * K * V, DType::BF16);
     Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::F32);
     Tensor dpg = scratch(slots * kChunk * kChunk, DType::F32);
@@ -2226,9 +2262,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     MmaBackward bw{};
     bw.grad_o = ptr<const bf16>(grad_o);
     bw.grad_h_final = ptr_or_null<const bf16>(grad_h_final);
-    bw.w = ptr<const bf16>(w);
-    bw.v_new = ptr<const bf16>(v_new);
-    bw.states = ptr<const bf16>(states);
+    bw.w = ptr<const bf16>(c.w);
+    bw.v_new = ptr<const bf16>(c.v_new);
+    bw.states = ptr<const bf16>(c.states);
     bw.dstates = ptr<bf16>(dstates);
     bw.dvl = ptr<float>(dvl);
     bw.du = ptr<float>(du);
@@ -2250,41 +2286,19 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.dg = grads.dg.defined() ? grads.dg.raw_data() : nullptr;
     bw.dg_f32 = grads.dg.defined() && grads.dg.dtype() == DType::F32;
 
-    const unsigned chunk_blocks = unsigned(std::max<int64_t>(1, (d.seq_len + kChunk - 1) / kChunk));
+    const unsigned chunk_blocks = mma_chunk_blocks(d);
     const unsigned bh = unsigned(d.batch * d.heads);
-    auto launch = [&](auto kernel, dim3 grid, size_t bytes, auto... args) {
-      if (bytes > 48 * 1024) {
-        HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(bytes)));
-      }
-      HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
-      HAM_CUDA_CHECK_LAUNCH();
-    };
-    // The forward's W, U, chunk start states and v_new.
-    launch(&gdr_prepare_mma<KD>, dim3(chunk_blocks, unsigned(d.heads), unsigned(d.batch)),
-           MmaPrepareLayout<KD>::bytes, fwd, ptr<bf16>(w), ptr<bf16>(u));
-    launch(&gdr_state_mma<KD>, grid_of(op, d, fwd.tiles), MmaStateLayout<KD>::bytes, fwd,
-           ptr<const bf16>(w), ptr<const bf16>(u), ptr<bf16>(v_new), ptr<bf16>(states),
-           max_chunks, ptr<bf16>(h_end));
-    launch(&gdr_bwd_local_mma<KD, VT>, dim3(chunk_blocks, unsigned(pr.tiles), bh),
-           BwdLocalLayout<KD, VT>::bytes, pr, bw);
-    launch(&gdr_bwd_state_mma<KD, VT>, grid_of(op, d, pr.tiles), BwdStateLayout<KD, VT>::bytes,
-           pr, bw);
-    launch(&gdr_bwd_values_mma<KD, VT>, dim3(chunk_blocks, 1, bh), BwdValuesLayout<KD, VT>::bytes,
-           pr, bw);
-    launch(&gdr_bwd_keys_mma<KD, VT>, dim3(chunk_blocks, 1, bh), BwdKeysLayout<KD, VT>::bytes, pr,
-           bw);
-    launch(&gdr_bwd_wy_mma<KD>, dim3(chunk_blocks, 1, bh), BwdWyLayout<KD>::bytes, pr, bw);
+    launch_mma(&gdr_bwd_local_mma<KD, VT>, dim3(chunk_blocks, unsigned(pr.tiles), bh),
+               BwdLocalLayout<KD, VT>::bytes, pr, bw);
+    launch_mma(&gdr_bwd_state_mma<KD, VT>, grid_of(op, d, pr.tiles),
+               BwdStateLayout<KD, VT>::bytes, pr, bw);
+    const dim3 per_chunk(chunk_blocks, 1, bh);
+    launch_mma(&gdr_bwd_values_mma<KD, VT>, per_chunk, BwdValuesLayout<KD, VT>::bytes, pr, bw);
+    launch_mma(&gdr_bwd_keys_mma<KD, VT>, per_chunk, BwdKeysLayout<KD, VT>::bytes, pr, bw);
+    launch_mma(&gdr_bwd_wy_mma<KD>, per_chunk, BwdWyLayout<KD>::bytes, pr, bw);
     return true;
   };
-  switch (d.key_dim) {
-    case 16: return run.template operator()<16>();
-    case 32: return run.template operator()<32>();
-    case 64: return run.template operator()<64>();
-    case 128: return run.template operator()<128>();
-    case 256: return run.template operator()<256>();
-    default: return false;
-  }
+  return dispatch_mma_key_dim(d.key_dim, run);
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o,

@@ -76,11 +76,12 @@ __device__ __forceinline__ void accumulator_as_a(const float (&acc)[NB][4], int 
   frag[3] = pack_bf16(acc[2 * j + 1][2], acc[2 * j + 1][3]);
 }
 
-// acc (16 x 8 NB) += A B^T over D columns: A the warp's 16 rows of `a_tile`, B the rows
-// [0, 8 NB) of `b_tile`, both row-major (as Q K^T).
-template <int D, int LDA, int LDB, int NB>
-__device__ __forceinline__ void rows_times_rows(const bf16_t* a_tile, const bf16_t* b_tile,
-                                                float (&acc)[NB][4]) {
+// acc (16 x 8 NB) += A B over D, A the warp's 16 rows of the row-major `a_tile` (D
+// columns). kBRows: B^T is given, as the rows [0, 8 NB) of `b_tile` (a product like Q K^T);
+// otherwise B itself, as the [D][8 NB] row-major `b_tile` (like W S).
+template <bool kBRows, int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void rows_times(const bf16_t* a_tile, const bf16_t* b_tile,
+                                           float (&acc)[NB][4]) {
 #pragma unroll
   for (int kk = 0; kk < D; kk += 16) {
     uint32_t af[4];
@@ -88,28 +89,25 @@ __device__ __forceinline__ void rows_times_rows(const bf16_t* a_tile, const bf16
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       uint32_t bf[2];
-      load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
+      if constexpr (kBRows) load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
+      else load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
       mma_bf16_16816(acc[nb], af, bf);
     }
   }
 }
 
-// acc (16 x 8 NB) += A B over D: A the warp's 16 rows of `a_tile` (row-major, D columns),
-// B the [D][8 NB] tile `b_tile` stored row-major (as W S).
+// acc += A B^T over D columns: B^T the rows [0, 8 NB) of `b_tile` (as Q K^T).
+template <int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void rows_times_rows(const bf16_t* a_tile, const bf16_t* b_tile,
+                                                float (&acc)[NB][4]) {
+  rows_times<true, D, LDA, LDB>(a_tile, b_tile, acc);
+}
+
+// acc += A B over D: B the [D][8 NB] row-major tile `b_tile` (as W S).
 template <int D, int LDA, int LDB, int NB>
 __device__ __forceinline__ void rows_times_matrix(const bf16_t* a_tile, const bf16_t* b_tile,
                                                   float (&acc)[NB][4]) {
-#pragma unroll
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t af[4];
-    load_a<LDA>(af, a_tile, kk);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
-      mma_bf16_16816(acc[nb], af, bf);
-    }
-  }
+  rows_times<false, D, LDA, LDB>(a_tile, b_tile, acc);
 }
 
 // acc (16 x 8 NB) += X^T B over D rows: X^T's 16 rows are the columns [m0, m0 + 16) of

@@ -420,6 +420,39 @@ __device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t
   }
 }
 
+// For the dK/dV passes: the visible ranges, lse and D of query rows [q0, q0 + BQ) of head h
+// (empty past T), and whether any of them sees a key of [k0, k_end) and whether all of them
+// see all of [k0, k0 + BK). Collective over the block (the answers come from barriers).
+struct QueryTileVisibility {
+  bool sees, covers;
+};
+template <class T, int BQ, int BK>
+__device__ QueryTileVisibility load_query_tile(const AttentionArgs<T>& a, int64_t b, int64_t h,
+                                               int64_t q0, int k0, int k_end, int* s_begin,
+                                               int* s_end, float* s_lse, float* s_delta) {
+  bool sees = false, covers = true;
+  for (int r = int(threadIdx.x); r < BQ; r += int(blockDim.x)) {
+    const int64_t t = q0 + r;
+    int lo = 0, hi = 0;
+    float lse = 0.f, delta = 0.f;
+    if (t < a.seq_len) {
+      lo = int(a.begin[b * a.seq_len + t]);
+      hi = int(a.end[b * a.seq_len + t]);
+      lse = float(a.lse[a.q_index(b, t, h)]);
+      delta = float(a.delta[a.q_index(b, t, h)]);
+    }
+    s_begin[r] = lo;
+    s_end[r] = hi;
+    s_lse[r] = lse;
+    s_delta[r] = delta;
+    sees = sees || (lo < hi && lo < k_end && hi > k0);
+    covers = covers && lo <= k0 && k0 + BK <= hi;
+  }
+  const bool any = __syncthreads_or(sees);
+  const bool all = __syncthreads_and(covers);
+  return {any, all};
+}
+
 template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a) {
   constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
@@ -636,26 +669,10 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
     const int64_t h = g * group + hh;
     for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
       __syncthreads();  // the previous query tile is no longer read
-      bool sees = false, covers = true;
-      for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-        const int64_t t = q0 + r;
-        int lo = 0, hi = 0;
-        float lse = 0.f, delta = 0.f;
-        if (t < a.seq_len) {
-          lo = int(a.begin[b * a.seq_len + t]);
-          hi = int(a.end[b * a.seq_len + t]);
-          lse = float(a.lse[a.q_index(b, t, h)]);
-          delta = float(a.delta[a.q_index(b, t, h)]);
-        }
-        s_begin[r] = lo;
-        s_end[r] = hi;
-        s_lse[r] = lse;
-        s_delta[r] = delta;
-        sees = sees || (lo < hi && lo < k_end && hi > k0);
-        covers = covers && lo <= k0 && k0 + BK <= hi;
-      }
-      if (!__syncthreads_or(sees)) continue;  // no row of this tile sees these keys
-      const bool check = !__syncthreads_and(covers);
+      const QueryTileVisibility vis = load_query_tile<T, BQ, BK>(a, b, h, q0, k0, k_end, s_begin,
+                                                                  s_end, s_lse, s_delta);
+      if (!vis.sees) continue;  // no row of this tile sees these keys
+      const bool check = !vis.covers;
       load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
       load_query_rows<T, DV, BQ>(a.dout, a, b, q0, h, sO);
       __syncthreads();
@@ -1025,26 +1042,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     const int64_t h = g * group + hh;
     for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
       __syncthreads();  // the previous query tile is no longer read
-      bool sees = false, covers = true;
-      for (int r = int(threadIdx.x); r < BQ; r += int(blockDim.x)) {
-        const int64_t t = q0 + r;
-        int lo = 0, hi = 0;
-        float lse = 0.f, delta = 0.f;
-        if (t < a.seq_len) {
-          lo = int(a.begin[b * a.seq_len + t]);
-          hi = int(a.end[b * a.seq_len + t]);
-          lse = float(a.lse[a.q_index(b, t, h)]);
-          delta = float(a.delta[a.q_index(b, t, h)]);
-        }
-        s_begin[r] = lo;
-        s_end[r] = hi;
-        s_lse[r] = lse;
-        s_delta[r] = delta;
-        sees = sees || (lo < hi && lo < k_end && hi > k0);
-        covers = covers && lo <= k0 && k0 + BK <= hi;
-      }
-      if (!__syncthreads_or(sees)) continue;  // no row of this tile sees these keys
-      const bool check = !__syncthreads_and(covers);
+      const QueryTileVisibility vis = load_query_tile<bf16, BQ, BK>(
+          a, b, h, q0, k0, k_end, s_begin, s_end, s_lse, s_delta);
+      if (!vis.sees) continue;  // no row of this tile sees these keys
+      const bool check = !vis.covers;
       auto query_row = [&](const bf16* base, int D) {
         return [=, &a](int r) -> const bf16* {
           return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
