@@ -98,6 +98,18 @@ inline std::string cuda_unavailable_reason() {
     if (!ham_skip_reason_.empty()) GTEST_SKIP() << ham_skip_reason_;              \
   } while (0)
 
+// First statement of a GPU test too large for the SIMT emulator (test_emulated_gpu runs
+// every GPU thread as a fiber on the CPU: sequences of 4K-16K tokens would take hours
+// there): skips it, saying why, in that binary; on a GPU it runs.
+#ifdef HAM_TESTS_ON_SIMT_EMULATOR
+#define HAM_SKIP_ON_SIMT_EMULATOR() \
+  GTEST_SKIP() << "too large for the SIMT emulator: runs on a GPU (scripts/gpu_check.sh)"
+#else
+#define HAM_SKIP_ON_SIMT_EMULATOR() \
+  do {                              \
+  } while (0)
+#endif
+
 // The dtypes every GPU kernel is checked in, and the relative RMS error allowed.
 inline const std::vector<DType> kGpuDtypes = {DType::F32, DType::BF16};
 inline double gpu_tolerance(DType dtype) {

@@ -589,6 +589,13 @@ TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
 
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
+// Cases longer than this (the paper's 4K and 16K tokens) run on a GPU only.
+constexpr int64_t kLongestEmulatedSequence = 1024;
+#define SKIP_LONG_CASE_ON_SIMT_EMULATOR(c)                         \
+  if ((c).seq_len > kLongestEmulatedSequence) {                    \
+    HAM_SKIP_ON_SIMT_EMULATOR();                                   \
+  }
+
 // The GPU forward and backward on `gpu` against the f64 CPU reference on the same values.
 void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds& bound,
                                   uint64_t seed) {
@@ -620,6 +627,7 @@ void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds
 TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
+  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
   const GdnInputs in = gpu_case_inputs(c, 1000 + uint64_t(c.seq_len * 7 + c.key_dim));
   for (DType dtype : testing::kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -632,6 +640,7 @@ TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
 TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
+  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
   const GdnInputs in = gpu_case_inputs(c, 3000 + uint64_t(c.seq_len * 7 + c.key_dim));
   GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
   gpu.g = in.g.to(DType::F32).to(Device::cuda());
@@ -643,6 +652,7 @@ TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
 TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
+  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
   const GdnInputs in = gpu_case_inputs(c, 2000 + uint64_t(c.seq_len * 7 + c.key_dim));
   for (DType dtype : testing::kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -670,7 +680,10 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{2, 65, 5, 64, 128, true, 4}, GpuCase{1, 300, 5, 128, 128, true, 20},
                       GpuCase{2, 300, 2, 16, 12, false, 7}, GpuCase{1, 300, 2, 64, 96, true, 0},
                       GpuCase{1, 130, 5, 256, 384, true, 3}, GpuCase{1, 70, 2, 256, 256, false, 0},
-                      GpuCase{1, 65, 1, 128, 512, true, 2}));
+                      GpuCase{1, 65, 1, 128, 512, true, 2},
+                      // the paper's heads at the lengths it trains on (GPU only)
+                      GpuCase{1, 4096, 5, 256, 384, true, 0},
+                      GpuCase{1, 16384, 5, 256, 384, false, 20}));
 
 TEST(GatedDeltaRule, GpuBackwardSomeGradientsOnlyAndDeterministic) {
   HAM_SKIP_UNLESS_CUDA();

@@ -711,6 +711,24 @@ double rms(const Tensor& t) {
   return v.empty() ? 0.0 : std::sqrt(sum / double(v.size()));
 }
 
+// The GPU's compaction of `select` (and `docs`) is exactly the CPU's lists; returns it.
+CompactSelection expect_gpu_compaction_matches_cpu(const Tensor& select, const Tensor& docs,
+                                                   const std::string& what) {
+  const Device gpu = Device::cuda();
+  const int64_t batch = select.size(0), seq_len = select.size(1);
+  CompactSelection want = ops::compact_selection(select, docs);
+  CompactSelection sel = poisoned_selection(batch, seq_len, gpu);
+  compact_selection_kernels()(gpu, select.to(gpu), docs.defined() ? docs.to(gpu) : Tensor(), sel);
+  EXPECT_EQ(sel.key_positions.to_vector<int64_t>(), want.key_positions.to_vector<int64_t>())
+      << what;
+  EXPECT_EQ(sel.key_counts.to_vector<int64_t>(), want.key_counts.to_vector<int64_t>()) << what;
+  EXPECT_EQ(sel.visible_begin.to_vector<int64_t>(), want.visible_begin.to_vector<int64_t>())
+      << what;
+  EXPECT_EQ(sel.visible_end.to_vector<int64_t>(), want.visible_end.to_vector<int64_t>()) << what;
+  sel.max_key_count = seq_len;
+  return sel;
+}
+
 void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   const Device gpu = Device::cuda();
   const std::string what = gpu_case_name(c) + " " + dtype_name(dtype);
@@ -724,21 +742,9 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
                  : Tensor();
   Tensor select_cpu = gpu_case_select(c, seed++);
   Tensor docs_cpu = gpu_case_docs(c, seed++);
-  Tensor select = select_cpu.to(gpu);
-  Tensor docs = docs_cpu.defined() ? docs_cpu.to(gpu) : Tensor();
 
-  // Compaction: exactly the CPU's lists.
   CompactSelection want_sel = ops::compact_selection(select_cpu, docs_cpu);
-  CompactSelection sel = poisoned_selection(c.batch, c.seq_len, gpu);
-  compact_selection_kernels()(gpu, select, docs, sel);
-  EXPECT_EQ(sel.key_positions.to_vector<int64_t>(), want_sel.key_positions.to_vector<int64_t>())
-      << what;
-  EXPECT_EQ(sel.key_counts.to_vector<int64_t>(), want_sel.key_counts.to_vector<int64_t>()) << what;
-  EXPECT_EQ(sel.visible_begin.to_vector<int64_t>(), want_sel.visible_begin.to_vector<int64_t>())
-      << what;
-  EXPECT_EQ(sel.visible_end.to_vector<int64_t>(), want_sel.visible_end.to_vector<int64_t>())
-      << what;
-  sel.max_key_count = c.seq_len;
+  CompactSelection sel = expect_gpu_compaction_matches_cpu(select_cpu, docs_cpu, what);
 
   // Forward.
   Tensor q_ref = testing::cpu_reference(q), k_ref = testing::cpu_reference(k);
@@ -801,6 +807,10 @@ class RoutedAttentionGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(RoutedAttentionGpu, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
+  // The paper's 4K and 16K tokens run on a GPU only.
+  if (GetParam().seq_len > 1024) {
+    HAM_SKIP_ON_SIMT_EMULATOR();
+  }
   for (DType dtype : testing::kGpuDtypes) expect_gpu_matches_cpu(GetParam(), dtype);
 }
 
@@ -832,8 +842,27 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{2, 90, 4, 2, 40, 24, 0.5, true, GpuDocs::Runs, true},
         GpuCase{1, 70, 3, 1, 300, 20, 0.5, false, GpuDocs::None, false},
         // one token per row (a single decode query)
-        GpuCase{3, 1, 4, 2, 64, 64, 1.0, true, GpuDocs::None, false}),
+        GpuCase{3, 1, 4, 2, 64, 64, 1.0, true, GpuDocs::None, false},
+        // the paper's HAM heads (128 / 192) at the lengths it trains on (GPU only): dense,
+        // sparse with the first query blind, 20 packed documents
+        GpuCase{1, 4096, 4, 2, 128, 192, 1.0, true, GpuDocs::None, false},
+        GpuCase{1, 16384, 4, 2, 128, 192, 0.05, true, GpuDocs::None, true},
+        GpuCase{1, 16384, 8, 2, 128, 128, 0.25, true, GpuDocs::Packed20, false}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return gpu_case_name(info.param); });
+
+// Compaction alone on rows long enough that its per-position counters need opted-in
+// shared memory (more than 48 KiB: T = 16384) or a global scratch buffer (past 160 KiB:
+// T = 50000), with and without packed documents.
+TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  for (int64_t seq_len : {16384, 50000}) {
+    for (GpuDocs docs : {GpuDocs::None, GpuDocs::Packed20}) {
+      const GpuCase c{2, seq_len, 1, 1, 8, 8, 0.3, false, docs, true};
+      expect_gpu_compaction_matches_cpu(gpu_case_select(c, 61), gpu_case_docs(c, 62),
+                                        gpu_case_name(c));
+    }
+  }
+}
 
 TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
   HAM_SKIP_UNLESS_CUDA();
