@@ -589,13 +589,6 @@ TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
 
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
-// Cases longer than this (the paper's 4K and 16K tokens) run on a GPU only.
-constexpr int64_t kLongestEmulatedSequence = 1024;
-#define SKIP_LONG_CASE_ON_SIMT_EMULATOR(c)                         \
-  if ((c).seq_len > kLongestEmulatedSequence) {                    \
-    HAM_SKIP_ON_SIMT_EMULATOR();                                   \
-  }
-
 // The GPU forward and backward on `gpu` against the f64 CPU reference on the same values.
 void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds& bound,
                                   uint64_t seed) {
@@ -627,7 +620,7 @@ void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds
 TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
-  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(c.seq_len);
   const GdnInputs in = gpu_case_inputs(c, 1000 + uint64_t(c.seq_len * 7 + c.key_dim));
   for (DType dtype : testing::kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -640,7 +633,7 @@ TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
 TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
-  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(c.seq_len);
   const GdnInputs in = gpu_case_inputs(c, 3000 + uint64_t(c.seq_len * 7 + c.key_dim));
   GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
   gpu.g = in.g.to(DType::F32).to(Device::cuda());
@@ -652,7 +645,7 @@ TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
 TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
-  SKIP_LONG_CASE_ON_SIMT_EMULATOR(c);
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(c.seq_len);
   const GdnInputs in = gpu_case_inputs(c, 2000 + uint64_t(c.seq_len * 7 + c.key_dim));
   for (DType dtype : testing::kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));

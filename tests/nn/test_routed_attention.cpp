@@ -807,10 +807,7 @@ class RoutedAttentionGpu : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(RoutedAttentionGpu, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
-  // The paper's 4K and 16K tokens run on a GPU only.
-  if (GetParam().seq_len > 1024) {
-    HAM_SKIP_ON_SIMT_EMULATOR();
-  }
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(GetParam().seq_len);
   for (DType dtype : testing::kGpuDtypes) expect_gpu_matches_cpu(GetParam(), dtype);
 }
 
