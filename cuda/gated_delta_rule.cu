@@ -1078,16 +1078,53 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // A state-pass block's place: batch row b (blockIdx.z), head h (blockIdx.y), the value
 // columns [col0, col0 + cols) of its tile (blockIdx.x, `width` wide), its row's chunks.
+// Its f32 running state (S forward, dS backward) lives in shared memory as a [KD][VT] tile
+// with row stride LDF; the member functions move it to and from [K, V] states in memory.
 struct StateTile {
-  int64_t b, h, col0, state_base;
+  int64_t b, h, col0, state_base, value_dim;
   int cols, count;
   const int32_t *begins, *doc_starts;
   __device__ StateTile(const Problem<bf16>& pr, int width)
       : b(blockIdx.z), h(blockIdx.y), col0(int64_t(blockIdx.x) * width),
-        state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim),
+        state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim), value_dim(pr.value_dim),
         cols(int(min(int64_t(width), pr.value_dim - col0))), count(pr.chunk_count[b]),
         begins(pr.chunk_begin + b * (pr.seq_len + 1)),
         doc_starts(pr.chunk_doc_start + b * (pr.seq_len + 1)) {}
+
+  // Element (a, c) of the tile within one [K, V] state.
+  __device__ int64_t offset(int a, int c) const { return a * value_dim + col0 + c; }
+
+  // tile <- (b, h)'s state in `from` ([B, H, K, V]); 0 where `from` is null or past V.
+  template <int KD, int VT, int LDF>
+  __device__ void read(float* tile, const bf16* from) const {
+    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+      const int a = idx / VT, c = idx % VT;
+      tile[a * LDF + c] = from && c < cols ? load(from[state_base + offset(a, c)]) : 0.f;
+    }
+  }
+
+  // (b, h)'s state in `to` ([B, H, K, V]) <- the tile's valid columns, in bf16.
+  template <int KD, int VT, int LDF>
+  __device__ void write(const float* tile, bf16* to) const {
+    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+      const int a = idx / VT, c = idx % VT;
+      if (c < cols) to[state_base + offset(a, c)] = store<bf16>(tile[a * LDF + c]);
+    }
+  }
+
+  // At a chunk edge: the tile is zeroed when `reset` (a document boundary), then rounded to
+  // bf16 once, into `rounded` (the next mma's operand, row stride LDS) and into `saved`
+  // (the chunk's [K, V] copy, which the next kernel reads).
+  template <int KD, int VT, int LDF, int LDS>
+  __device__ void round_and_save(float* tile, bool reset, bf16* rounded, bf16* saved) const {
+    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
+      const int a = idx / VT, c = idx % VT;
+      if (reset) tile[a * LDF + c] = 0.f;
+      const bf16 x = store<bf16>(tile[a * LDF + c]);
+      rounded[a * LDS + c] = x;
+      if (c < cols) saved[offset(a, c)] = x;
+    }
+  }
 };
 
 template <int KD>
@@ -1118,27 +1155,18 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sVn = sK + kChunk * LDK;                                     // e^{G_last - G} v_new
   __shared__ float s_g[kChunk];
   const StateTile st(pr, kMmaVt);
-  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0, state_base = st.state_base;
+  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
   const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
-  for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
-    const int a = idx / kMmaVt, c = idx % kMmaVt;  // h0 seeds the segment at t = 0
-    sS[a * LDF + c] = pr.h0 && c < cols ? load(pr.h0[state_base + a * V + col0 + c]) : 0.f;
-  }
+  st.read<KD, kMmaVt, LDF>(sS, pr.h0);  // h0 seeds the segment at t = 0
   for (int chunk = 0; chunk < count; ++chunk) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();  // S is complete; the previous chunk's tiles are no longer read
     const bool reset = begin > 0 && doc_starts[chunk];  // a document start: S = 0
-    bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
-    for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
-      const int a = idx / kMmaVt, c = idx % kMmaVt;
-      if (reset) sS[a * LDF + c] = 0.f;
-      const bf16 x = store<bf16>(sS[a * LDF + c]);
-      sSb[a * LDS + c] = x;
-      if (c < cols) saved[a * V + col0 + c] = x;
-    }
+    st.round_and_save<KD, kMmaVt, LDF, LDS>(sS, reset, sSb,
+                                            states + state_offset(pr, b, h, chunk, max_chunks));
     stage_tile(sW, LDK, kChunk, KD, n, KD,
                ChunkRows(pr, b, h, begin)(w, KD, 0), NoScale{});
     stage_tile(sK, LDK, kChunk, KD, n, KD,
@@ -1185,10 +1213,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
   }
   __syncthreads();
-  for (int idx = int(threadIdx.x); idx < KD * kMmaVt; idx += int(blockDim.x)) {
-    const int a = idx / kMmaVt, c = idx % kMmaVt;  // the state after token T - 1
-    if (c < cols) h_final[state_base + a * V + col0 + c] = store<bf16>(sS[a * LDF + c]);
-  }
+  st.write<KD, kMmaVt, LDF>(sS, h_final);  // the state after token T - 1
 }
 
 template <int KD>
@@ -1484,29 +1509,19 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sDu = sdO + kChunk * LDS;
   __shared__ float s_g[kChunk];
   const StateTile st(pr, VT);
-  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0, state_base = st.state_base;
+  const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
   const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
-  for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
-    const int a = idx / VT, c = idx % VT;  // the gradient of the state after token T - 1
-    dS[a * LDF + c] =
-        bw.grad_h_final && c < cols ? load(bw.grad_h_final[state_base + a * V + col0 + c]) : 0.f;
-  }
+  st.read<KD, VT, LDF>(dS, bw.grad_h_final);  // the gradient of the state after token T - 1
   for (int chunk = count - 1; chunk >= 0; --chunk) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();  // dS is complete; the previous chunk's tiles are no longer read
     // A chunk followed by a document start ends its document: its end state is dropped.
     const bool reset = chunk + 1 < count && doc_starts[chunk + 1];
-    bf16* saved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
-    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
-      const int a = idx / VT, c = idx % VT;
-      if (reset) dS[a * LDF + c] = 0.f;
-      const bf16 x = store<bf16>(dS[a * LDF + c]);
-      dSb[a * LDS + c] = x;
-      if (c < cols) saved[a * V + col0 + c] = x;
-    }
+    st.round_and_save<KD, VT, LDF, LDS>(dS, reset, dSb,
+                                        bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
     const ChunkRows rows_of{pr, b, h, begin};
     stage_tile(sQe, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0),
@@ -1556,12 +1571,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
   }
   __syncthreads();
-  if (bw.dh0) {  // dS0 of the segment at t = 0
-    for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
-      const int a = idx / VT, c = idx % VT;
-      if (c < cols) bw.dh0[state_base + a * V + col0 + c] = store<bf16>(dS[a * LDF + c]);
-    }
-  }
+  if (bw.dh0) st.write<KD, VT, LDF>(dS, bw.dh0);  // dS0 of the segment at t = 0
 }
 
 template <int KD, int VT>
