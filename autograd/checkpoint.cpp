@@ -1,5 +1,7 @@
 #include "autograd/checkpoint.h"
 
+#include <string>
+
 #include "autograd/engine.h"
 #include "autograd/function.h"
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"

@@ -2,6 +2,7 @@
 // Finite-difference gradient check in f64. The function's outputs are contracted with
 // fixed random weights w, L = sum_k <w_k, out_k>; autograd's dL/dx is compared with the
 // central difference (L(x + eps e_j) - L(x - eps e_j)) / (2 eps) for every element j.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>

@@ -1,6 +1,8 @@
 #include "autograd/node.h"
 
 #include <atomic>
+#include <cstdint>
+#include <string>
 
 #include "core/ops/elementwise.h"
 

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>

@@ -15,6 +15,7 @@
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>

@@ -25,6 +25,7 @@
 // (unfused). The fused and unfused losses are printed side by side as
 // a check that both compute the same thing.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>

@@ -12,6 +12,7 @@
 // sets are rotated so repeated products do not just re-read the L2 cache. "tf32" rows
 // allow TF32 tensor cores for f32 (cuda/cublas.h); "f32" rows are full fp32.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>

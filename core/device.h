@@ -2,6 +2,7 @@
 // Devices and the memory backend each one registers. core/ implements the CPU backend;
 // cuda/ registers the CUDA one at load time, so core never depends on cuda/.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ham {

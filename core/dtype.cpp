@@ -1,6 +1,8 @@
 #include "core/dtype.h"
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "core/error.h"

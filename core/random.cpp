@@ -1,6 +1,7 @@
 #include "core/random.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <utility>

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 #include <tuple>
 
 namespace ham {

@@ -7,6 +7,7 @@
 // Supported dtypes: F32, F64, BF16, I32, I64, U8; others (F16, I8, BOOL, F8_*, ...) are
 // rejected by name.
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>

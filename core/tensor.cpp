@@ -1,7 +1,9 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "core/ops/cast.h"
 

@@ -1,6 +1,7 @@
 #include "cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/error.h"

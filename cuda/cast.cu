@@ -1,6 +1,8 @@
 // CUDA kernel of core/ops/cast.h: out[i] = x[i] in out's dtype, the CPU's conversion
 // (core/dtype.cpp convert_elements): to bf16 rounds to nearest even (f64 through f32),
 // bf16 widens exactly, floating to integer truncates toward zero.
+#include <cstdint>
+
 #include "core/ops/cast.h"
 #include "cuda/launch.h"
 

@@ -9,6 +9,8 @@
 // its document by reading at most W - 1 neighbouring ids. dweight and dbias are the
 // deterministic column reductions of cuda/reduce_utils.cuh. The models apply SiLU after
 // this op through the unary kernel (a fused conv + SiLU would save one round trip).
+#include <cstdint>
+
 #include "core/ops/conv1d.h"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"

@@ -19,6 +19,8 @@
 // again: it rebuilds a chunk's logits, turns them in place into
 // dz = (e^(z - lse) - onehot) * g, and accumulates dh += dz W_c and dW_c = dz^T h with two
 // more GEMMs, so no more than N x Vc logits ever exist at once.
+#include <cstdint>
+
 #include "core/ops/cross_entropy.h"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"

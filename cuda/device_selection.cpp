@@ -1,6 +1,7 @@
 #include "cuda/device_selection.h"
 
 #include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 

@@ -4,6 +4,7 @@
 //   scale:   x *= alpha
 //   sum_to:  out = sum of `in` over the dims where out (right-aligned) is 1 or missing
 // Elements are computed in f32 (f64 for f64) and rounded on store.
+#include <cstdint>
 #include <vector>
 
 #include "core/ops/elementwise.h"

@@ -8,6 +8,7 @@
 // An id outside [0, V) is an error worded as on the CPU (one device pass and a wait).
 #include <cub/device/device_radix_sort.cuh>
 
+#include <cstdint>
 #include <string>
 
 #include "core/ops/embedding.h"

@@ -70,6 +70,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/ops/gated_delta_rule.h"

@@ -1,6 +1,8 @@
 // Out-of-line pieces of cuda/launch.h.
 #include <array>
+#include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "core/ops/shape.h"
 #include "cuda/launch.h"

@@ -21,6 +21,7 @@
 // caching allocator, one per device and stream.
 #include <cuda_bf16.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>

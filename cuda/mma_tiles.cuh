@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdio>
 
 #include "cuda/mma.cuh"
 

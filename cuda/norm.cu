@@ -8,6 +8,8 @@
 // rstd is stored in x's dtype and, as on the CPU, the forward uses that rounded value so
 // the backward sees the same xhat. dweight is the deterministic column reduction of
 // cuda/reduce_utils.cuh.
+#include <cstdint>
+
 #include "core/ops/norm.h"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"

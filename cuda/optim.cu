@@ -11,6 +11,7 @@
 // The math runs in the moments' type (f32, or f64 when everything is f64); params and
 // gradients are read and written in their own dtypes (bf16 gradients, fp32 masters).
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 

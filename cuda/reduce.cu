@@ -2,6 +2,8 @@
 //   out[o, i]    = scale * sum_l in[o, l, i]      (f32 accumulation; f64 for f64)
 //   dx[o, l, i]  = scale * dy[o, i]
 // The sum is cuda/reduce_utils.cuh's deterministic middle-dim reduction.
+#include <cstdint>
+
 #include "core/ops/reduce.h"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"

@@ -10,6 +10,8 @@
 // broadcast parameter (a gate's A_log, EDA's gamma) is a sum over every token of terms that
 // cancel, where f32 accumulation would lose digits the CPU keeps. The reductions are memory
 // bound, so the f64 adds cost nothing measurable.
+#include <cstdint>
+
 #include "cuda/launch.h"
 
 namespace ham::cuda {

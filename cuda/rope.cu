@@ -5,6 +5,8 @@
 // pos = positions[b, t] or t. As on the CPU, the angle, cos and sin are computed in f64:
 // an f32 angle is already off by ~pos * 6e-8 rad, far above the f32 tolerance at long
 // positions. One thread per (b, t, i) computes one sincos and turns the pair in every head.
+#include <cstdint>
+
 #include "core/ops/rope.h"
 #include "cuda/launch.h"
 

@@ -45,6 +45,7 @@
 // every later query, so it costs O(T^2) per key head and exists to be obviously right.
 #include <climits>
 #include <cmath>
+#include <cstdint>
 
 #include "core/ops/routed_attention.h"
 #include "cuda/launch.h"

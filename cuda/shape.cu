@@ -11,6 +11,7 @@
 // order (gather: one thread per line along d; index_select: one thread per (outer,
 // column)). bf16 gradients are summed in an f32 copy of dx and rounded once at the end.
 // Indices are range-checked on the device first, with the CPU kernel's message.
+#include <cstdint>
 #include <string>
 #include <vector>
 

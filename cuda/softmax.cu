@@ -7,6 +7,7 @@
 // log_softmax -inf (NaN entries stay NaN), exactly as the CPU kernel. One warp per row
 // up to 1024 columns, one block per row beyond (a vocabulary); sums in f32 (f64 for f64).
 #include <cmath>
+#include <cstdint>
 
 #include "core/ops/softmax.h"
 #include "cuda/launch.h"

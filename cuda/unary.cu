@@ -8,6 +8,8 @@
 // are these ops. Computed in f32 for f32/bf16 and f64 for f64; the op is a uniform
 // branch inside the kernel (memory-bound, so the switch costs nothing measurable), and
 // loads and stores are 16-byte vectors when aligned (launch_map1/2 in cuda/launch.h).
+#include <cstdint>
+
 #include "core/ops/unary.h"
 #include "cuda/launch.h"
 

@@ -1,5 +1,6 @@
 #include "distributed/communicator.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>

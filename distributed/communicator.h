@@ -12,6 +12,7 @@
 //   broadcast(x, root):          x <- x_root
 // Chunks are contiguous runs of the flattened tensor, chunk r at [r * n, (r + 1) * n).
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>

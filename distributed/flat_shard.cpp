@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"

@@ -16,6 +16,7 @@ std::shared_ptr<Communicator> make_mpi_world_communicator(double) {
 #include <mpi.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>

@@ -1,9 +1,12 @@
 #include "distributed/sharded_checkpoint.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <string>
+#include <system_error>
 
 #include "autograd/grad_mode.h"
 #include "core/safetensors.h"

@@ -1,7 +1,9 @@
 #include "models/accounting.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <regex>
+#include <string>
 
 #include "models/language_model.h"
 

@@ -1,8 +1,10 @@
 #include "models/config.h"
 
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <set>
+#include <string>
 
 #include <nlohmann/json.hpp>
 

@@ -11,6 +11,7 @@
 //   GDN-GSA             gsa_every (every k-th layer, counting from 1, is attention)
 //   HAM                 router router_hidden router_aggregate eda tau learn_tau kv_target
 //                       tau_freeze_steps tau_gain tau_clip tau_lr
+#include <cstdint>
 #include <string>
 #include <vector>
 

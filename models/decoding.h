@@ -22,6 +22,7 @@
 // (every feed() gives each row the same number of tokens); no autograd (feed() runs
 // under NoGradGuard). The Decoder shares the model's modules (it keeps them alive; weights
 // changed later are seen) but reads the HAM thresholds only when it is built.
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"

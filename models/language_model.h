@@ -2,7 +2,9 @@
 // The interface every model family implements, so the trainer, eval and the CLI treat
 // Transformer, GDN, GDN-GSA and HAM alike.
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "autograd/checkpoint.h"

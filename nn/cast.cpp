@@ -1,5 +1,7 @@
 #include "nn/cast.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/cast.h"
 

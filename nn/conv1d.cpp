@@ -1,5 +1,7 @@
 #include "nn/conv1d.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/conv1d.h"
 

@@ -1,5 +1,7 @@
 #include "nn/cross_entropy.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"

@@ -1,5 +1,7 @@
 #include "nn/elementwise.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/elementwise.h"
 

@@ -1,5 +1,7 @@
 #include "nn/embedding.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/embedding.h"
 

@@ -1,5 +1,7 @@
 #include "nn/gated_delta_rule.h"
 
+#include <string>
+
 #include "autograd/function.h"
 
 namespace ham {

@@ -1,5 +1,7 @@
 #include "nn/linear_cross_entropy.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "autograd/node.h"
 #include "core/ops/cast.h"

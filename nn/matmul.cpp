@@ -1,5 +1,7 @@
 #include "nn/matmul.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"

@@ -1,5 +1,7 @@
 #include "nn/norm.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/norm.h"
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numbers>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"

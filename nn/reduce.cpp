@@ -1,5 +1,7 @@
 #include "nn/reduce.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/reduce.h"
 #include "core/ops/shape.h"

@@ -1,5 +1,7 @@
 #include "nn/rope.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/rope.h"
 

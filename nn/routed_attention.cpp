@@ -1,5 +1,7 @@
 #include "nn/routed_attention.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/routed_attention.h"
 

@@ -1,5 +1,7 @@
 #include "nn/shape.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/shape.h"
 

@@ -1,5 +1,7 @@
 #include "nn/softmax.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/softmax.h"
 

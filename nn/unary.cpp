@@ -1,5 +1,7 @@
 #include "nn/unary.h"
 
+#include <string>
+
 #include "autograd/function.h"
 #include "core/ops/unary.h"
 

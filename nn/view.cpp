@@ -1,5 +1,7 @@
 #include "nn/view.h"
 
+#include <string>
+
 #include "autograd/function.h"
 
 namespace ham {

@@ -71,8 +71,10 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=O
 
 echo "== build: $targets"
 # shellcheck disable=SC2086
-cmake --build "$build" -j "$(nproc)" --target $targets >"$out/build.log" 2>&1 ||
-  { grep -E 'error|Error' -A3 "$out/build.log" | head -60; fail "build failed (log: $out/build.log)"; }
+# Keep going past a failing file, so that one run shows every compile error.
+keep_going=(-k); [[ ${generator[1]} == Ninja ]] && keep_going=(-k 0)
+cmake --build "$build" -j "$(nproc)" --target $targets -- "${keep_going[@]}" >"$out/build.log" 2>&1 ||
+  { grep -E 'error' "$out/build.log" | sort -u | head -80; fail "build failed (log: $out/build.log)"; }
 
 if [[ -n $warm_pid ]]; then
   # Finished before the tests start, so that its autotuning times an idle GPU.

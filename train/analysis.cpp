@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <map>
 #include <ostream>
+#include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 

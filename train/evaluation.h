@@ -13,6 +13,7 @@
 // Generation goes through a Completer, so this file does not depend on any decoder: the
 // full-forward one below is the slow, exact reference; a KV-cached decoder plugs in the same.
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>

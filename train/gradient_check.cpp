@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include <fmt/format.h>
 

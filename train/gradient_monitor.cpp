@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <map>
 #include <ostream>
+#include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 

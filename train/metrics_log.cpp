@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <system_error>
 
 #include "core/error.h"
 

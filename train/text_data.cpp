@@ -1,6 +1,7 @@
 #include "train/text_data.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.h"
 

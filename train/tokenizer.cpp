@@ -11,6 +11,7 @@
 #include <mutex>
 #include <queue>
 #include <sstream>
+#include <string>
 #include <unordered_map>
 
 #include <fmt/format.h>

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "core/safetensors.h"
 #include "train/checkpoint.h"

@@ -13,6 +13,7 @@
 #include <optional>
 #include <ostream>
 #include <streambuf>
+#include <string>
 
 #include <fmt/format.h>
 

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "train/shards.h"
 #include "train/tokenizer.h"

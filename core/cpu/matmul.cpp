@@ -1,5 +1,7 @@
 // CPU GEMM on Eigen. One large product uses Eigen's own OpenMP threads; many small ones
 // (attention's per-head products) are spread over threads one matrix each.
+#include <cstdint>
+
 #include <Eigen/Core>
 
 #include "core/cpu/parallel.h"

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/cpu/parallel.h"
 #include "core/ops/norm.h"

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/cpu/parallel.h"

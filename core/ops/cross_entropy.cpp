@@ -1,6 +1,7 @@
 #include "core/ops/cross_entropy.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace ham {
 

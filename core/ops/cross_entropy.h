@@ -8,6 +8,8 @@
 // `scale` is 1 for a summed loss, 1 / count for a mean. lse, the loss and its gradient are
 // f32 for f32 and bf16 logits (a bf16 lse would be off by up to |lse| 2^-9, skewing every
 // e^(z - lse) by ~2% at a 32k vocabulary) and f64 for f64 logits: cross_entropy_stats_dtype.
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

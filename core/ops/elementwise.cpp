@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "core/ops/elementwise.h"
 
 namespace ham {

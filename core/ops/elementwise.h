@@ -3,6 +3,8 @@
 // engine and optimizers use.
 //   out[i] = a[bcast_a(i)] (op) b[bcast_b(i)],  op in {+, -, *, /}
 // Shapes align from the right; a dim of size 1 (or a missing dim) stretches.
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

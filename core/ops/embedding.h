@@ -4,6 +4,8 @@
 // Backward: dweight[v, :] = sum over positions p with ids[p] == v of dy[p, :], summed in
 // position order (deterministic). An id outside [0, V) is an error naming the id, its
 // position and V.
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

@@ -1,3 +1,6 @@
+#include <cstdint>
+#include <string>
+
 #include "core/ops/gated_delta_rule.h"
 
 namespace ham {

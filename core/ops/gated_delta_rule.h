@@ -47,6 +47,8 @@
 //   dG_last += e^{G_last} <S0, dS_end> + sum_j e^{G_last-G_j} <(K dS_end)_j, u_j>
 //   dg    = reverse chunk-local cumsum of dG
 // fit_error has no gradient (it feeds a hard threshold).
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

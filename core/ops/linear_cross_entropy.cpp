@@ -1,6 +1,7 @@
 #include "core/ops/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/ops/cast.h"
 #include "core/ops/cross_entropy.h"

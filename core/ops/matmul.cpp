@@ -1,3 +1,6 @@
+#include <cstdint>
+#include <string>
+
 #include "core/ops/matmul.h"
 
 namespace ham {

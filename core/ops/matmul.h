@@ -4,6 +4,8 @@
 // A is [..., M, K] ([..., K, M] with trans_a); B is [..., K, N] ([..., N, K] with trans_b)
 // or 2-D, in which case the same B serves every batch (a Linear layer's weight).
 // GEMMs take transpose flags instead of strided inputs, so every operand stays contiguous.
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

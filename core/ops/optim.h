@@ -10,6 +10,7 @@
 //     exp_avg[i], exp_avg_sq[i]), all of one shape; every list has one dtype (the moments
 //     share theirs) and every tensor lives on one device.
 //   squared_norm: sum of g^2, accumulated in double.
+#include <cstdint>
 #include <vector>
 
 #include "core/dispatch.h"

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "core/ops/reduce.h"
 
 #include "core/ops/shape.h"

@@ -6,6 +6,8 @@
 //   dx[o, l, i] = scale * dy[o, i]
 // The CPU kernel accumulates in f64 in a fixed order, so results do not depend on the
 // thread count.
+#include <cstdint>
+
 #include "core/dispatch.h"
 #include "core/tensor.h"
 

@@ -1,5 +1,6 @@
 #include "core/ops/shape.h"
 
+#include <cstdint>
 #include <string>
 
 namespace ham {

@@ -8,6 +8,7 @@
 // The backward of gather and index_select is a deterministic scatter-add into zeros.
 // concat/split/permute/gather/index_select move bytes, so they take every dtype; the
 // scatter-adds take f32/f64. Negative dims count from the end.
+#include <cstdint>
 #include <string>
 #include <vector>
 

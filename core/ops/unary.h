@@ -5,6 +5,7 @@
 //   tanh               neg -x             square x^2               sqrt   relu max(x, 0)
 // The backward reads x or y, whichever gives f' cheapest (see unary_saves).
 #include <cmath>
+#include <cstdint>
 
 #include "core/dispatch.h"
 #include "core/tensor.h"

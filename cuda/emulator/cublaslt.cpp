@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 

@@ -1,6 +1,7 @@
 // mma.sync and ldmatrix for the SIMT emulator (cuda/emulator/mma.h).
 #include "cuda/emulator/mma.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "core/dtype.h"

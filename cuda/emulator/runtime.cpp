@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>

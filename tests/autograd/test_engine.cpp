@@ -1,4 +1,6 @@
 #include "autograd/checkpoint.h"
+
+#include <string>
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"

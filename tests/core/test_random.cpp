@@ -11,6 +11,7 @@
 #include <numbers>
 #include <numeric>
 #include <set>
+#include <string>
 
 namespace ham {
 namespace {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 
 #include "core/ops/matmul.h"
 #include "tests/testing.h"

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <sstream>
+#include <string>
 
 #include "core/ops/matmul.h"
 #include "models/ham.h"

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <string>
 
 #include "autograd/engine.h"
 #include "core/ops/elementwise.h"

@@ -1,5 +1,8 @@
 // The memory a single process keeps for the tiny transformer under each stage (N = 1; the
 // mpirun tests print N = 2 and N = 4).
+#include <cstdio>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "distributed/flat_shard.h"

@@ -1,6 +1,8 @@
 #pragma once
 // Helpers shared by the model-family tests: a deterministic packed batch, the whole-model
 // f64 gradcheck, and a gradient comparison.
+#include <string>
+
 #include "autograd/engine.h"
 #include "models/language_model.h"
 #include "tests/testing.h"

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <string>
 
 #include "autograd/engine.h"
 #include "tests/models/model_testing.h"

@@ -1,3 +1,5 @@
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "autograd/engine.h"

@@ -1,5 +1,7 @@
 #include "nn/conv1d.h"
 
+#include <string>
+
 #include "core/ops/conv1d.h"
 #include "nn/shape.h"
 #include "tests/testing.h"

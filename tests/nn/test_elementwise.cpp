@@ -1,5 +1,7 @@
 #include "nn/elementwise.h"
 
+#include <string>
+
 #include "core/ops/elementwise.h"
 #include "tests/testing.h"
 

@@ -1,5 +1,7 @@
 #include "nn/embedding.h"
 
+#include <string>
+
 #include "autograd/engine.h"
 #include "core/ops/embedding.h"
 #include "tests/testing.h"

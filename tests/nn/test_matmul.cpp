@@ -1,5 +1,7 @@
 #include "nn/matmul.h"
 
+#include <string>
+
 #include "tests/testing.h"
 
 namespace ham {

@@ -1,5 +1,7 @@
 #include "nn/layers.h"
 
+#include <string>
+
 #include "autograd/node.h"
 #include "tests/testing.h"
 

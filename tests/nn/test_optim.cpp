@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <string>
 
 #include "autograd/node.h"
 #include "core/ops/optim.h"

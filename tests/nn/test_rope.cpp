@@ -1,6 +1,7 @@
 #include "nn/rope.h"
 
 #include <cmath>
+#include <string>
 
 #include "core/ops/rope.h"
 #include "tests/testing.h"

@@ -1,5 +1,7 @@
 #include "nn/shape.h"
 
+#include <string>
+
 #include "core/ops/shape.h"
 #include "tests/testing.h"
 

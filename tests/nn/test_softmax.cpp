@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "autograd/engine.h"
 #include "core/ops/softmax.h"

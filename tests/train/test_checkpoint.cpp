@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <sstream>
+#include <string>
 
 #include "models/transformer.h"
 #include "tests/testing.h"

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "tests/error_testing.h"

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include "tests/device_training.h"
 #include "tests/testing.h"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <string>
 
 #include "models/gdn.h"
 #include "train/trainer.h"

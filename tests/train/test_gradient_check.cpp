@@ -1,5 +1,7 @@
 #include "train/gradient_check.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "autograd/grad_mode.h"

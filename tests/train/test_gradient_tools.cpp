@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <string>
 
 #include "core/error.h"
 

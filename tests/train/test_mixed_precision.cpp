@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <string>
 
 #include "autograd/engine.h"
 #include "models/ham.h"

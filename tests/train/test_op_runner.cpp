@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <string>
 
 #include "autograd/engine.h"
 #include "autograd/node.h"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
 
 #include "autograd/grad_mode.h"
 #include "tests/error_testing.h"

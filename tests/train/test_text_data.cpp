@@ -1,5 +1,7 @@
 #include "train/text_data.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace ham {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 

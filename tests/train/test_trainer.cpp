@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include "autograd/node.h"
 #include "models/transformer.h"

@@ -1,6 +1,7 @@
 // ham tokenize: text files -> llm.c token shards; ham detokenize: a shard -> text.
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 

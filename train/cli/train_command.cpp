@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "tests/distributed/distributed_testing.h"
 #include "tests/distributed/mpi/mpi_world.h"

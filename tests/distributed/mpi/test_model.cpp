@@ -10,8 +10,10 @@
 // average, a stale parameter) moves them by far more after the first step.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 #include <random>
+#include <string>
 
 #include "autograd/engine.h"
 #include "distributed/flat_shard.h"

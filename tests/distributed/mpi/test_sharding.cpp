@@ -10,7 +10,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <string>
 
 #include "autograd/engine.h"
 #include "distributed/flat_shard.h"
