@@ -1,5 +1,5 @@
 #pragma once
-// NCCL for CUDA tensors. distributed/nccl_communicator.cu implements it in its own library
+// NCCL for CUDA tensors. distributed/nccl_communicator.cpp implements it in its own library
 // (ham_nccl, built when CUDA and NCCL are found; ham_nccl_emulated on the SIMT emulator,
 // docs/cuda_emulator.md), which registers itself when linked, as the CUDA backend does;
 // ham_distributed itself needs no NCCL. The communicator's unique id is made on rank 0 and

@@ -1,5 +1,5 @@
 #pragma once
-// NCCL for the SIMT emulator: the part of the API distributed/nccl_communicator.cu uses,
+// NCCL for the SIMT emulator: the part of the API distributed/nccl_communicator.cpp uses,
 // implemented over MPI on the emulated devices' host memory (cuda/emulator/nccl.cpp), so
 // that the NCCL communicator and sharded training on CUDA tensors run under mpirun on
 // machines without a GPU. Values of the enums are NCCL's.
