@@ -9,7 +9,7 @@
 // Each case calls the kernel tables directly on preallocated outputs (no autograd, no
 // argument checks): "fwd" is the chunked forward (o, h_final, fit_error), "bwd" the
 // backward of o and h_final with every gradient wanted. Each call is timed on its own with
-// CUDA events after one warm-up call; the CSV has the min and median in milliseconds.
+// CUDA events after one warm-up call; the CSV has the min, median and max in milliseconds.
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
@@ -70,15 +70,19 @@ Tensor unit_rows_on_gpu(const Shape& shape, double norm, DType dtype, std::mt199
   return Tensor::from_vector(x, shape).to(dtype).to(Device::cuda());
 }
 
-struct Timing {
-  double fwd_min, fwd_median, bwd_min, bwd_median;
+struct Spread {
+  double min, median, max;  // milliseconds
 };
 
-// (min, median) milliseconds of `reps` calls of fn (after one untimed call).
+struct Timing {
+  Spread fwd, bwd;
+};
+
+// Milliseconds of `reps` calls of fn (after one untimed call).
 template <class Fn>
-std::pair<double, double> time_ms(int reps, Fn&& fn) {
+Spread time_ms(int reps, Fn&& fn) {
   std::vector<double> ms = bench::sorted_event_times_ms(reps, 1, [&](int) { fn(); });
-  return {ms.front(), ms[ms.size() / 2]};
+  return {ms.front(), ms[ms.size() / 2], ms.back()};
 }
 
 Timing run_case(const BenchCase& c, int reps) {
@@ -106,7 +110,7 @@ Timing run_case(const BenchCase& c, int reps) {
   GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, dtype, Device::cuda()),
                            Tensor::empty({B, H, K, V}, dtype, Device::cuda()),
                            Tensor::empty({B, T, H}, dtype, Device::cuda())};
-  auto [fwd_min, fwd_median] =
+  const Spread fwd =
       time_ms(reps, [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); });
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
@@ -116,10 +120,10 @@ Timing run_case(const BenchCase& c, int reps) {
                             Tensor::empty(a.v.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.g.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
-  auto [bwd_min, bwd_median] = time_ms(reps, [&] {
+  const Spread bwd = time_ms(reps, [&] {
     gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
   });
-  return {fwd_min, fwd_median, bwd_min, bwd_median};
+  return {fwd, bwd};
 }
 
 }  // namespace
@@ -133,7 +137,7 @@ int main(int argc, char** argv) {
     if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
     std::ofstream csv = ham::bench::open_csv(
         csv_path, "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
-                  "bwd_ms_min,bwd_ms_median");
+                  "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max");
     std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
                 "bwd min ms", "bwd med ms");
     for (const BenchCase& c : bench_cases()) {
@@ -141,12 +145,13 @@ int main(int argc, char** argv) {
       if (!filter.empty() && label.find(filter) == std::string::npos) continue;
       const Timing t = run_case(c, reps);
       std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f\n", c.name.c_str(), c.dtype.c_str(),
-                  t.fwd_min, t.fwd_median, t.bwd_min, t.bwd_median);
+                  t.fwd.min, t.fwd.median, t.bwd.min, t.bwd.median);
       std::fflush(stdout);
       if (csv.is_open()) {
         csv << c.name << ',' << c.dtype << ',' << c.batch << ',' << c.seq_len << ',' << c.heads
-            << ',' << c.key_dim << ',' << c.value_dim << ',' << c.docs << ',' << t.fwd_min << ','
-            << t.fwd_median << ',' << t.bwd_min << ',' << t.bwd_median << '\n';
+            << ',' << c.key_dim << ',' << c.value_dim << ',' << c.docs << ',' << t.fwd.min << ','
+            << t.fwd.median << ',' << t.fwd.max << ',' << t.bwd.min << ',' << t.bwd.median << ','
+            << t.bwd.max << '\n';
       }
     }
   } catch (const std::exception& e) {

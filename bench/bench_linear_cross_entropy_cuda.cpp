@@ -11,7 +11,7 @@
 // Cases: hidden [N, D], weight [V, D], targets [N] (i64, none ignored), LM-head shapes of
 // 16k-token steps; dtypes bf16, tf32 (f32 storage, TF32 tensor cores allowed) and f32 (full
 // fp32 GEMMs). Each case runs the fused op with the default chunk (chunk_rows 0: at most
-// 2^23 logits per chunk) and with chunk_rows 4096. Timed, each on its own with CUDA events
+// 2^28 logits per chunk on CUDA) and with chunk_rows 4096. Timed, each on its own with CUDA events
 // after 2 warm-ups (min / median / max ms over --reps):
 //   fused_fb    nn::linear_cross_entropy with grad mode on, then autograd's gradients of
 //               hidden and weight (3 GEMMs per chunk)
@@ -123,7 +123,7 @@ CaseResult run_case(const BenchCase& c, int reps, UnfusedCache& unfused_cache) {
   set_requires_grad(weight);
 
   CaseResult r;
-  r.chunk_rows = ops::linear_cross_entropy_chunk_rows(c.rows, c.vocab, c.chunk_rows);
+  r.chunk_rows = ops::linear_cross_entropy_chunk_rows(c.rows, c.vocab, c.chunk_rows, Device::cuda());
   r.fused_fb = time_step(reps, [&] {
     Tensor loss = linear_cross_entropy(hidden, weight, targets, -100, c.chunk_rows);
     gradients({loss}, {hidden, weight});

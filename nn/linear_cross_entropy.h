@@ -5,7 +5,7 @@
 //   loss = mean over kept rows r of CE(hidden_r W^T, targets_r)
 // hidden [N, D] ([..., D] with targets [...] also works), weight [V, D] (f32/f64, one
 // dtype), targets [N] (i32/i64). Rows whose target is ignore_index contribute nothing.
-// chunk_rows: rows per chunk, 0 = at most 2^23 logits per chunk.
+// chunk_rows: rows per chunk, 0 = at most 2^23 logits per chunk on the CPU, 2^28 on CUDA.
 // When grad mode is on and hidden or weight requires grad, the forward also computes the
 // gradients of the summed loss chunk by chunk (3 GEMMs per chunk instead of 1) and keeps
 // them ([N, D] and [V, D]) until the backward, which scales them by the incoming

@@ -15,6 +15,9 @@
 #                    test_distributed)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
+#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr routed profile (default: all;
+#                    profile = per-kernel times of one gated delta rule and one dense
+#                    attention case under ncu)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -69,7 +72,7 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=O
   -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
   { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
 
-echo "== build: $targets"
+echo "== [$(date +%T)] build: $targets"
 # shellcheck disable=SC2086
 # Keep going past a failing file, so that one run shows every compile error.
 keep_going=(-k); [[ ${generator[1]} == Ninja ]] && keep_going=(-k 0)
@@ -82,7 +85,7 @@ if [[ -n $warm_pid ]]; then
   tail -3 "$out/fla_warm.log"
 fi
 
-echo "== tests (ctest -R '$tests')"
+echo "== [$(date +%T)] tests (ctest -R '$tests')"
 status=0
 # CudaRequestWithoutBackend... skips by design when the backend exists.
 OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' \
@@ -100,7 +103,7 @@ fi
 # library to compare with here (not a failure: ham's times stand alone).
 bench() {
   local title="$1" name="$2" reference="${3:-}"
-  echo "== $title"
+  echo "== [$(date +%T)] $title"
   if ! "$build/bench/$name" --csv "$out/$name.csv" 2>&1 | tee -a "$out/bench.log"; then
     echo "gpu_check: $name failed" >&2
     status=1
@@ -118,16 +121,60 @@ bench() {
   fi
 }
 
+# profile NAME ARGS...: each kernel's time in one run of build-gpu/bench/NAME under Nsight
+# Compute (clocks left as they are), summed per kernel name into OUT/NAME_kernels.txt.
+profile() {
+  local name="$1"; shift
+  echo "== [$(date +%T)] kernel times of $name $* (ncu)"
+  if ! command -v ncu >/dev/null; then
+    echo "gpu_check: no ncu here: no kernel profile" >&2
+    return
+  fi
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$build/bench/$name" "$@" >"$out/${name}_ncu.csv" 2>"$out/${name}_ncu.log" ||
+    { echo "gpu_check: ncu on $name failed (log: $out/${name}_ncu.log)" >&2; return; }
+  python3 - "$out/${name}_ncu.csv" <<'PY' | tee "$out/${name}_kernels.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+name_at, value_at = head.index("Kernel Name"), head.index("Metric Value")
+unit_at = head.index("Metric Unit")
+total, count = collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    scale = {"ns": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0,
+             "nsecond": 1e-6, "s": 1e3, "second": 1e3}.get(r[unit_at], float("nan"))
+    kernel = r[name_at].split("(")[0][:90]
+    total[kernel] += float(r[value_at].replace(",", "")) * scale
+    count[kernel] += 1
+grand = sum(total.values())
+print(f"{'ms':>9s} {'share':>6s} {'calls':>5s}  kernel (all calls of the run)")
+for kernel, ms in total.most_common():
+    print(f"{ms:9.3f} {ms / grand:6.1%} {count[kernel]:5d}  {kernel}")
+print(f"{grand:9.3f} total")
+PY
+}
+
+# HAM_GPU_BENCH: which of gemm memory lce gdr routed profile to run (default: all).
+benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
-  bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
-  bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
-    bench_memory_bound_cuda
-  bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
-    bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
-  bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
-    bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py
-  bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
-    bench/bench_routed_attention_torch.py
+  [[ $benches == *" gemm "* ]] &&
+    bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
+  [[ $benches == *" memory "* ]] &&
+    bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
+      bench_memory_bound_cuda
+  [[ $benches == *" lce "* ]] &&
+    bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
+      bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
+  [[ $benches == *" gdr "* ]] &&
+    bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
+      bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py
+  if [[ $benches == *" profile "* ]]; then
+    profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H16_D128_bf16
+    profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
+  fi
+  [[ $benches == *" routed "* ]] &&
+    bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
+      bench/bench_routed_attention_torch.py
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"

@@ -40,8 +40,13 @@ void check_inputs(const Tensor& hidden, const Tensor& weight, const Tensor& targ
 
 }  // namespace
 
-int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows) {
-  if (chunk_rows <= 0) chunk_rows = kLinearCrossEntropyChunkElements / std::max<int64_t>(vocab, 1);
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows,
+                                        Device device) {
+  if (chunk_rows <= 0) {
+    const int64_t elements = device.is_cuda() ? kLinearCrossEntropyChunkElementsCuda
+                                              : kLinearCrossEntropyChunkElementsCpu;
+    chunk_rows = elements / std::max<int64_t>(vocab, 1);
+  }
   return std::max<int64_t>(1, std::min(rows, chunk_rows));
 }
 
@@ -73,7 +78,7 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
   if (rows == 0) return finish();
   const bool with_grad = with_grad_hidden || with_grad_weight;
 
-  const int64_t chunk = linear_cross_entropy_chunk_rows(rows, vocab, chunk_rows);
+  const int64_t chunk = linear_cross_entropy_chunk_rows(rows, vocab, chunk_rows, device);
   Tensor logits_buffer = Tensor::empty({chunk, vocab}, dtype, device);
   Tensor lse_buffer = Tensor::empty({chunk}, stats, device);
   Tensor chunk_loss = Tensor::empty({}, stats, device);

@@ -15,8 +15,8 @@
 //   dW  += dz_c^T h_c                     GEMM accumulating into dW (beta = 1)
 // so 1 GEMM per chunk for the loss alone, 3 with both gradients (as Liger-Kernel's fused
 // linear cross-entropy). Extra memory beyond the inputs and the gradients: the c x V
-// logits buffer and c log-sum-exps. Default c = max(1, min(N, 2^23 / V)): at most 2^23
-// logits (32 MiB in f32) per chunk. The chunks run one after another with the existing
+// logits buffer and c log-sum-exps. Default c = max(1, min(N, E / V)): at most E logits
+// per chunk, E = 2^23 on the CPU (32 MiB in f32) and 2^28 on CUDA (see below). The chunks run one after another with the existing
 // device-dispatched kernels (ops::gemm, cross_entropy, cross_entropy_backward), so the op
 // runs on every device that has those; it has no kernel table of its own. The loss and the
 // log-sum-exps are f32 for f32 and bf16 inputs (f64 for f64), and dW accumulates over the
@@ -32,12 +32,18 @@
 
 namespace ham::ops {
 
-// Logits per chunk of the default chunk size: 2^23 (32 MiB in f32).
-inline constexpr int64_t kLinearCrossEntropyChunkElements = int64_t(1) << 23;
+// Logits per chunk of the default chunk size. CPU: 2^23 (32 MiB in f32), near the caches.
+// CUDA: 2^28 (1 GiB in f32, 512 MiB in bf16): on an H200 the three GEMMs per chunk need
+// thousands of rows to run at full rate (65-row chunks of a 128K vocabulary ran 7 times
+// slower than 4096-row ones), and every chunk waits for the device once.
+inline constexpr int64_t kLinearCrossEntropyChunkElementsCpu = int64_t(1) << 23;
+inline constexpr int64_t kLinearCrossEntropyChunkElementsCuda = int64_t(1) << 28;
 
-// The chunk size used for `rows` rows and a vocabulary of `vocab`: `chunk_rows` clamped to
-// [1, rows] when positive, max(1, min(rows, 2^23 / vocab)) when 0.
-int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows = 0);
+// The chunk size used for `rows` rows and a vocabulary of `vocab` on `device`: `chunk_rows`
+// clamped to [1, rows] when positive, max(1, min(rows, elements / vocab)) when 0, with the
+// device's element count above.
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_rows = 0,
+                                        Device device = Device::cpu());
 
 struct LinearCrossEntropyResult {
   Tensor loss_sum;      // 0-d, f32 (f64 for f64 inputs): sum over kept rows

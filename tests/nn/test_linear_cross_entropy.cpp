@@ -141,6 +141,11 @@ TEST(LinearCrossEntropy, DefaultChunkRows) {
   EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, int64_t(1) << 24), 1);  // at least one row
   EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 7), 7);    // caller's choice
   EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 500), 100);  // clamped to N
+  // On CUDA chunks are 2^28 logits, for GEMMs long enough to run at full rate.
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 128256, 0, Device::cuda()),
+            (int64_t(1) << 28) / 128256);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 1 << 20, 0, Device::cuda()), 256);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(1000, 50304, 0, Device::cuda()), 1000);
 }
 
 // The same f64 loss and gradients whatever the chunk size.

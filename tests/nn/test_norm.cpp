@@ -218,13 +218,14 @@ TEST(Norm, BadInputErrorsNameOpAndShapes) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
-// f32 and bf16, every gradient; rows short (a warp each) and long (a block each).
+// f32 and bf16, every gradient; rows short (a warp each) and long (a block each), of
+// lengths that move as 16-byte packs (64, 2048) and that do not (61, 1030 in bf16 and f32).
 TEST(Norm, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   for (DType dtype : testing::kGpuDtypes) {
     uint64_t seed = 30;
-    for (int64_t d : {64, 2048}) {
+    for (int64_t d : {64, 2048, 61, 1030}) {
       for (bool gated : {false, true}) {
         for (bool weighted : {false, true}) {
           const std::string what = "rms_norm d=" + std::to_string(d) + (gated ? " gated" : "") +
