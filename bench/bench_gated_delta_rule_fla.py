@@ -3,10 +3,9 @@
 benchmark (bench/bench_gated_delta_rule_cuda --csv FILE) and prints the ratios.
 
 Usage: python3 bench/bench_gated_delta_rule_fla.py gdr_ham.csv [--out ratio.csv] [--reps 5]
-       python3 bench/bench_gated_delta_rule_fla.py --warm
---warm runs each of the ham benchmark's cases (the list below mirrors bench_cases() in
-bench_gated_delta_rule_cuda.cpp) forward and backward once, untimed: FLA's Triton autotuning
-and compilation then land in Triton's cache, so scripts/gpu_check.sh runs it while ham builds.
+FLA autotunes every Triton kernel on its first call for each shape: on an H200 (2026-11-25)
+that took over 8 minutes for the 4 bf16 cases, forward and backward, so give this script a
+device call of its own (scripts/gpu_check.sh leaves it out unless HAM_GPU_BENCH names fla).
 
 Same conventions as the ham program: inputs [B, T, H, D]; q, k L2-normalised (q scaled by
 K^-1/2 beforehand, FLA's scale = 1 so neither side scales inside); g = -softplus(normal);
@@ -22,19 +21,11 @@ import csv
 import inspect
 import sys
 
-# (name, batch, seq_len, heads, key_dim, value_dim, docs) of bench_gated_delta_rule_cuda.
-WARM_CASES = [
-    ("T4096_H16_D128", 4, 4096, 16, 128, 128, 0),
-    ("T16384_H16_D128", 2, 16384, 16, 128, 128, 0),
-    ("T4096_H5_K256_V384", 2, 4096, 5, 256, 384, 0),
-    ("T16384_docs20", 1, 16384, 16, 128, 128, 20),
-]
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ham_csv", nargs="?")
-    parser.add_argument("--warm", action="store_true")
+    parser.add_argument("ham_csv")
+    parser.add_argument("--dtype", default=None, help="only the rows of this dtype (bf16, f32)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
@@ -82,16 +73,8 @@ def main():
         times.sort()
         return times[0], times[len(times) // 2], times[-1]
 
-    if args.warm:
-        rows = [dict(name=name, dtype=dtype, batch=b, seq_len=t, heads=h, key_dim=k, value_dim=v,
-                     docs=d)
-                for dtype in ("bf16", "f32")
-                for name, b, t, h, k, v, d in WARM_CASES]
-        args.reps = 0
-    elif args.ham_csv:
-        rows = list(csv.DictReader(open(args.ham_csv)))
-    else:
-        parser.error("give the ham benchmark's CSV, or --warm")
+    rows = [row for row in csv.DictReader(open(args.ham_csv))
+            if args.dtype is None or row["dtype"] == args.dtype]
     results = []
     print(f"{'case':22s} {'dtype':5s} {'ham fwd':>9s} {'fla fwd':>9s} {'ham/fla min/med/max':>17s} "
           f"{'ham bwd':>9s} {'fla bwd':>9s} {'ham/fla min/med/max':>17s}   (ms, medians)")
@@ -140,11 +123,6 @@ def main():
             stop.synchronize()
             return start.elapsed_time(stop)
 
-        if args.warm:
-            forward()
-            backward()
-            print(f"warmed FLA on {row['name']} {row['dtype']}", flush=True)
-            continue
         fla_fwd = timed(forward, args.reps)
         backward()
         bwd_times = sorted(backward() for _ in range(args.reps))

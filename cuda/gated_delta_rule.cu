@@ -71,6 +71,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/ops/gated_delta_rule.h"
@@ -905,14 +906,58 @@ constexpr int kMmaVt = 64;  // value columns per block of the state and output k
 
 // dst[r][c] (row stride ld) for r < rows, c < width: element c of source(r), times
 // scale(r), for r < n and c < cols; zero elsewhere (padding rows and columns).
+// Each thread moves groups of 8 columns, kStageInFlight groups loaded before any is
+// stored, so that a thread has that many global loads outstanding instead of one (one
+// scalar load at a time left the state pass waiting on memory latency); bf16 rows at
+// 16-byte aligned addresses move as one 16-byte load and store per group.
+constexpr int kStageInFlight = 4;
+
 template <class Source, class Scale>
 __device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int cols,
                            Source source, Scale scale) {
-  for (int idx = int(threadIdx.x); idx < rows * width; idx += int(blockDim.x)) {
-    const int r = idx / width, c = idx % width;
-    float x = 0.f;
-    if (r < n && c < cols) x = load(source(r)[c]) * scale(r);
-    dst[r * ld + c] = store<bf16>(x);
+  using E = std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>;
+  using Group = Pack<bf16, 8>;
+  const int per_row = (width + 7) / 8, groups = rows * per_row, step = int(blockDim.x);
+  for (int g0 = int(threadIdx.x); g0 < groups; g0 += kStageInFlight * step) {
+    float x[kStageInFlight][8];
+#pragma unroll
+    for (int k = 0; k < kStageInFlight; ++k) {
+      const int g = g0 + k * step, r = g / per_row, c0 = (g % per_row) * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[k][e] = 0.f;
+      if (g >= groups || r >= n) continue;
+      const E* from = source(r) + c0;
+      if constexpr (std::is_same_v<E, bf16>) {
+        if (c0 + 8 <= cols && aligned_16(from)) {
+          const Group v = *reinterpret_cast<const Group*>(from);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) x[k][e] = load(v.v[e]);
+          continue;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (c0 + e < cols) x[k][e] = load(from[e]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStageInFlight; ++k) {
+      const int g = g0 + k * step, r = g / per_row, c0 = (g % per_row) * 8;
+      if (g >= groups) continue;
+      const bool row_read = r < n;
+      const float s = row_read ? scale(r) : 0.f;
+      Group out;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        out.v[e] = store<bf16>(row_read && c0 + e < cols ? x[k][e] * s : 0.f);
+      }
+      bf16* to = dst + r * ld + c0;
+      if (c0 + 8 <= width && aligned_16(to)) {
+        *reinterpret_cast<Group*>(to) = out;
+      } else {
+        for (int e = 0; e < 8 && c0 + e < width; ++e) to[e] = out.v[e];
+      }
+    }
   }
 }
 
@@ -1144,8 +1189,9 @@ __device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t
 
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_state_mma(Problem<bf16> pr, const bf16* w, const bf16* u, bf16* v_new, bf16* states,
-                  int64_t max_chunks, bf16* h_final) {
+    gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
+                  bf16* __restrict__ v_new, bf16* __restrict__ states, int64_t max_chunks,
+                  bf16* __restrict__ h_final) {
   using L = MmaStateLayout<KD>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1175,7 +1221,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
     const float g_last = n > 0 ? s_g[n - 1] : 0.f;
 
-    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn.
+    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn. (The
+    // buffers are __restrict__, so the u loads need not wait for the v_new stores: this
+    // kernel is the sequential part of the forward, where memory latency adds up.)
     {
       float acc[kMmaVt / 8][4];
       mma::zero(acc);

@@ -246,7 +246,9 @@ struct alignas(sizeof(T) * N) Pack {
 template <class T>
 constexpr int kPackWidth = int(16 / sizeof(T));
 
-inline bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__host__ __device__ inline bool aligned_16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // out[i] = f(x[i])
 template <int N, class T, class F>

@@ -15,9 +15,11 @@
 #                    test_distributed)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
-#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr routed profile (default: all;
-#                    profile = per-kernel times of one gated delta rule and one dense
-#                    attention case under ncu)
+#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr fla routed profile (default:
+#                    all but fla; fla = gdr with flash-linear-attention beside it, whose
+#                    first run autotunes for over 8 minutes: give it a call of its own,
+#                    e.g. HAM_GPU_BENCH=fla with HAM_GPU_TESTS=NONE; profile = per-kernel
+#                    times of one gated delta rule and one dense attention case under ncu)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -52,14 +54,6 @@ if compgen -G ".gpu-deps/wheels/*.whl" >/dev/null; then
   export PYTHONPATH="$root/build-gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-# FLA's Triton autotuning and compilation for the benchmark's shapes take minutes: do them
-# now, while ham builds, so that they land in Triton's cache before anything is timed.
-warm_pid=
-if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
-  python3 bench/bench_gated_delta_rule_fla.py --warm >"$out/fla_warm.log" 2>&1 &
-  warm_pid=$!
-fi
-
 # NCCL: the toolkit's, else the nvidia-nccl wheel that PyTorch installs (its prefix has
 # include/nccl.h and lib/libnccl.so.2).
 nccl_root=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null || true)
@@ -79,16 +73,10 @@ keep_going=(-k); [[ ${generator[1]} == Ninja ]] && keep_going=(-k 0)
 cmake --build "$build" -j "$(nproc)" --target $targets -- "${keep_going[@]}" >"$out/build.log" 2>&1 ||
   { grep -E 'error' "$out/build.log" | sort -u | head -80; fail "build failed (log: $out/build.log)"; }
 
-if [[ -n $warm_pid ]]; then
-  # Finished before the tests start, so that its autotuning times an idle GPU.
-  wait "$warm_pid" || echo "gpu_check: FLA warm-up failed (log: $out/fla_warm.log)" >&2
-  tail -3 "$out/fla_warm.log"
-fi
-
 echo "== [$(date +%T)] tests (ctest -R '$tests')"
 status=0
 # CudaRequestWithoutBackend... skips by design when the backend exists.
-OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' \
+OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' --repeat until-fail:2 \
   --output-on-failure -j 4 2>&1 | tee "$out/test.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
@@ -97,12 +85,12 @@ if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
   status=1
 fi
 
-# bench TITLE NAME [REFERENCE]: runs build-gpu/bench/NAME (CSV in OUT/NAME.csv), then the
+# bench TITLE NAME [REFERENCE [ARGS...]]: runs build-gpu/bench/NAME (CSV in OUT/NAME.csv), then the
 # Python REFERENCE on that CSV, which times PyTorch's or FLA's kernels on the same shapes in
 # this session and writes the ratios to OUT/NAME_ratio.csv. A reference that exits 2 has no
 # library to compare with here (not a failure: ham's times stand alone).
 bench() {
-  local title="$1" name="$2" reference="${3:-}"
+  local title="$1" name="$2" reference="${3:-}" reference_args=("${@:4}")
   echo "== [$(date +%T)] $title"
   if ! "$build/bench/$name" --csv "$out/$name.csv" 2>&1 | tee -a "$out/bench.log"; then
     echo "gpu_check: $name failed" >&2
@@ -110,7 +98,7 @@ bench() {
     return
   fi
   [[ -n $reference ]] || return
-  python3 "$reference" "$out/$name.csv" --out "$out/${name}_ratio.csv" 2>&1 |
+  python3 "$reference" "$out/$name.csv" --out "$out/${name}_ratio.csv" "${reference_args[@]}" 2>&1 |
     tee -a "$out/bench.log"
   local rc=${PIPESTATUS[0]}
   if [[ $rc -eq 2 ]]; then
@@ -165,9 +153,12 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" lce "* ]] &&
     bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
       bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
-  [[ $benches == *" gdr "* ]] &&
+  if [[ $benches == *" fla "* ]]; then
     bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
-      bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py
+      bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py --dtype bf16
+  elif [[ $benches == *" gdr "* ]]; then
+    bench "gated delta rule: ham alone (HAM_GPU_BENCH=fla adds FLA)" bench_gated_delta_rule_cuda
+  fi
   if [[ $benches == *" profile "* ]]; then
     profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H16_D128_bf16
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
