@@ -10,6 +10,7 @@
 // a small device buffer uploaded per call, so the launch has no limit on tensor count.
 // The math runs in the moments' type (f32, or f64 when everything is f64); params and
 // gradients are read and written in their own dtypes (bf16 gradients, fp32 masters).
+// When every tensor is 16-byte aligned, each thread moves 16 bytes of moments at a time.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -43,25 +44,47 @@ struct AdamWCoefficients {
   M decay, beta1, beta2, step_size, inv_sqrt_bias2, eps;
 };
 
+// One element's update (the formula at the top of this file).
 template <class P, class G, class M>
+__device__ __forceinline__ void adamw_update(P& p, G g, M& m, M& v, const AdamWCoefficients<M>& k) {
+  const M grad = M(load(g));
+  const M m_new = k.beta1 * m + (M(1) - k.beta1) * grad;
+  const M v_new = k.beta2 * v + (M(1) - k.beta2) * grad * grad;
+  m = m_new;
+  v = v_new;
+  const M denom = sqrt(v_new) * k.inv_sqrt_bias2 + k.eps;
+  p = store<P>(M(load(p)) * k.decay - k.step_size * m_new / denom);
+}
+
+// N elements at a time as Packs (N > 1 when every tensor of the launch is 16-byte aligned;
+// a chunk starts at a multiple of kChunk, so its packs are aligned too), then the tail
+// of the chunk element by element.
+template <int N, class P, class G, class M>
 __global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlock* blocks,
                                           AdamWCoefficients<M> k) {
   const AdamWBlock work = blocks[blockIdx.x];
   const AdamWSlot slot = slots[work.slot];
-  P* p = static_cast<P*>(slot.param);
-  const G* g = static_cast<const G*>(slot.grad);
-  M* m = static_cast<M*>(slot.exp_avg);
-  M* v = static_cast<M*>(slot.exp_avg_sq);
+  P* __restrict__ p = static_cast<P*>(slot.param);
+  const G* __restrict__ g = static_cast<const G*>(slot.grad);
+  M* __restrict__ m = static_cast<M*>(slot.exp_avg);
+  M* __restrict__ v = static_cast<M*>(slot.exp_avg_sq);
   const int64_t begin = int64_t(work.chunk) * kChunk;
   const int64_t end = min(slot.numel, begin + kChunk);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const M grad = M(load(g[i]));
-    const M m_new = k.beta1 * m[i] + (M(1) - k.beta1) * grad;
-    const M v_new = k.beta2 * v[i] + (M(1) - k.beta2) * grad * grad;
-    m[i] = m_new;
-    v[i] = v_new;
-    const M denom = sqrt(v_new) * k.inv_sqrt_bias2 + k.eps;
-    p[i] = store<P>(M(load(p[i])) * k.decay - k.step_size * m_new / denom);
+  const int64_t packs = (end - begin) / N;
+  for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+    const int64_t i = begin + q * N;
+    Pack<P, N> pp = *reinterpret_cast<const Pack<P, N>*>(p + i);
+    const Pack<G, N> gp = *reinterpret_cast<const Pack<G, N>*>(g + i);
+    Pack<M, N> mp = *reinterpret_cast<const Pack<M, N>*>(m + i);
+    Pack<M, N> vp = *reinterpret_cast<const Pack<M, N>*>(v + i);
+#pragma unroll
+    for (int e = 0; e < N; ++e) adamw_update(pp.v[e], gp.v[e], mp.v[e], vp.v[e], k);
+    *reinterpret_cast<Pack<M, N>*>(m + i) = mp;
+    *reinterpret_cast<Pack<M, N>*>(v + i) = vp;
+    *reinterpret_cast<Pack<P, N>*>(p + i) = pp;
+  }
+  for (int64_t i = begin + packs * N + threadIdx.x; i < end; i += blockDim.x) {
+    adamw_update(p[i], g[i], m[i], v[i], k);
   }
 }
 
@@ -102,8 +125,19 @@ void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   const AdamWCoefficients<M> k{M(1.0 - h.lr * h.weight_decay), M(h.beta1),       M(h.beta2),
                                M(h.lr / bias1),                M(1.0 / std::sqrt(bias2)),
                                M(h.eps)};
-  HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream, adamw_multi_tensor_kernel<P, G, M>)(
-      device_slots, device_blocks, k);
+  bool aligned = true;
+  for (const AdamWSlot& slot : slots) {
+    aligned = aligned && aligned_16(slot.param) && aligned_16(slot.grad) &&
+              aligned_16(slot.exp_avg) && aligned_16(slot.exp_avg_sq);
+  }
+  constexpr int N = kPackWidth<M>;  // 4 f32 moments (16 bytes), 2 f64
+  if (aligned) {
+    HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
+               adamw_multi_tensor_kernel<N, P, G, M>)(device_slots, device_blocks, k);
+  } else {
+    HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
+               adamw_multi_tensor_kernel<1, P, G, M>)(device_slots, device_blocks, k);
+  }
   HAM_CUDA_CHECK_LAUNCH();
 }
 
