@@ -13,7 +13,8 @@ beta = sigmoid(normal); "docs" rows become FLA's varlen form (B = 1, cu_seqlens 
 documents). "fwd" is the forward with the final state; "bwd" is torch.autograd.grad of
 (o, h_final) with grad_o normal and grad_h_final zero, timed alone (the forward's graph is
 built outside the timed region). Every call is timed with CUDA events after one warm-up;
-the min, median and max in ms are reported, and ham/FLA at each. ham's fit error is extra work FLA does not do.
+the min, median and max in ms are reported, and ham/FLA at each. ham's fit error is extra
+work FLA does not do.
 Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
 """
 import argparse

@@ -142,7 +142,7 @@ print(f"{grand:9.3f} total")
 PY
 }
 
-# HAM_GPU_BENCH: which of gemm memory lce gdr routed profile to run (default: all).
+# HAM_GPU_BENCH (see the top): default all but fla.
 benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" gemm "* ]] &&
