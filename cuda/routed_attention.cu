@@ -48,6 +48,7 @@
 #include <cstdint>
 
 #include "core/ops/routed_attention.h"
+#include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
 
@@ -752,42 +753,156 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 // 16-column block of P. Scores, maxima, sums and O stay f32; P is rounded to bf16 for the
 // product, as flash-attention does. Shared-memory rows are padded by 8 elements so that
 // ldmatrix's eight 16-byte rows fall in different banks.
+//
+// Tiles move from global to shared memory by cp.async (cuda/async_copy.cuh): 16 bytes a
+// copy, no registers, every copy of a thread in flight at once. (Loading each 16 bytes into
+// a register and storing it to shared memory left one load in flight per thread, each
+// waiting for the last: on the H200 the kernels ran at 0.3 of flash-attention's speed.)
+// The forward and dQ kernels double-buffer their key tiles: the copies of tile t + 1 are
+// issued before the products of tile t, and each key's compacted position and value scale
+// are read into registers one tile before that (KeyTiles below). The dK/dV kernel copies
+// each query tile once it knows the tile is seen, and reads the rows' ranges, lse and D a
+// tile ahead (QueryTiles below).
+//
+// Softmax exponentials are exp2 of log2(e)-scaled scores (one multiply-add and the
+// hardware's ex2 per element); lse is stored in natural-log units.
 
 constexpr int kMmaThreads = 128;  // 4 warps
 constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <int DK, int DV>
 struct MmaShape {
   static constexpr int kKeys = DK > 128 || DV > 128 ? 32 : 64;  // keys per tile
   static constexpr int ldk = DK + 8, ldv = DV + 8;               // smem row strides (bf16)
-  static constexpr size_t forward_bytes = size_t(kMmaRows * ldk + kKeys * ldk + kKeys * ldv) * 2;
+  // Q, then two slots of K and V' tiles
+  static constexpr size_t forward_bytes = size_t(kMmaRows * ldk + 2 * kKeys * (ldk + ldv)) * 2;
 };
 
-// Rows [0, rows) of a bf16 tile in shared memory (row stride LD) from global rows of D
-// elements, 16 bytes per load: row r comes from `source(r)` (nullptr: zeros), multiplied by
-// scale[r] when `scale` is given (rounded back to bf16).
-template <int D, int LD, class Source>
-__device__ void stage_rows(bf16* dst, int rows, Source source, const float* scale) {
+// Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
+// stride LD) from global rows of D elements, row r from source(r); a row whose source is
+// null is zeroed directly. Chunk idx (16 bytes) of the tile is thread idx % kMmaThreads's.
+template <int D, int LD, int kRows, class Source>
+__device__ void issue_rows(bf16* dst, Source source) {
   constexpr int kChunks = D / 8;
-  for (int idx = int(threadIdx.x); idx < rows * kChunks; idx += int(blockDim.x)) {
+#pragma unroll 4
+  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const bf16* row = source(r);
-    uint4 chunk = {0u, 0u, 0u, 0u};
     if (row) {
-      chunk = *reinterpret_cast<const uint4*>(row + c);
-      if (scale) {
-        bf16* e = reinterpret_cast<bf16*>(&chunk);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) e[i] = store<bf16>(load(e[i]) * scale[r]);
-      }
+      async_copy_16(dst + r * LD + c, row + c);
+    } else {
+      *reinterpret_cast<uint4*>(dst + r * LD + c) = uint4{0u, 0u, 0u, 0u};
     }
-    *reinterpret_cast<uint4*>(dst + r * LD + c) = chunk;
+  }
+}
+
+// Once this thread's copies of a tile have landed: its chunks of row r times scale[r],
+// rounded back to bf16 (v' = p v). They are the chunks issue_rows gave it, so they are
+// visible to it without a barrier.
+template <int D, int LD, int kRows>
+__device__ void scale_rows(bf16* tile, const float* scale) {
+  constexpr int kChunks = D / 8;
+#pragma unroll 4
+  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    uint4 chunk = *reinterpret_cast<const uint4*>(tile + r * LD + c);
+    bf16* e = reinterpret_cast<bf16*>(&chunk);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = store<bf16>(load(e[i]) * scale[r]);
+    *reinterpret_cast<uint4*>(tile + r * LD + c) = chunk;
   }
 }
 
 using mma::quad_max;
 using mma::quad_sum;
 using mma::zero;
+
+// Compacted key kj of row b: its position (-1 at or past `limit`) and value scale (0 where
+// the position is -1, 1 without value scaling).
+__device__ __forceinline__ int key_position(const AttentionArgs<bf16>& a, int64_t b, int kj,
+                                            int limit) {
+  return kj < limit ? int(a.positions[b * a.seq_len + kj]) : -1;
+}
+__device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t b, int pos) {
+  return pos < 0 ? 0.f : a.p ? load(a.p[b * a.seq_len + pos]) : 1.f;
+}
+
+// The compacted key tiles [lo, lo + BK), [lo + BK, ...) below `hi` of a forward or dQ block,
+// double-buffered: tile t lives in slot t % 2 (K rows, V' rows, positions, value scales).
+// Thread j < BK carries key j of the next tiles in registers: tile t + 1's position and
+// scale, tile t + 2's position, each loaded an iteration before it is needed. Usage:
+//   begin();  [issue other copies];  async_copy_commit();
+//   for each tile t:  advance(t);  async_copy_wait<1>();  scale(t);  __syncthreads();
+//                     products on k(t), v(t)
+template <int DK, int DV, int BK>
+struct KeyTiles {
+  static constexpr int LDK = DK + 8, LDV = DV + 8;
+  const AttentionArgs<bf16>& a;
+  int64_t b, g;
+  int lo, hi;
+  bf16* k_rows;    // [2][BK][LDK]
+  bf16* v_rows;    // [2][BK][LDV]
+  int* positions;  // [2][BK], shared
+  float* scales;   // [2][BK], shared
+  int next_position = -1, after_position = -1;
+  float next_scale = 0.f;
+
+  __device__ bf16* k(int t) const { return k_rows + (t % 2) * BK * LDK; }
+  __device__ bf16* v(int t) const { return v_rows + (t % 2) * BK * LDV; }
+
+  // Issues the copies of tile t into its slot (its positions are in shared memory).
+  __device__ void issue(int t) const {
+    const int* pos = positions + (t % 2) * BK;
+    auto key_row = [&](const bf16* base, int D) {
+      return [=, this](int j) -> const bf16* {
+        return pos[j] >= 0 ? base + a.kv_index(b, pos[j], g) * D : nullptr;
+      };
+    };
+    issue_rows<DK, LDK, BK>(k(t), key_row(a.k, DK));
+    issue_rows<DV, LDV, BK>(v(t), key_row(a.v, DV));
+  }
+
+  // Tile 0's positions and scales into slot 0, the lookahead registers, a barrier, then
+  // tile 0's copies (not committed). Only when lo < hi; collective over the block.
+  __device__ void begin() {
+    const int j = int(threadIdx.x);
+    if (j < BK) {
+      const int first = key_position(a, b, lo + j, hi);
+      positions[j] = first;
+      scales[j] = key_scale(a, b, first);
+      next_position = key_position(a, b, lo + BK + j, hi);
+      next_scale = key_scale(a, b, next_position);
+      after_position = key_position(a, b, lo + 2 * BK + j, hi);
+    }
+    __syncthreads();
+    issue(0);
+  }
+
+  // At the top of tile t: tile t + 1's positions and scales into its slot (free: its last
+  // readers passed the barrier before tile t - 1's products), the lookahead moves on, a
+  // barrier (the slot's tiles are no longer read), tile t + 1's copies, and a commit (an
+  // empty group past the last tile, so that wait<1> always means "tile t").
+  __device__ void advance(int t) {
+    const int j = int(threadIdx.x), slot = (t + 1) % 2;
+    if (j < BK) {
+      positions[slot * BK + j] = next_position;
+      scales[slot * BK + j] = next_scale;
+      next_scale = key_scale(a, b, after_position);
+      next_position = after_position;
+      after_position = key_position(a, b, lo + (t + 3) * BK + j, hi);
+    }
+    __syncthreads();
+    if (lo + (t + 1) * BK < hi) issue(t + 1);
+    async_copy_commit();
+  }
+
+  // After async_copy_wait<1>(): v' = p v on this thread's chunks of tile t.
+  __device__ void scale(int t) const {
+    if (a.p) scale_rows<DV, LDV, BK>(v(t), scales + (t % 2) * BK);
+  }
+};
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
@@ -796,10 +911,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
-  bf16* sK = sQ + BQ * LDK;                      // [BK][LDK]
-  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
-  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
-  __shared__ float s_pscale[BK];
+  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
+  __shared__ float s_pscale[2 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
@@ -807,29 +920,30 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
-  stage_rows<DK, LDK>(sQ, BQ, [&](int r) {
-    return q0 + r < a.seq_len ? a.q + a.q_index(b, q0 + r, h) * DK : nullptr;
-  }, nullptr);
+  KeyTiles<DK, DV, BK> keys{a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK,
+                            s_pos, s_pscale};
+  if (lo < hi) {  // the same in every thread
+    keys.begin();
+    issue_rows<DK, LDK, BQ>(sQ, [&](int r) {
+      return q0 + r < a.seq_len ? a.q + a.q_index(b, q0 + r, h) * DK : nullptr;
+    });
+    async_copy_commit();
+  }
 
   // This lane's accumulator rows are r0 and r0 + 8 of the block (element e of a fragment
   // is in row r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
   const int r0 = warp * 16 + lane / 4;
+  const float scale_log2 = a.scale * kLog2e;  // scores in log2 units
   float o[VB][4];
   zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  for (int k0 = lo; k0 < hi; k0 += BK) {
-    __syncthreads();  // the previous tile is no longer read
-    load_key_positions<bf16, BK>(a, b, k0, hi, s_pos, s_pscale);
+  for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
+    keys.advance(t);
+    async_copy_wait<1>();  // tile t (and Q) have landed
+    keys.scale(t);
     __syncthreads();
-    auto key_row = [&](const bf16* base, int D) {
-      return [=, &a](int j) -> const bf16* {
-        return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
-      };
-    };
-    stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
-    stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
-    __syncthreads();
+    const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
     // S = Q K^T for the warp's 16 rows.
     float s[NB][4];
@@ -845,7 +959,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
         const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
-        s[nb][e] = visible ? s[nb][e] * a.scale : -INFINITY;
+        s[nb][e] = visible ? s[nb][e] * scale_log2 : -INFINITY;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
       }
     }
@@ -853,7 +967,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
-      alpha[i] = m[i] == -INFINITY ? 0.f : expf(m[i] - m_new);
+      alpha[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - m_new);
       m[i] = m_new;
     }
 #pragma unroll
@@ -861,7 +975,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = s[nb][e];
-        s[nb][e] = x == -INFINITY ? 0.f : expf(x - m[e / 2]);  // P (a NaN score stays NaN)
+        s[nb][e] = x == -INFINITY ? 0.f : exp2f(x - m[e / 2]);  // P (a NaN score stays NaN)
         row_sum[e / 2] += s[nb][e];
       }
     }
@@ -891,7 +1005,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
       a.out[row * DV + vb * 8 + 2 * t4] = store<bf16>(o[vb][2 * i] * inv);
       a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[vb][2 * i + 1] * inv);
     }
-    if (t4 == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : m[i] + logf(l[i]);
+    if (t4 == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : (m[i] + log2f(l[i])) * kLn2;
   }
 }
 
@@ -913,7 +1027,9 @@ template <int DK, int DV>
 struct MmaBackwardShape {
   static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // keys (dQ) or queries (dK/dV)
   static constexpr int ldk = DK + 8, ldv = DV + 8;
-  static constexpr size_t bytes = size_t((kMmaRows + kTile) * (ldk + ldv)) * 2;
+  // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V', then Q and dO
+  static constexpr size_t dq_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
+  static constexpr size_t dkdv_bytes = size_t((kMmaRows + kTile) * (ldk + ldv)) * 2;
 };
 
 template <int DK, int DV>
@@ -924,10 +1040,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
-  bf16* sK = sO + BQ * LDV;                      // [BK][LDK]
-  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
-  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
-  __shared__ float s_pscale[BK];
+  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
+  __shared__ float s_pscale[2 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
@@ -935,36 +1049,37 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
-  auto query_row = [&](const bf16* base, int D) {
-    return [=, &a](int r) -> const bf16* {
-      return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
+  KeyTiles<DK, DV, BK> keys{a, b, g, lo, hi, sO + BQ * LDV, sO + BQ * LDV + 2 * BK * LDK,
+                            s_pos, s_pscale};
+  if (lo < hi) {  // the same in every thread
+    keys.begin();
+    auto query_row = [&](const bf16* base, int D) {
+      return [=, &a](int r) -> const bf16* {
+        return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
+      };
     };
-  };
-  stage_rows<DK, LDK>(sQ, BQ, query_row(a.q, DK), nullptr);
-  stage_rows<DV, LDV>(sO, BQ, query_row(a.dout, DV), nullptr);
+    issue_rows<DK, LDK, BQ>(sQ, query_row(a.q, DK));
+    issue_rows<DV, LDV, BQ>(sO, query_row(a.dout, DV));
+    async_copy_commit();
+  }
   const int r0 = warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
-  float lse[2], delta[2];
+  const float scale_log2 = a.scale * kLog2e;
+  float lse_log2[2], delta[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t t = q0 + r0 + 8 * i;
-    lse[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) : 0.f;
+    lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
     delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
   }
 
   float dq[DK / 8][4];
   zero(dq);
-  for (int k0 = lo; k0 < hi; k0 += BK) {
+  for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
+    keys.advance(t);
+    async_copy_wait<1>();  // tile t (and Q, dO) have landed
+    keys.scale(t);
     __syncthreads();
-    load_key_positions<bf16, BK>(a, b, k0, hi, s_pos, s_pscale);
-    __syncthreads();
-    auto key_row = [&](const bf16* base, int D) {
-      return [=, &a](int j) -> const bf16* {
-        return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
-      };
-    };
-    stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
-    stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
-    __syncthreads();
+    const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
     float s[NB][4], ds[NB][4];
     zero(s);
@@ -978,7 +1093,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2, r = r0 + 8 * i, kj = k0 + nb * 8 + 2 * t4 + e % 2;
         const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
-        const float prob = visible ? expf(s[nb][e] * a.scale - lse[i]) : 0.f;
+        const float prob = visible ? exp2f(s[nb][e] * scale_log2 - lse_log2[i]) : 0.f;
         ds[nb][e] = a.scale * prob * (ds[nb][e] - delta[i]);
       }
     }
@@ -997,11 +1112,70 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   }
 }
 
+// The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
+// tiles q_start, q_start + BQ, ... below T. Thread r < BQ carries row r of the next tile
+// (visible range, lse, D) in registers, loaded while the current tile is worked on.
+template <int BQ>
+struct QueryTiles {
+  const AttentionArgs<bf16>& a;
+  int64_t b, first_head, q_start, per_head, count;
+  int next_begin = 0, next_end = 0;
+  float next_lse = 0.f, next_delta = 0.f;
+
+  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
+      : a(args), b(b_), first_head(g * args.group()), q_start(q_start_),
+        per_head(q_start_ < args.seq_len ? (args.seq_len - q_start_ + BQ - 1) / BQ : 0),
+        count(per_head * args.group()) {
+    load(0);
+  }
+  __device__ int64_t head(int64_t i) const { return first_head + i / per_head; }
+  __device__ int64_t first_row(int64_t i) const { return q_start + i % per_head * BQ; }
+
+  // Row threadIdx.x of tile i into the registers (empty past T or past the last tile).
+  __device__ void load(int64_t i) {
+    const int r = int(threadIdx.x);
+    next_begin = next_end = 0;
+    next_lse = next_delta = 0.f;
+    if (r >= BQ || i >= count) return;
+    const int64_t t = first_row(i) + r;
+    if (t >= a.seq_len) return;
+    const int64_t row = a.q_index(b, t, head(i));
+    next_begin = int(a.begin[b * a.seq_len + t]);
+    next_end = int(a.end[b * a.seq_len + t]);
+    next_lse = float(a.lse[row]);
+    next_delta = float(a.delta[row]);
+  }
+
+  // Tile i's rows (loaded by the previous call) into shared memory, tile i + 1's loads
+  // issued, and whether any row sees a key of [k0, k_end) and whether every row sees all of
+  // [k0, k0 + BK). Collective over the block (the answers come from barriers, which also
+  // publish the rows).
+  template <int BK>
+  __device__ QueryTileVisibility publish(int64_t i, int k0, int k_end, int* s_begin, int* s_end,
+                                         float* s_lse, float* s_delta) {
+    const int r = int(threadIdx.x);
+    bool sees = false, covers = true;
+    if (r < BQ) {
+      s_begin[r] = next_begin;
+      s_end[r] = next_end;
+      s_lse[r] = next_lse;
+      s_delta[r] = next_delta;
+      sees = next_begin < next_end && next_begin < k_end && next_end > k0;
+      covers = next_begin <= k0 && k0 + BK <= next_end;
+    }
+    load(i + 1);
+    const bool any = __syncthreads_or(sees);
+    const bool all = __syncthreads_and(covers);
+    return {any, all};
+  }
+};
+
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
   constexpr int BK = kMmaRows, BQ = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NQ = BQ / 8;
+  static_assert(BQ <= kMmaThreads && BK <= kMmaThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BK][LDK]
   bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
@@ -1019,9 +1193,11 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 
   if (threadIdx.x == 0) first_query = INT_MAX;
   __syncthreads();
-  load_key_positions<bf16, BK>(a, b, k0, k_end, s_pos, s_pscale);
-  for (int j = int(threadIdx.x); j < BK; j += int(blockDim.x)) {
-    if (k0 + j < k_end) atomicMin(&first_query, int(a.positions[b * a.seq_len + k0 + j]));
+  if (int(threadIdx.x) < BK) {
+    const int j = int(threadIdx.x), pos = key_position(a, b, k0 + j, k_end);
+    s_pos[j] = pos;
+    s_pscale[j] = key_scale(a, b, pos);
+    if (pos >= 0) atomicMin(&first_query, pos);
   }
   __syncthreads();
   auto key_row = [&](const bf16* base, int D) {
@@ -1029,53 +1205,56 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
       return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
     };
   };
-  stage_rows<DK, LDK>(sK, BK, key_row(a.k, DK), nullptr);
-  stage_rows<DV, LDV>(sV, BK, key_row(a.v, DV), a.p ? s_pscale : nullptr);
+  issue_rows<DK, LDK, BK>(sK, key_row(a.k, DK));
+  issue_rows<DV, LDV, BK>(sV, key_row(a.v, DV));
+  async_copy_commit();
+  // A query sees a key only at or after the key's position.
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  async_copy_wait<0>();
+  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // the barrier of the first tile publishes it
 
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
+  const float scale_log2 = a.scale * kLog2e;
   float dk[DK / 8][4], dv[DV / 8][4];
   zero(dk);
   zero(dv);
-  const int64_t group = a.group();
-  // A query sees a key only at or after the key's position.
-  const int64_t q_start = int64_t(first_query) / BQ * BQ;
-  for (int64_t hh = 0; hh < group; ++hh) {
-    const int64_t h = g * group + hh;
-    for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
-      __syncthreads();  // the previous query tile is no longer read
-      const QueryTileVisibility vis = load_query_tile<bf16, BQ, BK>(
-          a, b, h, q0, k0, k_end, s_begin, s_end, s_lse, s_delta);
-      if (!vis.sees) continue;  // no row of this tile sees these keys
-      const bool check = !vis.covers;
-      auto query_row = [&](const bf16* base, int D) {
-        return [=, &a](int r) -> const bf16* {
-          return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
-        };
+  for (int64_t i = 0; i < queries.count; ++i) {
+    __syncthreads();  // the previous query tile is no longer read
+    const QueryTileVisibility vis =
+        queries.template publish<BK>(i, k0, k_end, s_begin, s_end, s_lse, s_delta);
+    if (!vis.sees) continue;  // no row of this tile sees these keys
+    const bool check = !vis.covers;
+    const int64_t h = queries.head(i), q0 = queries.first_row(i);
+    auto query_row = [&](const bf16* base, int D) {
+      return [=, &a](int r) -> const bf16* {
+        return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
       };
-      stage_rows<DK, LDK>(sQ, BQ, query_row(a.q, DK), nullptr);
-      stage_rows<DV, LDV>(sO, BQ, query_row(a.dout, DV), nullptr);
-      __syncthreads();
+    };
+    issue_rows<DK, LDK, BQ>(sQ, query_row(a.q, DK));
+    issue_rows<DV, LDV, BQ>(sO, query_row(a.dout, DV));
+    async_copy_commit();
+    async_copy_wait<0>();
+    __syncthreads();
 
-      // Transposed: rows are the warp's 16 keys, columns the tile's queries.
-      float p[NQ][4], ds[NQ][4];
-      zero(p);
-      zero(ds);
-      mma::rows_times_rows<DK, LDK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
-      mma::rows_times_rows<DV, LDV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+    // Transposed: rows are the warp's 16 keys, columns the tile's queries.
+    float p[NQ][4], ds[NQ][4];
+    zero(p);
+    zero(ds);
+    mma::rows_times_rows<DK, LDK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
+    mma::rows_times_rows<DV, LDV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
 #pragma unroll
-      for (int nb = 0; nb < NQ; ++nb) {
+    for (int nb = 0; nb < NQ; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
-          const bool visible = kj < k_end && (!check || (kj >= s_begin[r] && kj < s_end[r]));
-          const float prob = visible ? expf(p[nb][e] * a.scale - s_lse[r]) : 0.f;
-          p[nb][e] = prob;
-          ds[nb][e] = a.scale * prob * (ds[nb][e] - s_delta[r]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
+        const bool visible = kj < k_end && (!check || (kj >= s_begin[r] && kj < s_end[r]));
+        const float prob = visible ? exp2f(p[nb][e] * scale_log2 - s_lse[r] * kLog2e) : 0.f;
+        p[nb][e] = prob;
+        ds[nb][e] = a.scale * prob * (ds[nb][e] - s_delta[r]);
       }
-      mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
-      mma::accumulator_times_matrix<NQ, LDK, DK / 8>(ds, sQ, dk);  // dK += dS^T Q
     }
+    mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
+    mma::accumulator_times_matrix<NQ, LDK, DK / 8>(ds, sQ, dk);  // dK += dS^T Q
   }
   // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>.
 #pragma unroll
@@ -1466,9 +1645,11 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
-            const size_t bytes = MmaBackwardShape<DK, DV>::bytes;
-            tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, bytes, a, kMmaThreads);
-            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>, query_grid, bytes, a, kMmaThreads);
+            using Shape = MmaBackwardShape<DK, DV>;
+            tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
+                                      kMmaThreads);
+            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>, query_grid, Shape::dq_bytes, a,
+                                    kMmaThreads);
           }
         }
         if (!tiled_dkdv) {

@@ -101,6 +101,15 @@ struct Fiber {
   int lane_operand = 0, width = kWarpSize;
   WarpCombine combine = nullptr;  // Exchange
   const char* name = nullptr;     // Exchange: the instruction
+  // cp.async copies issued and not yet completed, each with its group (the number of
+  // groups committed before it was issued).
+  struct AsyncCopy {
+    void* destination;
+    const void* source;
+    int group;
+  };
+  std::vector<AsyncCopy> async_copies;
+  int async_groups = 0;
 };
 
 // Lanes of one warp gathered in one collective that has not completed yet.
@@ -276,6 +285,33 @@ class BlockRunner {
       }
     }
     if (!at_barrier_.empty() && int(at_barrier_.size()) == live_) release_block_barrier();
+  }
+
+  void async_copy_16(void* destination, const void* source) {
+    Fiber& f = current();
+    const auto at = reinterpret_cast<uintptr_t>(destination);
+    const auto base = reinterpret_cast<uintptr_t>(shared_.data());
+    if (at < base || at + 16 > base + shared_.size()) {
+      fail_in(f, "cp.async to an address outside the block's dynamic shared memory");
+    }
+    if (at % 16 != 0 || reinterpret_cast<uintptr_t>(source) % 16 != 0) {
+      fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
+    }
+    f.async_copies.push_back({destination, source, f.async_groups});
+  }
+
+  void async_copy_commit() { ++current().async_groups; }
+
+  void async_copy_wait(int pending) {
+    Fiber& f = current();
+    const int complete_below = f.async_groups - pending;
+    auto& copies = f.async_copies;
+    for (const Fiber::AsyncCopy& c : copies) {
+      if (c.group < complete_below) std::memcpy(c.destination, c.source, 16);
+    }
+    copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                [&](const Fiber::AsyncCopy& c) { return c.group < complete_below; }),
+                 copies.end());
   }
 
   [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
@@ -570,6 +606,12 @@ void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const ch
   runner().warp_collective(WarpCollective::Exchange, mask, reinterpret_cast<uint64_t>(lane_data), 0,
                            kWarpSize, combine, name);
 }
+
+void async_copy_16(void* shared_destination, const void* global_source) {
+  runner().async_copy_16(shared_destination, global_source);
+}
+void async_copy_commit() { runner().async_copy_commit(); }
+void async_copy_wait(int pending) { runner().async_copy_wait(pending); }
 
 void trap(const char* why) {
   BlockRunner& r = runner();

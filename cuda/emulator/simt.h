@@ -117,6 +117,16 @@ void set_schedule(Schedule schedule);
 using WarpCombine = void (*)(void* const* lanes, unsigned mask);
 void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const char* name);
 
+// cp.async (cuda/async_copy.cuh): a 16-byte copy from global to the block's dynamic shared
+// memory that completes later. The emulator defers it to the issuing thread's
+// async_copy_wait that covers its group, so a read of the destination before that wait
+// (or, by another thread, before the barrier after it) sees the old bytes and fails.
+void async_copy_16(void* shared_destination, const void* global_source);
+// Closes the calling thread's open group of copies (cp.async.commit_group).
+void async_copy_commit();
+// Completes every committed group but the `pending` most recent (cp.async.wait_group).
+void async_copy_wait(int pending);
+
 // __trap(): the kernel fails with this message.
 [[noreturn]] void trap(const char* why);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
 #include "tests/error_testing.h"
@@ -353,6 +354,68 @@ TEST(SimtEmulator, LdmatrixRowsMustBeSixteenByteAligned) {
                         {"ldmatrix_on_a_misaligned_row", "ldmatrix row 0 of matrix 0",
                          "not 16-byte aligned"});
   cudaFree(out);
+}
+
+// Thread i copies 16 bytes (4 ints) from src into dynamic shared memory in two groups of
+// one copy each, and records what it reads back at each step: before any wait (the old
+// contents: -1), after wait<1> (the first group only), after wait<0> (both). Then thread
+// 0 reads every thread's copies after a barrier.
+__global__ void async_copy_in_groups(const int* src, int* out) {
+  HAM_DYNAMIC_SHARED(int, tile);  // [2][threads][4]
+  const int i = int(threadIdx.x), n = int(blockDim.x);
+  for (int e = 0; e < 4; ++e) tile[i * 4 + e] = tile[(n + i) * 4 + e] = -1;
+  async_copy_16(&tile[i * 4], &src[i * 4]);
+  async_copy_commit();
+  async_copy_16(&tile[(n + i) * 4], &src[(n + i) * 4]);
+  async_copy_commit();
+  out[i * 5 + 0] = tile[i * 4] + tile[(n + i) * 4];  // -2: nothing landed yet
+  async_copy_wait<1>();
+  out[i * 5 + 1] = tile[i * 4];        // the first group
+  out[i * 5 + 2] = tile[(n + i) * 4];  // -1: the second is still in flight
+  async_copy_wait<0>();
+  out[i * 5 + 3] = tile[(n + i) * 4];
+  __syncthreads();
+  if (i == 0) {
+    int sum = 0;
+    for (int j = 0; j < 2 * n * 4; ++j) sum += tile[j];
+    out[i * 5 + 4] = sum;
+  }
+}
+
+TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+  constexpr int kThreads = 8;
+  DeviceInts src(2 * kThreads * 4), out(kThreads * 5);
+  std::vector<int> values(src.n);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = int(j) + 1;
+  HAM_CUDA_CHECK(cudaMemcpy(src.data, values.data(), src.n * sizeof(int), cudaMemcpyHostToDevice));
+  HAM_LAUNCH(1, kThreads, 2 * kThreads * 16, nullptr, async_copy_in_groups)(src.data, out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  const std::vector<int> got = out.read();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(got[size_t(i * 5 + 0)], -2) << "thread " << i << " before any wait";
+    EXPECT_EQ(got[size_t(i * 5 + 1)], i * 4 + 1) << "thread " << i << ", first group";
+    EXPECT_EQ(got[size_t(i * 5 + 2)], -1) << "thread " << i << ", second group after wait<1>";
+    EXPECT_EQ(got[size_t(i * 5 + 3)], (kThreads + i) * 4 + 1) << "thread " << i;
+  }
+  const int n = 2 * kThreads * 4;
+  EXPECT_EQ(got[4], n * (n + 1) / 2);
+}
+
+__global__ void async_copy_to(int* src, int where) {
+  __shared__ __align__(16) int static_tile[8];
+  HAM_DYNAMIC_SHARED(int, tile);
+  if (where == 0) async_copy_16(static_tile, src);  // not dynamic shared memory
+  if (where == 1) async_copy_16(tile + 1, src);     // misaligned
+  async_copy_commit();
+  async_copy_wait<0>();
+}
+
+TEST(SimtEmulator, AsyncCopiesGoToAlignedDynamicSharedMemory) {
+  DeviceInts src(8);
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, 0); },
+                        {"async_copy_to", "cp.async", "outside the block's dynamic shared memory"});
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, 1); },
+                        {"async_copy_to", "cp.async", "not 16-byte aligned"});
 }
 
 __global__ void read_through(const float* p, float* out) { out[threadIdx.x] = p[threadIdx.x]; }

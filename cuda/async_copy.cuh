@@ -1,0 +1,48 @@
+#pragma once
+// Asynchronous copies from global to shared memory (cp.async, sm_80 and later), the way a
+// kernel loads its next tile while it computes on the current one: a thread issues 16-byte
+// copies, which need no registers and do not stall it, closes them into a group
+// (commit), and later waits until all but its `pending` most recent groups have landed.
+// A thread sees its own completed copies after the wait; other threads see them only after
+// a barrier that follows it.
+//
+// The SIMT emulator (HAM_CUDA_EMULATOR) defers each copy to the wait that covers it
+// (cuda/emulator/simt.h), so a tile read too early holds stale bytes in the tests.
+#include <cstdint>
+
+#ifdef HAM_CUDA_EMULATOR
+#include "cuda/emulator/simt.h"
+#endif
+
+namespace ham::cuda {
+
+#ifdef HAM_CUDA_EMULATOR
+
+inline void async_copy_16(void* shared_destination, const void* global_source) {
+  emulator::async_copy_16(shared_destination, global_source);
+}
+inline void async_copy_commit() { emulator::async_copy_commit(); }
+template <int kPending>
+void async_copy_wait() {
+  emulator::async_copy_wait(kPending);
+}
+
+#else
+
+// 16 bytes, both addresses 16-byte aligned; .cg keeps the line out of L1 (read once).
+__device__ __forceinline__ void async_copy_16(void* shared_destination, const void* global_source) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global_source)
+               : "memory");
+}
+__device__ __forceinline__ void async_copy_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void async_copy_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+#endif
+
+}  // namespace ham::cuda
