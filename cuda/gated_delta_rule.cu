@@ -75,6 +75,7 @@
 #include <vector>
 
 #include "core/ops/gated_delta_rule.h"
+#include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
 
@@ -961,6 +962,30 @@ __device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int co
   }
 }
 
+// Issues the copies of a bf16 tile like stage_tile's (no scale): dst[r][c] (row stride ld)
+// for r < rows, c < width from source(r)[c] for r < n, c < cols, zeros elsewhere. Whole
+// 16-byte-aligned groups of 8 columns go by cp.async (the caller commits and waits); the
+// rest (ragged or unaligned rows, padding) is stored directly.
+template <class Source>
+__device__ void issue_tile(bf16* dst, int ld, int rows, int width, int n, int cols,
+                           Source source) {
+  static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>, bf16>,
+                "issue_tile copies bf16 rows");
+  const int per_row = (width + 7) / 8, groups = rows * per_row;
+  for (int g = int(threadIdx.x); g < groups; g += int(blockDim.x)) {
+    const int r = g / per_row, c0 = (g % per_row) * 8;
+    bf16* to = dst + r * ld + c0;
+    const bf16* from = r < n ? source(r) + c0 : nullptr;
+    if (from && c0 + 8 <= cols && c0 + 8 <= width && aligned_16(from) && aligned_16(to)) {
+      async_copy_16(to, from);
+      continue;
+    }
+    for (int e = 0; e < 8 && c0 + e < width; ++e) {
+      to[e] = from && c0 + e < cols ? from[e] : store<bf16>(0.f);
+    }
+  }
+}
+
 // Row pointers into a [B, T, H, width] tensor for the tokens of the chunk starting at
 // `begin`: rows_of(base, width, offset)(r) is token begin + r's row, `offset` columns in.
 struct ChunkRows {
@@ -1051,7 +1076,7 @@ struct MmaPrepareLayout {
 
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out) {
+    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out) {
   using L = MmaPrepareLayout<KD>;
   constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1069,13 +1094,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();  // the previous chunk's tiles are no longer read
-    stage_tile(sK, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
+    issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    async_copy_commit();
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
       s_beta[i] = i < n ? load(pr.beta[pr.row(b, begin + i, h)]) : 0.f;
     }
+    async_copy_wait<0>();  // the barriers of the cumsum publish sK
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    if (int(threadIdx.x) < n) gcum_out[pr.row(b, begin + threadIdx.x, h)] = s_g[threadIdx.x];
 
     chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
     for (int idx = int(threadIdx.x); idx < kChunk * KD; idx += int(blockDim.x)) {
@@ -1175,10 +1202,12 @@ struct StateTile {
 
 template <int KD>
 struct MmaStateLayout {
-  static constexpr int ldk = KD + 8, lds = kMmaVt + 8, ldf = kMmaVt + 4;
-  static constexpr size_t f_bytes = size_t(KD) * ldf * 4, s_bytes = size_t(KD) * lds * 2,
-                          k_bytes = size_t(kChunk) * ldk * 2, v_bytes = size_t(kChunk) * lds * 2;
-  static constexpr size_t bytes = f_bytes + s_bytes + 2 * k_bytes + v_bytes;
+  static constexpr int ldk = KD + 8, lds = kMmaVt + 8;
+  static constexpr size_t s_bytes = size_t(KD) * lds * 2,   // S0 in bf16
+      k_bytes = size_t(kChunk) * ldk * 2,                    // one tile of W or K rows
+      v_bytes = size_t(kChunk) * lds * 2;                    // one tile of U or v_new columns
+  // S0, two slots of (W, K, U), the decayed v_new
+  static constexpr size_t bytes = s_bytes + 2 * (2 * k_bytes + v_bytes) + v_bytes;
 };
 
 // The chunk start state S0 of (b, h, chunk) in the scratch buffer [B, H, max_chunks, K, V].
@@ -1187,82 +1216,183 @@ __device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t
   return ((b * pr.heads + h) * max_chunks + chunk) * pr.key_dim * pr.value_dim;
 }
 
+// The f32 state tile S [K][64] of a state-pass block, in the accumulators of its warps:
+// warp w holds key rows w 16 + 64 s (s < kSlices), each a 16 x 64 mma accumulator, so the
+// update S <- lambda S + K^T X is an mma into the registers that hold S.
+template <int KD>
+struct StateRegisters {
+  static constexpr int kSlices = (KD + 63) / 64, NB = kMmaVt / 8;
+  float s[kSlices][NB][4];
+
+  __device__ static int first_row(int slice) { return int(threadIdx.x / 32) * 16 + 64 * slice; }
+  __device__ static bool owned(int slice) { return first_row(slice) < KD; }
+
+  // fn(slice, nb, e, key row, column) over this thread's elements.
+  template <class Fn>
+  __device__ void each(Fn&& fn) {
+#pragma unroll
+    for (int sl = 0; sl < kSlices; ++sl) {
+      if (!owned(sl)) continue;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fn(s[sl][nb][e], first_row(sl) + acc_row(e), acc_col(nb, e));
+      }
+    }
+  }
+};
+
+// Copies S0 (bf16, [K][lds] in shared memory) to the chunk's [K, V] slot in `saved`: 16
+// bytes a thread where the tile's columns allow, element by element on a ragged tile.
+template <int KD, int LDS>
+__device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved) {
+  constexpr int kGroups = kMmaVt / 8;
+  for (int g = int(threadIdx.x); g < KD * kGroups; g += int(blockDim.x)) {
+    const int a = g / kGroups, c0 = (g % kGroups) * 8;
+    const bf16* from = rounded + a * LDS + c0;
+    bf16* to = saved + st.offset(a, c0);
+    if (c0 + 8 <= st.cols && aligned_16(to)) {
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+    } else {
+      for (int e = 0; e < 8 && c0 + e < st.cols; ++e) to[e] = from[e];
+    }
+  }
+}
+
+// The forward's sequential pass, one block per (64-column V tile, h, b) over the chunks in
+// order. Per chunk, with S the state at its start (zero at a document start):
+//   S0 = bf16(S) -> states (the output kernel and the backward read it)
+//   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
+//   S <- e^{G_last} S + K^T sVn
+// S stays in f32 registers (StateRegisters) for the whole sequence. The chunk's W, K and U
+// rows arrive by cp.async into one of two slots, issued a chunk ahead; its G (from the
+// prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
+// more ahead, so no step waits on global memory.
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
-                  bf16* __restrict__ v_new, bf16* __restrict__ states, int64_t max_chunks,
-                  bf16* __restrict__ h_final) {
+                  const float* __restrict__ gcum, bf16* __restrict__ v_new,
+                  bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
   using L = MmaStateLayout<KD>;
-  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf;
+  constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  float* sS = reinterpret_cast<float*>(smem_raw);                   // S [K][vt], f32
-  bf16* sSb = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);       // S0 [K][vt], bf16
-  bf16* sW = reinterpret_cast<bf16*>(smem_raw + L::f_bytes + L::s_bytes);  // W rows
-  bf16* sK = sW + kChunk * LDK;                                      // K rows
-  bf16* sVn = sK + kChunk * LDK;                                     // e^{G_last - G} v_new
-  __shared__ float s_g[kChunk];
+  bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
+  bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // 2 x (W, K, U)
+  bf16* sVn = reinterpret_cast<bf16*>(smem_raw + L::s_bytes + 2 * (2 * L::k_bytes + L::v_bytes));
+  constexpr int kSlotElements = 2 * kChunk * LDK + kChunk * LDS;
+  auto slot_w = [&](int chunk) { return slots + (chunk % 2) * kSlotElements; };
+  auto slot_k = [&](int chunk) { return slot_w(chunk) + kChunk * LDK; };
+  auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
+  __shared__ float s_g[2][kChunk];
   const StateTile st(pr, kMmaVt);
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
-  st.read<KD, kMmaVt, LDF>(sS, pr.h0);  // h0 seeds the segment at t = 0
-  for (int chunk = 0; chunk < count; ++chunk) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
-    __syncthreads();  // S is complete; the previous chunk's tiles are no longer read
-    const bool reset = begin > 0 && doc_starts[chunk];  // a document start: S = 0
-    st.round_and_save<KD, kMmaVt, LDF, LDS>(sS, reset, sSb,
-                                            states + state_offset(pr, b, h, chunk, max_chunks));
-    stage_tile(sW, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(w, KD, 0), NoScale{});
-    stage_tile(sK, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
-    const float g_last = n > 0 ? s_g[n - 1] : 0.f;
+  // Chunk c's copies into slot c % 2 ([begin, end) its tokens).
+  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
+    const int n = int(end - begin);
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
+    issue_tile(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile(slot_u(chunk), LDS, kChunk, kMmaVt, n, cols, rows_of(u, V, col0));
+  };
+  auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
+    return i_row < kChunk && begin + i_row < end ? gcum[pr.row(b, begin + i_row, h)] : 0.f;
+  };
+  auto begin_of = [&](int chunk) {  // begins[count] = T
+    return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
+  };
 
-    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn. (The
-    // buffers are __restrict__, so the u loads need not wait for the v_new stores: this
-    // kernel is the sequential part of the forward, where memory latency adds up.)
+  StateRegisters<KD> S;
+  S.each([&](float& x, int a, int c) {
+    x = pr.h0 && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)]) : 0.f;
+  });
+  // Registers ahead of chunk c: its tokens [begin, end), the starts of chunks c + 2, c + 3,
+  // c + 4 (end_next, end_after, end_later), chunk c + 1's document-start flag and G.
+  int64_t begin = begin_of(0), end = begin_of(1), end_next = begin_of(2);
+  int64_t end_after = begin_of(3), end_later = begin_of(4);
+  int doc_now = count > 0 ? doc_starts[0] : 0, doc_next = count > 1 ? doc_starts[1] : 0;
+  float g_next = 0.f;
+  if (count > 0) {
+    if (i_row < kChunk) s_g[0][i_row] = g_of(begin, end);
+    g_next = g_of(end, end_next);
+    issue_chunk(0, begin, end);
+    async_copy_commit();
+  }
+
+  for (int chunk = 0; chunk < count; ++chunk) {
+    const int n = int(end - begin);
+    __syncthreads();  // the previous chunk's tiles, S0, sVn and s_g slot are no longer read
+    if (i_row < kChunk) {
+      s_g[(chunk + 1) % 2][i_row] = g_next;
+      g_next = g_of(end_next, end_after);  // chunk + 2
+    }
+    if (chunk + 1 < count) issue_chunk(chunk + 1, end, end_next);
+    async_copy_commit();
+    const bool reset = begin > 0 && doc_now;  // a document start: S = 0
+    S.each([&](float& x, int a, int c) {
+      if (reset) x = 0.f;
+      sSb[a * LDS + c] = store<bf16>(x);
+    });
+    async_copy_wait<1>();  // this chunk's W, K, U
+    __syncthreads();
+    save_state<KD, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
+    const float* g = s_g[chunk % 2];
+    const float g_last = n > 0 ? g[n - 1] : 0.f;
+
+    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn.
     {
-      float acc[kMmaVt / 8][4];
+      const bf16 *sW = slot_w(chunk), *sU = slot_u(chunk);
+      float acc[NB][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, kMmaVt / 8>(sW + warp * 16 * LDK, sSb, acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NB>(sW + warp * 16 * LDK, sSb, acc);
 #pragma unroll
-      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
+      for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
           float x = 0.f;
           if (i < n && c < cols) {
-            const int64_t at = pr.row(b, begin + i, h) * V + col0 + c;
-            const bf16 vn = store<bf16>(load(u[at]) - acc[nb][e]);
-            v_new[at] = vn;
-            x = load(vn) * expf(g_last - s_g[i]);
+            const bf16 vn = store<bf16>(load(sU[i * LDS + c]) - acc[nb][e]);
+            v_new[pr.row(b, begin + i, h) * V + col0 + c] = vn;
+            x = load(vn) * expf(g_last - g[i]);
           }
           sVn[i * LDS + c] = store<bf16>(x);
         }
       }
     }
     __syncthreads();
-    // S <- e^{G_last} S + K^T (e^{G_last - G} v_new): warp w owns key rows w 16 + 64 r.
+    // S <- e^{G_last} S + K^T sVn, each warp on its own key rows.
     const float total = expf(g_last);
-    for (int a0 = warp * 16; a0 < KD; a0 += 64) {
-      float acc[kMmaVt / 8][4];
+    const bf16* sK = slot_k(chunk);
+#pragma unroll
+    for (int sl = 0; sl < StateRegisters<KD>::kSlices; ++sl) {
+      if (!StateRegisters<KD>::owned(sl)) continue;
+      float acc[NB][4];
       mma::zero(acc);
-      mma::columns_times_matrix<kChunk, LDK, LDS, kMmaVt / 8>(sK, a0, sVn, acc);
+      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, StateRegisters<KD>::first_row(sl), sVn,
+                                                      acc);
 #pragma unroll
-      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
+      for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& s = sS[(a0 + acc_row(e)) * LDF + acc_col(nb, e)];
-          s = total * s + acc[nb][e];
-        }
+        for (int e = 0; e < 4; ++e) S.s[sl][nb][e] = total * S.s[sl][nb][e] + acc[nb][e];
       }
     }
+    // Move the registers on by a chunk (the loads are used a chunk or more later).
+    begin = end;
+    end = end_next;
+    end_next = end_after;
+    end_after = end_later;
+    end_later = begin_of(min(chunk + 5, count));
+    doc_now = doc_next;
+    doc_next = chunk + 2 < count ? doc_starts[chunk + 2] : 0;
   }
-  __syncthreads();
-  st.write<KD, kMmaVt, LDF>(sS, h_final);  // the state after token T - 1
+  // The state after token T - 1.
+  S.each([&](float& x, int a, int c) {
+    if (c < cols) h_final[st.state_base + st.offset(a, c)] = store<bf16>(x);
+  });
 }
 
 template <int KD>
@@ -1275,8 +1405,8 @@ struct MmaOutputLayout {
 
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, int64_t max_chunks,
-                   bf16* o, float* fit_part) {
+    gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
+                   int64_t max_chunks, bf16* o, float* fit_part) {
   using L = MmaOutputLayout<KD>;
   constexpr int LDK = L::ldk, LDS = L::lds;
   constexpr int NB = kMmaVt / 8;
@@ -1297,16 +1427,19 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();
-    stage_tile(sQ, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(pr.q, KD, 0), NoScale{});
-    stage_tile(sK, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
-    stage_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; },
-               NoScale{});
-    stage_tile(sVn, LDS, kChunk, kMmaVt, n, cols,
-               ChunkRows(pr, b, h, begin)(v_new, V, col0), NoScale{});
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
+    issue_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; });
+    issue_tile(sVn, LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
+    async_copy_commit();
+    if (int(threadIdx.x) < kChunk) {  // G from the prepare kernel
+      const int i = int(threadIdx.x);
+      s_g[i] = i < n ? gcum[pr.row(b, begin + i, h)] : 0.f;
+    }
+    async_copy_wait<0>();
+    __syncthreads();
 
     // The warp's 16 rows, first of O = diag(E) Q S0 + P v_new with P = tril(Q K^T * Gamma),
     // then of pred = diag(E) K S0 + M v_new with M = strict_tril(K K^T * Gamma): one
@@ -2180,6 +2313,7 @@ struct MmaChunkStates {
   Problem<bf16> pr;  // 64-column value tiles
   int64_t max_chunks = 0;
   Tensor w, u, v_new, states;
+  Tensor gcum;  // G, the chunk-local cumsum of the gates, f32 [B, T, H]
 };
 
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
@@ -2198,12 +2332,13 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   c.v_new = Tensor::empty(Shape{rows * d.value_dim}, DType::BF16, device);
   c.states = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * d.key_dim * d.value_dim},
                            DType::BF16, device);
+  c.gcum = Tensor::empty(Shape{rows}, DType::F32, device);
   const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
   launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
-             ptr<bf16>(c.u));
+             ptr<bf16>(c.u), ptr<float>(c.gcum));
   launch_mma(&gdr_state_mma<KD>, grid_of(op, d, c.pr.tiles), MmaStateLayout<KD>::bytes, c.pr,
-             ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<bf16>(c.v_new), ptr<bf16>(c.states),
-             c.max_chunks, ptr<bf16>(h_end));
+             ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
+             ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
   return c;
 }
 
@@ -2221,7 +2356,8 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     launch_mma(&gdr_output_mma<KD>,
                dim3(mma_chunk_blocks(d), unsigned(c.pr.tiles), unsigned(d.batch * d.heads)),
                MmaOutputLayout<KD>::bytes, c.pr, ptr<const bf16>(c.v_new),
-               ptr<const bf16>(c.states), c.max_chunks, ptr<bf16>(out.o), ptr<float>(fit_part));
+               ptr<const bf16>(c.states), ptr<const float>(c.gcum), c.max_chunks,
+               ptr<bf16>(out.o), ptr<float>(fit_part));
     finish_fit_error<bf16>(fit_part, d, c.pr.tiles, out.fit_error);
     return true;
   };
