@@ -962,26 +962,42 @@ __device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int co
   }
 }
 
-// Issues the copies of a bf16 tile like stage_tile's (no scale): dst[r][c] (row stride ld)
-// for r < rows, c < width from source(r)[c] for r < n, c < cols, zeros elsewhere. Whole
-// 16-byte-aligned groups of 8 columns go by cp.async (the caller commits and waits); the
-// rest (ragged or unaligned rows, padding) is stored directly.
-template <class Source>
-__device__ void issue_tile(bf16* dst, int ld, int rows, int width, int n, int cols,
-                           Source source) {
-  static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>, bf16>,
-                "issue_tile copies bf16 rows");
-  const int per_row = (width + 7) / 8, groups = rows * per_row;
+// Issues the copies of a tile like stage_tile's (no scale; bf16 or f32): dst[r][c] (row
+// stride ld) for r < rows, c < width from source(r)[c] for r < n, c < cols, zeros
+// elsewhere. Whole 16-byte-aligned groups of columns go by cp.async (the caller commits and
+// waits); the rest (ragged or unaligned rows, padding) is stored directly. Group g of the
+// tile is thread g % blockDim.x's, as in scale_tile.
+template <class E, class Source>
+__device__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols, Source source) {
+  static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>, E>,
+                "issue_tile copies rows of its own element type");
+  constexpr int kGroup = 16 / int(sizeof(E));
+  const int per_row = (width + kGroup - 1) / kGroup, groups = rows * per_row;
   for (int g = int(threadIdx.x); g < groups; g += int(blockDim.x)) {
-    const int r = g / per_row, c0 = (g % per_row) * 8;
-    bf16* to = dst + r * ld + c0;
-    const bf16* from = r < n ? source(r) + c0 : nullptr;
-    if (from && c0 + 8 <= cols && c0 + 8 <= width && aligned_16(from) && aligned_16(to)) {
+    const int r = g / per_row, c0 = (g % per_row) * kGroup;
+    E* to = dst + r * ld + c0;
+    const E* from = r < n ? source(r) + c0 : nullptr;
+    if (from && c0 + kGroup <= cols && c0 + kGroup <= width && aligned_16(from) &&
+        aligned_16(to)) {
       async_copy_16(to, from);
       continue;
     }
+    for (int e = 0; e < kGroup && c0 + e < width; ++e) {
+      to[e] = from && c0 + e < cols ? from[e] : store<E>(0.f);
+    }
+  }
+}
+
+// After issue_tile's copies have landed (and before the barrier that publishes them):
+// row r of the bf16 tile times scale(r), rounded back, on this thread's groups.
+template <class Scale>
+__device__ void scale_tile(bf16* tile, int ld, int rows, int width, Scale scale) {
+  const int per_row = (width + 7) / 8, groups = rows * per_row;
+  for (int g = int(threadIdx.x); g < groups; g += int(blockDim.x)) {
+    const int r = g / per_row, c0 = (g % per_row) * 8;
+    const float x = scale(r);
     for (int e = 0; e < 8 && c0 + e < width; ++e) {
-      to[e] = from && c0 + e < cols ? from[e] : store<bf16>(0.f);
+      tile[r * ld + c0 + e] = store<bf16>(load(tile[r * ld + c0 + e]) * x);
     }
   }
 }
@@ -1216,18 +1232,19 @@ __device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t
   return ((b * pr.heads + h) * max_chunks + chunk) * pr.key_dim * pr.value_dim;
 }
 
-// The f32 state tile S [K][64] of a state-pass block, in the accumulators of its warps:
-// warp w holds key rows w 16 + 64 s (s < kSlices), each a 16 x 64 mma accumulator, so the
-// update S <- lambda S + K^T X is an mma into the registers that hold S.
-template <int KD>
+// The f32 state tile S [K][VT] of a state-pass block (or dS in the backward's), in the
+// accumulators of its warps: warp w holds key rows w 16 + 64 s (s < kSlices), each a
+// 16 x VT mma accumulator, so the update S <- lambda S + K^T X is an mma into the
+// registers that hold S.
+template <int KD, int VT>
 struct StateRegisters {
-  static constexpr int kSlices = (KD + 63) / 64, NB = kMmaVt / 8;
+  static constexpr int kSlices = (KD + 63) / 64, NB = VT / 8;
   float s[kSlices][NB][4];
 
   __device__ static int first_row(int slice) { return int(threadIdx.x / 32) * 16 + 64 * slice; }
   __device__ static bool owned(int slice) { return first_row(slice) < KD; }
 
-  // fn(slice, nb, e, key row, column) over this thread's elements.
+  // fn(element, key row, column) over this thread's elements.
   template <class Fn>
   __device__ void each(Fn&& fn) {
 #pragma unroll
@@ -1242,11 +1259,11 @@ struct StateRegisters {
   }
 };
 
-// Copies S0 (bf16, [K][lds] in shared memory) to the chunk's [K, V] slot in `saved`: 16
-// bytes a thread where the tile's columns allow, element by element on a ragged tile.
-template <int KD, int LDS>
+// Copies a state tile in bf16 ([K][LDS] in shared memory, VT columns) to its [K, V] slot
+// in `saved`: 16 bytes a thread where the tile's columns allow, else element by element.
+template <int KD, int VT, int LDS>
 __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved) {
-  constexpr int kGroups = kMmaVt / 8;
+  constexpr int kGroups = VT / 8;
   for (int g = int(threadIdx.x); g < KD * kGroups; g += int(blockDim.x)) {
     const int a = g / kGroups, c0 = (g % kGroups) * 8;
     const bf16* from = rounded + a * LDS + c0;
@@ -1305,7 +1322,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
   };
 
-  StateRegisters<KD> S;
+  StateRegisters<KD, kMmaVt> S;
   S.each([&](float& x, int a, int c) {
     x = pr.h0 && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)]) : 0.f;
   });
@@ -1338,7 +1355,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     });
     async_copy_wait<1>();  // this chunk's W, K, U
     __syncthreads();
-    save_state<KD, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
+    save_state<KD, kMmaVt, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
 
@@ -1368,11 +1385,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float total = expf(g_last);
     const bf16* sK = slot_k(chunk);
 #pragma unroll
-    for (int sl = 0; sl < StateRegisters<KD>::kSlices; ++sl) {
-      if (!StateRegisters<KD>::owned(sl)) continue;
+    for (int sl = 0; sl < StateRegisters<KD, kMmaVt>::kSlices; ++sl) {
+      if (!StateRegisters<KD, kMmaVt>::owned(sl)) continue;
       float acc[NB][4];
       mma::zero(acc);
-      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, StateRegisters<KD>::first_row(sl), sVn,
+      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, StateRegisters<KD, kMmaVt>::first_row(sl), sVn,
                                                       acc);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
@@ -1550,6 +1567,7 @@ struct MmaBackward {
   float *dw, *dk_part;                // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
   float* chunk_dlambda;                            // [slots]
+  const float* gcum;                               // G, [B, T, H]
   int64_t max_chunks;
   bf16 *dq, *dk, *dv, *dbeta, *dh0;  // outputs; null when not wanted
   void* dg;                          // f32 when the gates are f32, else bf16; may be null
@@ -1671,89 +1689,167 @@ __global__ void __launch_bounds__(kMmaThreads)
 template <int KD, int VT>
 struct BwdStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8, ldf = VT + 4;
-  static constexpr size_t f_bytes = size_t(KD) * ldf * 4;
-  static constexpr size_t bytes =
-      f_bytes + size_t(KD * lds + 3 * kChunk * ldk + 2 * kChunk * lds) * 2;
+  static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2,  // Q, K or W rows
+      v_bytes = size_t(kChunk) * lds * 2,                      // dO or du columns (bf16)
+      f_bytes = size_t(kChunk) * ldf * 4,                      // dvl columns (f32)
+      s_bytes = size_t(KD) * lds * 2;                          // dS_end in bf16
+  static constexpr size_t slot_bytes = 3 * k_bytes + v_bytes + f_bytes;
+  // Two slots of chunk tiles where they fit the H100/H200's 227 KiB per block, else one.
+  static constexpr int slots = s_bytes + 2 * slot_bytes + v_bytes <= 227 * 1024 ? 2 : 1;
+  static constexpr size_t bytes = s_bytes + slots * slot_bytes + v_bytes;
 };
 
+// The backward's sequential pass, one block per (V tile, h, b) over the chunks in reverse.
+// Per chunk, with dS the gradient of its end state (zero when the next chunk starts a
+// document, and grad_h_final after the last):
+//   dS_end = bf16(dS) -> dstates;  du = dvl + diag(tau) K dS_end -> du
+//   dS <- lambda dS + Q^T diag(E) dO - W^T du   (= dS0, the previous chunk's dS_end)
+// dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
+// chunk ahead where two slots fit (K <= 128), else at the chunk's start, all in flight at
+// once; G (gcum) and the chunk table are read into registers ahead of use.
 template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
   using L = BwdStateLayout<KD, VT>;
-  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf;
+  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8, kSlots = L::slots;
+  using Registers = StateRegisters<KD, VT>;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  float* dS = reinterpret_cast<float*>(smem_raw);               // [K][VT], f32
-  bf16* dSb = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);   // dS_end in bf16
-  bf16* sQe = dSb + KD * LDS;                                    // diag(E) Q
-  bf16* sK = sQe + kChunk * LDK;
-  bf16* sW = sK + kChunk * LDK;
-  bf16* sdO = sW + kChunk * LDK;
-  bf16* sDu = sdO + kChunk * LDS;
-  __shared__ float s_g[kChunk];
+  bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
+  unsigned char* slots = smem_raw + L::s_bytes;
+  bf16* sDu = reinterpret_cast<bf16*>(slots + kSlots * L::slot_bytes);
+  auto slot = [&](int chunk) { return slots + (kSlots == 2 ? chunk % 2 : 0) * L::slot_bytes; };
+  auto slot_q = [&](int chunk) { return reinterpret_cast<bf16*>(slot(chunk)); };
+  auto slot_k = [&](int chunk) { return slot_q(chunk) + kChunk * LDK; };
+  auto slot_w = [&](int chunk) { return slot_q(chunk) + 2 * kChunk * LDK; };
+  auto slot_do = [&](int chunk) { return slot_q(chunk) + 3 * kChunk * LDK; };
+  auto slot_dvl = [&](int chunk) {
+    return reinterpret_cast<float*>(slot(chunk) + 3 * L::k_bytes + L::v_bytes);
+  };
+  __shared__ float s_g[2][kChunk];
   const StateTile st(pr, VT);
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
 
-  st.read<KD, VT, LDF>(dS, bw.grad_h_final);  // the gradient of the state after token T - 1
-  for (int chunk = count - 1; chunk >= 0; --chunk) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
-    __syncthreads();  // dS is complete; the previous chunk's tiles are no longer read
+  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
+    const int n = int(end - begin);
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
+    issue_tile(slot_do(chunk), LDS, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0));
+    issue_tile(slot_dvl(chunk), LDF, kChunk, VT, n, cols,
+               rows_of(static_cast<const float*>(bw.dvl), V, col0));
+  };
+  auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
+    return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
+  };
+  auto begin_of = [&](int chunk) { return chunk >= 0 ? int64_t(begins[chunk]) : int64_t(0); };
+  auto doc_start_of = [&](int chunk) { return chunk >= 0 && chunk < count ? doc_starts[chunk] : 0; };
+
+  Registers dS;  // the gradient of the state after token T - 1
+  dS.each([&](float& x, int a, int c) {
+    x = bw.grad_h_final && c < cols ? load(bw.grad_h_final[st.state_base + st.offset(a, c)]) : 0.f;
+  });
+  // Registers ahead of chunk c = [begin, end): the starts of chunks c - 1, c - 2, c - 3,
+  // the document-start flags of chunks c + 1 (doc_end) and c (doc_next), chunk c - 1's G.
+  const int last = count - 1;
+  int64_t end = begin_of(last + 1), begin = begin_of(last), begin_p1 = begin_of(last - 1);
+  int64_t begin_p2 = begin_of(last - 2), begin_p3 = begin_of(last - 3);
+  int doc_end = 0, doc_next = doc_start_of(last);
+  float g_next = 0.f;
+  if (count > 0) {
+    if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
+    g_next = g_of(begin_p1, begin);
+    if (kSlots == 2) {
+      issue_chunk(last, begin, end);
+      async_copy_commit();
+    }
+  }
+
+  for (int chunk = last; chunk >= 0; --chunk) {
+    const int n = int(end - begin);
+    __syncthreads();  // the next chunk's tiles, dS_end, du and s_g slot are no longer read
+    if (i_row < kChunk) {
+      s_g[(chunk + 1) % 2][i_row] = g_next;  // chunk - 1's G (slot (chunk - 1) % 2)
+      g_next = g_of(begin_p2, begin_p1);     // chunk - 2
+    }
+    if (kSlots == 2) {
+      if (chunk > 0) issue_chunk(chunk - 1, begin_p1, begin);
+    } else {
+      issue_chunk(chunk, begin, end);
+    }
+    async_copy_commit();
     // A chunk followed by a document start ends its document: its end state is dropped.
-    const bool reset = chunk + 1 < count && doc_starts[chunk + 1];
-    st.round_and_save<KD, VT, LDF, LDS>(dS, reset, dSb,
-                                        bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);  // ends with a barrier
-    const ChunkRows rows_of{pr, b, h, begin};
-    stage_tile(sQe, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0),
-               [&](int r) { return expf(s_g[r]); });
-    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
-    stage_tile(sW, LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0), NoScale{});
-    stage_tile(sdO, LDS, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0), NoScale{});
+    const bool reset = doc_end != 0;
+    dS.each([&](float& x, int a, int c) {
+      if (reset) x = 0.f;
+      dSb[a * LDS + c] = store<bf16>(x);
+    });
+    async_copy_wait<kSlots - 1>();  // this chunk's tiles
+    const float* g = s_g[chunk % 2];
+    bf16* sdO = slot_do(chunk);
+    scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });  // diag(E) dO
     __syncthreads();
-    const float g_last = n > 0 ? s_g[n - 1] : 0.f;
+    save_state<KD, VT, LDS>(st, dSb, bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
+    const float g_last = n > 0 ? g[n - 1] : 0.f;
     // du = dvl + diag(tau) K dS_end for the warp's 16 rows.
     {
-      float acc[VT / 8][4];
+      const float* sDvl = slot_dvl(chunk);
+      float acc[NB][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, VT / 8>(sK + warp * 16 * LDK, dSb, acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NB>(slot_k(chunk) + warp * 16 * LDK, dSb, acc);
 #pragma unroll
-      for (int nb = 0; nb < VT / 8; ++nb) {
+      for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
           float du = 0.f;
           if (i < n && c < cols) {
-            const int64_t at = pr.row(b, begin + i, h) * V + col0 + c;
-            du = bw.dvl[at] + expf(g_last - s_g[i]) * acc[nb][e];
-            bw.du[at] = du;
+            du = sDvl[i * LDF + c] + expf(g_last - g[i]) * acc[nb][e];
+            bw.du[pr.row(b, begin + i, h) * V + col0 + c] = du;
           }
           sDu[i * LDS + c] = store<bf16>(du);
         }
       }
     }
     __syncthreads();
-    // dS0 = lambda dS_end + (diag(E) Q)^T dO - W^T du: warp w owns key rows w 16 + 64 r.
+    // dS0 = lambda dS_end + Q^T (diag(E) dO) - W^T du, each warp on its own key rows.
     const float lambda = expf(g_last);
-    for (int a0 = warp * 16; a0 < KD; a0 += 64) {
-      float plus[VT / 8][4], minus[VT / 8][4];
+    const bf16 *sQ = slot_q(chunk), *sW = slot_w(chunk);
+#pragma unroll
+    for (int sl = 0; sl < Registers::kSlices; ++sl) {
+      if (!Registers::owned(sl)) continue;
+      const int a0 = Registers::first_row(sl);
+      float plus[NB][4], minus[NB][4];
       mma::zero(plus);
       mma::zero(minus);
-      mma::columns_times_matrix<kChunk, LDK, LDS, VT / 8>(sQe, a0, sdO, plus);
-      mma::columns_times_matrix<kChunk, LDK, LDS, VT / 8>(sW, a0, sDu, minus);
+      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sQ, a0, sdO, plus);
+      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sW, a0, sDu, minus);
 #pragma unroll
-      for (int nb = 0; nb < VT / 8; ++nb) {
+      for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float& s = dS[(a0 + acc_row(e)) * LDF + acc_col(nb, e)];
-          s = lambda * s + plus[nb][e] - minus[nb][e];
+          float& x = dS.s[sl][nb][e];
+          x = lambda * x + plus[nb][e] - minus[nb][e];
         }
       }
     }
+    // Move the registers back by a chunk (the loads are used a chunk or more later).
+    end = begin;
+    begin = begin_p1;
+    begin_p1 = begin_p2;
+    begin_p2 = begin_p3;
+    begin_p3 = begin_of(chunk - 4);
+    doc_end = doc_next;
+    doc_next = doc_start_of(chunk - 1);
   }
-  __syncthreads();
-  if (bw.dh0) st.write<KD, VT, LDF>(dS, bw.dh0);  // dS0 of the segment at t = 0
+  if (bw.dh0) {  // dS0 of the segment at t = 0
+    dS.each([&](float& x, int a, int c) {
+      if (c < cols) bw.dh0[st.state_base + st.offset(a, c)] = store<bf16>(x);
+    });
+  }
 }
 
 template <int KD, int VT>
@@ -2462,6 +2558,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.states = ptr<const bf16>(c.states);
     bw.dstates = ptr<bf16>(dstates);
     bw.dvl = ptr<float>(dvl);
+    bw.gcum = ptr<const float>(c.gcum);
     bw.du = ptr<float>(du);
     bw.dpg = ptr<float>(dpg);
     bw.da = ptr<float>(da);
