@@ -1036,6 +1036,16 @@ __device__ void chunk_gate_cumsum(const Problem<bf16>& pr, int64_t b, int64_t h,
   __syncthreads();
 }
 
+// G of the chunk [begin, begin + n) into s_g (zeros past n) from gcum, where the prepare
+// kernel left it; the caller's barrier publishes it.
+__device__ void load_gcum(const float* gcum, const Problem<bf16>& pr, int64_t b, int64_t h,
+                          int64_t begin, int n, float* s_g) {
+  if (int(threadIdx.x) < kChunk) {
+    const int i = int(threadIdx.x);
+    s_g[i] = i < n ? gcum[pr.row(b, begin + i, h)] : 0.f;
+  }
+}
+
 // Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
 // rows' block, column in the 8 nb block.
 __device__ __forceinline__ int acc_row(int e) { return mma::lane_id() / 4 + 8 * (e / 2); }
@@ -1111,6 +1121,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    issue_tile(sV, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V)),
+               ChunkRows(pr, b, h, begin)(pr.v, V, 0));
     async_copy_commit();
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
@@ -1145,10 +1157,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     // U = A diag(beta) V, one 64-column V tile at a time.
     for (int64_t v0 = 0; v0 < V; v0 += kMmaVt) {
       const int cols = int(min(int64_t(kMmaVt), V - v0));
-      __syncthreads();  // sV of the previous tile is no longer read
-      stage_tile(sV, LDV, kChunk, kMmaVt, n, cols,
-                 ChunkRows(pr, b, h, begin)(pr.v, V, v0),
-                 [&](int r) { return s_beta[r]; });
+      if (v0 > 0) {  // the first tile came with K
+        __syncthreads();  // sV of the previous tile is no longer read
+        issue_tile(sV, LDV, kChunk, kMmaVt, n, cols, ChunkRows(pr, b, h, begin)(pr.v, V, v0));
+        async_copy_commit();
+      }
+      async_copy_wait<0>();
+      scale_tile(sV, LDV, kChunk, kMmaVt, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
       float acc[kMmaVt / 8][4];
       mma::zero(acc);
@@ -1451,10 +1466,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; });
     issue_tile(sVn, LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
     async_copy_commit();
-    if (int(threadIdx.x) < kChunk) {  // G from the prepare kernel
-      const int i = int(threadIdx.x);
-      s_g[i] = i < n ? gcum[pr.row(b, begin + i, h)] : 0.f;
-    }
+    load_gcum(gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
 
@@ -1656,10 +1668,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
-    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
-    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
-    stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0), NoScale{});
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0));
+    async_copy_commit();
+    load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
+    async_copy_wait<0>();
+    __syncthreads();
     // P^T for the warp's rows j: (K Q^T)_ji Gamma_ij where i >= j.
     float pt[kChunk / 8][4];
     mma::zero(pt);
@@ -1889,10 +1904,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
-    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
-    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    async_copy_commit();
     load_beta(pr, b, h, begin, n, s_beta);
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
+    async_copy_wait<0>();
+    __syncthreads();
     chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
 
     float dp[kChunk / 8][4], dav[kChunk / 8][4];
@@ -1904,13 +1922,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int64_t v0 = 0; v0 < V; v0 += VT) {
       const int cols = int(min(int64_t(VT), V - v0));
       __syncthreads();  // the previous tile is no longer read
-      stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0), NoScale{});
-      stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
-      stage_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0),
-                 [&](int r) { return s_beta[r]; });
-      stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});
-      stage_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; }, NoScale{});
-      stage_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; }, NoScale{});
+      issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
+      issue_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; });
+      issue_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; });
+      async_copy_commit();
+      stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});  // f32
+      async_copy_wait<0>();
+      scale_tile(sVb, LDV, kChunk, VT, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
       mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sdO + warp * 16 * LDV, sU, dp);
       mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sDu + warp * 16 * LDV, sVb, dav);
@@ -2036,13 +2056,16 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
-    stage_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0), NoScale{});
-    stage_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0), NoScale{});
+    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    async_copy_commit();
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       sDpg[(idx / kChunk) * LDF + idx % kChunk] = bw.dpg[slot * kChunk * kChunk + idx];
     }
     load_beta(pr, b, h, begin, n, s_beta);
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
+    async_copy_wait<0>();
+    __syncthreads();
     const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
     const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
 
@@ -2056,13 +2079,13 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int64_t v0 = 0; v0 < V; v0 += VT) {
         const int cols = int(min(int64_t(VT), V - v0));
         __syncthreads();
-        stage_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0), NoScale{});
-        stage_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0), NoScale{});
-        stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});
-        stage_tile(sS0, LDV, KB, VT, KB, cols,
-                   [&](int a) { return saved + (k0 + a) * V + v0; }, NoScale{});
-        stage_tile(sdS, LDV, KB, VT, KB, cols,
-                   [&](int a) { return dsaved + (k0 + a) * V + v0; }, NoScale{});
+        issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+        issue_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+        issue_tile(sS0, LDV, KB, VT, KB, cols, [&](int a) { return saved + (k0 + a) * V + v0; });
+        issue_tile(sdS, LDV, KB, VT, KB, cols, [&](int a) { return dsaved + (k0 + a) * V + v0; });
+        async_copy_commit();
+        stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});  // f32
+        async_copy_wait<0>();
         __syncthreads();
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sDu + warp * 16 * LDV, sS0, x2);  // du S0^T
@@ -2160,13 +2183,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
-    stage_tile(sK, LDK, kChunk, KD, n, KD,
-               ChunkRows(pr, b, h, begin)(pr.k, KD, 0), NoScale{});
+    issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    async_copy_commit();
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       sD[(idx / kChunk) * LDF + idx % kChunk] = bw.da[slot * kChunk * kChunk + idx];
     }
     load_beta(pr, b, h, begin, n, s_beta);
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
+    async_copy_wait<0>();
+    __syncthreads();
     chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
     // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
