@@ -1046,6 +1046,26 @@ __device__ void load_gcum(const float* gcum, const Problem<bf16>& pr, int64_t b,
   }
 }
 
+// dst[i][j] (row stride ld) <- src[i * 64 + j] for a 64 x 64 f32 matrix, each thread
+// loading 8 elements before storing any, so that 8 of its loads are in flight at once.
+__device__ void load_square_f32(float* dst, int ld, const float* __restrict__ src) {
+  constexpr int kInFlight = 8;
+  const int step = int(blockDim.x);
+  for (int base = int(threadIdx.x); base < kChunk * kChunk; base += kInFlight * step) {
+    float x[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int idx = base + k * step;
+      x[k] = idx < kChunk * kChunk ? src[idx] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int idx = base + k * step;
+      if (idx < kChunk * kChunk) dst[(idx / kChunk) * ld + idx % kChunk] = x[k];
+    }
+  }
+}
+
 // Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
 // rows' block, column in the 8 nb block.
 __device__ __forceinline__ int acc_row(int e) { return mma::lane_id() / 4 + 8 * (e / 2); }
@@ -1054,10 +1074,15 @@ __device__ __forceinline__ int acc_col(int nb, int e) {
 }
 
 // The chunk's M = strict_tril(K K^T * Gamma) (f32, Gamma only where j < i: no e^{-G})
-// and A = (I + diag(beta) M)^-1 (unit lower triangular; f32 in sAf, bf16 in sA), from its
-// key rows sK, G and beta. A by forward substitution, column j by thread j, rows in order:
-//   A_ij = [i == j] - sum_{j <= m < i} beta_i M_im A_mj.
-// Ends with a barrier.
+// and A = (I + L)^-1 with L = diag(beta) M (unit lower triangular; f32 in sAf, bf16 in sA),
+// from its key rows sK, G and beta, by 16 x 16 blocks (p, q < 4):
+//   diagonal blocks, by forward substitution (column j by thread j, 16 rows deep):
+//     A_ij = [i == j] - sum_{j <= m < i} beta_i M_im A_mj      (i, j, m in one block)
+//   then the blocks below, in order of p - q (1, 2, 3):
+//     X_pq = sum_{q <= r < p} L_pr A_rq,   A_pq = -A_pp X_pq
+//   with X_pq kept in the upper block (q, p) of sAf, which is zeroed at the end.
+// (One 64-deep substitution per column left 64 threads on a chain of up to 2016 dependent
+// steps.) Ends with a barrier.
 template <int KD, int LDK, int LDA, int LDF>
 __device__ void chunk_inverse(const bf16* sK, const float* s_g, const float* s_beta, int n,
                               float* sM, float* sAf, bf16* sA) {
@@ -1076,13 +1101,48 @@ __device__ void chunk_inverse(const bf16* sK, const float* s_g, const float* s_b
     }
   }
   __syncthreads();
+  constexpr int kB = 16, kBlocks = kChunk / kB;
   if (int(threadIdx.x) < kChunk) {
-    const int j = int(threadIdx.x);
-    for (int i = 0; i < kChunk; ++i) {
+    const int j = int(threadIdx.x), first = j / kB * kB;  // column j of diagonal block j / 16
+    for (int i = first; i < first + kB; ++i) {
       float x = i == j ? 1.f : 0.f;
       for (int m = j; m < i; ++m) x -= s_beta[i] * sM[i * LDF + m] * sAf[m * LDF + j];
       sAf[i * LDF + j] = x;
     }
+  }
+  __syncthreads();
+  // Element e of the blocks (q + d, q), q < 4 - d: row i, column j of A; (x_row, x_col) is
+  // where X_pq's element goes in the upper block (q, p).
+  auto place = [](int e, int d, int& i, int& j, int& x_row, int& x_col) {
+    const int q = e / (kB * kB), p = q + d, r = e % (kB * kB) / kB, c = e % kB;
+    i = p * kB + r;
+    j = q * kB + c;
+    x_row = q * kB + r;
+    x_col = p * kB + c;
+  };
+  for (int d = 1; d < kBlocks; ++d) {
+    const int elements = (kBlocks - d) * kB * kB;
+    for (int e = int(threadIdx.x); e < elements; e += int(blockDim.x)) {
+      int i, j, x_row, x_col;
+      place(e, d, i, j, x_row, x_col);
+      float x = 0.f;  // (L A)_ij over the rows r of blocks q .. p - 1
+      for (int m = j / kB * kB; m < i / kB * kB; ++m) x += sM[i * LDF + m] * sAf[m * LDF + j];
+      sAf[x_row * LDF + x_col] = s_beta[i] * x;
+    }
+    __syncthreads();
+    for (int e = int(threadIdx.x); e < elements; e += int(blockDim.x)) {
+      int i, j, x_row, x_col;
+      place(e, d, i, j, x_row, x_col);
+      const int p0 = i / kB * kB, x_base = x_row - (i - p0);  // X's rows follow A_pp's columns
+      float x = 0.f;  // (A_pp X)_ij
+      for (int m = p0; m <= i; ++m) x += sAf[i * LDF + m] * sAf[(x_base + m - p0) * LDF + x_col];
+      sAf[i * LDF + j] = -x;
+    }
+    __syncthreads();
+  }
+  for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    if (j / kB > i / kB) sAf[i * LDF + j] = 0.f;  // the X scratch
   }
   __syncthreads();
   for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
@@ -2059,9 +2119,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     async_copy_commit();
-    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-      sDpg[(idx / kChunk) * LDF + idx % kChunk] = bw.dpg[slot * kChunk * kChunk + idx];
-    }
+    load_square_f32(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -2185,9 +2243,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
     issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
     async_copy_commit();
-    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-      sD[(idx / kChunk) * LDF + idx % kChunk] = bw.da[slot * kChunk * kChunk + idx];
-    }
+    load_square_f32(sD, LDF, bw.da + slot * kChunk * kChunk);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
