@@ -7,8 +7,9 @@
 // One warp per row up to D = 1024, one block per row beyond; sums in f32 (f64 for f64).
 // rms_norm moves 16-byte packs where D and the pointers allow.
 // rstd is stored in x's dtype and, as on the CPU, the forward uses that rounded value so
-// the backward sees the same xhat. dweight is the deterministic column reduction of
-// cuda/reduce_utils.cuh.
+// the backward sees the same xhat. The backward's row groups keep dweight's partial sums in
+// registers, read from the same loads as dx (rows up to 8192 long), and
+// cuda/reduce_utils.cuh adds the groups' sums in order: deterministic.
 #include <cstdint>
 #include <initializer_list>
 
@@ -84,62 +85,94 @@ __global__ void rms_norm_kernel(const T* x, const T* gate, const T* weight, int6
   }
 }
 
-// dx and dgate rows (either may be null).
-template <bool kWarp, int N, class T>
+// dx and dgate rows (either may be null), and with kPacks > 0 this group's share of
+// dweight. Group g (a warp or a block) takes rows g, g + groups, ...; with kPacks > 0 each
+// thread keeps dweight's partial sums for its kPacks packs of columns in registers (the row
+// must fit: packs <= kPacks * group size) and writes them to dweight_part[g][:] at the end,
+// so x and dy are read for dweight in the same pass as for dx; sum_groups adds the
+// groups in order.
+template <bool kWarp, int N, int kPacks, class T>
 __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate, const T* weight,
-                                         const T* rstd, int64_t rows, int64_t d, T* dx,
-                                         T* dgate) {
+                                         const T* rstd, int64_t rows, int64_t d, int64_t groups,
+                                         T* dx, T* dgate, compute_t<T>* dweight_part) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
   using P = Pack<T, N>;
-  const int64_t row = row_index<kWarp>();
-  if (kWarp && row >= rows) return;
-  const int64_t packs = d / N, base = row * d;
-  const P* xr = reinterpret_cast<const P*>(x + base);
-  const P* dyr = reinterpret_cast<const P*>(dy + base);
-  const P* gr = reinterpret_cast<const P*>(gate ? gate + base : nullptr);
+  const int64_t group = row_index<kWarp>();
+  if (group >= groups) return;  // whole warps (kWarp) or whole blocks
+  const int64_t packs = d / N;
   const P* wr = reinterpret_cast<const P*>(weight);
-  const C r = load(rstd[row]);
-  C dot = C(0);  // sum_j g_j xhat_j
-  for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
-    const P xp = xr[p], dyp = dyr[p];
-    const P wp = weight ? wr[p] : P{};
-    const P gp = gate ? gr[p] : P{};
-    P dgp;
+  C part[kPacks > 0 ? kPacks : 1][N] = {};
+  for (int64_t row = group; row < rows; row += groups) {
+    const int64_t base = row * d;
+    const P* xr = reinterpret_cast<const P*>(x + base);
+    const P* dyr = reinterpret_cast<const P*>(dy + base);
+    const P* gr = reinterpret_cast<const P*>(gate ? gate + base : nullptr);
+    const C r = load(rstd[row]);
+    C dot = C(0);  // sum_j g_j xhat_j
+    // Pack p: dot, dgate, and (k >= 0) dweight's terms dy silu(gate) xhat into part[k].
+    auto first_pass = [&](int64_t p, int k) {
+      const P xp = xr[p], dyp = dyr[p];
+      const P wp = weight ? wr[p] : P{};
+      const P gp = gate ? gr[p] : P{};
+      P dgp;
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      const C xhat = load(xp.v[e]) * r;
-      const C w = weight ? C(load(wp.v[e])) : C(1);
-      const C g_in = load(dyp.v[e]);
-      C g = g_in * w;
-      if (gate) {
-        const C z = load(gp.v[e]), s = sigmoid(z);
-        dgp.v[e] = store<T>(g_in * xhat * w * s * (C(1) + z * (C(1) - s)));
-        g *= z * s;
+      for (int e = 0; e < N; ++e) {
+        const C xhat = load(xp.v[e]) * r;
+        const C w = weight ? C(load(wp.v[e])) : C(1);
+        const C g_in = load(dyp.v[e]);
+        C g = g_in * w, dn = g_in;  // dn = dy silu(gate), g = dn w
+        if (gate) {
+          const C z = load(gp.v[e]), s = sigmoid(z);
+          dgp.v[e] = store<T>(g_in * xhat * w * s * (C(1) + z * (C(1) - s)));
+          g *= z * s;
+          dn *= z * s;
+        }
+        dot += g * xhat;
+        if constexpr (kPacks > 0) {
+          if (k >= 0) part[k][e] += dn * xhat;
+        }
       }
-      dot += g * xhat;
+      if (gate && dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
+    };
+    if constexpr (kPacks > 0) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t p = Group::lane() + int64_t(k) * Group::size();
+        if (p < packs) first_pass(p, k);
+      }
+    } else {
+      for (int64_t p = Group::lane(); p < packs; p += Group::size()) first_pass(p, -1);
     }
-    if (gate && dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
+    const C mean_g_xhat = Group::sum(dot) / C(d);
+    if (!dx) continue;
+    P* dxr = reinterpret_cast<P*>(dx + base);
+    for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
+      const P xp = xr[p], dyp = dyr[p];
+      const P wp = weight ? wr[p] : P{};
+      const P gp = gate ? gr[p] : P{};
+      P out;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const C xhat = load(xp.v[e]) * r;
+        C g = load(dyp.v[e]) * (weight ? C(load(wp.v[e])) : C(1));
+        if (gate) {
+          const C z = load(gp.v[e]);
+          g *= z * sigmoid(z);
+        }
+        out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
+      }
+      dxr[p] = out;
+    }
   }
-  if (!dx) return;
-  const C mean_g_xhat = Group::sum(dot) / C(d);
-  P* dxr = reinterpret_cast<P*>(dx + base);
-  for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
-    const P xp = xr[p], dyp = dyr[p];
-    const P wp = weight ? wr[p] : P{};
-    const P gp = gate ? gr[p] : P{};
-    P out;
+  if constexpr (kPacks > 0) {
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      const C xhat = load(xp.v[e]) * r;
-      C g = load(dyp.v[e]) * (weight ? C(load(wp.v[e])) : C(1));
-      if (gate) {
-        const C z = load(gp.v[e]);
-        g *= z * sigmoid(z);
-      }
-      out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = Group::lane() + int64_t(k) * Group::size();
+      if (p >= packs) continue;
+#pragma unroll
+      for (int e = 0; e < N; ++e) dweight_part[group * d + p * N + e] = part[k][e];
     }
-    dxr[p] = out;
   }
 }
 
@@ -228,6 +261,32 @@ void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double 
   });
 }
 
+// Row groups of the backward: at most this many warps (rows up to kWarpRowMax) or blocks,
+// each taking every groups-th row. Fixed numbers, so dweight's sums are the same on every
+// device and run.
+constexpr int64_t kBackwardWarpGroups = 2048, kBackwardBlockGroups = 512;
+
+// Launches rms_norm_backward_kernel<kWarp, N, kPacks> over min(rows, max_groups) groups.
+template <bool kWarp, int N, int kPacks, class T>
+void launch_rms_norm_backward(const T* dy, const T* x, const T* gate, const T* weight,
+                              const T* rstd, int64_t rows, int64_t d, T* dx, T* dgate,
+                              compute_t<T>* dweight_part, int64_t groups) {
+  const int64_t blocks = kWarp ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
+  HAM_CHECK(blocks < (int64_t(1) << 31), "rms_norm backward: ", blocks, " blocks exceed the grid");
+  HAM_LAUNCH(unsigned(blocks), kThreads, 0, launch_stream(),
+             rms_norm_backward_kernel<kWarp, N, kPacks, T>)(dy, x, gate, weight, rstd, rows, d,
+                                                            groups, dx, dgate, dweight_part);
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+// dweight_j = sum over groups g of part[g][j], in group order.
+template <class T>
+struct PartialSum {
+  const compute_t<T>* part;
+  int64_t d;
+  __device__ compute_t<T> operator()(int64_t, int64_t g, int64_t j) const { return part[g * d + j]; }
+};
+
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
                        const Tensor& weight, const Tensor& rstd, Tensor& dx, Tensor& dgate,
                        Tensor& dweight) {
@@ -235,26 +294,53 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
   use_device_of(x);
   dispatch_floating("rms_norm backward", x.dtype(), [&]<class T>() {
     using C = compute_t<T>;
-    if ((dx.defined() || dgate.defined()) && rows > 0 && d > 0) {
-      const T *dyp = ptr<const T>(dy), *xp = ptr<const T>(x), *gp = ptr_or_null<const T>(gate),
-              *wp = ptr_or_null<const T>(weight);
-      T *dxp = ptr_or_null<T>(dx), *dgp = ptr_or_null<T>(dgate);
-      if (rows_packable<T>(d, {dyp, xp, gp, wp, dxp, dgp})) {
-        constexpr int N = kPackWidth<T>;
-        launch_rows(rows, d, &rms_norm_backward_kernel<true, N, T>,
-                    &rms_norm_backward_kernel<false, N, T>, dyp, xp, gp, wp,
-                    ptr<const T>(rstd), rows, d, dxp, dgp);
-      } else {
-        launch_rows(rows, d, &rms_norm_backward_kernel<true, 1, T>,
-                    &rms_norm_backward_kernel<false, 1, T>, dyp, xp, gp, wp,
-                    ptr<const T>(rstd), rows, d, dxp, dgp);
+    const T *dyp = ptr<const T>(dy), *xp = ptr<const T>(x), *gp = ptr_or_null<const T>(gate),
+            *wp = ptr_or_null<const T>(weight);
+    T *dxp = ptr_or_null<T>(dx), *dgp = ptr_or_null<T>(dgate);
+    if (rows == 0 || d == 0) {  // dweight: sums over no rows
+      if (dweight.defined()) {
+        reduce_middle<C>(x.device(), 1, rows, d, WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
+                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
       }
+      return;
     }
-    if (dweight.defined()) {
-      reduce_middle<C>(x.device(), 1, rows, d,
-                       WeightGradTerm<T>{ptr<const T>(dy), ptr<const T>(x),
-                                         ptr_or_null<const T>(gate), ptr<const T>(rstd), d},
-                       StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+    const bool warp = d <= kWarpRowMax;
+    const int64_t size = warp ? 32 : kThreads;
+    const int64_t groups = std::min(rows, warp ? kBackwardWarpGroups : kBackwardBlockGroups);
+    auto run = [&]<int N>() {
+      // dweight in the same pass when a thread's packs fit its registers (32 values)
+      constexpr int kPacks = 32 / N;
+      const bool fused = dweight.defined() && (d / N + size - 1) / size <= kPacks;
+      Tensor part;
+      if (fused) part = Tensor::empty(Shape{groups * d}, compute_dtype<T>(), x.device());
+      if (fused || dx.defined() || dgate.defined()) {
+        C* partp = fused ? ptr<C>(part) : nullptr;
+        if (warp && fused) {
+          launch_rms_norm_backward<true, N, kPacks>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d,
+                                                    dxp, dgp, partp, groups);
+        } else if (warp) {
+          launch_rms_norm_backward<true, N, 0>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d, dxp,
+                                               dgp, partp, groups);
+        } else if (fused) {
+          launch_rms_norm_backward<false, N, kPacks>(dyp, xp, gp, wp, ptr<const T>(rstd), rows,
+                                                     d, dxp, dgp, partp, groups);
+        } else {
+          launch_rms_norm_backward<false, N, 0>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d,
+                                                dxp, dgp, partp, groups);
+        }
+      }
+      if (fused) {
+        reduce_middle<C>(x.device(), 1, groups, d, PartialSum<T>{ptr<const C>(part), d},
+                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+      } else if (dweight.defined()) {  // rows too long for registers: a second pass
+        reduce_middle<C>(x.device(), 1, rows, d, WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
+                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+      }
+    };
+    if (rows_packable<T>(d, {dyp, xp, gp, wp, dxp, dgp})) {
+      run.template operator()<kPackWidth<T>>();
+    } else {
+      run.template operator()<1>();
     }
   });
 }

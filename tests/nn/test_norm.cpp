@@ -277,5 +277,44 @@ TEST(Norm, GpuMatchesCpu) {
   }
 }
 
+// The backward's row groups (at most 2048 warps or 512 blocks) take several rows each when
+// there are more rows, keep dweight's sums in registers for rows up to 8192 long, and fall
+// back to a second pass beyond; dweight alone (no dx) takes the same path.
+TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  uint64_t seed = 90;
+  for (DType dtype : testing::kGpuDtypes) {
+    for (const Shape& shape : {Shape{2600, 64}, Shape{530, 2048}, Shape{3, 9000}}) {
+      for (bool want_dx : {true, false}) {
+        const std::string what = "rms_norm backward " + shape_str(shape) + " " +
+                                 dtype_name(dtype) + (want_dx ? "" : " dweight only");
+        const int64_t d = shape.back();
+        Tensor x = testing::random_tensor(shape, dtype, gpu, seed++);
+        Tensor gate = testing::random_tensor(shape, dtype, gpu, seed++);
+        Tensor weight = testing::random_tensor({d}, dtype, gpu, seed++, 0.5, 1.0);
+        Tensor dy = testing::random_tensor(shape, dtype, gpu, seed++);
+        Tensor x_cpu = testing::cpu_reference(x), gate_cpu = testing::cpu_reference(gate);
+        Tensor weight_cpu = testing::cpu_reference(weight);
+        auto want = ops::rms_norm("rms_norm", x_cpu, gate_cpu, weight_cpu, 1e-6);
+        auto want_grads = ops::rms_norm_backward(testing::cpu_reference(dy), x_cpu, gate_cpu,
+                                                 weight_cpu, want.rstd, true, true, true);
+        Tensor y = testing::poisoned(shape, dtype, gpu);
+        Tensor rstd = testing::poisoned({shape[0]}, dtype, gpu);
+        rms_norm_kernels()(gpu, x, gate, weight, 1e-6, y, rstd);
+        Tensor dx = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
+        Tensor dgate = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
+        Tensor dweight = testing::poisoned({d}, dtype, gpu);
+        rms_norm_backward_kernels()(gpu, dy, x, gate, weight, rstd, dx, dgate, dweight);
+        testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
+        if (want_dx) {
+          testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
+          testing::expect_matches_reference(dgate, want_grads.dgate, dtype, what + " dgate");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ham
