@@ -889,18 +889,21 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 // three kernels, as flash-linear-attention does, so that only the state recurrence is
 // sequential and everything else runs on all chunks at once:
 //   1. gdr_prepare_mma, one block per (chunk, h, b):
-//        G (chunk cumsum), L = diag(beta) M = strict_tril(diag(beta) (K K^T * Gamma)),
-//        A = (I + L)^-1 by forward substitution in f32 (a column per thread),
+//        G (chunk cumsum) -> gcum (f32 [B, T, H], read by every later kernel),
+//        L = diag(beta) M = strict_tril(diag(beta) (K K^T * Gamma)),
+//        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse),
 //        W = A diag(beta E) K,  U = A diag(beta) V          -> scratch, bf16 [B, T, H, *]
 //   2. gdr_state_mma, one block per (64-column V tile, h, b), the chunks in order:
 //        S0 of each chunk -> scratch (bf16),  v_new = U - W S0 -> scratch (bf16),
-//        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 shared memory)
+//        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 registers)
 //   3. gdr_output_mma, one block per (chunk, V tile, h, b):
 //        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
-// 16 rows of each product; the 4 warps of a block cover a chunk's 64.
+// 16 rows of each product; the 4 warps of a block cover a chunk's 64. bf16 tiles arrive by
+// cp.async (issue_tile; cuda/async_copy.cuh), every copy of a thread in flight at once; the
+// two state passes issue the next chunk's copies before the current chunk's products.
 
 constexpr int kMmaThreads = 128;
 constexpr int kMmaVt = 64;  // value columns per block of the state and output kernels
