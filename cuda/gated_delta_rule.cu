@@ -908,68 +908,12 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 constexpr int kMmaThreads = 128;
 constexpr int kMmaVt = 64;  // value columns per block of the state and output kernels
 
-// dst[r][c] (row stride ld) for r < rows, c < width: element c of source(r), times
-// scale(r), for r < n and c < cols; zero elsewhere (padding rows and columns).
-// Each thread moves groups of 8 columns, kStageInFlight groups loaded before any is
-// stored, so that a thread has that many global loads outstanding instead of one (one
-// scalar load at a time left the state pass waiting on memory latency); bf16 rows at
-// 16-byte aligned addresses move as one 16-byte load and store per group.
-constexpr int kStageInFlight = 4;
-
-template <class Source, class Scale>
-__device__ void stage_tile(bf16* dst, int ld, int rows, int width, int n, int cols,
-                           Source source, Scale scale) {
-  using E = std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>;
-  using Group = Pack<bf16, 8>;
-  const int per_row = (width + 7) / 8, groups = rows * per_row, step = int(blockDim.x);
-  for (int g0 = int(threadIdx.x); g0 < groups; g0 += kStageInFlight * step) {
-    float x[kStageInFlight][8];
-#pragma unroll
-    for (int k = 0; k < kStageInFlight; ++k) {
-      const int g = g0 + k * step, r = g / per_row, c0 = (g % per_row) * 8;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[k][e] = 0.f;
-      if (g >= groups || r >= n) continue;
-      const E* from = source(r) + c0;
-      if constexpr (std::is_same_v<E, bf16>) {
-        if (c0 + 8 <= cols && aligned_16(from)) {
-          const Group v = *reinterpret_cast<const Group*>(from);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) x[k][e] = load(v.v[e]);
-          continue;
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (c0 + e < cols) x[k][e] = load(from[e]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kStageInFlight; ++k) {
-      const int g = g0 + k * step, r = g / per_row, c0 = (g % per_row) * 8;
-      if (g >= groups) continue;
-      const bool row_read = r < n;
-      const float s = row_read ? scale(r) : 0.f;
-      Group out;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        out.v[e] = store<bf16>(row_read && c0 + e < cols ? x[k][e] * s : 0.f);
-      }
-      bf16* to = dst + r * ld + c0;
-      if (c0 + 8 <= width && aligned_16(to)) {
-        *reinterpret_cast<Group*>(to) = out;
-      } else {
-        for (int e = 0; e < 8 && c0 + e < width; ++e) to[e] = out.v[e];
-      }
-    }
-  }
-}
-
-// Issues the copies of a tile like stage_tile's (no scale; bf16 or f32): dst[r][c] (row
-// stride ld) for r < rows, c < width from source(r)[c] for r < n, c < cols, zeros
-// elsewhere. Whole 16-byte-aligned groups of columns go by cp.async (the caller commits and
-// waits); the rest (ragged or unaligned rows, padding) is stored directly. Group g of the
-// tile is thread g % blockDim.x's, as in scale_tile.
+// Issues the copies of a tile (bf16 or f32): dst[r][c] (row stride ld) for r < rows,
+// c < width from source(r)[c] for r < n, c < cols, zeros elsewhere (padding rows and
+// columns). Whole 16-byte-aligned groups of columns go by cp.async, so a thread has all its
+// copies in flight at once (the caller commits and waits); the rest (ragged or unaligned
+// rows, padding) is stored directly. Group g of the tile is thread g % blockDim.x's, as in
+// scale_tile.
 template <class E, class Source>
 __device__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols, Source source) {
   static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>, E>,
@@ -1018,10 +962,6 @@ struct ChunkRows {
       return base + ((at.b * at.seq_len + at.begin + r) * at.heads + at.h) * width + offset;
     };
   }
-};
-
-struct NoScale {
-  __device__ float operator()(int) const { return 1.f; }
 };
 
 // G of the chunk [begin, begin + n) into s_g (zeros past n), in order as the CPU sums it.
@@ -1637,7 +1577,8 @@ struct MmaBackward {
   const bf16 *grad_o, *grad_h_final;  // grad_h_final may be null
   const bf16 *w, *v_new, *states;     // from the forward's kernels
   bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
-  float *dvl, *du;                    // [rows, V]
+  float* dvl;                         // [rows, V]
+  bf16* du;                           // [rows, V], rounded once as the products take it
   float *dpg, *da;                    // (dP * Gamma), dA per chunk, [slots, 64, 64]
   float *dw, *dk_part;                // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
@@ -1886,7 +1827,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           float du = 0.f;
           if (i < n && c < cols) {
             du = sDvl[i * LDF + c] + expf(g_last - g[i]) * acc[nb][e];
-            bw.du[pr.row(b, begin + i, h) * V + col0 + c] = du;
+            bw.du[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(du);
           }
           sDu[i * LDS + c] = store<bf16>(du);
         }
@@ -1990,8 +1931,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       issue_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
       issue_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; });
       issue_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; });
+      issue_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(static_cast<const bf16*>(bw.du), V, v0));
       async_copy_commit();
-      stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});  // f32
       async_copy_wait<0>();
       scale_tile(sVb, LDV, kChunk, VT, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
@@ -2144,8 +2085,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         issue_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
         issue_tile(sS0, LDV, KB, VT, KB, cols, [&](int a) { return saved + (k0 + a) * V + v0; });
         issue_tile(sdS, LDV, KB, VT, KB, cols, [&](int a) { return dsaved + (k0 + a) * V + v0; });
+        issue_tile(sDu, LDV, kChunk, VT, n, cols,
+                   rows_of(static_cast<const bf16*>(bw.du), V, v0));
         async_copy_commit();
-        stage_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(bw.du, V, v0), NoScale{});  // f32
         async_copy_wait<0>();
         __syncthreads();
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
@@ -2628,7 +2570,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
     auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
     Tensor dstates = scratch(slots * K * V, DType::BF16);
-    Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::F32);
+    Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::BF16);
     Tensor dpg = scratch(slots * kChunk * kChunk, DType::F32);
     Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
     Tensor dw = scratch(rows * K, DType::F32), dk_part = scratch(rows * K, DType::F32);
@@ -2643,7 +2585,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.dstates = ptr<bf16>(dstates);
     bw.dvl = ptr<float>(dvl);
     bw.gcum = ptr<const float>(c.gcum);
-    bw.du = ptr<float>(du);
+    bw.du = ptr<bf16>(du);
     bw.dpg = ptr<float>(dpg);
     bw.da = ptr<float>(da);
     bw.dw = ptr<float>(dw);
