@@ -1705,7 +1705,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-template <int KD, int VT>
+template <int KD, int VT, int kSlots>
 struct BwdStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8, ldf = VT + 4;
   static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2,  // Q, K or W rows
@@ -1713,9 +1713,7 @@ struct BwdStateLayout {
       f_bytes = size_t(kChunk) * ldf * 4,                      // dvl columns (f32)
       s_bytes = size_t(KD) * lds * 2;                          // dS_end in bf16
   static constexpr size_t slot_bytes = 3 * k_bytes + v_bytes + f_bytes;
-  // Two slots of chunk tiles where they fit the H100/H200's 227 KiB per block, else one.
-  static constexpr int slots = s_bytes + 2 * slot_bytes + v_bytes <= 227 * 1024 ? 2 : 1;
-  static constexpr size_t bytes = s_bytes + slots * slot_bytes + v_bytes;
+  static constexpr size_t bytes = s_bytes + kSlots * slot_bytes + v_bytes;
 };
 
 // The backward's sequential pass, one block per (V tile, h, b) over the chunks in reverse.
@@ -1724,13 +1722,15 @@ struct BwdStateLayout {
 //   dS_end = bf16(dS) -> dstates;  du = dvl + diag(tau) K dS_end -> du
 //   dS <- lambda dS + Q^T diag(E) dO - W^T du   (= dS0, the previous chunk's dS_end)
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
-// chunk ahead where two slots fit (K <= 128), else at the chunk's start, all in flight at
-// once; G (gcum) and the chunk table are read into registers ahead of use.
-template <int KD, int VT>
+// chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
+// H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
+// table are read into registers ahead of use.
+template <int KD, int VT, int kSlots>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
-  using L = BwdStateLayout<KD, VT>;
-  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8, kSlots = L::slots;
+  static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
+  using L = BwdStateLayout<KD, VT, kSlots>;
+  constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
   using Registers = StateRegisters<KD, VT>;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
@@ -2608,8 +2608,19 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const unsigned bh = unsigned(d.batch * d.heads);
     launch_mma(&gdr_bwd_local_mma<KD, VT>, dim3(chunk_blocks, unsigned(pr.tiles), bh),
                BwdLocalLayout<KD, VT>::bytes, pr, bw);
-    launch_mma(&gdr_bwd_state_mma<KD, VT>, grid_of(op, d, pr.tiles),
-               BwdStateLayout<KD, VT>::bytes, pr, bw);
+    // Two slots of chunk tiles (the next chunk's copies in flight) where they fit.
+    bool two_slots = false;
+    if constexpr (BwdStateLayout<KD, VT, 2>::bytes <= 227 * 1024) {
+      if (BwdStateLayout<KD, VT, 2>::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, VT, 2>)) {
+        launch_mma(&gdr_bwd_state_mma<KD, VT, 2>, grid_of(op, d, pr.tiles),
+                   BwdStateLayout<KD, VT, 2>::bytes, pr, bw);
+        two_slots = true;
+      }
+    }
+    if (!two_slots) {
+      launch_mma(&gdr_bwd_state_mma<KD, VT, 1>, grid_of(op, d, pr.tiles),
+                 BwdStateLayout<KD, VT, 1>::bytes, pr, bw);
+    }
     const dim3 per_chunk(chunk_blocks, 1, bh);
     launch_mma(&gdr_bwd_values_mma<KD, VT>, per_chunk, BwdValuesLayout<KD, VT>::bytes, pr, bw);
     launch_mma(&gdr_bwd_keys_mma<KD, VT>, per_chunk, BwdKeysLayout<KD, VT>::bytes, pr, bw);
