@@ -11,14 +11,10 @@
 // lse, the loss and dloss are f32 for f32 and bf16 logits and f64 for f64 logits
 // (S = compute_t<T>; cross_entropy_stats_dtype in core/ops/cross_entropy.h).
 //
-// Fused with the output projection (not in the CPU op set yet, so not here either): for
-// hidden h [N, D] and W [V, D], the vocabulary is walked in chunks of Vc columns
-// (e.g. 8192), each chunk's logits h W_c^T [N, Vc] made by one GEMM into a reused
-// buffer; a running (max, sum) per row merges chunk by chunk (online logsumexp) and
-// z[target] is picked up from the chunk that holds it. The backward walks the chunks
-// again: it rebuilds a chunk's logits, turns them in place into
-// dz = (e^(z - lse) - onehot) * g, and accumulates dh += dz W_c and dW_c = dz^T h with two
-// more GEMMs, so no more than N x Vc logits ever exist at once.
+// Fused with the output projection, these kernels serve ops::linear_cross_entropy
+// (core/ops/linear_cross_entropy.h), which walks the rows in chunks: one GEMM makes a
+// chunk's logits in a reused buffer, cross_entropy_rows gives their lse and loss, and
+// cross_entropy_backward_rows turns them in place into dz for two more GEMMs (dh, dW).
 #include <cstdint>
 
 #include "core/ops/cross_entropy.h"
