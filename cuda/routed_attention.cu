@@ -1032,6 +1032,20 @@ struct MmaBackwardShape {
   static constexpr size_t dkdv_bytes = size_t((kMmaRows + kTile) * (ldk + ldv)) * 2;
 };
 
+// Issues the copies of the backward's query rows [q0, q0 + BQ) of head h: Q into sQ and
+// dO into sO (row strides DK + 8, DV + 8; zeros past T).
+template <int DK, int DV, int BQ>
+__device__ void issue_query_rows(const AttentionArgs<bf16>& a, int64_t b, int64_t h, int64_t q0,
+                                 bf16* sQ, bf16* sO) {
+  auto query_row = [&](const bf16* base, int D) {
+    return [=, &a](int r) -> const bf16* {
+      return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
+    };
+  };
+  issue_rows<DK, DK + 8, BQ>(sQ, query_row(a.q, DK));
+  issue_rows<DV, DV + 8, BQ>(sO, query_row(a.dout, DV));
+}
+
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
@@ -1053,13 +1067,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
                             s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
     keys.begin();
-    auto query_row = [&](const bf16* base, int D) {
-      return [=, &a](int r) -> const bf16* {
-        return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
-      };
-    };
-    issue_rows<DK, LDK, BQ>(sQ, query_row(a.q, DK));
-    issue_rows<DV, LDV, BQ>(sO, query_row(a.dout, DV));
+    issue_query_rows<DK, DV, BQ>(a, b, h, q0, sQ, sO);
     async_copy_commit();
   }
   const int r0 = warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
@@ -1224,14 +1232,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
         queries.template publish<BK>(i, k0, k_end, s_begin, s_end, s_lse, s_delta);
     if (!vis.sees) continue;  // no row of this tile sees these keys
     const bool check = !vis.covers;
-    const int64_t h = queries.head(i), q0 = queries.first_row(i);
-    auto query_row = [&](const bf16* base, int D) {
-      return [=, &a](int r) -> const bf16* {
-        return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
-      };
-    };
-    issue_rows<DK, LDK, BQ>(sQ, query_row(a.q, DK));
-    issue_rows<DV, LDV, BQ>(sO, query_row(a.dout, DV));
+    issue_query_rows<DK, DV, BQ>(a, b, queries.head(i), queries.first_row(i), sQ, sO);
     async_copy_commit();
     async_copy_wait<0>();
     __syncthreads();

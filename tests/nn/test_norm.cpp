@@ -220,6 +220,28 @@ TEST(Norm, BadInputErrorsNameOpAndShapes) {
 // The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
 // f32 and bf16, every gradient; rows short (a warp each) and long (a block each), of
 // lengths that move as 16-byte packs (64, 2048) and that do not (61, 1030 in bf16 and f32).
+// Random GPU inputs of rms_norm (gate and weight when asked for) and the CPU's forward
+// and backward on copies of them, the reference the GPU kernels are checked against.
+struct RmsNormCase {
+  Tensor x, gate, weight, dy;
+  ops::NormResult want;
+  ops::RmsNormGrads want_grads;
+
+  RmsNormCase(const Shape& shape, DType dtype, bool gated, bool weighted, uint64_t& seed) {
+    const Device gpu = Device::cuda();
+    x = testing::random_tensor(shape, dtype, gpu, seed++);
+    gate = gated ? testing::random_tensor(shape, dtype, gpu, seed++) : Tensor();
+    weight = weighted ? testing::random_tensor({shape.back()}, dtype, gpu, seed++, 0.5, 1.0)
+                      : Tensor();
+    dy = testing::random_tensor(shape, dtype, gpu, seed++);
+    Tensor x_cpu = testing::cpu_reference(x), gate_cpu = testing::cpu_reference(gate);
+    Tensor weight_cpu = testing::cpu_reference(weight);
+    want = ops::rms_norm("rms_norm", x_cpu, gate_cpu, weight_cpu, 1e-6);
+    want_grads = ops::rms_norm_backward(testing::cpu_reference(dy), x_cpu, gate_cpu, weight_cpu,
+                                        want.rstd, true, true, true);
+  }
+};
+
 TEST(Norm, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
@@ -231,16 +253,10 @@ TEST(Norm, GpuMatchesCpu) {
           const std::string what = "rms_norm d=" + std::to_string(d) + (gated ? " gated" : "") +
                                    (weighted ? " weighted" : "");
           const Shape shape{3, 37, d};
-          Tensor x = testing::random_tensor(shape, dtype, gpu, seed++);
-          Tensor gate = gated ? testing::random_tensor(shape, dtype, gpu, seed++) : Tensor();
-          Tensor weight = weighted ? testing::random_tensor({d}, dtype, gpu, seed++, 0.5, 1.0)
-                                   : Tensor();
-          Tensor dy = testing::random_tensor(shape, dtype, gpu, seed++);
-          Tensor x_cpu = testing::cpu_reference(x), gate_cpu = testing::cpu_reference(gate);
-          Tensor weight_cpu = testing::cpu_reference(weight);
-          auto want = ops::rms_norm("rms_norm", x_cpu, gate_cpu, weight_cpu, 1e-6);
-          auto want_grads = ops::rms_norm_backward(testing::cpu_reference(dy), x_cpu, gate_cpu,
-                                                   weight_cpu, want.rstd, true, true, true);
+          const RmsNormCase c(shape, dtype, gated, weighted, seed);
+          const Tensor &x = c.x, &gate = c.gate, &weight = c.weight, &dy = c.dy;
+          const ops::NormResult& want = c.want;
+          const ops::RmsNormGrads& want_grads = c.want_grads;
 
           Tensor y = testing::poisoned(shape, dtype, gpu);
           Tensor rstd = testing::poisoned({3 * 37}, dtype, gpu);
@@ -290,22 +306,15 @@ TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
         const std::string what = "rms_norm backward " + shape_str(shape) + " " +
                                  dtype_name(dtype) + (want_dx ? "" : " dweight only");
         const int64_t d = shape.back();
-        Tensor x = testing::random_tensor(shape, dtype, gpu, seed++);
-        Tensor gate = testing::random_tensor(shape, dtype, gpu, seed++);
-        Tensor weight = testing::random_tensor({d}, dtype, gpu, seed++, 0.5, 1.0);
-        Tensor dy = testing::random_tensor(shape, dtype, gpu, seed++);
-        Tensor x_cpu = testing::cpu_reference(x), gate_cpu = testing::cpu_reference(gate);
-        Tensor weight_cpu = testing::cpu_reference(weight);
-        auto want = ops::rms_norm("rms_norm", x_cpu, gate_cpu, weight_cpu, 1e-6);
-        auto want_grads = ops::rms_norm_backward(testing::cpu_reference(dy), x_cpu, gate_cpu,
-                                                 weight_cpu, want.rstd, true, true, true);
+        const RmsNormCase c(shape, dtype, true, true, seed);
+        const auto& want_grads = c.want_grads;
         Tensor y = testing::poisoned(shape, dtype, gpu);
         Tensor rstd = testing::poisoned({shape[0]}, dtype, gpu);
-        rms_norm_kernels()(gpu, x, gate, weight, 1e-6, y, rstd);
+        rms_norm_kernels()(gpu, c.x, c.gate, c.weight, 1e-6, y, rstd);
         Tensor dx = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
         Tensor dgate = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
         Tensor dweight = testing::poisoned({d}, dtype, gpu);
-        rms_norm_backward_kernels()(gpu, dy, x, gate, weight, rstd, dx, dgate, dweight);
+        rms_norm_backward_kernels()(gpu, c.dy, c.x, c.gate, c.weight, rstd, dx, dgate, dweight);
         testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
         if (want_dx) {
           testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
