@@ -8,7 +8,7 @@
 // rms_norm moves 16-byte packs where D and the pointers allow.
 // rstd is stored in x's dtype and, as on the CPU, the forward uses that rounded value so
 // the backward sees the same xhat. The backward's row groups keep dweight's partial sums in
-// registers, read from the same loads as dx (rows up to 8192 long), and
+// registers, read from the same loads as dx (rows 256 to 8192 long), and
 // cuda/reduce_utils.cuh adds the groups' sums in order: deterministic.
 #include <cstdint>
 #include <initializer_list>
@@ -89,8 +89,8 @@ __global__ void rms_norm_kernel(const T* x, const T* gate, const T* weight, int6
 // dweight. Group g (a warp or a block) takes rows g, g + groups, ...; with kPacks > 0 each
 // thread keeps dweight's partial sums for its kPacks packs of columns in registers (the row
 // must fit: packs <= kPacks * group size) and writes them to dweight_part[g][:] at the end,
-// so x and dy are read for dweight in the same pass as for dx; sum_groups adds the
-// groups in order.
+// so x and dy are read for dweight in the same pass as for dx; rms_norm_backward then adds
+// the groups in order (PartialSum).
 template <bool kWarp, int N, int kPacks, class T>
 __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate, const T* weight,
                                          const T* rstd, int64_t rows, int64_t d, int64_t groups,
@@ -261,10 +261,12 @@ void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double 
   });
 }
 
-// Row groups of the backward: at most this many warps (rows up to kWarpRowMax) or blocks,
-// each taking every groups-th row. Fixed numbers, so dweight's sums are the same on every
-// device and run.
+// Row groups of the fused backward: at most this many warps (rows up to kWarpRowMax) or
+// blocks, each taking every groups-th row. Fixed numbers, so dweight's sums are the same
+// on every device and run. Rows shorter than kFusedMinLength keep one warp per row and the
+// second pass: with fewer warps than rows, too few loads would be in flight for them.
 constexpr int64_t kBackwardWarpGroups = 2048, kBackwardBlockGroups = 512;
+constexpr int64_t kFusedMinLength = 256;
 
 // Launches rms_norm_backward_kernel<kWarp, N, kPacks> over min(rows, max_groups) groups.
 template <bool kWarp, int N, int kPacks, class T>
@@ -306,11 +308,13 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
     }
     const bool warp = d <= kWarpRowMax;
     const int64_t size = warp ? 32 : kThreads;
-    const int64_t groups = std::min(rows, warp ? kBackwardWarpGroups : kBackwardBlockGroups);
     auto run = [&]<int N>() {
       // dweight in the same pass when a thread's packs fit its registers (32 values)
       constexpr int kPacks = 32 / N;
-      const bool fused = dweight.defined() && (d / N + size - 1) / size <= kPacks;
+      const bool fused =
+          dweight.defined() && d >= kFusedMinLength && (d / N + size - 1) / size <= kPacks;
+      const int64_t groups =
+          fused ? std::min(rows, warp ? kBackwardWarpGroups : kBackwardBlockGroups) : rows;
       Tensor part;
       if (fused) part = Tensor::empty(Shape{groups * d}, compute_dtype<T>(), x.device());
       if (fused || dx.defined() || dgate.defined()) {
