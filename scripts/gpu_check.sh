@@ -15,11 +15,13 @@
 #                    test_distributed)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
-#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr fla routed profile (default:
-#                    all but fla; fla = gdr with flash-linear-attention beside it, whose
-#                    first run autotunes for over 8 minutes: give it a call of its own,
+#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr fla routed profile sanitize
+#                    (default: all but fla; fla = gdr with flash-linear-attention beside it,
+#                    whose first run autotunes for over 8 minutes: give it a call of its own,
 #                    e.g. HAM_GPU_BENCH=fla with HAM_GPU_TESTS=NONE; profile = per-kernel
-#                    times of one gated delta rule and one dense attention case under ncu)
+#                    times of one gated delta rule and one dense attention case under ncu;
+#                    sanitize = compute-sanitizer's racecheck, synccheck and memcheck over
+#                    small GPU test cases of the hand-written tensor-core kernels)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -142,9 +144,41 @@ print(f"{grand:9.3f} total")
 PY
 }
 
+# sanitize: compute-sanitizer's racecheck, synccheck and memcheck over small GPU test
+# cases of the tensor-core kernels and the fused rms_norm backward. The SIMT emulator runs
+# their barriers and cp.async as a model; this checks them on the hardware. A runtime that
+# refuses the sanitizer (gVisor: "Device not supported") is reported, not failed.
+sanitize() {
+  local filter='Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/2'
+  filter+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/8'
+  filter+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/5'
+  filter+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B2_T300_H4x2_D64x64_rho25_p_DocRuns_FirstEmpty'
+  filter+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B1_T700_H4x2_D128x192_rho25_p_Packed20_FirstEmpty'
+  filter+=':Norm.GpuBackwardRowGroupsMatchCpu'
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "gpu_check: no compute-sanitizer here: no sanitizer run" >&2
+    return
+  fi
+  local tool rc
+  for tool in racecheck synccheck memcheck; do
+    echo "== [$(date +%T)] compute-sanitizer --tool $tool, small GPU test cases"
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_nn" \
+      --gtest_filter="$filter" >"$out/sanitize_$tool.log" 2>&1
+    rc=$?
+    tail -4 "$out/sanitize_$tool.log"
+    if [[ $rc -eq 3 ]]; then
+      echo "gpu_check: compute-sanitizer $tool found errors (log: $out/sanitize_$tool.log)" >&2
+      status=1
+    elif [[ $rc -ne 0 ]]; then
+      echo "gpu_check: compute-sanitizer $tool did not finish (exit $rc; log: $out/sanitize_$tool.log)" >&2
+    fi
+  done
+}
+
 # HAM_GPU_BENCH (see the top): default all but fla.
-benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile} "
+benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile sanitize} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
+  [[ $benches == *" sanitize "* ]] && sanitize
   [[ $benches == *" gemm "* ]] &&
     bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
   [[ $benches == *" memory "* ]] &&
