@@ -16,12 +16,13 @@
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr fla routed profile sanitize
-#                    (default: all but fla; fla = gdr with flash-linear-attention beside it,
+#                    (default: all but fla and sanitize; fla = gdr with flash-linear-attention beside it,
 #                    whose first run autotunes for over 8 minutes: give it a call of its own,
 #                    e.g. HAM_GPU_BENCH=fla with HAM_GPU_TESTS=NONE; profile = per-kernel
 #                    times of one gated delta rule and one dense attention case under ncu;
 #                    sanitize = compute-sanitizer's racecheck, synccheck and memcheck over
-#                    small GPU test cases of the hand-written tensor-core kernels)
+#                    small GPU test cases of the hand-written tensor-core kernels, up to
+#                    2 minutes a tool: e.g. HAM_GPU_BENCH=sanitize HAM_GPU_TESTS=NONE)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -162,7 +163,7 @@ sanitize() {
   local tool rc
   for tool in racecheck synccheck memcheck; do
     echo "== [$(date +%T)] compute-sanitizer --tool $tool, small GPU test cases"
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_nn" \
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 3 "$build/tests/test_nn" \
       --gtest_filter="$filter" >"$out/sanitize_$tool.log" 2>&1
     rc=$?
     tail -4 "$out/sanitize_$tool.log"
@@ -175,8 +176,8 @@ sanitize() {
   done
 }
 
-# HAM_GPU_BENCH (see the top): default all but fla.
-benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile sanitize} "
+# HAM_GPU_BENCH (see the top): default all but fla and sanitize.
+benches=" ${HAM_GPU_BENCH:-gemm memory lce gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   [[ $benches == *" gemm "* ]] &&
