@@ -16,9 +16,10 @@
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
 #   HAM_GPU_SKIP_BENCH=1  tests only
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce gdr fla routed profile sanitize
-#                    (default: all but fla and sanitize; fla = gdr with flash-linear-attention beside it,
-#                    whose first run autotunes for over 8 minutes: give it a call of its own,
-#                    e.g. HAM_GPU_BENCH=fla with HAM_GPU_TESTS=NONE; profile = per-kernel
+#                    (default: all but fla and sanitize; fla = gdr with
+#                    flash-linear-attention beside it, whose first run autotunes for over
+#                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
+#                    HAM_GPU_TESTS=NONE; profile = per-kernel
 #                    times of one gated delta rule and one dense attention case under ncu;
 #                    sanitize = compute-sanitizer's racecheck, synccheck and memcheck over
 #                    small GPU test cases of the hand-written tensor-core kernels, up to
