@@ -1309,6 +1309,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
   using L = MmaStateLayout<KD>;
+  using Registers = StateRegisters<KD, kMmaVt>;
   constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
@@ -1340,7 +1341,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
   };
 
-  StateRegisters<KD, kMmaVt> S;
+  Registers S;
   S.each([&](float& x, int a, int c) {
     x = pr.h0 && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)]) : 0.f;
   });
@@ -1403,12 +1404,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float total = expf(g_last);
     const bf16* sK = slot_k(chunk);
 #pragma unroll
-    for (int sl = 0; sl < StateRegisters<KD, kMmaVt>::kSlices; ++sl) {
-      if (!StateRegisters<KD, kMmaVt>::owned(sl)) continue;
+    for (int sl = 0; sl < Registers::kSlices; ++sl) {
+      if (!Registers::owned(sl)) continue;
       float acc[NB][4];
       mma::zero(acc);
-      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, StateRegisters<KD, kMmaVt>::first_row(sl), sVn,
-                                                      acc);
+      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, Registers::first_row(sl), sVn, acc);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
@@ -1765,7 +1765,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
   };
   auto begin_of = [&](int chunk) { return chunk >= 0 ? int64_t(begins[chunk]) : int64_t(0); };
-  auto doc_start_of = [&](int chunk) { return chunk >= 0 && chunk < count ? doc_starts[chunk] : 0; };
+  auto doc_start_of = [&](int chunk) {
+    return chunk >= 0 && chunk < count ? doc_starts[chunk] : 0;
+  };
 
   Registers dS;  // the gradient of the state after token T - 1
   dS.each([&](float& x, int a, int c) {

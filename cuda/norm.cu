@@ -286,7 +286,9 @@ template <class T>
 struct PartialSum {
   const compute_t<T>* part;
   int64_t d;
-  __device__ compute_t<T> operator()(int64_t, int64_t g, int64_t j) const { return part[g * d + j]; }
+  __device__ compute_t<T> operator()(int64_t, int64_t g, int64_t j) const {
+    return part[g * d + j];
+  }
 };
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
@@ -299,11 +301,14 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
     const T *dyp = ptr<const T>(dy), *xp = ptr<const T>(x), *gp = ptr_or_null<const T>(gate),
             *wp = ptr_or_null<const T>(weight);
     T *dxp = ptr_or_null<T>(dx), *dgp = ptr_or_null<T>(dgate);
+    // dweight by a second pass over x and dy (rows too short or too long for the fused one)
+    auto dweight_second_pass = [&] {
+      reduce_middle<C>(x.device(), 1, rows, d,
+                       WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
+                       StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+    };
     if (rows == 0 || d == 0) {  // dweight: sums over no rows
-      if (dweight.defined()) {
-        reduce_middle<C>(x.device(), 1, rows, d, WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
-                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
-      }
+      if (dweight.defined()) dweight_second_pass();
       return;
     }
     const bool warp = d <= kWarpRowMax;
@@ -336,9 +341,8 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
       if (fused) {
         reduce_middle<C>(x.device(), 1, groups, d, PartialSum<T>{ptr<const C>(part), d},
                          StoreScaled<T, C>{ptr<T>(dweight), C(1)});
-      } else if (dweight.defined()) {  // rows too long for registers: a second pass
-        reduce_middle<C>(x.device(), 1, rows, d, WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
-                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+      } else if (dweight.defined()) {
+        dweight_second_pass();
       }
     };
     if (rows_packable<T>(d, {dyp, xp, gp, wp, dxp, dgp})) {

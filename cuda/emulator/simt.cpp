@@ -305,13 +305,12 @@ class BlockRunner {
   void async_copy_wait(int pending) {
     Fiber& f = current();
     const int complete_below = f.async_groups - pending;
+    auto landed = [&](const Fiber::AsyncCopy& c) { return c.group < complete_below; };
     auto& copies = f.async_copies;
     for (const Fiber::AsyncCopy& c : copies) {
-      if (c.group < complete_below) std::memcpy(c.destination, c.source, 16);
+      if (landed(c)) std::memcpy(c.destination, c.source, 16);
     }
-    copies.erase(std::remove_if(copies.begin(), copies.end(),
-                                [&](const Fiber::AsyncCopy& c) { return c.group < complete_below; }),
-                 copies.end());
+    copies.erase(std::remove_if(copies.begin(), copies.end(), landed), copies.end());
   }
 
   [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
