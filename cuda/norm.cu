@@ -144,8 +144,8 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
     } else {
       for (int64_t p = Group::lane(); p < packs; p += Group::size()) first_pass(p, -1);
     }
+    if (!dx) continue;  // the same in the whole group
     const C mean_g_xhat = Group::sum(dot) / C(d);
-    if (!dx) continue;
     P* dxr = reinterpret_cast<P*>(dx + base);
     for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
       const P xp = xr[p], dyp = dyr[p];
