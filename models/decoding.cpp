@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"
 #include "core/ops/gated_delta_rule.h"
 #include "core/ops/routed_attention.h"
+#include "core/ops/routed_attention_decode.h"
 #include "core/ops/shape.h"
 #include "models/gdn.h"
 #include "models/ham.h"
@@ -97,6 +98,9 @@ class DeltaRuleState {
 // scales [B, cap]. Capacity doubles as tokens arrive; bytes() counts the cached tokens.
 class KVCache {
  public:
+  // Feeds of at most this many tokens attend with routed_attention_decode.
+  static constexpr int64_t kDecodeQueries = 16;
+
   KVCache(int64_t batch, int64_t kv_heads, int64_t key_dim, int64_t value_dim, bool value_scaled,
           DType dtype, Device device)
       : batch_(batch), heads_(kv_heads), key_dim_(key_dim), value_dim_(value_dim),
@@ -146,10 +150,17 @@ class KVCache {
   }
 
   // o[b, i] = softmax attention of q[b, i] [B, n, Hq, Dk] over the cached tokens
-  // [0, visible[b * n + i]) of row b, values scaled by their score when value-scaled
-  // (routed_attention's forward kernel; no visible token gives o = 0).
+  // [0, visible[b * n + i]) of row b, values scaled by their score when value-scaled (no
+  // visible token gives o = 0). A few queries (a generated token) take the decode kernels,
+  // which read just the visible cached keys; a prompt takes routed_attention's forward.
   Tensor attend(const Tensor& q, const std::vector<int64_t>& visible, double scale) const {
     const int64_t n = q.size(1);
+    if (n <= kDecodeQueries) {
+      return ops::routed_attention_decode(q, keys_, values_,
+                                          Tensor::from_vector(visible, {batch_, n}),
+                                          value_scaled_ ? scales_ : Tensor(), scale)
+          .out;
+    }
     Tensor padded_q = q;  // the kernel wants as many query rows as key rows
     if (n < capacity_) {
       padded_q = Tensor::zeros({batch_, capacity_, q.size(2), q.size(3)}, q.dtype(), q.device());
