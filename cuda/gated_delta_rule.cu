@@ -76,6 +76,7 @@
 
 #include "core/ops/gated_delta_rule.h"
 #include "cuda/async_copy.cuh"
+#include "cuda/gated_delta_rule_fit.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
 
@@ -89,12 +90,9 @@ constexpr int kBlock = 256;         // threads of the forward, backward and deco
 // Per-row loops give thread i row i of a chunk, and warp reductions need whole warps.
 static_assert(kBlock >= kChunk && kBlock % 32 == 0, "kBlock: one thread per chunk row, whole warps");
 constexpr int kTableThreads = 1024;  // threads of the chunk table block (one per batch row)
-constexpr double kFitEpsilon = 1e-6;  // fit_error = 1 - <p, v> / (||p|| ||v|| + eps)
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
-__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
-__device__ __forceinline__ double sqrt_(double x) { return ::sqrt(x); }
 
 // ---- Chunk table ---------------------------------------------------------------------
 // Per batch row b: chunk_begin[b, c] for c < count[b] (and chunk_begin[b, count[b]] = T),
@@ -532,21 +530,6 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
   }
   store_state(pr, bc, s.state, s.lds, h_final);  // after token T-1 (h0, or 0, when T = 0)
-}
-
-// fit_error[row] = 1 - <p, v> / (||p|| ||v|| + 1e-6), the three sums added in tile order.
-template <class T, class C>
-__global__ void fit_error_kernel(const C* fit_part, int64_t rows, int tiles, T* fit_error) {
-  HAM_GRID_STRIDE_LOOP(row, rows) {
-    C pv = C(0), pp = C(0), vv = C(0);
-    for (int t = 0; t < tiles; ++t) {
-      const C* part = fit_part + (row * tiles + t) * 3;
-      pv += part[0];
-      pp += part[1];
-      vv += part[2];
-    }
-    fit_error[row] = store<T>(C(1) - pv / (sqrt_(pp) * sqrt_(vv) + C(kFitEpsilon)));
-  }
 }
 
 // ---- Token-by-token recurrence (decoding; the _naive table) --------------------------
@@ -2379,12 +2362,7 @@ void check_sizes(const char* op, const Dims& d) {
 // fit_error from the per-tile partial sums.
 template <class T>
 void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& fit_error) {
-  using C = compute_t<T>;
-  const int64_t rows = d.batch * d.seq_len * d.heads;
-  if (rows == 0) return;
-  HAM_LAUNCH(grid_for(rows), kThreads, 0, launch_stream(), fit_error_kernel<T, C>)(
-      tiles > 0 ? ptr<const C>(fit_part) : nullptr, rows, tiles, ptr<T>(fit_error));
-  HAM_CUDA_CHECK_LAUNCH();
+  launch_fit_error<T>(fit_part, d.batch * d.seq_len * d.heads, tiles, fit_error);
 }
 
 // Largest chunk count over the batch rows (one device-to-host read on the launch stream).

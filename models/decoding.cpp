@@ -8,6 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/ops/gated_delta_rule.h"
+#include "core/ops/gated_delta_rule_decode.h"
 #include "core/ops/routed_attention.h"
 #include "core/ops/routed_attention_decode.h"
 #include "core/ops/shape.h"
@@ -69,27 +70,33 @@ class ConvWindow {
   Tensor window_;  // [B, W-1, C]
 };
 
-// The gated delta rule state S [B, H, K, V] carried across feeds.
+// The gated delta rule state S [B, H, K, V] carried across feeds, in f32 (f64 for an f64
+// model) whatever the activations' dtype, as the chunked kernels keep it inside a sequence.
 class DeltaRuleState {
  public:
   DeltaRuleState(int64_t batch, int64_t heads, int64_t key_dim, int64_t value_dim, DType dtype,
                  Device device)
-      : state_(Tensor::zeros({batch, heads, key_dim, value_dim}, dtype, device)) {}
+      : dtype_(dtype),
+        state_(Tensor::zeros({batch, heads, key_dim, value_dim},
+                             ops::gated_delta_rule_state_dtype(dtype), device)) {}
 
-  // One feed: the chunked training algorithm for several tokens (a prompt fed at position
-  // 0 is chunked exactly as in the full forward), the plain recurrence for one.
-  GatedDeltaRuleResult step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                            const Tensor& beta) {
-    GatedDeltaRuleArgs args{q, k, v, g, beta, state_, Tensor()};
-    GatedDeltaRuleResult r = q.size(1) > 1 ? ops::gated_delta_rule_chunked(args)
-                                           : ops::gated_delta_rule_naive(args);
-    state_ = r.h_final;
-    return r;
+  // One feed: a few tokens (a generated one) advance the state in place with the decode
+  // kernel; a longer feed (a prompt) runs the chunked training algorithm from the state, so
+  // a prompt fed at position 0 is chunked exactly as in the full forward.
+  ops::GatedDeltaRuleStep step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                               const Tensor& beta) {
+    if (q.size(1) <= kDecodeTokens) return ops::gated_delta_rule_decode(state_, q, k, v, g, beta);
+    GatedDeltaRuleArgs args{q, k, v, g, beta, state_.to(dtype_), Tensor()};
+    GatedDeltaRuleResult r = ops::gated_delta_rule_chunked(args);
+    state_ = r.h_final.to(state_.dtype());
+    return {r.o, r.fit_error};
   }
 
   int64_t bytes() const { return bytes_of(state_); }
 
  private:
+  static constexpr int64_t kDecodeTokens = 16;
+  DType dtype_;
   Tensor state_;
 };
 
@@ -376,7 +383,7 @@ class HAMLayerState final : public Decoder::LayerState {
     rnn_v = reshape(rnn_v, {B, n, H, V});
     Tensor log_decay = gdn_log_decay(m.a_proj->forward(h), m.A_log, m.dt_bias);
     Tensor beta = sigmoid(m.b_proj->forward(h));
-    GatedDeltaRuleResult recurrent = state_.step(rnn_q, rnn_k, rnn_v, log_decay, beta);
+    const ops::GatedDeltaRuleStep recurrent = state_.step(rnn_q, rnn_k, rnn_v, log_decay, beta);
 
     // Routing score and selection m_t = [e_t >= tau].
     Tensor score;

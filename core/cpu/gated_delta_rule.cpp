@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/gated_delta_rule_step.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/gated_delta_rule.h"
 
@@ -26,9 +27,6 @@ template <class Scalar>
 using Matrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class Scalar>
 using Vector = Eigen::Matrix<Scalar, Eigen::Dynamic, 1>;
-
-// fit_error = 1 - <p, v> / (||p|| ||v|| + kFitEpsilon)
-constexpr double kFitEpsilon = 1e-6;
 
 struct Dims {
   int64_t batch, seq_len, heads, key_dim, value_dim;
@@ -404,8 +402,8 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& args, const Tensor& gra
   });
 }
 
-// The recurrence, token by token, straight from the definition (plain loops, no Eigen):
-// S <- e^{g_t} S; p = S^T k_t; fit = 1 - cos(p, v_t); S += beta_t k_t (v_t - p)^T; o = S^T q_t.
+// The recurrence, token by token, straight from the definition (plain loops, no Eigen;
+// core/cpu/gated_delta_rule_step.h), the state reset at document starts.
 void gated_delta_rule_naive(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult& out) {
   dispatch_floating("gated_delta_rule_naive", args.q.dtype(), [&]<class Scalar>() {
     const Dims d = dims_of(args);
@@ -421,42 +419,17 @@ void gated_delta_rule_naive(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult
       const int64_t b = pair / d.heads, h = pair % d.heads;
       std::vector<Scalar> S(static_cast<size_t>(K * V), Scalar(0));
       std::vector<Scalar> p(static_cast<size_t>(V)), r(static_cast<size_t>(V));
-      auto at = [&](int64_t i, int64_t j) -> Scalar& { return S[size_t(i * V + j)]; };
       if (h0) {
         for (int64_t i = 0; i < K * V; ++i) S[size_t(i)] = h0[pair * K * V + i];
       }
       for (int64_t t = 0; t < d.seq_len; ++t) {
         const int64_t row = (b * d.seq_len + t) * d.heads + h;  // index into [B, T, H]
-        const Scalar *q_t = q + row * K, *k_t = k + row * K, *v_t = v + row * V;
         if (t > 0 && !doc_ids.empty() &&
             doc_ids[size_t(b * d.seq_len + t)] != doc_ids[size_t(b * d.seq_len + t - 1)]) {
           std::fill(S.begin(), S.end(), Scalar(0));  // document start
         }
-        const Scalar decay = std::exp(g[row]);
-        for (Scalar& s : S) s *= decay;
-        // p = S^T k_t (rows of S in order: S is [K, V] row-major)
-        std::fill(p.begin(), p.end(), Scalar(0));
-        for (int64_t i = 0; i < K; ++i) {
-          for (int64_t j = 0; j < V; ++j) p[size_t(j)] += at(i, j) * k_t[i];
-        }
-        Scalar pv = 0, pp = 0, vv = 0;
-        for (int64_t j = 0; j < V; ++j) {
-          pv += p[size_t(j)] * v_t[j];
-          pp += p[size_t(j)] * p[size_t(j)];
-          vv += v_t[j] * v_t[j];
-          r[size_t(j)] = v_t[j] - p[size_t(j)];
-        }
-        fit[row] = Scalar(1) - pv / (std::sqrt(pp) * std::sqrt(vv) + Scalar(kFitEpsilon));
-        // S += beta_t k_t r^T
-        for (int64_t i = 0; i < K; ++i) {
-          for (int64_t j = 0; j < V; ++j) at(i, j) += beta[row] * k_t[i] * r[size_t(j)];
-        }
-        // o_t = S^T q_t
-        Scalar* o_t = o + row * V;
-        std::fill(o_t, o_t + V, Scalar(0));
-        for (int64_t i = 0; i < K; ++i) {
-          for (int64_t j = 0; j < V; ++j) o_t[j] += at(i, j) * q_t[i];
-        }
+        fit[row] = gated_delta_rule_token(S.data(), K, V, q + row * K, k + row * K, v + row * V,
+                                          g[row], beta[row], o + row * V, p.data(), r.data());
       }
       for (int64_t i = 0; i < K * V; ++i) h_final[pair * K * V + i] = S[size_t(i)];
     });
