@@ -48,10 +48,15 @@ __device__ __forceinline__ double log_(double x) { return ::log(x); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Rows (b, i) whose visible counts travel inside the kernel's arguments: no host-to-device
+// copy, which would wait for the stream, between the layers of a decoding step.
+constexpr int kInlineRows = 64;
+
 template <class T>
 struct DecodeArgs {
   const T *q, *k, *v, *p;  // p (value scales [B, C]) may be null
-  const int64_t* visible;  // [B * n]
+  const int64_t* visible;  // [B * n] on the device, or null: then inline_visible
+  int64_t inline_visible[kInlineRows];
   T* out;
   compute_t<T>* lse;
   compute_t<T>* part_o;    // [B * n, Hq, splits, Dv] when splits > 1
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
   const int split = int(blockIdx.z);
   const int64_t Dk = a.key_dim, Dv = a.value_dim;
   const int BK = a.tile_keys;
-  const int64_t visible = a.visible[row];
+  const int64_t visible = a.visible ? a.visible[row] : a.inline_visible[row];
   const int64_t lo = int64_t(split) * a.split_keys;
   const int64_t hi = min(lo + a.split_keys, visible);
 
@@ -398,14 +403,18 @@ void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
   const int64_t B = q.size(0), n = q.size(1), rows = B * n;
   const std::vector<int64_t> counts = visible.to_vector<int64_t>();
   const int64_t most_visible = *std::max_element(counts.begin(), counts.end());
-  const Tensor visible_on_device = visible.to(q.device());
+  const Tensor visible_on_device = rows > kInlineRows ? visible.to(q.device()) : Tensor();
   dispatch_floating(kOp, q.dtype(), [&]<class T>() {
     DecodeArgs<T> a{};
     a.q = ptr<const T>(q);
     a.k = ptr<const T>(k_cache);
     a.v = ptr<const T>(v_cache);
     a.p = ptr_or_null<const T>(value_scale);
-    a.visible = ptr<const int64_t>(visible_on_device);
+    if (visible_on_device.defined()) {
+      a.visible = ptr<const int64_t>(visible_on_device);
+    } else {
+      std::copy(counts.begin(), counts.end(), a.inline_visible);
+    }
     a.out = ptr<T>(out);
     a.lse = ptr<compute_t<T>>(lse);
     a.queries = n;

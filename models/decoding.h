@@ -5,17 +5,20 @@
 // the same positions. The state it keeps per layer:
 //
 //   short convs      the last conv_size - 1 inputs of each depthwise conv      [B, W-1, C]
-//   GDN / HAM RNN    the gated delta rule state S                              [B, H, K, V]
+//   GDN / HAM RNN    the gated delta rule state S, f32 (f64 for f64 models)    [B, H, K, V]
 //   attention        a KV cache of every token (Transformer, GDN-GSA's GSA layers)
 //   HAM KV path      a KV cache of only the tokens with e_t >= tau (the tokens the full
 //                    forward selects), and for learned routers each cached token's e_t,
 //                    which scales its value inside the attention
 //
 // Each step reuses the model's own modules and ops: projections, convs (run over
-// [state, new inputs]), norms, rope at explicit positions, the gated delta rule with h0 =
-// the carried state (the chunked training algorithm for a feed of several tokens, the
-// token-by-token recurrence for one), and routed_attention's forward kernel over the
-// cache (queries see the cached keys plus the new selected ones at or before them).
+// [state, new inputs]), norms, rope at explicit positions, and for the two sequence mixers
+// (queries see the cached keys plus the new selected ones at or before them):
+//   a feed of up to 16 tokens (a generated one)  gated_delta_rule_decode, the carried state
+//                                                 advanced in place; routed_attention_decode
+//                                                 over the cache
+//   a longer feed (a prompt)                      the chunked gated delta rule from h0 = the
+//                                                 state; routed_attention_forward
 //
 // Limitations: one document per sequence (positions run 0, 1, ... from the first token
 // fed; there are no document resets inside a sequence); all B sequences advance together

@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include "core/ops/gated_delta_rule.h"
+#include "core/ops/gated_delta_rule_decode.h"
 #include "core/ops/routed_attention.h"
+#include "core/ops/routed_attention_decode.h"
 
 namespace ham {
 
@@ -43,6 +45,36 @@ OpSpec routed_attention_spec(const std::string& name, const std::string& summary
            {"scale", "[] (0-d) or [1]", "f32 or f64 (or --scale)", false, false}},
           {{"o", "[B, T, Hq, Dv]", kFloat, true, backward}},
           backward};
+}
+
+OpSpec gated_delta_rule_decode_spec() {
+  return {"gated_delta_rule_decode",
+          "the decoding step: n tokens advance a carried state (the recurrence); forward only",
+          {{"q", "[B, n, H, K]", kFloat, true, false},
+           {"k", "[B, n, H, K]", kFloat, true, false},
+           {"v", "[B, n, H, V]", kFloat, true, false},
+           {"g", "[B, n, H]", kFloat, true, false},
+           {"beta", "[B, n, H]", kFloat, true, false},
+           {"state", "[B, H, K, V]", kFloat, true, false}},
+          {{"o", "[B, n, H, V]", kFloat, true, false},
+           {"fit_error", "[B, n, H]", kFloat, true, false},
+           {"state", "[B, H, K, V]", kFloat, true, false}},
+          false};
+}
+
+OpSpec routed_attention_decode_spec() {
+  return {"routed_attention_decode",
+          "n queries over a KV cache of C tokens, query i seeing the first visible[b, i]; "
+          "forward only",
+          {{"q", "[B, n, Hq, Dk]", kFloat, true, false},
+           {"k_cache", "[B, C, Hkv, Dk]", kFloat, true, false},
+           {"v_cache", "[B, C, Hkv, Dv]", kFloat, true, false},
+           {"visible", "[B, n]", "i64 or i32, in [0, C]", true, false},
+           {"value_scale", "[B, C]", kFloat, false, false},
+           {"scale", "[] (0-d) or [1]", "f32 or f64 (or --scale)", false, false}},
+          {{"o", "[B, n, Hq, Dv]", kFloat, true, false},
+           {"lse", "[B, n, Hq]", kFloat, true, false}},
+          false};
 }
 
 std::string join(const std::vector<std::string>& names) {
@@ -200,6 +232,31 @@ OpResult run_routed_attention(const OpSpec& spec, const OpInputs& in, const Safe
   return result;
 }
 
+OpResult run_gated_delta_rule_decode(const OpInputs& in) {
+  Tensor state = in.get("state").clone();  // advanced in place: the input file's stays as read
+  ops::GatedDeltaRuleStep r = ops::gated_delta_rule_decode(state, in.get("q"), in.get("k"),
+                                                           in.get("v"), in.get("g"), in.get("beta"));
+  OpResult result;
+  result.tensors = {{"o", r.o}, {"fit_error", r.fit_error}, {"state", state}};
+  return result;
+}
+
+OpResult run_routed_attention_decode(const OpSpec& spec, const OpInputs& in,
+                                     const OpOptions& options) {
+  const Tensor visible = in.get("visible");
+  HAM_CHECK(visible.dtype() == DType::I64 || visible.dtype() == DType::I32, "ham op ", spec.name,
+            ": 'visible' must be i64 or i32, got ", visible.str());
+  const double scale = read_scale(spec, in, options);
+  ops::RoutedAttentionOutput r = ops::routed_attention_decode(
+      in.get("q"), in.get("k_cache"), in.get("v_cache"), visible.to(DType::I64),
+      in.get("value_scale"), scale);
+  OpResult result;
+  result.metadata["scale"] =
+      fmt::format("{:.17g}", ops::routed_attention_scale(scale, in.get("q").size(3)));
+  result.tensors = {{"o", r.out}, {"lse", r.lse}};
+  return result;
+}
+
 }  // namespace
 
 const std::vector<OpSpec>& op_specs() {
@@ -217,6 +274,8 @@ const std::vector<OpSpec>& op_specs() {
       routed_attention_spec("routed_attention_naive",
                             "the same from the full [T, T] mask (the test reference); forward only",
                             false),
+      gated_delta_rule_decode_spec(),
+      routed_attention_decode_spec(),
   };
   return specs;
 }
@@ -237,15 +296,20 @@ const OpSpec& find_op_spec(const std::string& name) {
 OpResult run_op(const std::string& name, const SafetensorsFile& inputs,
                 const SafetensorsFile* upstream, const OpOptions& options) {
   const OpSpec& spec = find_op_spec(name);
-  HAM_CHECK(!upstream || spec.has_backward, "ham op ", name,
-            ": has no backward (it is a forward-only reference); drop --grad or run ",
-            name.substr(0, name.rfind("_naive")));
+  const bool decoding = name.size() > 7 && name.compare(name.size() - 7, 7, "_decode") == 0;
+  HAM_CHECK(!upstream || spec.has_backward, "ham op ", name, ": has no backward (",
+            decoding ? "a decoding step is inference only" : "it is a forward-only reference",
+            "); drop --grad", decoding ? "" : " or run " + name.substr(0, name.rfind("_naive")));
   HAM_CHECK(!options.scale || spec.name.rfind("routed_attention", 0) == 0, "ham op ", name,
             ": --scale applies to routed_attention only");
   OpInputs in(spec, inputs);
   OpResult result;
   if (name == "gated_delta_rule" || name == "gated_delta_rule_naive") {
     result = run_gated_delta_rule(spec, in, upstream, name == "gated_delta_rule");
+  } else if (name == "gated_delta_rule_decode") {
+    result = run_gated_delta_rule_decode(in);
+  } else if (name == "routed_attention_decode") {
+    result = run_routed_attention_decode(spec, in, options);
   } else {
     result = run_routed_attention(spec, in, upstream, options, name == "routed_attention");
   }

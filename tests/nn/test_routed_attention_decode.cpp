@@ -164,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{1, 1, 2, 2, 64, 64, 4000, 1.0, false},    // dense: many splits
         DecodeCase{1, 2, 3, 1, 36, 20, 150, 1.0, false},     // 3 heads a group; unpacked rows
         DecodeCase{1, 1, 16, 1, 256, 256, 300, 0.5, true},   // 16 heads a group, wide heads
-        DecodeCase{3, 1, 8, 2, 64, 512, 100, 0.3, false}));  // widest values
+        DecodeCase{3, 1, 8, 2, 64, 512, 100, 0.3, false},    // widest values
+        DecodeCase{5, 16, 2, 2, 32, 32, 50, 0.5, false}));   // 80 rows: counts copied to the GPU
 
 TEST(RoutedAttentionDecode, NothingVisibleGivesZerosAndMinusInfinity) {
   const Tensor q = randn64({1, 2, 2, 8}, 1, 1.0, false);

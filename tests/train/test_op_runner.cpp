@@ -11,7 +11,9 @@
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "core/ops/gated_delta_rule.h"
+#include "core/ops/gated_delta_rule_decode.h"
 #include "core/ops/routed_attention.h"
+#include "core/ops/routed_attention_decode.h"
 #include "nn/gated_delta_rule.h"
 #include "nn/routed_attention.h"
 #include "tests/testing.h"
@@ -226,6 +228,41 @@ TEST_F(OpRunner, NaiveReferencesAgreeWithTheKernels) {
   EXPECT_LE(max_abs_diff(find(run_op("routed_attention", ra, nullptr).tensors, "o"),
                          find(run_op("routed_attention_naive", ra, nullptr).tensors, "o")),
             1e-12);
+}
+
+// The decoding steps: one token of the recurrence from a given state (the state written
+// out advanced, the input's untouched), and queries over a KV cache; forward only.
+TEST_F(OpRunner, DecodingStepsMatchTheOps) {
+  Named gdr = {{"q", l2_rows(randn({B, 1, H, K}, 31))}, {"k", l2_rows(randn({B, 1, H, K}, 32))},
+               {"v", randn({B, 1, H, V}, 33)},          {"g", uniform({B, 1, H}, 34, -0.5, 0.0)},
+               {"beta", uniform({B, 1, H}, 35, 0.1, 0.9)}, {"state", randn({B, H, K, V}, 36, 0.3)}};
+  SafetensorsFile gdr_file{"in", gdr, {}};
+  OpResult stepped = run_op("gated_delta_rule_decode", gdr_file, nullptr);
+  Tensor state = find(gdr, "state").clone();
+  ops::GatedDeltaRuleStep want = ops::gated_delta_rule_decode(
+      state, find(gdr, "q"), find(gdr, "k"), find(gdr, "v"), find(gdr, "g"), find(gdr, "beta"));
+  EXPECT_EQ(max_abs_diff(find(stepped.tensors, "o"), want.o), 0.0);
+  EXPECT_EQ(max_abs_diff(find(stepped.tensors, "fit_error"), want.fit_error), 0.0);
+  EXPECT_EQ(max_abs_diff(find(stepped.tensors, "state"), state), 0.0);
+  EXPECT_GT(max_abs_diff(find(stepped.tensors, "state"), gdr_file.at("state")), 0.0);
+
+  const int64_t C = 9;
+  Named attn = {{"q", randn({B, 3, 4, K}, 41)},
+                {"k_cache", randn({B, C, 2, K}, 42)},
+                {"v_cache", randn({B, C, 2, V}, 43)},
+                {"visible", Tensor::from_vector(std::vector<int32_t>{0, 4, 9, 2, 3, 5}, {B, 3})},
+                {"value_scale", uniform({B, C}, 44, 0.1, 1.0)}};
+  OpResult attended = run_op("routed_attention_decode", SafetensorsFile{"in", attn, {}}, nullptr);
+  ops::RoutedAttentionOutput direct =
+      ops::routed_attention_decode(find(attn, "q"), find(attn, "k_cache"), find(attn, "v_cache"),
+                                   find(attn, "visible").to(DType::I64), find(attn, "value_scale"));
+  EXPECT_EQ(max_abs_diff(find(attended.tensors, "o"), direct.out), 0.0);
+  EXPECT_EQ(find(attended.tensors, "lse").to_vector<double>(), direct.lse.to_vector<double>());
+
+  SafetensorsFile grad_o{"grad", {{"grad.o", Tensor::zeros({B, 1, H, V}, DType::F64)}}, {}};
+  std::string e = error_of([&] { run_op("gated_delta_rule_decode", gdr_file, &grad_o); });
+  EXPECT_NE(e.find("has no backward (a decoding step is inference only); drop --grad"),
+            std::string::npos) << e;
 }
 
 TEST_F(OpRunner, ErrorsNameTheTensorTheOpAndTheFix) {
