@@ -14,6 +14,9 @@
 // Each step is timed on its own with CUDA events after 3 warm-ups; the table gives the
 // median in ms, and TFLOP/s counted on the visible pairs only:
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
+// A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
+// (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
+// (cuda/routed_attention.h; not in the CSV).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +30,7 @@
 #include "core/tensor.h"
 #include "bench/cuda_bench.h"
 #include "cuda/check.h"
+#include "cuda/routed_attention.h"
 #include "cuda/stream.h"
 
 namespace {
@@ -161,6 +165,18 @@ int main(int argc, char** argv) {
             << ',' << t.forward_ms << ',' << t.backward_ms << ',' << fwd_tflops << ','
             << bwd_tflops << '\n';
       }
+    }
+    std::printf("\nforward, block rows 64 vs 128 (median ms; above 1: 128 rows are faster)\n");
+    for (const BenchCase& c : bench_cases()) {
+      if (c.key_dim != 128 || c.docs != 1) continue;
+      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+      const int previous = cuda::set_attention_forward_rows(64);
+      const double ms_64 = run_case(c, reps).forward_ms;
+      cuda::set_attention_forward_rows(128);
+      const double ms_128 = run_case(c, reps).forward_ms;
+      cuda::set_attention_forward_rows(previous);
+      std::printf("%-34s %9.3fms %9.3fms %6.2f\n", c.name().c_str(), ms_64, ms_128, ms_64 / ms_128);
+      std::fflush(stdout);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());

@@ -148,4 +148,51 @@ __device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4]
   }
 }
 
+// The same products for kM row tiles at once (a warp owning 16 kM rows): each B fragment
+// is loaded from shared memory once for the kM products, which halves the B traffic per
+// product at kM = 2. (The one-tile functions above are kept as they are: written through
+// these, some kernels compiled to different registers and spilled.)
+
+// acc[m] (16 x 8 NB each) += A_m B^T over D, A_m the 16 rows at a_tile + m * a_stride and
+// B^T the rows [0, 8 NB) of `b_tile` (as Q K^T for 16 kM query rows).
+template <int kM, int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void row_tiles_times_rows(const bf16_t* a_tile, int a_stride,
+                                                     const bf16_t* b_tile,
+                                                     float (&acc)[kM][NB][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t af[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) load_a<LDA>(af[m], a_tile + m * a_stride, kk);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) mma_bf16_16816(acc[m][nb], af[m], bf);
+    }
+  }
+}
+
+// acc[m] (16 x 8 NB each) += X_m B, X_m (16 x 8 NX) held as an accumulator and B the rows
+// [0, 8 NX) of a row-major tile of 8 NB columns (as P V for 16 kM query rows).
+template <int kM, int NX, int LDB, int NB>
+__device__ __forceinline__ void accumulators_times_matrix(const float (&x)[kM][NX][4],
+                                                          const bf16_t* b_tile,
+                                                          float (&acc)[kM][NB][4]) {
+#pragma unroll
+  for (int j = 0; j < NX / 2; ++j) {
+    uint32_t af[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) accumulator_as_a(x[m], j, af[m]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      load_b_kn<LDB>(bf, b_tile, j * 16, nb * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) mma_bf16_16816(acc[m][nb], af[m], bf);
+    }
+  }
+}
+
 }  // namespace ham::cuda::mma

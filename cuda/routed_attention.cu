@@ -43,11 +43,13 @@
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
 // and kv head (dk, dv'), plain loops over exactly the visible pairs; the dk/dv' one scans
 // every later query, so it costs O(T^2) per key head and exists to be obviously right.
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "core/ops/routed_attention.h"
+#include "cuda/routed_attention.h"
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
@@ -745,7 +747,8 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 // ---- Tensor-core kernels (bf16) ------------------------------------------------------
 // bf16 inputs run through the tensor cores (cuda/mma.cuh: mma.sync m16n8k16, f32
 // accumulation), flash-attention-2 style. A block of 4 warps owns 64 query rows of one
-// (query head, batch row), 16 per warp; per key tile the block stages K and v' = p v (bf16,
+// (query head, batch row), 16 per warp (the forward: 128 rows, 32 per warp, for value
+// heads up to 128 wide; see MmaShape); per key tile the block stages K and v' = p v (bf16,
 // v' rounded once) in shared memory, and each warp computes its S = Q K^T slice in
 // registers, applies the scale, the visibility test (boundary tiles only) and the online
 // softmax there, and feeds P straight from the accumulator registers into P V': the
@@ -772,12 +775,19 @@ constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int DK, int DV>
+// The forward's block: kM row tiles of 16 query rows per warp (64 kM rows per block).
+// With kM = 2 (value heads up to 128 wide, where O fits the registers twice) each K and V'
+// fragment a warp loads from shared memory feeds two products, and each key tile a block
+// stages serves 128 queries, as in flash-attention-2's 128-row blocks; the key tiles are
+// then 32 wide for value heads past 64, so that S and O fit the registers (ptxas: 64-key
+// tiles at 128 x 128 spilled).
+template <int DK, int DV, int kM = 1>
 struct MmaShape {
-  static constexpr int kKeys = DK > 128 || DV > 128 ? 32 : 64;  // keys per tile
+  static constexpr int kKeys = DK > 128 || DV > 128 || (kM == 2 && DV > 64) ? 32 : 64;
+  static constexpr int kRows = kMmaRows * kM;                    // query rows per block
   static constexpr int ldk = DK + 8, ldv = DV + 8;               // smem row strides (bf16)
   // Q, then two slots of K and V' tiles
-  static constexpr size_t forward_bytes = size_t(kMmaRows * ldk + 2 * kKeys * (ldk + ldv)) * 2;
+  static constexpr size_t forward_bytes = size_t(kRows * ldk + 2 * kKeys * (ldk + ldv)) * 2;
 };
 
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
@@ -904,10 +914,10 @@ struct KeyTiles {
   }
 };
 
-template <int DK, int DV>
+template <int DK, int DV, int kM>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
-  using Shape = MmaShape<DK, DV>;
-  constexpr int BQ = kMmaRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
+  using Shape = MmaShape<DK, DV, kM>;
+  constexpr int BQ = Shape::kRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
@@ -930,13 +940,21 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     async_copy_commit();
   }
 
-  // This lane's accumulator rows are r0 and r0 + 8 of the block (element e of a fragment
-  // is in row r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
-  const int r0 = warp * 16 + lane / 4;
+  // The warp's row tile m is rows 64 m + 16 warp .. + 15 of the block; this lane's
+  // accumulator rows in it are r0[m] and r0[m] + 8 (element e of a fragment is in row
+  // r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
+  int r0[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) r0[m] = kMmaRows * m + warp * 16 + lane / 4;
   const float scale_log2 = a.scale * kLog2e;  // scores in log2 units
-  float o[VB][4];
-  zero(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[kM][VB][4];
+  float m_run[kM][2], l[kM][2];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    zero(o[m]);
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l[m][0] = l[m][1] = 0.f;
+  }
 
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);
@@ -945,67 +963,77 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     __syncthreads();
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
-    // S = Q K^T for the warp's 16 rows.
-    float s[NB][4];
-    zero(s);
-    mma::rows_times_rows<DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
+    // S = Q K^T for the warp's kM row tiles (each K fragment loaded once).
+    float s[kM][NB][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) zero(s[m]);
+    mma::row_tiles_times_rows<kM, DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, kMmaRows * LDK, sK, s);
 
     // Scale, visibility, online softmax (row max and sum over the quad's lanes).
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
-    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
+    for (int m = 0; m < kM; ++m) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = r0 + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
-        s[nb][e] = visible ? s[nb][e] * scale_log2 : -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+          const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+          s[m][nb][e] = visible ? s[m][nb][e] * scale_log2 : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
+        }
       }
-    }
-    float alpha[2], row_sum[2] = {0.f, 0.f};
+      float alpha[2], row_sum[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m[i], quad_max(tile_max[i]));
-      alpha[i] = m[i] == -INFINITY ? 0.f : exp2f(m[i] - m_new);
-      m[i] = m_new;
-    }
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = s[nb][e];
-        s[nb][e] = x == -INFINITY ? 0.f : exp2f(x - m[e / 2]);  // P (a NaN score stays NaN)
-        row_sum[e / 2] += s[nb][e];
+      for (int i = 0; i < 2; ++i) {
+        const float m_new = fmaxf(m_run[m][i], quad_max(tile_max[i]));
+        alpha[i] = m_run[m][i] == -INFINITY ? 0.f : exp2f(m_run[m][i] - m_new);
+        m_run[m][i] = m_new;
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + quad_sum(row_sum[i]);
+      for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-    for (int vb = 0; vb < VB; ++vb) {
-      o[vb][0] *= alpha[0];
-      o[vb][1] *= alpha[0];
-      o[vb][2] *= alpha[1];
-      o[vb][3] *= alpha[1];
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[m][nb][e];
+          s[m][nb][e] = x == -INFINITY ? 0.f : exp2f(x - m_run[m][e / 2]);  // P (NaN stays NaN)
+          row_sum[e / 2] += s[m][nb][e];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + quad_sum(row_sum[i]);
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {
+        o[m][vb][0] *= alpha[0];
+        o[m][vb][1] *= alpha[0];
+        o[m][vb][2] *= alpha[1];
+        o[m][vb][3] *= alpha[1];
+      }
     }
 
-    // O += P V': P's accumulator registers are the A-fragments of P.
-    mma::accumulator_times_matrix<NB, LDV, DV / 8>(s, sV, o);
+    // O += P V': P's accumulator registers are the A-fragments of P (each V' fragment
+    // loaded once for the kM row tiles).
+    mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
   }
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t t = q0 + r0 + 8 * i;
-    if (t >= a.seq_len) continue;
-    const int64_t row = a.q_index(b, t, h);
-    // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
-    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int vb = 0; vb < VB; ++vb) {
-      a.out[row * DV + vb * 8 + 2 * t4] = store<bf16>(o[vb][2 * i] * inv);
-      a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[vb][2 * i + 1] * inv);
+    for (int i = 0; i < 2; ++i) {
+      const int64_t t = q0 + r0[m] + 8 * i;
+      if (t >= a.seq_len) continue;
+      const int64_t row = a.q_index(b, t, h);
+      // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
+      const float inv = l[m][i] == 0.f ? 0.f : 1.f / l[m][i];
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {
+        a.out[row * DV + vb * 8 + 2 * t4] = store<bf16>(o[m][vb][2 * i] * inv);
+        a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[m][vb][2 * i + 1] * inv);
+      }
+      if (t4 == 0) {
+        a.lse[row] = l[m][i] == 0.f ? -INFINITY : (m_run[m][i] + log2f(l[m][i])) * kLn2;
+      }
     }
-    if (t4 == 0) a.lse[row] = l[i] == 0.f ? -INFINITY : (m[i] + log2f(l[i])) * kLn2;
   }
 }
 
@@ -1558,6 +1586,9 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   return true;
 }
 
+// set_attention_forward_rows (cuda/routed_attention.h).
+std::atomic<int> g_forward_rows{128};
+
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
   return q.dtype() == DType::BF16 && aligned_16(q.raw_data()) && aligned_16(k.raw_data()) &&
@@ -1585,12 +1616,22 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
     a.lse = ptr<compute_t<T>>(lse);
     bool tiled = false;
     if constexpr (!std::is_same_v<T, double>) {
-      const dim3 grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads), unsigned(a.batch));
+      auto grid_of_rows = [&](int rows) {
+        return dim3(unsigned(ceil_div(a.seq_len, rows)), unsigned(a.q_heads), unsigned(a.batch));
+      };
+      const dim3 grid = grid_of_rows(64);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v)) {
-            tiled = launch_tiled(&forward_mma<DK, DV>, grid, MmaShape<DK, DV>::forward_bytes, a,
-                                 kMmaThreads);
+            auto launch_mma = [&]<int kM>() {
+              using Shape = MmaShape<DK, DV, kM>;
+              return launch_tiled(&forward_mma<DK, DV, kM>, grid_of_rows(Shape::kRows),
+                                  Shape::forward_bytes, a, kMmaThreads);
+            };
+            if constexpr (DV <= 128) {
+              if (g_forward_rows.load() == 128) tiled = launch_mma.template operator()<2>();
+            }
+            if (!tiled) tiled = launch_mma.template operator()<1>();
           }
         }
         if (!tiled) {
@@ -1672,6 +1713,16 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     }
   });
 }
+
+}  // namespace
+
+int set_attention_forward_rows(int rows) {
+  HAM_CHECK(rows == 64 || rows == 128, "set_attention_forward_rows: ", rows,
+            " rows per block; the tensor-core forward takes 64 or 128");
+  return g_forward_rows.exchange(rows);
+}
+
+namespace {
 
 const bool registered = [] {
   compact_selection_kernels().register_kernel(DeviceKind::CUDA, &compact_selection);

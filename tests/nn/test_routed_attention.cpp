@@ -13,6 +13,9 @@
 #include "nn/routed_attention.h"
 #include "nn/view.h"
 #include "tests/testing.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/routed_attention.h"
+#endif
 
 namespace ham {
 namespace {
@@ -859,6 +862,25 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
                                         gpu_case_name(c));
     }
   }
+}
+
+// The bf16 tensor-core forward with one 16-row tile per warp (64-row blocks), which heads
+// up to 128 wide take only when set so; the cases above run the default 128-row blocks.
+TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct RowsGuard {
+    int previous = cuda::set_attention_forward_rows(64);
+    ~RowsGuard() { cuda::set_attention_forward_rows(previous); }
+  } rows_64;
+  for (const GpuCase& c : {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+                           GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}}) {
+    SCOPED_TRACE(gpu_case_name(c));
+    expect_gpu_matches_cpu(c, DType::BF16);
+  }
+  testing::expect_error([] { cuda::set_attention_forward_rows(96); },
+                        {"set_attention_forward_rows", "96", "64 or 128"});
+#endif
 }
 
 TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {

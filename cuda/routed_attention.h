@@ -1,0 +1,12 @@
+#pragma once
+// Tuning of the CUDA routed attention kernels (cuda/routed_attention.cu), for benchmarks
+// that compare variants in one run (bench/bench_routed_attention_cuda.cpp).
+
+namespace ham::cuda {
+
+// Query rows per block of the bf16 tensor-core forward for value heads up to 128 wide:
+// 128 (the default: two 16-row tiles per warp) or 64 (one). Wider value heads always take
+// 64. Returns the previous setting; any other value is an error.
+int set_attention_forward_rows(int rows);
+
+}  // namespace ham::cuda
