@@ -345,8 +345,10 @@ std::vector<double> running_mean(const std::vector<double>& values, size_t windo
 
 PlotFigure loss_curves(const CompareResult& result) {
   constexpr size_t kWindow = 10;
-  PlotPanel panel{"training loss (" + std::to_string(kWindow) + "-step running mean)", "step",
-                  "loss"};
+  PlotPanel panel;
+  panel.title = "training loss (" + std::to_string(kWindow) + "-step running mean)";
+  panel.x_label = "step";
+  panel.y_label = "loss";
   for (const CompareRunResult& r : result.runs) {
     std::vector<double> steps(r.train.step_losses.size());
     for (size_t i = 0; i < steps.size(); ++i) steps[i] = double(i + 1);
@@ -358,14 +360,18 @@ PlotFigure loss_curves(const CompareResult& result) {
 // The paper's trade-off figure: loss and recall versus KV fraction; the HAM sweep is one
 // line, every other run a single marked point.
 PlotFigure kv_tradeoff(const CompareResult& result) {
-  PlotPanel loss_panel{"final training loss vs KV fraction", "KV fraction (vs a Transformer's cache)",
-                       "train loss"};
+  PlotPanel loss_panel;
+  loss_panel.title = "final training loss vs KV fraction";
+  loss_panel.x_label = "KV fraction (vs a Transformer's cache)";
+  loss_panel.y_label = "train loss";
   std::optional<std::string> recall_name;
   for (const CompareRunResult& r : result.runs) {
     if (auto recall = recall_accuracy(r.eval)) recall_name = recall->first;
   }
-  PlotPanel recall_panel{recall_name.value_or("recall") + " vs KV fraction",
-                         "KV fraction (vs a Transformer's cache)", "accuracy"};
+  PlotPanel recall_panel;
+  recall_panel.title = recall_name.value_or("recall") + " vs KV fraction";
+  recall_panel.x_label = "KV fraction (vs a Transformer's cache)";
+  recall_panel.y_label = "accuracy";
   recall_panel.y_min = 0;
   recall_panel.y_max = 1;
 

@@ -1,5 +1,7 @@
 #include "train/sampling.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -110,10 +112,14 @@ GenerateResult generate(const LanguageModel& model, const std::vector<int64_t>& 
             vocab, ")");
   Sampler sampler(options.sampling);
   Decoder decoder(model, 1, options.routing);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   Tensor logits = decoder.feed(std::vector<std::vector<int64_t>>{prompt});
   GenerateResult r;
+  Clock::time_point decode_start = start;
   while (int64_t(r.tokens.size()) < options.max_new_tokens) {
-    int64_t token = sampler.next(logits)[0];
+    int64_t token = sampler.next(logits)[0];  // reads the logits: waits for the device
+    if (r.tokens.empty()) decode_start = Clock::now();
     if (options.stop_token && token == *options.stop_token) {
       r.stopped = true;
       break;
@@ -122,6 +128,10 @@ GenerateResult generate(const LanguageModel& model, const std::vector<int64_t>& 
     if (int64_t(r.tokens.size()) == options.max_new_tokens) break;  // no logits needed
     logits = decoder.feed(std::vector<std::vector<int64_t>>{{token}});
   }
+  const Clock::time_point end = Clock::now();
+  if (decode_start == start) decode_start = end;  // nothing sampled: the prompt alone
+  r.prompt_seconds = std::chrono::duration<double>(decode_start - start).count();
+  r.decode_seconds = std::chrono::duration<double>(end - decode_start).count();
   r.context_tokens = decoder.position();
   r.layers = decoder.layer_stats();
   r.bytes = decoder.cache_bytes();

@@ -69,6 +69,9 @@ struct GenerateResult {
   int64_t context_tokens = 0;   // tokens fed to the decoder (prompt + all new but the last)
   std::vector<LayerCacheStats> layers;  // the decoder's state after the last feed
   CacheBytes bytes;
+  // Wall time of the prompt's feed (with the first token's sampling), and of the feeds of
+  // the new tokens one at a time (with their sampling).
+  double prompt_seconds = 0, decode_seconds = 0;
 };
 
 // Feeds `prompt` (one sequence, at least one token) in one call, then samples up to

@@ -3,6 +3,7 @@
 // dial, turned with --tau or --kv-fraction.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -28,6 +29,7 @@ struct GenerateArgs {
   std::optional<double> kv_fraction;
   bool ignore_eot = false;
   int threads = 0;
+  std::string device = "cpu", precision = "f32";
 };
 
 double parse_number(const std::string& text, const std::string& flag_value) {
@@ -112,6 +114,8 @@ void print_state(const GenerateResult& r) {
 int run_generate(GenerateArgs args) {
   if (args.threads > 0) omp_set_num_threads(args.threads);
   TrainedModel trained = load_trained_model(args.model_dir);
+  trained.model->to(Device::parse(args.device));
+  if (args.precision == "bf16") trained.model->to(DType::BF16);  // f32 where the model keeps it
   const LanguageModel& model = *trained.model;
   const ModelConfig& c = model.config();
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer);
@@ -135,6 +139,15 @@ int run_generate(GenerateArgs args) {
   std::cout << fmt::format("--- end: {} new tokens, {} ---\n", r.tokens.size(),
                            r.stopped ? fmt::format("stopped at end-of-text token {}", *args.options.stop_token)
                                      : std::string("--max-new-tokens reached"));
+  const int64_t decoded = r.context_tokens - int64_t(prompt.size());  // feeds after the prompt
+  std::cout << fmt::format("speed ({}, {}): prompt {} tokens in {:.3f} s ({:.0f} tokens/s)",
+                           args.device, args.precision, prompt.size(), r.prompt_seconds,
+                           double(prompt.size()) / std::max(r.prompt_seconds, 1e-9));
+  if (decoded > 0) {
+    std::cout << fmt::format("; {} tokens decoded one at a time in {:.3f} s ({:.3f} ms/token)",
+                             decoded, r.decode_seconds, 1e3 * r.decode_seconds / double(decoded));
+  }
+  std::cout << "\n";
   print_state(r);
   return 0;
 }
@@ -172,6 +185,20 @@ Command add_generate_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_flag("--ignore-eot", args->ignore_eot, "Keep generating past the end-of-text token");
   cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  cmd->add_option("--device", args->device, "cpu, cuda or cuda:N: where the model decodes")
+      ->capture_default_str()
+      ->check([](const std::string& text) {
+        try {
+          Device::parse(text);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      });
+  cmd->add_option("--precision", args->precision,
+                  "f32, or bf16 (weights and activations; decoding states and HAM's routers stay f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->callback([cmd, prompt, prompt_file] {
     if (prompt->count() == 0 && prompt_file->count() == 0) {
       throw CLI::RequiredError("--prompt or --prompt-file");
