@@ -70,6 +70,10 @@ class ConvWindow {
   Tensor window_;  // [B, W-1, C]
 };
 
+// Feeds of at most this many tokens (a generated token) run the decode ops; longer ones (a
+// prompt) the training kernels.
+constexpr int64_t kDecodeFeed = 16;
+
 // The gated delta rule state S [B, H, K, V] carried across feeds, in f32 (f64 for an f64
 // model) whatever the activations' dtype, as the chunked kernels keep it inside a sequence.
 class DeltaRuleState {
@@ -85,7 +89,7 @@ class DeltaRuleState {
   // a prompt fed at position 0 is chunked exactly as in the full forward.
   ops::GatedDeltaRuleStep step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                const Tensor& beta) {
-    if (q.size(1) <= kDecodeTokens) return ops::gated_delta_rule_decode(state_, q, k, v, g, beta);
+    if (q.size(1) <= kDecodeFeed) return ops::gated_delta_rule_decode(state_, q, k, v, g, beta);
     GatedDeltaRuleArgs args{q, k, v, g, beta, state_.to(dtype_), Tensor()};
     GatedDeltaRuleResult r = ops::gated_delta_rule_chunked(args);
     state_ = r.h_final.to(state_.dtype());
@@ -95,7 +99,6 @@ class DeltaRuleState {
   int64_t bytes() const { return bytes_of(state_); }
 
  private:
-  static constexpr int64_t kDecodeTokens = 16;
   DType dtype_;
   Tensor state_;
 };
@@ -105,9 +108,6 @@ class DeltaRuleState {
 // scales [B, cap]. Capacity doubles as tokens arrive; bytes() counts the cached tokens.
 class KVCache {
  public:
-  // Feeds of at most this many tokens attend with routed_attention_decode.
-  static constexpr int64_t kDecodeQueries = 16;
-
   KVCache(int64_t batch, int64_t kv_heads, int64_t key_dim, int64_t value_dim, bool value_scaled,
           DType dtype, Device device)
       : batch_(batch), heads_(kv_heads), key_dim_(key_dim), value_dim_(value_dim),
@@ -162,7 +162,7 @@ class KVCache {
   // which read just the visible cached keys; a prompt takes routed_attention's forward.
   Tensor attend(const Tensor& q, const std::vector<int64_t>& visible, double scale) const {
     const int64_t n = q.size(1);
-    if (n <= kDecodeQueries) {
+    if (n <= kDecodeFeed) {
       return ops::routed_attention_decode(q, keys_, values_,
                                           Tensor::from_vector(visible, {batch_, n}),
                                           value_scaled_ ? scales_ : Tensor(), scale)
