@@ -179,6 +179,21 @@ inline Tensor cpu_reference(const Tensor& t) {
   return host.dtype() == DType::BF16 ? host.to(DType::F32) : host;
 }
 
+// Steps [begin, begin + count) of dim 1 of a [B, T, ...] tensor, as an f64 CPU tensor.
+inline Tensor time_slice(const Tensor& x, int64_t begin, int64_t count) {
+  const Shape& shape = x.shape();
+  const int64_t T = shape[1], width = shape_numel(shape) / (shape[0] * T);
+  std::vector<double> all = x.to_vector<double>(), part;
+  for (int64_t b = 0; b < shape[0]; ++b) {
+    for (int64_t t = begin; t < begin + count; ++t) {
+      for (int64_t e = 0; e < width; ++e) part.push_back(all[size_t((b * T + t) * width + e)]);
+    }
+  }
+  Shape sliced = shape;
+  sliced[1] = count;
+  return Tensor::from_vector(part, sliced);
+}
+
 // A NaN-filled tensor: outputs are poisoned so an element a kernel never writes fails.
 inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, device);

@@ -18,6 +18,7 @@ namespace {
 
 using testing::randn64;
 using testing::relative_rms_error;
+using testing::time_slice;
 
 struct DecodeInputs {
   Tensor q, k, v, g, beta, h0;  // f64, CPU: [B, T, H, K] ... and h0 [B, H, K, V]
@@ -50,21 +51,6 @@ DecodeInputs make_inputs(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, 
   in.beta = Tensor::from_vector(beta, {B, T, H});
   in.h0 = randn64({B, H, K, V}, seed + 4, 0.5, false);
   return in;
-}
-
-// Tokens [begin, begin + count) of dim 1 of a [B, T, ...] host tensor (f64).
-Tensor tokens(const Tensor& x, int64_t begin, int64_t count) {
-  const Shape& shape = x.shape();
-  const int64_t T = shape[1], width = shape_numel(shape) / (shape[0] * T);
-  std::vector<double> all = x.to_vector<double>(), part;
-  for (int64_t b = 0; b < shape[0]; ++b) {
-    for (int64_t t = begin; t < begin + count; ++t) {
-      for (int64_t e = 0; e < width; ++e) part.push_back(all[size_t((b * T + t) * width + e)]);
-    }
-  }
-  Shape sliced = shape;
-  sliced[1] = count;
-  return Tensor::from_vector(part, sliced);
 }
 
 // Pieces of dim 1 laid end to end (f64 host).
@@ -100,9 +86,9 @@ Stepped step_through(Tensor& state, const GatedDeltaRuleArgs& seq, const std::ve
   for (int64_t t = 0, piece = 0; t < T; ++piece) {
     const int64_t n = std::min(sizes[size_t(piece) % sizes.size()], T - t);
     const ops::GatedDeltaRuleStep s = ops::gated_delta_rule_decode(
-        state, put(tokens(seq.q, t, n), dtype), put(tokens(seq.k, t, n), dtype),
-        put(tokens(seq.v, t, n), dtype), put(tokens(seq.g, t, n), gate_dtype),
-        put(tokens(seq.beta, t, n), dtype));
+        state, put(time_slice(seq.q, t, n), dtype), put(time_slice(seq.k, t, n), dtype),
+        put(time_slice(seq.v, t, n), dtype), put(time_slice(seq.g, t, n), gate_dtype),
+        put(time_slice(seq.beta, t, n), dtype));
     os.push_back(s.o);
     fits.push_back(s.fit_error);
     t += n;

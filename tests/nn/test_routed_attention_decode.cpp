@@ -17,6 +17,7 @@ namespace ham {
 namespace {
 
 using testing::randn64;
+using testing::time_slice;
 
 struct DecodeCase {
   int64_t batch, queries, q_heads, kv_heads, key_dim, value_dim;
@@ -29,21 +30,6 @@ void PrintTo(const DecodeCase& c, std::ostream* os) {
   *os << "B" << c.batch << "_n" << c.queries << "_Hq" << c.q_heads << "_Hkv" << c.kv_heads
       << "_Dk" << c.key_dim << "_Dv" << c.value_dim << "_T" << c.history << "_rho" << c.density
       << (c.value_scaled ? "_scaled" : "");
-}
-
-// Rows [begin, begin + count) of dim 1 of a [B, T, ...] f64 host tensor.
-Tensor time_slice(const Tensor& x, int64_t begin, int64_t count) {
-  const Shape& shape = x.shape();
-  const int64_t T = shape[1], width = shape_numel(shape) / (shape[0] * T);
-  std::vector<double> all = x.to_vector<double>(), part;
-  for (int64_t b = 0; b < shape[0]; ++b) {
-    for (int64_t t = begin; t < begin + count; ++t) {
-      for (int64_t e = 0; e < width; ++e) part.push_back(all[size_t((b * T + t) * width + e)]);
-    }
-  }
-  Shape sliced = shape;
-  sliced[1] = count;
-  return Tensor::from_vector(part, sliced);
 }
 
 // A sequence of history + n tokens, the cache its selected tokens leave (keys, values and

@@ -2,6 +2,7 @@
 // The `ham` subcommands. Each file registers one: its options live in the returned
 // closure, which main() runs when that subcommand was chosen.
 #include <functional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -11,6 +12,9 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
+
+// "" when `text` names a device (cpu, cuda, cuda:N), else why not: a CLI11 check.
+std::string device_check(const std::string& text);  // train_command.cpp
 
 Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp

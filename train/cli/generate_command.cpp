@@ -187,14 +187,7 @@ Command add_generate_command(CLI::App& root) {
   cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N: where the model decodes")
       ->capture_default_str()
-      ->check([](const std::string& text) {
-        try {
-          Device::parse(text);
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
-        return std::string();
-      });
+      ->check(device_check);
   cmd->add_option("--precision", args->precision,
                   "f32, or bf16 (weights and activations; decoding states and HAM's routers stay f32)")
       ->capture_default_str()

@@ -142,6 +142,15 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 
 }  // namespace
 
+std::string device_check(const std::string& text) {
+  try {
+    Device::parse(text);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
 Command add_train_command(CLI::App& root) {
   auto args = std::make_shared<TrainArgs>();
   TrainOptions& o = args->options;
@@ -193,14 +202,7 @@ Command add_train_command(CLI::App& root) {
       ->check(CLI::IsMember({"grads", "grads+optimizer", "zero2", "full", "zero3"}));
   add("--shard-group-size", &TrainOptions::shard_group_size, "Under mpirun: ranks per shard group (hybrid sharding: shard within a group, e.g. a node's ranks, replicate across groups); 0: all ranks");
   args->device_option = add("--device", &TrainOptions::device, "cpu, cuda (under mpirun: the GPU of the local rank) or cuda:N; parameters, optimizer state and batches live there")
-      ->check([](const std::string& text) {
-        try {
-          Device::parse(text);
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
-        return std::string();
-      });
+      ->check(device_check);
   add("--precision", &TrainOptions::precision, "f32, or bf16 mixed precision: bf16 parameters, activations and gradients (HAM's learned routers f32), f32 master weights, AdamW moments and loss; checkpoints and --export hold the f32 weights")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add("--dump-grads-at", &TrainOptions::dump_grads_at, "Steps (1-based, comma-separated) at which the --dump-grads gradients, before clipping, go to <out or log-dir>/grads/step-NNNNNNNN.safetensors")
