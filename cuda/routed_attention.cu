@@ -747,8 +747,8 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 // ---- Tensor-core kernels (bf16) ------------------------------------------------------
 // bf16 inputs run through the tensor cores (cuda/mma.cuh: mma.sync m16n8k16, f32
 // accumulation), flash-attention-2 style. A block of 4 warps owns 64 query rows of one
-// (query head, batch row), 16 per warp (the forward: 128 rows, 32 per warp, for value
-// heads up to 128 wide; see MmaShape); per key tile the block stages K and v' = p v (bf16,
+// (query head, batch row), 16 per warp (the forward: 128 rows, 32 per warp, for head dims
+// of 64 or 128; see MmaShape); per key tile the block stages K and v' = p v (bf16,
 // v' rounded once) in shared memory, and each warp computes its S = Q K^T slice in
 // registers, applies the scale, the visibility test (boundary tiles only) and the online
 // softmax there, and feeds P straight from the accumulator registers into P V': the
@@ -776,7 +776,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The forward's block: kM row tiles of 16 query rows per warp (64 kM rows per block).
-// With kM = 2 (value heads up to 128 wide, where O fits the registers twice) each K and V'
+// With kM = 2 (head dims of 64 or 128: O fits the registers twice) each K and V'
 // fragment a warp loads from shared memory feeds two products, and each key tile a block
 // stages serves 128 queries, as in flash-attention-2's 128-row blocks; the key tiles are
 // then 32 wide for value heads past 64, so that S and O fit the registers (ptxas: 64-key
@@ -1628,7 +1628,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               return launch_tiled(&forward_mma<DK, DV, kM>, grid_of_rows(Shape::kRows),
                                   Shape::forward_bytes, a, kMmaThreads);
             };
-            if constexpr (DV <= 128) {
+            // 128-row blocks for the common heads only (each instance adds to the build).
+            if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128)) {
               if (g_forward_rows.load() == 128) tiled = launch_mma.template operator()<2>();
             }
             if (!tiled) tiled = launch_mma.template operator()<1>();

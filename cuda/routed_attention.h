@@ -4,8 +4,8 @@
 
 namespace ham::cuda {
 
-// Query rows per block of the bf16 tensor-core forward for value heads up to 128 wide:
-// 128 (the default: two 16-row tiles per warp) or 64 (one). Wider value heads always take
+// Query rows per block of the bf16 tensor-core forward for head dims Dk, Dv in {64, 128}:
+// 128 (the default: two 16-row tiles per warp) or 64 (one). Other head dims always take
 // 64. Returns the previous setting; any other value is an error.
 int set_attention_forward_rows(int rows);
 

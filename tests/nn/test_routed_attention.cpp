@@ -828,6 +828,9 @@ INSTANTIATE_TEST_SUITE_P(
         // head dims 128, grouped-query heads 8 x 2
         GpuCase{2, 200, 8, 2, 128, 128, 0.5, false, GpuDocs::None, true},
         GpuCase{1, 333, 4, 1, 128, 128, 0.25, true, GpuDocs::Runs, false},
+        // unequal head dims that take the forward's 128-row blocks
+        GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+        GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
         // v 192, 20 packed documents
         GpuCase{1, 700, 4, 2, 128, 192, 0.25, true, GpuDocs::Packed20, true},
         GpuCase{2, 640, 2, 1, 64, 192, 1.0, true, GpuDocs::Packed20, false},
