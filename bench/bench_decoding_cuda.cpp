@@ -81,31 +81,16 @@ Spread time_per_call(int reps, Fn&& call) {
   return {ms.front(), ms[ms.size() / 2], ms.back()};
 }
 
-std::vector<double> normal_values(int64_t n, std::mt19937_64& rng, double scale) {
-  std::normal_distribution<double> normal(0.0, scale);
-  std::vector<double> x(static_cast<size_t>(n));
-  for (double& v : x) v = normal(rng);
-  return x;
-}
-
-Tensor unit_rows_on_gpu(const Shape& shape, double norm, std::mt19937_64& rng) {
-  std::vector<double> x = normal_values(shape_numel(shape), rng, 1.0);
-  const size_t width = size_t(shape.back());
-  for (size_t r = 0; r < x.size() / width; ++r) {
-    double s = 0;
-    for (size_t j = 0; j < width; ++j) s += x[r * width + j] * x[r * width + j];
-    for (size_t j = 0; j < width; ++j) x[r * width + j] *= norm / std::sqrt(s);
-  }
-  return Tensor::from_vector(x, shape).to(DType::BF16).to(Device::cuda());
-}
+using bench::normal_values;
+using bench::unit_rows_on_gpu;
 
 // Returns the time per call and the bytes a call must move.
 std::pair<Spread, double> run_case(const DecodeCase& c, int reps) {
   const int64_t B = c.batch, H = c.heads, K = c.key_dim, V = c.value_dim;
   std::mt19937_64 rng(4321);
   if (c.op == "gdr") {
-    const Tensor q = unit_rows_on_gpu({B, 1, H, K}, 1.0 / std::sqrt(double(K)), rng);
-    const Tensor k = unit_rows_on_gpu({B, 1, H, K}, 1.0, rng);
+    const Tensor q = unit_rows_on_gpu({B, 1, H, K}, 1.0 / std::sqrt(double(K)), DType::BF16, rng);
+    const Tensor k = unit_rows_on_gpu({B, 1, H, K}, 1.0, DType::BF16, rng);
     const Tensor v = Tensor::from_vector(normal_values(B * H * V, rng, 1.0), {B, 1, H, V})
                          .to(DType::BF16).to(Device::cuda());
     std::vector<double> g = normal_values(B * H, rng, 1.0), beta = normal_values(B * H, rng, 1.0);

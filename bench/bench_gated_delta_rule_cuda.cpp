@@ -50,25 +50,8 @@ std::vector<BenchCase> bench_cases() {
   return cases;
 }
 
-// n standard normal values.
-std::vector<double> normal_values(int64_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> x(static_cast<size_t>(n));
-  for (double& v : x) v = normal(rng);
-  return x;
-}
-
-// A normal tensor whose rows (last dim) are scaled to L2 norm `norm`, on the GPU.
-Tensor unit_rows_on_gpu(const Shape& shape, double norm, DType dtype, std::mt19937_64& rng) {
-  std::vector<double> x = normal_values(shape_numel(shape), rng);
-  const size_t width = size_t(shape.back());
-  for (size_t r = 0; r < x.size() / width; ++r) {
-    double s = 0;
-    for (size_t j = 0; j < width; ++j) s += x[r * width + j] * x[r * width + j];
-    for (size_t j = 0; j < width; ++j) x[r * width + j] *= norm / std::sqrt(s);
-  }
-  return Tensor::from_vector(x, shape).to(dtype).to(Device::cuda());
-}
+using bench::normal_values;
+using bench::unit_rows_on_gpu;
 
 struct Spread {
   double min, median, max;  // milliseconds

@@ -109,30 +109,51 @@ struct Timing {
   double compact_ms, forward_ms, backward_ms, pairs;
 };
 
-Timing run_case(const BenchCase& c, int reps) {
-  const DType dtype = DType::BF16;
-  const Device gpu = Device::cuda();
-  std::vector<uint8_t> select_host = make_select(c);
-  std::vector<int64_t> docs_host = make_docs(c);
-  Tensor select = Tensor::from_vector(select_host, {c.batch, c.seq_len}).to(gpu);
-  Tensor docs = Tensor::from_vector(docs_host, {c.batch, c.seq_len}).to(gpu);
-  Tensor q = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, 1, -1.f, 1.f);
-  Tensor k = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, 2, -1.f, 1.f);
-  Tensor v = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, 3, -1.f, 1.f);
-  Tensor p = bench::uniform_on_gpu({c.batch, c.seq_len}, dtype, 4, 0.2f, 1.5f);
-  Tensor dout = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, 5, -1.f, 1.f);
-
-  Timing t{};
+// A case's inputs on the GPU (bf16, value-scaled) and its selection.
+struct CaseInputs {
+  std::vector<uint8_t> select_host;
+  std::vector<int64_t> docs_host;
+  Tensor select, docs, q, k, v, p, dout;
   CompactSelection selection;
-  t.compact_ms = median_ms(reps, [&] { selection = ops::compact_selection(select, docs); });
+
+  explicit CaseInputs(const BenchCase& c)
+      : select_host(make_select(c)), docs_host(make_docs(c)) {
+    const DType dtype = DType::BF16;
+    const Device gpu = Device::cuda();
+    select = Tensor::from_vector(select_host, {c.batch, c.seq_len}).to(gpu);
+    docs = Tensor::from_vector(docs_host, {c.batch, c.seq_len}).to(gpu);
+    q = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, 1, -1.f, 1.f);
+    k = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, 2, -1.f, 1.f);
+    v = bench::uniform_on_gpu({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, 3, -1.f, 1.f);
+    p = bench::uniform_on_gpu({c.batch, c.seq_len}, dtype, 4, 0.2f, 1.5f);
+    dout = bench::uniform_on_gpu({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, 5, -1.f, 1.f);
+  }
+};
+
+Timing run_case(const BenchCase& c, int reps) {
+  CaseInputs in(c);
+  Timing t{};
+  t.compact_ms = median_ms(reps, [&] { in.selection = ops::compact_selection(in.select, in.docs); });
   ops::RoutedAttentionOutput forward;
-  t.forward_ms =
-      median_ms(reps, [&] { forward = ops::routed_attention_forward(q, k, v, selection, p); });
-  t.backward_ms = median_ms(reps, [&] {
-    ops::routed_attention_backward(dout, q, k, v, selection, forward.out, forward.lse, p);
+  t.forward_ms = median_ms(reps, [&] {
+    forward = ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
   });
-  t.pairs = visible_pairs(c, select_host, docs_host);
+  t.backward_ms = median_ms(reps, [&] {
+    ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                   forward.lse, in.p);
+  });
+  t.pairs = visible_pairs(c, in.select_host, in.docs_host);
   return t;
+}
+
+// The forward's median ms with `rows`-row tensor-core blocks (cuda/routed_attention.h).
+double forward_ms_with_rows(CaseInputs& in, int rows, int reps) {
+  const int previous = cuda::set_attention_forward_rows(rows);
+  const double ms = median_ms(reps, [&] {
+    ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+  });
+  cuda::set_attention_forward_rows(previous);
+  return ms;
 }
 
 }  // namespace
@@ -170,11 +191,10 @@ int main(int argc, char** argv) {
     for (const BenchCase& c : bench_cases()) {
       if (c.key_dim != 128 || c.docs != 1) continue;
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      const int previous = cuda::set_attention_forward_rows(64);
-      const double ms_64 = run_case(c, reps).forward_ms;
-      cuda::set_attention_forward_rows(128);
-      const double ms_128 = run_case(c, reps).forward_ms;
-      cuda::set_attention_forward_rows(previous);
+      CaseInputs in(c);
+      in.selection = ops::compact_selection(in.select, in.docs);
+      const double ms_64 = forward_ms_with_rows(in, 64, reps);
+      const double ms_128 = forward_ms_with_rows(in, 128, reps);
       std::printf("%-34s %9.3fms %9.3fms %6.2f\n", c.name().c_str(), ms_64, ms_128, ms_64 / ms_128);
       std::fflush(stdout);
     }

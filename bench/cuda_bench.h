@@ -3,11 +3,13 @@
 // rather than Google Benchmark): the command line, the GPU and CSV set-up, their inputs and
 // the event timing loop.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,27 @@ inline Tensor uniform_on_gpu(const Shape& shape, DType dtype, uint64_t seed, flo
     v = lo + (hi - lo) * float(state >> 40) / float(1 << 24);
   }
   return Tensor::from_vector(values, shape).to(dtype).to(Device::cuda());
+}
+
+// n normal values of standard deviation `scale`.
+inline std::vector<double> normal_values(int64_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> normal(0.0, scale);
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& v : x) v = normal(rng);
+  return x;
+}
+
+// A normal tensor whose rows (last dim) are scaled to L2 norm `norm`, in `dtype` on GPU 0
+// (the gated delta rule's q and k).
+inline Tensor unit_rows_on_gpu(const Shape& shape, double norm, DType dtype, std::mt19937_64& rng) {
+  std::vector<double> x = normal_values(shape_numel(shape), rng);
+  const size_t width = size_t(shape.back());
+  for (size_t r = 0; r < x.size() / width; ++r) {
+    double s = 0;
+    for (size_t j = 0; j < width; ++j) s += x[r * width + j] * x[r * width + j];
+    for (size_t j = 0; j < width; ++j) x[r * width + j] *= norm / std::sqrt(s);
+  }
+  return Tensor::from_vector(x, shape).to(dtype).to(Device::cuda());
 }
 
 // Milliseconds of each of `reps` calls step(i) on the current stream of device 0, each timed

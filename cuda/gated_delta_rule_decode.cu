@@ -40,7 +40,7 @@ struct DecodeArgs {
   compute_t<T>* state;           // [B, H, K, V]
   T* o;
   compute_t<T>* fit_part;        // [B * n * H, tiles, 3]
-  int64_t batch, tokens, heads, key_dim, value_dim;
+  int64_t tokens, heads, key_dim, value_dim;
   int tiles;
 };
 
@@ -145,7 +145,6 @@ void decode(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, 
     else a.g_f32 = ptr<const float>(g);  // mixed precision: f32 gates with bf16 inputs
     a.state = ptr<C>(state);
     a.o = ptr<T>(o);
-    a.batch = B;
     a.tokens = n;
     a.heads = H;
     a.key_dim = K;

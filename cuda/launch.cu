@@ -24,6 +24,13 @@ int multiprocessor_count() {
   return cached[size_t(device)];
 }
 
+size_t max_shared_per_block() {
+  int device = 0, bytes = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return size_t(bytes);
+}
+
 namespace {
 
 // first_bad = min position p with index[p] outside [0, limit) (stays at n when none).

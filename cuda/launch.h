@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -143,6 +144,9 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
 
 // Streaming multiprocessors of the current device (cached per device).
 int multiprocessor_count();
+
+// Opt-in shared memory per block of the current device, in bytes.
+size_t max_shared_per_block();
 
 // Grid-stride loop over [0, n) with 64-bit indices.
 #define HAM_GRID_STRIDE_LOOP(i, n)                                                   \

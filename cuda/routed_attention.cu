@@ -68,14 +68,6 @@ __device__ __forceinline__ double log_(double x) { return ::log(x); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Opt-in shared memory per block of the current device.
-size_t max_shared_per_block() {
-  int device = 0, bytes = 0;
-  HAM_CUDA_CHECK(cudaGetDevice(&device));
-  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return size_t(bytes);
-}
-
 template <class Kernel>
 void allow_dynamic_shared(Kernel* kernel, size_t bytes) {
   HAM_CUDA_CHECK_CTX(

@@ -340,16 +340,9 @@ int bank_spread_stride(int64_t d, size_t element) {
   return int(ld);
 }
 
-size_t opt_in_shared_bytes() {
-  int device = 0, bytes = 0;
-  HAM_CUDA_CHECK(cudaGetDevice(&device));
-  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return size_t(bytes);
-}
-
 template <class T, int kGroup>
 void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device device) {
-  const size_t limit = opt_in_shared_bytes();
+  const size_t limit = max_shared_per_block();
   size_t bytes = 0;
   for (int tile : {64, 32, 16}) {
     a.tile_keys = tile;
