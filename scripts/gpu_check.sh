@@ -14,9 +14,18 @@
 #                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda
 #                    bench_decoding_cuda test_train test_distributed)
 #   HAM_GPU_TESTS    ctest -R regex of the tests to run (default: [Cc]uda|Gpu|GPU)
+#   HAM_GPU_TEST_RUNS  runs of each selected test, stopping at a failure (default 2)
 #   HAM_GPU_SKIP_BENCH=1  tests only
+#   HAM_GPU_BUILD    build directory (default build-gpu)
+#   HAM_GPU_PREBUILT=1  use HAM_GPU_BUILD as it is, built elsewhere for sm_$HAM_GPU_ARCH
+#                    (no configure or build here: device time goes to tests and benchmarks).
+#                    Made on a machine with nvcc by scripts/gpu_prebuild.sh, whose packed
+#                    slim copy (.gpu-prebuilt/BUILD.tar.xz, carried) is unpacked here when
+#                    BUILD is missing. Its CTest files name the source
+#                    tree and build directory it was made in; the script links those paths
+#                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed profile
-#                    sanitize
+#                    sanitize diagnose
 #                    (default: all but fla and sanitize; fla = gdr with
 #                    flash-linear-attention beside it, whose first run autotunes for over
 #                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
@@ -24,7 +33,9 @@
 #                    times of one gated delta rule and one dense attention case under ncu;
 #                    sanitize = compute-sanitizer's racecheck, synccheck and memcheck over
 #                    small GPU test cases of the hand-written tensor-core kernels, up to
-#                    2 minutes a tool: e.g. HAM_GPU_BENCH=sanitize HAM_GPU_TESTS=NONE)
+#                    2 minutes a tool: e.g. HAM_GPU_BENCH=sanitize HAM_GPU_TESTS=NONE;
+#                    diagnose = ncu's speed-of-light, occupancy and warp-stall sections of
+#                    one launch of each of the slowest hand-written kernels)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -33,7 +44,7 @@ root=$(pwd)
 out=${1:-build-gpu/gpu_check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-build=build-gpu
+build=${HAM_GPU_BUILD:-build-gpu}
 arch=${HAM_GPU_ARCH:-90}
 targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train test_distributed bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda bench_decoding_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
@@ -44,9 +55,6 @@ command -v nvcc >/dev/null || fail "nvcc not found (looked on PATH and in /usr/l
 command -v cmake >/dev/null || fail "cmake not found"
 [[ -f .gpu-deps/include/Eigen/Core ]] ||
   fail "no .gpu-deps/: run scripts/gpu_bundle_deps.sh on a machine with the packages and carry .gpu-deps"
-generator=(-G Ninja)
-command -v ninja >/dev/null || generator=(-G "Unix Makefiles")
-
 echo "== machine"
 nvidia-smi -L 2>&1 || true
 nvcc --version | tail -1
@@ -64,24 +72,49 @@ fi
 nccl_root=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null || true)
 echo "nccl: ${nccl_root:-toolkit only}"
 
-echo "== configure ($build, sm_$arch)"
-cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$root/.gpu-deps" -DHAM_ICU=OFF \
-  -DHAM_NCCL_ROOT="$nccl_root" -DHAM_CUDA_EMULATOR=OFF \
-  -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
-  { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
+if [[ ${HAM_GPU_PREBUILT:-0} == 1 ]]; then
+  if [[ ! -d $build && -f .gpu-prebuilt/$build.tar.xz ]]; then
+    tar -xJf ".gpu-prebuilt/$build.tar.xz" || fail "cannot unpack .gpu-prebuilt/$build.tar.xz"
+  fi
+  [[ -f $build/CMakeCache.txt ]] || fail "HAM_GPU_PREBUILT=1 but $build has no CMakeCache.txt"
+  built_in=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+  if [[ $built_in != "$root" && ! -e $built_in ]]; then
+    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in" ||
+      fail "cannot link $built_in (where $build was configured) to $root"
+  fi
+  [[ $(cd "$built_in" && pwd -P) == $(pwd -P) ]] ||
+    fail "$build was configured in $built_in, which is another tree"
+  # A slim copy (gpu_prebuild's BUILD-carry) stands in for the directory it was made from.
+  built_at=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$build/CMakeCache.txt")
+  [[ -e $built_at ]] || ln -s "$(cd "$build" && pwd)" "$built_at" ||
+    fail "cannot link $built_at (the build's own path) to $build"
+  # NCCL at run time: the library the build linked may live elsewhere here.
+  [[ -n $nccl_root ]] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "== prebuilt $build (configured in $built_in)"
+else
+  generator=(-G Ninja)
+  command -v ninja >/dev/null || generator=(-G "Unix Makefiles")
 
-echo "== [$(date +%T)] build: $targets"
-# shellcheck disable=SC2086
-# Keep going past a failing file, so that one run shows every compile error.
-keep_going=(-k); [[ ${generator[1]} == Ninja ]] && keep_going=(-k 0)
-cmake --build "$build" -j "$(nproc)" --target $targets -- "${keep_going[@]}" >"$out/build.log" 2>&1 ||
-  { grep -E 'error' "$out/build.log" | sort -u | head -80; fail "build failed (log: $out/build.log)"; }
+  echo "== configure ($build, sm_$arch)"
+  cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$root/.gpu-deps" -DHAM_ICU=OFF \
+    -DHAM_NCCL_ROOT="$nccl_root" -DHAM_CUDA_EMULATOR=OFF \
+    -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >"$out/configure.log" 2>&1 ||
+    { tail -40 "$out/configure.log"; fail "configure failed (log: $out/configure.log)"; }
+
+  echo "== [$(date +%T)] build: $targets"
+  # shellcheck disable=SC2086
+  # Keep going past a failing file, so that one run shows every compile error.
+  keep_going=(-k); [[ ${generator[1]} == Ninja ]] && keep_going=(-k 0)
+  cmake --build "$build" -j "$(nproc)" --target $targets -- "${keep_going[@]}" >"$out/build.log" 2>&1 ||
+    { grep -E 'error' "$out/build.log" | sort -u | head -80; fail "build failed (log: $out/build.log)"; }
+fi
 
 echo "== [$(date +%T)] tests (ctest -R '$tests')"
 status=0
 # CudaRequestWithoutBackend... skips by design when the backend exists.
-OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' --repeat until-fail:2 \
+OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBackend' \
+  --repeat "until-fail:${HAM_GPU_TEST_RUNS:-2}" \
   --output-on-failure -j 4 2>&1 | tee "$out/test.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
@@ -147,6 +180,24 @@ print(f"{grand:9.3f} total")
 PY
 }
 
+# diagnose NAME KERNEL_REGEX ARGS...: Nsight Compute's speed-of-light, occupancy, launch
+# and warp-stall sections for the first launch of the kernels matching KERNEL_REGEX in a
+# run of build-gpu/bench/NAME ARGS (clocks left as they are), into OUT/diagnose_*.txt.
+diagnose() {
+  local name="$1" kernel="$2"; shift 2
+  local file="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}.txt"
+  echo "== [$(date +%T)] ncu sections of $kernel in $name $*"
+  if ! command -v ncu >/dev/null; then
+    echo "gpu_check: no ncu here: no diagnosis" >&2
+    return
+  fi
+  timeout 120 ncu --clock-control none -k "regex:$kernel" -c 1 --section SpeedOfLight \
+    --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis "$build/bench/$name" "$@" >"$file" 2>&1 ||
+    echo "gpu_check: ncu on $kernel failed (log: $file)" >&2
+  grep -E 'SM Frequency|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Grid Size|Stall|OPT|Waves' "$file" | head -40
+}
+
 # sanitize: compute-sanitizer's racecheck, synccheck and memcheck over small GPU test
 # cases of the tensor-core kernels and the fused rms_norm backward. The SIMT emulator runs
 # their barriers and cp.async as a model; this checks them on the hardware. A runtime that
@@ -184,17 +235,16 @@ sanitize() {
 benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
-  [[ $benches == *" gemm "* ]] &&
-    bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
-  [[ $benches == *" memory "* ]] &&
-    bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
-      bench_memory_bound_cuda
-  [[ $benches == *" lce "* ]] &&
-    bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
-      bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
-  [[ $benches == *" decode "* ]] &&
-    bench "decoding: one token, GB/s against the copy; vs FLA fused_recurrent and torch SDPA" \
-      bench_decoding_cuda bench/bench_decoding_torch.py
+  if [[ $benches == *" diagnose "* ]]; then
+    diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
+    diagnose bench_gated_delta_rule_cuda gdr_bwd_values_mma --reps 1 --filter T4096_H16_D128_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_bwd_wy_mma --reps 1 --filter T4096_H16_D128_bf16
+    diagnose bench_routed_attention_cuda 'forward_mma<128, 128, 2>' --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
+    diagnose bench_routed_attention_cuda backward_dkdv_mma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
+  fi
+  # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
     bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
       bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py --dtype bf16
@@ -208,6 +258,17 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" routed "* ]] &&
     bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
       bench/bench_routed_attention_torch.py
+  [[ $benches == *" decode "* ]] &&
+    bench "decoding: one token, GB/s against the copy; vs FLA fused_recurrent and torch SDPA" \
+      bench_decoding_cuda bench/bench_decoding_torch.py
+  [[ $benches == *" gemm "* ]] &&
+    bench "GEMM: ham (cuBLASLt) vs torch.matmul" bench_matmul_cuda bench/bench_matmul_torch.py
+  [[ $benches == *" memory "* ]] &&
+    bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
+      bench_memory_bound_cuda
+  [[ $benches == *" lce "* ]] &&
+    bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
+      bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"
