@@ -4,6 +4,7 @@
 // is therefore always idle, events complete when recorded and time the host.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +39,8 @@ namespace {
 constexpr int kMultiprocessors = 132;
 constexpr int kSharedPerBlock = 48 * 1024;
 constexpr int kSharedPerBlockOptin = 227 * 1024;
+constexpr int kSharedPerMultiprocessor = 228 * 1024;  // a Hopper SM's, 1 KB reserved per block
+constexpr int kThreadsPerMultiprocessor = 2048;
 constexpr size_t kMemoryBytes = size_t(16) << 30;
 
 int device_count_from_environment() {
@@ -105,6 +108,18 @@ cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* 
   attributes->maxDynamicSharedSizeBytes = it == state().max_dynamic_shared.end() ? kSharedPerBlock
                                                                                  : it->second;
   // Static __shared__ sizes are not known here (a static is not measured): 0.
+  return cudaSuccess;
+}
+
+cudaError_t max_active_blocks(int* blocks, const void* function, int block_threads,
+                              size_t dynamic_shared_bytes) {
+  if (!blocks || !function || block_threads <= 0 || block_threads > 1024) {
+    return fail(cudaErrorInvalidValue);
+  }
+  // Threads and shared memory only: the emulator does not know a kernel's registers.
+  const int by_threads = kThreadsPerMultiprocessor / block_threads;
+  const int by_shared = int(kSharedPerMultiprocessor / (dynamic_shared_bytes + 1024));
+  *blocks = std::min({32, by_threads, by_shared});
   return cudaSuccess;
 }
 

@@ -149,6 +149,8 @@ const char* cudaGetErrorString(cudaError_t error);
 namespace ham::cuda::emulator {
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value);
 cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* function);
+cudaError_t max_active_blocks(int* blocks, const void* function, int block_threads,
+                              size_t dynamic_shared_bytes);
 // Checks a launch configuration as the GPU would: on failure records the error for
 // cudaGetLastError and returns false.
 bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream);
@@ -163,6 +165,14 @@ template <class Function>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Function* function) {
   return ham::cuda::emulator::get_function_attributes(attributes,
                                                       reinterpret_cast<const void*>(function));
+}
+
+template <class Function>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Function* function,
+                                                          int block_threads,
+                                                          size_t dynamic_shared_bytes) {
+  return ham::cuda::emulator::max_active_blocks(
+      blocks, reinterpret_cast<const void*>(function), block_threads, dynamic_shared_bytes);
 }
 
 #include "cuda/emulator/device_functions.h"
