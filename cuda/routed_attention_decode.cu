@@ -3,27 +3,31 @@
 //
 // Decoding is memory-bound: each new query reads every visible cached key and value once,
 // and a handful of queries alone would leave most of the GPU idle, so the keys are split
-// across blocks too. A block of 128 threads owns one row r = (b, i), one kv head g, a
-// slice of up to kGroup of g's query heads (the cache is read once for all of them) and
-// split s: the visible keys [s L, min(s L + L, visible[r])). L is chosen on the host so
-// that the grid fills the GPU. Per tile of BK keys (64, or 32 or 16 where 64 would not
-// fit shared memory), staged in shared memory with 16-byte loads where the rows allow:
-//   scores   thread t takes key j = t % BK and every (128 / BK)-th element of Dk from
-//            t / BK on, for all the slice's heads; the parts are then added:
+// across blocks too. A block of 4 warps owns one row r = (b, i), one kv head g, a slice of
+// up to kGroup of g's query heads (the cache is read once for all of them) and split s: the
+// visible keys [s L, min(s L + L, visible[r])). L is chosen on the host so that one wave of
+// blocks fills the GPU. The block walks its keys in steps of 128: warp w takes the 32 keys
+// 32 w .. 32 w + 31 of each step, and each warp keeps its own running softmax, so the
+// keys stream from memory into registers with no barrier until the end:
+//   scores   lane j reads key j's row (16-byte loads, 8 in flight) against q in shared
+//            memory (every lane reads the same q element: a broadcast), for every head:
 //            s[j][h] = scale <q_h, k_j>
-//   softmax  warp w keeps the running max m_h and sum l_h of heads h = w, w + 4, ...:
+//   softmax  per head, over the warp's 32 keys (shuffles):
 //            m' = max(m, max_j s),  alpha_h = e^{m - m'},  P[j][h] = e^{s - m'},
 //            l' = alpha l + sum_j P[j][h]
-//   values   thread t owns value columns c = t, t + 128, ... (Dv <= 512) for every head:
+//   values   lane owns the column pairs c = 2 lane + 64 u (u < kPairs); for each key j of
+//            the step, P[j][h] p_j comes by shuffle and the row v_j by a coalesced load
+//            (16 / kPairs rows' loads in flight):
 //            acc[h][c] = alpha_h acc[h][c] + sum_j P[j][h] p_j v_j[c]      (v' = p v)
-// The block ends with o_s = acc / l and lse_s = m + log l (o_s = 0, lse_s = -inf when the
+// At the end the 4 warps' (m, l, acc) merge in shared memory, in warp order:
+//   M = max_w m_w,  l = sum_w e^{m_w - M} l_w,  acc = sum_w e^{m_w - M} acc_w,
+// and the block writes o_s = acc / l, lse_s = M + log l (o_s = 0, lse_s = -inf when the
 // split holds no key). With one split these are the results; otherwise a second kernel
 // merges the splits of each (b, i, h) in split order (deterministic, no atomics):
 //   lse = log sum_s e^{lse_s},   o = sum_s e^{lse_s - lse} o_s.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "core/ops/routed_attention_decode.h"
@@ -34,12 +38,13 @@ namespace ham::cuda {
 namespace {
 
 constexpr const char* kOp = "routed_attention_decode (cuda)";
-constexpr int kDecodeThreads = 128;                  // 4 warps
+constexpr int kDecodeThreads = 128;  // 4 warps
 constexpr int kWarps = kDecodeThreads / 32;
-constexpr int kMaxColumnsPerThread = 4;              // Dv <= 512
-constexpr int kMaxValueDim = kDecodeThreads * kMaxColumnsPerThread;
-constexpr int kLoadsInFlight = 8;                    // tile loads a thread issues at once
-constexpr int64_t kMinTilesPerSplit = 2;
+constexpr int kStepKeys = kDecodeThreads;  // keys a block takes per step: 32 per warp
+constexpr int kMaxPairs = 8;               // column pairs per lane: Dv <= 512
+constexpr int kMaxValueDim = 64 * kMaxPairs;
+constexpr int kKeyLoadsInFlight = 2;       // 16-byte loads of a key row issued at once
+constexpr int64_t kMinStepsPerSplit = 1;
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
@@ -62,28 +67,22 @@ struct DecodeArgs {
   compute_t<T>* part_o;    // [B * n, Hq, splits, Dv] when splits > 1
   compute_t<T>* part_lse;  // [B * n, Hq, splits]
   int64_t queries, capacity, q_heads, kv_heads, key_dim, value_dim;
-  int group, slices, splits, split_keys, tile_keys;
-  int ldk;             // shared row stride of the key tile (elements)
-  bool packed_k, packed_v;  // rows move as 16-byte packs
+  int group, slices, splits, split_keys;
+  bool packed_k, paired_v;  // key rows move as 16-byte packs; value columns in pairs
   compute_t<T> scale;
 };
 
 // The shared-memory carve of one block, the same on host (sizing) and device.
 template <class T, int kGroup>
 struct DecodeLayout {
-  size_t q, k, v, parts, probs, alpha, m, l, pscale, bytes;
-  __host__ __device__ DecodeLayout(int64_t key_dim, int64_t value_dim, int ldk, int tile_keys) {
+  size_t q, m, l, acc, bytes;
+  __host__ __device__ DecodeLayout(int64_t key_dim, int64_t value_dim) {
     using C = compute_t<T>;
     size_t at = 0;
-    q = take(at, size_t(key_dim) * kGroup * sizeof(C));             // [Dk][kGroup]
-    k = take(at, size_t(tile_keys) * ldk * sizeof(T));              // [BK][ldk]
-    v = take(at, size_t(tile_keys) * value_dim * sizeof(T));        // [BK][Dv]
-    parts = take(at, size_t(kDecodeThreads) * kGroup * sizeof(C));  // [128 / BK][BK][kGroup]
-    probs = take(at, size_t(tile_keys) * kGroup * sizeof(C));       // [BK][kGroup]
-    alpha = take(at, kGroup * sizeof(C));
-    m = take(at, kGroup * sizeof(C));
-    l = take(at, kGroup * sizeof(C));
-    pscale = take(at, size_t(tile_keys) * sizeof(C));
+    q = take(at, size_t(key_dim) * kGroup * sizeof(C));                 // [kGroup][Dk]
+    m = take(at, size_t(kWarps) * kGroup * sizeof(C));                  // [warp][kGroup]
+    l = take(at, size_t(kWarps) * kGroup * sizeof(C));
+    acc = take(at, size_t(kWarps) * kGroup * value_dim * sizeof(C));    // [warp][kGroup][Dv]
     bytes = at;
   }
   // Offset of the next `n` bytes from `at`, 16-byte aligned.
@@ -94,58 +93,54 @@ struct DecodeLayout {
   }
 };
 
-// rows [0, n) of a shared [BK][ld] tile from cache rows first, first + 1, ... of (b, g):
-// global row j is at src + j * stride (elements). Packed: 16-byte loads (rows and src
-// 16-byte aligned), kLoadsInFlight of them issued before any is stored.
-template <class T>
-__device__ void load_tile(T* tile, int ld, const T* src, int64_t stride, int n, int64_t d,
-                          bool packed) {
+// dot[h] = <q_h, k> for the key row k (Dk elements) and q_h in shared memory ([kGroup][Dk]).
+template <class T, int kGroup>
+__device__ __forceinline__ void key_scores(const T* k, const compute_t<T>* s_q, int64_t Dk,
+                                           bool packed, compute_t<T> (&dot)[kGroup]) {
+  using C = compute_t<T>;
   if (packed) {
     constexpr int N = kPackWidth<T>;
     using P = Pack<T, N>;
-    const int chunks = int(d / N), total = n * chunks;
-    for (int base = int(threadIdx.x); base < total; base += kDecodeThreads * kLoadsInFlight) {
-      P held[kLoadsInFlight];
+    const P* row = reinterpret_cast<const P*>(k);
+    const int packs = int(Dk / N);
+    for (int base = 0; base < packs; base += kKeyLoadsInFlight) {
+      P held[kKeyLoadsInFlight];
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {
-        const int idx = base + u * kDecodeThreads;
-        if (idx < total) {
-          held[u] = *reinterpret_cast<const P*>(src + (idx / chunks) * stride + (idx % chunks) * N);
-        }
+      for (int u = 0; u < kKeyLoadsInFlight; ++u) {
+        if (base + u < packs) held[u] = row[base + u];
       }
 #pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {
-        const int idx = base + u * kDecodeThreads;
-        if (idx < total) {
-          T* dst = tile + (idx / chunks) * ld + (idx % chunks) * N;
+      for (int u = 0; u < kKeyLoadsInFlight; ++u) {
+        if (base + u >= packs) break;
 #pragma unroll
-          for (int e = 0; e < N; ++e) dst[e] = held[u].v[e];
+        for (int e = 0; e < N; ++e) {
+          const int d = (base + u) * N + e;
+          const C kd = C(load(held[u].v[e]));
+#pragma unroll
+          for (int h = 0; h < kGroup; ++h) dot[h] += s_q[h * Dk + d] * kd;
         }
       }
     }
   } else {
-    const int total = n * int(d);
-    for (int idx = int(threadIdx.x); idx < total; idx += kDecodeThreads) {
-      tile[(idx / d) * ld + idx % d] = src[(idx / d) * stride + idx % d];
+    for (int64_t d = 0; d < Dk; ++d) {
+      const C kd = C(load(k[d]));
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) dot[h] += s_q[h * Dk + d] * kd;
     }
   }
 }
 
-template <class T, int kGroup>
+// kGroup query heads per block, kPairs column pairs per lane (Dv <= 64 kPairs): a narrow
+// head's accumulators take no registers it does not use.
+template <class T, int kGroup, int kPairs>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a) {
   using C = compute_t<T>;
-  constexpr int kHeadsPerWarp = (kGroup + kWarps - 1) / kWarps;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  const DecodeLayout<T, kGroup> layout(a.key_dim, a.value_dim, a.ldk, a.tile_keys);
+  const DecodeLayout<T, kGroup> layout(a.key_dim, a.value_dim);
   C* s_q = reinterpret_cast<C*>(smem_raw + layout.q);
-  T* s_k = reinterpret_cast<T*>(smem_raw + layout.k);
-  T* s_v = reinterpret_cast<T*>(smem_raw + layout.v);
-  C* s_parts = reinterpret_cast<C*>(smem_raw + layout.parts);
-  C* s_probs = reinterpret_cast<C*>(smem_raw + layout.probs);
-  C* s_alpha = reinterpret_cast<C*>(smem_raw + layout.alpha);
   C* s_m = reinterpret_cast<C*>(smem_raw + layout.m);
   C* s_l = reinterpret_cast<C*>(smem_raw + layout.l);
-  C* s_pscale = reinterpret_cast<C*>(smem_raw + layout.pscale);
+  C* s_acc = reinterpret_cast<C*>(smem_raw + layout.acc);
 
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int64_t row = blockIdx.x;  // b * n + i
@@ -155,148 +150,138 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
   const int heads = min(kGroup, g * a.group + a.group - first_head);  // of this slice
   const int split = int(blockIdx.z);
   const int64_t Dk = a.key_dim, Dv = a.value_dim;
-  const int BK = a.tile_keys;
   const int64_t visible = a.visible ? a.visible[row] : a.inline_visible[row];
   const int64_t lo = int64_t(split) * a.split_keys;
   const int64_t hi = min(lo + a.split_keys, visible);
 
-  // q of the slice's heads, transposed to [Dk][kGroup] (zeros for heads past the slice).
+  // q of the slice's heads, [kGroup][Dk] (zeros for heads past the slice).
   for (int64_t idx = tid; idx < Dk * kGroup; idx += kDecodeThreads) {
-    const int64_t d = idx / kGroup;
-    const int h = int(idx % kGroup);
+    const int h = int(idx / Dk);
+    const int64_t d = idx % Dk;
     s_q[idx] = h < heads ? C(load(a.q[(row * a.q_heads + first_head + h) * Dk + d])) : C(0);
   }
+  __syncthreads();
 
-  // Running max and sum of the heads this warp keeps (h = warp + kWarps u).
-  C m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];
+  C m_run[kGroup], l_run[kGroup], acc[kGroup][2 * kPairs];
 #pragma unroll
-  for (int u = 0; u < kHeadsPerWarp; ++u) {
-    m_run[u] = -INFINITY;
-    l_run[u] = C(0);
-  }
-  C acc[kMaxColumnsPerThread][kGroup];
+  for (int h = 0; h < kGroup; ++h) {
+    m_run[h] = -INFINITY;
+    l_run[h] = C(0);
 #pragma unroll
-  for (int r = 0; r < kMaxColumnsPerThread; ++r) {
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) acc[r][h] = C(0);
+    for (int e = 0; e < 2 * kPairs; ++e) acc[h][e] = C(0);
   }
 
-  const int parts = kDecodeThreads / BK;
-  const int j_mine = tid % BK, part = tid / BK;
   const int64_t k_stride = a.kv_heads * Dk, v_stride = a.kv_heads * Dv;
   const T* k_base = a.k + (b * a.capacity * a.kv_heads + g) * Dk;
   const T* v_base = a.v + (b * a.capacity * a.kv_heads + g) * Dv;
-  for (int64_t t0 = lo; t0 < hi; t0 += BK) {
-    const int n = int(min(int64_t(BK), hi - t0));
-    __syncthreads();  // the previous tile's readers are done (and s_q is written)
-    load_tile(s_k, a.ldk, k_base + t0 * k_stride, k_stride, n, Dk, a.packed_k);
-    load_tile(s_v, int(Dv), v_base + t0 * v_stride, v_stride, n, Dv, a.packed_v);
-    if (tid < n) s_pscale[tid] = a.p ? C(load(a.p[b * a.capacity + t0 + tid])) : C(1);
-    __syncthreads();
+  for (int64_t t0 = lo + 32 * warp; t0 < hi; t0 += kStepKeys) {
+    const int n = int(min(int64_t(32), hi - t0));  // keys of this warp's step (uniform)
+    const int64_t t = t0 + lane;
 
-    // Scores, part by part: thread (j, part) sums elements part, part + parts, ... of Dk.
-    {
-      C dot[kGroup];
+    // Scores of the lane's key, then the warp's online softmax per head.
+    C s[kGroup];
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) dot[h] = C(0);
-      if (j_mine < n) {
-        const T* k_row = s_k + j_mine * a.ldk;
-        for (int64_t d = part; d < Dk; d += parts) {
-          const C kd = C(load(k_row[d]));
+    for (int h = 0; h < kGroup; ++h) s[h] = C(0);
+    if (lane < n) key_scores<T, kGroup>(k_base + t * k_stride, s_q, Dk, a.packed_k, s);
+    const C value_scale = lane < n && a.p ? C(load(a.p[b * a.capacity + t])) : C(1);
+    C prob[kGroup];
 #pragma unroll
-          for (int h = 0; h < kGroup; ++h) dot[h] += s_q[d * kGroup + h] * kd;
+    for (int h = 0; h < kGroup; ++h) {
+      const C score = lane < n ? a.scale * s[h] : C(-INFINITY);
+      const C step_max = warp_max(score);
+      const C m_new = m_run[h] > step_max ? m_run[h] : step_max;
+      const C alpha = m_run[h] == -INFINITY ? C(0) : exp_(m_run[h] - m_new);
+      const C e = lane < n ? exp_(score - m_new) : C(0);
+      l_run[h] = alpha * l_run[h] + warp_sum(e);
+      m_run[h] = m_new;
+      prob[h] = e * value_scale;  // P[j][h] p_j, shuffled to the value columns below
+#pragma unroll
+      for (int c = 0; c < 2 * kPairs; ++c) acc[h][c] *= alpha;
+    }
+
+    // acc[h][c] += sum_j P[j][h] p_j v_j[c], the warp reading rows v_j together, kUnroll
+    // rows' loads in flight before the first is used.
+    constexpr int kUnroll = 16 / kPairs;
+    const T* v_rows = v_base + t0 * v_stride;
+    for (int j0 = 0; j0 < n; j0 += kUnroll) {
+      Pack<T, 2> held[kUnroll][kPairs];
+#pragma unroll
+      for (int jj = 0; jj < kUnroll; ++jj) {
+        const T* v_row = v_rows + (j0 + jj) * v_stride;
+#pragma unroll
+        for (int u = 0; u < kPairs; ++u) {
+          const int64_t c = 2 * lane + 64 * u;
+          if (j0 + jj >= n || c >= Dv) continue;
+          if (a.paired_v) {
+            held[jj][u] = *reinterpret_cast<const Pack<T, 2>*>(v_row + c);
+          } else {
+            held[jj][u].v[0] = v_row[c];
+            held[jj][u].v[1] = c + 1 < Dv ? v_row[c + 1] : store<T>(C(0));
+          }
         }
       }
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) s_parts[(part * BK + j_mine) * kGroup + h] = dot[h];
-    }
-    __syncthreads();
-
-    // Online softmax, one warp per head: lanes over the tile's keys.
+      for (int jj = 0; jj < kUnroll; ++jj) {
+        if (j0 + jj >= n) break;
+        C pj[kGroup];
 #pragma unroll
-    for (int u = 0; u < kHeadsPerWarp; ++u) {
-      const int h = warp + kWarps * u;
-      if (h >= kGroup) continue;
-      C s_lane[2];
-      C tile_max = -INFINITY;
+        for (int h = 0; h < kGroup; ++h) pj[h] = __shfl_sync(0xffffffffu, prob[h], j0 + jj);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = lane + 32 * e;
-        C s = -INFINITY;
-        if (j < n) {
-          s = C(0);
-          for (int q_part = 0; q_part < parts; ++q_part) s += s_parts[(q_part * BK + j) * kGroup + h];
-          s *= a.scale;
+        for (int u = 0; u < kPairs; ++u) {
+          if (2 * lane + 64 * u >= Dv) break;
+          const C v0 = C(load(held[jj][u].v[0])), v1 = C(load(held[jj][u].v[1]));
+#pragma unroll
+          for (int h = 0; h < kGroup; ++h) {
+            acc[h][2 * u] += pj[h] * v0;
+            acc[h][2 * u + 1] += pj[h] * v1;
+          }
         }
-        s_lane[e] = s;
-        tile_max = s > tile_max ? s : tile_max;
       }
-      tile_max = warp_max(tile_max);
-      const C m_new = m_run[u] > tile_max ? m_run[u] : tile_max;
-      const C alpha = m_run[u] == -INFINITY ? C(0) : exp_(m_run[u] - m_new);
-      C sum = C(0);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = lane + 32 * e;
-        const C prob = s_lane[e] == -INFINITY ? C(0) : exp_(s_lane[e] - m_new);
-        sum += prob;
-        if (j < BK) s_probs[j * kGroup + h] = j < n ? prob * s_pscale[j] : C(0);
-      }
-      sum = warp_sum(sum);
-      m_run[u] = m_new;
-      l_run[u] = alpha * l_run[u] + sum;
-      if (lane == 0) s_alpha[h] = alpha;
-    }
-    __syncthreads();
-
-    // acc[h][c] = alpha_h acc[h][c] + sum_j P[j][h] p_j v_j[c]
-    C alpha[kGroup];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) alpha[h] = s_alpha[h];
-#pragma unroll
-    for (int r = 0; r < kMaxColumnsPerThread; ++r) {
-      const int64_t c = tid + int64_t(r) * kDecodeThreads;
-      if (c >= Dv) break;
-      C sums[kGroup];
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) sums[h] = C(0);
-      for (int j = 0; j < n; ++j) {
-        const C vj = C(load(s_v[j * Dv + c]));
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) sums[h] += s_probs[j * kGroup + h] * vj;
-      }
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) acc[r][h] = alpha[h] * acc[r][h] + sums[h];
     }
   }
 
-  // Publish each head's max and sum, then write o = acc / l and lse = m + log l.
+  // Merge the warps: each publishes (m, l, acc); then thread c of the block combines
+  // columns c, c + 128, ... of every head in warp order.
 #pragma unroll
-  for (int u = 0; u < kHeadsPerWarp; ++u) {
-    const int h = warp + kWarps * u;
-    if (h < kGroup && lane == 0) {
-      s_m[h] = m_run[u];
-      s_l[h] = l_run[u];
+  for (int h = 0; h < kGroup; ++h) {
+    if (lane == 0) {
+      s_m[warp * kGroup + h] = m_run[h];
+      s_l[warp * kGroup + h] = l_run[h];
+    }
+    C* acc_out = s_acc + (int64_t(warp) * kGroup + h) * Dv;
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      const int64_t c = 2 * lane + 64 * u;
+      if (c >= Dv) break;
+      acc_out[c] = acc[h][2 * u];
+      if (c + 1 < Dv) acc_out[c + 1] = acc[h][2 * u + 1];
     }
   }
   __syncthreads();
   const bool direct = a.splits == 1;
+  for (int h = 0; h < heads; ++h) {
+    C most = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) most = s_m[w * kGroup + h] > most ? s_m[w * kGroup + h] : most;
+    C weight[kWarps], l = C(0);
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    if (h >= heads) break;
-    const C l = s_l[h];
+    for (int w = 0; w < kWarps; ++w) {
+      weight[w] = most == -INFINITY || s_m[w * kGroup + h] == -INFINITY
+                      ? C(0)
+                      : exp_(s_m[w * kGroup + h] - most);
+      l += weight[w] * s_l[w * kGroup + h];
+    }
     const C inv = l == C(0) ? C(0) : C(1) / l;  // no key in this split: o = 0, lse = -inf
     const int64_t rh = row * a.q_heads + first_head + h;
+    for (int64_t c = tid; c < Dv; c += kDecodeThreads) {
+      C o = C(0);
 #pragma unroll
-    for (int r = 0; r < kMaxColumnsPerThread; ++r) {
-      const int64_t c = tid + int64_t(r) * kDecodeThreads;
-      if (c >= Dv) break;
-      const C o = acc[r][h] * inv;
+      for (int w = 0; w < kWarps; ++w) o += weight[w] * s_acc[(int64_t(w) * kGroup + h) * Dv + c];
+      o *= inv;
       if (direct) a.out[rh * Dv + c] = store<T>(o);
       else a.part_o[(rh * a.splits + split) * Dv + c] = o;
     }
     if (tid == 0) {
-      const C lse = l == C(0) ? C(-INFINITY) : s_m[h] + log_(l);
+      const C lse = l == C(0) ? C(-INFINITY) : most + log_(l);
       if (direct) a.lse[rh] = lse;
       else a.part_lse[rh * a.splits + split] = lse;
     }
@@ -330,36 +315,33 @@ __global__ void merge_splits_kernel(DecodeArgs<T> a, int64_t row_heads) {
   }
 }
 
-// Smallest row stride >= d (elements) whose length in 4-byte words is odd, so that lanes
-// reading one element of consecutive rows hit different banks (8-byte elements: an odd
-// count of them).
-int bank_spread_stride(int64_t d, size_t element) {
-  int64_t ld = d;
-  if (element == 8) return int(ld % 2 ? ld : ld + 1);
-  while ((ld * int64_t(element)) % 4 != 0 || (ld * int64_t(element) / 4) % 2 == 0) ++ld;
-  return int(ld);
-}
-
-template <class T, int kGroup>
+template <class T, int kGroup, int kPairs>
 void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device device) {
+  const size_t bytes = DecodeLayout<T, kGroup>(a.key_dim, a.value_dim).bytes;
   const size_t limit = max_shared_per_block();
-  size_t bytes = 0;
-  for (int tile : {64, 32, 16}) {
-    a.tile_keys = tile;
-    bytes = DecodeLayout<T, kGroup>(a.key_dim, a.value_dim, a.ldk, tile).bytes;
-    if (bytes <= limit) break;
-  }
   HAM_CHECK(bytes <= limit, kOp, ": Dk = ", a.key_dim, ", Dv = ", a.value_dim, " in ",
             sizeof(T), "-byte elements need ", bytes, " bytes of shared memory per block, more "
             "than the device's ", limit);
-  // Splits: enough blocks for 4 per multiprocessor, each split a whole number of tiles, at
-  // least kMinTilesPerSplit (a split's fixed costs, q and its partial result, stay small).
+  auto* kernel = &decode_kernel<T, kGroup, kPairs>;
+  if (bytes > 48 * 1024) {
+    HAM_CUDA_CHECK_CTX(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), kOp,
+        ": ", bytes, " bytes of dynamic shared memory");
+  }
+  // Splits: as many blocks as the GPU holds at once (one wave: a second, partial wave of
+  // splits would double the time; on the H200 a fixed 4 blocks per SM, of which 3 fit, ran
+  // 1.29 waves), each split a whole number of 128-key steps, at least kMinStepsPerSplit (a
+  // split's fixed costs, q and its partial result, stay small).
+  int resident_per_sm = 0;
+  HAM_CUDA_CHECK_CTX(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_per_sm, kernel,
+                                                                   kDecodeThreads, bytes),
+                     kOp, ": occupancy of a block with ", bytes, " bytes of shared memory");
+  const int64_t resident = std::max(1, resident_per_sm) * int64_t(multiprocessor_count());
   const int64_t base_blocks = rows * a.kv_heads * a.slices;
-  const int64_t tiles = std::max<int64_t>(1, ceil_div(most_visible, a.tile_keys));
-  const int64_t wanted = ceil_div(4 * int64_t(multiprocessor_count()), base_blocks);
-  const int64_t tiles_per_split = std::max<int64_t>(
-      kMinTilesPerSplit, ceil_div(tiles, std::clamp<int64_t>(wanted, 1, tiles)));
-  a.split_keys = int(tiles_per_split * a.tile_keys);
+  const int64_t steps = std::max<int64_t>(1, ceil_div(most_visible, kStepKeys));
+  const int64_t wanted = std::clamp<int64_t>(resident / base_blocks, 1, steps);
+  const int64_t steps_per_split = std::max<int64_t>(kMinStepsPerSplit, ceil_div(steps, wanted));
+  a.split_keys = int(steps_per_split * kStepKeys);
   a.splits = int(std::max<int64_t>(1, ceil_div(most_visible, a.split_keys)));
   HAM_CHECK(a.kv_heads * a.slices <= 65535, kOp, ": ", a.kv_heads, " kv heads exceed the grid");
   HAM_CHECK(rows < (int64_t(1) << 31), kOp, ": ", rows, " query rows exceed the grid");
@@ -371,12 +353,6 @@ void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device 
     a.part_o = ptr<compute_t<T>>(part_o);
     a.part_lse = ptr<compute_t<T>>(part_lse);
   }
-  auto* kernel = &decode_kernel<T, kGroup>;
-  if (bytes > 48 * 1024) {
-    HAM_CUDA_CHECK_CTX(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), kOp,
-        ": ", bytes, " bytes of dynamic shared memory");
-  }
   const dim3 grid(unsigned(rows), unsigned(a.kv_heads * a.slices), unsigned(a.splits));
   HAM_LAUNCH(grid, kDecodeThreads, bytes, launch_stream(), kernel)(a);
   HAM_CUDA_CHECK_LAUNCH();
@@ -386,6 +362,21 @@ void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device 
                merge_splits_kernel<T>)(a, row_heads);
     HAM_CUDA_CHECK_LAUNCH();
   }
+}
+
+// Heads per block for kPairs column pairs per lane: the accumulators stay at 32 registers
+// (kGroup x 2 kPairs) or fewer.
+template <class T, int kPairs>
+void launch_for_group(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device device) {
+  auto run = [&]<int kGroup>() {
+    a.slices = int(ceil_div(a.group, kGroup));
+    launch_decode<T, kGroup, kPairs>(a, rows, most_visible, device);
+  };
+  constexpr int kMostHeads = 16 / kPairs;
+  if (a.group >= 8 && kMostHeads >= 8) run.template operator()<std::min(8, kMostHeads)>();
+  else if (a.group >= 4 && kMostHeads >= 4) run.template operator()<std::min(4, kMostHeads)>();
+  else if (a.group >= 2) run.template operator()<2>();
+  else run.template operator()<1>();
 }
 
 void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -418,19 +409,13 @@ void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
     a.value_dim = v_cache.size(3);
     a.group = int(a.q_heads / a.kv_heads);
     a.scale = compute_t<T>(scale);
-    a.ldk = bank_spread_stride(a.key_dim, sizeof(T));
     a.packed_k = aligned_16(a.k) && (a.key_dim * int64_t(sizeof(T))) % 16 == 0;
-    a.packed_v = aligned_16(a.v) && (a.value_dim * int64_t(sizeof(T))) % 16 == 0;
+    a.paired_v = reinterpret_cast<uintptr_t>(a.v) % (2 * sizeof(T)) == 0 && a.value_dim % 2 == 0;
     HAM_CHECK(a.value_dim <= kMaxValueDim, kOp, ": Dv = ", a.value_dim, " of v_cache ",
               shape_str(v_cache.shape()), " exceeds ", kMaxValueDim);
-    auto run = [&]<int kGroup>() {
-      a.slices = int(ceil_div(a.group, kGroup));
-      launch_decode<T, kGroup>(a, rows, most_visible, q.device());
-    };
-    if (a.group >= 8) run.template operator()<8>();
-    else if (a.group >= 4) run.template operator()<4>();
-    else if (a.group >= 2) run.template operator()<2>();
-    else run.template operator()<1>();
+    if (a.value_dim <= 128) launch_for_group<T, 2>(a, rows, most_visible, q.device());
+    else if (a.value_dim <= 256) launch_for_group<T, 4>(a, rows, most_visible, q.device());
+    else launch_for_group<T, kMaxPairs>(a, rows, most_visible, q.device());
   });
 }
 
