@@ -1856,13 +1856,25 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// bf16 sQ, sK [64][ldk] and sA [64][lda], then one region that holds in turn the
+// inverse's f32 sM and sAf, the value loop's tiles (sdO, sU, sDu, sVb [64][ldv]; sS0, sdS
+// [KD][ldv]) and the f32 Z = dP * P at the end: each is dead before the next is written.
+// (With the three f32 matrices apart, 168 KB at K = 128: one block per SM, 6% occupancy
+// on the H200.)
 template <int KD, int VT>
 struct BwdValuesLayout {
   static constexpr int ldk = KD + 8, ldv = VT + 8, lda = kChunk + 8, ldf = kChunk + 1;
-  static constexpr size_t f_bytes = size_t(3 * kChunk * ldf) * 4;
-  static constexpr size_t bytes =
-      f_bytes + size_t(2 * kChunk * ldk + kChunk * lda + 4 * kChunk * ldv + 2 * KD * ldv) * 2;
+  static constexpr size_t fixed_bytes = size_t(2 * kChunk * ldk + kChunk * lda) * 2;
+  static constexpr size_t tile_bytes = size_t(4 * kChunk * ldv + 2 * KD * ldv) * 2;
+  static constexpr size_t f32_bytes = size_t(2 * kChunk * ldf) * 4;
+  static constexpr size_t bytes = fixed_bytes + (tile_bytes > f32_bytes ? tile_bytes : f32_bytes);
+  static_assert(fixed_bytes % 16 == 0, "the shared region must stay 16-byte aligned");
 };
+
+// The value tile of gdr_bwd_values_mma: 32 columns at K = 128, where 64 would need 118 KB
+// of shared memory and leave one block per SM (85 KB: two); the backward's tile otherwise.
+template <int KD>
+constexpr int kBackwardValuesVt = KD == 128 ? 32 : kBackwardVt<KD>;
 
 template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads)
@@ -1870,13 +1882,14 @@ __global__ void __launch_bounds__(kMmaThreads)
   using L = BwdValuesLayout<KD, VT>;
   constexpr int LDK = L::ldk, LDV = L::ldv, LDA = L::lda, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  float* sM = reinterpret_cast<float*>(smem_raw);
-  float* sAf = sM + kChunk * LDF;
-  float* sZ = sAf + kChunk * LDF;  // dP * P
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
   bf16* sA = sK + kChunk * LDK;
-  bf16* sdO = sA + kChunk * LDA;
+  unsigned char* region = smem_raw + L::fixed_bytes;  // see BwdValuesLayout
+  float* sM = reinterpret_cast<float*>(region);
+  float* sAf = sM + kChunk * LDF;
+  float* sZ = sM;  // dP * P, after the value loop
+  bf16* sdO = reinterpret_cast<bf16*>(region);
   bf16* sU = sdO + kChunk * LDV;  // u = v_new
   bf16* sDu = sU + kChunk * LDV;
   bf16* sVb = sDu + kChunk * LDV;
@@ -2602,7 +2615,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                  BwdStateLayout<KD, VT, 1>::bytes, pr, bw);
     }
     const dim3 per_chunk(chunk_blocks, 1, bh);
-    launch_mma(&gdr_bwd_values_mma<KD, VT>, per_chunk, BwdValuesLayout<KD, VT>::bytes, pr, bw);
+    constexpr int kValuesVt = kBackwardValuesVt<KD>;
+    launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
+               BwdValuesLayout<KD, kValuesVt>::bytes, pr, bw);
     launch_mma(&gdr_bwd_keys_mma<KD, VT>, per_chunk, BwdKeysLayout<KD, VT>::bytes, pr, bw);
     launch_mma(&gdr_bwd_wy_mma<KD>, per_chunk, BwdWyLayout<KD>::bytes, pr, bw);
     return true;
