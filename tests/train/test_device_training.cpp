@@ -24,10 +24,17 @@ namespace ham {
 namespace {
 
 // How much more rounding error than the CPU's the GPU may show on an ill-conditioned
-// tensor. Measured on the SIMT emulator, with the GPU's sums in f64 as the CPU's: at most
-// about 2x on one step's gradients; after two AdamW steps, whose first updates divide by
-// |g|, up to about 5x on single weights.
-constexpr double kRoundingSlack = 8;
+// tensor. On the SIMT emulator, whose sums are the CPU's f64 ones, it was at most about 2x
+// on one step's gradients and about 5x on single weights after two AdamW steps, whose first
+// updates divide by |g|. On an H200 (2026-11-25), where the kernels add in their own f32
+// orders with fused multiply-adds, the same results were deterministic run to run and
+// larger: 11x and 18x on the gate parameters' gradients of the EDA model (A_log 3.0e-5
+// against the CPU's 2.8e-6, dt_bias 2.9e-5 against 1.6e-6) and 23-33x on gdn-gsa's
+// embedding after two steps (2.5e-5 against the CPU's 0.8-1.1e-6, which moves with the
+// CPU's thread count), while every op's own GPU test held its tighter bound. A wrong kernel
+// is off by orders of magnitude more.
+constexpr double kRoundingSlack = 32;         // one step's gradients
+constexpr double kRoundingSlackAdamW = 64;    // weights after AdamW steps
 // In bf16 the GPU rounds more than the CPU reference does: its tensor-core kernels
 // (routed attention, the gated delta rule's forward) feed bf16 operands to mma (P, the
 // chunk's inverse A, the state, v_new), as flash-attention and flash-linear-attention do,
@@ -105,7 +112,7 @@ void expect_gpu_training_tracks_the_cpu(const std::string& precision, double bou
       EXPECT_EQ(gpu_params[i].second.dtype(), DType::F32) << gpu_params[i].first;
       expect_as_accurate_as_the_cpu(gpu_params[i].second, cpu_params[i].second,
                                     ref_params[i].second, bound, gpu_params[i].first,
-                                    precision == "bf16" ? kRoundingSlackBf16 : kRoundingSlack);
+                                    precision == "bf16" ? kRoundingSlackBf16 : kRoundingSlackAdamW);
     }
   }
 }
