@@ -68,9 +68,7 @@ std::vector<DecodeCase> decode_cases() {
   return cases;
 }
 
-struct Spread {
-  double min, median, max;  // milliseconds per call
-};
+using bench::Spread;  // milliseconds per call
 
 template <class Fn>
 Spread time_per_call(int reps, Fn&& call) {
@@ -78,7 +76,7 @@ Spread time_per_call(int reps, Fn&& call) {
     for (int i = 0; i < kCallsPerRep; ++i) call();
   });
   for (double& x : ms) x /= kCallsPerRep;
-  return {ms.front(), ms[ms.size() / 2], ms.back()};
+  return bench::spread_of(ms);
 }
 
 using bench::normal_values;

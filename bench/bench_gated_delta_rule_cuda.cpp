@@ -53,9 +53,7 @@ std::vector<BenchCase> bench_cases() {
 using bench::normal_values;
 using bench::unit_rows_on_gpu;
 
-struct Spread {
-  double min, median, max;  // milliseconds
-};
+using bench::Spread;
 
 struct Timing {
   Spread fwd, bwd;
@@ -64,8 +62,7 @@ struct Timing {
 // Milliseconds of `reps` calls of fn (after one untimed call).
 template <class Fn>
 Spread time_ms(int reps, Fn&& fn) {
-  std::vector<double> ms = bench::sorted_event_times_ms(reps, 1, [&](int) { fn(); });
-  return {ms.front(), ms[ms.size() / 2], ms.back()};
+  return bench::spread_of(bench::sorted_event_times_ms(reps, 1, [&](int) { fn(); }));
 }
 
 Timing run_case(const BenchCase& c, int reps) {

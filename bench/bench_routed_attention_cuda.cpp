@@ -12,7 +12,7 @@
 //   doc(b, t)      = t * docs / T                          (docs equal runs of tokens)
 // value_scale p is present (the learned router's path), q, k, v are bf16 normal values.
 // Each step is timed on its own with CUDA events after 3 warm-ups; the table gives the
-// median in ms, and TFLOP/s counted on the visible pairs only:
+// median in ms (the CSV the min and max too), and TFLOP/s counted on the visible pairs only:
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
@@ -99,14 +99,14 @@ double visible_pairs(const BenchCase& c, const std::vector<uint8_t>& select,
   return pairs;
 }
 
-// Median milliseconds of `reps` calls of `step` (after 3 untimed ones).
-double median_ms(int reps, const std::function<void()>& step) {
-  std::vector<double> ms = bench::sorted_event_times_ms(reps, 3, [&](int) { step(); });
-  return ms[ms.size() / 2];
+// Milliseconds of `reps` calls of `step` (after 3 untimed ones): min, median, max.
+bench::Spread time_ms(int reps, const std::function<void()>& step) {
+  return bench::spread_of(bench::sorted_event_times_ms(reps, 3, [&](int) { step(); }));
 }
 
 struct Timing {
-  double compact_ms, forward_ms, backward_ms, pairs;
+  bench::Spread compact, forward, backward;
+  double pairs;
 };
 
 // A case's inputs on the GPU (bf16, value-scaled) and its selection.
@@ -133,12 +133,12 @@ struct CaseInputs {
 Timing run_case(const BenchCase& c, int reps) {
   CaseInputs in(c);
   Timing t{};
-  t.compact_ms = median_ms(reps, [&] { in.selection = ops::compact_selection(in.select, in.docs); });
+  t.compact = time_ms(reps, [&] { in.selection = ops::compact_selection(in.select, in.docs); });
   ops::RoutedAttentionOutput forward;
-  t.forward_ms = median_ms(reps, [&] {
+  t.forward = time_ms(reps, [&] {
     forward = ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
   });
-  t.backward_ms = median_ms(reps, [&] {
+  t.backward = time_ms(reps, [&] {
     ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
                                    forward.lse, in.p);
   });
@@ -149,9 +149,9 @@ Timing run_case(const BenchCase& c, int reps) {
 // The forward's median ms with `rows`-row tensor-core blocks (cuda/routed_attention.h).
 double forward_ms_with_rows(CaseInputs& in, int rows, int reps) {
   const int previous = cuda::set_attention_forward_rows(rows);
-  const double ms = median_ms(reps, [&] {
+  const double ms = time_ms(reps, [&] {
     ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-  });
+  }).median;
   cuda::set_attention_forward_rows(previous);
   return ms;
 }
@@ -167,24 +167,26 @@ int main(int argc, char** argv) {
     if (!bench::gpu_available("bench_routed_attention_cuda")) return 1;
     std::ofstream csv = bench::open_csv(
         csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
-                  "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops");
+                  "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
+                  "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max");
     std::printf("%-34s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
                 "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
     for (const BenchCase& c : bench_cases()) {
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       Timing t = run_case(c, reps);
       const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
-      const double fwd_tflops = flops / (t.forward_ms * 1e-3) / 1e12;
-      const double bwd_tflops = 2.5 * flops / (t.backward_ms * 1e-3) / 1e12;
+      const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
+      const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
       std::printf("%-34s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
-                  t.compact_ms, t.forward_ms, t.backward_ms, fwd_tflops, bwd_tflops);
+                  t.compact.median, t.forward.median, t.backward.median, fwd_tflops, bwd_tflops);
       std::fflush(stdout);
       if (csv.is_open()) {
         csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
             << c.kv_heads << ',' << c.key_dim << ',' << c.value_dim << ',' << c.density << ','
-            << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ',' << t.compact_ms
-            << ',' << t.forward_ms << ',' << t.backward_ms << ',' << fwd_tflops << ','
-            << bwd_tflops << '\n';
+            << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ','
+            << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
+            << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
+            << ',' << t.backward.min << ',' << t.backward.max << '\n';
       }
     }
     std::printf("\nforward, block rows 64 vs 128 (median ms; above 1: 128 rows are faster)\n");

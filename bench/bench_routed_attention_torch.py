@@ -18,7 +18,9 @@ bit for bit (the same splitmix64 selection and equal-run documents), and times i
 
 Both get v already multiplied by value_scale (outside the timed region); ham applies it
 inside its kernels. Forward and backward are timed separately with CUDA events (3 warm-ups,
-median of --reps); the backward of each rep runs on a fresh forward graph, timed alone.
+median of --reps, with the min and max in a second table and the CSV; ratios at each pair
+min/min, median/median, max/max); the backward of each rep runs on a fresh forward graph,
+timed alone.
 Prints ms per step and the ratios torch / ham (above 1: ham is faster).
 """
 import argparse
@@ -54,8 +56,8 @@ def case_masks(row):
             torch.from_numpy(doc).cuda())
 
 
-def median_ms(reps, step, before=None):
-    """Median ms of step() timed alone; before() (untimed) runs ahead of each step."""
+def spread_ms(reps, step, before=None):
+    """(min, median, max) ms of step() timed alone; before() (untimed) runs ahead of each."""
     for _ in range(3):
         if before:
             before()
@@ -71,13 +73,13 @@ def median_ms(reps, step, before=None):
         stop.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    return (min(times), statistics.median(times), max(times))
 
 
 def time_attention(attend, q, k, v, dout, reps):
-    """(forward ms, backward ms) of out = attend(q, k, v) and its gradient."""
+    """(forward, backward) spreads in ms of out = attend(q, k, v) and its gradient."""
     with torch.no_grad():
-        fwd = median_ms(reps, lambda: attend(q, k, v))
+        fwd = spread_ms(reps, lambda: attend(q, k, v))
     q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
     state = {}
 
@@ -87,7 +89,7 @@ def time_attention(attend, q, k, v, dout, reps):
     def backward():
         torch.autograd.grad(state["out"], (q, k, v), dout)
 
-    bwd = median_ms(reps, backward, before=forward_graph)
+    bwd = spread_ms(reps, backward, before=forward_graph)
     return fwd, bwd
 
 
@@ -157,24 +159,46 @@ def main():
     print(f"{'case':<34} {'ham fwd/bwd ms':>18} {'flash fwd/bwd ms':>18} {'flex fwd/bwd ms':>18} "
           f"{'flash/ham':>11} {'flex/ham':>11}")
     out_rows = []
+    nan = (float("nan"),) * 3
     for row in rows:
-        ham = (float(row["forward_ms"]), float(row["backward_ms"]))
-        torch_times = run_case(row, args.reps, not args.no_flex)
-        flash = torch_times.get("sdpa_flash", (float("nan"), float("nan")))
-        flex = torch_times.get("flex", (float("nan"), float("nan")))
+        # ham's min and max where the CSV has them (older CSVs: the median alone).
+        def ham_spread(step):
+            median = float(row[f"{step}_ms"])
+            return (float(row.get(f"{step}_ms_min") or median), median,
+                    float(row.get(f"{step}_ms_max") or median))
 
+        ham = (ham_spread("forward"), ham_spread("backward"))
+        torch_times = run_case(row, args.reps, not args.no_flex)
+        flash = torch_times.get("sdpa_flash", (nan, nan))
+        flex = torch_times.get("flex", (nan, nan))
+
+        # reference / ham at min, median and max, forward and backward (above 1: ham faster)
         def ratio(other):
-            return (other[0] / ham[0], other[1] / ham[1])
+            return tuple(tuple(o / h for o, h in zip(other[i], ham[i])) for i in range(2))
 
         r_flash, r_flex = ratio(flash), ratio(flex)
-        print(f"{row['name']:<34} {ham[0]:8.3f} {ham[1]:8.3f}  {flash[0]:8.3f} {flash[1]:8.3f}  "
-              f"{flex[0]:8.3f} {flex[1]:8.3f}  {r_flash[0]:5.2f} {r_flash[1]:5.2f} "
-              f"{r_flex[0]:5.2f} {r_flex[1]:5.2f}", flush=True)
-        out_rows.append({"name": row["name"], "ham_forward_ms": ham[0], "ham_backward_ms": ham[1],
-                         "flash_forward_ms": flash[0], "flash_backward_ms": flash[1],
-                         "flex_forward_ms": flex[0], "flex_backward_ms": flex[1],
-                         "flash_over_ham_forward": r_flash[0], "flash_over_ham_backward": r_flash[1],
-                         "flex_over_ham_forward": r_flex[0], "flex_over_ham_backward": r_flex[1]})
+        print(f"{row['name']:<34} {ham[0][1]:8.3f} {ham[1][1]:8.3f}  {flash[0][1]:8.3f} "
+              f"{flash[1][1]:8.3f}  {flex[0][1]:8.3f} {flex[1][1]:8.3f}  {r_flash[0][1]:5.2f} "
+              f"{r_flash[1][1]:5.2f} {r_flex[0][1]:5.2f} {r_flex[1][1]:5.2f}", flush=True)
+        out = {"name": row["name"]}
+        for label, times in (("ham", ham), ("flash", flash), ("flex", flex)):
+            for i, step in enumerate(("forward", "backward")):
+                out[f"{label}_{step}_ms"] = times[i][1]
+                out[f"{label}_{step}_ms_min"] = times[i][0]
+                out[f"{label}_{step}_ms_max"] = times[i][2]
+        for label, r in (("flash", r_flash), ("flex", r_flex)):
+            for i, step in enumerate(("forward", "backward")):
+                for j, at in enumerate(("min", "median", "max")):
+                    out[f"{label}_over_ham_{step}_{at}"] = r[i][j]
+        out_rows.append(out)
+    spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
+               for step in ("forward", "backward")]
+    print(f"\n{'case':<34} {'ratio':<22} {'min':>6} {'median':>6} {'max':>6}")
+    for name, label, step in spreads:
+        row = next(r for r in out_rows if r["name"] == name)
+        values = [row[f"{label}_over_ham_{step}_{at}"] for at in ("min", "median", "max")]
+        print(f"{name:<34} {label + '/ham ' + step:<22} " +
+              " ".join(f"{v:6.2f}" for v in values))
     if args.out:
         with open(args.out, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(out_rows[0].keys()) if out_rows else ["name"])

@@ -125,4 +125,12 @@ inline std::vector<double> sorted_event_times_ms(int reps, int warmup,
   return ms;
 }
 
+// The min, median and max of sorted times (as sorted_event_times_ms returns them).
+struct Spread {
+  double min, median, max;  // milliseconds
+};
+inline Spread spread_of(const std::vector<double>& sorted_ms) {
+  return {sorted_ms.front(), sorted_ms[sorted_ms.size() / 2], sorted_ms.back()};
+}
+
 }  // namespace ham::bench
