@@ -2153,6 +2153,65 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// The two 64 x 64 f32 products of the WY backward's dL, in shared memory (row stride LDF),
+// with A unit lower triangular (zeros above its diagonal). Thread t owns the 4 x 8 block
+// of rows 4 (t / 8) and columns 8 (t % 8): per m it reads 4 + 8 values for 32 products
+// (one element per thread read 2 values per product, each product waiting on the last).
+// The terms A's zeros add are exact zeros, so the sums are those of the element loops.
+//   out = A^T d:  out_ij = sum_{m >= i} A_mi d_mj
+static_assert(kMmaThreads == 128 && kChunk == 64, "16 x 8 threads own 4 x 8 blocks of 64 x 64");
+template <int LDF>
+__device__ __forceinline__ void lower_transpose_times(const float* a, const float* d, float* out) {
+  const int i0 = 4 * (int(threadIdx.x) / 8), j0 = 8 * (int(threadIdx.x) % 8);
+  float acc[4][8] = {};
+  for (int m = i0; m < kChunk; ++m) {
+    float ar[4], dr[8];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ar[r] = a[m * LDF + i0 + r];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) dr[c] = d[m * LDF + j0 + c];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[r][c] += ar[r] * dr[c];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) out[(i0 + r) * LDF + j0 + c] = acc[r][c];
+  }
+}
+
+//   out = -strict_tril(t A^T):  out_ij = -sum_{m <= j} t_im A_jm for j < i, -0 elsewhere
+template <int LDF>
+__device__ __forceinline__ void times_lower_transpose_strict(const float* t, const float* a,
+                                                             float* out) {
+  const int i0 = 4 * (int(threadIdx.x) / 8), j0 = 8 * (int(threadIdx.x) % 8);
+  float acc[4][8] = {};
+  if (j0 < i0 + 3) {  // some j < i in the block
+    for (int m = 0; m < j0 + 8; ++m) {
+      float tr[4], ar[8];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) tr[r] = t[(i0 + r) * LDF + m];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) ar[c] = a[(j0 + c) * LDF + m];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[r][c] += tr[r] * ar[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      out[(i0 + r) * LDF + j0 + c] = j0 + c < i0 + r ? -acc[r][c] : -0.f;
+    }
+  }
+}
+
 template <int KD>
 struct BwdWyLayout {
   static constexpr int kb = KD < 64 ? KD : 64;
@@ -2193,21 +2252,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
     chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
     // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
-    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-      const int i = idx / kChunk, j = idx % kChunk;
-      float x = 0.f;
-      for (int m = i; m < kChunk; ++m) x += sAf[m * LDF + i] * sD[m * LDF + j];  // A_mi = 0, m < i
-      sT[i * LDF + j] = x;
-    }
+    lower_transpose_times<LDF>(sAf, sD, sT);
     __syncthreads();
-    for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-      const int i = idx / kChunk, j = idx % kChunk;
-      float x = 0.f;
-      if (j < i) {
-        for (int m = 0; m <= j; ++m) x += sT[i * LDF + m] * sAf[j * LDF + m];  // A_jm = 0, m > j
-      }
-      sD[i * LDF + j] = -x;
-    }
+    times_lower_transpose_strict<LDF>(sT, sAf, sD);
     __syncthreads();
     // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma).
     float dbeta_l = 0.f, zm = 0.f;
