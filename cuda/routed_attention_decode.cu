@@ -9,7 +9,7 @@
 // blocks fills the GPU. The block walks its keys in steps of 128: warp w takes the 32 keys
 // 32 w .. 32 w + 31 of each step, and each warp keeps its own running softmax, so the
 // keys stream from memory into registers with no barrier until the end:
-//   scores   lane j reads key j's row (16-byte loads, 8 in flight) against q in shared
+//   scores   lane j reads key j's row (16-byte loads, 2 in flight) against q in shared
 //            memory (every lane reads the same q element: a broadcast), for every head:
 //            s[j][h] = scale <q_h, k_j>
 //   softmax  per head, over the warp's 32 keys (shuffles):
