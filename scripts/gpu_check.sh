@@ -239,7 +239,7 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
     diagnose bench_gated_delta_rule_cuda gdr_bwd_values_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_wy_mma --reps 1 --filter T4096_H16_D128_bf16
-    diagnose bench_routed_attention_cuda 'forward_mma<128, 128, 2>' --reps 1 \
+    diagnose bench_routed_attention_cuda forward_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_routed_attention_cuda backward_dkdv_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
