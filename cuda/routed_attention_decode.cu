@@ -373,10 +373,14 @@ void launch_for_group(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Devi
     launch_decode<T, kGroup, kPairs>(a, rows, most_visible, device);
   };
   constexpr int kMostHeads = 16 / kPairs;
-  if (a.group >= 8 && kMostHeads >= 8) run.template operator()<std::min(8, kMostHeads)>();
-  else if (a.group >= 4 && kMostHeads >= 4) run.template operator()<std::min(4, kMostHeads)>();
-  else if (a.group >= 2) run.template operator()<2>();
-  else run.template operator()<1>();
+  if constexpr (kMostHeads >= 8) {
+    if (a.group >= 8) return run.template operator()<8>();
+  }
+  if constexpr (kMostHeads >= 4) {
+    if (a.group >= 4) return run.template operator()<4>();
+  }
+  if (a.group >= 2) return run.template operator()<2>();
+  run.template operator()<1>();
 }
 
 void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
