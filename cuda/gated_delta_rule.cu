@@ -874,7 +874,8 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //   1. gdr_prepare_mma, one block per (chunk, h, b):
 //        G (chunk cumsum) -> gcum (f32 [B, T, H], read by every later kernel),
 //        L = diag(beta) M = strict_tril(diag(beta) (K K^T * Gamma)),
-//        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse),
+//        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse)  -> scratch for the
+//                                                                    backward only, f32,
 //        W = A diag(beta E) K,  U = A diag(beta) V          -> scratch, bf16 [B, T, H, *]
 //   2. gdr_state_mma, one block per (64-column V tile, h, b), the chunks in order:
 //        S0 of each chunk -> scratch (bf16),  v_new = U - W S0 -> scratch (bf16),
@@ -972,24 +973,32 @@ __device__ void load_gcum(const float* gcum, const Problem<bf16>& pr, int64_t b,
   }
 }
 
-// dst[i][j] (row stride ld) <- src[i * 64 + j] for a 64 x 64 f32 matrix, each thread
-// loading 8 elements before storing any, so that 8 of its loads are in flight at once.
-__device__ void load_square_f32(float* dst, int ld, const float* __restrict__ src) {
-  constexpr int kInFlight = 8;
-  const int step = int(blockDim.x);
-  for (int base = int(threadIdx.x); base < kChunk * kChunk; base += kInFlight * step) {
-    float x[kInFlight];
+// put(i, j, src[i * 64 + j]) over a 64 x 64 f32 matrix in memory (16-byte aligned), by
+// the kMmaThreads threads of a block: 16 bytes a load, all 8 of a thread's loads in flight
+// before it stores any.
+template <class Put>
+__device__ void load_square(const float* __restrict__ src, Put put) {
+  constexpr int kQuads = kChunk * kChunk / 4, kInFlight = 8, kStep = kMmaThreads;
+  static_assert(kQuads % (kInFlight * kStep) == 0, "whole rounds of loads");
+  const float4* quads = reinterpret_cast<const float4*>(src);
+  for (int base = int(threadIdx.x); base < kQuads; base += kInFlight * kStep) {
+    float4 x[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) x[k] = quads[base + k * kStep];
 #pragma unroll
     for (int k = 0; k < kInFlight; ++k) {
-      const int idx = base + k * step;
-      x[k] = idx < kChunk * kChunk ? src[idx] : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) {
-      const int idx = base + k * step;
-      if (idx < kChunk * kChunk) dst[(idx / kChunk) * ld + idx % kChunk] = x[k];
+      const int q = base + k * kStep, i = 4 * q / kChunk, j = 4 * q % kChunk;
+      put(i, j, x[k].x);
+      put(i, j + 1, x[k].y);
+      put(i, j + 2, x[k].z);
+      put(i, j + 3, x[k].w);
     }
   }
+}
+
+// dst[i][j] (row stride ld) <- src[i * 64 + j] for a 64 x 64 f32 matrix.
+__device__ void load_square_f32(float* dst, int ld, const float* __restrict__ src) {
+  load_square(src, [=](int i, int j, float x) { dst[i * ld + j] = x; });
 }
 
 // Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
@@ -999,34 +1008,37 @@ __device__ __forceinline__ int acc_col(int nb, int e) {
   return nb * 8 + 2 * (mma::lane_id() % 4) + e % 2;
 }
 
-// The chunk's M = strict_tril(K K^T * Gamma) (f32, Gamma only where j < i: no e^{-G})
-// and A = (I + L)^-1 with L = diag(beta) M (unit lower triangular; f32 in sAf, bf16 in sA),
-// from its key rows sK, G and beta, by 16 x 16 blocks (p, q < 4):
+// The chunk's M = strict_tril(K K^T * Gamma) in f32 (Gamma only where j < i: no e^{-G}),
+// from its key rows sK and G, into sM. Ends with a barrier.
+template <int KD, int LDK, int LDF>
+__device__ void chunk_decayed_kk(const bf16* sK, const float* s_g, int n, float* sM) {
+  const int warp = int(threadIdx.x / 32);
+  float kk[kChunk / 8][4];
+  mma::zero(kk);
+  mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
+#pragma unroll
+  for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+      sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+    }
+  }
+  __syncthreads();
+}
+
+// A = (I + L)^-1 with L = diag(beta) M (unit lower triangular; f32 in sAf, bf16 in sA),
+// from M (chunk_decayed_kk) and beta, by 16 x 16 blocks (p, q < 4):
 //   diagonal blocks, by forward substitution (column j by thread j, 16 rows deep):
 //     A_ij = [i == j] - sum_{j <= m < i} beta_i M_im A_mj      (i, j, m in one block)
 //   then the blocks below, in order of p - q (1, 2, 3):
 //     X_pq = sum_{q <= r < p} L_pr A_rq,   A_pq = -A_pp X_pq
 //   with X_pq kept in the upper block (q, p) of sAf, which is zeroed at the end.
 // (One 64-deep substitution per column left 64 threads on a chain of up to 2016 dependent
-// steps.) Ends with a barrier.
-template <int KD, int LDK, int LDA, int LDF>
-__device__ void chunk_inverse(const bf16* sK, const float* s_g, const float* s_beta, int n,
-                              float* sM, float* sAf, bf16* sA) {
-  const int warp = int(threadIdx.x / 32);
-  {
-    float kk[kChunk / 8][4];
-    mma::zero(kk);
-    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
-#pragma unroll
-    for (int nb = 0; nb < kChunk / 8; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-        sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
-      }
-    }
-  }
-  __syncthreads();
+// steps.) Only the prepare kernel runs it; the backward kernels read the A it stored.
+// Ends with a barrier.
+template <int LDA, int LDF>
+__device__ void chunk_inverse(const float* sM, const float* s_beta, float* sAf, bf16* sA) {
   constexpr int kB = 16, kBlocks = kChunk / kB;
   if (int(threadIdx.x) < kChunk) {
     const int j = int(threadIdx.x), first = j / kB * kB;  // column j of diagonal block j / 16
@@ -1078,6 +1090,23 @@ __device__ void chunk_inverse(const bf16* sK, const float* s_g, const float* s_b
   __syncthreads();
 }
 
+// Index of (b, h, chunk) in per-chunk scratch arrays ([B, H, max_chunks, ...]).
+__device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b, int64_t h,
+                                              int64_t chunk, int64_t max_chunks) {
+  return (b * pr.heads + h) * max_chunks + chunk;
+}
+
+// The chunk's A ([64][64] f32 in memory, as gdr_prepare_mma stores it for the backward)
+// into sA (bf16, row stride LDA) and, where sAf is given, into sAf (f32, row stride LDF).
+// The caller's barrier publishes them.
+template <int LDA, int LDF>
+__device__ void load_inverse(const float* __restrict__ src, bf16* sA, float* sAf) {
+  load_square(src, [=](int i, int j, float x) {
+    sA[i * LDA + j] = store<bf16>(x);
+    if (sAf) sAf[i * LDF + j] = x;
+  });
+}
+
 template <int KD>
 struct MmaPrepareLayout {
   static constexpr int ldk = KD + 8, lda = kChunk + 8, ldv = kMmaVt + 8, ldf = kChunk + 1;
@@ -1088,7 +1117,8 @@ struct MmaPrepareLayout {
 
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out) {
+    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, float* a_out,
+                    int64_t max_chunks) {
   using L = MmaPrepareLayout<KD>;
   constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1118,7 +1148,14 @@ __global__ void __launch_bounds__(kMmaThreads)
     chunk_gate_cumsum(pr, b, h, begin, n, s_g);
     if (int(threadIdx.x) < n) gcum_out[pr.row(b, begin + threadIdx.x, h)] = s_g[threadIdx.x];
 
-    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
+    chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
+    chunk_inverse<LDA, LDF>(sM, s_beta, sAf, sA);
+    if (a_out) {  // for the backward kernels, which would otherwise form it again
+      float* to = a_out + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk;
+      for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
+        to[idx] = sAf[(idx / kChunk) * LDF + idx % kChunk];
+      }
+    }
     for (int idx = int(threadIdx.x); idx < kChunk * KD; idx += int(blockDim.x)) {
       const int i = idx / KD, c = idx % KD;  // beta_i e^{G_i} k_i (rows past n stay 0)
       sK[i * LDK + c] = store<bf16>(load(sK[i * LDK + c]) * s_beta[i] * expf(s_g[i]));
@@ -1543,7 +1580,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 //   dG_last += lambda <S0, dS_end> + sum_i tau_i <(K dS_end)_i, u_i>;  dg = reverse cumsum
 // (the CPU's backward, core/ops/gated_delta_rule.h, is the same gradient written with the
 // forward substitution). After the forward's prepare and state kernels recompute W, U, S0
-// and u, five kernels, all but the second parallel over chunks:
+// and u (the prepare kernel storing each chunk's A in f32, so that no backward kernel
+// forms it again), five kernels, all but the second parallel over chunks:
 //   1. gdr_bwd_local_mma   per (chunk, V tile): dvl = P^T dO
 //   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
@@ -1559,6 +1597,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 struct MmaBackward {
   const bf16 *grad_o, *grad_h_final;  // grad_h_final may be null
   const bf16 *w, *v_new, *states;     // from the forward's kernels
+  const float* a_inv;                 // A per chunk, [slots, 64, 64], from gdr_prepare_mma
   bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
   float* dvl;                         // [rows, V]
   bf16* du;                           // [rows, V], rounded once as the products take it
@@ -1572,11 +1611,6 @@ struct MmaBackward {
   void* dg;                          // f32 when the gates are f32, else bf16; may be null
   bool dg_f32;
 };
-
-__device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b, int64_t h,
-                                              int64_t chunk, int64_t max_chunks) {
-  return (b * pr.heads + h) * max_chunks + chunk;
-}
 
 // A-fragment of the 16 x 16 block (rows m0.., columns k0..) of an f32 matrix in shared
 // memory (row stride ld), or of its transpose, rounded to bf16.
@@ -1856,17 +1890,16 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-// bf16 sQ, sK [64][ldk] and sA [64][lda], then one region that holds in turn the
-// inverse's f32 sM and sAf, the value loop's tiles (sdO, sU, sDu, sVb [64][ldv]; sS0, sdS
-// [KD][ldv]) and the f32 Z = dP * P at the end: each is dead before the next is written.
-// (With the three f32 matrices apart, 168 KB at K = 128: one block per SM, 6% occupancy
-// on the H200.)
+// bf16 sQ, sK [64][ldk] and sA [64][lda], then one region that holds in turn the value
+// loop's tiles (sdO, sU, sDu, sVb [64][ldv]; sS0, sdS [KD][ldv]) and the f32 Z = dP * P at
+// the end. (With the kernel forming A itself and its f32 matrices apart, 168 KB at
+// K = 128: one block per SM, 6% occupancy on the H200.)
 template <int KD, int VT>
 struct BwdValuesLayout {
   static constexpr int ldk = KD + 8, ldv = VT + 8, lda = kChunk + 8, ldf = kChunk + 1;
   static constexpr size_t fixed_bytes = size_t(2 * kChunk * ldk + kChunk * lda) * 2;
   static constexpr size_t tile_bytes = size_t(4 * kChunk * ldv + 2 * KD * ldv) * 2;
-  static constexpr size_t f32_bytes = size_t(2 * kChunk * ldf) * 4;
+  static constexpr size_t f32_bytes = size_t(kChunk * ldf) * 4;
   static constexpr size_t bytes = fixed_bytes + (tile_bytes > f32_bytes ? tile_bytes : f32_bytes);
   static_assert(fixed_bytes % 16 == 0, "the shared region must stay 16-byte aligned");
 };
@@ -1886,9 +1919,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = sQ + kChunk * LDK;
   bf16* sA = sK + kChunk * LDK;
   unsigned char* region = smem_raw + L::fixed_bytes;  // see BwdValuesLayout
-  float* sM = reinterpret_cast<float*>(region);
-  float* sAf = sM + kChunk * LDF;
-  float* sZ = sM;  // dP * P, after the value loop
+  float* sZ = reinterpret_cast<float*>(region);  // dP * P, after the value loop
   bf16* sdO = reinterpret_cast<bf16*>(region);
   bf16* sU = sdO + kChunk * LDV;  // u = v_new
   bf16* sDu = sU + kChunk * LDV;
@@ -1909,11 +1940,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     async_copy_commit();
+    load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
-    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
 
     float dp[kChunk / 8][4], dav[kChunk / 8][4];
     mma::zero(dp);
@@ -2246,11 +2277,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
     async_copy_commit();
     load_square_f32(sD, LDF, bw.da + slot * kChunk * kChunk);
+    load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, sAf);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
-    chunk_inverse<KD, LDK, LDA, LDF>(sK, s_g, s_beta, n, sM, sAf, sA);
+    chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
     // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
     lower_transpose_times<LDF>(sAf, sD, sT);
     __syncthreads();
@@ -2476,12 +2508,14 @@ struct MmaChunkStates {
   int64_t max_chunks = 0;
   Tensor w, u, v_new, states;
   Tensor gcum;  // G, the chunk-local cumsum of the gates, f32 [B, T, H]
+  Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
 };
 
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
+// With keep_inverse (the backward), the prepare kernel also stores every chunk's A.
 template <int KD>
 MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
-                                Tensor& h_end) {
+                                Tensor& h_end, bool keep_inverse) {
   HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
   MmaChunkStates c;
   c.table = build_chunk_table(a, d.batch, d.seq_len);
@@ -2495,9 +2529,14 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   c.states = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * d.key_dim * d.value_dim},
                            DType::BF16, device);
   c.gcum = Tensor::empty(Shape{rows}, DType::F32, device);
+  if (keep_inverse) {
+    c.a_inv = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * kChunk * kChunk},
+                            DType::F32, device);
+  }
   const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
   launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
-             ptr<bf16>(c.u), ptr<float>(c.gcum));
+             ptr<bf16>(c.u), ptr<float>(c.gcum), keep_inverse ? ptr<float>(c.a_inv) : nullptr,
+             c.max_chunks);
   launch_mma(&gdr_state_mma<KD>, grid_of(op, d, c.pr.tiles), MmaStateLayout<KD>::bytes, c.pr,
              ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
              ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
@@ -2512,7 +2551,7 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
   if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
   auto run = [&]<int KD>() {
     const char* op = "gated_delta_rule (cuda, tensor cores)";
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final);
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, false);
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
     launch_mma(&gdr_output_mma<KD>,
@@ -2604,7 +2643,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const Device device = a.q.device();
     const int64_t K = d.key_dim, V = d.value_dim;
     Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, h_end);  // recomputed
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, h_end, true);  // recomputed
     const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
     const int64_t max_chunks = c.max_chunks;
     const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
@@ -2622,6 +2661,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.w = ptr<const bf16>(c.w);
     bw.v_new = ptr<const bf16>(c.v_new);
     bw.states = ptr<const bf16>(c.states);
+    bw.a_inv = ptr<const float>(c.a_inv);
     bw.dstates = ptr<bf16>(dstates);
     bw.dvl = ptr<float>(dvl);
     bw.gcum = ptr<const float>(c.gcum);
