@@ -1602,7 +1602,8 @@ struct MmaBackward {
   float* dvl;                         // [rows, V]
   bf16* du;                           // [rows, V], rounded once as the products take it
   float *dpg, *da;                    // (dP * Gamma), dA per chunk, [slots, 64, 64]
-  float *dw, *dk_part;                // [rows, K]
+  bf16* dw;                           // [rows, K], rounded once as the wy products take it
+  float* dk_part;                     // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
   float* chunk_dlambda;                            // [slots]
   const float* gcum;                               // G, [B, T, H]
@@ -2148,7 +2149,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           if (i >= n) continue;
           const int64_t at = pr.row(b, begin + i, h) * KD + c;
           if (bw.dq) bw.dq[at] = store<bf16>(x1[nb][e]);
-          bw.dw[at] = x2[nb][e];
+          bw.dw[at] = store<bf16>(x2[nb][e]);
           bw.dk_part[at] = x3[nb][e];
         }
       }
@@ -2264,7 +2265,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
   bf16* sdW = sA + kChunk * LDA;  // [64][KB]: the key block of dW
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk];
+  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk], s_upper_total;
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
@@ -2274,8 +2275,22 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
-    issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, 0));  // dW's first key block
     async_copy_commit();
+    // Row sums of the earlier kernels for row threadIdx.x (< n), read now, used at the end.
+    struct {
+      float dbeta = 0.f, deo = 0.f, dtau = 0.f, zp = 0.f;
+    } rows;
+    const int64_t row_at = int(threadIdx.x) < n ? pr.row(b, begin + threadIdx.x, h) : 0;
+    if (int(threadIdx.x) < n) {
+      rows.dbeta = bw.row_dbeta[row_at];
+      rows.deo = bw.row_deo[row_at];
+      rows.dtau = bw.row_dtau[row_at];
+      rows.zp = bw.row_zp[row_at];
+    }
+    const float chunk_dlambda = bw.chunk_dlambda[slot];
     load_square_f32(sD, LDF, bw.da + slot * kChunk * kChunk);
     load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, sAf);
     load_beta(pr, b, h, begin, n, s_beta);
@@ -2308,12 +2323,25 @@ __global__ void __launch_bounds__(kMmaThreads)
     // dk = dk_part + (dM * Gamma) K + (dM * Gamma)^T K + diag(beta E) A^T dW, by key blocks.
     float dbk[2] = {0.f, 0.f};  // <dKbg_i, K_i> of the lane's two rows
     for (int k0 = 0; k0 < KD; k0 += KB) {
-      __syncthreads();  // sdW of the previous block is no longer read
-      for (int idx = int(threadIdx.x); idx < kChunk * KB; idx += int(blockDim.x)) {
-        const int i = idx / KB, c = idx % KB;
-        sdW[i * LDB + c] =
-            store<bf16>(i < n ? bw.dw[pr.row(b, begin + i, h) * KD + k0 + c] : 0.f);
+      if (k0 > 0) {  // the first block came with sK
+        __syncthreads();  // sdW of the previous block is no longer read
+        issue_tile(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, k0));
+        async_copy_commit();
       }
+      // The lane's dk_part elements (row acc_row(e), columns acc_col(nb, e) and the next,
+      // which the epilogue adds), loaded now so that they are in flight with the products.
+      float2 part[KB / 8][2];
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = warp * 16 + acc_row(2 * half), c = k0 + acc_col(nb, 0);
+          part[nb][half] = bw.dk && i < n ? *reinterpret_cast<const float2*>(
+                                                bw.dk_part + pr.row(b, begin + i, h) * KD + c)
+                                          : float2{0.f, 0.f};
+        }
+      }
+      async_copy_wait<0>();
       __syncthreads();
       float dkbg[KB / 8][4], dm[KB / 8][4];
       mma::zero(dkbg);
@@ -2330,8 +2358,8 @@ __global__ void __launch_bounds__(kMmaThreads)
           if (i >= n) continue;
           const int64_t at = pr.row(b, begin + i, h) * KD + c;
           if (bw.dk) {
-            bw.dk[at] = store<bf16>(bw.dk_part[at] + dm[nb][e] +
-                                    s_beta[i] * expf(s_g[i]) * dkbg[nb][e]);
+            const float dk_part = e % 2 ? part[nb][e / 2].y : part[nb][e / 2].x;
+            bw.dk[at] = store<bf16>(dk_part + dm[nb][e] + s_beta[i] * expf(s_g[i]) * dkbg[nb][e]);
           }
         }
       }
@@ -2341,41 +2369,37 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int half = 0; half < 2; ++half) {
       const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
       const float k_dot = mma::quad_sum(dbk[half]);
-      if (t4 == 0) s_dg[i] = k_dot;  // <dKbg_i, K_i>, for now
+      if (t4 == 0) s_dg[i] = k_dot;  // <dKbg_i, K_i>
     }
     __syncthreads();
-    if (int(threadIdx.x) < kChunk) {
-      const int i = int(threadIdx.x);
-      float dG = 0.f;
-      if (i < n) {
-        const int64_t row = pr.row(b, begin + i, h);
-        const float e_i = expf(s_g[i]), k_dot = s_dg[i];
-        const float tau = expf(s_g[n - 1] - s_g[i]);
-        if (bw.dbeta) bw.dbeta[row] = store<bf16>(bw.row_dbeta[row] + e_i * k_dot + dbeta_l);
-        dG = e_i * (bw.row_deo[row] + s_beta[i] * k_dot) - tau * bw.row_dtau[row] +
-             bw.row_zp[row] + zm;
+    const int i_row = int(threadIdx.x);  // thread i < n has row i's sums (rows below)
+    float dG = 0.f, to_last = 0.f;  // to_last: tau_i <(K dS_end)_i, u_i>, a term of dG_last
+    if (i_row < n) {
+      const float e_i = expf(s_g[i_row]), k_dot = s_dg[i_row];
+      const float tau = expf(s_g[n - 1] - s_g[i_row]);
+      if (bw.dbeta) bw.dbeta[row_at] = store<bf16>(rows.dbeta + e_i * k_dot + dbeta_l);
+      dG = e_i * (rows.deo + s_beta[i_row] * k_dot) - tau * rows.dtau + rows.zp + zm;
+      to_last = tau * rows.dtau;
+    }
+    // dG_last's chunk-end terms, lambda <S0, dS_end> + sum_i tau_i <(K dS_end)_i, u_i>.
+    const float last = block_sum(to_last) + (n > 0 ? expf(s_g[n - 1]) * chunk_dlambda : 0.f);
+    // dg = reverse chunk-local cumsum of dG (dG_last with its chunk-end terms): a suffix
+    // scan within each of the two warps of rows, then warp 0 adds warp 1's total.
+    float suffix = dG + (i_row == n - 1 ? last : 0.f);
+    if (i_row < kChunk) {
+      const int lane = i_row % 32;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const float later = __shfl_down_sync(0xffffffffu, suffix, d);
+        if (lane + d < 32) suffix += later;
       }
-      s_dg[i] = dG;
+      if (i_row == 32) s_upper_total = suffix;
     }
     __syncthreads();
-    if (threadIdx.x == 0 && n > 0) {
-      float last = expf(s_g[n - 1]) * bw.chunk_dlambda[slot];
-      for (int i = 0; i < n; ++i) {
-        last += expf(s_g[n - 1] - s_g[i]) * bw.row_dtau[pr.row(b, begin + i, h)];
-      }
-      // dg = reverse chunk-local cumsum of dG (dG_last with its chunk-end terms).
-      float running = 0.f;
-      for (int i = n - 1; i >= 0; --i) {
-        running += s_dg[i] + (i == n - 1 ? last : 0.f);
-        s_dg[i] = running;
-      }
-    }
-    __syncthreads();
-    if (bw.dg && int(threadIdx.x) < n) {
-      const int i = int(threadIdx.x);
-      const int64_t row = pr.row(b, begin + i, h);
-      if (bw.dg_f32) static_cast<float*>(bw.dg)[row] = s_dg[i];
-      else static_cast<bf16*>(bw.dg)[row] = store<bf16>(s_dg[i]);
+    if (i_row < 32) suffix += s_upper_total;
+    if (bw.dg && i_row < n) {
+      if (bw.dg_f32) static_cast<float*>(bw.dg)[row_at] = suffix;
+      else static_cast<bf16*>(bw.dg)[row_at] = store<bf16>(suffix);
     }
   }
 }
@@ -2652,7 +2676,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::BF16);
     Tensor dpg = scratch(slots * kChunk * kChunk, DType::F32);
     Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
-    Tensor dw = scratch(rows * K, DType::F32), dk_part = scratch(rows * K, DType::F32);
+    Tensor dw = scratch(rows * K, DType::BF16), dk_part = scratch(rows * K, DType::F32);
     Tensor row_sums = scratch(4 * rows, DType::F32), dlambda = scratch(slots, DType::F32);
 
     MmaBackward bw{};
@@ -2668,7 +2692,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.du = ptr<bf16>(du);
     bw.dpg = ptr<float>(dpg);
     bw.da = ptr<float>(da);
-    bw.dw = ptr<float>(dw);
+    bw.dw = ptr<bf16>(dw);
     bw.dk_part = ptr<float>(dk_part);
     bw.row_dbeta = ptr<float>(row_sums);
     bw.row_deo = bw.row_dbeta + rows;
