@@ -2173,13 +2173,26 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
       }
     }
+    // da += dA2, all of the lane's loads issued before its first store (the compiler may
+    // not move a load of da above a store to it, so a fused loop would wait on each).
     float* da = bw.da + slot * kChunk * kChunk;
+    float2 earlier[kChunk / 8][2];
 #pragma unroll
     for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-        da[i * kChunk + j] += dA2[nb][e];
+      for (int half = 0; half < 2; ++half) {
+        const int i = warp * 16 + acc_row(2 * half), j = acc_col(nb, 0);
+        earlier[nb][half] = *reinterpret_cast<const float2*>(da + i * kChunk + j);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = warp * 16 + acc_row(2 * half), j = acc_col(nb, 0);
+        const float2 x = earlier[nb][half];
+        *reinterpret_cast<float2*>(da + i * kChunk + j) =
+            float2{x.x + dA2[nb][2 * half], x.y + dA2[nb][2 * half + 1]};
       }
     }
   }
