@@ -1047,9 +1047,9 @@ template <int DK, int DV>
 struct MmaBackwardShape {
   static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // keys (dQ) or queries (dK/dV)
   static constexpr int ldk = DK + 8, ldv = DV + 8;
-  // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V', then Q and dO
+  // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V', then two slots of Q and dO
   static constexpr size_t dq_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
-  static constexpr size_t dkdv_bytes = size_t((kMmaRows + kTile) * (ldk + ldv)) * 2;
+  static constexpr size_t dkdv_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
 };
 
 // Issues the copies of the backward's query rows [q0, q0 + BQ) of head h: Q into sQ and
@@ -1142,7 +1142,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
 
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
 // tiles q_start, q_start + BQ, ... below T. Thread r < BQ carries row r of the next tile
-// (visible range, lse, D) in registers, loaded while the current tile is worked on.
+// (visible range, lse, D) in registers, loaded while an earlier tile is worked on.
 template <int BQ>
 struct QueryTiles {
   const AttentionArgs<bf16>& a;
@@ -1177,7 +1177,7 @@ struct QueryTiles {
   // Tile i's rows (loaded by the previous call) into shared memory, tile i + 1's loads
   // issued, and whether any row sees a key of [k0, k_end) and whether every row sees all of
   // [k0, k0 + BK). Collective over the block (the answers come from barriers, which also
-  // publish the rows).
+  // publish the rows). Past the last tile: rows that see nothing.
   template <int BK>
   __device__ QueryTileVisibility publish(int64_t i, int k0, int k_end, int* s_begin, int* s_end,
                                          float* s_lse, float* s_delta) {
@@ -1198,6 +1198,10 @@ struct QueryTiles {
   }
 };
 
+// The query tiles are double-buffered: while tile i's products run, tile i + 1's Q and dO
+// copies are in flight (its visibility is known a tile ahead, so unseen tiles are never
+// copied). (Copying each tile once it was known to be seen, then waiting for it, left
+// every tile's load latency exposed at 2 blocks per SM.)
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
@@ -1207,10 +1211,11 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BK][LDK]
   bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
-  bf16* sQ = sV + BK * LDV;                      // [BQ][LDK]
-  bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
-  __shared__ int s_pos[BK], s_begin[BQ], s_end[BQ], first_query;
-  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  bf16* query_slots = sV + BK * LDV;             // 2 x (Q [BQ][LDK], dO [BQ][LDV])
+  auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (LDK + LDV); };
+  auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * LDK; };
+  __shared__ int s_pos[BK], s_begin[2][BQ], s_end[2][BQ], first_query;
+  __shared__ float s_pscale[BK], s_lse[2][BQ], s_delta[2][BQ];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, g = blockIdx.y;
@@ -1238,8 +1243,22 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   async_copy_commit();
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
-  async_copy_wait<0>();
-  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // the barrier of the first tile publishes it
+  // Tile i's rows go to slot i % 2 and its copies are issued a tile ahead, then committed
+  // (an empty group when it is unseen or past the last tile), so wait<1> means "tile i".
+  auto publish_and_issue = [&](int64_t i) {
+    const int slot = int(i % 2);
+    const QueryTileVisibility vis = queries.template publish<BK>(
+        i, k0, k_end, s_begin[slot], s_end[slot], s_lse[slot], s_delta[slot]);
+    if (vis.sees) {
+      issue_query_rows<DK, DV, BQ>(a, b, queries.head(i), queries.first_row(i), slot_q(i),
+                                   slot_o(i));
+    }
+    async_copy_commit();
+    return vis;
+  };
+  QueryTileVisibility vis = publish_and_issue(0);
+  async_copy_wait<1>();  // K and V'
+  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // the barriers below publish it
 
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
   const float scale_log2 = a.scale * kLog2e;
@@ -1247,15 +1266,17 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   zero(dk);
   zero(dv);
   for (int64_t i = 0; i < queries.count; ++i) {
-    __syncthreads();  // the previous query tile is no longer read
-    const QueryTileVisibility vis =
-        queries.template publish<BK>(i, k0, k_end, s_begin, s_end, s_lse, s_delta);
-    if (!vis.sees) continue;  // no row of this tile sees these keys
-    const bool check = !vis.covers;
-    issue_query_rows<DK, DV, BQ>(a, b, queries.head(i), queries.first_row(i), sQ, sO);
-    async_copy_commit();
-    async_copy_wait<0>();
+    __syncthreads();  // tile i - 1's slots are no longer read
+    const QueryTileVisibility now = vis;
+    vis = publish_and_issue(i + 1);
+    if (!now.sees) continue;  // no row of this tile sees these keys
+    const bool check = !now.covers;
+    async_copy_wait<1>();  // tile i's Q and dO
     __syncthreads();
+    const int slot = int(i % 2);
+    const bf16 *sQ = slot_q(i), *sO = slot_o(i);
+    const int *row_begin = s_begin[slot], *row_end = s_end[slot];
+    const float *row_lse = s_lse[slot], *row_delta = s_delta[slot];
 
     // Transposed: rows are the warp's 16 keys, columns the tile's queries.
     float p[NQ][4], ds[NQ][4];
@@ -1268,10 +1289,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
-        const bool visible = kj < k_end && (!check || (kj >= s_begin[r] && kj < s_end[r]));
-        const float prob = visible ? exp2f(p[nb][e] * scale_log2 - s_lse[r] * kLog2e) : 0.f;
+        const bool visible = kj < k_end && (!check || (kj >= row_begin[r] && kj < row_end[r]));
+        const float prob = visible ? exp2f(p[nb][e] * scale_log2 - row_lse[r] * kLog2e) : 0.f;
         p[nb][e] = prob;
-        ds[nb][e] = a.scale * prob * (ds[nb][e] - s_delta[r]);
+        ds[nb][e] = a.scale * prob * (ds[nb][e] - row_delta[r]);
       }
     }
     mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
