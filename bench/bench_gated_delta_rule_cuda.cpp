@@ -13,6 +13,8 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
+// A last table times the bf16 forward with its state pass forced to 32- and to 64-column
+// tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the default choice.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,12 +23,14 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/cuda_bench.h"
 #include "core/ops/gated_delta_rule.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
+#include "cuda/gated_delta_rule.h"
 #include "cuda/stream.h"
 
 namespace {
@@ -57,6 +61,7 @@ using bench::Spread;
 
 struct Timing {
   Spread fwd, bwd;
+  Spread fwd_state_32, fwd_state_64;  // bf16 only: the forward with forced state-pass tiles
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -90,8 +95,16 @@ Timing run_case(const BenchCase& c, int reps) {
   GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, dtype, Device::cuda()),
                            Tensor::empty({B, H, K, V}, dtype, Device::cuda()),
                            Tensor::empty({B, T, H}, dtype, Device::cuda())};
-  const Spread fwd =
-      time_ms(reps, [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); });
+  auto forward = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); };
+  Timing t;
+  t.fwd = time_ms(reps, forward);
+  if (dtype == DType::BF16) {
+    const int previous = cuda::set_gated_delta_rule_state_columns(32);
+    t.fwd_state_32 = time_ms(reps, forward);
+    cuda::set_gated_delta_rule_state_columns(64);
+    t.fwd_state_64 = time_ms(reps, forward);
+    cuda::set_gated_delta_rule_state_columns(previous);
+  }
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -100,10 +113,10 @@ Timing run_case(const BenchCase& c, int reps) {
                             Tensor::empty(a.v.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.g.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
-  const Spread bwd = time_ms(reps, [&] {
+  t.bwd = time_ms(reps, [&] {
     gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
   });
-  return {fwd, bwd};
+  return t;
 }
 
 }  // namespace
@@ -120,10 +133,12 @@ int main(int argc, char** argv) {
                   "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max");
     std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
                 "bwd min ms", "bwd med ms");
+    std::vector<std::pair<std::string, Timing>> bf16_timings;
     for (const BenchCase& c : bench_cases()) {
       const std::string label = c.name + "_" + c.dtype;
       if (!filter.empty() && label.find(filter) == std::string::npos) continue;
       const Timing t = run_case(c, reps);
+      if (c.dtype == "bf16") bf16_timings.emplace_back(c.name, t);
       std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f\n", c.name.c_str(), c.dtype.c_str(),
                   t.fwd.min, t.fwd.median, t.bwd.min, t.bwd.median);
       std::fflush(stdout);
@@ -133,6 +148,15 @@ int main(int argc, char** argv) {
             << t.fwd.median << ',' << t.fwd.max << ',' << t.bwd.min << ',' << t.bwd.median << ','
             << t.bwd.max << '\n';
       }
+    }
+    std::printf("\nbf16 forward, state pass forced to 32 / 64 columns (ms; 64/32 above 1: 32 "
+                "is faster)\n%-22s %12s %12s %18s\n", "case", "32 med ms", "64 med ms",
+                "64/32 min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), t.fwd_state_32.median,
+                  t.fwd_state_64.median, t.fwd_state_64.min / t.fwd_state_32.min,
+                  t.fwd_state_64.median / t.fwd_state_32.median,
+                  t.fwd_state_64.max / t.fwd_state_32.max);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

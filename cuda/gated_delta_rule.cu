@@ -69,6 +69,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -76,6 +77,7 @@
 
 #include "core/ops/gated_delta_rule.h"
 #include "cuda/async_copy.cuh"
+#include "cuda/gated_delta_rule.h"
 #include "cuda/gated_delta_rule_fit.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
@@ -877,7 +879,8 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse)  -> scratch for the
 //                                                                    backward only, f32,
 //        W = A diag(beta E) K,  U = A diag(beta) V          -> scratch, bf16 [B, T, H, *]
-//   2. gdr_state_mma, one block per (64-column V tile, h, b), the chunks in order:
+//   2. gdr_state_mma, one block per (V tile of 32 or 64 columns: state_columns, h, b),
+//      the chunks in order:
 //        S0 of each chunk -> scratch (bf16),  v_new = U - W S0 -> scratch (bf16),
 //        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 registers)
 //   3. gdr_output_mma, one block per (chunk, V tile, h, b):
@@ -1254,9 +1257,9 @@ struct StateTile {
   }
 };
 
-template <int KD>
+template <int KD, int VT>
 struct MmaStateLayout {
-  static constexpr int ldk = KD + 8, lds = kMmaVt + 8;
+  static constexpr int ldk = KD + 8, lds = VT + 8;
   static constexpr size_t s_bytes = size_t(KD) * lds * 2,   // S0 in bf16
       k_bytes = size_t(kChunk) * ldk * 2,                    // one tile of W or K rows
       v_bytes = size_t(kChunk) * lds * 2;                    // one tile of U or v_new columns
@@ -1314,7 +1317,7 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
   }
 }
 
-// The forward's sequential pass, one block per (64-column V tile, h, b) over the chunks in
+// The forward's sequential pass, one block per (VT-column V tile, h, b) over the chunks in
 // order. Per chunk, with S the state at its start (zero at a document start):
 //   S0 = bf16(S) -> states (the output kernel and the backward read it)
 //   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
@@ -1323,14 +1326,14 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
 // rows arrive by cp.async into one of two slots, issued a chunk ahead; its G (from the
 // prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
 // more ahead, so no step waits on global memory.
-template <int KD>
+template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
-  using L = MmaStateLayout<KD>;
-  using Registers = StateRegisters<KD, kMmaVt>;
-  constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
+  using L = MmaStateLayout<KD, VT>;
+  using Registers = StateRegisters<KD, VT>;
+  constexpr int LDK = L::ldk, LDS = L::lds, NB = VT / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
   bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // 2 x (W, K, U)
@@ -1340,7 +1343,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto slot_k = [&](int chunk) { return slot_w(chunk) + kChunk * LDK; };
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
   __shared__ float s_g[2][kChunk];
-  const StateTile st(pr, kMmaVt);
+  const StateTile st(pr, VT);
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
@@ -1352,7 +1355,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const ChunkRows rows_of(pr, b, h, begin);
     issue_tile(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
     issue_tile(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile(slot_u(chunk), LDS, kChunk, kMmaVt, n, cols, rows_of(u, V, col0));
+    issue_tile(slot_u(chunk), LDS, kChunk, VT, n, cols, rows_of(u, V, col0));
   };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? gcum[pr.row(b, begin + i_row, h)] : 0.f;
@@ -1394,7 +1397,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     });
     async_copy_wait<1>();  // this chunk's W, K, U
     __syncthreads();
-    save_state<KD, kMmaVt, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
+    save_state<KD, VT, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
 
@@ -2541,12 +2544,35 @@ bool dispatch_mma_key_dim(int64_t key_dim, Fn&& fn) {
 // the chunk table, W and U of every chunk, every chunk's start state S0 and v_new.
 struct MmaChunkStates {
   ChunkTable table;
-  Problem<bf16> pr;  // 64-column value tiles
+  Problem<bf16> pr;  // 64-column value tiles (the output kernel's)
   int64_t max_chunks = 0;
   Tensor w, u, v_new, states;
   Tensor gcum;  // G, the chunk-local cumsum of the gates, f32 [B, T, H]
   Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
 };
+
+std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
+
+// Value columns per block of gdr_state_mma. Its blocks run the chunks in sequence, so its
+// time is about (waves of blocks) x (chunks) x (time of a chunk step); 32-column tiles halve
+// a step's products and double the blocks, which pays while those blocks still fit the
+// device in one wave (B * H * V / 32 up to the resident blocks: the paper's H = 5 heads, or
+// B = 4, H = 16, V = 128 on an H200).
+template <int KD>
+int state_columns(const Dims& d) {
+  if (const int forced = g_state_columns.load(); forced != 0) return forced;
+  auto* narrow = &gdr_state_mma<KD, 32>;
+  const size_t bytes = MmaStateLayout<KD, 32>::bytes;
+  if (bytes > 48 * 1024) {
+    HAM_CUDA_CHECK(cudaFuncSetAttribute(narrow, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(bytes)));
+  }
+  int per_sm = 0;
+  HAM_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, narrow, kMmaThreads, bytes));
+  const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
+  return blocks <= int64_t(per_sm) * multiprocessor_count() ? 32 : 64;
+}
 
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
 // With keep_inverse (the backward), the prepare kernel also stores every chunk's A.
@@ -2574,9 +2600,14 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
              ptr<bf16>(c.u), ptr<float>(c.gcum), keep_inverse ? ptr<float>(c.a_inv) : nullptr,
              c.max_chunks);
-  launch_mma(&gdr_state_mma<KD>, grid_of(op, d, c.pr.tiles), MmaStateLayout<KD>::bytes, c.pr,
-             ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
-             ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
+  auto state_pass = [&]<int VT>() {
+    const int tiles = int((d.value_dim + VT - 1) / VT);
+    launch_mma(&gdr_state_mma<KD, VT>, grid_of(op, d, tiles), MmaStateLayout<KD, VT>::bytes,
+               c.pr, ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
+               ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
+  };
+  if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
+  else state_pass.template operator()<64>();
   return c;
 }
 
@@ -2830,5 +2861,12 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+int set_gated_delta_rule_state_columns(int columns) {
+  HAM_CHECK(columns == 0 || columns == 32 || columns == 64,
+            "set_gated_delta_rule_state_columns: ", columns,
+            " value columns per block; the state pass takes 32 or 64 (0: chosen per call)");
+  return g_state_columns.exchange(columns);
+}
 
 }  // namespace ham::cuda

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "tests/testing.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/gated_delta_rule.h"
+#endif
 
 namespace ham {
 namespace {
@@ -769,6 +772,34 @@ TEST(GatedDeltaRule, GpuTokenByTokenDecodingEqualsChunked) {
   const Tensor o_decoded = Tensor::from_vector(o_steps, chunked.o.shape());
   EXPECT_LE(relative_rms_error(o_decoded, chunked.o.to(Device::cpu()).to(DType::F64)), 5e-5);
   EXPECT_LE(relative_rms_error(state, chunked.h_final), 5e-5);
+}
+
+// The bf16 forward's state pass forced to 32- and to 64-column tiles (the default picks
+// one per call): each matches the CPU, forward and backward, and their outputs agree bit
+// for bit (a column's sums do not depend on the tile holding it).
+TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct ColumnsGuard {
+    int previous = cuda::set_gated_delta_rule_state_columns(0);
+    ~ColumnsGuard() { cuda::set_gated_delta_rule_state_columns(previous); }
+  } guard;
+  const GpuCase c{2, 150, 3, 64, 80, true, 5};
+  const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 61), DType::BF16);
+  std::vector<GatedDeltaRuleResult> results;
+  for (int columns : {32, 64}) {
+    SCOPED_TRACE(columns);
+    cuda::set_gated_delta_rule_state_columns(columns);
+    expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 81);
+    results.push_back(poisoned_result(gpu));
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
+  }
+  EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
+  testing::expect_error([] { cuda::set_gated_delta_rule_state_columns(48); },
+                        {"set_gated_delta_rule_state_columns", "48", "32 or 64"});
+#endif
 }
 
 }  // namespace

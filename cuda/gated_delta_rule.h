@@ -1,0 +1,13 @@
+#pragma once
+// Tuning of the CUDA gated delta rule kernels (cuda/gated_delta_rule.cu), for benchmarks
+// that compare variants in one run (bench/bench_gated_delta_rule_cuda.cpp).
+
+namespace ham::cuda {
+
+// Value columns per block of the bf16 forward's sequential state pass (gdr_state_mma):
+// 0 (the default) picks 32 when the narrower tiles' blocks all fit on the device at once,
+// else 64; 32 or 64 force that width. Returns the previous setting; any other value is an
+// error.
+int set_gated_delta_rule_state_columns(int columns);
+
+}  // namespace ham::cuda
