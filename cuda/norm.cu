@@ -7,9 +7,13 @@
 // One warp per row up to D = 1024, one block per row beyond; sums in f32 (f64 for f64).
 // rms_norm moves 16-byte packs where D and the pointers allow.
 // rstd is stored in x's dtype and, as on the CPU, the forward uses that rounded value so
-// the backward sees the same xhat. The backward's row groups keep dweight's partial sums in
-// registers, read from the same loads as dx (rows 256 to 8192 long), and
-// cuda/reduce_utils.cuh adds the groups' sums in order: deterministic.
+// the backward sees the same xhat. With dweight wanted, the backward's row groups keep a
+// row's x and dy in registers from the first pass to dx's, with the next row's loads in
+// flight, and dweight's partial sums in registers (rows 256 to 8192 long: 4096 in f64,
+// 2048 when rows do not move as packs); cuda/reduce_utils.cuh adds the groups' sums in
+// order: deterministic. A thread's registers hold exactly the packs of a row it needs.
+// (Sized for the longest row, the d = 2048 bf16 kernel took 96 registers by ptxas: 2
+// blocks of 256 threads per SM, so its 512 row groups ran in two waves.)
 #include <cstdint>
 #include <initializer_list>
 
@@ -85,94 +89,183 @@ __global__ void rms_norm_kernel(const T* x, const T* gate, const T* weight, int6
   }
 }
 
-// dx and dgate rows (either may be null), and with kPacks > 0 this group's share of
-// dweight. Group g (a warp or a block) takes rows g, g + groups, ...; with kPacks > 0 each
-// thread keeps dweight's partial sums for its kPacks packs of columns in registers (the row
-// must fit: packs <= kPacks * group size) and writes them to dweight_part[g][:] at the end,
-// so x and dy are read for dweight in the same pass as for dx; rms_norm_backward then adds
-// the groups in order (PartialSum).
-template <bool kWarp, int N, int kPacks, class T>
+// dx and dgate rows (either may be null), one row per group (a warp or a block): the
+// backward without dweight, and with it for rows too short or too long for the fused
+// kernel below (dweight then takes a second pass).
+template <bool kWarp, int N, class T>
 __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate, const T* weight,
-                                         const T* rstd, int64_t rows, int64_t d, int64_t groups,
-                                         T* dx, T* dgate, compute_t<T>* dweight_part) {
+                                         const T* rstd, int64_t rows, int64_t d, T* dx,
+                                         T* dgate) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
   using P = Pack<T, N>;
+  const int64_t row = row_index<kWarp>();
+  if (row >= rows) return;  // whole warps (kWarp) or whole blocks
+  const int64_t packs = d / N, base = row * d;
+  const P* wr = reinterpret_cast<const P*>(weight);
+  const P* xr = reinterpret_cast<const P*>(x + base);
+  const P* dyr = reinterpret_cast<const P*>(dy + base);
+  const P* gr = reinterpret_cast<const P*>(gate ? gate + base : nullptr);
+  const C r = load(rstd[row]);
+  C dot = C(0);  // sum_j g_j xhat_j
+  for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
+    const P xp = xr[p], dyp = dyr[p];
+    const P wp = weight ? wr[p] : P{};
+    const P gp = gate ? gr[p] : P{};
+    P dgp;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const C xhat = load(xp.v[e]) * r;
+      const C w = weight ? C(load(wp.v[e])) : C(1);
+      const C g_in = load(dyp.v[e]);
+      C g = g_in * w;  // dy silu(gate) w
+      if (gate) {
+        const C z = load(gp.v[e]), s = sigmoid(z);
+        dgp.v[e] = store<T>(g_in * xhat * w * s * (C(1) + z * (C(1) - s)));
+        g *= z * s;
+      }
+      dot += g * xhat;
+    }
+    if (gate && dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
+  }
+  if (!dx) return;  // the same in the whole group
+  const C mean_g_xhat = Group::sum(dot) / C(d);
+  P* dxr = reinterpret_cast<P*>(dx + base);
+  for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
+    const P xp = xr[p], dyp = dyr[p];
+    const P wp = weight ? wr[p] : P{};
+    const P gp = gate ? gr[p] : P{};
+    P out;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const C xhat = load(xp.v[e]) * r;
+      C g = load(dyp.v[e]) * (weight ? C(load(wp.v[e])) : C(1));
+      if (gate) {
+        const C z = load(gp.v[e]);
+        g *= z * sigmoid(z);
+      }
+      out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
+    }
+    dxr[p] = out;
+  }
+}
+
+// dx and dgate rows (either may be null) and this group's share of dweight. Group g (a
+// warp or a block) takes rows g, g + groups, ...; thread packs k < kPacks of a row are
+// packs lane + k size (the row must fit: packs <= kPacks * size). The thread keeps its
+// packs of x and dy in registers from the first pass (dot, dgate, dweight's terms) to the
+// dx pass, and the weight's for the whole group; with kPacks <= 2 it also loads the next
+// row's packs before working on this one, so that a row's loads are in flight during the
+// previous row's reduction and stores. dweight's partial sums stay in registers and go to
+// dweight_part[g][:] at the end; rms_norm_backward adds the groups in order (PartialSum).
+// Blocks of the fused backward that must fit an SM at once: with one pack per thread, 4,
+// so that all 512 row groups fit a 132-SM H200 at once (unbounded, ptxas gave the bf16
+// kernel 80 registers: 3 blocks per SM, two waves); with more packs, what the registers allow.
+template <int kPacks>
+constexpr int kFusedMinBlocks = kPacks == 1 ? 4 : 1;
+
+template <bool kWarp, int N, int kPacks, bool kGated, class T>
+__global__ void __launch_bounds__(kThreads, kFusedMinBlocks<kPacks>)
+    rms_norm_backward_fused_kernel(const T* dy, const T* x, const T* gate,
+                                               const T* weight, const T* rstd, int64_t rows,
+                                               int64_t d, int64_t groups, T* dx, T* dgate,
+                                               compute_t<T>* dweight_part) {
+  using C = compute_t<T>;
+  using Group = RowGroup<kWarp>;
+  using P = Pack<T, N>;
+  constexpr bool kPrefetch = kPacks <= 2;
   const int64_t group = row_index<kWarp>();
   if (group >= groups) return;  // whole warps (kWarp) or whole blocks
   const int64_t packs = d / N;
-  const P* wr = reinterpret_cast<const P*>(weight);
-  C part[kPacks > 0 ? kPacks : 1][N] = {};
+  auto pack_of = [&](int k) { return Group::lane() + int64_t(k) * Group::size(); };
+  struct RowPacks {
+    P x[kPacks], dy[kPacks];
+    C r;
+  };
+  auto load_row = [&](int64_t row, RowPacks& into) {
+    const P* xr = reinterpret_cast<const P*>(x + row * d);
+    const P* dyr = reinterpret_cast<const P*>(dy + row * d);
+    into.r = load(rstd[row]);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (pack_of(k) < packs) {
+        into.x[k] = xr[pack_of(k)];
+        into.dy[k] = dyr[pack_of(k)];
+      }
+    }
+  };
+  P w[kPacks];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    w[k] = weight && pack_of(k) < packs ? reinterpret_cast<const P*>(weight)[pack_of(k)] : P{};
+  }
+  C part[kPacks][N] = {};
+  RowPacks now, next;
+  load_row(group, now);  // group < groups <= rows
   for (int64_t row = group; row < rows; row += groups) {
+    const bool more = row + groups < rows;
+    if (kPrefetch && more) load_row(row + groups, next);
     const int64_t base = row * d;
-    const P* xr = reinterpret_cast<const P*>(x + base);
-    const P* dyr = reinterpret_cast<const P*>(dy + base);
-    const P* gr = reinterpret_cast<const P*>(gate ? gate + base : nullptr);
-    const C r = load(rstd[row]);
+    const P* gr = reinterpret_cast<const P*>(kGated ? gate + base : nullptr);
+    const C r = now.r;
     C dot = C(0);  // sum_j g_j xhat_j
-    // Pack p: dot, dgate, and (k >= 0) dweight's terms dy silu(gate) xhat into part[k].
-    auto first_pass = [&](int64_t p, int k) {
-      const P xp = xr[p], dyp = dyr[p];
-      const P wp = weight ? wr[p] : P{};
-      const P gp = gate ? gr[p] : P{};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = pack_of(k);
+      if (p >= packs) continue;
+      const P gp = kGated ? gr[p] : P{};
       P dgp;
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const C xhat = load(xp.v[e]) * r;
-        const C w = weight ? C(load(wp.v[e])) : C(1);
-        const C g_in = load(dyp.v[e]);
-        C g = g_in * w, dn = g_in;  // dn = dy silu(gate), g = dn w
-        if (gate) {
+        const C xhat = load(now.x[k].v[e]) * r;
+        const C wv = weight ? C(load(w[k].v[e])) : C(1);
+        const C g_in = load(now.dy[k].v[e]);
+        C g = g_in * wv, dn = g_in;  // dn = dy silu(gate), g = dn w
+        if constexpr (kGated) {
           const C z = load(gp.v[e]), s = sigmoid(z);
-          dgp.v[e] = store<T>(g_in * xhat * w * s * (C(1) + z * (C(1) - s)));
+          dgp.v[e] = store<T>(g_in * xhat * wv * s * (C(1) + z * (C(1) - s)));
           g *= z * s;
           dn *= z * s;
         }
         dot += g * xhat;
-        if constexpr (kPacks > 0) {
-          if (k >= 0) part[k][e] += dn * xhat;
-        }
+        part[k][e] += dn * xhat;
       }
-      if (gate && dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
-    };
-    if constexpr (kPacks > 0) {
+      if constexpr (kGated) {
+        if (dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
+      }
+    }
+    if (dx) {  // the same in the whole group
+      const C mean_g_xhat = Group::sum(dot) / C(d);
+      P* dxr = reinterpret_cast<P*>(dx + base);
 #pragma unroll
       for (int k = 0; k < kPacks; ++k) {
-        const int64_t p = Group::lane() + int64_t(k) * Group::size();
-        if (p < packs) first_pass(p, k);
-      }
-    } else {
-      for (int64_t p = Group::lane(); p < packs; p += Group::size()) first_pass(p, -1);
-    }
-    if (!dx) continue;  // the same in the whole group
-    const C mean_g_xhat = Group::sum(dot) / C(d);
-    P* dxr = reinterpret_cast<P*>(dx + base);
-    for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
-      const P xp = xr[p], dyp = dyr[p];
-      const P wp = weight ? wr[p] : P{};
-      const P gp = gate ? gr[p] : P{};
-      P out;
+        const int64_t p = pack_of(k);
+        if (p >= packs) continue;
+        const P gp = kGated ? gr[p] : P{};
+        P out;
 #pragma unroll
-      for (int e = 0; e < N; ++e) {
-        const C xhat = load(xp.v[e]) * r;
-        C g = load(dyp.v[e]) * (weight ? C(load(wp.v[e])) : C(1));
-        if (gate) {
-          const C z = load(gp.v[e]);
-          g *= z * sigmoid(z);
+        for (int e = 0; e < N; ++e) {
+          const C xhat = load(now.x[k].v[e]) * r;
+          C g = load(now.dy[k].v[e]) * (weight ? C(load(w[k].v[e])) : C(1));
+          if constexpr (kGated) {
+            const C z = load(gp.v[e]);
+            g *= z * sigmoid(z);
+          }
+          out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
         }
-        out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
+        dxr[p] = out;
       }
-      dxr[p] = out;
     }
+    if (!more) break;
+    if constexpr (kPrefetch) now = next;
+    else load_row(row + groups, now);
   }
-  if constexpr (kPacks > 0) {
 #pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t p = Group::lane() + int64_t(k) * Group::size();
-      if (p >= packs) continue;
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = pack_of(k);
+    if (p >= packs) continue;
 #pragma unroll
-      for (int e = 0; e < N; ++e) dweight_part[group * d + p * N + e] = part[k][e];
-    }
+    for (int e = 0; e < N; ++e) dweight_part[group * d + p * N + e] = part[k][e];
   }
 }
 
@@ -261,24 +354,60 @@ void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double 
   });
 }
 
-// Row groups of the fused backward: at most this many warps (rows up to kWarpRowMax) or
-// blocks, each taking every groups-th row. Fixed numbers, so dweight's sums are the same
-// on every device and run. Rows shorter than kFusedMinLength keep one warp per row and the
-// second pass: with fewer warps than rows, too few loads would be in flight for them.
-constexpr int64_t kBackwardWarpGroups = 2048, kBackwardBlockGroups = 512;
+// Row groups of the fused backward, each taking every groups-th row: at most 2048 warps
+// (rows up to kWarpRowMax) or 512 blocks, fewer where a thread holds more packs of a row
+// and its registers leave fewer blocks per SM (ptxas: 60 registers with one bf16 pack, 111
+// with two, 175 with four), so that every group fits a 132-SM H100/H200 at once (a second
+// wave doubled the time). The counts depend only on the row length and dtype, so dweight's
+// sums are the same on every device and run. Rows shorter than kFusedMinLength keep one
+// warp per row and the second pass: with fewer warps than rows, too few loads would be in
+// flight for them.
 constexpr int64_t kFusedMinLength = 256;
 
-// Launches rms_norm_backward_kernel<kWarp, N, kPacks> over min(rows, max_groups) groups.
-template <bool kWarp, int N, int kPacks, class T>
-void launch_rms_norm_backward(const T* dy, const T* x, const T* gate, const T* weight,
-                              const T* rstd, int64_t rows, int64_t d, T* dx, T* dgate,
-                              compute_t<T>* dweight_part, int64_t groups) {
+int64_t fused_groups(bool warp, int64_t packs_per_thread, int64_t rows) {
+  int64_t most = 0;
+  if (warp) most = packs_per_thread <= 2 ? 2048 : 1024;
+  else most = packs_per_thread <= 1 ? 512 : packs_per_thread <= 2 ? 256 : 128;
+  return std::min(rows, most);
+}
+
+// Largest number of packs a thread of the fused backward keeps per row: 8, or fewer so that
+// they hold at most 32 values (kPacks takes the powers of two up to it).
+template <int N>
+constexpr int kMaxFusedPacks = 32 / N < 8 ? 32 / N : 8;
+
+// Blocks of kThreads for `groups` row groups of warps (kWarp) or blocks.
+template <bool kWarp>
+unsigned row_group_blocks(int64_t groups) {
   const int64_t blocks = kWarp ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
   HAM_CHECK(blocks < (int64_t(1) << 31), "rms_norm backward: ", blocks, " blocks exceed the grid");
-  HAM_LAUNCH(unsigned(blocks), kThreads, 0, launch_stream(),
-             rms_norm_backward_kernel<kWarp, N, kPacks, T>)(dy, x, gate, weight, rstd, rows, d,
-                                                            groups, dx, dgate, dweight_part);
-  HAM_CUDA_CHECK_LAUNCH();
+  return unsigned(blocks);
+}
+
+// Launches rms_norm_backward_fused_kernel with the fewest packs per thread (a power of two)
+// that hold a row: packs_per_thread <= kMaxFusedPacks<N>.
+template <bool kWarp, int N, class T, int kPacks = 1>
+void launch_rms_norm_backward_fused(int64_t packs_per_thread, const T* dy, const T* x,
+                                    const T* gate, const T* weight, const T* rstd, int64_t rows,
+                                    int64_t d, T* dx, T* dgate, compute_t<T>* dweight_part,
+                                    int64_t groups) {
+  if constexpr (kPacks < kMaxFusedPacks<N>) {
+    if (packs_per_thread > kPacks) {
+      launch_rms_norm_backward_fused<kWarp, N, T, 2 * kPacks>(
+          packs_per_thread, dy, x, gate, weight, rstd, rows, d, dx, dgate, dweight_part, groups);
+      return;
+    }
+  }
+  HAM_CHECK(packs_per_thread <= kPacks, "rms_norm backward: ", packs_per_thread,
+            " packs per thread exceed the fused kernel's ", kPacks);
+  auto launch = [&]<bool kGated>() {
+    HAM_LAUNCH(row_group_blocks<kWarp>(groups), kThreads, 0, launch_stream(),
+               rms_norm_backward_fused_kernel<kWarp, N, kPacks, kGated, T>)(
+        dy, x, gate, weight, rstd, rows, d, groups, dx, dgate, dweight_part);
+    HAM_CUDA_CHECK_LAUNCH();
+  };
+  if (gate) launch.template operator()<true>();
+  else launch.template operator()<false>();
 }
 
 // dweight_j = sum over groups g of part[g][j], in group order.
@@ -314,36 +443,36 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
     const bool warp = d <= kWarpRowMax;
     const int64_t size = warp ? 32 : kThreads;
     auto run = [&]<int N>() {
-      // dweight in the same pass when a thread's packs fit its registers (32 values)
-      constexpr int kPacks = 32 / N;
-      const bool fused =
-          dweight.defined() && d >= kFusedMinLength && (d / N + size - 1) / size <= kPacks;
-      const int64_t groups =
-          fused ? std::min(rows, warp ? kBackwardWarpGroups : kBackwardBlockGroups) : rows;
-      Tensor part;
-      if (fused) part = Tensor::empty(Shape{groups * d}, compute_dtype<T>(), x.device());
-      if (fused || dx.defined() || dgate.defined()) {
-        C* partp = fused ? ptr<C>(part) : nullptr;
-        if (warp && fused) {
-          launch_rms_norm_backward<true, N, kPacks>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d,
-                                                    dxp, dgp, partp, groups);
-        } else if (warp) {
-          launch_rms_norm_backward<true, N, 0>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d, dxp,
-                                               dgp, partp, groups);
-        } else if (fused) {
-          launch_rms_norm_backward<false, N, kPacks>(dyp, xp, gp, wp, ptr<const T>(rstd), rows,
-                                                     d, dxp, dgp, partp, groups);
-        } else {
-          launch_rms_norm_backward<false, N, 0>(dyp, xp, gp, wp, ptr<const T>(rstd), rows, d,
-                                                dxp, dgp, partp, groups);
-        }
-      }
+      // dweight in the same pass when a thread's packs fit its registers
+      const int64_t packs_per_thread = (d / N + size - 1) / size;
+      const bool fused = dweight.defined() && d >= kFusedMinLength &&
+                         packs_per_thread <= kMaxFusedPacks<N>;
+      const T* rp = ptr<const T>(rstd);
       if (fused) {
+        const int64_t groups = fused_groups(warp, packs_per_thread, rows);
+        Tensor part = Tensor::empty(Shape{groups * d}, compute_dtype<T>(), x.device());
+        if (warp) {
+          launch_rms_norm_backward_fused<true, N>(packs_per_thread, dyp, xp, gp, wp, rp, rows, d,
+                                                  dxp, dgp, ptr<C>(part), groups);
+        } else {
+          launch_rms_norm_backward_fused<false, N>(packs_per_thread, dyp, xp, gp, wp, rp, rows,
+                                                   d, dxp, dgp, ptr<C>(part), groups);
+        }
         reduce_middle<C>(x.device(), 1, groups, d, PartialSum<T>{ptr<const C>(part), d},
                          StoreScaled<T, C>{ptr<T>(dweight), C(1)});
-      } else if (dweight.defined()) {
-        dweight_second_pass();
+        return;
       }
+      if (dx.defined() || dgate.defined()) {
+        if (warp) {
+          HAM_LAUNCH(row_group_blocks<true>(rows), kThreads, 0, launch_stream(),
+                     rms_norm_backward_kernel<true, N, T>)(dyp, xp, gp, wp, rp, rows, d, dxp, dgp);
+        } else {
+          HAM_LAUNCH(row_group_blocks<false>(rows), kThreads, 0, launch_stream(),
+                     rms_norm_backward_kernel<false, N, T>)(dyp, xp, gp, wp, rp, rows, d, dxp, dgp);
+        }
+        HAM_CUDA_CHECK_LAUNCH();
+      }
+      if (dweight.defined()) dweight_second_pass();
     };
     if (rows_packable<T>(d, {dyp, xp, gp, wp, dxp, dgp})) {
       run.template operator()<kPackWidth<T>>();

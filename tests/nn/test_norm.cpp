@@ -296,13 +296,16 @@ TEST(Norm, GpuMatchesCpu) {
 // The backward's row groups (at most 2048 warps or 512 blocks) take several rows each when
 // there are more rows, keep dweight's sums in registers for rows 256 to 8192 long, and fall
 // back to a second pass beyond; dweight alone (no dx) takes the same path. (Shorter rows
-// take the second pass too: Norm.GpuMatchesCpu's d = 64 and 61.)
+// take the second pass too: Norm.GpuMatchesCpu's d = 64 and 61.) The shapes give a thread
+// 1, 2 and 4 packs of a row (bf16 and f32; up to 2 the next row's are loaded ahead) and
+// groups of 1 to 3 rows.
 TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   uint64_t seed = 90;
   for (DType dtype : testing::kGpuDtypes) {
-    for (const Shape& shape : {Shape{2600, 256}, Shape{530, 2048}, Shape{3, 9000}}) {
+    for (const Shape& shape : {Shape{2600, 256}, Shape{4500, 512}, Shape{530, 2048},
+                               Shape{1100, 4096}, Shape{3, 9000}}) {
       for (bool want_dx : {true, false}) {
         const std::string what = "rms_norm backward " + shape_str(shape) + " " +
                                  dtype_name(dtype) + (want_dx ? "" : " dweight only");
