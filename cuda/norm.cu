@@ -150,6 +150,12 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
   }
 }
 
+// Blocks of the fused backward that must fit an SM at once: with one pack per thread, 4,
+// so that all 512 row groups fit a 132-SM H200 at once (unbounded, ptxas gave the bf16
+// kernel 80 registers: 3 blocks per SM, two waves); with more packs, what the registers allow.
+template <int kPacks>
+constexpr int kFusedMinBlocks = kPacks == 1 ? 4 : 1;
+
 // dx and dgate rows (either may be null) and this group's share of dweight. Group g (a
 // warp or a block) takes rows g, g + groups, ...; thread packs k < kPacks of a row are
 // packs lane + k size (the row must fit: packs <= kPacks * size). The thread keeps its
@@ -158,18 +164,11 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
 // row's packs before working on this one, so that a row's loads are in flight during the
 // previous row's reduction and stores. dweight's partial sums stay in registers and go to
 // dweight_part[g][:] at the end; rms_norm_backward adds the groups in order (PartialSum).
-// Blocks of the fused backward that must fit an SM at once: with one pack per thread, 4,
-// so that all 512 row groups fit a 132-SM H200 at once (unbounded, ptxas gave the bf16
-// kernel 80 registers: 3 blocks per SM, two waves); with more packs, what the registers allow.
-template <int kPacks>
-constexpr int kFusedMinBlocks = kPacks == 1 ? 4 : 1;
-
 template <bool kWarp, int N, int kPacks, bool kGated, class T>
 __global__ void __launch_bounds__(kThreads, kFusedMinBlocks<kPacks>)
-    rms_norm_backward_fused_kernel(const T* dy, const T* x, const T* gate,
-                                               const T* weight, const T* rstd, int64_t rows,
-                                               int64_t d, int64_t groups, T* dx, T* dgate,
-                                               compute_t<T>* dweight_part) {
+    rms_norm_backward_fused_kernel(const T* dy, const T* x, const T* gate, const T* weight,
+                                   const T* rstd, int64_t rows, int64_t d, int64_t groups,
+                                   T* dx, T* dgate, compute_t<T>* dweight_part) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
   using P = Pack<T, N>;
