@@ -7,6 +7,11 @@
 // their total by the deterministic reduction of cuda/reduce_utils.cuh. The forward
 // returns the kept-row count, so it waits for the device once; the same readback
 // carries the first out-of-range target, reported with the CPU kernel's message.
+// Rows move as 16-byte packs where V and the pointers allow, and the forward reads a row
+// once: each thread keeps a running max m and sum s = sum e^(z - m) of its values, and
+// the group combines them as m* = max m, s* = sum s e^(m - m*). (The fused linear
+// cross-entropy measured 0.93 of torch on the H200 with two passes of 2-byte loads, max
+// then sum.)
 //
 // lse, the loss and dloss are f32 for f32 and bf16 logits and f64 for f64 logits
 // (S = compute_t<T>; cross_entropy_stats_dtype in core/ops/cross_entropy.h).
@@ -35,22 +40,36 @@ __device__ __forceinline__ int64_t row_index() {
   return kWarp ? int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32 : int64_t(blockIdx.x);
 }
 
-// lse of one row (every thread of the group gets it).
-template <bool kWarp, class T>
+// lse of one row (every thread of the group gets it), in one pass over it (N values a
+// load; N divides V).
+template <bool kWarp, int N, class T>
 __device__ compute_t<T> row_logsumexp(const T* z, int64_t vocab) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
+  using P = Pack<T, N>;
   const C neg_inf = -INFINITY;
-  C m = neg_inf;
-  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) {
-    C v = load(z[j]);
-    m = v > m ? v : m;
+  C m = neg_inf, s = C(0);  // this thread's running max and sum of e^(z - m)
+  const P* packs = reinterpret_cast<const P*>(z);
+  for (int64_t p = Group::lane(); p < vocab / N; p += Group::size()) {
+    const P pack = packs[p];
+    C v[N];
+    C pack_max = neg_inf;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      v[e] = load(pack.v[e]);
+      pack_max = v[e] > pack_max ? v[e] : pack_max;  // NaN is skipped here, kept in s
+    }
+    if (pack_max > m) {
+      s *= exp_(m - pack_max);  // 0 while m = -inf
+      m = pack_max;
+    }
+    if (m == neg_inf) continue;  // every value so far is -inf: s stays 0
+#pragma unroll
+    for (int e = 0; e < N; ++e) s += exp_(v[e] - m);
   }
-  m = Group::max(m, neg_inf);
-  C sum = C(0);
-  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) sum += exp_(C(load(z[j])) - m);
-  sum = Group::sum(sum);
-  return m + log_(sum);
+  const C row_max = Group::max(m, neg_inf);
+  const C sum = Group::sum(m == neg_inf ? C(0) : s * exp_(m - row_max));
+  return row_max + log_(sum);
 }
 
 // Device-side bookkeeping of the forward: kept rows and the first bad row.
@@ -59,7 +78,7 @@ struct CrossEntropyStats {
   unsigned long long first_bad_row;  // rows when every target is valid
 };
 
-template <bool kWarp, class T, class I>
+template <bool kWarp, int N, class T, class I>
 __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t rows,
                                    int64_t vocab, int64_t ignore_index, compute_t<T>* lse,
                                    double* row_loss, CrossEntropyStats* stats) {
@@ -78,36 +97,52 @@ __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t ro
     return;
   }
   const T* z = logits + r * vocab;
-  const auto row_lse = row_logsumexp<kWarp>(z, vocab);
+  const auto row_lse = row_logsumexp<kWarp, N>(z, vocab);
   if (Group::lane() != 0) return;
   lse[r] = row_lse;
   row_loss[r] = double(row_lse) - double(load(z[t]));
   atomicAdd(&stats->kept, 1ull);
 }
 
-template <bool kWarp, class T, class I>
+template <bool kWarp, int N, class T, class I>
 __global__ void cross_entropy_backward_rows(const T* logits, const I* targets,
                                             const compute_t<T>* lse, int64_t rows, int64_t vocab,
                                             int64_t ignore_index, const compute_t<T>* dloss,
                                             double scale, T* dlogits) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
+  using P = Pack<T, N>;
   const int64_t r = row_index<kWarp>();
   if (kWarp && r >= rows) return;
-  const int64_t t = int64_t(targets[r]);
-  T* d = dlogits + r * vocab;
+  const int64_t t = int64_t(targets[r]), packs = vocab / N;
+  P* d = reinterpret_cast<P*>(dlogits + r * vocab);
   if (t == ignore_index) {
-    for (int64_t j = Group::lane(); j < vocab; j += Group::size()) d[j] = store<T>(C(0));
+    P zeros;
+#pragma unroll
+    for (int e = 0; e < N; ++e) zeros.v[e] = store<T>(C(0));
+    for (int64_t p = Group::lane(); p < packs; p += Group::size()) d[p] = zeros;
     return;
   }
-  const T* z = logits + r * vocab;
+  const P* z = reinterpret_cast<const P*>(logits + r * vocab);
   const C row_lse = lse[r];
   const C g = C(double(dloss[0]) * scale);
-  for (int64_t j = Group::lane(); j < vocab; j += Group::size()) {
-    C value = exp_(C(load(z[j])) - row_lse) * g;
-    if (j == t) value -= g;
-    d[j] = store<T>(value);
+  for (int64_t p = Group::lane(); p < packs; p += Group::size()) {
+    const P in = z[p];  // read before the write: dlogits may be logits
+    P out;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      C value = exp_(C(load(in.v[e])) - row_lse) * g;
+      if (p * N + e == t) value -= g;
+      out.v[e] = store<T>(value);
+    }
+    d[p] = out;
   }
+}
+
+// Whether rows of V elements at these pointers can move as packs of N.
+template <int N>
+bool rows_move_as_packs(int64_t vocab, const void* a, const void* b) {
+  return vocab % N == 0 && aligned_16(a) && aligned_16(b);
 }
 
 struct ReadRowLoss {
@@ -128,9 +163,16 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
                                  launch_stream()));
   dispatch_index("cross_entropy", targets.dtype(), [&]<class I>() {
     dispatch_floating("cross_entropy", logits.dtype(), [&]<class T>() {
-      launch_rows(rows, vocab, &cross_entropy_rows<true, T, I>, &cross_entropy_rows<false, T, I>,
-                  ptr<const T>(logits), ptr<const I>(targets), rows, vocab, ignore_index,
-                  ptr<compute_t<T>>(lse), ptr<double>(row_loss), stats);
+      auto run = [&]<int N>() {
+        launch_rows(rows, vocab, &cross_entropy_rows<true, N, T, I>,
+                    &cross_entropy_rows<false, N, T, I>, ptr<const T>(logits),
+                    ptr<const I>(targets), rows, vocab, ignore_index, ptr<compute_t<T>>(lse),
+                    ptr<double>(row_loss), stats);
+      };
+      constexpr int N = kPackWidth<T>;
+      const void* z = logits.raw_data();
+      if (rows_move_as_packs<N>(vocab, z, z)) run.template operator()<N>();
+      else run.template operator()<1>();
       reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
                             StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
     });
@@ -154,10 +196,18 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   use_device_of(logits);
   dispatch_index("cross_entropy backward", targets.dtype(), [&]<class I>() {
     dispatch_floating("cross_entropy backward", logits.dtype(), [&]<class T>() {
-      launch_rows(rows, vocab, &cross_entropy_backward_rows<true, T, I>,
-                  &cross_entropy_backward_rows<false, T, I>, ptr<const T>(logits),
-                  ptr<const I>(targets), ptr<const compute_t<T>>(lse), rows, vocab,
-                  ignore_index, ptr<const compute_t<T>>(dloss), scale, ptr<T>(dlogits));
+      auto run = [&]<int N>() {
+        launch_rows(rows, vocab, &cross_entropy_backward_rows<true, N, T, I>,
+                    &cross_entropy_backward_rows<false, N, T, I>, ptr<const T>(logits),
+                    ptr<const I>(targets), ptr<const compute_t<T>>(lse), rows, vocab,
+                    ignore_index, ptr<const compute_t<T>>(dloss), scale, ptr<T>(dlogits));
+      };
+      constexpr int N = kPackWidth<T>;
+      if (rows_move_as_packs<N>(vocab, logits.raw_data(), dlogits.raw_data())) {
+        run.template operator()<N>();
+      } else {
+        run.template operator()<1>();
+      }
     });
   });
 }
