@@ -1966,6 +1966,18 @@ __global__ void __launch_bounds__(kMmaThreads)
       issue_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; });
       issue_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(static_cast<const bf16*>(bw.du), V, v0));
       async_copy_commit();
+      // The lane's elements of V for <dVb_i, V_i>, loaded with the copies in flight (in the
+      // epilogue each load would wait behind the dv store before it).
+      float v_lane[VT / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < VT / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          v_lane[nb][e] =
+              i < n && c < cols ? load(pr.v[pr.row(b, begin + i, h) * V + v0 + c]) : 0.f;
+        }
+      }
       async_copy_wait<0>();
       scale_tile(sVb, LDV, kChunk, VT, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
@@ -1984,7 +1996,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             if (i >= n || c >= cols) continue;
             const int64_t at = pr.row(b, begin + i, h) * V + v0 + c;
             if (bw.dv) bw.dv[at] = store<bf16>(s_beta[i] * dvb[nb][e]);
-            dbv[e / 2] += dvb[nb][e] * load(pr.v[at]);
+            dbv[e / 2] += dvb[nb][e] * v_lane[nb][e];
           }
         }
       }

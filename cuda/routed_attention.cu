@@ -1298,7 +1298,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
     mma::accumulator_times_matrix<NQ, LDK, DK / 8>(ds, sQ, dk);  // dK += dS^T Q
   }
-  // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>.
+  // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>. The
+  // loads of v come before any store (a load may not move above a store that could alias
+  // it, so interleaved, each would wait a round trip).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
@@ -1306,6 +1308,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     float dp_share = 0.f;
     if (pos >= 0) {
       const int64_t kv_row = a.kv_index(b, pos, g);
+#pragma unroll
+      for (int nb = 0; nb < DV / 8; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
+        }
+      }
 #pragma unroll
       for (int nb = 0; nb < DK / 8; ++nb) {
         a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(dk[nb][2 * i]);
@@ -1315,9 +1324,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
       for (int nb = 0; nb < DV / 8; ++nb) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int64_t at = kv_row * DV + nb * 8 + 2 * t4 + c;
-          a.dv[at] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
-          dp_share += dv[nb][2 * i + c] * load(a.v[at]);
+          a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
         }
       }
     }
