@@ -1030,64 +1030,94 @@ __device__ void chunk_decayed_kk(const bf16* sK, const float* s_g, int n, float*
   __syncthreads();
 }
 
+// acc[r][c] += sum_{m < kDepth} x[(r0 + r) ldf + m] y[m ldf + c0 + c] for this lane's 2 x 4
+// elements (r0 = 2 (lane / 4), c0 = 4 (lane % 4)) of a 16 x 16 block of x y, with x
+// [16][kDepth] and y [kDepth][16] blocks of f32 matrices in shared memory (row stride LDF),
+// m in increasing order. A warp covers the block; a lane's 6 loads feed 8 products.
+template <int kDepth, int LDF>
+__device__ __forceinline__ void block_times_block(const float* x, const float* y,
+                                                  float (&acc)[2][4]) {
+  const int r0 = 2 * (mma::lane_id() / 4), c0 = 4 * (mma::lane_id() % 4);
+#pragma unroll 8
+  for (int m = 0; m < kDepth; ++m) {
+    const float x0 = x[r0 * LDF + m], x1 = x[(r0 + 1) * LDF + m];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float ym = y[m * LDF + c0 + c];
+      acc[0][c] += x0 * ym;
+      acc[1][c] += x1 * ym;
+    }
+  }
+}
+
 // A = (I + L)^-1 with L = diag(beta) M (unit lower triangular; f32 in sAf, bf16 in sA),
 // from M (chunk_decayed_kk) and beta, by 16 x 16 blocks (p, q < 4):
-//   diagonal blocks, by forward substitution (column j by thread j, 16 rows deep):
+//   diagonal blocks, by forward substitution (column j by thread j, its 16 values in
+//   registers):
 //     A_ij = [i == j] - sum_{j <= m < i} beta_i M_im A_mj      (i, j, m in one block)
-//   then the blocks below, in order of p - q (1, 2, 3):
+//   then the blocks below, in order of p - q = d (1, 2, 3), block (q + d, q) by warp q:
 //     X_pq = sum_{q <= r < p} L_pr A_rq,   A_pq = -A_pp X_pq
 //   with X_pq kept in the upper block (q, p) of sAf, which is zeroed at the end.
-// (One 64-deep substitution per column left 64 threads on a chain of up to 2016 dependent
-// steps.) Only the prepare kernel runs it; the backward kernels read the A it stored.
-// Ends with a barrier.
+// Each sum runs over m in increasing order. (One 64-deep substitution per column left 64
+// threads on a chain of up to 2016 dependent steps; the blocks below, an element a
+// thread, waited on two shared loads per product.) Only the prepare kernel runs it; the
+// backward kernels read the A it stored. Ends with a barrier.
 template <int LDA, int LDF>
 __device__ void chunk_inverse(const float* sM, const float* s_beta, float* sAf, bf16* sA) {
   constexpr int kB = 16, kBlocks = kChunk / kB;
   if (int(threadIdx.x) < kChunk) {
     const int j = int(threadIdx.x), first = j / kB * kB;  // column j of diagonal block j / 16
-    for (int i = first; i < first + kB; ++i) {
+    float column[kB];  // A_{first + r, j}
+#pragma unroll
+    for (int r = 0; r < kB; ++r) {
+      const int i = first + r;
       float x = i == j ? 1.f : 0.f;
-      for (int m = j; m < i; ++m) x -= s_beta[i] * sM[i * LDF + m] * sAf[m * LDF + j];
-      sAf[i * LDF + j] = x;
+#pragma unroll
+      for (int rr = 0; rr < r; ++rr) {
+        const int m = first + rr;
+        if (m >= j) x -= s_beta[i] * sM[i * LDF + m] * column[rr];
+      }
+      column[r] = x;
     }
+#pragma unroll
+    for (int r = 0; r < kB; ++r) sAf[(first + r) * LDF + j] = column[r];
   }
   __syncthreads();
-  // Element e of the blocks (q + d, q), q < 4 - d: row i, column j of A; (x_row, x_col) is
-  // where X_pq's element goes in the upper block (q, p).
-  auto place = [](int e, int d, int& i, int& j, int& x_row, int& x_col) {
-    const int q = e / (kB * kB), p = q + d, r = e % (kB * kB) / kB, c = e % kB;
-    i = p * kB + r;
-    j = q * kB + c;
-    x_row = q * kB + r;
-    x_col = p * kB + c;
+  const int warp = int(threadIdx.x / 32);
+  const int r0 = 2 * (mma::lane_id() / 4), c0 = 4 * (mma::lane_id() % 4);
+  auto level = [&]<int d>() {
+    const int q = warp, p = q + d;
+    const bool mine = q < kBlocks - d;  // the warp's block (p, q), or none
+    if (mine) {  // X_pq into the upper block (q, p)
+      float acc[2][4] = {};
+      block_times_block<kB * d, LDF>(sM + p * kB * LDF + q * kB, sAf + q * kB * LDF + q * kB,
+                                     acc);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float beta = s_beta[p * kB + r0 + r];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sAf[(q * kB + r0 + r) * LDF + p * kB + c0 + c] = beta * acc[r][c];
+      }
+    }
+    __syncthreads();
+    if (mine) {  // A_pq = -A_pp X_pq (A_pp's zeros above its diagonal add nothing)
+      float acc[2][4] = {};
+      block_times_block<kB, LDF>(sAf + p * kB * LDF + p * kB, sAf + q * kB * LDF + p * kB, acc);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sAf[(p * kB + r0 + r) * LDF + q * kB + c0 + c] = -acc[r][c];
+      }
+    }
+    __syncthreads();
   };
-  for (int d = 1; d < kBlocks; ++d) {
-    const int elements = (kBlocks - d) * kB * kB;
-    for (int e = int(threadIdx.x); e < elements; e += int(blockDim.x)) {
-      int i, j, x_row, x_col;
-      place(e, d, i, j, x_row, x_col);
-      float x = 0.f;  // (L A)_ij over the rows r of blocks q .. p - 1
-      for (int m = j / kB * kB; m < i / kB * kB; ++m) x += sM[i * LDF + m] * sAf[m * LDF + j];
-      sAf[x_row * LDF + x_col] = s_beta[i] * x;
-    }
-    __syncthreads();
-    for (int e = int(threadIdx.x); e < elements; e += int(blockDim.x)) {
-      int i, j, x_row, x_col;
-      place(e, d, i, j, x_row, x_col);
-      const int p0 = i / kB * kB, x_base = x_row - (i - p0);  // X's rows follow A_pp's columns
-      float x = 0.f;  // (A_pp X)_ij
-      for (int m = p0; m <= i; ++m) x += sAf[i * LDF + m] * sAf[(x_base + m - p0) * LDF + x_col];
-      sAf[i * LDF + j] = -x;
-    }
-    __syncthreads();
-  }
+  static_assert(kMmaThreads / 32 >= kBlocks - 1, "a warp per block of the first level");
+  level.template operator()<1>();
+  level.template operator()<2>();
+  level.template operator()<3>();
   for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
     const int i = idx / kChunk, j = idx % kChunk;
     if (j / kB > i / kB) sAf[i * LDF + j] = 0.f;  // the X scratch
-  }
-  __syncthreads();
-  for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-    const int i = idx / kChunk, j = idx % kChunk;
     sA[i * LDA + j] = store<bf16>(sAf[i * LDF + j]);
   }
   __syncthreads();
