@@ -2323,7 +2323,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
   bf16* sdW = sA + kChunk * LDA;  // [64][KB]: the key block of dW
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk], s_upper_total;
+  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk], s_half[2][kChunk], s_upper_total;
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
@@ -2361,17 +2361,27 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
     times_lower_transpose_strict<LDF>(sT, sAf, sD);
     __syncthreads();
-    // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma).
+    // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma):
+    // thread t sums half the columns (t / 64) of row t % 64, and thread i < 64 adds the
+    // other half's sums (s_half) to its own.
     float dbeta_l = 0.f, zm = 0.f;
-    if (int(threadIdx.x) < kChunk) {
-      const int i = int(threadIdx.x);
-      for (int j = 0; j < kChunk; ++j) {
+    {
+      const int i = int(threadIdx.x) % kChunk, j0 = int(threadIdx.x) / kChunk * (kChunk / 2);
+      for (int j = j0; j < j0 + kChunk / 2; ++j) {
         dbeta_l += sD[i * LDF + j] * sM[i * LDF + j];
         zm += s_beta[i] * sD[i * LDF + j] * sM[i * LDF + j] -
               s_beta[j] * sD[j * LDF + i] * sM[j * LDF + i];
       }
+      if (j0 > 0) {
+        s_half[0][i] = dbeta_l;
+        s_half[1][i] = zm;
+      }
     }
     __syncthreads();
+    if (int(threadIdx.x) < kChunk) {
+      dbeta_l += s_half[0][threadIdx.x];
+      zm += s_half[1][threadIdx.x];
+    }
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       const int i = idx / kChunk, j = idx % kChunk;  // dM * Gamma, dM = diag(beta) dL
       sD[i * LDF + j] = j < i && i < n ? s_beta[i] * sD[i * LDF + j] * expf(s_g[i] - s_g[j]) : 0.f;
