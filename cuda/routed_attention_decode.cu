@@ -187,8 +187,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
     C s[kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) s[h] = C(0);
-    if (lane < n) key_scores<T, kGroup>(k_base + t * k_stride, s_q, Dk, a.packed_k, s);
+    // (the value scale's load first, so that it is in flight with the key row's)
     const C value_scale = lane < n && a.p ? C(load(a.p[b * a.capacity + t])) : C(1);
+    if (lane < n) key_scores<T, kGroup>(k_base + t * k_stride, s_q, Dk, a.packed_k, s);
     C prob[kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
