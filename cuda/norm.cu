@@ -45,8 +45,9 @@ __device__ __forceinline__ int64_t row_index() {
 // The rms_norm kernels move N elements at a time as one Pack (16 bytes when the row length
 // is a multiple of the pack width and every pointer is 16-byte aligned; N = 1 otherwise).
 template <bool kWarp, int N, class T>
-__global__ void rms_norm_kernel(const T* x, const T* gate, const T* weight, int64_t rows,
-                                int64_t d, compute_t<T> eps, T* y, T* rstd) {
+__device__ __forceinline__ void rms_norm_row(const T* x, const T* gate, const T* weight,
+                                             int64_t rows, int64_t d, compute_t<T> eps, T* y,
+                                             T* rstd) {
   using C = compute_t<T>;
   using Group = RowGroup<kWarp>;
   using P = Pack<T, N>;
@@ -87,6 +88,25 @@ __global__ void rms_norm_kernel(const T* x, const T* gate, const T* weight, int6
     }
     yr[p] = out;
   }
+}
+
+// A warp per row.
+template <int N, class T>
+__global__ void rms_norm_warp_kernel(const T* x, const T* gate, const T* weight, int64_t rows,
+                                     int64_t d, compute_t<T> eps, T* y, T* rstd) {
+  rms_norm_row<true, N>(x, gate, weight, rows, d, eps, y, rstd);
+}
+
+// A block per row, bounded to 32 registers, 8 blocks of 256 threads per SM: a row's loads
+// are the only ones its block has in flight, so the blocks resident carry the bandwidth.
+// (Unbounded, ptxas gave the bf16 kernel 35, allocated as 40: 6 blocks per SM; it moved
+// 67.5% of copy bandwidth at d = 2048 on the H200, where the f32 one, at 30, moved 93%.
+// Bounded, it spills 8 bytes.)
+template <int N, class T>
+__global__ void __launch_bounds__(kThreads, 8)
+    rms_norm_block_kernel(const T* x, const T* gate, const T* weight, int64_t rows, int64_t d,
+                          compute_t<T> eps, T* y, T* rstd) {
+  rms_norm_row<false, N>(x, gate, weight, rows, d, eps, y, rstd);
 }
 
 // dx and dgate rows (either may be null), one row per group (a warp or a block): the
@@ -345,10 +365,10 @@ void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double 
     T* yp = ptr<T>(y);
     if (rows_packable<T>(d, {xp, gp, wp, yp})) {
       constexpr int N = kPackWidth<T>;
-      launch_rows(rows, d, &rms_norm_kernel<true, N, T>, &rms_norm_kernel<false, N, T>, xp, gp,
+      launch_rows(rows, d, &rms_norm_warp_kernel<N, T>, &rms_norm_block_kernel<N, T>, xp, gp,
                   wp, rows, d, compute_t<T>(eps), yp, ptr<T>(rstd));
     } else {
-      launch_rows(rows, d, &rms_norm_kernel<true, 1, T>, &rms_norm_kernel<false, 1, T>, xp, gp,
+      launch_rows(rows, d, &rms_norm_warp_kernel<1, T>, &rms_norm_block_kernel<1, T>, xp, gp,
                   wp, rows, d, compute_t<T>(eps), yp, ptr<T>(rstd));
     }
   });
