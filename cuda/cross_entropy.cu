@@ -154,12 +154,6 @@ __global__ void cross_entropy_backward_rows(const T* logits, const I* targets,
   }
 }
 
-// Whether rows of V elements at these pointers can move as packs of N.
-template <int N>
-bool rows_move_as_packs(int64_t vocab, const void* a, const void* b) {
-  return vocab % N == 0 && aligned_16(a) && aligned_16(b);
-}
-
 struct ReadRowLoss {
   const double* row_loss;
   __device__ double operator()(int64_t, int64_t l, int64_t) const { return row_loss[l]; }
@@ -184,9 +178,7 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
                     ptr<const I>(targets), rows, vocab, ignore_index, ptr<compute_t<T>>(lse),
                     ptr<double>(row_loss), stats);
       };
-      constexpr int N = kPackWidth<T>;
-      const void* z = logits.raw_data();
-      if (rows_move_as_packs<N>(vocab, z, z)) run.template operator()<N>();
+      if (rows_packable<T>(vocab, {logits.raw_data()})) run.template operator()<kPackWidth<T>>();
       else run.template operator()<1>();
       reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
                             StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
@@ -217,9 +209,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                     ptr<const I>(targets), ptr<const compute_t<T>>(lse), rows, vocab,
                     ignore_index, ptr<const compute_t<T>>(dloss), scale, ptr<T>(dlogits));
       };
-      constexpr int N = kPackWidth<T>;
-      if (rows_move_as_packs<N>(vocab, logits.raw_data(), dlogits.raw_data())) {
-        run.template operator()<N>();
+      if (rows_packable<T>(vocab, {logits.raw_data(), dlogits.raw_data()})) {
+        run.template operator()<kPackWidth<T>>();
       } else {
         run.template operator()<1>();
       }

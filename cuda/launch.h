@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "core/dtype.h"
@@ -252,6 +253,16 @@ constexpr int kPackWidth = int(16 / sizeof(T));
 
 __host__ __device__ inline bool aligned_16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Whether rows of length d at these pointers (null ones ignored) can move as 16-byte packs.
+template <class T>
+bool rows_packable(int64_t d, std::initializer_list<const void*> pointers) {
+  if (d % kPackWidth<T> != 0) return false;
+  for (const void* p : pointers) {
+    if (p && !aligned_16(p)) return false;
+  }
+  return true;
 }
 
 // out[i] = f(x[i])

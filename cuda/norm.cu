@@ -15,7 +15,6 @@
 // (Sized for the longest row, the d = 2048 bf16 kernel took 96 registers by ptxas: 2
 // blocks of 256 threads per SM, so its 512 row groups ran in two waves.)
 #include <cstdint>
-#include <initializer_list>
 
 #include "core/ops/norm.h"
 #include "cuda/launch.h"
@@ -287,16 +286,6 @@ __global__ void __launch_bounds__(kThreads, kFusedMinBlocks<kPacks>)
 #pragma unroll
     for (int e = 0; e < N; ++e) dweight_part[group * d + p * N + e] = part[k][e];
   }
-}
-
-// Whether rows of length d at these pointers (null ones ignored) can move as 16-byte packs.
-template <class T>
-bool rows_packable(int64_t d, std::initializer_list<const void*> pointers) {
-  if (d % kPackWidth<T> != 0) return false;
-  for (const void* p : pointers) {
-    if (p && !aligned_16(p)) return false;
-  }
-  return true;
 }
 
 // value(0, row, j) = dy silu(gate) xhat, summed over rows for dweight_j.
