@@ -108,6 +108,24 @@ __global__ void __launch_bounds__(kThreads, 8)
   rms_norm_row<false, N>(x, gate, weight, rows, d, eps, y, rstd);
 }
 
+// One element's backward terms from dy, xhat, the weight w (1 without) and, when gated,
+// the gate z: dn = dy silu(z), g = dn w (the dx and dot term), dgate = dy xhat w silu'(z).
+template <class C>
+struct ElementGrad {
+  C g, dn, dgate;
+};
+template <class C>
+__device__ __forceinline__ ElementGrad<C> element_grad(C dy, C xhat, C w, bool gated, C z) {
+  ElementGrad<C> t{dy * w, dy, C(0)};
+  if (gated) {
+    const C s = sigmoid(z);
+    t.dgate = dy * xhat * w * s * (C(1) + z * (C(1) - s));
+    t.g *= z * s;
+    t.dn *= z * s;
+  }
+  return t;
+}
+
 // dx and dgate rows (either may be null), one row per group (a warp or a block): the
 // backward without dweight, and with it for rows too short or too long for the fused
 // kernel below (dweight then takes a second pass).
@@ -135,15 +153,11 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       const C xhat = load(xp.v[e]) * r;
-      const C w = weight ? C(load(wp.v[e])) : C(1);
-      const C g_in = load(dyp.v[e]);
-      C g = g_in * w;  // dy silu(gate) w
-      if (gate) {
-        const C z = load(gp.v[e]), s = sigmoid(z);
-        dgp.v[e] = store<T>(g_in * xhat * w * s * (C(1) + z * (C(1) - s)));
-        g *= z * s;
-      }
-      dot += g * xhat;
+      const ElementGrad<C> t = element_grad(C(load(dyp.v[e])), xhat,
+                                            weight ? C(load(wp.v[e])) : C(1), gate != nullptr,
+                                            gate ? C(load(gp.v[e])) : C(0));
+      if (gate) dgp.v[e] = store<T>(t.dgate);
+      dot += t.g * xhat;
     }
     if (gate && dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
   }
@@ -158,11 +172,8 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
 #pragma unroll
     for (int e = 0; e < N; ++e) {
       const C xhat = load(xp.v[e]) * r;
-      C g = load(dyp.v[e]) * (weight ? C(load(wp.v[e])) : C(1));
-      if (gate) {
-        const C z = load(gp.v[e]);
-        g *= z * sigmoid(z);
-      }
+      const C g = element_grad(C(load(dyp.v[e])), xhat, weight ? C(load(wp.v[e])) : C(1),
+                               gate != nullptr, gate ? C(load(gp.v[e])) : C(0)).g;
       out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
     }
     dxr[p] = out;
@@ -171,7 +182,7 @@ __global__ void rms_norm_backward_kernel(const T* dy, const T* x, const T* gate,
 
 // Blocks of the fused backward that must fit an SM at once: with one pack per thread, 4,
 // so that all 512 row groups fit a 132-SM H200 at once (ptxas: 60 registers for the bf16
-// kernel, 64 with a gate and 64 bytes spilled, which unbounded took 80: 3 blocks per SM,
+// kernel, 64 with a gate and 72 bytes spilled, which unbounded took 80: 3 blocks per SM,
 // two waves); with more packs, what the registers allow.
 template <int kPacks>
 constexpr int kFusedMinBlocks = kPacks == 1 ? 4 : 1;
@@ -237,17 +248,12 @@ __global__ void __launch_bounds__(kThreads, kFusedMinBlocks<kPacks>)
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         const C xhat = load(now.x[k].v[e]) * r;
-        const C wv = weight ? C(load(w[k].v[e])) : C(1);
-        const C g_in = load(now.dy[k].v[e]);
-        C g = g_in * wv, dn = g_in;  // dn = dy silu(gate), g = dn w
-        if constexpr (kGated) {
-          const C z = load(gp.v[e]), s = sigmoid(z);
-          dgp.v[e] = store<T>(g_in * xhat * wv * s * (C(1) + z * (C(1) - s)));
-          g *= z * s;
-          dn *= z * s;
-        }
-        dot += g * xhat;
-        part[k][e] += dn * xhat;
+        const ElementGrad<C> t =
+            element_grad(C(load(now.dy[k].v[e])), xhat, weight ? C(load(w[k].v[e])) : C(1),
+                         kGated, kGated ? C(load(gp.v[e])) : C(0));
+        if constexpr (kGated) dgp.v[e] = store<T>(t.dgate);
+        dot += t.g * xhat;
+        part[k][e] += t.dn * xhat;
       }
       if constexpr (kGated) {
         if (dgate) reinterpret_cast<P*>(dgate + base)[p] = dgp;
@@ -265,11 +271,9 @@ __global__ void __launch_bounds__(kThreads, kFusedMinBlocks<kPacks>)
 #pragma unroll
         for (int e = 0; e < N; ++e) {
           const C xhat = load(now.x[k].v[e]) * r;
-          C g = load(now.dy[k].v[e]) * (weight ? C(load(w[k].v[e])) : C(1));
-          if constexpr (kGated) {
-            const C z = load(gp.v[e]);
-            g *= z * sigmoid(z);
-          }
+          const C g = element_grad(C(load(now.dy[k].v[e])), xhat,
+                                   weight ? C(load(w[k].v[e])) : C(1), kGated,
+                                   kGated ? C(load(gp.v[e])) : C(0)).g;
           out.v[e] = store<T>(r * (g - xhat * mean_g_xhat));
         }
         dxr[p] = out;
@@ -296,12 +300,9 @@ struct WeightGradTerm {
   __device__ compute_t<T> operator()(int64_t, int64_t row, int64_t j) const {
     using C = compute_t<T>;
     const int64_t at = row * d + j;
-    C dn = load(dy[at]);
-    if (gate) {
-      const C z = load(gate[at]);
-      dn *= z * sigmoid(z);
-    }
-    return dn * (load(x[at]) * C(load(rstd[row])));
+    const C xhat = load(x[at]) * C(load(rstd[row]));
+    return element_grad(C(load(dy[at])), xhat, C(1), gate != nullptr,
+                        gate ? C(load(gate[at])) : C(0)).dn * xhat;
   }
 };
 
