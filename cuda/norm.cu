@@ -5,7 +5,8 @@
 //   dx = rstd (g - xhat mean(g xhat)),   dgate = dy n silu'(gate),   dweight = sum_rows dy silu(gate) xhat
 // l2_norm:  rstd = 1 / sqrt(sum(x^2) + eps),  y = x rstd,  dx = rstd (dy - x rstd^2 sum(dy x))
 // One warp per row up to D = 1024, one block per row beyond; sums in f32 (f64 for f64).
-// rms_norm moves 16-byte packs where D and the pointers allow.
+// rms_norm moves 16-byte packs where D and the pointers allow; its packed rows of 256 to
+// 8192 elements go to row groups that keep a row in registers (rms_norm_rows_kernel).
 // rstd is stored in x's dtype and, as on the CPU, the forward uses that rounded value so
 // the backward sees the same xhat. With dweight wanted, the backward's row groups keep a
 // row's x and dy in registers from the first pass to dx's, with the next row's loads in
@@ -14,9 +15,12 @@
 // order: deterministic. A thread's registers hold exactly the packs of a row it needs.
 // (Sized for the longest row, the d = 2048 bf16 kernel took 96 registers by ptxas: 2
 // blocks of 256 threads per SM, so its 512 row groups ran in two waves.)
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "core/ops/norm.h"
+#include "cuda/norm.h"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"
 
@@ -96,16 +100,93 @@ __global__ void rms_norm_warp_kernel(const T* x, const T* gate, const T* weight,
   rms_norm_row<true, N>(x, gate, weight, rows, d, eps, y, rstd);
 }
 
-// A block per row, bounded to 32 registers, 8 blocks of 256 threads per SM: a row's loads
-// are the only ones its block has in flight, so the blocks resident carry the bandwidth.
-// (Unbounded, ptxas gave the bf16 kernel 35, allocated as 40: 6 blocks per SM; it moved
-// 67.5% of copy bandwidth at d = 2048 on the H200, where the f32 one, at 30, moved 93%.
-// Bounded, it spills 8 bytes.)
+// A block per row.
 template <int N, class T>
-__global__ void __launch_bounds__(kThreads, 8)
+__global__ void __launch_bounds__(kThreads)
     rms_norm_block_kernel(const T* x, const T* gate, const T* weight, int64_t rows, int64_t d,
                           compute_t<T> eps, T* y, T* rstd) {
   rms_norm_row<false, N>(x, gate, weight, rows, d, eps, y, rstd);
+}
+
+// Row groups for rows of 256 to 8192 packed elements. Group g (a warp or a block) takes
+// rows g, g + groups, ...; a thread keeps its packs lane + k size (k < kPacks) of a row's
+// x (and gate) in registers from the sum of squares to the output, the weight's for the
+// whole group, and with kPacks <= 2 loads the next row's packs before reducing this one,
+// so that a row's loads are in flight during the previous row's reduction and stores.
+// (A block per row held one bf16 pack a thread at d = 2048: its only loads in flight
+// between reductions, and it moved 62-68% of copy bandwidth on the H200, where f32, two
+// packs a thread, moved 93% and the backward's row groups 75%.)
+template <bool kWarp, int N, int kPacks, bool kGated, class T>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_rows_kernel(const T* x, const T* gate, const T* weight, int64_t rows, int64_t d,
+                         int64_t groups, compute_t<T> eps, T* y, T* rstd) {
+  using C = compute_t<T>;
+  using Group = RowGroup<kWarp>;
+  using P = Pack<T, N>;
+  constexpr bool kPrefetch = kPacks <= 2;
+  const int64_t group = row_index<kWarp>();
+  if (group >= groups) return;  // whole warps (kWarp) or whole blocks
+  const int64_t packs = d / N;
+  auto pack_of = [&](int k) { return Group::lane() + int64_t(k) * Group::size(); };
+  struct RowPacks {
+    P x[kPacks], z[kGated ? kPacks : 1];
+  };
+  auto load_row = [&](int64_t row, RowPacks& into) {
+    const P* xr = reinterpret_cast<const P*>(x + row * d);
+    const P* zr = reinterpret_cast<const P*>(kGated ? gate + row * d : nullptr);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (pack_of(k) < packs) {
+        into.x[k] = xr[pack_of(k)];
+        if constexpr (kGated) into.z[k] = zr[pack_of(k)];
+      }
+    }
+  };
+  P w[kPacks];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    w[k] = weight && pack_of(k) < packs ? reinterpret_cast<const P*>(weight)[pack_of(k)] : P{};
+  }
+  RowPacks now, next;
+  load_row(group, now);  // group < groups <= rows
+  for (int64_t row = group; row < rows; row += groups) {
+    const bool more = row + groups < rows;
+    if (kPrefetch && more) load_row(row + groups, next);
+    C sum_sq = C(0);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (pack_of(k) >= packs) continue;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const C v = load(now.x[k].v[e]);
+        sum_sq += v * v;
+      }
+    }
+    sum_sq = Group::sum(sum_sq);
+    const T r_stored = store<T>(rsqrt_(sum_sq / C(d) + eps));
+    const C r = load(r_stored);
+    if (Group::lane() == 0) rstd[row] = r_stored;
+    P* yr = reinterpret_cast<P*>(y + row * d);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (pack_of(k) >= packs) continue;
+      P out;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        C n = load(now.x[k].v[e]) * r;
+        if (weight) n *= load(w[k].v[e]);
+        if constexpr (kGated) {
+          const C z = load(now.z[k].v[e]);
+          n *= z * sigmoid(z);
+        }
+        out.v[e] = store<T>(n);
+      }
+      yr[pack_of(k)] = out;
+    }
+    if (!more) break;
+    if constexpr (kPrefetch) now = next;
+    else load_row(row + groups, now);
+  }
 }
 
 // One element's backward terms from dy, xhat, the weight w (1 without) and, when gated,
@@ -344,26 +425,6 @@ __global__ void l2_norm_backward_kernel(const T* dy, const T* x, const T* rstd, 
   }
 }
 
-void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double eps, Tensor& y,
-              Tensor& rstd) {
-  const int64_t d = x.size(-1), rows = rstd.numel();
-  if (rows == 0 || d == 0) return;
-  use_device_of(x);
-  dispatch_floating("rms_norm", x.dtype(), [&]<class T>() {
-    const T *xp = ptr<const T>(x), *gp = ptr_or_null<const T>(gate),
-            *wp = ptr_or_null<const T>(weight);
-    T* yp = ptr<T>(y);
-    if (rows_packable<T>(d, {xp, gp, wp, yp})) {
-      constexpr int N = kPackWidth<T>;
-      launch_rows(rows, d, &rms_norm_warp_kernel<N, T>, &rms_norm_block_kernel<N, T>, xp, gp,
-                  wp, rows, d, compute_t<T>(eps), yp, ptr<T>(rstd));
-    } else {
-      launch_rows(rows, d, &rms_norm_warp_kernel<1, T>, &rms_norm_block_kernel<1, T>, xp, gp,
-                  wp, rows, d, compute_t<T>(eps), yp, ptr<T>(rstd));
-    }
-  });
-}
-
 // Row groups of the fused backward, each taking every groups-th row: at most 2048 warps
 // (rows up to kWarpRowMax) or 512 blocks, fewer where a thread holds more packs of a row
 // and its registers leave fewer blocks per SM (ptxas: 60 registers with one bf16 pack, 111
@@ -390,7 +451,7 @@ constexpr int kMaxFusedPacks = 32 / N < 8 ? 32 / N : 8;
 template <bool kWarp>
 unsigned row_group_blocks(int64_t groups) {
   const int64_t blocks = kWarp ? (groups + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : groups;
-  HAM_CHECK(blocks < (int64_t(1) << 31), "rms_norm backward: ", blocks, " blocks exceed the grid");
+  HAM_CHECK(blocks < (int64_t(1) << 31), "rms_norm: ", blocks, " blocks exceed the grid");
   return unsigned(blocks);
 }
 
@@ -418,6 +479,69 @@ void launch_rms_norm_backward_fused(int64_t packs_per_thread, const T* dy, const
   };
   if (gate) launch.template operator()<true>();
   else launch.template operator()<false>();
+}
+
+std::atomic<int64_t> g_row_groups{0};  // set_rms_norm_row_groups
+
+// Launches rms_norm_rows_kernel with the fewest packs per thread (a power of two) that hold
+// a row, as many row groups as fit the GPU at once (each row is independent: the count
+// changes no value).
+template <bool kWarp, int N, class T, int kPacks = 1>
+void launch_rms_norm_rows(int64_t packs_per_thread, const T* x, const T* gate, const T* weight,
+                          int64_t rows, int64_t d, compute_t<T> eps, T* y, T* rstd) {
+  if constexpr (kPacks < kMaxFusedPacks<N>) {
+    if (packs_per_thread > kPacks) {
+      launch_rms_norm_rows<kWarp, N, T, 2 * kPacks>(packs_per_thread, x, gate, weight, rows, d,
+                                                    eps, y, rstd);
+      return;
+    }
+  }
+  HAM_CHECK(packs_per_thread <= kPacks, "rms_norm: ", packs_per_thread,
+            " packs per thread exceed the row-group kernel's ", kPacks);
+  auto launch = [&]<bool kGated>() {
+    auto* kernel = &rms_norm_rows_kernel<kWarp, N, kPacks, kGated, T>;
+    int per_sm = 0;
+    HAM_CUDA_CHECK_CTX(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+                       "rms_norm: occupancy of the row-group kernel");
+    const int64_t resident = int64_t(std::max(1, per_sm)) * multiprocessor_count() *
+                             (kWarp ? kWarpRowsPerBlock : 1);
+    const int64_t most = g_row_groups.load();
+    const int64_t groups = std::min(rows, most > 0 ? std::min(most, resident) : resident);
+    HAM_LAUNCH(row_group_blocks<kWarp>(groups), kThreads, 0, launch_stream(), kernel)(
+        x, gate, weight, rows, d, groups, eps, y, rstd);
+    HAM_CUDA_CHECK_LAUNCH();
+  };
+  if (gate) launch.template operator()<true>();
+  else launch.template operator()<false>();
+}
+
+void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double eps, Tensor& y,
+              Tensor& rstd) {
+  const int64_t d = x.size(-1), rows = rstd.numel();
+  if (rows == 0 || d == 0) return;
+  use_device_of(x);
+  dispatch_floating("rms_norm", x.dtype(), [&]<class T>() {
+    const T *xp = ptr<const T>(x), *gp = ptr_or_null<const T>(gate),
+            *wp = ptr_or_null<const T>(weight);
+    T *yp = ptr<T>(y), *rp = ptr<T>(rstd);
+    const compute_t<T> e(eps);
+    if (!rows_packable<T>(d, {xp, gp, wp, yp})) {
+      launch_rows(rows, d, &rms_norm_warp_kernel<1, T>, &rms_norm_block_kernel<1, T>, xp, gp,
+                  wp, rows, d, e, yp, rp);
+      return;
+    }
+    constexpr int N = kPackWidth<T>;
+    const bool warp = d <= kWarpRowMax;
+    const int64_t size = warp ? 32 : kThreads;
+    const int64_t packs_per_thread = (d / N + size - 1) / size;
+    if (d >= kFusedMinLength && packs_per_thread <= kMaxFusedPacks<N>) {
+      if (warp) launch_rms_norm_rows<true, N>(packs_per_thread, xp, gp, wp, rows, d, e, yp, rp);
+      else launch_rms_norm_rows<false, N>(packs_per_thread, xp, gp, wp, rows, d, e, yp, rp);
+      return;
+    }
+    launch_rows(rows, d, &rms_norm_warp_kernel<N, T>, &rms_norm_block_kernel<N, T>, xp, gp, wp,
+                rows, d, e, yp, rp);
+  });
 }
 
 // dweight_j = sum over groups g of part[g][j], in group order.
@@ -522,5 +646,10 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+int64_t set_rms_norm_row_groups(int64_t most) {
+  HAM_CHECK(most >= 0, "set_rms_norm_row_groups: ", most, " row groups (0: as many as fit)");
+  return g_row_groups.exchange(most);
+}
 
 }  // namespace ham::cuda

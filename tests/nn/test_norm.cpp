@@ -9,6 +9,9 @@
 
 #include "autograd/engine.h"
 #include "core/ops/norm.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/norm.h"
+#endif
 #include "tests/testing.h"
 
 namespace ham {
@@ -327,6 +330,44 @@ TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
       }
     }
   }
+}
+
+// The forward's row groups (packed rows of 256 to 8192 elements) keep a row in registers
+// and, with one or two packs a thread, load the next row's ahead. Capped at 7 groups, each
+// takes many rows, so the loads ahead are used; the shapes give a thread 1, 2, 4 and 8
+// packs (bf16 and f32), with and without gate and weight.
+TEST(Norm, GpuForwardRowGroupsMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct GroupsGuard {
+    int64_t previous = cuda::set_rms_norm_row_groups(0);
+    ~GroupsGuard() { cuda::set_rms_norm_row_groups(previous); }
+  } guard;
+  const Device gpu = Device::cuda();
+  uint64_t seed = 120;
+  for (DType dtype : testing::kGpuDtypes) {
+    for (const Shape& shape : {Shape{300, 256}, Shape{45, 512}, Shape{53, 2048},
+                               Shape{22, 4096}, Shape{9, 8192}}) {
+      for (int64_t groups : {0, 7}) {
+        for (bool gated : {false, true}) {
+          const bool weighted = !gated || groups == 7;
+          const std::string what = "rms_norm forward " + shape_str(shape) + " " +
+                                   dtype_name(dtype) + " groups " + std::to_string(groups) +
+                                   (gated ? " gated" : "") + (weighted ? " weighted" : "");
+          cuda::set_rms_norm_row_groups(groups);
+          const RmsNormCase c(shape, dtype, gated, weighted, seed);
+          Tensor y = testing::poisoned(shape, dtype, gpu);
+          Tensor rstd = testing::poisoned({shape[0]}, dtype, gpu);
+          rms_norm_kernels()(gpu, c.x, c.gate, c.weight, 1e-6, y, rstd);
+          testing::expect_matches_reference(y, c.want.y, dtype, what + " y");
+          testing::expect_matches_reference(rstd, c.want.rstd, dtype, what + " rstd");
+        }
+      }
+    }
+  }
+  testing::expect_error([] { cuda::set_rms_norm_row_groups(-1); },
+                        {"set_rms_norm_row_groups", "-1"});
+#endif
 }
 
 }  // namespace
