@@ -9,9 +9,8 @@
 // blocks fills the GPU. The block walks its keys in steps of 128: warp w takes the 32 keys
 // 32 w .. 32 w + 31 of each step, and each warp keeps its own running softmax, so the
 // keys stream from memory into registers with no barrier until the end:
-//   scores   lane j reads key j's row (16-byte loads, 8 in flight: a 128-wide bf16 row
-//            in two round trips) against q in shared memory (every lane reads the same q
-//            element: a broadcast), for every head:
+//   scores   lane j reads key j's row (16-byte loads, 2 in flight) against q in shared
+//            memory (every lane reads the same q element: a broadcast), for every head:
 //            s[j][h] = scale <q_h, k_j>
 //   softmax  per head, over the warp's 32 keys (shuffles):
 //            m' = max(m, max_j s),  alpha_h = e^{m - m'},  P[j][h] = e^{s - m'},
@@ -44,11 +43,7 @@ constexpr int kWarps = kDecodeThreads / 32;
 constexpr int kStepKeys = kDecodeThreads;  // keys a block takes per step: 32 per warp
 constexpr int kMaxPairs = 8;               // column pairs per lane: Dv <= 512
 constexpr int kMaxValueDim = 64 * kMaxPairs;
-// 16-byte loads of a key row issued at once. With 2, a 128-wide bf16 row took 8 dependent
-// round trips per 32-key step (the values 4 more), and the kernel read the cache at 16-25%
-// of copy bandwidth on the H200. With 8, ptxas gives 168 registers to the one-head bf16
-// kernel (120 with 2; 16 spilled), so the one-wave splits get 3 blocks per SM, not 4.
-constexpr int kKeyLoadsInFlight = 8;
+constexpr int kKeyLoadsInFlight = 2;       // 16-byte loads of a key row issued at once
 constexpr int64_t kMinStepsPerSplit = 1;
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
