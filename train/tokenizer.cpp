@@ -313,6 +313,14 @@ void split_at_added_tokens(std::string_view text, const std::vector<AddedToken>&
 
 // ---- Public helpers ----------------------------------------------------------------------
 
+bool has_unicode_classes() {
+#ifdef HAM_WITHOUT_ICU
+  return false;
+#else
+  return true;
+#endif
+}
+
 std::vector<std::string_view> split_gpt2_pretokens(std::string_view text) {
   std::vector<std::string_view> pieces;
   for_each_gpt2_pretoken(text, [&](std::string_view piece) { pieces.push_back(piece); });

@@ -96,6 +96,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
 // "other" characters. The pieces are views into `text` and concatenate back to it.
 std::vector<std::string_view> split_gpt2_pretokens(std::string_view text);
 
+// Whether this build has the Unicode character classes that split_gpt2_pretokens (and so
+// the byte-level BPE tokenizer) needs: false when configured with -DHAM_ICU=OFF, where
+// they fail with a one-line error.
+bool has_unicode_classes();
+
 // GPT-2's reversible byte -> character map (printable bytes map to themselves, the others
 // to U+0100 and up), as UTF-8.
 std::string byte_level_char(uint8_t byte);
