@@ -35,7 +35,8 @@
 #                    small GPU test cases of the hand-written tensor-core kernels, up to
 #                    2 minutes a tool: e.g. HAM_GPU_BENCH=sanitize HAM_GPU_TESTS=NONE;
 #                    diagnose = ncu's speed-of-light, occupancy and warp-stall sections of
-#                    one launch of each of the slowest hand-written kernels)
+#                    one launch of each of the slowest hand-written kernels; lce times
+#                    bf16 only unless HAM_GPU_LCE_ALL=1)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -130,7 +131,8 @@ fi
 bench() {
   local title="$1" name="$2" reference="${3:-}" reference_args=("${@:4}")
   echo "== [$(date +%T)] $title"
-  if ! "$build/bench/$name" --csv "$out/$name.csv" 2>&1 | tee -a "$out/bench.log"; then
+  # shellcheck disable=SC2086  # HAM_ARGS: extra arguments of the ham benchmark, word-split
+  if ! "$build/bench/$name" --csv "$out/$name.csv" ${HAM_ARGS:-} 2>&1 | tee -a "$out/bench.log"; then
     echo "gpu_check: $name failed" >&2
     status=1
     return
@@ -266,8 +268,11 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" memory "* ]] &&
     bench "memory-bound kernels: GB/s against the device-to-device copy (target >= 70%)" \
       bench_memory_bound_cuda
+  # bf16 only unless HAM_GPU_LCE_ALL=1: the tf32 and f32 rows took over a minute on the H200.
+  lce_args="--filter bf16"
+  [[ ${HAM_GPU_LCE_ALL:-0} == 1 ]] && lce_args=""
   [[ $benches == *" lce "* ]] &&
-    bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
+    HAM_ARGS=$lce_args bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
       bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
 fi
 

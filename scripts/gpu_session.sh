@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A session's GPU checks in one device call: scripts/gpu_check.sh in stages, each under
+# its own time limit and all under one deadline, so that a slow stage costs only its own
+# results, then every log and CSV packed into one file (the device tool brings back at
+# most 8). Made for sessions with about 15 minutes of device time, of which a call gets
+# at most 10.
+#
+# Usage (on the GPU machine, from anywhere): scripts/gpu_session.sh OUT [STAGE...]
+#   STAGE: tests, or one of gpu_check's benchmarks (fla gdr routed decode memory lce gemm
+#   profile sanitize diagnose). Default: tests fla memory lce decode routed, most wanted
+#   first. tests runs every GPU test once; the benchmark stages run no tests.
+#   OUT receives gpu_session.tgz (STAGE.log and STAGE/ for each stage) and summary.txt.
+# Environment:
+#   HAM_GPU_SESSION_SECONDS  the deadline for all stages (default 560)
+#   HAM_GPU_STAGE_SECONDS    per-stage limits, e.g. "fla=200 routed=150" (defaults below,
+#                            measured on the H200 on 2026-11-26 plus a margin)
+#   Without HAM_GPU_BUILD, .gpu-prebuilt/build-sm90-carry.tar.xz (scripts/gpu_prebuild.sh)
+#   is used when it is there, else gpu_check builds build-gpu/ first (minutes).
+#   FLA's autotuning results, when carried in .gpu-deps/fla_autotune.tgz, are unpacked
+#   into Triton's cache (/tmp/tc), so its first call does not spend minutes autotuning.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[[ $# -ge 1 ]] || { echo "usage: scripts/gpu_session.sh OUT [STAGE...]" >&2; exit 2; }
+out=$1
+shift
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(tests fla memory lce decode routed)
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+work=$(mktemp -d)
+
+# Seconds each stage took on the H200 (2026-11-26), with a margin: tests 82, fla 155
+# (with the autotune cache), memory 44, lce bf16 under 60, decode 36, routed 115.
+declare -A limit=([tests]=150 [fla]=210 [gdr]=90 [memory]=70 [lce]=100 [decode]=60
+                  [routed]=160 [gemm]=90 [profile]=120 [sanitize]=400 [diagnose]=300)
+for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
+  [[ $pair =~ ^([a-z]+)=([0-9]+)$ ]] ||
+    { echo "gpu_session: HAM_GPU_STAGE_SECONDS: '$pair' is not STAGE=SECONDS" >&2; exit 2; }
+  limit[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+done
+for stage in "${stages[@]}"; do
+  [[ -n ${limit[$stage]:-} ]] || { echo "gpu_session: unknown stage '$stage'" >&2; exit 2; }
+done
+
+if [[ -z ${HAM_GPU_BUILD:-} && -f .gpu-prebuilt/build-sm90-carry.tar.xz ]]; then
+  export HAM_GPU_PREBUILT=1 HAM_GPU_BUILD=build-sm90-carry
+fi
+if [[ -f .gpu-deps/fla_autotune.tgz ]]; then
+  tar -xzf .gpu-deps/fla_autotune.tgz -C / && export TRITON_CACHE_DIR=/tmp/tc
+fi
+
+deadline=$((SECONDS + ${HAM_GPU_SESSION_SECONDS:-560}))
+summary="$out/summary.txt"
+: >"$summary"
+status=0
+for stage in "${stages[@]}"; do
+  left=$((deadline - SECONDS))
+  seconds=$((left < limit[$stage] ? left : limit[$stage]))
+  if ((left < 20)); then
+    echo "== $stage: skipped, ${left} s left before the deadline" | tee -a "$summary"
+    status=1
+    continue
+  fi
+  start=$SECONDS
+  if [[ $stage == tests ]]; then
+    HAM_GPU_SKIP_BENCH=1 HAM_GPU_TEST_RUNS=1 timeout "$seconds" scripts/gpu_check.sh \
+      "$work/$stage" >"$work/$stage.log" 2>&1
+  else
+    HAM_GPU_TESTS=NONE HAM_GPU_BENCH=$stage timeout "$seconds" scripts/gpu_check.sh \
+      "$work/$stage" >"$work/$stage.log" 2>&1
+  fi
+  rc=$?
+  verdict=passed
+  ((rc == 124)) && verdict="stopped at its ${seconds} s limit"
+  ((rc != 0 && rc != 124)) && verdict="failed (exit $rc)"
+  ((rc != 0)) && status=1
+  echo "== $stage: $verdict in $((SECONDS - start)) s" | tee -a "$summary"
+  if [[ $stage == tests ]]; then
+    grep -E 'tests passed|\(Failed\)|\(Timeout\)|Skipped' "$work/$stage.log" | head -20 |
+      tee -a "$summary"
+  fi
+  tar -czf "$out/gpu_session.tgz" -C "$work" . 2>/dev/null  # after each stage: a kill keeps the rest
+done
+cp "$summary" "$work/summary.txt"
+tar -czf "$out/gpu_session.tgz" -C "$work" .
+echo "== gpu_session: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (all in $out/gpu_session.tgz)"
+exit "$status"
