@@ -297,6 +297,14 @@ class BlockRunner {
     if (at % 16 != 0 || reinterpret_cast<uintptr_t>(source) % 16 != 0) {
       fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
     }
+    // In the reverse schedule a copy lands at once, the earliest the hardware may land it:
+    // a thread that issues copies into a buffer other threads still read (no barrier in
+    // between) then overwrites it under them. The other schedules land it as late as the
+    // hardware may, at the issuing thread's wait, so an early read sees the old bytes.
+    if (schedule_ == Schedule::Reverse) {
+      std::memcpy(destination, source, 16);
+      return;
+    }
     f.async_copies.push_back({destination, source, f.async_groups});
   }
 
@@ -376,14 +384,14 @@ class BlockRunner {
     return slots;
   }
 
-  // Queues fibers in the schedule's order.
-  void make_ready(std::vector<int> ids) {
+  // Queues fibers in the schedule's order, behind the ready ones, or ahead of them with
+  // `first` (they run next, in that order).
+  void make_ready(std::vector<int> ids, bool first = false) {
     if (schedule_ == Schedule::Reverse) std::reverse(ids.begin(), ids.end());
     if (schedule_ == Schedule::Shuffle) std::shuffle(ids.begin(), ids.end(), rng_);
-    for (int id : ids) {
-      fibers_[size_t(id)].state = FiberState::Ready;
-      ready_.push_back(id);
-    }
+    for (int id : ids) fibers_[size_t(id)].state = FiberState::Ready;
+    if (first) ready_.insert(ready_.begin(), ids.begin(), ids.end());
+    else ready_.insert(ready_.end(), ids.begin(), ids.end());
   }
 
   void release_block_barrier() {
@@ -466,7 +474,10 @@ class BlockRunner {
         }
       }
     }
-    make_ready(std::move(released));
+    // In the reverse schedule a warp runs on from a collective before the other warps do,
+    // so it reaches the next barrier (or its copies into a buffer they still read) first;
+    // the other schedules move the warps through their collectives together.
+    make_ready(std::move(released), schedule_ == Schedule::Reverse);
   }
 
   [[noreturn]] void fail_deadlock() {

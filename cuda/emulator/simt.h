@@ -104,8 +104,10 @@ uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int
                          int width);
 
 // The order in which the fibers of a block run, at the start and after every barrier:
-// thread order, reverse thread order, or a shuffle (fixed seed). The default comes from
-// HAM_EMULATOR_SCHEDULE (forward, reverse, shuffle; forward when unset).
+// thread order, reverse thread order, or a shuffle (fixed seed). In the reverse schedule
+// the lanes a warp collective releases run next, so each warp runs ahead of the others to
+// the next barrier. The default comes from HAM_EMULATOR_SCHEDULE (forward, reverse,
+// shuffle; forward when unset).
 enum class Schedule { Forward, Reverse, Shuffle };
 Schedule schedule();
 void set_schedule(Schedule schedule);
@@ -120,7 +122,10 @@ void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const ch
 // cp.async (cuda/async_copy.cuh): a 16-byte copy from global to the block's dynamic shared
 // memory that completes later. The emulator defers it to the issuing thread's
 // async_copy_wait that covers its group, so a read of the destination before that wait
-// (or, by another thread, before the barrier after it) sees the old bytes and fails.
+// (or, by another thread, before the barrier after it) sees the old bytes and fails. In
+// the reverse schedule it lands at issue instead, so a copy issued into a buffer that
+// other threads have not yet been fenced off from reading (a missing barrier before a
+// double buffer's reuse) overwrites it under them and fails.
 void async_copy_16(void* shared_destination, const void* global_source);
 // Closes the calling thread's open group of copies (cp.async.commit_group).
 void async_copy_commit();

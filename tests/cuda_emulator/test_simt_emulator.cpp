@@ -383,6 +383,8 @@ __global__ void async_copy_in_groups(const int* src, int* out) {
 }
 
 TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+  ScheduleGuard guard;
+  emulator::set_schedule(Schedule::Forward);  // (and shuffle; reverse lands them at once)
   constexpr int kThreads = 8;
   DeviceInts src(2 * kThreads * 4), out(kThreads * 5);
   std::vector<int> values(src.n);
@@ -399,6 +401,55 @@ TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
   }
   const int n = 2 * kThreads * 4;
   EXPECT_EQ(got[4], n * (n + 1) / 2);
+}
+
+// In the reverse schedule a copy lands as early as the hardware may land it, at issue.
+TEST(SimtEmulator, AsyncCopiesLandAtIssueInTheReverseSchedule) {
+  ScheduleGuard guard;
+  emulator::set_schedule(Schedule::Reverse);
+  constexpr int kThreads = 8;
+  DeviceInts src(2 * kThreads * 4), out(kThreads * 5);
+  std::vector<int> values(src.n);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = int(j) + 1;
+  HAM_CUDA_CHECK(cudaMemcpy(src.data, values.data(), src.n * sizeof(int), cudaMemcpyHostToDevice));
+  HAM_LAUNCH(1, kThreads, 2 * kThreads * 16, nullptr, async_copy_in_groups)(src.data, out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  const std::vector<int> got = out.read();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(got[size_t(i * 5 + 0)], i * 4 + 1 + (kThreads + i) * 4 + 1) << "thread " << i;
+    EXPECT_EQ(got[size_t(i * 5 + 2)], (kThreads + i) * 4 + 1) << "thread " << i;
+  }
+}
+
+// Lane 0 of each warp records when its warp has passed a first and a second shuffle. In
+// the reverse schedule the last warp runs through both shuffles to the barrier before the
+// other warp passes its first; in the forward schedule the warps pass each shuffle in turn.
+__global__ void warp_progress(int* out) {
+  __shared__ int order;
+  if (threadIdx.x == 0) order = 0;
+  __syncthreads();
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int first = __shfl_xor_sync(0xffffffffu, lane, 1);
+  if (lane == 0 && first == 1) out[warp * 2] = order++;
+  const int second = __shfl_xor_sync(0xffffffffu, lane, 2);
+  if (lane == 0 && second == 2) out[warp * 2 + 1] = order++;
+  __syncthreads();
+}
+
+TEST(SimtEmulator, InTheReverseScheduleAWarpRunsAheadToTheBarrier) {
+  ScheduleGuard guard;
+  for (Schedule s : {Schedule::Forward, Schedule::Reverse}) {
+    emulator::set_schedule(s);
+    DeviceInts out(4);
+    HAM_LAUNCH(1, 64, 0, nullptr, warp_progress)(out.data);
+    HAM_CUDA_CHECK_LAUNCH();
+    const std::vector<int> got = out.read();
+    if (s == Schedule::Reverse) {
+      EXPECT_EQ(got, (std::vector<int>{2, 3, 0, 1}));  // warp 1 both steps first
+    } else {
+      EXPECT_EQ(got, (std::vector<int>{0, 2, 1, 3}));
+    }
+  }
 }
 
 __global__ void async_copy_to(int* src, int where) {
