@@ -883,12 +883,13 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //      the chunks in order:
 //        S0 of each chunk -> scratch (bf16),  v_new = U - W S0 -> scratch (bf16),
 //        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 registers)
-//   3. gdr_output_mma, one block per (chunk, V tile, h, b):
+//   3. gdr_output_mma, one block per (chunk, h, b) over the V tiles, 8 warps:
 //        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
-// 16 rows of each product; the 4 warps of a block cover a chunk's 64. bf16 tiles arrive by
+// 16 rows of each product; the 4 warps of a block cover a chunk's 64 (the output
+// kernel's 8 warps: 4 for each of its two products). bf16 tiles arrive by
 // cp.async (issue_tile; cuda/async_copy.cuh), every copy of a thread in flight at once; the
 // two state passes issue the next chunk's copies before the current chunk's products.
 
@@ -1483,113 +1484,173 @@ __global__ void __launch_bounds__(kMmaThreads)
   });
 }
 
+// The output kernel's blocks: 8 warps, 16 rows each, warps 0-3 on the output rows and 4-7
+// on the prediction rows of one chunk (two independent products of the same shape: twice
+// the warps per SM of a block that ran both in turn).
+constexpr int kOutputThreads = 256;
+
 template <int KD>
 struct MmaOutputLayout {
   static constexpr int ldk = KD + 8, lds = kMmaVt + 8;
-  static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2, s_bytes = size_t(KD) * lds * 2,
-                          v_bytes = size_t(kChunk) * lds * 2;
-  static constexpr size_t bytes = 2 * k_bytes + s_bytes + v_bytes;
+  static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2,  // the Q or K rows
+      s_bytes = size_t(KD) * lds * 2,                           // one S0 column tile
+      v_bytes = size_t(kChunk) * lds * 2;                       // one v_new or v column tile
+  static constexpr int slot_elements = KD * lds + 2 * kChunk * lds;
+  // Q, K and `slots` slots of (S0, v_new, v) value tiles: two where V has more than one.
+  static constexpr size_t bytes(int slots) {
+    return 2 * k_bytes + size_t(slots) * (s_bytes + 2 * v_bytes);
+  }
 };
 
+// Blocks of the output kernel an SM must hold: two up to K = 128 (106 KB of shared memory
+// each at K = 128), where registers could otherwise allow fewer; one beyond.
 template <int KD>
-__global__ void __launch_bounds__(kMmaThreads)
+constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
+
+// The output and the fit error's prediction of a chunk, one block per (chunk, b h) over
+// every 64-column value tile. Per chunk, with E = e^G:
+//   warps 0-3:  O    = diag(E) Q S0 + P v_new,     P = tril(Q K^T * Gamma)
+//   warps 4-7:  pred = diag(E) K S0 + M v_new,     M = strict_tril(K K^T * Gamma)
+// Q and K are staged once per chunk, and P and M are formed once and kept as bf16
+// A-fragments for every tile. Each tile's S0, v_new and v columns arrive by cp.async in
+// one of two slots, the next tile's copies in flight during this one's products (one block
+// per tile had staged Q and K again for every tile, V / 64 times). The prediction warps
+// write fit_part[row][tile] = (<pred, v>, <pred, pred>, <v, v>) over the tile's columns.
+template <int KD>
+__global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
-                   int64_t max_chunks, bf16* o, float* fit_part) {
+                   int64_t max_chunks, int slots, bf16* o, float* fit_part) {
   using L = MmaOutputLayout<KD>;
-  constexpr int LDK = L::ldk, LDS = L::lds;
-  constexpr int NB = kMmaVt / 8;
+  constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
-  bf16* sS = sK + kChunk * LDK;   // S0 tile [K][vt]
-  bf16* sVn = sS + KD * LDS;      // v_new tile [64][vt]
+  bf16* slot0 = sK + kChunk * LDK;
+  auto slot_s = [&](int tile) { return slot0 + (tile % slots) * L::slot_elements; };  // [K][vt]
+  auto slot_vn = [&](int tile) { return slot_s(tile) + KD * LDS; };  // v_new [64][vt]
+  auto slot_v = [&](int tile) { return slot_vn(tile) + kChunk * LDS; };  // v [64][vt]
   __shared__ float s_g[kChunk];
-  const int tile = int(blockIdx.y);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
-  const int64_t col0 = int64_t(tile) * kMmaVt;
-  const int cols = int(min(int64_t(kMmaVt), V - col0));
+  const int tiles = pr.tiles;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
+  const bool predicting = warp >= 4;  // else the output
+  const int r0 = (warp % 4) * 16;     // the warp's first row of the chunk
+  const bf16* warp_rows = (predicting ? sK : sQ) + r0 * LDK;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
-    __syncthreads();
     const ChunkRows rows_of(pr, b, h, begin);
+    const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
+    auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
+    auto issue_value_tile = [&](int tile) {  // one commit group
+      const int64_t col0 = int64_t(tile) * kMmaVt;
+      const int cols = tile_cols(tile);
+      issue_tile(slot_s(tile), LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; });
+      issue_tile(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
+      issue_tile(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
+      async_copy_commit();
+    };
+    __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
-    issue_tile(sS, LDS, KD, kMmaVt, KD, cols, [&](int a) { return saved + a * V + col0; });
-    issue_tile(sVn, LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
-    async_copy_commit();
+    issue_value_tile(0);  // with Q and K
+    if (tiles > 1) issue_value_tile(1);
     load_gcum(gcum, pr, b, h, begin, n, s_g);
-    async_copy_wait<0>();
-    __syncthreads();
+    if (tiles > 1) async_copy_wait<1>();
+    else async_copy_wait<0>();
+    __syncthreads();  // Q, K, G and tile 0
 
-    // The warp's 16 rows, first of O = diag(E) Q S0 + P v_new with P = tril(Q K^T * Gamma),
-    // then of pred = diag(E) K S0 + M v_new with M = strict_tril(K K^T * Gamma): one
-    // product at a time keeps half the accumulators live.
-    auto chunk_product = [&](const bf16* rows, bool strict, float (&result)[NB][4]) {
+    // The warp's 16 rows of P (or M) as A-fragments, and E of this lane's two rows.
+    uint32_t x_frag[kChunk / 16][4];
+    {
       float x[kChunk / 8][4];
       mma::zero(x);
-      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(rows + warp * 16 * LDK, sK, x);
+      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(warp_rows, sK, x);
 #pragma unroll
       for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-          const bool kept = (strict ? j < i : j <= i) && i < n;
+          const int i = r0 + acc_row(e), j = acc_col(nb, e);
+          const bool kept = (predicting ? j < i : j <= i) && i < n;
           x[nb][e] = kept ? x[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
         }
       }
-      mma::zero(result);
-      mma::rows_times_matrix<KD, LDK, LDS, NB>(rows + warp * 16 * LDK, sS, result);
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) result[nb][e] *= expf(s_g[warp * 16 + acc_row(e)]);
-      }
-      mma::accumulator_times_matrix<kChunk / 8, LDS, NB>(x, sVn, result);
-    };
-    float acc[NB][4];
-    chunk_product(sQ, false, acc);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-        if (i < n && c < cols) o[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(acc[nb][e]);
-      }
+      for (int j = 0; j < kChunk / 16; ++j) mma::accumulator_as_a(x, j, x_frag[j]);
     }
-    chunk_product(sK, true, acc);  // the prediction
+    const float e_top = expf(s_g[r0 + acc_row(0)]), e_bottom = expf(s_g[r0 + acc_row(2)]);
 
-    // The fit partial sums of this tile's columns per row (a row's 4 lanes add up).
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
-      const bool row_ok = i < n;
-      const int64_t row = row_ok ? pr.row(b, begin + i, h) : 0;
-      float pv = 0.f, pp = 0.f, vv = 0.f;
+    for (int tile = 0; tile < tiles; ++tile) {
+      if (tile > 0) {
+        if (tile + 1 < tiles) async_copy_wait<1>();
+        else async_copy_wait<0>();
+        __syncthreads();  // this tile's copies, from every thread
+      }
+      const int64_t col0 = int64_t(tile) * kMmaVt;
+      const int cols = tile_cols(tile);
+      const bf16 *sS = slot_s(tile), *sVn = slot_vn(tile);
+      float acc[NB][4];
+      mma::zero(acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NB>(warp_rows, sS, acc);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          const int c = acc_col(nb, e);
-          if (!row_ok || c >= cols) continue;
-          const float val = load(pr.v[row * V + col0 + c]);
-          pv += acc[nb][e] * val;
-          pp += acc[nb][e] * acc[nb][e];
-          vv += val * val;
+        for (int e = 0; e < 4; ++e) acc[nb][e] *= e < 2 ? e_top : e_bottom;
+      }
+#pragma unroll
+      for (int j = 0; j < kChunk / 16; ++j) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          uint32_t bf[2];
+          mma::load_b_kn<LDS>(bf, sVn, j * 16, nb * 8);
+          mma::mma_bf16_16816(acc[nb], x_frag[j], bf);
         }
       }
-      pv = mma::quad_sum(pv);
-      pp = mma::quad_sum(pp);
-      vv = mma::quad_sum(vv);
-      if (row_ok && t4 == 0) {
-        float* part = fit_part + (row * pr.tiles + tile) * 3;
-        part[0] = pv;
-        part[1] = pp;
-        part[2] = vv;
+      if (!predicting) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = r0 + acc_row(e), c = acc_col(nb, e);
+            if (i < n && c < cols) o[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(acc[nb][e]);
+          }
+        }
+      } else {
+        // The fit partial sums of this tile's columns per row (a row's 4 lanes add up); v
+        // is zero past the chunk's rows and the tile's columns.
+        const bf16* sV = slot_v(tile);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + mma::lane_id() / 4 + 8 * half;
+          float pv = 0.f, pp = 0.f, vv = 0.f;
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+              const int c = acc_col(nb, e);
+              if (c >= cols) continue;
+              const float val = load(sV[i * LDS + c]);
+              pv += acc[nb][e] * val;
+              pp += acc[nb][e] * acc[nb][e];
+              vv += val * val;
+            }
+          }
+          pv = mma::quad_sum(pv);
+          pp = mma::quad_sum(pp);
+          vv = mma::quad_sum(vv);
+          if (i < n && t4 == 0) {
+            float* part = fit_part + (pr.row(b, begin + i, h) * pr.tiles + tile) * 3;
+            part[0] = pv;
+            part[1] = pp;
+            part[2] = vv;
+          }
+        }
+      }
+      if (tile + 2 < tiles) {
+        __syncthreads();  // every warp is done with this tile's slot
+        issue_value_tile(tile + 2);
       }
     }
   }
@@ -1615,7 +1676,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 // forward substitution). After the forward's prepare and state kernels recompute W, U, S0
 // and u (the prepare kernel storing each chunk's A in f32, so that no backward kernel
 // forms it again), five kernels, all but the second parallel over chunks:
-//   1. gdr_bwd_local_mma   per (chunk, V tile): dvl = P^T dO
+//   1. gdr_bwd_local_mma   per chunk, over V tiles: dvl = P^T dO
 //   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
 //   3. gdr_bwd_values_mma  per chunk, over V tiles: dP, du Vb^T, dv, and the row sums
@@ -1697,60 +1758,101 @@ __device__ void load_beta(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t
   }
 }
 
-template <int KD, int VT>
+template <int KD>
 struct BwdLocalLayout {
-  static constexpr int ldk = KD + 8, ldv = VT + 8;
-  static constexpr size_t bytes = size_t(2 * kChunk * ldk + kChunk * ldv) * 2;
+  static constexpr int ldk = KD + 8, ldv = kMmaVt + 8;
+  // Q, K and `slots` dO tiles of 64 columns: two where V has more than one.
+  static constexpr size_t bytes(int slots) {
+    return size_t(2 * kChunk * ldk + slots * kChunk * ldv) * 2;
+  }
 };
 
-template <int KD, int VT>
+// dvl = P^T dO, one block per (chunk, b h) over 64-column value tiles: Q and K are staged
+// once and P^T formed once, kept as bf16 A-fragments for every tile; each dO tile arrives
+// by cp.async in one of two slots, the next tile's copies in flight during this one's
+// product. (One block per tile had staged Q and K again for every tile: 12 times per
+// chunk at the paper's K = 256, V = 384.)
+template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_bwd_local_mma(Problem<bf16> pr, MmaBackward bw) {
-  constexpr int LDK = BwdLocalLayout<KD, VT>::ldk, LDV = BwdLocalLayout<KD, VT>::ldv;
+    gdr_bwd_local_mma(Problem<bf16> pr, MmaBackward bw, int slots) {
+  constexpr int LDK = BwdLocalLayout<KD>::ldk, LDV = BwdLocalLayout<KD>::ldv, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
-  bf16* sdO = sK + kChunk * LDK;
+  auto slot_do = [&](int tile) { return sK + kChunk * LDK + (tile % slots) * kChunk * LDV; };
   __shared__ float s_g[kChunk];
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
-  const int64_t col0 = int64_t(blockIdx.y) * VT;
-  const int cols = int(min(int64_t(VT), V - col0));
+  const int tiles = int((V + kMmaVt - 1) / kMmaVt);
   const int warp = int(threadIdx.x / 32);
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
-    __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
+    auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
+    auto issue_do_tile = [&](int tile) {  // one commit group
+      issue_tile(slot_do(tile), LDV, kChunk, kMmaVt, n, tile_cols(tile),
+                 rows_of(bw.grad_o, V, int64_t(tile) * kMmaVt));
+      async_copy_commit();
+    };
+    __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0));
-    async_copy_commit();
+    issue_do_tile(0);  // with Q and K
+    if (tiles > 1) issue_do_tile(1);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
-    async_copy_wait<0>();
-    __syncthreads();
+    if (tiles > 1) async_copy_wait<1>();
+    else async_copy_wait<0>();
+    __syncthreads();  // Q, K, G and the first dO tile
     // P^T for the warp's rows j: (K Q^T)_ji Gamma_ij where i >= j.
-    float pt[kChunk / 8][4];
-    mma::zero(pt);
-    mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sQ, pt);
+    uint32_t pt_frag[kChunk / 16][4];
+    {
+      float pt[kChunk / 8][4];
+      mma::zero(pt);
+      mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sQ, pt);
 #pragma unroll
-    for (int nb = 0; nb < kChunk / 8; ++nb) {
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = warp * 16 + acc_row(e), i = acc_col(nb, e);
-        pt[nb][e] = i >= j && i < n ? pt[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int j = warp * 16 + acc_row(e), i = acc_col(nb, e);
+          pt[nb][e] = i >= j && i < n ? pt[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+        }
       }
+#pragma unroll
+      for (int j = 0; j < kChunk / 16; ++j) mma::accumulator_as_a(pt, j, pt_frag[j]);
     }
-    float out[VT / 8][4];
-    mma::zero(out);
-    mma::accumulator_times_matrix<kChunk / 8, LDV, VT / 8>(pt, sdO, out);
+    for (int tile = 0; tile < tiles; ++tile) {
+      if (tile > 0) {
+        if (tile + 1 < tiles) async_copy_wait<1>();
+        else async_copy_wait<0>();
+        __syncthreads();  // this tile's copies, from every thread
+      }
+      const bf16* sdO = slot_do(tile);
+      const int64_t col0 = int64_t(tile) * kMmaVt;
+      const int cols = tile_cols(tile);
+      float out[NB][4];
+      mma::zero(out);
 #pragma unroll
-    for (int nb = 0; nb < VT / 8; ++nb) {
+      for (int j = 0; j < kChunk / 16; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = warp * 16 + acc_row(e), c = acc_col(nb, e);
-        if (j < n && c < cols) bw.dvl[pr.row(b, begin + j, h) * V + col0 + c] = out[nb][e];
+        for (int nb = 0; nb < NB; ++nb) {
+          uint32_t bf[2];
+          mma::load_b_kn<LDV>(bf, sdO, j * 16, nb * 8);
+          mma::mma_bf16_16816(out[nb], pt_frag[j], bf);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          if (j < n && c < cols) bw.dvl[pr.row(b, begin + j, h) * V + col0 + c] = out[nb][e];
+        }
+      }
+      if (tile + 2 < tiles) {
+        __syncthreads();  // every warp is done with this tile's slot
+        issue_do_tile(tile + 2);
       }
     }
   }
@@ -2564,13 +2666,18 @@ int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
 // Launches a tensor-core kernel (kMmaThreads threads), first raising its shared-memory
 // limit when it needs more than the default 48 KiB.
 template <class Kernel, class... Args>
-void launch_mma(Kernel kernel, dim3 grid, size_t bytes, Args... args) {
+void launch_kernel(Kernel kernel, dim3 grid, int threads, size_t bytes, Args... args) {
   if (bytes > 48 * 1024) {
     HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(bytes)));
   }
-  HAM_LAUNCH(grid, kMmaThreads, bytes, launch_stream(), kernel)(args...);
+  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args...);
   HAM_CUDA_CHECK_LAUNCH();
+}
+
+template <class Kernel, class... Args>
+void launch_mma(Kernel kernel, dim3 grid, size_t bytes, Args... args) {
+  launch_kernel(kernel, grid, kMmaThreads, bytes, args...);
 }
 
 // Blocks along the chunks of a row (each loops over chunks beyond the grid).
@@ -2674,11 +2781,11 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, false);
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
-    launch_mma(&gdr_output_mma<KD>,
-               dim3(mma_chunk_blocks(d), unsigned(c.pr.tiles), unsigned(d.batch * d.heads)),
-               MmaOutputLayout<KD>::bytes, c.pr, ptr<const bf16>(c.v_new),
-               ptr<const bf16>(c.states), ptr<const float>(c.gcum), c.max_chunks,
-               ptr<bf16>(out.o), ptr<float>(fit_part));
+    const int slots = c.pr.tiles > 1 ? 2 : 1;
+    launch_kernel(&gdr_output_mma<KD>, dim3(mma_chunk_blocks(d), 1, unsigned(d.batch * d.heads)),
+                  kOutputThreads, MmaOutputLayout<KD>::bytes(slots), c.pr,
+                  ptr<const bf16>(c.v_new), ptr<const bf16>(c.states), ptr<const float>(c.gcum),
+                  c.max_chunks, slots, ptr<bf16>(out.o), ptr<float>(fit_part));
     finish_fit_error<bf16>(fit_part, d, c.pr.tiles, out.fit_error);
     return true;
   };
@@ -2806,8 +2913,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
 
     const unsigned chunk_blocks = mma_chunk_blocks(d);
     const unsigned bh = unsigned(d.batch * d.heads);
-    launch_mma(&gdr_bwd_local_mma<KD, VT>, dim3(chunk_blocks, unsigned(pr.tiles), bh),
-               BwdLocalLayout<KD, VT>::bytes, pr, bw);
+    const int local_slots = d.value_dim > kMmaVt ? 2 : 1;
+    launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
+               BwdLocalLayout<KD>::bytes(local_slots), pr, bw, local_slots);
     // Two slots of chunk tiles (the next chunk's copies in flight) where they fit.
     bool two_slots = false;
     if constexpr (BwdStateLayout<KD, VT, 2>::bytes <= 227 * 1024) {
