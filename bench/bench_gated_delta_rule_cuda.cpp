@@ -13,8 +13,9 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// A last table times the bf16 forward with its state pass forced to 32- and to 64-column
-// tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the default choice.
+// A last table times the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
+// default choice.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -61,7 +63,8 @@ using bench::Spread;
 
 struct Timing {
   Spread fwd, bwd;
-  Spread fwd_state_32, fwd_state_64;  // bf16 only: the forward with forced state-pass tiles
+  // bf16 only: forward and backward with forced state-pass tiles
+  Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -113,9 +116,17 @@ Timing run_case(const BenchCase& c, int reps) {
                             Tensor::empty(a.v.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.g.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
-  t.bwd = time_ms(reps, [&] {
+  auto backward = [&] {
     gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
-  });
+  };
+  t.bwd = time_ms(reps, backward);
+  if (dtype == DType::BF16) {
+    const int previous = cuda::set_gated_delta_rule_state_columns(32);
+    t.bwd_state_32 = time_ms(reps, backward);
+    cuda::set_gated_delta_rule_state_columns(64);
+    t.bwd_state_64 = time_ms(reps, backward);
+    cuda::set_gated_delta_rule_state_columns(previous);
+  }
   return t;
 }
 
@@ -149,14 +160,17 @@ int main(int argc, char** argv) {
             << t.bwd.max << '\n';
       }
     }
-    std::printf("\nbf16 forward, state pass forced to 32 / 64 columns (ms; 64/32 above 1: 32 "
-                "is faster)\n%-22s %12s %12s %18s\n", "case", "32 med ms", "64 med ms",
-                "64/32 min/med/max");
+    std::printf("\nbf16, state passes forced to 32 / 64 columns (ms; 64/32 above 1: 32 is "
+                "faster; K = 256 keeps 32 in the backward)\n%-22s %-4s %12s %12s %18s\n", "case",
+                "pass", "32 med ms", "64 med ms", "64/32 min/med/max");
     for (const auto& [name, t] : bf16_timings) {
-      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), t.fwd_state_32.median,
-                  t.fwd_state_64.median, t.fwd_state_64.min / t.fwd_state_32.min,
-                  t.fwd_state_64.median / t.fwd_state_32.median,
-                  t.fwd_state_64.max / t.fwd_state_32.max);
+      for (const auto& [pass, s32, s64] :
+           {std::tuple{"fwd", t.fwd_state_32, t.fwd_state_64},
+            std::tuple{"bwd", t.bwd_state_32, t.bwd_state_64}}) {
+        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
+                    s32.median, s64.median, s64.min / s32.min, s64.median / s32.median,
+                    s64.max / s32.max);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

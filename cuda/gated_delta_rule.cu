@@ -2733,6 +2733,32 @@ int state_columns(const Dims& d) {
   return blocks <= int64_t(per_sm) * multiprocessor_count() ? 32 : 64;
 }
 
+// Value columns per block of the backward's sequential pass (gdr_bwd_state_mma), chosen as
+// the forward's: 32 when the 32-column blocks, with two slots of chunk tiles, all fit the
+// device at once (B = 2, T = 16384, H = 16, K = V = 128 on an H200; at B = 4, T = 4096 they
+// take one SM each and do not), else VT, the backward's tile width (kBackwardVt: already 32
+// at K = 256). set_gated_delta_rule_state_columns forces the width here too where VT is 64.
+template <int KD, int VT>
+int backward_state_columns(const Dims& d) {
+  if constexpr (VT == 32) {
+    return 32;
+  } else {
+    if (const int forced = g_state_columns.load(); forced != 0) return forced;
+    using Narrow = BwdStateLayout<KD, 32, 2>;
+    auto* narrow = &gdr_bwd_state_mma<KD, 32, 2>;
+    if (Narrow::bytes > shared_memory_limit(narrow)) return VT;
+    if (Narrow::bytes > 48 * 1024) {
+      HAM_CUDA_CHECK(cudaFuncSetAttribute(narrow, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(Narrow::bytes)));
+    }
+    int per_sm = 0;
+    HAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, narrow, kMmaThreads,
+                                                                 Narrow::bytes));
+    const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
+    return blocks <= int64_t(per_sm) * multiprocessor_count() ? 32 : VT;
+  }
+}
+
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
 // With keep_inverse (the backward), the prepare kernel also stores every chunk's A.
 template <int KD>
@@ -2916,19 +2942,23 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const int local_slots = d.value_dim > kMmaVt ? 2 : 1;
     launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
                BwdLocalLayout<KD>::bytes(local_slots), pr, bw, local_slots);
-    // Two slots of chunk tiles (the next chunk's copies in flight) where they fit.
-    bool two_slots = false;
-    if constexpr (BwdStateLayout<KD, VT, 2>::bytes <= 227 * 1024) {
-      if (BwdStateLayout<KD, VT, 2>::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, VT, 2>)) {
-        launch_mma(&gdr_bwd_state_mma<KD, VT, 2>, grid_of(op, d, pr.tiles),
-                   BwdStateLayout<KD, VT, 2>::bytes, pr, bw);
-        two_slots = true;
+    // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
+    // chunk's copies in flight) where they fit.
+    auto state_pass = [&]<int SVT>() {
+      const dim3 grid = grid_of(op, d, int((d.value_dim + SVT - 1) / SVT));
+      if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
+        if (BwdStateLayout<KD, SVT, 2>::bytes <=
+            shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
+          launch_mma(&gdr_bwd_state_mma<KD, SVT, 2>, grid, BwdStateLayout<KD, SVT, 2>::bytes,
+                     pr, bw);
+          return;
+        }
       }
-    }
-    if (!two_slots) {
-      launch_mma(&gdr_bwd_state_mma<KD, VT, 1>, grid_of(op, d, pr.tiles),
-                 BwdStateLayout<KD, VT, 1>::bytes, pr, bw);
-    }
+      launch_mma(&gdr_bwd_state_mma<KD, SVT, 1>, grid, BwdStateLayout<KD, SVT, 1>::bytes, pr,
+                 bw);
+    };
+    if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>();
+    else state_pass.template operator()<VT>();
     const dim3 per_chunk(chunk_blocks, 1, bh);
     constexpr int kValuesVt = kBackwardValuesVt<KD>;
     launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,

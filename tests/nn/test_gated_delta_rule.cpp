@@ -774,9 +774,10 @@ TEST(GatedDeltaRule, GpuTokenByTokenDecodingEqualsChunked) {
   EXPECT_LE(relative_rms_error(state, chunked.h_final), 5e-5);
 }
 
-// The bf16 forward's state pass forced to 32- and to 64-column tiles (the default picks
-// one per call): each matches the CPU, forward and backward, and their outputs agree bit
-// for bit (a column's sums do not depend on the tile holding it).
+// The bf16 state passes, forward and backward, forced to 32- and to 64-column tiles (the
+// default picks one per call): each matches the CPU, forward and backward, and their
+// outputs and gradients agree bit for bit (a column's sums do not depend on the tile
+// holding it).
 TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -786,17 +787,28 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
   } guard;
   const GpuCase c{2, 150, 3, 64, 80, true, 5};
   const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 61), DType::BF16);
+  const Tensor grad_o = randn64({2, 150, 3, 80}, 82, 1.0, false).to(DType::BF16).to(Device::cuda());
+  const Tensor grad_h_final =
+      randn64({2, 3, 64, 80}, 83, 1.0, false).to(DType::BF16).to(Device::cuda());
   std::vector<GatedDeltaRuleResult> results;
+  std::vector<GatedDeltaRuleGrads> grads;
   for (int columns : {32, 64}) {
     SCOPED_TRACE(columns);
     cuda::set_gated_delta_rule_state_columns(columns);
     expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 81);
     results.push_back(poisoned_result(gpu));
     gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
+    grads.push_back(poisoned_grads(gpu, {}));
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads.back());
   }
   EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
   EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
   EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
+  for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk, &GatedDeltaRuleGrads::dv,
+                     &GatedDeltaRuleGrads::dg, &GatedDeltaRuleGrads::dbeta,
+                     &GatedDeltaRuleGrads::dh0}) {
+    EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
+  }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_columns(48); },
                         {"set_gated_delta_rule_state_columns", "48", "32 or 64"});
 #endif
