@@ -1161,6 +1161,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sV = reinterpret_cast<bf16*>(smem_raw + L::k_bytes + L::a_bytes);  // beta v tile
   float* sM = reinterpret_cast<float*>(smem_raw + L::k_bytes + L::a_bytes + L::v_bytes);  // M
   float* sAf = sM + kChunk * LDF;                                  // A (f32)
+  bf16* sV2 = reinterpret_cast<bf16*>(sM);  // once A is formed: the odd V tiles
+  static_assert(size_t(kChunk) * LDV * 2 <= L::f_bytes, "a V tile fits in M's space");
   __shared__ float s_g[kChunk], s_beta[kChunk];
   const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32);
@@ -1184,6 +1186,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 
     chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
     chunk_inverse<LDA, LDF>(sM, s_beta, sAf, sA);
+    // M is spent once A is formed: its space takes the second V tile, whose copies are then
+    // in flight during the A store, the K scaling and W's products.
+    const int v_tiles = int((V + kMmaVt - 1) / kMmaVt);
+    if (v_tiles > 1) {
+      issue_tile(sV2, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - kMmaVt)),
+                 ChunkRows(pr, b, h, begin)(pr.v, V, kMmaVt));
+      async_copy_commit();
+    }
     if (a_out) {  // for the backward kernels, which would otherwise form it again
       float* to = a_out + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk;
       for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
@@ -1211,20 +1221,22 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
       }
     }
-    // U = A diag(beta) V, one 64-column V tile at a time.
-    for (int64_t v0 = 0; v0 < V; v0 += kMmaVt) {
+    // U = A diag(beta) V, one 64-column V tile at a time: tile 0 came with K and tile 1
+    // went to M's space; tile t + 2 takes tile t's buffer, its copies in flight during
+    // tile t + 1's product.
+    for (int tile = 0; tile < v_tiles; ++tile) {
+      const int64_t v0 = int64_t(tile) * kMmaVt;
       const int cols = int(min(int64_t(kMmaVt), V - v0));
-      if (v0 > 0) {  // the first tile came with K
-        __syncthreads();  // sV of the previous tile is no longer read
-        issue_tile(sV, LDV, kChunk, kMmaVt, n, cols, ChunkRows(pr, b, h, begin)(pr.v, V, v0));
-        async_copy_commit();
+      bf16* tile_v = tile % 2 ? sV2 : sV;
+      if (tile > 0) {  // tile 0 landed with K
+        if (tile + 1 < v_tiles) async_copy_wait<1>();
+        else async_copy_wait<0>();
       }
-      async_copy_wait<0>();
-      scale_tile(sV, LDV, kChunk, kMmaVt, [&](int r) { return s_beta[r]; });  // diag(beta) V
+      scale_tile(tile_v, LDV, kChunk, kMmaVt, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
       float acc[kMmaVt / 8][4];
       mma::zero(acc);
-      mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, sV, acc);
+      mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, tile_v, acc);
 #pragma unroll
       for (int nb = 0; nb < kMmaVt / 8; ++nb) {
 #pragma unroll
@@ -1232,6 +1244,12 @@ __global__ void __launch_bounds__(kMmaThreads)
           const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
           if (i < n && c < cols) u_out[pr.row(b, begin + i, h) * V + v0 + c] = store<bf16>(acc[nb][e]);
         }
+      }
+      if (tile + 2 < v_tiles) {
+        __syncthreads();  // every warp is done with this buffer
+        issue_tile(tile_v, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - v0 - 2 * kMmaVt)),
+                   ChunkRows(pr, b, h, begin)(pr.v, V, v0 + 2 * kMmaVt));
+        async_copy_commit();
       }
     }
   }
