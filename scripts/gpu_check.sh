@@ -150,18 +150,24 @@ bench() {
 }
 
 # profile NAME ARGS...: each kernel's time in one run of build-gpu/bench/NAME under Nsight
-# Compute (clocks left as they are), summed per kernel name into OUT/NAME_kernels.txt.
+# Compute (clocks left as they are), summed per kernel name into OUT/NAME[_FILTER]_kernels.txt
+# (FILTER: the value of a --filter argument, so that two cases of one benchmark keep apart).
 profile() {
   local name="$1"; shift
+  local stem=$name arg previous=""
+  for arg in "$@"; do
+    [[ $previous == --filter ]] && stem+="_${arg//[^A-Za-z0-9_]/_}"
+    previous=$arg
+  done
   echo "== [$(date +%T)] kernel times of $name $* (ncu)"
   if ! command -v ncu >/dev/null; then
     echo "gpu_check: no ncu here: no kernel profile" >&2
     return
   fi
   ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    "$build/bench/$name" "$@" >"$out/${name}_ncu.csv" 2>"$out/${name}_ncu.log" ||
-    { echo "gpu_check: ncu on $name failed (log: $out/${name}_ncu.log)" >&2; return; }
-  python3 - "$out/${name}_ncu.csv" <<'PY' | tee "$out/${name}_kernels.txt"
+    "$build/bench/$name" "$@" >"$out/${stem}_ncu.csv" 2>"$out/${stem}_ncu.log" ||
+    { echo "gpu_check: ncu on $name failed (log: $out/${stem}_ncu.log)" >&2; return; }
+  python3 - "$out/${stem}_ncu.csv" <<'PY' | tee "$out/${stem}_kernels.txt"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
@@ -239,6 +245,9 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
     diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
+    diagnose bench_gated_delta_rule_cuda gdr_state_mma --reps 1 --filter T4096_H16_D128_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_output_mma --reps 1 --filter T4096_H16_D128_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_prepare_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_values_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_wy_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_routed_attention_cuda forward_mma --reps 1 \
@@ -255,6 +264,7 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   fi
   if [[ $benches == *" profile "* ]]; then
     profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H16_D128_bf16
+    profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H5_K256_V384_bf16
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
   fi
   [[ $benches == *" routed "* ]] &&

@@ -7,7 +7,7 @@
 #
 # Usage (on the GPU machine, from anywhere): scripts/gpu_session.sh OUT [STAGE...]
 #   STAGE: tests, or one of gpu_check's benchmarks (fla gdr routed decode memory lce gemm
-#   profile sanitize diagnose). Default: tests fla routed lce profile memory decode, most wanted
+#   profile sanitize diagnose). Default: tests fla routed lce profile memory decode diagnose, most wanted
 #   first. tests runs every GPU test once; the benchmark stages run no tests.
 #   OUT receives gpu_session.tgz (STAGE.log and STAGE/ for each stage) and summary.txt.
 # Environment:
@@ -24,7 +24,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$1
 shift
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(tests fla routed lce profile memory decode)
+[[ ${#stages[@]} -gt 0 ]] || stages=(tests fla routed lce profile memory decode diagnose)
 mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
