@@ -100,14 +100,17 @@ Timing run_case(const BenchCase& c, int reps) {
                            Tensor::empty({B, T, H}, dtype, Device::cuda())};
   auto forward = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); };
   Timing t;
-  t.fwd = time_ms(reps, forward);
-  if (dtype == DType::BF16) {
+  // fn's times with the state passes forced to 32 and to 64 columns (bf16 only).
+  auto at_both_widths = [&](auto&& fn, Spread& at_32, Spread& at_64) {
+    if (dtype != DType::BF16) return;
     const int previous = cuda::set_gated_delta_rule_state_columns(32);
-    t.fwd_state_32 = time_ms(reps, forward);
+    at_32 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(64);
-    t.fwd_state_64 = time_ms(reps, forward);
+    at_64 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(previous);
-  }
+  };
+  t.fwd = time_ms(reps, forward);
+  at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -120,13 +123,7 @@ Timing run_case(const BenchCase& c, int reps) {
     gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
   };
   t.bwd = time_ms(reps, backward);
-  if (dtype == DType::BF16) {
-    const int previous = cuda::set_gated_delta_rule_state_columns(32);
-    t.bwd_state_32 = time_ms(reps, backward);
-    cuda::set_gated_delta_rule_state_columns(64);
-    t.bwd_state_64 = time_ms(reps, backward);
-    cuda::set_gated_delta_rule_state_columns(previous);
-  }
+  at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
   return t;
 }
 

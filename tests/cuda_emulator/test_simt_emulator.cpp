@@ -382,17 +382,23 @@ __global__ void async_copy_in_groups(const int* src, int* out) {
   }
 }
 
-TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+// async_copy_in_groups on `threads` threads in `schedule`, over src[j] = j + 1; its `out`.
+std::vector<int> async_copies_in(Schedule schedule, int threads) {
   ScheduleGuard guard;
-  emulator::set_schedule(Schedule::Forward);  // (and shuffle; reverse lands them at once)
-  constexpr int kThreads = 8;
-  DeviceInts src(2 * kThreads * 4), out(kThreads * 5);
+  emulator::set_schedule(schedule);
+  DeviceInts src(2 * threads * 4), out(threads * 5);
   std::vector<int> values(src.n);
   for (size_t j = 0; j < values.size(); ++j) values[j] = int(j) + 1;
   HAM_CUDA_CHECK(cudaMemcpy(src.data, values.data(), src.n * sizeof(int), cudaMemcpyHostToDevice));
-  HAM_LAUNCH(1, kThreads, 2 * kThreads * 16, nullptr, async_copy_in_groups)(src.data, out.data);
+  HAM_LAUNCH(1, threads, 2 * threads * 16, nullptr, async_copy_in_groups)(src.data, out.data);
   HAM_CUDA_CHECK_LAUNCH();
-  const std::vector<int> got = out.read();
+  return out.read();
+}
+
+// (Forward and shuffle; the reverse schedule lands copies at once, below.)
+TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
+  constexpr int kThreads = 8;
+  const std::vector<int> got = async_copies_in(Schedule::Forward, kThreads);
   for (int i = 0; i < kThreads; ++i) {
     EXPECT_EQ(got[size_t(i * 5 + 0)], -2) << "thread " << i << " before any wait";
     EXPECT_EQ(got[size_t(i * 5 + 1)], i * 4 + 1) << "thread " << i << ", first group";
@@ -405,16 +411,8 @@ TEST(SimtEmulator, AsyncCopiesLandAtTheWaitThatCoversTheirGroup) {
 
 // In the reverse schedule a copy lands as early as the hardware may land it, at issue.
 TEST(SimtEmulator, AsyncCopiesLandAtIssueInTheReverseSchedule) {
-  ScheduleGuard guard;
-  emulator::set_schedule(Schedule::Reverse);
   constexpr int kThreads = 8;
-  DeviceInts src(2 * kThreads * 4), out(kThreads * 5);
-  std::vector<int> values(src.n);
-  for (size_t j = 0; j < values.size(); ++j) values[j] = int(j) + 1;
-  HAM_CUDA_CHECK(cudaMemcpy(src.data, values.data(), src.n * sizeof(int), cudaMemcpyHostToDevice));
-  HAM_LAUNCH(1, kThreads, 2 * kThreads * 16, nullptr, async_copy_in_groups)(src.data, out.data);
-  HAM_CUDA_CHECK_LAUNCH();
-  const std::vector<int> got = out.read();
+  const std::vector<int> got = async_copies_in(Schedule::Reverse, kThreads);
   for (int i = 0; i < kThreads; ++i) {
     EXPECT_EQ(got[size_t(i * 5 + 0)], i * 4 + 1 + (kThreads + i) * 4 + 1) << "thread " << i;
     EXPECT_EQ(got[size_t(i * 5 + 2)], (kThreads + i) * 4 + 1) << "thread " << i;
