@@ -1699,7 +1699,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
 //   3. gdr_bwd_values_mma  per chunk, over V tiles: dP, du Vb^T, dv, and the row sums
 //                          <dVb, V>, <dO, Q S0>, <K dS_end, u> and <S0, dS_end>
-//   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and V tiles: dq, dW,
+//   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and double-buffered
+//                          32-column V tiles: dq, dW,
 //                          dA += dW Kbg^T, dk's first two terms
 //   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
 // Per-chunk matrices and row sums pass between them in f32 scratch.
@@ -2220,13 +2221,19 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// The keys kernel's value tiles: 32 columns, so that two slots of them fit beside Q and K
+// with two blocks per SM at K = 128 (112 KB).
+constexpr int kKeysVt = 32;
+
 template <int KD, int VT>
 struct BwdKeysLayout {
   static constexpr int kb = KD < 64 ? KD : 64;  // key columns per block
   static constexpr int ldk = KD + 8, ldv = VT + 8, ldb = kb + 8, ldf = kChunk + 1;
   static constexpr size_t f_bytes = size_t(kChunk * ldf) * 4;
+  // One step's tiles: dO, du, U [64][VT] and the key block's rows of S0, dS [KB][VT].
+  static constexpr int slot_elements = 3 * kChunk * ldv + 2 * kb * ldv;
   static constexpr size_t bytes =
-      f_bytes + size_t(2 * kChunk * ldk + 3 * kChunk * ldv + 2 * kb * ldv + kChunk * ldb) * 2;
+      f_bytes + size_t(2 * kChunk * ldk + 2 * slot_elements + kChunk * ldb) * 2;
 };
 
 template <int KD, int VT>
@@ -2238,12 +2245,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* sDpg = reinterpret_cast<float*>(smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sK = sQ + kChunk * LDK;
-  bf16* sdO = sK + kChunk * LDK;
-  bf16* sDu = sdO + kChunk * LDV;
-  bf16* sU = sDu + kChunk * LDV;
-  bf16* sS0 = sU + kChunk * LDV;  // [KB][VT]: the key block's rows of S0
-  bf16* sdS = sS0 + KB * LDV;
-  bf16* sKbg = sdS + KB * LDV;  // [64][KB]: beta E K, the key block's columns
+  bf16* slots = sK + kChunk * LDK;  // two slots of a step's tiles
+  bf16* sKbg = slots + 2 * L::slot_elements;  // [64][KB]: beta E K, the key block's columns
+  auto slot_do = [&](int step) { return slots + (step % 2) * L::slot_elements; };
+  auto slot_du = [&](int step) { return slot_do(step) + kChunk * LDV; };
+  auto slot_u = [&](int step) { return slot_du(step) + kChunk * LDV; };
+  auto slot_s0 = [&](int step) { return slot_u(step) + kChunk * LDV; };  // [KB][VT]
+  auto slot_ds = [&](int step) { return slot_s0(step) + KB * LDV; };     // [KB][VT]
   __shared__ float s_g[kChunk], s_beta[kChunk];
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32);
@@ -2255,36 +2263,54 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
+    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+    // Step s takes key block s / v_tiles and value tile s % v_tiles; its tiles go to slot
+    // s % 2, step s + 1's copies in flight during step s's products. (Issued and waited
+    // for at once, each step's copies had left their whole latency exposed.)
+    const int v_tiles = int((V + VT - 1) / VT), steps = (KD / KB) * v_tiles;
+    auto issue_step = [&](int step) {
+      const int64_t k0 = int64_t(step / v_tiles) * KB, v0 = int64_t(step % v_tiles) * VT;
+      const int cols = int(min(int64_t(VT), V - v0));
+      issue_tile(slot_do(step), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile(slot_u(step), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile(slot_s0(step), LDV, KB, VT, KB, cols,
+                 [&](int a) { return saved + (k0 + a) * V + v0; });
+      issue_tile(slot_ds(step), LDV, KB, VT, KB, cols,
+                 [&](int a) { return dsaved + (k0 + a) * V + v0; });
+      issue_tile(slot_du(step), LDV, kChunk, VT, n, cols,
+                 rows_of(static_cast<const bf16*>(bw.du), V, v0));
+    };
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_step(0);
     async_copy_commit();
     load_square_f32(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
-    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
-    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
 
     float dA2[kChunk / 8][4];  // dW Kbg^T
     mma::zero(dA2);
+    int step = 0;
     for (int k0 = 0; k0 < KD; k0 += KB) {
       float x1[KB / 8][4], x2[KB / 8][4], x3[KB / 8][4];
       mma::zero(x1);
       mma::zero(x2);
       mma::zero(x3);
-      for (int64_t v0 = 0; v0 < V; v0 += VT) {
-        const int cols = int(min(int64_t(VT), V - v0));
-        __syncthreads();
-        issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
-        issue_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
-        issue_tile(sS0, LDV, KB, VT, KB, cols, [&](int a) { return saved + (k0 + a) * V + v0; });
-        issue_tile(sdS, LDV, KB, VT, KB, cols, [&](int a) { return dsaved + (k0 + a) * V + v0; });
-        issue_tile(sDu, LDV, kChunk, VT, n, cols,
-                   rows_of(static_cast<const bf16*>(bw.du), V, v0));
-        async_copy_commit();
-        async_copy_wait<0>();
-        __syncthreads();
+      for (int v_tile = 0; v_tile < v_tiles; ++v_tile, ++step) {
+        __syncthreads();  // the other slot (step - 1's tiles) is no longer read
+        if (step + 1 < steps) {
+          issue_step(step + 1);
+          async_copy_commit();
+          async_copy_wait<1>();
+        } else {
+          async_copy_wait<0>();
+        }
+        __syncthreads();  // this step's tiles, from every thread
+        const bf16 *sdO = slot_do(step), *sDu = slot_du(step), *sU = slot_u(step);
+        const bf16 *sS0 = slot_s0(step), *sdS = slot_ds(step);
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sDu + warp * 16 * LDV, sS0, x2);  // du S0^T
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sU + warp * 16 * LDV, sdS, x3);   // u dS^T
@@ -2981,7 +3007,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     constexpr int kValuesVt = kBackwardValuesVt<KD>;
     launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
                BwdValuesLayout<KD, kValuesVt>::bytes, pr, bw);
-    launch_mma(&gdr_bwd_keys_mma<KD, VT>, per_chunk, BwdKeysLayout<KD, VT>::bytes, pr, bw);
+    launch_mma(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, BwdKeysLayout<KD, kKeysVt>::bytes, pr,
+               bw);
     launch_mma(&gdr_bwd_wy_mma<KD>, per_chunk, BwdWyLayout<KD>::bytes, pr, bw);
     return true;
   };
