@@ -1697,11 +1697,12 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //   1. gdr_bwd_local_mma   per chunk, over V tiles: dvl = P^T dO
 //   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
-//   3. gdr_bwd_values_mma  per chunk, over V tiles: dP, du Vb^T, dv, and the row sums
-//                          <dVb, V>, <dO, Q S0>, <K dS_end, u> and <S0, dS_end>
+//   3. gdr_bwd_values_mma  per chunk, over double-buffered V tiles: dP, du Vb^T, dv,
+//                          and the row sums <dVb, V>, <dO, Q S0>, <K dS_end, u> and
+//                          <S0, dS_end>
 //   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and double-buffered
-//                          32-column V tiles: dq, dW,
-//                          dA += dW Kbg^T, dk's first two terms
+//                          32-column V tiles: dq, dW, dA += dW Kbg^T, dk's first two
+//                          terms
 //   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
 // Per-chunk matrices and row sums pass between them in f32 scratch.
 
@@ -2045,24 +2046,26 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-// bf16 sQ, sK [64][ldk] and sA [64][lda], then one region that holds in turn the value
-// loop's tiles (sdO, sU, sDu, sVb [64][ldv]; sS0, sdS [KD][ldv]) and the f32 Z = dP * P at
-// the end. (With the kernel forming A itself and its f32 matrices apart, 168 KB at
-// K = 128: one block per SM, 6% occupancy on the H200.)
+// bf16 sQ, sK [64][ldk] and sA [64][lda], then one region that holds in turn two slots of
+// the value loop's tiles (sdO, sU, sDu, sVb [64][ldv]; sS0, sdS [KD][ldv]) and the f32
+// Z = dP * P at the end. (With the kernel forming A itself and its f32 matrices apart,
+// 168 KB at K = 128: one block per SM, 6% occupancy on the H200.)
 template <int KD, int VT>
 struct BwdValuesLayout {
   static constexpr int ldk = KD + 8, ldv = VT + 8, lda = kChunk + 8, ldf = kChunk + 1;
   static constexpr size_t fixed_bytes = size_t(2 * kChunk * ldk + kChunk * lda) * 2;
-  static constexpr size_t tile_bytes = size_t(4 * kChunk * ldv + 2 * KD * ldv) * 2;
+  static constexpr int slot_elements = 4 * kChunk * ldv + 2 * KD * ldv;
+  static constexpr size_t tile_bytes = size_t(2 * slot_elements) * 2;
   static constexpr size_t f32_bytes = size_t(kChunk * ldf) * 4;
   static constexpr size_t bytes = fixed_bytes + (tile_bytes > f32_bytes ? tile_bytes : f32_bytes);
   static_assert(fixed_bytes % 16 == 0, "the shared region must stay 16-byte aligned");
 };
 
-// The value tile of gdr_bwd_values_mma: 32 columns at K = 128, where 64 would need 118 KB
-// of shared memory and leave one block per SM (85 KB: two); the backward's tile otherwise.
+// The value tile of gdr_bwd_values_mma, sized so that its two slots leave two blocks per
+// SM up to K = 128: 16 columns at K = 128 (91 KB), 32 below (87 KB at K = 64) and at
+// K = 256 (195 KB, one block per SM as with one slot).
 template <int KD>
-constexpr int kBackwardValuesVt = KD == 128 ? 32 : kBackwardVt<KD>;
+constexpr int kBackwardValuesVt = KD == 128 ? 16 : 32;
 
 template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads)
@@ -2075,12 +2078,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sA = sK + kChunk * LDK;
   unsigned char* region = smem_raw + L::fixed_bytes;  // see BwdValuesLayout
   float* sZ = reinterpret_cast<float*>(region);  // dP * P, after the value loop
-  bf16* sdO = reinterpret_cast<bf16*>(region);
-  bf16* sU = sdO + kChunk * LDV;  // u = v_new
-  bf16* sDu = sU + kChunk * LDV;
-  bf16* sVb = sDu + kChunk * LDV;
-  bf16* sS0 = sVb + kChunk * LDV;  // [K][VT]
-  bf16* sdS = sS0 + KD * LDV;      // [K][VT]
+  bf16* slots = reinterpret_cast<bf16*>(region);
+  auto slot_do = [&](int tile) { return slots + (tile % 2) * L::slot_elements; };
+  auto slot_u = [&](int tile) { return slot_do(tile) + kChunk * LDV; };  // u = v_new
+  auto slot_du = [&](int tile) { return slot_u(tile) + kChunk * LDV; };
+  auto slot_vb = [&](int tile) { return slot_du(tile) + kChunk * LDV; };
+  auto slot_s0 = [&](int tile) { return slot_vb(tile) + kChunk * LDV; };  // [K][VT]
+  auto slot_ds = [&](int tile) { return slot_s0(tile) + KD * LDV; };      // [K][VT]
   __shared__ float s_g[kChunk], s_beta[kChunk];
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
@@ -2092,8 +2096,26 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
+    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+    // Value tile t's copies go to slot t % 2, tile t + 1's in flight during tile t's
+    // products. (Issued and waited for at once, each tile's copies had left their whole
+    // latency exposed.)
+    const int v_tiles = int((V + VT - 1) / VT);
+    auto issue_value_tile = [&](int tile) {
+      const int64_t v0 = int64_t(tile) * VT;
+      const int cols = int(min(int64_t(VT), V - v0));
+      issue_tile(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile(slot_vb(tile), LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
+      issue_tile(slot_s0(tile), LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; });
+      issue_tile(slot_ds(tile), LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; });
+      issue_tile(slot_du(tile), LDV, kChunk, VT, n, cols,
+                 rows_of(static_cast<const bf16*>(bw.du), V, v0));
+    };
     issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    if (v_tiles > 0) issue_value_tile(0);
     async_copy_commit();
     load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
     load_beta(pr, b, h, begin, n, s_beta);
@@ -2105,18 +2127,16 @@ __global__ void __launch_bounds__(kMmaThreads)
     mma::zero(dp);
     mma::zero(dav);
     float dbv[2] = {0.f, 0.f}, deo[2] = {0.f, 0.f}, dtau[2] = {0.f, 0.f}, dlambda = 0.f;
-    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
-    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
-    for (int64_t v0 = 0; v0 < V; v0 += VT) {
+    for (int tile = 0; tile < v_tiles; ++tile) {
+      const int64_t v0 = int64_t(tile) * VT;
       const int cols = int(min(int64_t(VT), V - v0));
-      __syncthreads();  // the previous tile is no longer read
-      issue_tile(sdO, LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
-      issue_tile(sU, LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
-      issue_tile(sVb, LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
-      issue_tile(sS0, LDV, KD, VT, KD, cols, [&](int a) { return saved + a * V + v0; });
-      issue_tile(sdS, LDV, KD, VT, KD, cols, [&](int a) { return dsaved + a * V + v0; });
-      issue_tile(sDu, LDV, kChunk, VT, n, cols, rows_of(static_cast<const bf16*>(bw.du), V, v0));
-      async_copy_commit();
+      __syncthreads();  // the other slot (the previous tile) is no longer read
+      if (tile + 1 < v_tiles) {
+        issue_value_tile(tile + 1);
+        async_copy_commit();
+      }
+      bf16 *sdO = slot_do(tile), *sU = slot_u(tile), *sDu = slot_du(tile), *sVb = slot_vb(tile);
+      bf16 *sS0 = slot_s0(tile), *sdS = slot_ds(tile);
       // The lane's elements of V for <dVb_i, V_i>, loaded with the copies in flight (in the
       // epilogue each load would wait behind the dv store before it).
       float v_lane[VT / 8][4];
@@ -2129,7 +2149,8 @@ __global__ void __launch_bounds__(kMmaThreads)
               i < n && c < cols ? load(pr.v[pr.row(b, begin + i, h) * V + v0 + c]) : 0.f;
         }
       }
-      async_copy_wait<0>();
+      if (tile + 1 < v_tiles) async_copy_wait<1>();
+      else async_copy_wait<0>();
       scale_tile(sVb, LDV, kChunk, VT, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
       mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sdO + warp * 16 * LDV, sU, dp);
@@ -2222,7 +2243,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // The keys kernel's value tiles: 32 columns, so that two slots of them fit beside Q and K
-// with two blocks per SM at K = 128 (112 KB).
+// with two blocks per SM at K = 128 (109 KB).
 constexpr int kKeysVt = 32;
 
 template <int KD, int VT>
