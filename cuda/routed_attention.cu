@@ -740,13 +740,16 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 // bf16 inputs run through the tensor cores (cuda/mma.cuh: mma.sync m16n8k16, f32
 // accumulation), flash-attention-2 style. A block of 4 warps owns 64 query rows of one
 // (query head, batch row), 16 per warp (the forward: 128 rows, 32 per warp, for head dims
-// of 64 or 128; see MmaShape); per key tile the block stages K and v' = p v (bf16,
-// v' rounded once) in shared memory, and each warp computes its S = Q K^T slice in
-// registers, applies the scale, the visibility test (boundary tiles only) and the online
-// softmax there, and feeds P straight from the accumulator registers into P V': the
-// accumulator layout of two adjacent 8-column blocks of S is the A-fragment layout of one
-// 16-column block of P. Scores, maxima, sums and O stay f32; P is rounded to bf16 for the
-// product, as flash-attention does. Shared-memory rows are padded by 8 elements so that
+// of 64 or 128; see MmaShape); per key tile the block stages K and V in shared memory,
+// and each warp computes its S = Q K^T slice in registers, applies the scale, the
+// visibility test (boundary tiles only) and the online softmax there, and feeds P straight
+// from the accumulator registers into P V' = (P diag(p)) V, the value scales applied to
+// P's columns in registers (the dQ kernel's likewise to dP's): the accumulator layout of
+// two adjacent 8-column blocks of S is the A-fragment layout of one 16-column block of P.
+// Scores, maxima, sums and O stay f32; P diag(p) is rounded to bf16 for the product, as
+// flash-attention rounds P. (Scaling each V tile in shared memory instead had cost a pass
+// over it per tile, and registers: 255 against 233 for the 128-row D = 128 forward.) The
+// dK/dV kernel, whose keys stay, scales its V tile once: v' = p v rounded to bf16. Shared-memory rows are padded by 8 elements so that
 // ldmatrix's eight 16-byte rows fall in different banks.
 //
 // Tiles move from global to shared memory by cp.async (cuda/async_copy.cuh): 16 bytes a
@@ -832,12 +835,14 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 }
 
 // The compacted key tiles [lo, lo + BK), [lo + BK, ...) below `hi` of a forward or dQ block,
-// double-buffered: tile t lives in slot t % 2 (K rows, V' rows, positions, value scales).
-// Thread j < BK carries key j of the next tiles in registers: tile t + 1's position and
-// scale, tile t + 2's position, each loaded an iteration before it is needed. Usage:
+// double-buffered: tile t lives in slot t % 2 (K rows, V rows, positions) and its value
+// scales in slot t % 3 (read during tile t's products, after the barrier that lets tile
+// t + 2's positions into slot t % 2). Thread j < BK carries key j of the next tiles in
+// registers: tile t + 1's position and scale, tile t + 2's position, each loaded an
+// iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
-//   for each tile t:  advance(t);  async_copy_wait<1>();  scale(t);  __syncthreads();
-//                     products on k(t), v(t)
+//   for each tile t:  advance(t);  async_copy_wait<1>();  __syncthreads();
+//                     products on k(t), v(t), with value scales tile_scales(t)
 template <int DK, int DV, int BK>
 struct KeyTiles {
   static constexpr int LDK = DK + 8, LDV = DV + 8;
@@ -847,7 +852,7 @@ struct KeyTiles {
   bf16* k_rows;    // [2][BK][LDK]
   bf16* v_rows;    // [2][BK][LDV]
   int* positions;  // [2][BK], shared
-  float* scales;   // [2][BK], shared
+  float* scales;   // [3][BK], shared
   int next_position = -1, after_position = -1;
   float next_scale = 0.f;
 
@@ -882,15 +887,16 @@ struct KeyTiles {
     issue(0);
   }
 
-  // At the top of tile t: tile t + 1's positions and scales into its slot (free: its last
-  // readers passed the barrier before tile t - 1's products), the lookahead moves on, a
-  // barrier (the slot's tiles are no longer read), tile t + 1's copies, and a commit (an
-  // empty group past the last tile, so that wait<1> always means "tile t").
+  // At the top of tile t: tile t + 1's positions and scales into their slots (free: the
+  // positions' last readers passed the barrier before tile t - 1's products, the scales'
+  // the barrier at the top of tile t - 1), the lookahead moves on, a barrier (the slot's
+  // tiles are no longer read), tile t + 1's copies, and a commit (an empty group past the
+  // last tile, so that wait<1> always means "tile t").
   __device__ void advance(int t) {
     const int j = int(threadIdx.x), slot = (t + 1) % 2;
     if (j < BK) {
       positions[slot * BK + j] = next_position;
-      scales[slot * BK + j] = next_scale;
+      scales[(t + 1) % 3 * BK + j] = next_scale;
       next_scale = key_scale(a, b, after_position);
       next_position = after_position;
       after_position = key_position(a, b, lo + (t + 3) * BK + j, hi);
@@ -900,11 +906,26 @@ struct KeyTiles {
     async_copy_commit();
   }
 
-  // After async_copy_wait<1>(): v' = p v on this thread's chunks of tile t.
-  __device__ void scale(int t) const {
-    if (a.p) scale_rows<DV, LDV, BK>(v(t), scales + (t % 2) * BK);
-  }
+  // Tile t's value scales p (0 past the last key): V' = diag(p) V enters the products as
+  // P V' = (P diag(p)) V and dP = dO V'^T = (dO V^T) diag(p), a scale per column of the
+  // accumulators, instead of a pass over the V tile in shared memory.
+  __device__ const float* tile_scales(int t) const { return scales + t % 3 * BK; }
 };
+
+// The value scales of this lane's accumulator columns 8 nb + 2 (lane % 4) + c (c < 2) of a
+// key tile: x[nb][e] *= p[column of e], element e in column 2 (lane % 4) + e % 2.
+template <int NB>
+__device__ __forceinline__ void scale_key_columns(const float* tile_scales, float (&x)[NB][4]) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const float p0 = tile_scales[nb * 8 + 2 * t4], p1 = tile_scales[nb * 8 + 2 * t4 + 1];
+    x[nb][0] *= p0;
+    x[nb][1] *= p1;
+    x[nb][2] *= p0;
+    x[nb][3] *= p1;
+  }
+}
 
 template <int DK, int DV, int kM>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
@@ -914,7 +935,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ float s_pscale[2 * BK];
+  __shared__ float s_pscale[3 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
@@ -951,7 +972,6 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);
     async_copy_wait<1>();  // tile t (and Q) have landed
-    keys.scale(t);
     __syncthreads();
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
@@ -1003,8 +1023,12 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
       }
     }
 
-    // O += P V': P's accumulator registers are the A-fragments of P (each V' fragment
-    // loaded once for the kM row tiles).
+    // O += P V' = (P diag(p)) V: P's accumulator registers, each column scaled by its key's
+    // value scale, are the A-fragments (each V fragment loaded once for the kM row tiles).
+    if (a.p) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) scale_key_columns(keys.tile_scales(t), s[m]);
+    }
     mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
   }
 
@@ -1075,7 +1099,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ float s_pscale[2 * BK];
+  __shared__ float s_pscale[3 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
@@ -1105,7 +1129,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);
     async_copy_wait<1>();  // tile t (and Q, dO) have landed
-    keys.scale(t);
     __syncthreads();
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
@@ -1113,7 +1136,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     zero(s);
     zero(ds);
     mma::rows_times_rows<DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
-    mma::rows_times_rows<DV, LDV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dP
+    mma::rows_times_rows<DV, LDV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dO V^T
+    if (a.p) scale_key_columns(keys.tile_scales(t), ds);  // dP = dO V'^T
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
