@@ -2777,6 +2777,19 @@ struct MmaChunkStates {
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 
+// Whether a state pass's blocks of 32 columns (`kernel`, kMmaThreads threads, `bytes` of
+// shared memory) all fit the device at once.
+template <class Kernel>
+bool narrow_state_pass_fits(Kernel* kernel, size_t bytes, const Dims& d) {
+  if (bytes > 48 * 1024) {
+    HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(bytes)));
+  }
+  const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, kMmaThreads, bytes);
+  const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
+  return blocks <= int64_t(per_sm) * multiprocessor_count();
+}
+
 // Value columns per block of gdr_state_mma. Its blocks run the chunks in sequence, so its
 // time is about (waves of blocks) x (chunks) x (time of a chunk step); 32-column tiles halve
 // a step's products and double the blocks, which pays while those blocks still fit the
@@ -2785,17 +2798,8 @@ std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 template <int KD>
 int state_columns(const Dims& d) {
   if (const int forced = g_state_columns.load(); forced != 0) return forced;
-  auto* narrow = &gdr_state_mma<KD, 32>;
-  const size_t bytes = MmaStateLayout<KD, 32>::bytes;
-  if (bytes > 48 * 1024) {
-    HAM_CUDA_CHECK(cudaFuncSetAttribute(narrow, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(bytes)));
-  }
-  int per_sm = 0;
-  HAM_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, narrow, kMmaThreads, bytes));
-  const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
-  return blocks <= int64_t(per_sm) * multiprocessor_count() ? 32 : 64;
+  return narrow_state_pass_fits(&gdr_state_mma<KD, 32>, MmaStateLayout<KD, 32>::bytes, d) ? 32
+                                                                                          : 64;
 }
 
 // Value columns per block of the backward's sequential pass (gdr_bwd_state_mma), chosen as
@@ -2812,15 +2816,7 @@ int backward_state_columns(const Dims& d) {
     using Narrow = BwdStateLayout<KD, 32, 2>;
     auto* narrow = &gdr_bwd_state_mma<KD, 32, 2>;
     if (Narrow::bytes > shared_memory_limit(narrow)) return VT;
-    if (Narrow::bytes > 48 * 1024) {
-      HAM_CUDA_CHECK(cudaFuncSetAttribute(narrow, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(Narrow::bytes)));
-    }
-    int per_sm = 0;
-    HAM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, narrow, kMmaThreads,
-                                                                 Narrow::bytes));
-    const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
-    return blocks <= int64_t(per_sm) * multiprocessor_count() ? 32 : VT;
+    return narrow_state_pass_fits(narrow, Narrow::bytes, d) ? 32 : VT;
   }
 }
 

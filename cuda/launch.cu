@@ -1,8 +1,10 @@
 // Out-of-line pieces of cuda/launch.h.
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/ops/shape.h"
 #include "cuda/launch.h"
@@ -22,6 +24,23 @@ int multiprocessor_count() {
                                           cudaDevAttrMultiProcessorCount, device));
   }
   return cached[size_t(device)];
+}
+
+int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
+                         const std::function<int()>& query) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> cache;
+  int device = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(kernel, threads, bytes, device);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const int blocks = query();
+  std::lock_guard<std::mutex> lock(mutex);
+  cache[key] = blocks;
+  return blocks;
 }
 
 size_t max_shared_per_block() {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -145,6 +146,27 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
 
 // Streaming multiprocessors of the current device (cached per device).
 int multiprocessor_count();
+
+// query() for (kernel, threads, bytes) on the current device, the first time; the cached
+// answer after that.
+int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
+                         const std::function<int()>& query);
+
+// Blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, opted in
+// beforehand where above 48 KB) that one SM of the current device holds at once, by the
+// runtime's occupancy calculator. Cached per kernel, configuration and device, since
+// launches on hot paths (rms_norm, decoding) size their grids by it. `op` names the caller
+// in an error.
+template <class Kernel>
+int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t bytes) {
+  return cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, bytes, [&] {
+    int per_sm = 0;
+    HAM_CUDA_CHECK_CTX(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes), op,
+        ": occupancy of a block of ", threads, " threads with ", bytes, " bytes of shared memory");
+    return per_sm;
+  });
+}
 
 // Opt-in shared memory per block of the current device, in bytes.
 size_t max_shared_per_block();

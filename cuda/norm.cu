@@ -500,9 +500,7 @@ void launch_rms_norm_rows(int64_t packs_per_thread, const T* x, const T* gate, c
             " packs per thread exceed the row-group kernel's ", kPacks);
   auto launch = [&]<bool kGated>() {
     auto* kernel = &rms_norm_rows_kernel<kWarp, N, kPacks, kGated, T>;
-    int per_sm = 0;
-    HAM_CUDA_CHECK_CTX(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-                       "rms_norm: occupancy of the row-group kernel");
+    const int per_sm = resident_blocks_per_sm("rms_norm", kernel, kThreads, 0);
     const int64_t resident = int64_t(std::max(1, per_sm)) * multiprocessor_count() *
                              (kWarp ? kWarpRowsPerBlock : 1);
     const int64_t most = g_row_groups.load();

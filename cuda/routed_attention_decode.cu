@@ -333,10 +333,7 @@ void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device 
   // splits would double the time; on the H200 a fixed 4 blocks per SM, of which 3 fit, ran
   // 1.29 waves), each split a whole number of 128-key steps, at least kMinStepsPerSplit (a
   // split's fixed costs, q and its partial result, stay small).
-  int resident_per_sm = 0;
-  HAM_CUDA_CHECK_CTX(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident_per_sm, kernel,
-                                                                   kDecodeThreads, bytes),
-                     kOp, ": occupancy of a block with ", bytes, " bytes of shared memory");
+  const int resident_per_sm = resident_blocks_per_sm(kOp, kernel, kDecodeThreads, bytes);
   const int64_t resident = std::max(1, resident_per_sm) * int64_t(multiprocessor_count());
   const int64_t base_blocks = rows * a.kv_heads * a.slices;
   const int64_t steps = std::max<int64_t>(1, ceil_div(most_visible, kStepKeys));
