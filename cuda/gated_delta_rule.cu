@@ -1171,10 +1171,15 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
+    // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
+    auto issue_value_tile = [&](int tile) {
+      const int64_t v0 = int64_t(tile) * kMmaVt;
+      issue_tile(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - v0)),
+                 ChunkRows(pr, b, h, begin)(pr.v, V, v0));
+    };
     __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
-    issue_tile(sV, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V)),
-               ChunkRows(pr, b, h, begin)(pr.v, V, 0));
+    issue_value_tile(0);
     async_copy_commit();
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
@@ -1190,8 +1195,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     // in flight during the A store, the K scaling and W's products.
     const int v_tiles = int((V + kMmaVt - 1) / kMmaVt);
     if (v_tiles > 1) {
-      issue_tile(sV2, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - kMmaVt)),
-                 ChunkRows(pr, b, h, begin)(pr.v, V, kMmaVt));
+      issue_value_tile(1);
       async_copy_commit();
     }
     if (a_out) {  // for the backward kernels, which would otherwise form it again
@@ -1247,8 +1251,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       if (tile + 2 < v_tiles) {
         __syncthreads();  // every warp is done with this buffer
-        issue_tile(tile_v, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - v0 - 2 * kMmaVt)),
-                   ChunkRows(pr, b, h, begin)(pr.v, V, v0 + 2 * kMmaVt));
+        issue_value_tile(tile + 2);
         async_copy_commit();
       }
     }

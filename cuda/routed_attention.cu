@@ -749,8 +749,9 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 // Scores, maxima, sums and O stay f32; P diag(p) is rounded to bf16 for the product, as
 // flash-attention rounds P. (Scaling each V tile in shared memory instead had cost a pass
 // over it per tile, and registers: 255 against 233 for the 128-row D = 128 forward.) The
-// dK/dV kernel, whose keys stay, scales its V tile once: v' = p v rounded to bf16. Shared-memory rows are padded by 8 elements so that
-// ldmatrix's eight 16-byte rows fall in different banks.
+// dK/dV kernel, whose keys stay, scales its V tile once: v' = p v rounded to bf16.
+// Shared-memory rows are padded by 8 elements so that ldmatrix's eight 16-byte rows fall
+// in different banks.
 //
 // Tiles move from global to shared memory by cp.async (cuda/async_copy.cuh): 16 bytes a
 // copy, no registers, every copy of a thread in flight at once. (Loading each 16 bytes into
@@ -836,8 +837,8 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 
 // The compacted key tiles [lo, lo + BK), [lo + BK, ...) below `hi` of a forward or dQ block,
 // double-buffered: tile t lives in slot t % 2 (K rows, V rows, positions) and its value
-// scales in slot t % 3 (read during tile t's products, after the barrier that lets tile
-// t + 2's positions into slot t % 2). Thread j < BK carries key j of the next tiles in
+// scales in slot t % 3 (they are read during tile t's products, when tile t + 2's
+// positions may already be in slot t % 2). Thread j < BK carries key j of the next tiles in
 // registers: tile t + 1's position and scale, tile t + 2's position, each loaded an
 // iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
