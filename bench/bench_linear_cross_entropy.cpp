@@ -101,7 +101,7 @@ void BM_LinearCrossEntropy(benchmark::State& state, int64_t chunk_rows, bool bac
                          benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   const int64_t logit_rows =
       chunk_rows < 0 ? (backward ? 2 : 1) * kRows
-                     : ham::ops::linear_cross_entropy_chunk_rows(kRows, kVocab, chunk_rows);
+                     : ham::ops::linear_cross_entropy_chunk_rows(kRows, kVocab, kDim, chunk_rows);
   state.counters["logits_MiB"] = double(logit_rows * kVocab * 4) / double(1 << 20);
 }
 

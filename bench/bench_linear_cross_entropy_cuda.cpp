@@ -123,7 +123,8 @@ CaseResult run_case(const BenchCase& c, int reps, UnfusedCache& unfused_cache) {
   set_requires_grad(weight);
 
   CaseResult r;
-  r.chunk_rows = ops::linear_cross_entropy_chunk_rows(c.rows, c.vocab, c.chunk_rows, Device::cuda());
+  r.chunk_rows = ops::linear_cross_entropy_chunk_rows(c.rows, c.vocab, c.dim, c.chunk_rows,
+                                                     Device::cuda());
   r.fused_fb = time_step(reps, [&] {
     Tensor loss = linear_cross_entropy(hidden, weight, targets, -100, c.chunk_rows);
     gradients({loss}, {hidden, weight});

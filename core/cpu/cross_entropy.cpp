@@ -75,4 +75,31 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   });
 }
 
+// The two kernels above in turn; a bad target goes into the tally, not an exception.
+void cross_entropy_with_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             double scale, int64_t row_offset, Tensor& loss_sum, Tensor& tally) {
+  const int64_t rows = targets.numel(), vocab = logits.size(-1);
+  int64_t* counts = tally.data<int64_t>();
+  int64_t first_bad = -1;
+  dispatch_index("cross_entropy_with_grad", targets.dtype(), [&]<class I>() {
+    const I* pt = targets.data<I>();
+    for (int64_t r = 0; r < rows && first_bad < 0; ++r) {
+      const int64_t t = int64_t(pt[r]);
+      if (t != ignore_index && (t < 0 || t >= vocab)) first_bad = r;
+    }
+  });
+  if (first_bad >= 0) {
+    counts[1] = std::min(counts[1], row_offset + first_bad);
+    dispatch_floating("cross_entropy_with_grad", logits.dtype(), [&]<class T>() {
+      std::fill(logits.data<T>(), logits.data<T>() + logits.numel(), T(0));
+      loss_sum.data<T>()[0] = T(0);
+    });
+    return;
+  }
+  Tensor lse = Tensor::empty({rows}, loss_sum.dtype(), logits.device());
+  counts[0] += cross_entropy(logits, targets, ignore_index, lse, loss_sum);
+  const Tensor one = Tensor::scalar(1.0, loss_sum.dtype(), logits.device());
+  cross_entropy_backward(logits, targets, lse, ignore_index, one, scale, logits);
+}
+
 }  // namespace ham::cpu

@@ -12,6 +12,10 @@ HAM_DEFINE_KERNEL_TABLE(cross_entropy_backward, &cpu::cross_entropy_backward,
                         void(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                              int64_t ignore_index, const Tensor& dloss, double scale,
                              Tensor& dlogits))
+HAM_DEFINE_KERNEL_TABLE(cross_entropy_with_grad, &cpu::cross_entropy_with_grad,
+                        void(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             double scale, int64_t row_offset, Tensor& loss_sum,
+                             Tensor& tally))
 
 namespace ops {
 

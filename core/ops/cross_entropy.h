@@ -26,6 +26,18 @@ HAM_DECLARE_KERNEL_TABLE(cross_entropy_backward,
                               int64_t ignore_index, const Tensor& dloss, double scale,
                               Tensor& dlogits));
 
+// The forward and the backward of a block of rows in one call, for the chunks of
+// ops::linear_cross_entropy: logits are overwritten by their gradient
+//   dlogits_rj = (e^(logits_rj - lse_r) - [j == target_r]) * scale   (0 on ignored rows)
+// loss_sum (0-d, stats dtype) gets the rows' loss, and `tally` (i64 [2], on the logits'
+// device) accumulates [0] += the kept rows and [1] = min([1], row_offset + r) over rows r
+// whose target is out of range (their gradient rows are 0; the caller reports the error).
+// Nothing is read back to the host, so the caller's chunks queue without waiting.
+HAM_DECLARE_KERNEL_TABLE(cross_entropy_with_grad,
+                         void(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              double scale, int64_t row_offset, Tensor& loss_sum,
+                              Tensor& tally));
+
 // The dtype of lse, the loss and its gradient for logits of `logits` dtype.
 inline DType cross_entropy_stats_dtype(DType logits) {
   return logits == DType::F64 ? DType::F64 : DType::F32;
@@ -52,6 +64,8 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             int64_t ignore_index, const Tensor& dloss, double scale,
                             Tensor& dlogits);
+void cross_entropy_with_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             double scale, int64_t row_offset, Tensor& loss_sum, Tensor& tally);
 }  // namespace cpu
 
 }  // namespace ham

@@ -326,5 +326,65 @@ TEST(CrossEntropy, GpuMatchesCpu) {
                         {"cross_entropy", "target 10", "row 2", "V = 10"});
 }
 
+// The forward and backward in one call (the linear cross-entropy's chunk kernel), on
+// `device`, against the two CPU kernels: loss, the gradient written over the logits, and
+// the tally of kept rows and the first bad row (offset by row_offset). Row 5 is bad.
+void expect_with_grad_matches_cpu(Device device, DType dtype, int64_t vocab, uint64_t seed) {
+  const int64_t rows = 9, row_offset = 1000;
+  const std::string what = std::string("cross_entropy_with_grad on ") + device.str() + " " +
+                           dtype_name(dtype) + " V=" + std::to_string(vocab);
+  std::vector<int64_t> t = testing::random_indices({rows}, DType::I64, Device::cpu(), seed, 0,
+                                                   vocab).to_vector<int64_t>();
+  t[2] = -100;  // ignored
+  Tensor logits = testing::random_tensor({rows, vocab}, dtype, device, seed + 1, 3.0);
+  Tensor logits_cpu = testing::cpu_reference(logits);
+  const double scale = 0.37;
+  const DType stats = cross_entropy_stats_dtype(dtype);
+  for (bool with_bad_row : {false, true}) {
+    std::vector<int64_t> targets_now = t;
+    if (with_bad_row) targets_now[5] = vocab;
+    Tensor targets = Tensor::from_vector(targets_now, {rows}).to(device);
+    Tensor targets_cpu = targets.to(Device::cpu());
+    Tensor got = logits.clone();
+    Tensor loss = testing::poisoned({}, stats, device);
+    Tensor tally = Tensor::from_vector<int64_t>({4, 1 << 30}, {2}).to(device);
+    cross_entropy_with_grad_kernels()(device, got, targets, -100, scale, row_offset, loss, tally);
+    const std::vector<int64_t> counts = tally.to(Device::cpu()).to_vector<int64_t>();
+    if (with_bad_row) {  // the bad row is tallied and its gradient is 0; the rest is the caller's
+      EXPECT_EQ(counts[1], row_offset + 5) << what;
+      for (double v : got.slice(5, 6).to_vector<double>()) ASSERT_EQ(v, 0.0) << what;
+      continue;
+    }
+    auto want = ops::cross_entropy(logits_cpu, targets_cpu, -100);
+    Tensor want_dlogits = ops::cross_entropy_backward(
+        logits_cpu, targets_cpu, want.lse, -100, Tensor::scalar(1.0, stats), scale);
+    EXPECT_EQ(counts[0], 4 + want.count) << what;
+    EXPECT_EQ(counts[1], 1 << 30) << what;
+    testing::expect_matches_reference(loss, want.loss_sum, dtype, what + " loss");
+    testing::expect_matches_reference(got, want_dlogits, dtype, what + " dlogits");
+  }
+}
+
+TEST(CrossEntropy, WithGradMatchesTheTwoKernelsCpu) {
+  uint64_t seed = 70;
+  for (int64_t vocab : {7, 300}) {
+    expect_with_grad_matches_cpu(Device::cpu(), DType::F64, vocab, seed += 2);
+    expect_with_grad_matches_cpu(Device::cpu(), DType::F32, vocab, seed += 2);
+  }
+}
+
+// Warp rows (100), block rows with the whole row kept in shared memory between the
+// passes (5000), unpacked rows (2051), and rows longer than that cache (60000: 240 KB in
+// f32, 120 KB in bf16), whose tail is read twice.
+TEST(CrossEntropy, WithGradGpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  uint64_t seed = 90;
+  for (DType dtype : testing::kGpuDtypes) {
+    for (int64_t vocab : {100, 5000, 2051, 60000}) {
+      expect_with_grad_matches_cpu(Device::cuda(), dtype, vocab, seed += 2);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ham

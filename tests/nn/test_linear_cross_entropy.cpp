@@ -135,17 +135,30 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(LinearCrossEntropy, DefaultChunkRows) {
   using ops::linear_cross_entropy_chunk_rows;
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(3, 5), 3);             // small: one chunk
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 1 << 20), 8);  // 2^23 / 2^20
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 50304), (int64_t(1) << 23) / 50304);
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, int64_t(1) << 24), 1);  // at least one row
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 7), 7);    // caller's choice
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 500), 100);  // clamped to N
-  // On CUDA chunks are 2^28 logits, for GEMMs long enough to run at full rate.
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 128256, 0, Device::cuda()),
-            (int64_t(1) << 28) / 128256);
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 1 << 20, 0, Device::cuda()), 256);
-  EXPECT_EQ(linear_cross_entropy_chunk_rows(1000, 50304, 0, Device::cuda()), 1000);
+  constexpr int64_t kCpu = int64_t(1) << 23;
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(3, 5, 4), 3);             // small: one chunk
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 1 << 20, 4), 8);  // 2^23 / 2^20
+  // 100000 rows of at most 166 (2^23 / 50304): 603 chunks of 166, none rounded past 166.
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 50304, 4), kCpu / 50304);
+  // 1000 rows of at most 166: 7 chunks of 143 (not 6 of 166 and one of 4).
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(1000, 50304, 4), 143);
+  // At most 1024 rows (2^23 / 8192): 1000 rows in one chunk, 5000 in 5 of 1000 rounded up
+  // to 1024 (the last chunk then has 904).
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(1000, 8192, 4), 1000);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(5000, 8192, 4), 1024);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, int64_t(1) << 24, 4), 1);  // at least one row
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 7), 7);    // caller's choice
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100, 1000, 4, 500), 100);  // clamped to N
+  // On CUDA chunks are up to 2^28 logits (or V D), for GEMMs long enough to run at full
+  // rate: the bench shapes of the H200 (16384 x 32768: 2 of 8192; x 50304: 4 of 4096,
+  // not 3 of 5336 and one of 376; 8192 x 128256 at D 4096: 2 of 4096).
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(16384, 32768, 2048, 0, Device::cuda()), 8192);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(16384, 50304, 2048, 0, Device::cuda()), 4096);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(8192, 128256, 4096, 0, Device::cuda()), 4096);
+  // 100000 rows of at most 2092 (2^28 / 128256, above V D at D 1024): 48 chunks of 2084.
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 128256, 1024, 0, Device::cuda()), 2084);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(100000, 1 << 20, 8, 0, Device::cuda()), 256);
+  EXPECT_EQ(linear_cross_entropy_chunk_rows(1000, 50304, 8, 0, Device::cuda()), 1000);
 }
 
 // The same f64 loss and gradients whatever the chunk size.
