@@ -24,6 +24,8 @@
 // segment is chunked from its own first token in pieces of at most 64 tokens, exactly as
 // the CPU does, so no chunk holds a document start. chunk_doc_start marks chunks that
 // begin a document; there the state resets to 0 (h0 only seeds the chunk at t = 0).
+// doc_chunk lists each document's first chunk: the tensor-core state passes run every
+// document of a row in blocks of its own, side by side (StateTile).
 //
 // ---- Forward of one chunk (c <= 64 rows, start state S0 = the block's S) ----
 //   G_i = g_0 + ... + g_i (chunk-local cumsum, compute type), E = e^G,
@@ -98,11 +100,13 @@ __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
 
 // ---- Chunk table ---------------------------------------------------------------------
 // Per batch row b: chunk_begin[b, c] for c < count[b] (and chunk_begin[b, count[b]] = T),
-// chunk_doc_start[b, c] = 1 when chunk c begins a document (t = 0 included). A token t
+// chunk_doc_start[b, c] = 1 when chunk c begins a document (t = 0 included), and
+// doc_chunk[b, d] = the first chunk of document d for d < docs[b] (doc_chunk[b, docs[b]]
+// = count[b]), which lets the state passes give each document its own blocks. A token t
 // begins a chunk iff (t - s) % 64 == 0 with s its document's first token, which is the
 // CPU's "each segment chunked from its first token". One block per row walks the row in
-// tiles of kTableThreads tokens: s by a max-scan of document starts, the chunk index by
-// a sum-scan of chunk starts, both carried across tiles.
+// tiles of kTableThreads tokens: s by a max-scan of document starts, the chunk and
+// document indices by sum-scans of chunk and document starts, all carried across tiles.
 
 struct MaxOp {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
@@ -111,17 +115,20 @@ struct MaxOp {
 template <class Index>
 __global__ void __launch_bounds__(kTableThreads)
     chunk_table_kernel(const Index* doc_ids, int64_t seq_len, int32_t* chunk_begin,
-                       int32_t* chunk_doc_start, int32_t* chunk_count) {
+                       int32_t* chunk_doc_start, int32_t* doc_chunk, int32_t* chunk_count,
+                       int32_t* doc_count) {
   using Scan = cub::BlockScan<int, kTableThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int carry_doc_start, carry_count;
+  __shared__ int carry_doc_start, carry_count, carry_docs;
   const int64_t b = blockIdx.x;
   const Index* doc = doc_ids ? doc_ids + b * seq_len : nullptr;
   int32_t* begins = chunk_begin + b * (seq_len + 1);
   int32_t* doc_starts = chunk_doc_start + b * (seq_len + 1);
+  int32_t* doc_chunks = doc_chunk + b * (seq_len + 1);
   if (threadIdx.x == 0) {
     carry_doc_start = 0;
     carry_count = 0;
+    carry_docs = 0;
   }
   __syncthreads();
   for (int64_t base = 0; base < seq_len; base += kTableThreads) {
@@ -135,38 +142,48 @@ __global__ void __launch_bounds__(kTableThreads)
     const int starts_chunk = in_range && (t - doc_first) % kChunk == 0 ? 1 : 0;
     int index = 0, tile_chunks = 0;
     Scan(scan_storage).ExclusiveSum(starts_chunk, index, tile_chunks);
+    __syncthreads();  // scan_storage is reused below
+    int doc_index = 0, tile_docs = 0;
+    Scan(scan_storage).ExclusiveSum(starts_doc ? 1 : 0, doc_index, tile_docs);
     if (starts_chunk) {
       begins[carry_count + index] = int32_t(t);
       doc_starts[carry_count + index] = t == doc_first ? 1 : 0;
     }
+    if (starts_doc) doc_chunks[carry_docs + doc_index] = carry_count + index;
     __syncthreads();  // every thread has read the carries
     if (threadIdx.x == kTableThreads - 1) {
       carry_doc_start = doc_first;
       carry_count += tile_chunks;
+      carry_docs += tile_docs;
     }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
     begins[carry_count] = int32_t(seq_len);
+    doc_chunks[carry_docs] = carry_count;
     chunk_count[b] = carry_count;
+    doc_count[b] = carry_docs;
   }
 }
 
 struct ChunkTable {
-  Tensor begin, doc_start, count;  // i32 [B, T + 1], [B, T + 1], [B]
+  Tensor begin, doc_start, doc_chunk;  // i32 [B, T + 1] each
+  Tensor count;                        // i32 [2, B]: chunks, then documents, per row
 };
 
 ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t seq_len) {
   const Device device = a.q.device();
   ChunkTable table{Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
-                   Tensor::empty(Shape{batch}, DType::I32, device)};
+                   Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
+                   Tensor::empty(Shape{2, batch}, DType::I32, device)};
   if (batch == 0) return table;
   HAM_CHECK(batch < (int64_t(1) << 31), "gated_delta_rule: batch ", batch, " exceeds the grid");
   auto launch = [&]<class Index>(const Index* doc_ids) {
     HAM_LAUNCH(unsigned(batch), kTableThreads, 0, launch_stream(), chunk_table_kernel<Index>)(
         doc_ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
-        ptr<int32_t>(table.count));
+        ptr<int32_t>(table.doc_chunk), ptr<int32_t>(table.count),
+        ptr<int32_t>(table.count) + batch);
     HAM_CUDA_CHECK_LAUNCH();
   };
   if (a.doc_ids.defined()) {
@@ -277,7 +294,8 @@ template <class T>
 struct Problem {
   const T *q, *k, *v, *g, *beta, *h0;  // h0 may be null
   const float* g_f32;  // f32 gates with bf16 T (mixed precision); then g is null
-  const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;
+  const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;  // the chunk table
+  const int32_t *doc_chunk, *doc_count;
   int64_t batch, seq_len, heads, key_dim, value_dim;
   int vt, tiles;
 
@@ -1258,20 +1276,33 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-// A state-pass block's place: batch row b (blockIdx.z), head h (blockIdx.y), the value
-// columns [col0, col0 + cols) of its tile (blockIdx.x, `width` wide), its row's chunks.
-// Its f32 running state (S forward, dS backward) lives in shared memory as a [KD][VT] tile
-// with row stride LDF; the member functions move it to and from [K, V] states in memory.
+// A state-pass block's place: batch row b (blockIdx.z), head h (blockIdx.y), and in
+// blockIdx.x = document d * tiles + tile, the value columns [col0, col0 + cols) of its tile
+// (`width` wide) and document d's chunks [first_chunk, end_chunk) of its row. Documents
+// never share a state, so each gets its own blocks: a row of 20 documents runs 20 short
+// sequences side by side, not one long one. Blocks past the row's documents have no
+// chunks. The state passes' f32 running state (S forward, dS backward) is a [KD][VT] tile;
+// the member functions move it to and from [K, V] states in memory.
 struct StateTile {
   int64_t b, h, col0, state_base, value_dim;
-  int cols, count;
+  int cols, count, first_chunk, end_chunk;
+  bool first_document, last_document;  // the row's document at t = 0, at t = T - 1
   const int32_t *begins, *doc_starts;
   __device__ StateTile(const Problem<bf16>& pr, int width)
-      : b(blockIdx.z), h(blockIdx.y), col0(int64_t(blockIdx.x) * width),
+      : b(blockIdx.z), h(blockIdx.y),
         state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim), value_dim(pr.value_dim),
-        cols(int(min(int64_t(width), pr.value_dim - col0))), count(pr.chunk_count[b]),
-        begins(pr.chunk_begin + b * (pr.seq_len + 1)),
-        doc_starts(pr.chunk_doc_start + b * (pr.seq_len + 1)) {}
+        count(pr.chunk_count[b]), begins(pr.chunk_begin + b * (pr.seq_len + 1)),
+        doc_starts(pr.chunk_doc_start + b * (pr.seq_len + 1)) {
+    const int tiles = int((pr.value_dim + width - 1) / width);
+    const int doc = int(blockIdx.x) / tiles, docs = pr.doc_count[b];
+    col0 = int64_t(int(blockIdx.x) % tiles) * width;
+    cols = int(min(int64_t(width), pr.value_dim - col0));
+    const int32_t* doc_chunks = pr.doc_chunk + b * (pr.seq_len + 1);
+    first_chunk = doc < docs ? doc_chunks[doc] : 0;
+    end_chunk = doc < docs ? doc_chunks[doc + 1] : 0;
+    first_document = doc == 0;
+    last_document = doc == docs - 1;
+  }
 
   // Element (a, c) of the tile within one [K, V] state.
   __device__ int64_t offset(int a, int c) const { return a * value_dim + col0 + c; }
@@ -1369,8 +1400,9 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
   }
 }
 
-// The forward's sequential pass, one block per (VT-column V tile, h, b) over the chunks in
-// order. Per chunk, with S the state at its start (zero at a document start):
+// The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
+// document's chunks in order (StateTile). Per chunk, with S the state at its start (h0 or
+// zero at the document's start):
 //   S0 = bf16(S) -> states (the output kernel and the backward read it)
 //   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
 //   S <- e^{G_last} S + K^T sVn
@@ -1396,10 +1428,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
   __shared__ float s_g[2][kChunk];
   const StateTile st(pr, VT);
+  if (st.first_chunk == st.end_chunk) return;  // past the row's documents
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int first = st.first_chunk, end_chunk = st.end_chunk;
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
-  const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
+  const int32_t* begins = st.begins;
 
   // Chunk c's copies into slot c % 2 ([begin, end) its tokens).
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
@@ -1416,37 +1450,31 @@ __global__ void __launch_bounds__(kMmaThreads)
     return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
   };
 
-  Registers S;
+  Registers S;  // h0 seeds the document at t = 0; the others start from 0
   S.each([&](float& x, int a, int c) {
-    x = pr.h0 && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)]) : 0.f;
+    x = pr.h0 && st.first_document && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)])
+                                               : 0.f;
   });
   // Registers ahead of chunk c: its tokens [begin, end), the starts of chunks c + 2, c + 3,
-  // c + 4 (end_next, end_after, end_later), chunk c + 1's document-start flag and G.
-  int64_t begin = begin_of(0), end = begin_of(1), end_next = begin_of(2);
-  int64_t end_after = begin_of(3), end_later = begin_of(4);
-  int doc_now = count > 0 ? doc_starts[0] : 0, doc_next = count > 1 ? doc_starts[1] : 0;
+  // c + 4 (end_next, end_after, end_later), chunk c + 1's G.
+  int64_t begin = begin_of(first), end = begin_of(first + 1), end_next = begin_of(first + 2);
+  int64_t end_after = begin_of(first + 3), end_later = begin_of(first + 4);
   float g_next = 0.f;
-  if (count > 0) {
-    if (i_row < kChunk) s_g[0][i_row] = g_of(begin, end);
-    g_next = g_of(end, end_next);
-    issue_chunk(0, begin, end);
-    async_copy_commit();
-  }
+  if (i_row < kChunk) s_g[first % 2][i_row] = g_of(begin, end);
+  g_next = g_of(end, end_next);
+  issue_chunk(first, begin, end);
+  async_copy_commit();
 
-  for (int chunk = 0; chunk < count; ++chunk) {
+  for (int chunk = first; chunk < end_chunk; ++chunk) {
     const int n = int(end - begin);
     __syncthreads();  // the previous chunk's tiles, S0, sVn and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;
       g_next = g_of(end_next, end_after);  // chunk + 2
     }
-    if (chunk + 1 < count) issue_chunk(chunk + 1, end, end_next);
+    if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
     async_copy_commit();
-    const bool reset = begin > 0 && doc_now;  // a document start: S = 0
-    S.each([&](float& x, int a, int c) {
-      if (reset) x = 0.f;
-      sSb[a * LDS + c] = store<bf16>(x);
-    });
+    S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
     async_copy_wait<1>();  // this chunk's W, K, U
     __syncthreads();
     save_state<KD, VT, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
@@ -1496,9 +1524,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     end_next = end_after;
     end_after = end_later;
     end_later = begin_of(min(chunk + 5, count));
-    doc_now = doc_next;
-    doc_next = chunk + 2 < count ? doc_starts[chunk + 2] : 0;
   }
+  if (!st.last_document) return;
   // The state after token T - 1.
   S.each([&](float& x, int a, int c) {
     if (c < cols) h_final[st.state_base + st.offset(a, c)] = store<bf16>(x);
@@ -1892,9 +1919,9 @@ struct BwdStateLayout {
   static constexpr size_t bytes = s_bytes + kSlots * slot_bytes + v_bytes;
 };
 
-// The backward's sequential pass, one block per (V tile, h, b) over the chunks in reverse.
-// Per chunk, with dS the gradient of its end state (zero when the next chunk starts a
-// document, and grad_h_final after the last):
+// The backward's sequential pass, one block per (V tile, document, h, b) over the
+// document's chunks in reverse (StateTile). Per chunk, with dS the gradient of its end
+// state (grad_h_final after the row's last chunk, zero after any other document's):
 //   dS_end = bf16(dS) -> dstates;  du = dvl + diag(tau) K dS_end -> du
 //   dS <- lambda dS + Q^T diag(E) dO - W^T du   (= dS0, the previous chunk's dS_end)
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
@@ -1922,10 +1949,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   };
   __shared__ float s_g[2][kChunk];
   const StateTile st(pr, VT);
+  if (st.first_chunk == st.end_chunk) return;  // past the row's documents
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
-  const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int cols = st.cols, first = st.first_chunk, warp = int(threadIdx.x / 32);
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
-  const int32_t *begins = st.begins, *doc_starts = st.doc_starts;
+  const int32_t* begins = st.begins;
 
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
@@ -1940,32 +1968,29 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
   };
-  auto begin_of = [&](int chunk) { return chunk >= 0 ? int64_t(begins[chunk]) : int64_t(0); };
-  auto doc_start_of = [&](int chunk) {
-    return chunk >= 0 && chunk < count ? doc_starts[chunk] : 0;
-  };
+  // Tokens before the document's first chunk are never read (begin_of clamps there).
+  auto begin_of = [&](int chunk) { return int64_t(begins[max(chunk, first)]); };
 
-  Registers dS;  // the gradient of the state after token T - 1
+  Registers dS;  // the gradient of the document's end state: grad_h_final after token T - 1
   dS.each([&](float& x, int a, int c) {
-    x = bw.grad_h_final && c < cols ? load(bw.grad_h_final[st.state_base + st.offset(a, c)]) : 0.f;
+    x = bw.grad_h_final && st.last_document && c < cols
+            ? load(bw.grad_h_final[st.state_base + st.offset(a, c)])
+            : 0.f;
   });
-  // Registers ahead of chunk c = [begin, end): the starts of chunks c - 1, c - 2, c - 3,
-  // the document-start flags of chunks c + 1 (doc_end) and c (doc_next), chunk c - 1's G.
-  const int last = count - 1;
-  int64_t end = begin_of(last + 1), begin = begin_of(last), begin_p1 = begin_of(last - 1);
+  // Registers ahead of chunk c = [begin, end): the starts of chunks c - 1, c - 2, c - 3 and
+  // chunk c - 1's G.
+  const int last = st.end_chunk - 1;
+  int64_t end = begins[last + 1], begin = begin_of(last), begin_p1 = begin_of(last - 1);
   int64_t begin_p2 = begin_of(last - 2), begin_p3 = begin_of(last - 3);
-  int doc_end = 0, doc_next = doc_start_of(last);
   float g_next = 0.f;
-  if (count > 0) {
-    if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
-    g_next = g_of(begin_p1, begin);
-    if (kSlots == 2) {
-      issue_chunk(last, begin, end);
-      async_copy_commit();
-    }
+  if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
+  g_next = g_of(begin_p1, begin);
+  if (kSlots == 2) {
+    issue_chunk(last, begin, end);
+    async_copy_commit();
   }
 
-  for (int chunk = last; chunk >= 0; --chunk) {
+  for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
     __syncthreads();  // the next chunk's tiles, dS_end, du and s_g slot are no longer read
     if (i_row < kChunk) {
@@ -1973,17 +1998,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       g_next = g_of(begin_p2, begin_p1);     // chunk - 2
     }
     if (kSlots == 2) {
-      if (chunk > 0) issue_chunk(chunk - 1, begin_p1, begin);
+      if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
     } else {
       issue_chunk(chunk, begin, end);
     }
     async_copy_commit();
-    // A chunk followed by a document start ends its document: its end state is dropped.
-    const bool reset = doc_end != 0;
-    dS.each([&](float& x, int a, int c) {
-      if (reset) x = 0.f;
-      dSb[a * LDS + c] = store<bf16>(x);
-    });
+    dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
     async_copy_wait<kSlots - 1>();  // this chunk's tiles
     const float* g = s_g[chunk % 2];
     bf16* sdO = slot_do(chunk);
@@ -2039,10 +2059,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     begin_p1 = begin_p2;
     begin_p2 = begin_p3;
     begin_p3 = begin_of(chunk - 4);
-    doc_end = doc_next;
-    doc_next = doc_start_of(chunk - 1);
   }
-  if (bw.dh0) {  // dS0 of the segment at t = 0
+  if (bw.dh0 && st.first_document) {  // dS0 of the document at t = 0
     dS.each([&](float& x, int a, int c) {
       if (c < cols) bw.dh0[st.state_base + st.offset(a, c)] = store<bf16>(x);
     });
@@ -2693,6 +2711,8 @@ Problem<T> make_problem(const GatedDeltaRuleArgs& a, const Dims& d, const ChunkT
   pr.chunk_begin = table.begin.defined() ? ptr<const int32_t>(table.begin) : nullptr;
   pr.chunk_doc_start = table.doc_start.defined() ? ptr<const int32_t>(table.doc_start) : nullptr;
   pr.chunk_count = table.count.defined() ? ptr<const int32_t>(table.count) : nullptr;
+  pr.doc_chunk = table.doc_chunk.defined() ? ptr<const int32_t>(table.doc_chunk) : nullptr;
+  pr.doc_count = table.count.defined() ? ptr<const int32_t>(table.count) + d.batch : nullptr;
   pr.batch = d.batch;
   pr.seq_len = d.seq_len;
   pr.heads = d.heads;
@@ -2709,6 +2729,15 @@ dim3 grid_of(const char* op, const Dims& d, int tiles) {
   return dim3(unsigned(tiles), unsigned(d.heads), unsigned(d.batch));
 }
 
+// The state passes' grid: (tile, document) pairs along x (StateTile), heads, batch rows.
+dim3 state_pass_grid(const char* op, const Dims& d, int tiles, int64_t docs) {
+  HAM_CHECK(int64_t(tiles) * docs < (int64_t(1) << 31), op, ": ", docs, " documents in a row",
+            " times ", tiles, " value tiles exceed the grid");
+  dim3 grid = grid_of(op, d, tiles);
+  grid.x = unsigned(int64_t(tiles) * std::max<int64_t>(docs, 1));
+  return grid;
+}
+
 void check_sizes(const char* op, const Dims& d) {
   HAM_CHECK(d.seq_len < (int64_t(1) << 30), op, ": T = ", d.seq_len, " is too long");
 }
@@ -2719,15 +2748,22 @@ void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& 
   launch_fit_error<T>(fit_part, d.batch * d.seq_len * d.heads, tiles, fit_error);
 }
 
-// Largest chunk count over the batch rows (one device-to-host read on the launch stream).
-int64_t max_chunk_count(const ChunkTable& table, int64_t batch) {
-  std::vector<int32_t> counts(static_cast<size_t>(batch));
+// Largest chunk and document counts over the batch rows (one device-to-host read on the
+// launch stream).
+struct ChunkCounts {
+  int64_t chunks = 0, docs = 0;
+};
+ChunkCounts max_chunk_counts(const ChunkTable& table, int64_t batch) {
+  std::vector<int32_t> counts(static_cast<size_t>(2 * batch));
   cudaStream_t stream = launch_stream();
   HAM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ptr<const int32_t>(table.count),
-                                 size_t(batch) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+                                 counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  int64_t most = 0;
-  for (int32_t c : counts) most = std::max<int64_t>(most, c);
+  ChunkCounts most;
+  for (int64_t b = 0; b < batch; ++b) {
+    most.chunks = std::max<int64_t>(most.chunks, counts[size_t(b)]);
+    most.docs = std::max<int64_t>(most.docs, counts[size_t(batch + b)]);
+  }
   return most;
 }
 
@@ -2772,7 +2808,7 @@ bool dispatch_mma_key_dim(int64_t key_dim, Fn&& fn) {
 struct MmaChunkStates {
   ChunkTable table;
   Problem<bf16> pr;  // 64-column value tiles (the output kernel's)
-  int64_t max_chunks = 0;
+  int64_t max_chunks = 0, max_docs = 0;  // over the batch rows
   Tensor w, u, v_new, states;
   Tensor gcum;  // G, the chunk-local cumsum of the gates, f32 [B, T, H]
   Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
@@ -2832,7 +2868,9 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   MmaChunkStates c;
   c.table = build_chunk_table(a, d.batch, d.seq_len);
   c.pr = make_problem<bf16>(a, d, c.table, kMmaVt);
-  c.max_chunks = max_chunk_count(c.table, d.batch);
+  const ChunkCounts most = max_chunk_counts(c.table, d.batch);
+  c.max_chunks = most.chunks;
+  c.max_docs = most.docs;
   const Device device = a.q.device();
   const int64_t rows = d.batch * d.seq_len * d.heads;
   c.w = Tensor::empty(Shape{rows * d.key_dim}, DType::BF16, device);
@@ -2851,7 +2889,8 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
              c.max_chunks);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    launch_mma(&gdr_state_mma<KD, VT>, grid_of(op, d, tiles), MmaStateLayout<KD, VT>::bytes,
+    launch_mma(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
+               MmaStateLayout<KD, VT>::bytes,
                c.pr, ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
                ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
   };
@@ -3009,7 +3048,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
     // chunk's copies in flight) where they fit.
     auto state_pass = [&]<int SVT>() {
-      const dim3 grid = grid_of(op, d, int((d.value_dim + SVT - 1) / SVT));
+      const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
@@ -3053,7 +3092,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
-    const int64_t max_chunks = pr.tiles > 0 ? max_chunk_count(table, d.batch) : 0;
+    const int64_t max_chunks = pr.tiles > 0 ? max_chunk_counts(table, d.batch).chunks : 0;
     const int64_t blocks = d.batch * d.heads * pr.tiles;
     const DType cd = compute_dtype<T>();
     Tensor checkpoints = Tensor::empty(Shape{blocks * max_chunks * d.key_dim * vt}, cd, device);

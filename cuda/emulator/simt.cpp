@@ -648,10 +648,14 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
   struct Reset {
     ~Reset() { running = nullptr; }
   } reset;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) block_runner.run_block({x, y, z});
-    }
+  // The blocks run one after another, in grid order, or last first in the reverse schedule:
+  // the hardware runs them in any order, so a result that depends on which of two blocks
+  // writes last fails in one of the two.
+  const bool last_first = schedule() == Schedule::Reverse;
+  for (uint64_t i = 0; i < blocks; ++i) {
+    const uint64_t at = last_first ? blocks - 1 - i : i;
+    block_runner.run_block({unsigned(at % grid.x), unsigned(at / grid.x % grid.y),
+                            unsigned(at / (uint64_t(grid.x) * grid.y))});
   }
 }
 

@@ -106,8 +106,9 @@ uint64_t warp_collective(WarpCollective kind, unsigned mask, uint64_t value, int
 // The order in which the fibers of a block run, at the start and after every barrier:
 // thread order, reverse thread order, or a shuffle (fixed seed). In the reverse schedule
 // the lanes a warp collective releases run next, so each warp runs ahead of the others to
-// the next barrier. The default comes from HAM_EMULATOR_SCHEDULE (forward, reverse,
-// shuffle; forward when unset).
+// the next barrier, and the blocks of a grid run last first (two blocks writing one
+// element then leave the other value than in grid order). The default comes from
+// HAM_EMULATOR_SCHEDULE (forward, reverse, shuffle; forward when unset).
 enum class Schedule { Forward, Reverse, Shuffle };
 Schedule schedule();
 void set_schedule(Schedule schedule);

@@ -57,6 +57,23 @@ TEST(SimtEmulator, EveryThreadOfEveryBlockRunsWithItsCoordinates) {
   }
 }
 
+// Every block writes its linear index into one element: a race between blocks, whose
+// winner is the block the emulator runs last.
+__global__ void last_block_wins(int* out) {
+  if (threadIdx.x == 0) out[0] = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+}
+
+TEST(SimtEmulator, TheReverseScheduleRunsTheBlocksLastFirst) {
+  ScheduleGuard guard;
+  for (Schedule s : {Schedule::Forward, Schedule::Reverse, Schedule::Shuffle}) {
+    emulator::set_schedule(s);
+    DeviceInts out(1);
+    HAM_LAUNCH(dim3(3, 2, 2), 32, 0, nullptr, last_block_wins)(out.data);
+    HAM_CUDA_CHECK_LAUNCH();
+    EXPECT_EQ(out.read()[0], s == Schedule::Reverse ? 0 : 11) << "schedule " << int(s);
+  }
+}
+
 // Thread i writes i + 1 to shared memory; after the barrier thread 0 sums all of it.
 __global__ void sum_through_shared(int* out) {
   __shared__ int values[256];

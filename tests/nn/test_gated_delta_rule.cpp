@@ -681,6 +681,22 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{1, 4096, 5, 256, 384, true, 0},
                       GpuCase{1, 16384, 5, 256, 384, false, 20}));
 
+// Rows with different document counts (1, 6 and 3; one-token documents, a document
+// ending on a chunk edge): the state passes give each document its own blocks, and the
+// rows with fewer documents leave some idle. With h0, so only each row's first document
+// starts from it, and grad_h_final reaches only its last.
+TEST(GatedDeltaRule, GpuRowsWithDifferentDocumentCounts) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase c{3, 200, 2, 64, 96, true, 0};
+  GdnInputs in = gpu_case_inputs(c, 5100);
+  in.doc_ids = doc_ids_from_starts<int64_t>(c.batch, c.seq_len,
+                                            {{}, {5, 6, 64, 128, 190}, {1, 100}});
+  for (DType dtype : testing::kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    expect_gpu_matches_reference(on_gpu(in, dtype), gpu_bounds(dtype), 83);
+  }
+}
+
 TEST(GatedDeltaRule, GpuBackwardSomeGradientsOnlyAndDeterministic) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase c{2, 150, 3, 64, 80, true, 5};
