@@ -970,17 +970,34 @@ struct ChunkRows {
   }
 };
 
-// G of the chunk [begin, begin + n) into s_g (zeros past n), in order as the CPU sums it.
-__device__ void chunk_gate_cumsum(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t begin,
-                                  int n, float* s_g) {
-  if (int(threadIdx.x) < kChunk) {
-    const int i = int(threadIdx.x);
-    s_g[i] = i < n ? float(gate_at(pr, pr.row(b, begin + i, h))) : 0.f;
-  }
+// Thread i's gate g_i of the chunk [begin, begin + n) (0 past n and for threads >= 64),
+// loaded early so that its latency overlaps the chunk's tile copies.
+__device__ float chunk_gate(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t begin, int n) {
+  const int i = int(threadIdx.x);
+  return i < kChunk && i < n ? float(gate_at(pr, pr.row(b, begin + i, h))) : 0.f;
+}
+
+// G of the chunk (n rows) into s_g (zeros past n) from each thread's chunk_gate, in order as
+// the CPU sums it: thread 0 loads 16 gates at a time into registers, so only its adds are
+// a chain (a loop through shared memory had waited on a load and a store per row; all 64
+// at once spilled).
+__device__ void chunk_gate_cumsum(float gate, int n, float* s_g) {
+  constexpr int kGroup = 16;
+  if (int(threadIdx.x) < kChunk) s_g[threadIdx.x] = gate;
   __syncthreads();
   if (threadIdx.x == 0) {
     float running = 0.f;
-    for (int i = 0; i < n; ++i) s_g[i] = running += s_g[i];
+#pragma unroll
+    for (int base = 0; base < kChunk; base += kGroup) {
+      float g[kGroup];
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) g[i] = s_g[base + i];
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        running += g[i];  // past n: + 0, and s_g keeps its 0
+        if (base + i < n) s_g[base + i] = running;
+      }
+    }
   }
   __syncthreads();
 }
@@ -1028,6 +1045,34 @@ __device__ void load_square_f32(float* dst, int ld, const float* __restrict__ sr
 __device__ __forceinline__ int acc_row(int e) { return mma::lane_id() / 4 + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int nb, int e) {
   return nb * 8 + 2 * (mma::lane_id() % 4) + e % 2;
+}
+
+// Columns c and c + 1 of a bf16 row (`second`: whether c + 1 is wanted) as one 4-byte store
+// where the address allows, else one by one. A lane's accumulator elements e and e + 1
+// are such a pair; stored 2 bytes at a time, each instruction left every 32-byte sector it
+// touched half written.
+__device__ __forceinline__ void store_bf16_pair(bf16* to, float x0, float x1, bool second) {
+  if (second && (reinterpret_cast<uintptr_t>(to) & 3) == 0) {
+    *reinterpret_cast<uint32_t*>(to) = mma::pack_bf16(x0, x1);
+    return;
+  }
+  to[0] = store<bf16>(x0);
+  if (second) to[1] = store<bf16>(x1);
+}
+
+// A warp's 16 x 8 NB accumulator tile in bf16: row r0 + r, column c to row_at(r0 + r) + c,
+// for rows < n and columns < cols, a pair of columns per store.
+template <int NB, class RowAt>
+__device__ __forceinline__ void store_tile_bf16(const float (&acc)[NB][4], int r0, int n,
+                                                int cols, RowAt row_at) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int i = r0 + acc_row(e), c = acc_col(nb, e);
+      if (i < n && c < cols) store_bf16_pair(row_at(i) + c, acc[nb][e], acc[nb][e + 1], c + 1 < cols);
+    }
+  }
 }
 
 // The chunk's M = strict_tril(K K^T * Gamma) in f32 (Gamma only where j < i: no e^{-G}),
@@ -1199,12 +1244,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
     issue_value_tile(0);
     async_copy_commit();
+    const float gate = chunk_gate(pr, b, h, begin, n);
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
       s_beta[i] = i < n ? load(pr.beta[pr.row(b, begin + i, h)]) : 0.f;
     }
     async_copy_wait<0>();  // the barriers of the cumsum publish sK
-    chunk_gate_cumsum(pr, b, h, begin, n, s_g);
+    chunk_gate_cumsum(gate, n, s_g);
     if (int(threadIdx.x) < n) gcum_out[pr.row(b, begin + threadIdx.x, h)] = s_g[threadIdx.x];
 
     chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
@@ -1234,14 +1280,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       float acc[KB / 8][4];
       mma::zero(acc);
       mma::rows_times_matrix<kChunk, LDA, LDK, KB / 8>(sA + warp * 16 * LDA, sK + c0, acc);
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e);
-          if (i < n) w_out[pr.row(b, begin + i, h) * KD + c0 + acc_col(nb, e)] = store<bf16>(acc[nb][e]);
-        }
-      }
+      store_tile_bf16(acc, warp * 16, n, KB,
+                      [&](int i) { return w_out + pr.row(b, begin + i, h) * KD + c0; });
     }
     // U = A diag(beta) V, one 64-column V tile at a time: tile 0 came with K and tile 1
     // went to M's space; tile t + 2 takes tile t's buffer, its copies in flight during
@@ -1259,14 +1299,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       float acc[kMmaVt / 8][4];
       mma::zero(acc);
       mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, tile_v, acc);
-#pragma unroll
-      for (int nb = 0; nb < kMmaVt / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-          if (i < n && c < cols) u_out[pr.row(b, begin + i, h) * V + v0 + c] = store<bf16>(acc[nb][e]);
-        }
-      }
+      store_tile_bf16(acc, warp * 16, n, cols,
+                      [&](int i) { return u_out + pr.row(b, begin + i, h) * V + v0; });
       if (tile + 2 < v_tiles) {
         __syncthreads();  // every warp is done with this buffer
         issue_value_tile(tile + 2);
@@ -1490,15 +1524,22 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
           const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-          float x = 0.f;
-          if (i < n && c < cols) {
-            const bf16 vn = store<bf16>(load(sU[i * LDS + c]) - acc[nb][e]);
-            v_new[pr.row(b, begin + i, h) * V + col0 + c] = vn;
-            x = load(vn) * expf(g_last - g[i]);
+          float vn[2] = {0.f, 0.f}, x[2] = {0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            if (i < n && c + k < cols) {
+              vn[k] = load(store<bf16>(load(sU[i * LDS + c + k]) - acc[nb][e + k]));
+              x[k] = vn[k] * expf(g_last - g[i]);
+            }
           }
-          sVn[i * LDS + c] = store<bf16>(x);
+          if (i < n && c < cols) {
+            store_bf16_pair(v_new + pr.row(b, begin + i, h) * V + col0 + c, vn[0], vn[1],
+                            c + 1 < cols);
+          }
+          sVn[i * LDS + c] = store<bf16>(x[0]);
+          sVn[i * LDS + c + 1] = store<bf16>(x[1]);
         }
       }
     }
@@ -1657,14 +1698,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
         }
       }
       if (!predicting) {
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = r0 + acc_row(e), c = acc_col(nb, e);
-            if (i < n && c < cols) o[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(acc[nb][e]);
-          }
-        }
+        store_tile_bf16(acc, r0, n, cols,
+                        [&](int i) { return o + pr.row(b, begin + i, h) * V + col0; });
       } else {
         // The fit partial sums of this tile's columns per row (a row's 4 lanes add up); v
         // is zero past the chunk's rows and the tile's columns.
@@ -2020,14 +2055,21 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
           const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-          float du = 0.f;
-          if (i < n && c < cols) {
-            du = sDvl[i * LDF + c] + expf(g_last - g[i]) * acc[nb][e];
-            bw.du[pr.row(b, begin + i, h) * V + col0 + c] = store<bf16>(du);
+          float du[2] = {0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            if (i < n && c + k < cols) {
+              du[k] = sDvl[i * LDF + c + k] + expf(g_last - g[i]) * acc[nb][e + k];
+            }
           }
-          sDu[i * LDS + c] = store<bf16>(du);
+          if (i < n && c < cols) {
+            store_bf16_pair(bw.du + pr.row(b, begin + i, h) * V + col0 + c, du[0], du[1],
+                            c + 1 < cols);
+          }
+          sDu[i * LDS + c] = store<bf16>(du[0]);
+          sDu[i * LDS + c + 1] = store<bf16>(du[1]);
         }
       }
     }
