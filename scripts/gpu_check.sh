@@ -34,9 +34,11 @@
 #                    sanitize = compute-sanitizer's racecheck, synccheck and memcheck over
 #                    small GPU test cases of the hand-written tensor-core kernels, up to
 #                    2 minutes a tool: e.g. HAM_GPU_BENCH=sanitize HAM_GPU_TESTS=NONE;
-#                    diagnose = ncu's speed-of-light, occupancy and warp-stall sections of
-#                    one launch of each of the slowest hand-written kernels; lce times
-#                    bf16 only unless HAM_GPU_LCE_ALL=1)
+#                    diagnose = ncu's speed-of-light, occupancy, warp-stall and source
+#                    (the stalls' top SASS lines) sections of one launch of each of the
+#                    slowest hand-written kernels, or of those HAM_GPU_DIAGNOSE names
+#                    (e.g. "gdr_prepare_mma gdr_state_mma"); lce times bf16 only unless
+#                    HAM_GPU_LCE_ALL=1)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -188,21 +190,31 @@ print(f"{grand:9.3f} total")
 PY
 }
 
-# diagnose NAME KERNEL_REGEX ARGS...: Nsight Compute's speed-of-light, occupancy, launch
-# and warp-stall sections for the first launch of the kernels matching KERNEL_REGEX in a
-# run of build-gpu/bench/NAME ARGS (clocks left as they are), into OUT/diagnose_*.txt.
+# diagnose NAME KERNEL_REGEX ARGS...: Nsight Compute's speed-of-light, occupancy, launch,
+# warp-stall and source-counter sections for the first launch of the kernels matching
+# KERNEL_REGEX in a run of build-gpu/bench/NAME ARGS (clocks left as they are), into
+# OUT/diagnose_*.txt, with the report (.ncu-rep) and its SASS with the stall samples of each
+# instruction (_sass.csv), which say which lines of a kernel its warps wait on.
 diagnose() {
   local name="$1" kernel="$2"; shift 2
-  local file="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}.txt"
+  [[ -z ${HAM_GPU_DIAGNOSE:-} || " $HAM_GPU_DIAGNOSE " == *" $kernel "* ]] || return 0
+  local stem="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}"
+  local file="$stem.txt"
   echo "== [$(date +%T)] ncu sections of $kernel in $name $*"
   if ! command -v ncu >/dev/null; then
     echo "gpu_check: no ncu here: no diagnosis" >&2
     return
   fi
-  timeout 120 ncu --clock-control none -k "regex:$kernel" -c 1 --section SpeedOfLight \
+  if ! timeout 150 ncu --clock-control none -k "regex:$kernel" -c 1 --section SpeedOfLight \
     --section LaunchStats --section Occupancy --section WarpStateStats \
-    --section MemoryWorkloadAnalysis "$build/bench/$name" "$@" >"$file" 2>&1 ||
-    echo "gpu_check: ncu on $kernel failed (log: $file)" >&2
+    --section MemoryWorkloadAnalysis --section SourceCounters -f -o "$stem" \
+    "$build/bench/$name" "$@" >"$stem.log" 2>&1; then
+    echo "gpu_check: ncu on $kernel failed (log: $stem.log)" >&2
+    return
+  fi
+  ncu -i "$stem.ncu-rep" --page details >"$file" 2>&1
+  ncu -i "$stem.ncu-rep" --page source --csv --print-source sass >"${stem}_sass.csv" 2>&1 ||
+    echo "gpu_check: no SASS page for $kernel (see ${stem}_sass.csv)" >&2
   grep -E 'SM Frequency|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Grid Size|Stall|OPT|Waves' "$file" | head -40
 }
 
