@@ -26,7 +26,7 @@
 #                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed profile
 #                    sanitize diagnose
-#                    (default: all but fla and sanitize; fla = gdr with
+#                    (default: all but fla and sanitize; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
 #                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
 #                    HAM_GPU_TESTS=NONE; profile = per-kernel
@@ -269,7 +269,9 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
-    bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
+    # bf16 only: the comparison's dtype (gdr times ham's f32 too)
+    HAM_ARGS="--filter _bf16 ${HAM_ARGS:-}" \
+      bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
       bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py --dtype bf16
   elif [[ $benches == *" gdr "* ]]; then
     bench "gated delta rule: ham alone (HAM_GPU_BENCH=fla adds FLA)" bench_gated_delta_rule_cuda

@@ -29,8 +29,9 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 work=$(mktemp -d)
 
-# Seconds each stage took on the H200 (2026-11-26), with a margin: tests 82, fla 155
-# (with the autotune cache), memory 44, lce bf16 under 60, decode 36, routed 115.
+# Seconds each stage took on the H200 (2026-11-26), with a margin: tests 82-87, fla 155
+# with the autotune cache (134 with its ham cases bf16 only, as now), memory 44, lce 31-33,
+# decode 36, routed 106-115, profile 23, diagnose of two kernels with their SASS 28.
 declare -A limit=([tests]=150 [fla]=210 [gdr]=90 [memory]=70 [lce]=100 [decode]=60
                   [routed]=160 [gemm]=90 [profile]=120 [sanitize]=400 [diagnose]=300)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
