@@ -977,7 +977,8 @@ __device__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols,
   }
 }
 
-// Element x of row r of a bf16 tile becomes f(r, x), rounded back, on this thread's
+// Element x of row r of a bf16 tile becomes f(r)(x), rounded back (f(r) is called once a
+// group: the row's factors come out of shared memory or expf once), on this thread's
 // groups of 8 columns (group g is thread g % blockDim.x's, as in issue_tile, so it may run
 // after the thread's own copies have landed and before the barrier that publishes them).
 // A group moves as one 16-byte shared load and store where the row allows: element by
@@ -988,15 +989,16 @@ __device__ void map_tile(bf16* tile, int ld, int rows, int width, F f) {
   const int per_row = (width + 7) / 8, groups = rows * per_row;
   for (int g = int(threadIdx.x); g < groups; g += int(blockDim.x)) {
     const int r = g / per_row, c0 = (g % per_row) * 8;
+    const auto row_map = f(r);
     bf16* at = tile + r * ld + c0;
     if (c0 + 8 <= width && aligned_16(at)) {
       uint4 pack = *reinterpret_cast<const uint4*>(at);
       bf16* v = reinterpret_cast<bf16*>(&pack);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = store<bf16>(f(r, load(v[e])));
+      for (int e = 0; e < 8; ++e) v[e] = store<bf16>(row_map(load(v[e])));
       *reinterpret_cast<uint4*>(at) = pack;
     } else {
-      for (int e = 0; e < 8 && c0 + e < width; ++e) at[e] = store<bf16>(f(r, load(at[e])));
+      for (int e = 0; e < 8 && c0 + e < width; ++e) at[e] = store<bf16>(row_map(load(at[e])));
     }
   }
 }
@@ -1004,7 +1006,10 @@ __device__ void map_tile(bf16* tile, int ld, int rows, int width, F f) {
 // Row r of the bf16 tile times scale(r) (map_tile).
 template <class Scale>
 __device__ void scale_tile(bf16* tile, int ld, int rows, int width, Scale scale) {
-  map_tile(tile, ld, rows, width, [&](int r, float x) { return x * scale(r); });
+  map_tile(tile, ld, rows, width, [&](int r) {
+    const float factor = scale(r);
+    return [factor](float x) { return x * factor; };
+  });
 }
 
 // Row pointers into a [B, T, H, width] tensor for the tokens of the chunk starting at
@@ -1319,7 +1324,10 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     }
     // beta_i e^{G_i} k_i (rows past n stay 0)
-    map_tile(sK, LDK, kChunk, KD, [&](int i, float x) { return x * s_beta[i] * s_e[i]; });
+    map_tile(sK, LDK, kChunk, KD, [&](int i) {
+      const float beta = s_beta[i], e = s_e[i];
+      return [beta, e](float x) { return x * beta * e; };
+    });
     __syncthreads();
 
     // W = A diag(beta E) K, 64 key columns (or all K) at a time.
