@@ -1377,12 +1377,11 @@ struct StateTile {
   int64_t b, h, col0, state_base, value_dim;
   int cols, count, first_chunk, end_chunk;
   bool first_document, last_document;  // the row's document at t = 0, at t = T - 1
-  const int32_t *begins, *doc_starts;
+  const int32_t* begins;
   __device__ StateTile(const Problem<bf16>& pr, int width)
       : b(blockIdx.z), h(blockIdx.y),
         state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim), value_dim(pr.value_dim),
-        count(pr.chunk_count[b]), begins(pr.chunk_begin + b * (pr.seq_len + 1)),
-        doc_starts(pr.chunk_doc_start + b * (pr.seq_len + 1)) {
+        count(pr.chunk_count[b]), begins(pr.chunk_begin + b * (pr.seq_len + 1)) {
     const int tiles = int((pr.value_dim + width - 1) / width);
     const int doc = int(blockIdx.x) / tiles, docs = pr.doc_count[b];
     col0 = int64_t(int(blockIdx.x) % tiles) * width;
