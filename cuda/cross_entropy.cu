@@ -142,7 +142,9 @@ __device__ void zero_row(T* row, int64_t vocab) {
 #pragma unroll
   for (int e = 0; e < N; ++e) zeros.v[e] = store<T>(compute_t<T>(0));
   P* d = reinterpret_cast<P*>(row);
-  for (int64_t p = RowGroup<kWarp>::lane(); p < vocab / N; p += RowGroup<kWarp>::size()) d[p] = zeros;
+  for (int64_t p = RowGroup<kWarp>::lane(); p < vocab / N; p += RowGroup<kWarp>::size()) {
+    d[p] = zeros;
+  }
 }
 
 // Device-side bookkeeping of the forward: kept rows and the first bad row.
@@ -325,8 +327,9 @@ void cross_entropy_with_grad(Tensor& logits, const Tensor& targets, int64_t igno
       auto run = [&]<int N>() {
         // A warp a row up to kWarpRowMax (no cache), else a block a row (launch_rows' split).
         const bool warp_rows = vocab <= kWarpRowMax;
+        const int64_t pack_bytes = int64_t(sizeof(Pack<T, N>));
         const int64_t cached_packs =
-            warp_rows ? 0 : std::min<int64_t>(vocab / N, kRowCacheBytes / int64_t(sizeof(Pack<T, N>)));
+            warp_rows ? 0 : std::min<int64_t>(vocab / N, kRowCacheBytes / pack_bytes);
         const size_t bytes = size_t(cached_packs) * sizeof(Pack<T, N>);
         auto* kernel = warp_rows ? &cross_entropy_with_grad_rows<true, N, T, I>
                                  : &cross_entropy_with_grad_rows<false, N, T, I>;

@@ -1124,7 +1124,9 @@ __device__ __forceinline__ void store_tile_bf16(const float (&acc)[NB][4], int r
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int i = r0 + acc_row(e), c = acc_col(nb, e);
-      if (i < n && c < cols) store_bf16_pair(row_at(i) + c, acc[nb][e], acc[nb][e + 1], c + 1 < cols);
+      if (i < n && c < cols) {
+        store_bf16_pair(row_at(i) + c, acc[nb][e], acc[nb][e + 1], c + 1 < cols);
+      }
     }
   }
 }

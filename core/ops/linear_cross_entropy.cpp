@@ -125,11 +125,14 @@ LinearCrossEntropyResult linear_cross_entropy(const Tensor& hidden, const Tensor
       Tensor dh_c = dh.slice(r0, r1);
       gemm(z, weight, dh_c, false, false);  // dz_c W
     }
-    if (with_grad_weight) gemm(z, h_c, dw_sum, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);  // += dz_c^T h_c
+    if (with_grad_weight) {  // dW += dz_c^T h_c
+      gemm(z, h_c, dw_sum, true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
+    }
   }
   const std::vector<int64_t> counts = tally.to(Device::cpu()).to_vector<int64_t>();
   if (const int64_t row = counts[1]; row < rows) {
-    const int64_t r0 = row / chunk * chunk, target = t.slice(row, row + 1).to_vector<int64_t>()[0];
+    const int64_t r0 = row / chunk * chunk;
+    const int64_t target = t.slice(row, row + 1).to_vector<int64_t>()[0];
     HAM_FAIL("linear_cross_entropy: in the chunk of rows [", r0, ", ", std::min(rows, r0 + chunk),
              ") of ", rows, " (chunk row i is row ", r0, " + i): cross_entropy: target ", target,
              " at row ", row - r0, " is out of range for V = ", vocab, " (ignore_index ",

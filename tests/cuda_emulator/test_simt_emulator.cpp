@@ -60,7 +60,8 @@ TEST(SimtEmulator, EveryThreadOfEveryBlockRunsWithItsCoordinates) {
 // Every block writes its linear index into one element: a race between blocks, whose
 // winner is the block the emulator runs last.
 __global__ void last_block_wins(int* out) {
-  if (threadIdx.x == 0) out[0] = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x == 0) out[0] = int(block);
 }
 
 TEST(SimtEmulator, TheReverseScheduleRunsTheBlocksLastFirst) {
