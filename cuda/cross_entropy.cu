@@ -202,8 +202,8 @@ __global__ void cross_entropy_backward_rows(const T* logits, const I* targets,
 // The forward and the backward of a row in one kernel, the gradient written over the
 // logits: one pass for the lse, a second for the gradient, which also meets z[t] for the
 // row's loss before overwriting it. The row's first cached_packs packs stay in shared
-// memory between the passes (block rows only; the rest is read twice), so most rows of a
-// vocabulary up to 50K are read from memory once.
+// memory between the passes (block rows only: warp rows ignore cached_packs; the rest is
+// read twice), so most rows of a vocabulary up to 50K are read from memory once.
 template <bool kWarp, int N, class T, class I>
 __global__ void cross_entropy_with_grad_rows(T* logits, const I* targets, int64_t rows,
                                              int64_t vocab, int64_t ignore_index,
@@ -228,10 +228,11 @@ __global__ void cross_entropy_with_grad_rows(T* logits, const I* targets, int64_
     }
     return;
   }
-  const C row_lse = row_logsumexp<kWarp, N>(z, vocab, cache, cached_packs);
+  const int64_t cached = kWarp ? 0 : cached_packs;
+  const C row_lse = row_logsumexp<kWarp, N>(z, vocab, cache, cached);
   const P* packs = reinterpret_cast<const P*>(z);
   const C target_logit = write_row_grad<kWarp, N, T>(
-      [&](int64_t p) { return p < cached_packs ? cache[p] : packs[p]; },
+      [&](int64_t p) { return p < cached ? cache[p] : packs[p]; },
       reinterpret_cast<P*>(z), vocab, t, row_lse, scale);
   if ((t / N) % RowGroup<kWarp>::size() == RowGroup<kWarp>::lane()) {  // z[t]'s reader
     row_loss[r] = double(row_lse) - double(target_logit);
@@ -325,24 +326,14 @@ void cross_entropy_with_grad(Tensor& logits, const Tensor& targets, int64_t igno
     dispatch_floating("cross_entropy_with_grad", logits.dtype(), [&]<class T>() {
       using C = compute_t<T>;
       auto run = [&]<int N>() {
-        // A warp a row up to kWarpRowMax (no cache), else a block a row (launch_rows' split).
-        const bool warp_rows = vocab <= kWarpRowMax;
-        const int64_t pack_bytes = int64_t(sizeof(Pack<T, N>));
-        const int64_t cached_packs =
-            warp_rows ? 0 : std::min<int64_t>(vocab / N, kRowCacheBytes / pack_bytes);
-        const size_t bytes = size_t(cached_packs) * sizeof(Pack<T, N>);
-        auto* kernel = warp_rows ? &cross_entropy_with_grad_rows<true, N, T, I>
-                                 : &cross_entropy_with_grad_rows<false, N, T, I>;
-        HAM_CHECK(rows < (int64_t(1) << 31), "cuda: ", rows, " rows exceed the grid");
-        if (bytes > 48 * 1024) {
-          HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(bytes)));
-        }
-        HAM_LAUNCH(warp_rows ? warp_row_blocks(rows) : unsigned(rows), kThreads, bytes,
-                   launch_stream(), kernel)(ptr<T>(logits), ptr<const I>(targets), rows, vocab,
-                                            ignore_index, C(scale), cached_packs, row_offset,
-                                            ptr<double>(row_loss), stats);
-        HAM_CUDA_CHECK_LAUNCH();
+        const int64_t cached_packs =  // block rows only (the warp kernel keeps no cache)
+            std::min<int64_t>(vocab / N, kRowCacheBytes / int64_t(sizeof(Pack<T, N>)));
+        launch_rows_shared("cross_entropy_with_grad", rows, vocab,
+                           size_t(cached_packs) * sizeof(Pack<T, N>),
+                           &cross_entropy_with_grad_rows<true, N, T, I>,
+                           &cross_entropy_with_grad_rows<false, N, T, I>, ptr<T>(logits),
+                           ptr<const I>(targets), rows, vocab, ignore_index, C(scale),
+                           cached_packs, row_offset, ptr<double>(row_loss), stats);
       };
       if (rows_packable<T>(vocab, {logits.raw_data()})) run.template operator()<kPackWidth<T>>();
       else run.template operator()<1>();

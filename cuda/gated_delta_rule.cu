@@ -2870,10 +2870,7 @@ ChunkCounts max_chunk_counts(const ChunkTable& table, int64_t batch) {
 // limit when it needs more than the default 48 KiB.
 template <class Kernel, class... Args>
 void launch_kernel(Kernel kernel, dim3 grid, int threads, size_t bytes, Args... args) {
-  if (bytes > 48 * 1024) {
-    HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(bytes)));
-  }
+  allow_dynamic_shared("gated_delta_rule", kernel, bytes);
   HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args...);
   HAM_CUDA_CHECK_LAUNCH();
 }
@@ -2919,10 +2916,7 @@ std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 // shared memory) all fit the device at once.
 template <class Kernel>
 bool narrow_state_pass_fits(Kernel* kernel, size_t bytes, const Dims& d) {
-  if (bytes > 48 * 1024) {
-    HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(bytes)));
-  }
+  allow_dynamic_shared("gated_delta_rule", kernel, bytes);
   const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, kMmaThreads, bytes);
   const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
   return blocks <= int64_t(per_sm) * multiprocessor_count();
@@ -3039,8 +3033,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
     Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
     if (pr.tiles > 0) {
       const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), false).bytes;
-      HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_forward_kernel<T>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      allow_dynamic_shared(op, gdr_forward_kernel<T>, bytes);
       HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_forward_kernel<T>)(
           pr, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
       HAM_CUDA_CHECK_LAUNCH();
@@ -3066,9 +3059,7 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
       Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
       if (pr.tiles > 0) {
         const size_t bytes = RecurrentLayout(d.key_dim, vt, sizeof(C)).bytes;
-        HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_recurrent_kernel<T, Index>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(bytes)));
+        allow_dynamic_shared(op, gdr_recurrent_kernel<T, Index>, bytes);
         HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(),
                    gdr_recurrent_kernel<T, Index>)(pr, doc_ids, ptr<T>(out.o), ptr<T>(out.h_final),
                                                    ptr<C>(fit_part));
@@ -3215,8 +3206,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
       bo.dg_part = ptr_or_null<C>(dg_part);
       bo.dbeta_part = ptr_or_null<C>(dbeta_part);
       const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), true).bytes;
-      HAM_CUDA_CHECK(cudaFuncSetAttribute(gdr_backward_kernel<T>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      allow_dynamic_shared(op, gdr_backward_kernel<T>, bytes);
       HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_backward_kernel<T>)(
           pr, bo);
       HAM_CUDA_CHECK_LAUNCH();

@@ -171,6 +171,16 @@ int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t b
 // Opt-in shared memory per block of the current device, in bytes.
 size_t max_shared_per_block();
 
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` where they exceed the default
+// 48 KiB (a launch above the limit fails); `op` names the caller in an error.
+template <class Kernel>
+void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  HAM_CUDA_CHECK_CTX(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), op,
+      ": ", bytes, " bytes of dynamic shared memory");
+}
+
 // Grid-stride loop over [0, n) with 64-bit indices.
 #define HAM_GRID_STRIDE_LOOP(i, n)                                                   \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < int64_t(n); \
@@ -245,19 +255,30 @@ inline unsigned warp_row_blocks(int64_t rows) {
 constexpr int64_t kWarpRowMax = 1024;
 
 // Launches `warp_kernel` (one warp per row, for rows of at most kWarpRowMax elements) or
-// `block_kernel` (one block per row) over `rows` rows, and checks the launch.
+// `block_kernel` (one block per row, with `block_shared_bytes` of dynamic shared memory)
+// over `rows` rows, and checks the launch. `op` names the caller in an error.
 template <class... KernelArgs, class... Args>
-void launch_rows(int64_t rows, int64_t row_length, void (*warp_kernel)(KernelArgs...),
-                 void (*block_kernel)(KernelArgs...), Args... args) {
+void launch_rows_shared(const char* op, int64_t rows, int64_t row_length,
+                        size_t block_shared_bytes, void (*warp_kernel)(KernelArgs...),
+                        void (*block_kernel)(KernelArgs...), Args... args) {
   if (rows == 0) return;
   if (row_length <= kWarpRowMax) {
     HAM_LAUNCH(warp_row_blocks(rows), kThreads, 0, launch_stream(), warp_kernel)(
         KernelArgs(args)...);
   } else {
-    HAM_CHECK(rows < (int64_t(1) << 31), "cuda: ", rows, " rows exceed the grid");
-    HAM_LAUNCH(unsigned(rows), kThreads, 0, launch_stream(), block_kernel)(KernelArgs(args)...);
+    HAM_CHECK(rows < (int64_t(1) << 31), op, ": ", rows, " rows exceed the grid");
+    allow_dynamic_shared(op, block_kernel, block_shared_bytes);
+    HAM_LAUNCH(unsigned(rows), kThreads, block_shared_bytes, launch_stream(), block_kernel)(
+        KernelArgs(args)...);
   }
   HAM_CUDA_CHECK_LAUNCH();
+}
+
+// launch_rows_shared without shared memory.
+template <class... KernelArgs, class... Args>
+void launch_rows(int64_t rows, int64_t row_length, void (*warp_kernel)(KernelArgs...),
+                 void (*block_kernel)(KernelArgs...), Args... args) {
+  launch_rows_shared("cuda", rows, row_length, 0, warp_kernel, block_kernel, args...);
 }
 
 // ---- Vectorised element-wise maps over contiguous tensors ----

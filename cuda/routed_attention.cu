@@ -68,13 +68,6 @@ __device__ __forceinline__ double log_(double x) { return ::log(x); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <class Kernel>
-void allow_dynamic_shared(Kernel* kernel, size_t bytes) {
-  HAM_CUDA_CHECK_CTX(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-      kOp, ": ", bytes, " bytes of dynamic shared memory");
-}
-
 // ---- Compaction ---------------------------------------------------------------------
 
 __device__ __forceinline__ uint64_t mix_bits(uint64_t x) {
@@ -251,7 +244,7 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
   Tensor scratch;
   if (!in_shared) scratch = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
   const size_t dynamic = in_shared ? counter_bytes : 0;
-  if (dynamic > 48 * 1024) allow_dynamic_shared(compact_rows, dynamic);
+  allow_dynamic_shared(kOp, compact_rows, dynamic);
   HAM_LAUNCH(unsigned(batch), kCompactThreads, dynamic, stream, compact_rows)(
       ptr<const uint8_t>(select), first.defined() ? ptr<const int>(first) : nullptr, seq_len,
       in_shared, scratch.defined() ? ptr<int>(scratch) : nullptr, ptr<int64_t>(out.key_positions),
@@ -1625,7 +1618,7 @@ template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args, int threads = kTileThreads) {
   if (bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
-  if (bytes > 48 * 1024) allow_dynamic_shared(kernel, bytes);
+  allow_dynamic_shared(kOp, kernel, bytes);
   HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args);
   HAM_CUDA_CHECK_LAUNCH();
   return true;

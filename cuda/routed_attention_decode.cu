@@ -324,11 +324,7 @@ void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device 
             sizeof(T), "-byte elements need ", bytes, " bytes of shared memory per block, more "
             "than the device's ", limit);
   auto* kernel = &decode_kernel<T, kGroup, kPairs>;
-  if (bytes > 48 * 1024) {
-    HAM_CUDA_CHECK_CTX(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), kOp,
-        ": ", bytes, " bytes of dynamic shared memory");
-  }
+  allow_dynamic_shared(kOp, kernel, bytes);
   // Splits: as many blocks as the GPU holds at once (one wave: a second, partial wave of
   // splits would double the time; on the H200 a fixed 4 blocks per SM, of which 3 fit, ran
   // 1.29 waves), each split a whole number of 128-key steps, at least kMinStepsPerSplit (a
