@@ -25,6 +25,9 @@
 #include <cstdint>
 
 #ifdef HAM_CUDA_EMULATOR
+#include <cfloat>
+#include <cmath>
+
 #include "cuda/emulator/mma.h"
 #else
 #include <cuda_bf16.h>
@@ -37,6 +40,13 @@ namespace ham::cuda::mma {
 using emulator::ldmatrix;
 using emulator::mma_bf16_16816;
 using emulator::pack_bf16;
+
+// 2^x as the hardware's ex2.approx.ftz computes it, to the emulator's precision: a result
+// below the smallest normal float is 0.
+inline float exp2_ftz(float x) {
+  const float r = std::exp2(x);
+  return r < FLT_MIN ? 0.f : r;
+}
 
 #else
 
@@ -80,6 +90,15 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
                  : "=r"(r[0])
                  : "r"(address));
   }
+}
+
+// 2^x by one ex2.approx.ftz (2 ulp; 2^-inf = 0, NaN stays NaN, results below the smallest
+// normal float are 0). exp2f without fast math adds a compare and two multiplies for
+// denormal results to every call, which a softmax over probabilities at most 1 never needs.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
 }
 
 // Two floats rounded to bf16 (nearest even) in one register, `lo` in the low half.

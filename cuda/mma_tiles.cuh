@@ -50,6 +50,57 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&frag)[2], const bf16_t* til
   ldmatrix<2, true>(frag, tile + (k0 + lane % 16) * LD + n0);
 }
 
+// The B-fragments of two adjacent 8-column blocks, n0 and n0 + 8, by one ldmatrix.x4 (the
+// x2 loads above, with lanes 16-31 pointing at the second block): frag[0..1] for n0,
+// frag[2..3] for n0 + 8. Half the load instructions of two x2 loads, the same bytes.
+template <int LD>
+__device__ __forceinline__ void load_b_nk_pair(uint32_t (&frag)[4], const bf16_t* tile, int n0,
+                                               int k0) {
+  const int lane = lane_id();
+  ldmatrix<4, false>(frag,
+                     tile + (n0 + lane % 8 + 8 * (lane / 16)) * LD + k0 + 8 * ((lane / 8) % 2));
+}
+template <int LD>
+__device__ __forceinline__ void load_b_kn_pair(uint32_t (&frag)[4], const bf16_t* tile, int k0,
+                                               int n0) {
+  const int lane = lane_id();
+  ldmatrix<4, true>(frag, tile + (k0 + lane % 16) * LD + n0 + 8 * (lane / 16));
+}
+
+// fn(nb, b) for the B-fragments b of the 8-column blocks nb < NB at row (k) k0: B given
+// as rows [n][k] (kBRows, like K in Q K^T) or as [k][n] (like V in P V). kPaired: two
+// blocks per ldmatrix.x4 (an odd last block by x2); otherwise one x2 per block, which
+// holds two fewer registers (the gated delta rule's kernels at a 128-register bound
+// spilled with pairs).
+template <bool kBRows, int LDB, int NB, bool kPaired, class Fn>
+__device__ __forceinline__ void each_b_fragment(const bf16_t* b_tile, int k0, Fn&& fn) {
+  if constexpr (!kPaired) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      uint32_t bf[2];
+      if constexpr (kBRows) load_b_nk<LDB>(bf, b_tile, nb * 8, k0);
+      else load_b_kn<LDB>(bf, b_tile, k0, nb * 8);
+      fn(nb, bf);
+    }
+    return;
+  }
+#pragma unroll
+  for (int nb = 0; nb + 1 < NB; nb += 2) {
+    uint32_t both[4];
+    if constexpr (kBRows) load_b_nk_pair<LDB>(both, b_tile, nb * 8, k0);
+    else load_b_kn_pair<LDB>(both, b_tile, k0, nb * 8);
+    const uint32_t first[2] = {both[0], both[1]}, second[2] = {both[2], both[3]};
+    fn(nb, first);
+    fn(nb + 1, second);
+  }
+  if constexpr (NB % 2 == 1) {
+    uint32_t last[2];
+    if constexpr (kBRows) load_b_nk<LDB>(last, b_tile, (NB - 1) * 8, k0);
+    else load_b_kn<LDB>(last, b_tile, k0, (NB - 1) * 8);
+    fn(NB - 1, last);
+  }
+}
+
 // Max and sum over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -79,29 +130,25 @@ __device__ __forceinline__ void accumulator_as_a(const float (&acc)[NB][4], int 
 
 // acc (16 x 8 NB) += A B over D, A the warp's 16 rows of the row-major `a_tile` (D
 // columns). kBRows: B^T is given, as the rows [0, 8 NB) of `b_tile` (a product like Q K^T);
-// otherwise B itself, as the [D][8 NB] row-major `b_tile` (like W S).
-template <bool kBRows, int D, int LDA, int LDB, int NB>
+// otherwise B itself, as the [D][8 NB] row-major `b_tile` (like W S). kPairedB: B's
+// fragments two blocks per load (each_b_fragment), here and in the functions below.
+template <bool kBRows, int D, int LDA, int LDB, int NB, bool kPairedB = false>
 __device__ __forceinline__ void rows_times(const bf16_t* a_tile, const bf16_t* b_tile,
                                            float (&acc)[NB][4]) {
 #pragma unroll
   for (int kk = 0; kk < D; kk += 16) {
     uint32_t af[4];
     load_a<LDA>(af, a_tile, kk);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      if constexpr (kBRows) load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
-      else load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
-      mma_bf16_16816(acc[nb], af, bf);
-    }
+    each_b_fragment<kBRows, LDB, NB, kPairedB>(
+        b_tile, kk, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
   }
 }
 
 // acc += A B^T over D columns: B^T the rows [0, 8 NB) of `b_tile` (as Q K^T).
-template <int D, int LDA, int LDB, int NB>
+template <int D, int LDA, int LDB, int NB, bool kPairedB = false>
 __device__ __forceinline__ void rows_times_rows(const bf16_t* a_tile, const bf16_t* b_tile,
                                                 float (&acc)[NB][4]) {
-  rows_times<true, D, LDA, LDB>(a_tile, b_tile, acc);
+  rows_times<true, D, LDA, LDB, NB, kPairedB>(a_tile, b_tile, acc);
 }
 
 // acc += A B over D: B the [D][8 NB] row-major tile `b_tile` (as W S).
@@ -120,18 +167,14 @@ __device__ __forceinline__ void columns_times_matrix(const bf16_t* x, int m0, co
   for (int kk = 0; kk < D; kk += 16) {
     uint32_t af[4];
     load_a_trans<LDX>(af, x, m0, kk);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_kn<LDB>(bf, b_tile, kk, nb * 8);
-      mma_bf16_16816(acc[nb], af, bf);
-    }
+    each_b_fragment<false, LDB, NB, false>(
+        b_tile, kk, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
   }
 }
 
 // acc (16 x 8 NB) += X B: X (16 x 8 NX) held as an accumulator, B the rows [0, 8 NX) of a
 // row-major tile of 8 NB columns (as P V).
-template <int NX, int LDB, int NB>
+template <int NX, int LDB, int NB, bool kPairedB = false>
 __device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4],
                                                          const bf16_t* b_tile,
                                                          float (&acc)[NB][4]) {
@@ -139,19 +182,16 @@ __device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4]
   for (int j = 0; j < NX / 2; ++j) {
     uint32_t af[4];
     accumulator_as_a(x, j, af);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_kn<LDB>(bf, b_tile, j * 16, nb * 8);
-      mma_bf16_16816(acc[nb], af, bf);
-    }
+    each_b_fragment<false, LDB, NB, kPairedB>(
+        b_tile, j * 16, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
   }
 }
 
 // The same products for kM row tiles at once (a warp owning 16 kM rows): each B fragment
 // is loaded from shared memory once for the kM products, which halves the B traffic per
-// product at kM = 2. (The one-tile functions above are kept as they are: written through
-// these, some kernels compiled to different registers and spilled.)
+// product at kM = 2, and two blocks' fragments come in one load. (The one-tile functions
+// above are kept as they are: written through these, some kernels compiled to different
+// registers and spilled.)
 
 // acc[m] (16 x 8 NB each) += A_m B^T over D, A_m the 16 rows at a_tile + m * a_stride and
 // B^T the rows [0, 8 NB) of `b_tile` (as Q K^T for 16 kM query rows).
@@ -164,13 +204,10 @@ __device__ __forceinline__ void row_tiles_times_rows(const bf16_t* a_tile, int a
     uint32_t af[kM][4];
 #pragma unroll
     for (int m = 0; m < kM; ++m) load_a<LDA>(af[m], a_tile + m * a_stride, kk);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_nk<LDB>(bf, b_tile, nb * 8, kk);
+    each_b_fragment<true, LDB, NB, true>(b_tile, kk, [&](int nb, const uint32_t(&bf)[2]) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) mma_bf16_16816(acc[m][nb], af[m], bf);
-    }
+    });
   }
 }
 
@@ -185,13 +222,10 @@ __device__ __forceinline__ void accumulators_times_matrix(const float (&x)[kM][N
     uint32_t af[kM][4];
 #pragma unroll
     for (int m = 0; m < kM; ++m) accumulator_as_a(x[m], j, af[m]);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      uint32_t bf[2];
-      load_b_kn<LDB>(bf, b_tile, j * 16, nb * 8);
+    each_b_fragment<false, LDB, NB, true>(b_tile, j * 16, [&](int nb, const uint32_t(&bf)[2]) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) mma_bf16_16816(acc[m][nb], af[m], bf);
-    }
+    });
   }
 }
 

@@ -782,17 +782,37 @@ struct MmaShape {
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
 // stride LD) from global rows of D elements, row r from source(r); a row whose source is
 // null is zeroed directly. Chunk idx (16 bytes) of the tile is thread idx % kMmaThreads's.
+// Where a row's chunks divide the block (every head dim but 192), that is chunk column
+// threadIdx.x % kChunks of every kStep-th row, so a thread's copies unroll with fixed
+// steps. (The general loop
+// below took about 45 instructions a copy in the forward's SASS, nearly half of what its
+// key-tile loop executed.)
 template <int D, int LD, int kRows, class Source>
 __device__ void issue_rows(bf16* dst, Source source) {
   constexpr int kChunks = D / 8;
+  if constexpr (kMmaThreads % kChunks == 0 && kRows % (kMmaThreads / kChunks) == 0) {
+    constexpr int kStep = kMmaThreads / kChunks, kCopies = kRows / kStep;
+    const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bf16* row = source(first + i * kStep);
+      bf16* to = dst + (first + i * kStep) * LD + c;
+      if (row) {
+        async_copy_16(to, row + c);
+      } else {
+        *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+  } else {
 #pragma unroll 4
-  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const bf16* row = source(r);
-    if (row) {
-      async_copy_16(dst + r * LD + c, row + c);
-    } else {
-      *reinterpret_cast<uint4*>(dst + r * LD + c) = uint4{0u, 0u, 0u, 0u};
+    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      const bf16* row = source(r);
+      if (row) {
+        async_copy_16(dst + r * LD + c, row + c);
+      } else {
+        *reinterpret_cast<uint4*>(dst + r * LD + c) = uint4{0u, 0u, 0u, 0u};
+      }
     }
   }
 }
@@ -814,7 +834,15 @@ __device__ void scale_rows(bf16* tile, const float* scale) {
   }
 }
 
+using mma::exp2_ftz;
 using mma::quad_max;
+
+// Whether compacted key kj lies in row r's visible range [begin[r], end[r]), both compares
+// evaluated: a short-circuit && compiles to a branch per element.
+__device__ __forceinline__ bool in_range(int kj, const int* begin, const int* end, int r) {
+  return (kj >= begin[r]) & (kj < end[r]);
+}
+
 using mma::quad_sum;
 using mma::zero;
 
@@ -985,35 +1013,42 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-          const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
+          const bool visible = !check || in_range(kj, s_begin, s_end, r);
           s[m][nb][e] = visible ? s[m][nb][e] * scale_log2 : -INFINITY;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
         }
       }
-      float alpha[2], row_sum[2] = {0.f, 0.f};
+      // P = 2^(x - m): a hidden score (-inf) gives 0, and so does a row that has seen no
+      // key yet (m = -inf, subtracted as 0); a NaN score stays NaN.
+      float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float m_new = fmaxf(m_run[m][i], quad_max(tile_max[i]));
-        alpha[i] = m_run[m][i] == -INFINITY ? 0.f : exp2f(m_run[m][i] - m_new);
+        alpha[i] = m_run[m][i] == -INFINITY ? 0.f : exp2_ftz(m_run[m][i] - m_new);
         m_run[m][i] = m_new;
+        m_sub[i] = m_new == -INFINITY ? 0.f : m_new;
       }
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float x = s[m][nb][e];
-          s[m][nb][e] = x == -INFINITY ? 0.f : exp2f(x - m_run[m][e / 2]);  // P (NaN stays NaN)
+          s[m][nb][e] = exp2_ftz(s[m][nb][e] - m_sub[e / 2]);
           row_sum[e / 2] += s[m][nb][e];
         }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + quad_sum(row_sum[i]);
+      // O's rescale is skipped when no row of the warp's tile raised its max (alpha = 1
+      // everywhere: the product would change nothing), as most key tiles after the first
+      // few of a row do.
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-      for (int vb = 0; vb < VB; ++vb) {
-        o[m][vb][0] *= alpha[0];
-        o[m][vb][1] *= alpha[0];
-        o[m][vb][2] *= alpha[1];
-        o[m][vb][3] *= alpha[1];
+        for (int vb = 0; vb < VB; ++vb) {
+          o[m][vb][0] *= alpha[0];
+          o[m][vb][1] *= alpha[0];
+          o[m][vb][2] *= alpha[1];
+          o[m][vb][3] *= alpha[1];
+        }
       }
     }
 
@@ -1129,21 +1164,22 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     float s[NB][4], ds[NB][4];
     zero(s);
     zero(ds);
-    mma::rows_times_rows<DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, sK, s);
-    mma::rows_times_rows<DV, LDV, LDV, NB>(sO + warp * 16 * LDV, sV, ds);  // dO V^T
+    mma::rows_times_rows<DK, LDK, LDK, NB, true>(sQ + warp * 16 * LDK, sK, s);
+    mma::rows_times_rows<DV, LDV, LDV, NB, true>(sO + warp * 16 * LDV, sV, ds);  // dO V^T
     if (a.p) scale_key_columns(keys.tile_scales(t), ds);  // dP = dO V'^T
+    // dS = scale P (dP - D), the visibility selected (not branched on) on boundary tiles.
     const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e / 2, r = r0 + 8 * i, kj = k0 + nb * 8 + 2 * t4 + e % 2;
-        const bool visible = !check || (kj >= s_begin[r] && kj < s_end[r]);
-        const float prob = visible ? exp2f(s[nb][e] * scale_log2 - lse_log2[i]) : 0.f;
-        ds[nb][e] = a.scale * prob * (ds[nb][e] - delta[i]);
+        const float prob = exp2_ftz(s[nb][e] * scale_log2 - lse_log2[i]);
+        const bool visible = !check || in_range(kj, s_begin, s_end, r);
+        ds[nb][e] = a.scale * (visible ? prob : 0.f) * (ds[nb][e] - delta[i]);
       }
     }
-    mma::accumulator_times_matrix<NB, LDK, DK / 8>(ds, sK, dq);
+    mma::accumulator_times_matrix<NB, LDK, DK / 8, true>(ds, sK, dq);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1166,7 +1202,7 @@ struct QueryTiles {
   const AttentionArgs<bf16>& a;
   int64_t b, first_head, q_start, per_head, count;
   int next_begin = 0, next_end = 0;
-  float next_lse = 0.f, next_delta = 0.f;
+  float next_lse_log2 = 0.f, next_delta = 0.f;  // lse in log2 units
 
   __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
       : a(args), b(b_), first_head(g * args.group()), q_start(q_start_),
@@ -1181,30 +1217,31 @@ struct QueryTiles {
   __device__ void load(int64_t i) {
     const int r = int(threadIdx.x);
     next_begin = next_end = 0;
-    next_lse = next_delta = 0.f;
+    next_lse_log2 = next_delta = 0.f;
     if (r >= BQ || i >= count) return;
     const int64_t t = first_row(i) + r;
     if (t >= a.seq_len) return;
     const int64_t row = a.q_index(b, t, head(i));
     next_begin = int(a.begin[b * a.seq_len + t]);
     next_end = int(a.end[b * a.seq_len + t]);
-    next_lse = float(a.lse[row]);
+    next_lse_log2 = float(a.lse[row]) * kLog2e;
     next_delta = float(a.delta[row]);
   }
 
-  // Tile i's rows (loaded by the previous call) into shared memory, tile i + 1's loads
+  // Tile i's rows (loaded by the previous call) into shared memory (lse times log2 e), tile
+  // i + 1's loads
   // issued, and whether any row sees a key of [k0, k_end) and whether every row sees all of
   // [k0, k0 + BK). Collective over the block (the answers come from barriers, which also
   // publish the rows). Past the last tile: rows that see nothing.
   template <int BK>
   __device__ QueryTileVisibility publish(int64_t i, int k0, int k_end, int* s_begin, int* s_end,
-                                         float* s_lse, float* s_delta) {
+                                         float* s_lse_log2, float* s_delta) {
     const int r = int(threadIdx.x);
     bool sees = false, covers = true;
     if (r < BQ) {
       s_begin[r] = next_begin;
       s_end[r] = next_end;
-      s_lse[r] = next_lse;
+      s_lse_log2[r] = next_lse_log2;
       s_delta[r] = next_delta;
       sees = next_begin < next_end && next_begin < k_end && next_end > k0;
       covers = next_begin <= k0 && k0 + BK <= next_end;
@@ -1233,7 +1270,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (LDK + LDV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * LDK; };
   __shared__ int s_pos[BK], s_begin[2][BQ], s_end[2][BQ], first_query;
-  __shared__ float s_pscale[BK], s_lse[2][BQ], s_delta[2][BQ];
+  __shared__ float s_pscale[BK], s_lse_log2[2][BQ], s_delta[2][BQ];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const int64_t b = blockIdx.z, g = blockIdx.y;
@@ -1266,7 +1303,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 2);
     const QueryTileVisibility vis = queries.template publish<BK>(
-        i, k0, k_end, s_begin[slot], s_end[slot], s_lse[slot], s_delta[slot]);
+        i, k0, k_end, s_begin[slot], s_end[slot], s_lse_log2[slot], s_delta[slot]);
     if (vis.sees) {
       issue_query_rows<DK, DV, BQ>(a, b, queries.head(i), queries.first_row(i), slot_q(i),
                                    slot_o(i));
@@ -1294,27 +1331,30 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     const int slot = int(i % 2);
     const bf16 *sQ = slot_q(i), *sO = slot_o(i);
     const int *row_begin = s_begin[slot], *row_end = s_end[slot];
-    const float *row_lse = s_lse[slot], *row_delta = s_delta[slot];
+    const float *row_lse_log2 = s_lse_log2[slot], *row_delta = s_delta[slot];
 
     // Transposed: rows are the warp's 16 keys, columns the tile's queries.
     float p[NQ][4], ds[NQ][4];
     zero(p);
     zero(ds);
-    mma::rows_times_rows<DK, LDK, LDK, NQ>(sK + warp * 16 * LDK, sQ, p);   // S^T
-    mma::rows_times_rows<DV, LDV, LDV, NQ>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+    mma::rows_times_rows<DK, LDK, LDK, NQ, true>(sK + warp * 16 * LDK, sQ, p);   // S^T
+    mma::rows_times_rows<DV, LDV, LDV, NQ, true>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+    // P^T and dS^T in place. Every row of a tile that is not checked sees all its keys.
+    // The visibility is selected, not branched on (short-circuit tests had compiled to
+    // branches and warp re-convergence around each exponential). Keys past k_end lie past
+    // every row's range (its end is at most the row's key count).
 #pragma unroll
     for (int nb = 0; nb < NQ; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
-        const bool visible = kj < k_end && (!check || (kj >= row_begin[r] && kj < row_end[r]));
-        const float prob = visible ? exp2f(p[nb][e] * scale_log2 - row_lse[r] * kLog2e) : 0.f;
-        p[nb][e] = prob;
-        ds[nb][e] = a.scale * prob * (ds[nb][e] - row_delta[r]);
+        const float prob = exp2_ftz(p[nb][e] * scale_log2 - row_lse_log2[r]);
+        p[nb][e] = !check || in_range(kj, row_begin, row_end, r) ? prob : 0.f;
+        ds[nb][e] = a.scale * p[nb][e] * (ds[nb][e] - row_delta[r]);
       }
     }
-    mma::accumulator_times_matrix<NQ, LDV, DV / 8>(p, sO, dv);   // dV' += P^T dO
-    mma::accumulator_times_matrix<NQ, LDK, DK / 8>(ds, sQ, dk);  // dK += dS^T Q
+    mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);   // dV' += P^T dO
+    mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
   }
   // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>. The
   // loads of v come before any store (a load may not move above a store that could alias
