@@ -767,12 +767,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 // The forward's block: kM row tiles of 16 query rows per warp (64 kM rows per block).
 // With kM = 2 (head dims of 64 or 128: O fits the registers twice) each K and V'
 // fragment a warp loads from shared memory feeds two products, and each key tile a block
-// stages serves 128 queries, as in flash-attention-2's 128-row blocks; the key tiles are
-// then 32 wide for value heads past 64, so that S and O fit the registers (ptxas: 64-key
-// tiles at 128 x 128 spilled).
-template <int DK, int DV, int kM = 1>
+// stages serves 128 queries, as in flash-attention-2's 128-row blocks. Key tiles are 64
+// wide up to head dims of 128 (kKeyTile = 0), else 32; a 128-row block with value heads of
+// 128 may take 32 instead (set_attention_forward_keys). (ptxas, sm_90, at 128 x 128: 255
+// registers and no spills with 64 keys, 224 with 32; the 64-key tile halves a key's share
+// of the per-tile barriers, bookkeeping and rescaling. Before this session's instruction
+// cuts, 64 keys spilled there.)
+template <int DK, int DV, int kM = 1, int kKeyTile = 0>
 struct MmaShape {
-  static constexpr int kKeys = DK > 128 || DV > 128 || (kM == 2 && DV > 64) ? 32 : 64;
+  static constexpr int kKeys = kKeyTile ? kKeyTile : DK > 128 || DV > 128 ? 32 : 64;
   static constexpr int kRows = kMmaRows * kM;                    // query rows per block
   static constexpr int ldk = DK + 8, ldv = DV + 8;               // smem row strides (bf16)
   // Q, then two slots of K and V' tiles
@@ -949,9 +952,9 @@ __device__ __forceinline__ void scale_key_columns(const float* tile_scales, floa
   }
 }
 
-template <int DK, int DV, int kM>
+template <int DK, int DV, int kM, int kKeyTile>
 __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a) {
-  using Shape = MmaShape<DK, DV, kM>;
+  using Shape = MmaShape<DK, DV, kM, kKeyTile>;
   constexpr int BQ = Shape::kRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1664,8 +1667,8 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   return true;
 }
 
-// set_attention_forward_rows (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128};
+// set_attention_forward_rows and set_attention_forward_keys (cuda/routed_attention.h).
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -1701,14 +1704,20 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v)) {
-            auto launch_mma = [&]<int kM>() {
-              using Shape = MmaShape<DK, DV, kM>;
-              return launch_tiled(&forward_mma<DK, DV, kM>, grid_of_rows(Shape::kRows),
-                                  Shape::forward_bytes, a, kMmaThreads);
+            auto launch_mma = [&]<int kM, int kKeyTile = 0>() {
+              using Shape = MmaShape<DK, DV, kM, kKeyTile>;
+              return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>,
+                                  grid_of_rows(Shape::kRows), Shape::forward_bytes, a,
+                                  kMmaThreads);
             };
             // 128-row blocks for the common heads only (each instance adds to the build).
             if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128)) {
-              if (g_forward_rows.load() == 128) tiled = launch_mma.template operator()<2>();
+              if (g_forward_rows.load() == 128) {
+                if constexpr (DV == 128) {
+                  if (g_forward_keys.load() == 32) tiled = launch_mma.template operator()<2, 32>();
+                }
+                if (!tiled) tiled = launch_mma.template operator()<2>();
+              }
             }
             if (!tiled) tiled = launch_mma.template operator()<1>();
           }
@@ -1799,6 +1808,12 @@ int set_attention_forward_rows(int rows) {
   HAM_CHECK(rows == 64 || rows == 128, "set_attention_forward_rows: ", rows,
             " rows per block; the tensor-core forward takes 64 or 128");
   return g_forward_rows.exchange(rows);
+}
+
+int set_attention_forward_keys(int keys) {
+  HAM_CHECK(keys == 32 || keys == 64, "set_attention_forward_keys: ", keys,
+            " keys per tile; the 128-row tensor-core forward takes 32 or 64");
+  return g_forward_keys.exchange(keys);
 }
 
 namespace {

@@ -9,4 +9,8 @@ namespace ham::cuda {
 // 64. Returns the previous setting; any other value is an error.
 int set_attention_forward_rows(int rows);
 
+// Keys per tile of the 128-row tensor-core forward with value heads of 128: 64 (the
+// default) or 32. Returns the previous setting; any other value is an error.
+int set_attention_forward_keys(int keys);
+
 }  // namespace ham::cuda

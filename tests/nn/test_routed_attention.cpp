@@ -886,6 +886,25 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
 #endif
 }
 
+// The 128-row bf16 forward with value heads of 128 in 32-key tiles, which it takes only
+// when set so; the cases above run the default 64-key tiles.
+TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct KeysGuard {
+    int previous = cuda::set_attention_forward_keys(32);
+    ~KeysGuard() { cuda::set_attention_forward_keys(previous); }
+  } keys_32;
+  for (const GpuCase& c : {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
+                           GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}}) {
+    SCOPED_TRACE(gpu_case_name(c));
+    expect_gpu_matches_cpu(c, DType::BF16);
+  }
+  testing::expect_error([] { cuda::set_attention_forward_keys(48); },
+                        {"set_attention_forward_keys", "48", "32 or 64"});
+#endif
+}
+
 TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
   HAM_SKIP_UNLESS_CUDA();
   expect_gpu_matches_cpu(GpuCase{2, 70, 4, 2, 64, 64, 0.4, true, GpuDocs::Runs, true}, DType::F64);
