@@ -782,40 +782,57 @@ struct MmaShape {
   static constexpr size_t forward_bytes = size_t(kRows * ldk + 2 * kKeys * (ldk + ldv)) * 2;
 };
 
+// The rows of one (batch row b, head) of a [B, T, H, D] tensor: token i's at
+// first + i step, the step (H D elements) in 32 bits, so that a row's address is one
+// 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32) from a token index.
+struct HeadRows {
+  const bf16* first;
+  uint32_t step;
+  __device__ HeadRows(const bf16* base, int64_t b, int64_t seq_len, int64_t heads, int64_t head,
+                      int64_t D)
+      : first(base + (b * seq_len * heads + head) * D), step(uint32_t(heads * D)) {}
+};
+
+// Row indices for issue_rows: compacted key j's position (-1: none).
+__device__ __forceinline__ auto key_rows(const int* positions) {
+  return [=](int j) { return positions[j]; };
+}
+
+// Row indices for issue_rows: query q0 + r (-1 past T).
+__device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
+  return [=](int r) { return q0 + r < seq_len ? int(q0 + r) : -1; };
+}
+
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
-// stride LD) from global rows of D elements, row r from source(r); a row whose source is
-// null is zeroed directly. Chunk idx (16 bytes) of the tile is thread idx % kMmaThreads's.
-// Where a row's chunks divide the block (every head dim but 192), that is chunk column
-// threadIdx.x % kChunks of every kStep-th row, so a thread's copies unroll with fixed
-// steps. (The general loop
-// below took about 45 instructions a copy in the forward's SASS, nearly half of what its
-// key-tile loop executed.)
-template <int D, int LD, int kRows, class Source>
-__device__ void issue_rows(bf16* dst, Source source) {
+// stride LD) from global rows of D elements: row r from token index(r) of `rows`, zeroed
+// directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
+// idx % kMmaThreads's. Where a row's chunks divide the block (every head dim but 192),
+// that is chunk column threadIdx.x % kChunks of every kStep-th row, so a thread's copies
+// unroll with fixed steps and each costs an index, a multiply-add and the copy. (A
+// general loop over row pointers had taken 35-45 instructions a copy in the forward's
+// SASS, nearly half of what its key-tile loop executed: 64-bit index arithmetic, and the
+// kernel arguments read again after each copy, whose asm clobbers memory.)
+template <int D, int LD, int kRows, class Index>
+__device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
+  auto issue = [&](int r, int c) {
+    const int i = index(r);
+    bf16* to = dst + r * LD + c;
+    if (i >= 0) {
+      async_copy_16(to, rows.first + c + uint64_t(uint32_t(i)) * rows.step);
+    } else {
+      *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
+    }
+  };
   if constexpr (kMmaThreads % kChunks == 0 && kRows % (kMmaThreads / kChunks) == 0) {
     constexpr int kStep = kMmaThreads / kChunks, kCopies = kRows / kStep;
     const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const bf16* row = source(first + i * kStep);
-      bf16* to = dst + (first + i * kStep) * LD + c;
-      if (row) {
-        async_copy_16(to, row + c);
-      } else {
-        *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
-      }
-    }
+    for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c);
   } else {
 #pragma unroll 4
     for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
-      const int r = idx / kChunks, c = (idx % kChunks) * 8;
-      const bf16* row = source(r);
-      if (row) {
-        async_copy_16(dst + r * LD + c, row + c);
-      } else {
-        *reinterpret_cast<uint4*>(dst + r * LD + c) = uint4{0u, 0u, 0u, 0u};
-      }
+      issue(idx / kChunks, (idx % kChunks) * 8);
     }
   }
 }
@@ -887,13 +904,10 @@ struct KeyTiles {
   // Issues the copies of tile t into its slot (its positions are in shared memory).
   __device__ void issue(int t) const {
     const int* pos = positions + (t % 2) * BK;
-    auto key_row = [&](const bf16* base, int D) {
-      return [=, this](int j) -> const bf16* {
-        return pos[j] >= 0 ? base + a.kv_index(b, pos[j], g) * D : nullptr;
-      };
-    };
-    issue_rows<DK, LDK, BK>(k(t), key_row(a.k, DK));
-    issue_rows<DV, LDV, BK>(v(t), key_row(a.v, DV));
+    const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+    const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
+    issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
+    issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
   }
 
   // Tile 0's positions and scales into slot 0, the lookahead registers, a barrier, then
@@ -972,9 +986,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
                             s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
     keys.begin();
-    issue_rows<DK, LDK, BQ>(sQ, [&](int r) {
-      return q0 + r < a.seq_len ? a.q + a.q_index(b, q0 + r, h) * DK : nullptr;
-    });
+    issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
+                            query_rows(q0, a.seq_len));
     async_copy_commit();
   }
 
@@ -1113,13 +1126,10 @@ struct MmaBackwardShape {
 template <int DK, int DV, int BQ>
 __device__ void issue_query_rows(const AttentionArgs<bf16>& a, int64_t b, int64_t h, int64_t q0,
                                  bf16* sQ, bf16* sO) {
-  auto query_row = [&](const bf16* base, int D) {
-    return [=, &a](int r) -> const bf16* {
-      return q0 + r < a.seq_len ? base + a.q_index(b, q0 + r, h) * D : nullptr;
-    };
-  };
-  issue_rows<DK, DK + 8, BQ>(sQ, query_row(a.q, DK));
-  issue_rows<DV, DV + 8, BQ>(sO, query_row(a.dout, DV));
+  const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
+  const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
+  issue_rows<DK, DK + 8, BQ>(sQ, q_of, query_rows(q0, a.seq_len));
+  issue_rows<DV, DV + 8, BQ>(sO, o_of, query_rows(q0, a.seq_len));
 }
 
 template <int DK, int DV>
@@ -1199,32 +1209,39 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
 
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
 // tiles q_start, q_start + BQ, ... below T. Thread r < BQ carries row r of the next tile
-// (visible range, lse, D) in registers, loaded while an earlier tile is worked on.
+// (visible range, lse, D) in registers, loaded while an earlier tile is worked on. The
+// tiles are taken in order, so a tile's head and first row advance by steps (a 64-bit
+// division per tile for them had cost dozens of instructions).
 template <int BQ>
 struct QueryTiles {
   const AttentionArgs<bf16>& a;
-  int64_t b, first_head, q_start, per_head, count;
+  int64_t b, q_start, count;
+  int64_t loaded_head, loaded_row;        // the tile in the registers
+  int64_t published_head = 0, published_row = 0;  // the tile publish() last wrote
   int next_begin = 0, next_end = 0;
   float next_lse_log2 = 0.f, next_delta = 0.f;  // lse in log2 units
 
   __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
-      : a(args), b(b_), first_head(g * args.group()), q_start(q_start_),
-        per_head(q_start_ < args.seq_len ? (args.seq_len - q_start_ + BQ - 1) / BQ : 0),
-        count(per_head * args.group()) {
+      : a(args), b(b_), q_start(q_start_),
+        count(q_start_ < args.seq_len ? (args.seq_len - q_start_ + BQ - 1) / BQ * args.group()
+                                      : 0),
+        loaded_head(g * args.group()), loaded_row(q_start_) {
     load(0);
   }
-  __device__ int64_t head(int64_t i) const { return first_head + i / per_head; }
-  __device__ int64_t first_row(int64_t i) const { return q_start + i % per_head * BQ; }
+  // The head and first row of the tile publish() last wrote (the one to copy).
+  __device__ int64_t head() const { return published_head; }
+  __device__ int64_t first_row() const { return published_row; }
 
-  // Row threadIdx.x of tile i into the registers (empty past T or past the last tile).
+  // Row threadIdx.x of tile i (at loaded_head, loaded_row) into the registers (empty past T
+  // or past the last tile).
   __device__ void load(int64_t i) {
     const int r = int(threadIdx.x);
     next_begin = next_end = 0;
     next_lse_log2 = next_delta = 0.f;
     if (r >= BQ || i >= count) return;
-    const int64_t t = first_row(i) + r;
+    const int64_t t = loaded_row + r;
     if (t >= a.seq_len) return;
-    const int64_t row = a.q_index(b, t, head(i));
+    const int64_t row = a.q_index(b, t, loaded_head);
     next_begin = int(a.begin[b * a.seq_len + t]);
     next_end = int(a.end[b * a.seq_len + t]);
     next_lse_log2 = float(a.lse[row]) * kLog2e;
@@ -1248,6 +1265,13 @@ struct QueryTiles {
       s_delta[r] = next_delta;
       sees = next_begin < next_end && next_begin < k_end && next_end > k0;
       covers = next_begin <= k0 && k0 + BK <= next_end;
+    }
+    published_head = loaded_head;
+    published_row = loaded_row;
+    loaded_row += BQ;  // tile i + 1: the next rows of this head, or the next head's first
+    if (loaded_row >= a.seq_len) {
+      loaded_row = q_start;
+      ++loaded_head;
     }
     load(i + 1);
     const bool any = __syncthreads_or(sees);
@@ -1291,13 +1315,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     if (pos >= 0) atomicMin(&first_query, pos);
   }
   __syncthreads();
-  auto key_row = [&](const bf16* base, int D) {
-    return [=, &a](int j) -> const bf16* {
-      return s_pos[j] >= 0 ? base + a.kv_index(b, s_pos[j], g) * D : nullptr;
-    };
-  };
-  issue_rows<DK, LDK, BK>(sK, key_row(a.k, DK));
-  issue_rows<DV, LDV, BK>(sV, key_row(a.v, DV));
+  const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+  const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
+  issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
+  issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
@@ -1308,7 +1329,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     const QueryTileVisibility vis = queries.template publish<BK>(
         i, k0, k_end, s_begin[slot], s_end[slot], s_lse_log2[slot], s_delta[slot]);
     if (vis.sees) {
-      issue_query_rows<DK, DV, BQ>(a, b, queries.head(i), queries.first_row(i), slot_q(i),
+      issue_query_rows<DK, DV, BQ>(a, b, queries.head(), queries.first_row(), slot_q(i),
                                    slot_o(i));
     }
     async_copy_commit();
