@@ -992,11 +992,12 @@ __device__ void map_tile(bf16* tile, int ld, int rows, int width, F f) {
     const auto row_map = f(r);
     bf16* at = tile + r * ld + c0;
     if (c0 + 8 <= width && aligned_16(at)) {
-      uint4 pack = *reinterpret_cast<const uint4*>(at);
-      bf16* v = reinterpret_cast<bf16*>(&pack);
+      // (a Pack of bf16, not a uint4 read through bf16 pointers, which the emulator's host
+      // compiler may optimise by strict aliasing)
+      Pack<bf16, 8> pack = *reinterpret_cast<const Pack<bf16, 8>*>(at);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = store<bf16>(row_map(load(v[e])));
-      *reinterpret_cast<uint4*>(at) = pack;
+      for (int e = 0; e < 8; ++e) pack.v[e] = store<bf16>(row_map(load(pack.v[e])));
+      *reinterpret_cast<Pack<bf16, 8>*>(at) = pack;
     } else {
       for (int e = 0; e < 8 && c0 + e < width; ++e) at[e] = store<bf16>(row_map(load(at[e])));
     }
@@ -2257,23 +2258,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       bf16 *sdO = slot_do(tile), *sU = slot_u(tile), *sDu = slot_du(tile), *sVb = slot_vb(tile);
       bf16 *sS0 = slot_s0(tile), *sdS = slot_ds(tile);
-      // The lane's elements of V for <dVb_i, V_i>, loaded with the copies in flight (in the
-      // epilogue each load would wait behind the dv store before it).
-      float v_lane[VT / 8][4];
-#pragma unroll
-      for (int nb = 0; nb < VT / 8; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-          v_lane[nb][e] =
-              i < n && c < cols ? load(pr.v[pr.row(b, begin + i, h) * V + v0 + c]) : 0.f;
-        }
-      }
       if (tile + 1 < v_tiles) async_copy_wait<1>();
       else async_copy_wait<0>();
-      scale_tile(sVb, LDV, kChunk, VT, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
       mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sdO + warp * 16 * LDV, sU, dp);
+      // du V^T; the tile of V stays unscaled (dA = du Vb^T = (du V^T) diag(beta) takes
+      // beta per column after the last tile), so <dVb_i, V_i> below reads V from it.
       mma::rows_times_rows<VT, LDV, LDV, kChunk / 8>(sDu + warp * 16 * LDV, sVb, dav);
       // dVb = A^T du -> dv = diag(beta) dVb and <dVb_i, V_i>.
       {
@@ -2288,7 +2278,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             if (i >= n || c >= cols) continue;
             const int64_t at = pr.row(b, begin + i, h) * V + v0 + c;
             if (bw.dv) bw.dv[at] = store<bf16>(s_beta[i] * dvb[nb][e]);
-            dbv[e / 2] += dvb[nb][e] * v_lane[nb][e];
+            dbv[e / 2] += dvb[nb][e] * load(sVb[i * LDV + c]);
           }
         }
       }
@@ -2316,9 +2306,15 @@ __global__ void __launch_bounds__(kMmaThreads)
           }
         }
       }
-      for (int idx = int(threadIdx.x); idx < KD * VT; idx += int(blockDim.x)) {
-        const int a = idx / VT, c = idx % VT;  // <S0, dS_end>
-        dlambda += load(sS0[a * LDV + c]) * load(sdS[a * LDV + c]);
+      // <S0, dS_end>, 8 columns a 16-byte shared load of each (the padding is zero).
+      using Eight = Pack<bf16, 8>;
+      constexpr int kGroups = VT / 8;
+      for (int g = int(threadIdx.x); g < KD * kGroups; g += int(blockDim.x)) {
+        const int a = g / kGroups, c0 = g % kGroups * 8;
+        const Eight s0 = *reinterpret_cast<const Eight*>(sS0 + a * LDV + c0);
+        const Eight ds = *reinterpret_cast<const Eight*>(sdS + a * LDV + c0);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dlambda += load(s0.v[e]) * load(ds.v[e]);
       }
     }
     dlambda = block_sum(dlambda);
@@ -2335,7 +2331,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         bw.row_dtau[row] = d;
       }
     }
-    // dP * Gamma and dA (= du Vb^T here) to scratch; Z = dP * P for dG.
+    // dP * Gamma and dA = du Vb^T = (du V^T) diag(beta) to scratch; Z = dP * P for dG.
     float p[kChunk / 8][4];
     mma::zero(p);
     mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
@@ -2348,7 +2344,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
         const float gamma = j <= i && i < n ? expf(s_g[i] - s_g[j]) : 0.f;
         dpg[i * kChunk + j] = dp[nb][e] * gamma;
-        da[i * kChunk + j] = dav[nb][e];
+        da[i * kChunk + j] = dav[nb][e] * s_beta[j];
         sZ[i * LDF + j] = dp[nb][e] * p[nb][e] * gamma;
       }
     }

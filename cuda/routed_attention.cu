@@ -846,11 +846,10 @@ __device__ void scale_rows(bf16* tile, const float* scale) {
 #pragma unroll 4
   for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    uint4 chunk = *reinterpret_cast<const uint4*>(tile + r * LD + c);
-    bf16* e = reinterpret_cast<bf16*>(&chunk);
+    Pack<bf16, 8> chunk = *reinterpret_cast<const Pack<bf16, 8>*>(tile + r * LD + c);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) e[i] = store<bf16>(load(e[i]) * scale[r]);
-    *reinterpret_cast<uint4*>(tile + r * LD + c) = chunk;
+    for (int i = 0; i < 8; ++i) chunk.v[i] = store<bf16>(load(chunk.v[i]) * scale[r]);
+    *reinterpret_cast<Pack<bf16, 8>*>(tile + r * LD + c) = chunk;
   }
 }
 
