@@ -769,10 +769,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 // fragment a warp loads from shared memory feeds two products, and each key tile a block
 // stages serves 128 queries, as in flash-attention-2's 128-row blocks. Key tiles are 64
 // wide up to head dims of 128 (kKeyTile = 0), else 32; a 128-row block with value heads of
-// 128 may take 32 instead (set_attention_forward_keys). (ptxas, sm_90, at 128 x 128: 255
-// registers and no spills with 64 keys, 224 with 32; the 64-key tile halves a key's share
-// of the per-tile barriers, bookkeeping and rescaling. Before this session's instruction
-// cuts, 64 keys spilled there.)
+// 128 may take 32 instead (set_attention_forward_keys). The 64-key tile halves a key's
+// share of the per-tile barriers, bookkeeping and rescaling; at 128 x 128 it takes 255
+// registers and spills 24 bytes (ptxas, sm_90), the 32-key tile none. Which is faster is
+// for the benchmark's last table to say.
 template <int DK, int DV, int kM = 1, int kKeyTile = 0>
 struct MmaShape {
   static constexpr int kKeys = kKeyTile ? kKeyTile : DK > 128 || DV > 128 ? 32 : 64;
