@@ -855,15 +855,14 @@ __device__ void scale_rows(bf16* tile, const float* scale) {
 
 using mma::exp2_ftz;
 using mma::quad_max;
+using mma::quad_sum;
+using mma::zero;
 
 // Whether compacted key kj lies in row r's visible range [begin[r], end[r]), both compares
 // evaluated: a short-circuit && compiles to a branch per element.
 __device__ __forceinline__ bool in_range(int kj, const int* begin, const int* end, int r) {
   return (kj >= begin[r]) & (kj < end[r]);
 }
-
-using mma::quad_sum;
-using mma::zero;
 
 // Compacted key kj of row b: its position (-1 at or past `limit`) and value scale (0 where
 // the position is -1, 1 without value scaling).
@@ -1215,7 +1214,7 @@ template <int BQ>
 struct QueryTiles {
   const AttentionArgs<bf16>& a;
   int64_t b, q_start, count;
-  int64_t loaded_head, loaded_row;        // the tile in the registers
+  int64_t loaded_head, loaded_row;                // the tile in the registers
   int64_t published_head = 0, published_row = 0;  // the tile publish() last wrote
   int next_begin = 0, next_end = 0;
   float next_lse_log2 = 0.f, next_delta = 0.f;  // lse in log2 units
@@ -1248,10 +1247,9 @@ struct QueryTiles {
   }
 
   // Tile i's rows (loaded by the previous call) into shared memory (lse times log2 e), tile
-  // i + 1's loads
-  // issued, and whether any row sees a key of [k0, k_end) and whether every row sees all of
-  // [k0, k0 + BK). Collective over the block (the answers come from barriers, which also
-  // publish the rows). Past the last tile: rows that see nothing.
+  // i + 1's loads issued, and whether any row sees a key of [k0, k_end) and whether every
+  // row sees all of [k0, k0 + BK). Collective over the block (the answers come from
+  // barriers, which also publish the rows). Past the last tile: rows that see nothing.
   template <int BK>
   __device__ QueryTileVisibility publish(int64_t i, int k0, int k_end, int* s_begin, int* s_end,
                                          float* s_lse_log2, float* s_delta) {

@@ -867,22 +867,35 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
   }
 }
 
+#ifdef HAM_WITH_CUDA
+// The bf16 cases against the CPU with a forward tuning setter (cuda/routed_attention.h)
+// set to `value`, restored after; then the setter refuses `bad`, naming itself, the value
+// and the choices.
+void expect_bf16_forward_setting_matches_cpu(int (*set)(int), const char* name, int value,
+                                             int bad, const char* choices,
+                                             std::initializer_list<GpuCase> cases) {
+  struct Restore {
+    int (*set)(int);
+    int previous;
+    ~Restore() { set(previous); }
+  } restore{set, set(value)};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(gpu_case_name(c));
+    expect_gpu_matches_cpu(c, DType::BF16);
+  }
+  testing::expect_error([&] { set(bad); }, {name, std::to_string(bad), choices});
+}
+#endif
+
 // The bf16 tensor-core forward with one 16-row tile per warp (64-row blocks), which heads
 // up to 128 wide take only when set so; the cases above run the default 128-row blocks.
 TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  struct RowsGuard {
-    int previous = cuda::set_attention_forward_rows(64);
-    ~RowsGuard() { cuda::set_attention_forward_rows(previous); }
-  } rows_64;
-  for (const GpuCase& c : {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-                           GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}}) {
-    SCOPED_TRACE(gpu_case_name(c));
-    expect_gpu_matches_cpu(c, DType::BF16);
-  }
-  testing::expect_error([] { cuda::set_attention_forward_rows(96); },
-                        {"set_attention_forward_rows", "96", "64 or 128"});
+  expect_bf16_forward_setting_matches_cpu(
+      &cuda::set_attention_forward_rows, "set_attention_forward_rows", 64, 96, "64 or 128",
+      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
 #endif
 }
 
@@ -891,17 +904,10 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
 TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  struct KeysGuard {
-    int previous = cuda::set_attention_forward_keys(32);
-    ~KeysGuard() { cuda::set_attention_forward_keys(previous); }
-  } keys_32;
-  for (const GpuCase& c : {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
-                           GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}}) {
-    SCOPED_TRACE(gpu_case_name(c));
-    expect_gpu_matches_cpu(c, DType::BF16);
-  }
-  testing::expect_error([] { cuda::set_attention_forward_keys(48); },
-                        {"set_attention_forward_keys", "48", "32 or 64"});
+  expect_bf16_forward_setting_matches_cpu(
+      &cuda::set_attention_forward_keys, "set_attention_forward_keys", 32, 48, "32 or 64",
+      {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
+       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
 #endif
 }
 
