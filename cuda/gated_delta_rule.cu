@@ -1820,12 +1820,13 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //   1. gdr_bwd_local_mma   per chunk, over V tiles: dvl = P^T dO
 //   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
-//   3. gdr_bwd_values_mma  per chunk, over double-buffered V tiles: dP, du Vb^T, dv,
-//                          and the row sums <dVb, V>, <dO, Q S0>, <K dS_end, u> and
-//                          <S0, dS_end>
+//   3. gdr_bwd_values_mma  per chunk, over double-buffered V tiles: dP, du Vb^T, dv and
+//                          the row sums <dVb, V>
 //   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and double-buffered
 //                          32-column V tiles: dq, dW, dA += dW Kbg^T, dk's first two
-//                          terms
+//                          terms, and the sums that need S0 or dS_end: <dO, Q S0> as
+//                          <Q, dO S0^T>, <K dS_end, u> as <K, u dS_end^T> (both products
+//                          are dq's and dk's own) and <S0, dS_end>
 //   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
 // Per-chunk matrices and row sums pass between them in f32 scratch.
 
@@ -2175,21 +2176,23 @@ template <int KD, int VT>
 struct BwdValuesLayout {
   static constexpr int ldk = KD + 8, ldv = VT + 8, lda = kChunk + 8, ldf = kChunk + 1;
   static constexpr size_t fixed_bytes = size_t(2 * kChunk * ldk + kChunk * lda) * 2;
-  static constexpr int slot_elements = 4 * kChunk * ldv + 2 * KD * ldv;
+  static constexpr int slot_elements = 4 * kChunk * ldv;  // dO, u, du, V [64][VT]
   static constexpr size_t tile_bytes = size_t(2 * slot_elements) * 2;
   static constexpr size_t f32_bytes = size_t(kChunk * ldf) * 4;
   static constexpr size_t bytes = fixed_bytes + (tile_bytes > f32_bytes ? tile_bytes : f32_bytes);
   static_assert(fixed_bytes % 16 == 0, "the shared region must stay 16-byte aligned");
 };
 
-// The value tile of gdr_bwd_values_mma, sized so that its two slots leave two blocks per
-// SM up to K = 128: 16 columns at K = 128 (91 KB), 32 below (87 KB at K = 64) and at
-// K = 256 (195 KB, one block per SM as with one slot).
+// The value tile of gdr_bwd_values_mma, sized so that its two slots leave three blocks per
+// SM up to K = 128 (16 columns at K = 128: 69 KB; 32 below: 69 KB at K = 64) and two at
+// K = 256 (16 columns: 101 KB). Its registers are bounded to match (kValuesMinBlocks).
 template <int KD>
-constexpr int kBackwardValuesVt = KD == 128 ? 16 : 32;
+constexpr int kBackwardValuesVt = KD <= 64 ? 32 : 16;
+template <int KD>
+constexpr int kValuesMinBlocks = KD <= 128 ? 3 : 2;
 
 template <int KD, int VT>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     gdr_bwd_values_mma(Problem<bf16> pr, MmaBackward bw) {
   using L = BwdValuesLayout<KD, VT>;
   constexpr int LDK = L::ldk, LDV = L::ldv, LDA = L::lda, LDF = L::ldf;
@@ -2204,8 +2207,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto slot_u = [&](int tile) { return slot_do(tile) + kChunk * LDV; };  // u = v_new
   auto slot_du = [&](int tile) { return slot_u(tile) + kChunk * LDV; };
   auto slot_vb = [&](int tile) { return slot_du(tile) + kChunk * LDV; };
-  auto slot_s0 = [&](int tile) { return slot_vb(tile) + kChunk * LDV; };  // [K][VT]
-  auto slot_ds = [&](int tile) { return slot_s0(tile) + KD * LDV; };      // [K][VT]
   __shared__ float s_g[kChunk], s_beta[kChunk];
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
@@ -2217,8 +2218,6 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
-    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
-    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
     // Value tile t's copies go to slot t % 2, tile t + 1's in flight during tile t's
     // products. (Issued and waited for at once, each tile's copies had left their whole
     // latency exposed.)
@@ -2229,8 +2228,6 @@ __global__ void __launch_bounds__(kMmaThreads)
       issue_tile(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
       issue_tile(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
       issue_tile(slot_vb(tile), LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
-      issue_tile(slot_s0(tile), LDV, KD, VT, KD, cols, RowSource<bf16>{saved + v0, V});
-      issue_tile(slot_ds(tile), LDV, KD, VT, KD, cols, RowSource<bf16>{dsaved + v0, V});
       issue_tile(slot_du(tile), LDV, kChunk, VT, n, cols,
                  rows_of(static_cast<const bf16*>(bw.du), V, v0));
     };
@@ -2247,7 +2244,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     float dp[kChunk / 8][4], dav[kChunk / 8][4];
     mma::zero(dp);
     mma::zero(dav);
-    float dbv[2] = {0.f, 0.f}, deo[2] = {0.f, 0.f}, dtau[2] = {0.f, 0.f}, dlambda = 0.f;
+    float dbv[2] = {0.f, 0.f};
     for (int tile = 0; tile < v_tiles; ++tile) {
       const int64_t v0 = int64_t(tile) * VT;
       const int cols = int(min(int64_t(VT), V - v0));
@@ -2257,7 +2254,6 @@ __global__ void __launch_bounds__(kMmaThreads)
         async_copy_commit();
       }
       bf16 *sdO = slot_do(tile), *sU = slot_u(tile), *sDu = slot_du(tile), *sVb = slot_vb(tile);
-      bf16 *sS0 = slot_s0(tile), *sdS = slot_ds(tile);
       if (tile + 1 < v_tiles) async_copy_wait<1>();
       else async_copy_wait<0>();
       __syncthreads();
@@ -2282,54 +2278,12 @@ __global__ void __launch_bounds__(kMmaThreads)
           }
         }
       }
-      // <dO_i, (Q S0)_i> and <(K dS_end)_i, u_i>.
-      {
-        float x[VT / 8][4];
-        mma::zero(x);
-        mma::rows_times_matrix<KD, LDK, LDV, VT / 8>(sQ + warp * 16 * LDK, sS0, x);
-#pragma unroll
-        for (int nb = 0; nb < VT / 8; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-            deo[e / 2] += x[nb][e] * load(sdO[i * LDV + c]);  // zero padding past n, cols
-          }
-        }
-        mma::zero(x);
-        mma::rows_times_matrix<KD, LDK, LDV, VT / 8>(sK + warp * 16 * LDK, sdS, x);
-#pragma unroll
-        for (int nb = 0; nb < VT / 8; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-            dtau[e / 2] += x[nb][e] * load(sU[i * LDV + c]);
-          }
-        }
-      }
-      // <S0, dS_end>, 8 columns a 16-byte shared load of each (the padding is zero).
-      using Eight = Pack<bf16, 8>;
-      constexpr int kGroups = VT / 8;
-      for (int g = int(threadIdx.x); g < KD * kGroups; g += int(blockDim.x)) {
-        const int a = g / kGroups, c0 = g % kGroups * 8;
-        const Eight s0 = *reinterpret_cast<const Eight*>(sS0 + a * LDV + c0);
-        const Eight ds = *reinterpret_cast<const Eight*>(sdS + a * LDV + c0);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dlambda += load(s0.v[e]) * load(ds.v[e]);
-      }
     }
-    dlambda = block_sum(dlambda);
-    if (threadIdx.x == 0) bw.chunk_dlambda[slot] = dlambda;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
-      const float a = mma::quad_sum(dbv[half]), c = mma::quad_sum(deo[half]),
-                  d = mma::quad_sum(dtau[half]);
-      if (i < n && t4 == 0) {
-        const int64_t row = pr.row(b, begin + i, h);
-        bw.row_dbeta[row] = a;
-        bw.row_deo[row] = c;
-        bw.row_dtau[row] = d;
-      }
+      const float a = mma::quad_sum(dbv[half]);
+      if (i < n && t4 == 0) bw.row_dbeta[pr.row(b, begin + i, h)] = a;
     }
     // dP * Gamma and dA = du Vb^T = (du V^T) diag(beta) to scratch; Z = dP * P for dG.
     float p[kChunk / 8][4];
@@ -2337,6 +2291,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
     float* dpg = bw.dpg + slot * kChunk * kChunk;
     float* da = bw.da + slot * kChunk * kChunk;
+    __syncthreads();  // sZ overlays the slots, which the last tile's products read
 #pragma unroll
     for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
@@ -2430,6 +2385,10 @@ __global__ void __launch_bounds__(kMmaThreads)
 
     float dA2[kChunk / 8][4];  // dW Kbg^T
     mma::zero(dA2);
+    // This lane's parts of <Q_i, (dO S0^T)_i> = <dO_i, (Q S0)_i> and of
+    // <K_i, (u dS_end^T)_i> = <(K dS_end)_i, u_i> for its rows i (halves), and of
+    // <S0, dS_end>.
+    float deo[2] = {0.f, 0.f}, dtau[2] = {0.f, 0.f}, dlambda = 0.f;
     int step = 0;
     for (int k0 = 0; k0 < KD; k0 += KB) {
       float x1[KB / 8][4], x2[KB / 8][4], x3[KB / 8][4];
@@ -2451,6 +2410,26 @@ __global__ void __launch_bounds__(kMmaThreads)
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sDu + warp * 16 * LDV, sS0, x2);  // du S0^T
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sU + warp * 16 * LDV, sdS, x3);   // u dS^T
+        // <S0, dS_end> over this step's block, 8 columns a 16-byte shared load of each (the
+        // padding columns are zero)
+        using Eight = Pack<bf16, 8>;
+        constexpr int kGroups = VT / 8;
+        for (int g = int(threadIdx.x); g < KB * kGroups; g += int(blockDim.x)) {
+          const int r = g / kGroups, c0 = g % kGroups * 8;
+          const Eight s0 = *reinterpret_cast<const Eight*>(sS0 + r * LDV + c0);
+          const Eight ds = *reinterpret_cast<const Eight*>(sdS + r * LDV + c0);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dlambda += load(s0.v[e]) * load(ds.v[e]);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          deo[e / 2] += x1[nb][e] * load(sQ[i * LDK + c]);
+          dtau[e / 2] += x3[nb][e] * load(sK[i * LDK + c]);
+        }
       }
       // dq = diag(E) dO S0^T + (dP * Gamma) K
 #pragma unroll
@@ -2499,6 +2478,18 @@ __global__ void __launch_bounds__(kMmaThreads)
           mma::load_b_nk<LDB>(bf, sKbg, nb * 8, kk * 16);
           mma::mma_bf16_16816(dA2[nb], af, bf);
         }
+      }
+    }
+    dlambda = block_sum(dlambda);
+    if (threadIdx.x == 0) bw.chunk_dlambda[slot] = dlambda;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
+      const float eo = mma::quad_sum(deo[half]), tau_sum = mma::quad_sum(dtau[half]);
+      if (i < n && mma::lane_id() % 4 == 0) {
+        const int64_t row = pr.row(b, begin + i, h);
+        bw.row_deo[row] = eo;
+        bw.row_dtau[row] = tau_sum;
       }
     }
     // da += dA2, all of the lane's loads issued before its first store (the compiler may
