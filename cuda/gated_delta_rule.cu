@@ -1095,6 +1095,14 @@ __device__ void load_square_f32(float* dst, int ld, const float* __restrict__ sr
   load_square(src, [=](int i, int j, float x) { dst[i * ld + j] = x; });
 }
 
+// e^x for the decays within a chunk, e^{G_i - G_j}, by one ex2.approx.ftz (mma::exp2_ftz).
+// expf's range reduction and denormal fix-ups cost about 8 instructions more, and the
+// chunk kernels take a decay for each of a thread's 32 elements of a 64 x 64 mask. Where
+// the mask drops an element its decay may be inf (j > i): it is selected away, never
+// multiplied.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float decay(float exponent) { return mma::exp2_ftz(exponent * kLog2e); }
+
 // Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
 // rows' block, column in the 8 nb block.
 __device__ __forceinline__ int acc_row(int e) { return mma::lane_id() / 4 + 8 * (e / 2); }
@@ -1145,7 +1153,8 @@ __device__ void chunk_decayed_kk(const bf16* sK, const float* s_g, int n, float*
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-      sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+      const float gamma = decay(s_g[i] - s_g[j]);
+      sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * gamma : 0.f;
     }
   }
   __syncthreads();
@@ -1721,7 +1730,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
         for (int e = 0; e < 4; ++e) {
           const int i = r0 + acc_row(e), j = acc_col(nb, e);
           const bool kept = (predicting ? j < i : j <= i) && i < n;
-          x[nb][e] = kept ? x[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+          x[nb][e] = kept ? x[nb][e] * decay(s_g[i] - s_g[j]) : 0.f;
         }
       }
 #pragma unroll
@@ -1960,7 +1969,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = warp * 16 + acc_row(e), i = acc_col(nb, e);
-          pt[nb][e] = i >= j && i < n ? pt[nb][e] * expf(s_g[i] - s_g[j]) : 0.f;
+          const float gamma = decay(s_g[i] - s_g[j]);
+          pt[nb][e] = i >= j && i < n ? pt[nb][e] * gamma : 0.f;
         }
       }
 #pragma unroll
@@ -2297,7 +2307,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
-        const float gamma = j <= i && i < n ? expf(s_g[i] - s_g[j]) : 0.f;
+        const float gamma = j <= i && i < n ? decay(s_g[i] - s_g[j]) : 0.f;
         dpg[i * kChunk + j] = dp[nb][e] * gamma;
         da[i * kChunk + j] = dav[nb][e] * s_beta[j];
         sZ[i * LDF + j] = dp[nb][e] * p[nb][e] * gamma;
@@ -2344,7 +2354,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto slot_u = [&](int step) { return slot_du(step) + kChunk * LDV; };
   auto slot_s0 = [&](int step) { return slot_u(step) + kChunk * LDV; };  // [KB][VT]
   auto slot_ds = [&](int step) { return slot_s0(step) + KB * LDV; };     // [KB][VT]
-  __shared__ float s_g[kChunk], s_beta[kChunk];
+  using Eight = Pack<bf16, 8>;
+  __shared__ float s_g[kChunk], s_beta[kChunk], s_beta_e[kChunk];  // s_beta_e: beta E
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32);
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
@@ -2382,6 +2393,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
+    if (int(threadIdx.x) < kChunk) {  // published by the first step's barriers
+      s_beta_e[threadIdx.x] = s_beta[threadIdx.x] * expf(s_g[threadIdx.x]);
+    }
 
     float dA2[kChunk / 8][4];  // dW Kbg^T
     mma::zero(dA2);
@@ -2412,7 +2426,6 @@ __global__ void __launch_bounds__(kMmaThreads)
         mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sU + warp * 16 * LDV, sdS, x3);   // u dS^T
         // <S0, dS_end> over this step's block, 8 columns a 16-byte shared load of each (the
         // padding columns are zero)
-        using Eight = Pack<bf16, 8>;
         constexpr int kGroups = VT / 8;
         for (int g = int(threadIdx.x); g < KB * kGroups; g += int(blockDim.x)) {
           const int r = g / kGroups, c0 = g % kGroups * 8;
@@ -2462,10 +2475,14 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       // dA += dW Kbg^T over this key block
       __syncthreads();  // sKbg of the previous block is no longer read
-      for (int idx = int(threadIdx.x); idx < kChunk * KB; idx += int(blockDim.x)) {
-        const int j = idx / KB, c = idx % KB;
-        sKbg[j * LDB + c] =
-            store<bf16>(load(sK[j * LDK + k0 + c]) * s_beta[j] * expf(s_g[j]));
+      // Kbg = diag(beta E) K, 8 columns a 16-byte shared load and store
+      for (int g = int(threadIdx.x); g < kChunk * (KB / 8); g += int(blockDim.x)) {
+        const int j = g / (KB / 8), c0 = g % (KB / 8) * 8;
+        Eight x = *reinterpret_cast<const Eight*>(sK + j * LDK + k0 + c0);
+        const float factor = s_beta_e[j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x.v[e] = store<bf16>(load(x.v[e]) * factor);
+        *reinterpret_cast<Eight*>(sKbg + j * LDB + c0) = x;
       }
       __syncthreads();
 #pragma unroll
@@ -2658,12 +2675,19 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       const int i = idx / kChunk, j = idx % kChunk;  // dM * Gamma, dM = diag(beta) dL
-      sD[i * LDF + j] = j < i && i < n ? s_beta[i] * sD[i * LDF + j] * expf(s_g[i] - s_g[j]) : 0.f;
+      const float gamma = decay(s_g[i] - s_g[j]);
+      sD[i * LDF + j] = j < i && i < n ? s_beta[i] * sD[i * LDF + j] * gamma : 0.f;
     }
     __syncthreads();
 
     // dk = dk_part + (dM * Gamma) K + (dM * Gamma)^T K + diag(beta E) A^T dW, by key blocks.
     float dbk[2] = {0.f, 0.f};  // <dKbg_i, K_i> of the lane's two rows
+    float beta_e[2];            // beta_i E_i of the lane's two rows (once, not per element)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = warp * 16 + acc_row(2 * half);
+      beta_e[half] = s_beta[i] * expf(s_g[i]);
+    }
     for (int k0 = 0; k0 < KD; k0 += KB) {
       if (k0 > 0) {  // the first block came with sK
         __syncthreads();  // sdW of the previous block is no longer read
@@ -2701,7 +2725,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           const int64_t at = pr.row(b, begin + i, h) * KD + c;
           if (bw.dk) {
             const float dk_part = e % 2 ? part[nb][e / 2].y : part[nb][e / 2].x;
-            bw.dk[at] = store<bf16>(dk_part + dm[nb][e] + s_beta[i] * expf(s_g[i]) * dkbg[nb][e]);
+            bw.dk[at] = store<bf16>(dk_part + dm[nb][e] + beta_e[e / 2] * dkbg[nb][e]);
           }
         }
       }

@@ -82,22 +82,22 @@ __device__ __forceinline__ void each_b_fragment(const bf16_t* b_tile, int k0, Fn
       else load_b_kn<LDB>(bf, b_tile, k0, nb * 8);
       fn(nb, bf);
     }
-    return;
-  }
+  } else {  // (an else, not a return: nvcc warns of an unreachable loop after one)
 #pragma unroll
-  for (int nb = 0; nb + 1 < NB; nb += 2) {
-    uint32_t both[4];
-    if constexpr (kBRows) load_b_nk_pair<LDB>(both, b_tile, nb * 8, k0);
-    else load_b_kn_pair<LDB>(both, b_tile, k0, nb * 8);
-    const uint32_t first[2] = {both[0], both[1]}, second[2] = {both[2], both[3]};
-    fn(nb, first);
-    fn(nb + 1, second);
-  }
-  if constexpr (NB % 2 == 1) {
-    uint32_t last[2];
-    if constexpr (kBRows) load_b_nk<LDB>(last, b_tile, (NB - 1) * 8, k0);
-    else load_b_kn<LDB>(last, b_tile, k0, (NB - 1) * 8);
-    fn(NB - 1, last);
+    for (int nb = 0; nb + 1 < NB; nb += 2) {
+      uint32_t both[4];
+      if constexpr (kBRows) load_b_nk_pair<LDB>(both, b_tile, nb * 8, k0);
+      else load_b_kn_pair<LDB>(both, b_tile, k0, nb * 8);
+      const uint32_t first[2] = {both[0], both[1]}, second[2] = {both[2], both[3]};
+      fn(nb, first);
+      fn(nb + 1, second);
+    }
+    if constexpr (NB % 2 == 1) {
+      uint32_t last[2];
+      if constexpr (kBRows) load_b_nk<LDB>(last, b_tile, (NB - 1) * 8, k0);
+      else load_b_kn<LDB>(last, b_tile, k0, (NB - 1) * 8);
+      fn(NB - 1, last);
+    }
   }
 }
 
