@@ -9,21 +9,35 @@ before and after a change says how many instructions a tile costs; with branches
 it bounds the cost from above. ncu's per-instruction counts (gpu_check's diagnose stage)
 are the measured version.
 
+With --lines, it also says which source lines the instructions come from: for each
+kernel (within --range FIRST-LAST, addresses as printed for the loops), the instruction
+count and opcode mix of each line of the kernel's own body (a line that calls an inlined
+function counts everything inlined there), or with --depth N the innermost N lines of
+the inlining chain (so `issue_tile`'s own lines, each with the kernel line it was called
+from). That needs line information, so OBJECT must then be a .cu source: the script
+compiles it to a cubin with -lineinfo by its line in BUILD/compile_commands.json (--build,
+default build-sm90), and reads it with nvdisasm.
+
 Usage:
   scripts/sass_loops.py OBJECT KERNEL [KERNEL ...] [--min N]
+  scripts/sass_loops.py cuda/SOURCE.cu KERNEL [--lines] [--range 0x680-0xeca0] [--depth N]
 OBJECT is an object file or cubin built for the GPU (e.g.
-build-sm90/CMakeFiles/ham_cuda.dir/cuda/routed_attention.cu.o) or a text file that
-`cuobjdump -sass` wrote. cuobjdump comes with the CUDA toolkit on the GPU machine; where
-the toolkit lacks it, the PyPI wheel nvidia-cuda-cuobjdump carries one (set CUOBJDUMP to
-its path).
+build-sm90/CMakeFiles/ham_cuda.dir/cuda/routed_attention.cu.o), a text file that
+`cuobjdump -sass` wrote, or a .cu source (compiled as above). cuobjdump and nvdisasm come
+with the CUDA toolkit on the GPU machine; where the toolkit lacks them, the PyPI wheels
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm carry them (set CUOBJDUMP and NVDISASM to
+their paths).
 """
 import argparse
 import collections
 import os
 import re
 import shutil
+import json
+import shlex
 import subprocess
 import sys
+import tempfile
 
 
 def sass_text(path):
@@ -37,6 +51,85 @@ def sass_text(path):
         sys.exit("sass_loops: no cuobjdump on PATH; set CUOBJDUMP (see --help)")
     return subprocess.run([tool, "-sass", path], check=True, capture_output=True,
                           text=True).stdout
+
+
+def tool(variable, name):
+    path = os.environ.get(variable) or shutil.which(name)
+    if not path:
+        sys.exit(f"sass_loops: no {name} on PATH; set {variable} (see --help)")
+    return path
+
+
+def compile_with_lines(source, build):
+    """A cubin of `source` with line information, compiled as BUILD's compile line does."""
+    commands = json.load(open(os.path.join(build, "compile_commands.json")))
+    wanted = os.path.abspath(source)
+    entry = next((c for c in commands if os.path.abspath(c["file"]) == wanted), None)
+    if entry is None:
+        sys.exit(f"sass_loops: {source} is not in {build}/compile_commands.json")
+    words = shlex.split(entry["command"])
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "-o":
+            skip = True
+        elif word == "-c" or word.startswith(("--generate-code", "-gencode", "-Xcompiler")):
+            pass
+        else:
+            kept.append(word)
+    cubin = os.path.join(tempfile.mkdtemp(prefix="sass_loops_"), "lines.cubin")
+    arch = re.search(r"sm_(\d+)", entry["command"])
+    kept += ["-cubin", "-lineinfo", f"-arch=sm_{arch.group(1) if arch else '90'}", "-o", cubin]
+    subprocess.run(kept, check=True, cwd=entry["directory"], stderr=subprocess.DEVNULL)
+    return cubin
+
+
+def line_counts(cubin, names, first, last, depth):
+    """{key: Counter of opcodes} for the instructions of the kernels `names` in [first,
+    last]: key is the kernel body's line (depth 0) or the innermost `depth` lines of the
+    inlining chain."""
+    text = subprocess.run([tool("NVDISASM", "nvdisasm"), "-gi", "-c", cubin], check=True,
+                          capture_output=True, text=True).stdout
+    counts = collections.defaultdict(collections.Counter)
+    inside, chain, after_location = False, [], False
+    for line in text.split("\n"):
+        if line.startswith("//----") or line.startswith("\t.section"):
+            inside = ".text." in line and any(n in line for n in names)
+            continue
+        if not inside:
+            continue
+        m = re.match(r'\s*//## File "([^"]+)", line (\d+)(.*)', line)
+        if m:
+            if not after_location:
+                chain = []
+            after_location = True
+            chain.append((os.path.basename(m.group(1)), int(m.group(2))))
+            chain += [(os.path.basename(f), int(n))
+                      for f, n in re.findall(r'inlined at "([^"]+)", line (\d+)', m.group(3))]
+            continue
+        after_location = False
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if not m or not first <= int(m.group(1), 16) <= last:
+            continue
+        if not chain:
+            key = "?"
+        elif depth == 0:
+            key = f"{chain[-1][0]}:{chain[-1][1]}"
+        else:
+            key = " <- ".join(f"{f}:{n}" for f, n in chain[:depth])
+        counts[key][m.group(2).split(".")[0]] += 1
+    return counts
+
+
+def source_text(key, root):
+    file, line = key.split(" <- ")[0].rsplit(":", 1)
+    for folder in ("cuda", "core", "."):
+        path = os.path.join(root, folder, file)
+        if os.path.exists(path):
+            lines = open(path).read().split("\n")
+            return lines[int(line) - 1].strip()[:60] if int(line) <= len(lines) else ""
+    return ""
 
 
 def kernels(text):
@@ -72,7 +165,16 @@ def main():
     parser.add_argument("object")
     parser.add_argument("kernel", nargs="+")
     parser.add_argument("--min", type=int, default=100, help="smallest loop shown")
+    parser.add_argument("--lines", action="store_true", help="instructions per source line")
+    parser.add_argument("--range", default=None, help="FIRST-LAST addresses for --lines")
+    parser.add_argument("--depth", type=int, default=0, help="inlining depth for --lines")
+    parser.add_argument("--top", type=int, default=40, help="lines shown with --lines")
+    parser.add_argument("--build", default="build-sm90", help="build folder of a .cu OBJECT")
     args = parser.parse_args()
+    if args.object.endswith(".cu"):
+        args.object = compile_with_lines(args.object, args.build)
+    elif args.lines:
+        sys.exit("sass_loops: --lines needs a .cu source (compiled with -lineinfo)")
     shown = 0
     for name, body in kernels(sass_text(args.object)):
         if not any(k in name for k in args.kernel):
@@ -91,6 +193,18 @@ def main():
                 continue
             print(f"  loop {body[first][0]:#x}-{body[last][0]:#x}: {last - first + 1} "
                   f"instructions: {mix(ops[first:last + 1])}")
+        if args.lines:
+            first, last = 0, 1 << 62
+            if args.range:
+                first, last = (int(x, 16) for x in args.range.split("-"))
+            counts = line_counts(args.object, [name], first, last, args.depth)
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            print(f"  by source line ({sum(sum(c.values()) for c in counts.values())} "
+                  "instructions):")
+            ranked = sorted(counts.items(), key=lambda kv: -sum(kv[1].values()))
+            for key, ops_at in ranked[:args.top]:
+                top = ", ".join(f"{k} {v}" for k, v in ops_at.most_common(4))
+                print(f"  {sum(ops_at.values()):6d}  {key}  {source_text(key, root)}  [{top}]")
     if not shown:
         sys.exit(f"sass_loops: no kernel matches {args.kernel}")
 
