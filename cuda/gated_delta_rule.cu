@@ -907,9 +907,11 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
 // 16 rows of each product; the 4 warps of a block cover a chunk's 64 (the output
-// kernel's 8 warps: 4 for each of its two products). bf16 tiles arrive by
-// cp.async (issue_tile; cuda/async_copy.cuh), every copy of a thread in flight at once; the
-// two state passes issue the next chunk's copies before the current chunk's products.
+// kernel's 8 warps: 4 for each of its two products; the state passes' 8 warps from
+// K = 128, kStateWarps: two column halves of v_new or du, 16 key rows each of S). bf16
+// tiles arrive by cp.async (issue_tile; cuda/async_copy.cuh), every copy of a thread in
+// flight at once; the two state passes issue the next chunk's copies before the current
+// chunk's products.
 
 constexpr int kMmaThreads = 128;
 constexpr int kMmaVt = 64;  // value columns per block of the state and output kernels
@@ -1458,15 +1460,17 @@ __device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t
 }
 
 // The f32 state tile S [K][VT] of a state-pass block (or dS in the backward's), in the
-// accumulators of its warps: warp w holds key rows w 16 + 64 s (s < kSlices), each a
-// 16 x VT mma accumulator, so the update S <- lambda S + K^T X is an mma into the
-// registers that hold S.
-template <int KD, int VT>
+// accumulators of its kWarps warps: warp w holds key rows w 16 + 16 kWarps s
+// (s < kSlices), each a 16 x VT mma accumulator, so the update S <- lambda S + K^T X is an
+// mma into the registers that hold S.
+template <int KD, int VT, int kWarps>
 struct StateRegisters {
-  static constexpr int kSlices = (KD + 63) / 64, NB = VT / 8;
+  static constexpr int kSlices = (KD + 16 * kWarps - 1) / (16 * kWarps), NB = VT / 8;
   float s[kSlices][NB][4];
 
-  __device__ static int first_row(int slice) { return int(threadIdx.x / 32) * 16 + 64 * slice; }
+  __device__ static int first_row(int slice) {
+    return int(threadIdx.x / 32) * 16 + 16 * kWarps * slice;
+  }
   __device__ static bool owned(int slice) { return first_row(slice) < KD; }
 
   // fn(element, key row, column) over this thread's elements.
@@ -1501,6 +1505,14 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
   }
 }
 
+// Warps of a forward state-pass block: 8 from K = 128, else 4. The pass runs its chunks one
+// after another, each step a few dependent products and barriers, so a step's time is
+// latency more than issue (two blocks of 4 warps per SM measured about 2,200 instructions
+// and 6 us a step at K = 128); 8 warps halve each warp's share of a step (its rows of S,
+// its columns of v_new, its copies) and double the warps that hide each other's waits.
+template <int KD>
+constexpr int kStateWarps = KD >= 128 ? 8 : 4;
+
 // The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
 // document's chunks in order (StateTile). Per chunk, with S the state at its start (h0 or
 // zero at the document's start):
@@ -1512,12 +1524,17 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
 // prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
 // more ahead, so no step waits on global memory.
 template <int KD, int VT>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
   using L = MmaStateLayout<KD, VT>;
-  using Registers = StateRegisters<KD, VT>;
+  constexpr int kWarps = kStateWarps<KD>;
+  using Registers = StateRegisters<KD, VT, kWarps>;
+  // v_new's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
+  // columns (w / 4), NBP blocks of 8
+  constexpr int kColumnParts = kWarps / 4, NBP = VT / 8 / kColumnParts;
+  static_assert(kWarps % 4 == 0 && NBP >= 1, "4 warps cover a chunk's 64 rows");
   constexpr int LDK = L::ldk, LDS = L::lds, NB = VT / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
@@ -1582,23 +1599,26 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
 
-    // v_new = U - W S0 for the warp's 16 rows; e^{G_last - G} v_new into sVn.
+    // v_new = U - W S0 for the warp's 16 rows and columns; e^{G_last - G} v_new into sVn.
     {
       const bf16 *sW = slot_w(chunk), *sU = slot_u(chunk);
-      float acc[NB][4];
+      const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
+      const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
+                            expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
+      float acc[NBP][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, NB>(sW + warp * 16 * LDK, sSb, acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part, acc);
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
+      for (int nb = 0; nb < NBP; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
-          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
           float vn[2] = {0.f, 0.f}, x[2] = {0.f, 0.f};
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
             if (i < n && c + k < cols) {
               vn[k] = load(store<bf16>(load(sU[i * LDS + c + k]) - acc[nb][e + k]));
-              x[k] = vn[k] * expf(g_last - g[i]);
+              x[k] = vn[k] * tau[e / 2];
             }
           }
           if (i < n && c < cols) {
@@ -2033,12 +2053,17 @@ struct BwdStateLayout {
 // H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
 // table are read into registers ahead of use.
 template <int KD, int VT, int kSlots>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
   static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
   using L = BwdStateLayout<KD, VT, kSlots>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
-  using Registers = StateRegisters<KD, VT>;
+  constexpr int kWarps = kStateWarps<KD>;
+  using Registers = StateRegisters<KD, VT, kWarps>;
+  // du's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
+  // columns (w / 4), NBP blocks of 8 (as the forward's v_new)
+  constexpr int kColumnParts = kWarps / 4, NBP = VT / 8 / kColumnParts;
+  static_assert(kWarps % 4 == 0 && NBP >= 1, "4 warps cover a chunk's 64 rows");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
   unsigned char* slots = smem_raw + L::s_bytes;
@@ -2115,23 +2140,25 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
     save_state<KD, VT, LDS>(st, dSb, bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
     const float g_last = n > 0 ? g[n - 1] : 0.f;
-    // du = dvl + diag(tau) K dS_end for the warp's 16 rows.
+    // du = dvl + diag(tau) K dS_end for the warp's 16 rows and columns.
     {
       const float* sDvl = slot_dvl(chunk);
-      float acc[NB][4];
+      const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
+      const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
+                            expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
+      float acc[NBP][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, NB>(slot_k(chunk) + warp * 16 * LDK, dSb, acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK, dSb + col_part,
+                                                acc);
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
+      for (int nb = 0; nb < NBP; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
-          const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
+          const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
           float du[2] = {0.f, 0.f};
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
-            if (i < n && c + k < cols) {
-              du[k] = sDvl[i * LDF + c + k] + expf(g_last - g[i]) * acc[nb][e + k];
-            }
+            if (i < n && c + k < cols) du[k] = sDvl[i * LDF + c + k] + tau[e / 2] * acc[nb][e + k];
           }
           if (i < n && c < cols) {
             store_bf16_pair(bw.du + pr.row(b, begin + i, h) * V + col0 + c, du[0], du[1],
@@ -2923,12 +2950,12 @@ struct MmaChunkStates {
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 
-// Whether a state pass's blocks of 32 columns (`kernel`, kMmaThreads threads, `bytes` of
+// Whether a state pass's blocks of 32 columns (`kernel`, `threads` threads, `bytes` of
 // shared memory) all fit the device at once.
 template <class Kernel>
-bool narrow_state_pass_fits(Kernel* kernel, size_t bytes, const Dims& d) {
+bool narrow_state_pass_fits(Kernel* kernel, int threads, size_t bytes, const Dims& d) {
   allow_dynamic_shared("gated_delta_rule", kernel, bytes);
-  const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, kMmaThreads, bytes);
+  const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, threads, bytes);
   const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
   return blocks <= int64_t(per_sm) * multiprocessor_count();
 }
@@ -2941,8 +2968,10 @@ bool narrow_state_pass_fits(Kernel* kernel, size_t bytes, const Dims& d) {
 template <int KD>
 int state_columns(const Dims& d) {
   if (const int forced = g_state_columns.load(); forced != 0) return forced;
-  return narrow_state_pass_fits(&gdr_state_mma<KD, 32>, MmaStateLayout<KD, 32>::bytes, d) ? 32
-                                                                                          : 64;
+  return narrow_state_pass_fits(&gdr_state_mma<KD, 32>, kStateWarps<KD> * 32,
+                                MmaStateLayout<KD, 32>::bytes, d)
+             ? 32
+             : 64;
 }
 
 // Value columns per block of the backward's sequential pass (gdr_bwd_state_mma), chosen as
@@ -2959,7 +2988,7 @@ int backward_state_columns(const Dims& d) {
     using Narrow = BwdStateLayout<KD, 32, 2>;
     auto* narrow = &gdr_bwd_state_mma<KD, 32, 2>;
     if (Narrow::bytes > shared_memory_limit(narrow)) return VT;
-    return narrow_state_pass_fits(narrow, Narrow::bytes, d) ? 32 : VT;
+    return narrow_state_pass_fits(narrow, kStateWarps<KD> * 32, Narrow::bytes, d) ? 32 : VT;
   }
 }
 
@@ -2993,10 +3022,10 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
              c.max_chunks);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    launch_mma(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
-               MmaStateLayout<KD, VT>::bytes,
-               c.pr, ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
-               ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
+    launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
+                  kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
+                  ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
+                  ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
   };
   if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
   else state_pass.template operator()<64>();
@@ -3153,13 +3182,13 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
-          launch_mma(&gdr_bwd_state_mma<KD, SVT, 2>, grid, BwdStateLayout<KD, SVT, 2>::bytes,
-                     pr, bw);
+          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2>, grid, kStateWarps<KD> * 32,
+                        BwdStateLayout<KD, SVT, 2>::bytes, pr, bw);
           return;
         }
       }
-      launch_mma(&gdr_bwd_state_mma<KD, SVT, 1>, grid, BwdStateLayout<KD, SVT, 1>::bytes, pr,
-                 bw);
+      launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1>, grid, kStateWarps<KD> * 32,
+                    BwdStateLayout<KD, SVT, 1>::bytes, pr, bw);
     };
     if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>();
     else state_pass.template operator()<VT>();

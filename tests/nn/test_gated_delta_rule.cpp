@@ -801,29 +801,37 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
     int previous = cuda::set_gated_delta_rule_state_columns(0);
     ~ColumnsGuard() { cuda::set_gated_delta_rule_state_columns(previous); }
   } guard;
-  const GpuCase c{2, 150, 3, 64, 80, true, 5};
-  const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 61), DType::BF16);
-  const Tensor grad_o = randn64({2, 150, 3, 80}, 82, 1.0, false).to(DType::BF16).to(Device::cuda());
-  const Tensor grad_h_final =
-      randn64({2, 3, 64, 80}, 83, 1.0, false).to(DType::BF16).to(Device::cuda());
-  std::vector<GatedDeltaRuleResult> results;
-  std::vector<GatedDeltaRuleGrads> grads;
-  for (int columns : {32, 64}) {
-    SCOPED_TRACE(columns);
-    cuda::set_gated_delta_rule_state_columns(columns);
-    expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 81);
-    results.push_back(poisoned_result(gpu));
-    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
-    grads.push_back(poisoned_grads(gpu, {}));
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads.back());
-  }
-  EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
-  EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
-  EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
-  for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk, &GatedDeltaRuleGrads::dv,
-                     &GatedDeltaRuleGrads::dg, &GatedDeltaRuleGrads::dbeta,
-                     &GatedDeltaRuleGrads::dh0}) {
-    EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
+  // K = 64 (4-warp state passes) and K = 128 (the forward's 8-warp pass)
+  const GpuCase cases[] = {{2, 150, 3, 64, 80, true, 5}, {1, 140, 2, 128, 72, true, 3}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(c.key_dim);
+    const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 61), DType::BF16);
+    const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 82, 1.0, false)
+                              .to(DType::BF16)
+                              .to(Device::cuda());
+    const Tensor grad_h_final = randn64({c.batch, c.heads, c.key_dim, c.value_dim}, 83, 1.0, false)
+                                    .to(DType::BF16)
+                                    .to(Device::cuda());
+    std::vector<GatedDeltaRuleResult> results;
+    std::vector<GatedDeltaRuleGrads> grads;
+    for (int columns : {32, 64}) {
+      SCOPED_TRACE(columns);
+      cuda::set_gated_delta_rule_state_columns(columns);
+      expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 81);
+      results.push_back(poisoned_result(gpu));
+      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
+      grads.push_back(poisoned_grads(gpu, {}));
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final,
+                                          grads.back());
+    }
+    EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
+    for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
+                       &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
+                       &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
+      EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
+    }
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_columns(48); },
                         {"set_gated_delta_rule_state_columns", "48", "32 or 64"});
