@@ -1070,11 +1070,12 @@ __device__ void load_gcum(const float* gcum, const Problem<bf16>& pr, int64_t b,
 }
 
 // put(i, j, src[i * 64 + j]) over a 64 x 64 f32 matrix in memory (16-byte aligned), by
-// the kMmaThreads threads of a block: 16 bytes a load, all 8 of a thread's loads in flight
-// before it stores any.
-template <class Put>
+// the kThreads threads of a block: 16 bytes a load, all of a thread's loads (8 at 128
+// threads) in flight before it stores any.
+template <int kThreads = kMmaThreads, class Put>
 __device__ void load_square(const float* __restrict__ src, Put put) {
-  constexpr int kQuads = kChunk * kChunk / 4, kInFlight = 8, kStep = kMmaThreads;
+  constexpr int kQuads = kChunk * kChunk / 4, kStep = kThreads;
+  constexpr int kInFlight = kQuads / kThreads < 8 ? kQuads / kThreads : 8;
   static_assert(kQuads % (kInFlight * kStep) == 0, "whole rounds of loads");
   const float4* quads = reinterpret_cast<const float4*>(src);
   for (int base = int(threadIdx.x); base < kQuads; base += kInFlight * kStep) {
@@ -1093,8 +1094,9 @@ __device__ void load_square(const float* __restrict__ src, Put put) {
 }
 
 // dst[i][j] (row stride ld) <- src[i * 64 + j] for a 64 x 64 f32 matrix.
+template <int kThreads = kMmaThreads>
 __device__ void load_square_f32(float* dst, int ld, const float* __restrict__ src) {
-  load_square(src, [=](int i, int j, float x) { dst[i * ld + j] = x; });
+  load_square<kThreads>(src, [=](int i, int j, float x) { dst[i * ld + j] = x; });
 }
 
 // e^x for the decays within a chunk, e^{G_i - G_j}, by one ex2.approx.ftz (mma::exp2_ftz).
@@ -1895,16 +1897,15 @@ __device__ __forceinline__ void load_a_f32(uint32_t (&frag)[4], const float* x, 
   frag[3] = mma::pack_bf16(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9));
 }
 
-// acc (16 x 8 NB) += X B with X the warp's 16 rows of the 64 x 64 f32 matrix x (or of its
+// acc (16 x 8 NB) += X B with X the 16 rows m0.. of the 64 x 64 f32 matrix x (or of its
 // transpose), B the rows [0, 64) of a bf16 tile [64][...] (columns n0 + 8 nb).
 template <bool kTranspose, int LDB, int NB>
-__device__ __forceinline__ void square_times_matrix(const float* x, int ldx, const bf16* b_tile,
-                                                    float (&acc)[NB][4]) {
-  const int warp = int(threadIdx.x / 32);
+__device__ __forceinline__ void square_times_matrix(const float* x, int ldx, int m0,
+                                                    const bf16* b_tile, float (&acc)[NB][4]) {
 #pragma unroll
   for (int kk = 0; kk < kChunk; kk += 16) {
     uint32_t af[4];
-    load_a_f32<kTranspose>(af, x, ldx, warp * 16, kk);
+    load_a_f32<kTranspose>(af, x, ldx, m0, kk);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       uint32_t bf[2];
@@ -2365,11 +2366,20 @@ struct BwdKeysLayout {
       f_bytes + size_t(2 * kChunk * ldk + 2 * slot_elements + kChunk * ldb) * 2;
 };
 
+// Warps of a keys block: 8 from K = 64, two to each 16 rows of the chunk, each with half of
+// a key block's 64 columns (its products, and dq, dW, dk's terms there); else 4. With 4
+// warps the three 16 x 64 accumulators of a step took 255 registers at K = 128: two
+// blocks of 4 warps per SM.
+template <int KD>
+constexpr int kKeysWarps = KD >= 64 ? 8 : 4;
+
 template <int KD, int VT>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     gdr_bwd_keys_mma(Problem<bf16> pr, MmaBackward bw) {
   using L = BwdKeysLayout<KD, VT>;
   constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDF = L::ldf;
+  constexpr int kWarps = kKeysWarps<KD>, kParts = kWarps / 4, KBP = KB / kParts;
+  static_assert(kWarps % 4 == 0 && KBP % 16 == 0, "whole 16-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   float* sDpg = reinterpret_cast<float*>(smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
@@ -2383,8 +2393,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   auto slot_ds = [&](int step) { return slot_s0(step) + KB * LDV; };     // [KB][VT]
   using Eight = Pack<bf16, 8>;
   __shared__ float s_g[kChunk], s_beta[kChunk], s_beta_e[kChunk];  // s_beta_e: beta E
+  __shared__ float s_row_part[2][kChunk];  // the second column part's row sums
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
-  const int warp = int(threadIdx.x / 32);
+  // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
+  const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, part = warp / 4;
+  const int part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
@@ -2415,7 +2428,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_step(0);
     async_copy_commit();
-    load_square_f32(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
+    load_square_f32<kWarps * 32>(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -2432,7 +2445,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     float deo[2] = {0.f, 0.f}, dtau[2] = {0.f, 0.f}, dlambda = 0.f;
     int step = 0;
     for (int k0 = 0; k0 < KD; k0 += KB) {
-      float x1[KB / 8][4], x2[KB / 8][4], x3[KB / 8][4];
+      float x1[KBP / 8][4], x2[KBP / 8][4], x3[KBP / 8][4];
       mma::zero(x1);
       mma::zero(x2);
       mma::zero(x3);
@@ -2448,9 +2461,10 @@ __global__ void __launch_bounds__(kMmaThreads)
         __syncthreads();  // this step's tiles, from every thread
         const bf16 *sdO = slot_do(step), *sDu = slot_du(step), *sU = slot_u(step);
         const bf16 *sS0 = slot_s0(step), *sdS = slot_ds(step);
-        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sdO + warp * 16 * LDV, sS0, x1);  // dO S0^T
-        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sDu + warp * 16 * LDV, sS0, x2);  // du S0^T
-        mma::rows_times_rows<VT, LDV, LDV, KB / 8>(sU + warp * 16 * LDV, sdS, x3);   // u dS^T
+        const bf16 *s0_part = sS0 + part0 * LDV, *ds_part = sdS + part0 * LDV;
+        mma::rows_times_rows<VT, LDV, LDV, KBP / 8>(sdO + row0 * LDV, s0_part, x1);  // dO S0^T
+        mma::rows_times_rows<VT, LDV, LDV, KBP / 8>(sDu + row0 * LDV, s0_part, x2);  // du S0^T
+        mma::rows_times_rows<VT, LDV, LDV, KBP / 8>(sU + row0 * LDV, ds_part, x3);   // u dS^T
         // <S0, dS_end> over this step's block, 8 columns a 16-byte shared load of each (the
         // padding columns are zero)
         constexpr int kGroups = VT / 8;
@@ -2463,36 +2477,36 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
       }
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          const int i = row0 + acc_row(e), c = k0 + part0 + acc_col(nb, e);
           deo[e / 2] += x1[nb][e] * load(sQ[i * LDK + c]);
           dtau[e / 2] += x3[nb][e] * load(sK[i * LDK + c]);
         }
       }
       // dq = diag(E) dO S0^T + (dP * Gamma) K
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x1[nb][e] *= expf(s_g[warp * 16 + acc_row(e)]);
+        for (int e = 0; e < 4; ++e) x1[nb][e] *= expf(s_g[row0 + acc_row(e)]);
       }
-      square_times_matrix<false, LDK, KB / 8>(sDpg, LDF, sK + k0, x1);
+      square_times_matrix<false, LDK, KBP / 8>(sDpg, LDF, row0, sK + k0 + part0, x1);
       // dk's terms diag(tau) u dS_end^T + (dP * Gamma)^T Q
       const float g_last = n > 0 ? s_g[n - 1] : 0.f;
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x3[nb][e] *= expf(g_last - s_g[warp * 16 + acc_row(e)]);
+        for (int e = 0; e < 4; ++e) x3[nb][e] *= expf(g_last - s_g[row0 + acc_row(e)]);
       }
-      square_times_matrix<true, LDK, KB / 8>(sDpg, LDF, sQ + k0, x3);
+      square_times_matrix<true, LDK, KBP / 8>(sDpg, LDF, row0, sQ + k0 + part0, x3);
       // dW = -du S0^T
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           x2[nb][e] = -x2[nb][e];
-          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          const int i = row0 + acc_row(e), c = k0 + part0 + acc_col(nb, e);
           if (i >= n) continue;
           const int64_t at = pr.row(b, begin + i, h) * KD + c;
           if (bw.dq) bw.dq[at] = store<bf16>(x1[nb][e]);
@@ -2500,7 +2514,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           bw.dk_part[at] = x3[nb][e];
         }
       }
-      // dA += dW Kbg^T over this key block
+      // dA += dW Kbg^T over this key block (the warp's part of its columns)
       __syncthreads();  // sKbg of the previous block is no longer read
       // Kbg = diag(beta E) K, 8 columns a 16-byte shared load and store
       for (int g = int(threadIdx.x); g < kChunk * (KB / 8); g += int(blockDim.x)) {
@@ -2513,49 +2527,93 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) {
+      for (int kk = 0; kk < KBP / 16; ++kk) {
         uint32_t af[4];
         mma::accumulator_as_a(x2, kk, af);
 #pragma unroll
         for (int nb = 0; nb < kChunk / 8; ++nb) {
           uint32_t bf[2];
-          mma::load_b_nk<LDB>(bf, sKbg, nb * 8, kk * 16);
+          mma::load_b_nk<LDB>(bf, sKbg, nb * 8, part0 + kk * 16);
           mma::mma_bf16_16816(dA2[nb], af, bf);
         }
       }
     }
+    // (block_sum's barriers also order every warp's last reads of sDpg before the writes
+    // of the second part's dA2 into it below)
     dlambda = block_sum(dlambda);
     if (threadIdx.x == 0) bw.chunk_dlambda[slot] = dlambda;
+    // The row sums and dA2 of the second column part, if any, through shared memory to the
+    // first part's warp of the same rows, which adds them (parts in order) and stores.
+    float eo[2], tau_sum[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
-      const float eo = mma::quad_sum(deo[half]), tau_sum = mma::quad_sum(dtau[half]);
-      if (i < n && mma::lane_id() % 4 == 0) {
-        const int64_t row = pr.row(b, begin + i, h);
-        bw.row_deo[row] = eo;
-        bw.row_dtau[row] = tau_sum;
+      eo[half] = mma::quad_sum(deo[half]);
+      tau_sum[half] = mma::quad_sum(dtau[half]);
+    }
+    if constexpr (kParts == 2) {
+      if (part == 1) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = row0 + acc_row(2 * half);
+          if (mma::lane_id() % 4 == 0) {
+            s_row_part[0][i] = eo[half];
+            s_row_part[1][i] = tau_sum[half];
+          }
+#pragma unroll
+          for (int nb = 0; nb < kChunk / 8; ++nb) {
+            const int j = acc_col(nb, 0);
+            sDpg[i * LDF + j] = dA2[nb][2 * half];
+            sDpg[i * LDF + j + 1] = dA2[nb][2 * half + 1];
+          }
+        }
+      }
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = row0 + acc_row(2 * half);
+          eo[half] += s_row_part[0][i];
+          tau_sum[half] += s_row_part[1][i];
+#pragma unroll
+          for (int nb = 0; nb < kChunk / 8; ++nb) {
+            const int j = acc_col(nb, 0);
+            dA2[nb][2 * half] += sDpg[i * LDF + j];
+            dA2[nb][2 * half + 1] += sDpg[i * LDF + j + 1];
+          }
+        }
       }
     }
-    // da += dA2, all of the lane's loads issued before its first store (the compiler may
-    // not move a load of da above a store to it, so a fused loop would wait on each).
-    float* da = bw.da + slot * kChunk * kChunk;
-    float2 earlier[kChunk / 8][2];
-#pragma unroll
-    for (int nb = 0; nb < kChunk / 8; ++nb) {
+    if (part == 0) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int i = warp * 16 + acc_row(2 * half), j = acc_col(nb, 0);
-        earlier[nb][half] = *reinterpret_cast<const float2*>(da + i * kChunk + j);
+        const int i = row0 + mma::lane_id() / 4 + 8 * half;
+        if (i < n && mma::lane_id() % 4 == 0) {
+          const int64_t row = pr.row(b, begin + i, h);
+          bw.row_deo[row] = eo[half];
+          bw.row_dtau[row] = tau_sum[half];
+        }
       }
-    }
+      // da += dA2, all of the lane's loads issued before its first store (the compiler may
+      // not move a load of da above a store to it, so a fused loop would wait on each).
+      float* da = bw.da + slot * kChunk * kChunk;
+      float2 earlier[kChunk / 8][2];
 #pragma unroll
-    for (int nb = 0; nb < kChunk / 8; ++nb) {
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = warp * 16 + acc_row(2 * half), j = acc_col(nb, 0);
-        const float2 x = earlier[nb][half];
-        *reinterpret_cast<float2*>(da + i * kChunk + j) =
-            float2{x.x + dA2[nb][2 * half], x.y + dA2[nb][2 * half + 1]};
+        for (int half = 0; half < 2; ++half) {
+          const int i = row0 + acc_row(2 * half), j = acc_col(nb, 0);
+          earlier[nb][half] = *reinterpret_cast<const float2*>(da + i * kChunk + j);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = row0 + acc_row(2 * half), j = acc_col(nb, 0);
+          const float2 x = earlier[nb][half];
+          *reinterpret_cast<float2*>(da + i * kChunk + j) =
+              float2{x.x + dA2[nb][2 * half], x.y + dA2[nb][2 * half + 1]};
+        }
       }
     }
   }
@@ -2740,8 +2798,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       mma::zero(dkbg);
       mma::zero(dm);
       mma::columns_times_matrix<kChunk, LDA, LDB, KB / 8>(sA, warp * 16, sdW, dkbg);
-      square_times_matrix<false, LDK, KB / 8>(sD, LDF, sK + k0, dm);
-      square_times_matrix<true, LDK, KB / 8>(sD, LDF, sK + k0, dm);
+      square_times_matrix<false, LDK, KB / 8>(sD, LDF, warp * 16, sK + k0, dm);
+      square_times_matrix<true, LDK, KB / 8>(sD, LDF, warp * 16, sK + k0, dm);
 #pragma unroll
       for (int nb = 0; nb < KB / 8; ++nb) {
 #pragma unroll
@@ -3196,8 +3254,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     constexpr int kValuesVt = kBackwardValuesVt<KD>;
     launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
                BwdValuesLayout<KD, kValuesVt>::bytes, pr, bw);
-    launch_mma(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, BwdKeysLayout<KD, kKeysVt>::bytes, pr,
-               bw);
+    launch_kernel(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
+                  BwdKeysLayout<KD, kKeysVt>::bytes, pr, bw);
     launch_mma(&gdr_bwd_wy_mma<KD>, per_chunk, BwdWyLayout<KD>::bytes, pr, bw);
     return true;
   };

@@ -631,6 +631,28 @@ TEST_P(GatedDeltaRuleGpu, GpuMatchesCpuForwardAndBackward) {
   }
 }
 
+// Slow decays, g = -0.02 softplus(x) (a chunk keeps about 40% of its start state), so
+// that the terms carried by S0 and dS_end weigh as much as the in-chunk ones. (With the
+// shared gates, a scale of 10 on a quarter of the tokens, e^G falls to ~0 within a few
+// rows of a chunk's start: dropping dA's whole dW Kbg^T term left every bf16 output of
+// GpuMatchesCpuForwardAndBackward unchanged, to the bit.)
+TEST(GatedDeltaRule, GpuMatchesCpuWithSlowDecays) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase cases[] = {{1, 200, 2, 64, 48, true, 0}, {1, 150, 2, 128, 40, true, 2}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(c.key_dim);
+    GdnInputs in = gpu_case_inputs(c, 4100 + uint64_t(c.key_dim));
+    const Tensor x = randn64({c.batch, c.seq_len, c.heads}, 4200, 1.0, false);
+    std::vector<double> g = x.to_vector<double>();
+    for (double& v : g) v = -0.02 * std::log1p(std::exp(v));
+    in.g = Tensor::from_vector(g, x.shape());
+    for (DType dtype : testing::kGpuDtypes) {
+      SCOPED_TRACE(dtype_name(dtype));
+      expect_gpu_matches_reference(on_gpu(in, dtype), gpu_bounds(dtype), 85);
+    }
+  }
+}
+
 // Mixed precision: bf16 q, k, v, beta with f32 gates (dg comes back f32), within the bf16
 // bounds of the f64 reference on the same values.
 TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
