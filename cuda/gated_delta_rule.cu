@@ -1128,18 +1128,21 @@ __device__ __forceinline__ void store_bf16_pair(bf16* to, float x0, float x1, bo
 }
 
 // A warp's 16 x 8 NB accumulator tile in bf16: row r0 + r, column c to row_at(r0 + r) + c,
-// for rows < n and columns < cols, a pair of columns per store.
+// for rows < n and columns < cols, a pair of columns per store. row_at is called once for
+// each of the lane's two rows (a 64-bit row address per element pair was most of the
+// stores' instructions).
 template <int NB, class RowAt>
 __device__ __forceinline__ void store_tile_bf16(const float (&acc)[NB][4], int r0, int n,
                                                 int cols, RowAt row_at) {
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
+  for (int e = 0; e < 4; e += 2) {
+    const int i = r0 + acc_row(e);
+    if (i >= n) continue;
+    bf16* row = row_at(i);
 #pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int i = r0 + acc_row(e), c = acc_col(nb, e);
-      if (i < n && c < cols) {
-        store_bf16_pair(row_at(i) + c, acc[nb][e], acc[nb][e + 1], c + 1 < cols);
-      }
+    for (int nb = 0; nb < NB; ++nb) {
+      const int c = acc_col(nb, e);
+      if (c < cols) store_bf16_pair(row + c, acc[nb][e], acc[nb][e + 1], c + 1 < cols);
     }
   }
 }
@@ -1607,6 +1610,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
       const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
                             expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
+      const int64_t out_at[2] = {pr.row(b, begin + row0 + acc_row(0), h) * V + col0,
+                                 pr.row(b, begin + row0 + acc_row(2), h) * V + col0};
       float acc[NBP][4];
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part, acc);
@@ -1624,8 +1629,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
             }
           }
           if (i < n && c < cols) {
-            store_bf16_pair(v_new + pr.row(b, begin + i, h) * V + col0 + c, vn[0], vn[1],
-                            c + 1 < cols);
+            store_bf16_pair(v_new + out_at[e / 2] + c, vn[0], vn[1], c + 1 < cols);
           }
           sVn[i * LDS + c] = store<bf16>(x[0]);
           sVn[i * LDS + c + 1] = store<bf16>(x[1]);
@@ -2147,6 +2151,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
       const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
                             expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
+      const int64_t out_at[2] = {pr.row(b, begin + row0 + acc_row(0), h) * V + col0,
+                                 pr.row(b, begin + row0 + acc_row(2), h) * V + col0};
       float acc[NBP][4];
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK, dSb + col_part,
@@ -2162,8 +2168,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
             if (i < n && c + k < cols) du[k] = sDvl[i * LDF + c + k] + tau[e / 2] * acc[nb][e + k];
           }
           if (i < n && c < cols) {
-            store_bf16_pair(bw.du + pr.row(b, begin + i, h) * V + col0 + c, du[0], du[1],
-                            c + 1 < cols);
+            store_bf16_pair(bw.du + out_at[e / 2] + c, du[0], du[1], c + 1 < cols);
           }
           sDu[i * LDS + c] = store<bf16>(du[0]);
           sDu[i * LDS + c + 1] = store<bf16>(du[1]);
