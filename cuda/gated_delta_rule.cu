@@ -2227,8 +2227,8 @@ struct BwdValuesLayout {
 };
 
 // The value tile of gdr_bwd_values_mma, sized so that its two slots leave three blocks per
-// SM up to K = 128 (16 columns at K = 128: 69 KB; 32 below: 69 KB at K = 64) and two at
-// K = 256 (16 columns: 101 KB). Its registers are bounded to match (kValuesMinBlocks).
+// SM up to K = 128 (16 columns at K = 128: 67 KB; 32 below: 67 KB at K = 64) and two at
+// K = 256 (16 columns: 99 KB). Its registers are bounded to match (kValuesMinBlocks).
 template <int KD>
 constexpr int kBackwardValuesVt = KD <= 64 ? 32 : 16;
 template <int KD>
