@@ -1510,6 +1510,23 @@ __device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved
   }
 }
 
+// The lane's two rows i of a state pass's 16-row tile from row0 (acc_row 0 and 2), once
+// per chunk step: tau_i = e^{G_last - G_i}, and the offset of (i, col0) in a [B, T, H, V]
+// tensor.
+struct LaneRows {
+  float tau[2];
+  int64_t at[2];
+  __device__ LaneRows(const Problem<bf16>& pr, int64_t b, int64_t h, int64_t begin, int row0,
+                      const float* g, float g_last, int64_t col0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = row0 + acc_row(2 * half);
+      tau[half] = expf(g_last - g[i]);
+      at[half] = pr.row(b, begin + i, h) * pr.value_dim + col0;
+    }
+  }
+};
+
 // Warps of a forward state-pass block: 8 from K = 128, else 4. The pass runs its chunks one
 // after another, each step a few dependent products and barriers, so a step's time is
 // latency more than issue (two blocks of 4 warps per SM measured about 2,200 instructions
@@ -1608,10 +1625,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     {
       const bf16 *sW = slot_w(chunk), *sU = slot_u(chunk);
       const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
-      const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
-                            expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
-      const int64_t out_at[2] = {pr.row(b, begin + row0 + acc_row(0), h) * V + col0,
-                                 pr.row(b, begin + row0 + acc_row(2), h) * V + col0};
+      const LaneRows lane_rows(pr, b, h, begin, row0, g, g_last, col0);
+      const float* tau = lane_rows.tau;
+      const int64_t* out_at = lane_rows.at;
       float acc[NBP][4];
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part, acc);
@@ -2149,10 +2165,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     {
       const float* sDvl = slot_dvl(chunk);
       const int row0 = warp % 4 * 16, col_part = warp / 4 * (VT / kColumnParts);
-      const float tau[2] = {expf(g_last - g[row0 + acc_row(0)]),
-                            expf(g_last - g[row0 + acc_row(2)])};  // the lane's two rows
-      const int64_t out_at[2] = {pr.row(b, begin + row0 + acc_row(0), h) * V + col0,
-                                 pr.row(b, begin + row0 + acc_row(2), h) * V + col0};
+      const LaneRows lane_rows(pr, b, h, begin, row0, g, g_last, col0);
+      const float* tau = lane_rows.tau;
+      const int64_t* out_at = lane_rows.at;
       float acc[NBP][4];
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK, dSb + col_part,
