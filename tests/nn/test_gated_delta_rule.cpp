@@ -823,7 +823,7 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
     int previous = cuda::set_gated_delta_rule_state_columns(0);
     ~ColumnsGuard() { cuda::set_gated_delta_rule_state_columns(previous); }
   } guard;
-  // K = 64 (4-warp state passes) and K = 128 (the forward's 8-warp pass)
+  // K = 64 (4-warp state passes) and K = 128 (8-warp state passes)
   const GpuCase cases[] = {{2, 150, 3, 64, 80, true, 5}, {1, 140, 2, 128, 72, true, 3}};
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(c.key_dim);
