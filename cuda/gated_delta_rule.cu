@@ -1149,17 +1149,20 @@ __device__ __forceinline__ void store_tile_bf16(const float (&acc)[NB][4], int r
 
 // The chunk's M = strict_tril(K K^T * Gamma) in f32 (Gamma only where j < i: no e^{-G}),
 // from its key rows sK and G, into sM. Ends with a barrier.
-template <int KD, int LDK, int LDF>
+// kWarps warps (4 or 8): warp w takes the 16 rows 16 (w % 4) and, with 8, half of the
+// columns (w / 4).
+template <int KD, int LDK, int LDF, int kWarps = 4>
 __device__ void chunk_decayed_kk(const bf16* sK, const float* s_g, int n, float* sM) {
-  const int warp = int(threadIdx.x / 32);
-  float kk[kChunk / 8][4];
+  constexpr int NB = kChunk / 8 / (kWarps / 4);
+  const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, col0 = warp / 4 * 8 * NB;
+  float kk[NB][4];
   mma::zero(kk);
-  mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sK + warp * 16 * LDK, sK, kk);
+  mma::rows_times_rows<KD, LDK, LDK, NB>(sK + row0 * LDK, sK + col0 * LDK, kk);
 #pragma unroll
-  for (int nb = 0; nb < kChunk / 8; ++nb) {
+  for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+      const int i = row0 + acc_row(e), j = col0 + acc_col(nb, e);
       const float gamma = decay(s_g[i] - s_g[j]);
       sM[i * LDF + j] = j < i && i < n ? kk[nb][e] * gamma : 0.f;
     }
@@ -1269,9 +1272,9 @@ __device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b
 // The chunk's A ([64][64] f32 in memory, as gdr_prepare_mma stores it for the backward)
 // into sA (bf16, row stride LDA) and, where sAf is given, into sAf (f32, row stride LDF).
 // The caller's barrier publishes them.
-template <int LDA, int LDF>
+template <int LDA, int LDF, int kThreads = kMmaThreads>
 __device__ void load_inverse(const float* __restrict__ src, bf16* sA, float* sAf) {
-  load_square(src, [=](int i, int j, float x) {
+  load_square<kThreads>(src, [=](int i, int j, float x) {
     sA[i * LDA + j] = store<bf16>(x);
     if (sAf) sAf[i * LDF + j] = x;
   });
@@ -2640,59 +2643,66 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 }
 
 // The two 64 x 64 f32 products of the WY backward's dL, in shared memory (row stride LDF),
-// with A unit lower triangular (zeros above its diagonal). Thread t owns the 4 x 8 block
-// of rows 4 (t / 8) and columns 8 (t % 8): per m it reads 4 + 8 values for 32 products
-// (one element per thread read 2 values per product, each product waiting on the last).
-// The terms A's zeros add are exact zeros, so the sums are those of the element loops.
+// with A unit lower triangular (zeros above its diagonal). Each of the kThreads threads
+// owns a 4 x kCols block (kCols = 8 at 128 threads, 4 at 256), rows 4 (t / (64 / kCols))
+// and columns kCols (t % (64 / kCols)): per m it reads 4 + kCols values for 4 kCols
+// products (one element per thread read 2 values per product, each product waiting on
+// the last). The terms A's zeros add are exact zeros, so the sums are those of the
+// element loops.
 //   out = A^T d:  out_ij = sum_{m >= i} A_mi d_mj
-static_assert(kMmaThreads == 128 && kChunk == 64, "16 x 8 threads own 4 x 8 blocks of 64 x 64");
-template <int LDF>
+template <int kThreads>
+constexpr int kSquareCols = kChunk * kChunk / (4 * kThreads);
+static_assert(kChunk == 64 && kSquareCols<128> == 8 && kSquareCols<256> == 4,
+              "4 x 8 or 4 x 4 blocks of 64 x 64 per thread");
+template <int LDF, int kThreads = kMmaThreads>
 __device__ __forceinline__ void lower_transpose_times(const float* a, const float* d, float* out) {
-  const int i0 = 4 * (int(threadIdx.x) / 8), j0 = 8 * (int(threadIdx.x) % 8);
-  float acc[4][8] = {};
+  constexpr int kCols = kSquareCols<kThreads>, kAcross = kChunk / kCols;
+  const int i0 = 4 * (int(threadIdx.x) / kAcross), j0 = kCols * (int(threadIdx.x) % kAcross);
+  float acc[4][kCols] = {};
   for (int m = i0; m < kChunk; ++m) {
-    float ar[4], dr[8];
+    float ar[4], dr[kCols];
 #pragma unroll
     for (int r = 0; r < 4; ++r) ar[r] = a[m * LDF + i0 + r];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) dr[c] = d[m * LDF + j0 + c];
+    for (int c = 0; c < kCols; ++c) dr[c] = d[m * LDF + j0 + c];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[r][c] += ar[r] * dr[c];
+      for (int c = 0; c < kCols; ++c) acc[r][c] += ar[r] * dr[c];
     }
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int c = 0; c < 8; ++c) out[(i0 + r) * LDF + j0 + c] = acc[r][c];
+    for (int c = 0; c < kCols; ++c) out[(i0 + r) * LDF + j0 + c] = acc[r][c];
   }
 }
 
 //   out = -strict_tril(t A^T):  out_ij = -sum_{m <= j} t_im A_jm for j < i, -0 elsewhere
-template <int LDF>
+template <int LDF, int kThreads = kMmaThreads>
 __device__ __forceinline__ void times_lower_transpose_strict(const float* t, const float* a,
                                                              float* out) {
-  const int i0 = 4 * (int(threadIdx.x) / 8), j0 = 8 * (int(threadIdx.x) % 8);
-  float acc[4][8] = {};
+  constexpr int kCols = kSquareCols<kThreads>, kAcross = kChunk / kCols;
+  const int i0 = 4 * (int(threadIdx.x) / kAcross), j0 = kCols * (int(threadIdx.x) % kAcross);
+  float acc[4][kCols] = {};
   if (j0 < i0 + 3) {  // some j < i in the block
-    for (int m = 0; m < j0 + 8; ++m) {
-      float tr[4], ar[8];
+    for (int m = 0; m < j0 + kCols; ++m) {
+      float tr[4], ar[kCols];
 #pragma unroll
       for (int r = 0; r < 4; ++r) tr[r] = t[(i0 + r) * LDF + m];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) ar[c] = a[(j0 + c) * LDF + m];
+      for (int c = 0; c < kCols; ++c) ar[c] = a[(j0 + c) * LDF + m];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
 #pragma unroll
-        for (int c = 0; c < 8; ++c) acc[r][c] += tr[r] * ar[c];
+        for (int c = 0; c < kCols; ++c) acc[r][c] += tr[r] * ar[c];
       }
     }
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       out[(i0 + r) * LDF + j0 + c] = j0 + c < i0 + r ? -acc[r][c] : -0.f;
     }
   }
@@ -2706,11 +2716,19 @@ struct BwdWyLayout {
   static constexpr size_t bytes = f_bytes + size_t(kChunk * ldk + kChunk * lda + kChunk * ldb) * 2;
 };
 
+// Warps of a WY block: 8 from K = 64 (the f32 products in 4 x 4 blocks a thread, M and the
+// key blocks' products in row tiles by column halves, as the keys kernel's), else 4.
 template <int KD>
-__global__ void __launch_bounds__(kMmaThreads)
+constexpr int kWyWarps = KD >= 64 ? 8 : 4;
+
+template <int KD>
+__global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     gdr_bwd_wy_mma(Problem<bf16> pr, MmaBackward bw) {
   using L = BwdWyLayout<KD>;
   constexpr int KB = L::kb, LDK = L::ldk, LDA = L::lda, LDB = L::ldb, LDF = L::ldf;
+  constexpr int kWarps = kWyWarps<KD>, kThreads = kWarps * 32, kParts = kWarps / 4;
+  constexpr int KBP = KB / kParts;  // key columns of a warp in a key block
+  static_assert(kWarps % 4 == 0 && KBP % 8 == 0, "whole 8-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   float* sM = reinterpret_cast<float*>(smem_raw);
   float* sAf = sM + kChunk * LDF;
@@ -2719,9 +2737,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
   bf16* sdW = sA + kChunk * LDA;  // [64][KB]: the key block of dW
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kChunk], s_half[2][kChunk], s_upper_total;
+  constexpr int kRowParts = kThreads / kChunk;  // threads that share a row's Z sums
+  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kParts][kChunk],
+      s_part[kRowParts][2][kChunk], s_upper_total;
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
+  // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
+  const int row0 = warp % 4 * 16, part = warp / 4, part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
@@ -2745,38 +2767,43 @@ __global__ void __launch_bounds__(kMmaThreads)
       rows.zp = bw.row_zp[row_at];
     }
     const float chunk_dlambda = bw.chunk_dlambda[slot];
-    load_square_f32(sD, LDF, bw.da + slot * kChunk * kChunk);
-    load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, sAf);
+    load_square_f32<kThreads>(sD, LDF, bw.da + slot * kChunk * kChunk);
+    load_inverse<LDA, LDF, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA, sAf);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
-    chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
+    chunk_decayed_kk<KD, LDK, LDF, kWarps>(sK, s_g, n, sM);
     // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
-    lower_transpose_times<LDF>(sAf, sD, sT);
+    lower_transpose_times<LDF, kThreads>(sAf, sD, sT);
     __syncthreads();
-    times_lower_transpose_strict<LDF>(sT, sAf, sD);
+    times_lower_transpose_strict<LDF, kThreads>(sT, sAf, sD);
     __syncthreads();
     // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma):
-    // thread t sums half the columns (t / 64) of row t % 64, and thread i < 64 adds the
-    // other half's sums (s_half) to its own.
+    // thread t sums the columns of part t / 64 (of kRowParts) of row t % 64, and thread
+    // i < 64 adds the other parts' sums (s_part) to its own, in order.
     float dbeta_l = 0.f, zm = 0.f;
     {
-      const int i = int(threadIdx.x) % kChunk, j0 = int(threadIdx.x) / kChunk * (kChunk / 2);
-      for (int j = j0; j < j0 + kChunk / 2; ++j) {
+      constexpr int kSpan = kChunk / kRowParts;
+      const int i = int(threadIdx.x) % kChunk, row_part = int(threadIdx.x) / kChunk;
+      const int j0 = row_part * kSpan;
+      for (int j = j0; j < j0 + kSpan; ++j) {
         dbeta_l += sD[i * LDF + j] * sM[i * LDF + j];
         zm += s_beta[i] * sD[i * LDF + j] * sM[i * LDF + j] -
               s_beta[j] * sD[j * LDF + i] * sM[j * LDF + i];
       }
-      if (j0 > 0) {
-        s_half[0][i] = dbeta_l;
-        s_half[1][i] = zm;
+      if (row_part > 0) {
+        s_part[row_part][0][i] = dbeta_l;
+        s_part[row_part][1][i] = zm;
       }
     }
     __syncthreads();
     if (int(threadIdx.x) < kChunk) {
-      dbeta_l += s_half[0][threadIdx.x];
-      zm += s_half[1][threadIdx.x];
+#pragma unroll
+      for (int row_part = 1; row_part < kRowParts; ++row_part) {
+        dbeta_l += s_part[row_part][0][threadIdx.x];
+        zm += s_part[row_part][1][threadIdx.x];
+      }
     }
     for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
       const int i = idx / kChunk, j = idx % kChunk;  // dM * Gamma, dM = diag(beta) dL
@@ -2790,7 +2817,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     float beta_e[2];            // beta_i E_i of the lane's two rows (once, not per element)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int i = warp * 16 + acc_row(2 * half);
+      const int i = row0 + acc_row(2 * half);
       beta_e[half] = s_beta[i] * expf(s_g[i]);
     }
     for (int k0 = 0; k0 < KD; k0 += KB) {
@@ -2801,52 +2828,57 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       // The lane's dk_part elements (row acc_row(e), columns acc_col(nb, e) and the next,
       // which the epilogue adds), loaded now so that they are in flight with the products.
-      float2 part[KB / 8][2];
+      float2 dk_part[KBP / 8][2];
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = warp * 16 + acc_row(2 * half), c = k0 + acc_col(nb, 0);
-          part[nb][half] = bw.dk && i < n ? *reinterpret_cast<const float2*>(
-                                                bw.dk_part + pr.row(b, begin + i, h) * KD + c)
-                                          : float2{0.f, 0.f};
+          const int i = row0 + acc_row(2 * half), c = k0 + part0 + acc_col(nb, 0);
+          dk_part[nb][half] = bw.dk && i < n
+                                  ? *reinterpret_cast<const float2*>(
+                                        bw.dk_part + pr.row(b, begin + i, h) * KD + c)
+                                  : float2{0.f, 0.f};
         }
       }
       async_copy_wait<0>();
       __syncthreads();
-      float dkbg[KB / 8][4], dm[KB / 8][4];
+      float dkbg[KBP / 8][4], dm[KBP / 8][4];
       mma::zero(dkbg);
       mma::zero(dm);
-      mma::columns_times_matrix<kChunk, LDA, LDB, KB / 8>(sA, warp * 16, sdW, dkbg);
-      square_times_matrix<false, LDK, KB / 8>(sD, LDF, warp * 16, sK + k0, dm);
-      square_times_matrix<true, LDK, KB / 8>(sD, LDF, warp * 16, sK + k0, dm);
+      mma::columns_times_matrix<kChunk, LDA, LDB, KBP / 8>(sA, row0, sdW + part0, dkbg);
+      square_times_matrix<false, LDK, KBP / 8>(sD, LDF, row0, sK + k0 + part0, dm);
+      square_times_matrix<true, LDK, KBP / 8>(sD, LDF, row0, sK + k0 + part0, dm);
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
+      for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int i = warp * 16 + acc_row(e), c = k0 + acc_col(nb, e);
+          const int i = row0 + acc_row(e), c = k0 + part0 + acc_col(nb, e);
           dbk[e / 2] += dkbg[nb][e] * load(sK[i * LDK + c]);
           if (i >= n) continue;
           const int64_t at = pr.row(b, begin + i, h) * KD + c;
           if (bw.dk) {
-            const float dk_part = e % 2 ? part[nb][e / 2].y : part[nb][e / 2].x;
-            bw.dk[at] = store<bf16>(dk_part + dm[nb][e] + beta_e[e / 2] * dkbg[nb][e]);
+            const float part_x = e % 2 ? dk_part[nb][e / 2].y : dk_part[nb][e / 2].x;
+            bw.dk[at] = store<bf16>(part_x + dm[nb][e] + beta_e[e / 2] * dkbg[nb][e]);
           }
         }
       }
     }
-    // Per row: dbeta and dG (the lane t4 == 0 of a row's quad, then thread i for zm).
+    // Per row: dbeta and dG (the lane t4 == 0 of a row's quad, per column part; then thread
+    // i for zm, adding the parts in order).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int i = warp * 16 + mma::lane_id() / 4 + 8 * half;
+      const int i = row0 + mma::lane_id() / 4 + 8 * half;
       const float k_dot = mma::quad_sum(dbk[half]);
-      if (t4 == 0) s_dg[i] = k_dot;  // <dKbg_i, K_i>
+      if (t4 == 0) s_dg[part][i] = k_dot;  // <dKbg_i, K_i> over the part's columns
     }
     __syncthreads();
     const int i_row = int(threadIdx.x);  // thread i < n has row i's sums (rows below)
     float dG = 0.f, to_last = 0.f;  // to_last: tau_i <(K dS_end)_i, u_i>, a term of dG_last
     if (i_row < n) {
-      const float e_i = expf(s_g[i_row]), k_dot = s_dg[i_row];
+      float k_dot = s_dg[0][i_row];
+#pragma unroll
+      for (int p = 1; p < kParts; ++p) k_dot += s_dg[p][i_row];
+      const float e_i = expf(s_g[i_row]);
       const float tau = expf(s_g[n - 1] - s_g[i_row]);
       if (bw.dbeta) bw.dbeta[row_at] = store<bf16>(rows.dbeta + e_i * k_dot + dbeta_l);
       dG = e_i * (rows.deo + s_beta[i_row] * k_dot) - tau * rows.dtau + rows.zp + zm;
@@ -3276,7 +3308,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                BwdValuesLayout<KD, kValuesVt>::bytes, pr, bw);
     launch_kernel(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
                   BwdKeysLayout<KD, kKeysVt>::bytes, pr, bw);
-    launch_mma(&gdr_bwd_wy_mma<KD>, per_chunk, BwdWyLayout<KD>::bytes, pr, bw);
+    launch_kernel(&gdr_bwd_wy_mma<KD>, per_chunk, kWyWarps<KD> * 32, BwdWyLayout<KD>::bytes, pr,
+                  bw);
     return true;
   };
   return dispatch_mma_key_dim(d.key_dim, run);
