@@ -1104,8 +1104,9 @@ __device__ void load_square_f32(float* dst, int ld, const float* __restrict__ sr
 // chunk kernels take a decay for each of a thread's 32 elements of a 64 x 64 mask. Where
 // the mask drops an element its decay may be inf (j > i): it is selected away, never
 // multiplied.
-constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float decay(float exponent) { return mma::exp2_ftz(exponent * kLog2e); }
+__device__ __forceinline__ float decay(float exponent) {
+  return mma::exp2_ftz(exponent * mma::kLog2e);
+}
 
 // Coordinates of accumulator element e of block nb of this lane: row in the warp's 16
 // rows' block, column in the 8 nb block.

@@ -35,6 +35,9 @@
 
 namespace ham::cuda::mma {
 
+// log2(e): e^x = 2^(x log2 e), for exp2_ftz on natural-log exponents.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 #ifdef HAM_CUDA_EMULATOR
 
 using emulator::ldmatrix;

@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 
 constexpr int kMmaThreads = 128;  // 4 warps
 constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
-constexpr float kLog2e = 1.4426950408889634f;
+using mma::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The forward's block: kM row tiles of 16 query rows per warp (64 kM rows per block).
