@@ -280,6 +280,32 @@ struct AttentionArgs {
   }
 };
 
+// ---- Block order ---------------------------------------------------------------------
+
+// The tiled and tensor-core kernels run a block per (tile of rows, head, batch row) on a
+// one-dimensional grid, longest first. Causal work varies with the tile: a query tile's
+// grows with its rows (forward, dQ), a key tile's shrinks with its first key (dK/dV).
+// Blocks start in launch order, so with the tile outermost and the head and batch row
+// innermost, every head's heaviest tiles start first and the lightest fill the last wave.
+// (With the tile innermost, as before, the last heads' heaviest tiles started last: in a
+// list-scheduling model, scripts/attention_block_order.py, 16% over the ideal time at
+// T = 16384, 16 heads, 128-row forward blocks and 264 block slots; 0.5% in this order.)
+struct BlockTile {
+  int64_t tile, head, batch;
+};
+
+// The tile of kRows rows, head and batch row of this block, on a grid of
+// block_grid(seq_len, kRows, heads, batch): ranks count from the last tile (last_first) or
+// from the first.
+template <int kRows>
+__device__ __forceinline__ BlockTile block_tile(int64_t seq_len, int64_t heads, int64_t batch,
+                                                bool last_first) {
+  const int64_t tiles = (seq_len + kRows - 1) / kRows;
+  const uint32_t lanes = uint32_t(heads * batch), rank = blockIdx.x / lanes;
+  const uint32_t lane = blockIdx.x - rank * lanes;
+  return {last_first ? tiles - 1 - rank : rank, lane % uint32_t(heads), lane / uint32_t(heads)};
+}
+
 // ---- Tiled kernels (f32 compute) -------------------------------------------------------
 
 constexpr int kTileThreads = 256;  // a 16 x 16 grid of threads
@@ -454,7 +480,8 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
   __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
   __shared__ float s_pscale[BK];
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
-  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
   load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
@@ -548,7 +575,8 @@ __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<
   __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
   __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
-  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
   load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
@@ -627,8 +655,9 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
   __shared__ int s_pos[BK], s_begin[BQ], s_end[BQ], first_query;
   __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
-  const int64_t b = blockIdx.z, g = blockIdx.y;
-  const int k0 = int(blockIdx.x) * BK;
+  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const int64_t b = block.batch, g = block.head;
+  const int k0 = int(block.tile) * BK;
   const int count = int(a.counts[b]);
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
@@ -975,7 +1004,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   __shared__ float s_pscale[3 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
@@ -1142,7 +1172,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   __shared__ float s_pscale[3 * BK];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * BQ;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
@@ -1297,8 +1328,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   __shared__ float s_pscale[BK], s_lse_log2[2][BQ], s_delta[2][BQ];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const int64_t b = blockIdx.z, g = blockIdx.y;
-  const int k0 = int(blockIdx.x) * BK;
+  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const int64_t b = block.batch, g = block.head;
+  const int k0 = int(block.tile) * BK;
   const int count = int(a.counts[b]);
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
@@ -1635,11 +1667,17 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v,
   return a;
 }
 
-void check_grid(const Tensor& q, const Tensor& k) {
+void check_grid(const Tensor& q) {
   HAM_CHECK(q.size(1) < (int64_t(1) << 30), kOp, ": sequence length ", q.size(1),
             " too long for the CUDA kernels");
-  HAM_CHECK(q.size(0) <= 65535 && q.size(2) <= 65535 && k.size(2) <= 65535, kOp, ": batch ",
-            q.size(0), " or heads ", q.size(2), " exceed the CUDA grid");
+}
+
+// The grid of block_tile<rows>: a block per tile of `rows` rows, head and batch row.
+dim3 block_grid(int64_t seq_len, int rows, int64_t heads, int64_t batch) {
+  const int64_t blocks = ceil_div(seq_len, rows) * heads * batch;
+  HAM_CHECK(blocks < (int64_t(1) << 31), kOp, ": ", blocks, " blocks (T ", seq_len, " in tiles of ",
+            rows, ", ", heads, " heads, batch ", batch, ") exceed the CUDA grid");
+  return dim3(unsigned(blocks));
 }
 
 // Calls fn.template operator()<DK, DV>() when (key_dim, value_dim) has a tiled instance;
@@ -1707,7 +1745,7 @@ void launch_warp_rows(void (*kernel)(AttentionArgs<T>), int64_t rows, const Atte
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
              const CompactSelection& selection, double scale, Tensor& out, Tensor& lse) {
   if (q.numel() == 0 || v.size(3) == 0) return;
-  check_grid(q, k);
+  check_grid(q);
   use_device_of(q);
   dispatch_floating(kOp, q.dtype(), [&]<class T>() {
     AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
@@ -1716,7 +1754,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
     bool tiled = false;
     if constexpr (!std::is_same_v<T, double>) {
       auto grid_of_rows = [&](int rows) {
-        return dim3(unsigned(ceil_div(a.seq_len, rows)), unsigned(a.q_heads), unsigned(a.batch));
+        return block_grid(a.seq_len, rows, a.q_heads, a.batch);
       };
       const dim3 grid = grid_of_rows(64);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
@@ -1763,7 +1801,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     }
   }
   if (q.numel() == 0) return;
-  check_grid(q, k);
+  check_grid(q);
   dispatch_floating(kOp, q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
@@ -1786,10 +1824,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
 
     bool tiled_dkdv = false, tiled_dq = false;
     if constexpr (!std::is_same_v<T, double>) {
-      const dim3 key_grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.kv_heads),
-                          unsigned(a.batch));
-      const dim3 query_grid(unsigned(ceil_div(a.seq_len, 64)), unsigned(a.q_heads),
-                            unsigned(a.batch));
+      const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
+      const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
