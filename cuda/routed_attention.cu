@@ -1025,7 +1025,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   int r0[kM];
 #pragma unroll
   for (int m = 0; m < kM; ++m) r0[m] = kMmaRows * m + warp * 16 + lane / 4;
-  const float scale_log2 = a.scale * kLog2e;  // scores in log2 units
+  const float scale_log2 = a.scale * kLog2e;  // scores to log2 units
   float o[kM][VB][4];
   float m_run[kM][2], l[kM][2];
 #pragma unroll
@@ -1047,41 +1047,55 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
     for (int m = 0; m < kM; ++m) zero(s[m]);
     mma::row_tiles_times_rows<kM, DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, kMmaRows * LDK, sK, s);
 
-    // Scale, visibility, online softmax (row max and sum over the quad's lanes).
-    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);  // boundary tile
+    // Visibility: hidden scores become -inf, on boundary tiles only (a branch the whole
+    // block takes alike; the select had cost every tile its compares).
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+            s[m][nb][e] = in_range(kj, s_begin, s_end, r) ? s[m][nb][e] : -INFINITY;
+          }
+        }
+      }
+    }
+    // Online softmax on the unscaled scores S (row max and sum over the quad's lanes): the
+    // scale is positive, so m = max S gives max(scale S) = scale m, and
+    // P = 2^(S scale_log2 - m scale_log2) is one fused multiply-add and an exp2 an element.
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-          const bool visible = !check || in_range(kj, s_begin, s_end, r);
-          s[m][nb][e] = visible ? s[m][nb][e] * scale_log2 : -INFINITY;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
-        }
+        for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
       }
-      // P = 2^(x - m): a hidden score (-inf) gives 0, and so does a row that has seen no
-      // key yet (m = -inf, subtracted as 0); a NaN score stays NaN.
+      // A hidden score (-inf) gives P = 0, and so does a row that has seen no key yet
+      // (m = -inf, subtracted as 0); a NaN score stays NaN.
       float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float m_new = fmaxf(m_run[m][i], quad_max(tile_max[i]));
-        alpha[i] = m_run[m][i] == -INFINITY ? 0.f : exp2_ftz(m_run[m][i] - m_new);
+        alpha[i] = m_run[m][i] == -INFINITY ? 0.f
+                                            : exp2_ftz((m_run[m][i] - m_new) * scale_log2);
         m_run[m][i] = m_new;
-        m_sub[i] = m_new == -INFINITY ? 0.f : m_new;
+        m_sub[i] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
       }
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[m][nb][e] = exp2_ftz(s[m][nb][e] - m_sub[e / 2]);
+          s[m][nb][e] = exp2_ftz(fmaf(s[m][nb][e], scale_log2, -m_sub[e / 2]));
           row_sum[e / 2] += s[m][nb][e];
         }
       }
+      // l stays this lane's share of the row sum (its columns), summed over the quad at
+      // the end: alpha is the same in the quad's four lanes.
 #pragma unroll
-      for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + quad_sum(row_sum[i]);
+      for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + row_sum[i];
       // O's rescale is skipped when no row of the warp's tile raised its max (alpha = 1
       // everywhere: the product would change nothing), as most key tiles after the first
       // few of a row do.
@@ -1109,6 +1123,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   for (int m = 0; m < kM; ++m) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      l[m][i] = quad_sum(l[m][i]);
       const int64_t t = q0 + r0[m] + 8 * i;
       if (t >= a.seq_len) continue;
       const int64_t row = a.q_index(b, t, h);
@@ -1120,7 +1135,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
         a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[m][vb][2 * i + 1] * inv);
       }
       if (t4 == 0) {
-        a.lse[row] = l[m][i] == 0.f ? -INFINITY : (m_run[m][i] + log2f(l[m][i])) * kLn2;
+        a.lse[row] =
+            l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
       }
     }
   }
@@ -1209,16 +1225,25 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     mma::rows_times_rows<DK, LDK, LDK, NB, true>(sQ + warp * 16 * LDK, sK, s);
     mma::rows_times_rows<DV, LDV, LDV, NB, true>(sO + warp * 16 * LDV, sV, ds);  // dO V^T
     if (a.p) scale_key_columns(keys.tile_scales(t), ds);  // dP = dO V'^T
-    // dS = scale P (dP - D), the visibility selected (not branched on) on boundary tiles.
-    const bool check = !(k0 >= full_lo && k0 + BK <= full_hi);
+    // dS / scale = P (dP - D); hidden pairs get 0 on boundary tiles only (a branch the
+    // whole block takes alike), selected after the product so that nothing a hidden score
+    // gives (2^x may overflow) survives. dQ = scale sum dS K takes the scale at its store.
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = e / 2, r = r0 + 8 * i, kj = k0 + nb * 8 + 2 * t4 + e % 2;
-        const float prob = exp2_ftz(s[nb][e] * scale_log2 - lse_log2[i]);
-        const bool visible = !check || in_range(kj, s_begin, s_end, r);
-        ds[nb][e] = a.scale * (visible ? prob : 0.f) * (ds[nb][e] - delta[i]);
+        const float prob = exp2_ftz(s[nb][e] * scale_log2 - lse_log2[e / 2]);
+        ds[nb][e] = prob * (ds[nb][e] - delta[e / 2]);
+      }
+    }
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = r0 + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+          ds[nb][e] = in_range(kj, s_begin, s_end, r) ? ds[nb][e] : 0.f;
+        }
       }
     }
     mma::accumulator_times_matrix<NB, LDK, DK / 8, true>(ds, sK, dq);
@@ -1230,8 +1255,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     const int64_t row = a.q_index(b, t, h);
 #pragma unroll
     for (int nb = 0; nb < DK / 8; ++nb) {
-      a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(dq[nb][2 * i]);
-      a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(dq[nb][2 * i + 1]);
+      a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dq[nb][2 * i]);
+      a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dq[nb][2 * i + 1]);
     }
   }
 }
@@ -1378,7 +1403,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     const QueryTileVisibility now = vis;
     vis = publish_and_issue(i + 1);
     if (!now.sees) continue;  // no row of this tile sees these keys
-    const bool check = !now.covers;
     async_copy_wait<1>();  // tile i's Q and dO
     __syncthreads();
     const int slot = int(i % 2);
@@ -1392,18 +1416,30 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     zero(ds);
     mma::rows_times_rows<DK, LDK, LDK, NQ, true>(sK + warp * 16 * LDK, sQ, p);   // S^T
     mma::rows_times_rows<DV, LDV, LDV, NQ, true>(sV + warp * 16 * LDV, sO, ds);  // dP^T
-    // P^T and dS^T in place. Every row of a tile that is not checked sees all its keys.
-    // The visibility is selected, not branched on (short-circuit tests had compiled to
-    // branches and warp re-convergence around each exponential). Keys past k_end lie past
+    // P^T and dS^T / scale = P^T (dP^T - D) in place (dK = scale sum dS^T Q takes the scale
+    // at its store). Hidden pairs get 0 only on tiles where some row does not see every
+    // key (a branch the whole block takes alike), selected after the products so that
+    // nothing a hidden score gives (2^x may overflow) survives. Keys past k_end lie past
     // every row's range (its end is at most the row's key count).
 #pragma unroll
     for (int nb = 0; nb < NQ; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
-        const float prob = exp2_ftz(p[nb][e] * scale_log2 - row_lse_log2[r]);
-        p[nb][e] = !check || in_range(kj, row_begin, row_end, r) ? prob : 0.f;
-        ds[nb][e] = a.scale * p[nb][e] * (ds[nb][e] - row_delta[r]);
+        const int r = nb * 8 + 2 * t4 + e % 2;
+        p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - row_lse_log2[r]);
+        ds[nb][e] = p[nb][e] * (ds[nb][e] - row_delta[r]);
+      }
+    }
+    if (!now.covers) {
+#pragma unroll
+      for (int nb = 0; nb < NQ; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kj = k0 + key0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
+          const bool visible = in_range(kj, row_begin, row_end, r);
+          p[nb][e] = visible ? p[nb][e] : 0.f;
+          ds[nb][e] = visible ? ds[nb][e] : 0.f;
+        }
       }
     }
     mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);   // dV' += P^T dO
@@ -1428,8 +1464,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
       }
 #pragma unroll
       for (int nb = 0; nb < DK / 8; ++nb) {
-        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(dk[nb][2 * i]);
-        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(dk[nb][2 * i + 1]);
+        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
+        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
       }
 #pragma unroll
       for (int nb = 0; nb < DV / 8; ++nb) {

@@ -90,6 +90,13 @@ void check_selection_matches(const CompactSelection& selection, const Tensor& q)
 // The log-sum-exp is kept in f32 (f64 for f64 inputs), whatever the inputs' storage type.
 DType lse_dtype(DType input) { return input == DType::F64 ? DType::F64 : DType::F32; }
 
+// The CUDA forward takes each row's running max over the unscaled scores, which is the
+// max of the scaled ones only for a positive scale.
+void check_scale(double scale) {
+  HAM_CHECK(std::isfinite(scale) && scale >= 0.0, kOp,
+            ": scale must be finite and positive (0: 1/sqrt(Dk)), got ", scale);
+}
+
 }  // namespace
 
 double routed_attention_scale(double scale, int64_t head_dim) {
@@ -107,7 +114,7 @@ void check_routed_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
     check_doc_ids_dtype(doc_ids);
     check_per_token("doc_ids", doc_ids, q);
   }
-  HAM_CHECK(std::isfinite(scale), kOp, ": scale must be finite, got ", scale);
+  check_scale(scale);
 }
 
 CompactSelection compact_selection(const Tensor& select, const Tensor& doc_ids) {
@@ -141,7 +148,7 @@ RoutedAttentionOutput routed_attention_forward(const Tensor& q, const Tensor& k,
   check_qkv(q, k, v);
   check_value_scale(value_scale, q);
   check_selection_matches(selection, q);
-  HAM_CHECK(std::isfinite(scale), kOp, ": scale must be finite, got ", scale);
+  check_scale(scale);
   RoutedAttentionOutput r;
   r.out = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
   r.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, lse_dtype(q.dtype()), q.device());
@@ -157,6 +164,7 @@ RoutedAttentionGrads routed_attention_backward(const Tensor& dout, const Tensor&
   check_qkv(q, k, v);
   check_value_scale(value_scale, q);
   check_selection_matches(selection, q);
+  check_scale(scale);
   const Shape out_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
   const Shape lse_shape{q.size(0), q.size(1), q.size(2)};
   for (const auto& [arg, t, shape, dtype] :

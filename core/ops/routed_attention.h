@@ -10,7 +10,7 @@
 //
 //   S(b,t)      = { i <= t : select[b,i] != 0 and doc[b,i] == doc[b,t] }
 //   v'[b,i,g]   = p[b,i] v[b,i,g]                     (the learned router's gradient path)
-//   s[t,i]      = scale <q[b,t,h], k[b,i,g]>           (scale = 1/sqrt(Dk) when given 0)
+//   s[t,i]      = scale <q[b,t,h], k[b,i,g]>           (scale > 0; 1/sqrt(Dk) when given 0)
 //   lse[b,t,h]  = log sum_{i in S(b,t)} exp(s[t,i])    (-inf when S(b,t) is empty)
 //   o[b,t,h]    = sum_{i in S(b,t)} exp(s[t,i] - lse) v'[b,i,g]   (0 when S(b,t) is empty)
 //

@@ -594,6 +594,8 @@ TEST(RoutedAttention, BadInputsNameOpArgumentAndShapes) {
         routed_attention(q, k, Tensor::zeros({1, 4, 3, 8}, DType::F64), select);
       },
       {"routed_attention", "dtype"});
+  expect_error([&] { routed_attention(q, k, k, select, Tensor(), Tensor(), -0.5); },
+               {"routed_attention", "scale", "positive", "-0.5"});
 }
 
 TEST(RoutedAttention, Float32SelectIsRejectedClearly) {
