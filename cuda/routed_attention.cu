@@ -812,14 +812,20 @@ struct MmaShape {
 };
 
 // The rows of one (batch row b, head) of a [B, T, H, D] tensor: token i's at
-// first + i step, the step (H D elements) in 32 bits, so that a row's address is one
-// 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32) from a token index.
+// first + i step, the step (H D elements) in bytes and 32 bits, so that an address is one
+// 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32) from a token index and a column's base.
 struct HeadRows {
   const bf16* first;
-  uint32_t step;
+  uint32_t step_bytes;
   __device__ HeadRows(const bf16* base, int64_t b, int64_t seq_len, int64_t heads, int64_t head,
                       int64_t D)
-      : first(base + (b * seq_len * heads + head) * D), step(uint32_t(heads * D)) {}
+      : first(base + (b * seq_len * heads + head) * D),
+        step_bytes(uint32_t(heads * D * int64_t(sizeof(bf16)))) {}
+  // Column c of token i's row, from column c's base (`column(c)`).
+  __device__ const char* column(int c) const { return reinterpret_cast<const char*>(first + c); }
+  __device__ const void* at(const char* column, int i) const {
+    return strided_address(column, uint32_t(i), step_bytes);
+  }
 };
 
 // Row indices for issue_rows: compacted key j's position (-1: none).
@@ -837,18 +843,19 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
 // idx % kMmaThreads's. Where a row's chunks divide the block (every head dim but 192),
 // that is chunk column threadIdx.x % kChunks of every kStep-th row, so a thread's copies
-// unroll with fixed steps and each costs an index, a multiply-add and the copy. (A
-// general loop over row pointers had taken 35-45 instructions a copy in the forward's
-// SASS, nearly half of what its key-tile loop executed: 64-bit index arithmetic, and the
-// kernel arguments read again after each copy, whose asm clobbers memory.)
+// unroll with fixed steps from one column base, and each costs an index, a multiply-add
+// and the copy. (A general loop over row pointers had taken 35-45 instructions a copy in
+// the forward's SASS, nearly half of what its key-tile loop executed: 64-bit index
+// arithmetic, and the kernel arguments read again after each copy, whose asm clobbers
+// memory. Element addresses turned to bytes per copy had still taken 16.)
 template <int D, int LD, int kRows, class Index>
 __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
-  auto issue = [&](int r, int c) {
+  auto issue = [&](int r, int c, const char* column) {
     const int i = index(r);
     bf16* to = dst + r * LD + c;
     if (i >= 0) {
-      async_copy_16(to, rows.first + c + uint64_t(uint32_t(i)) * rows.step);
+      async_copy_16(to, rows.at(column, i));
     } else {
       *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
     }
@@ -856,12 +863,14 @@ __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   if constexpr (kMmaThreads % kChunks == 0 && kRows % (kMmaThreads / kChunks) == 0) {
     constexpr int kStep = kMmaThreads / kChunks, kCopies = kRows / kStep;
     const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
+    const char* column = rows.column(c);
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c);
+    for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c, column);
   } else {
 #pragma unroll 4
     for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
-      issue(idx / kChunks, (idx % kChunks) * 8);
+      const int c = (idx % kChunks) * 8;
+      issue(idx / kChunks, c, rows.column(c));
     }
   }
 }
