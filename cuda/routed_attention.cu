@@ -919,8 +919,7 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // registers: tile t + 1's position and scale, tile t + 2's position, each loaded an
 // iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
-//   for each tile t:  advance(t);  async_copy_wait<1>();  __syncthreads();
-//                     products on k(t), v(t), with value scales tile_scales(t)
+//   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
 template <int DK, int DV, int BK>
 struct KeyTiles {
   static constexpr int LDK = DK + 8, LDV = DV + 8;
@@ -962,11 +961,13 @@ struct KeyTiles {
     issue(0);
   }
 
-  // At the top of tile t: tile t + 1's positions and scales into their slots (free: the
-  // positions' last readers passed the barrier before tile t - 1's products, the scales'
-  // the barrier at the top of tile t - 1), the lookahead moves on, a barrier (the slot's
-  // tiles are no longer read), tile t + 1's copies, and a commit (an empty group past the
-  // last tile, so that wait<1> always means "tile t").
+  // At the top of tile t: tile t + 1's positions and scales into their slots (free: their
+  // last readers, tile t - 1's copies and products, passed the barrier at the top of tile
+  // t - 1), the lookahead moves on, this thread's copies of tile t (and at t = 0 of what
+  // was committed with it) waited for, then one barrier, which publishes tile t and
+  // tile t + 1's positions and frees tile t - 1's slots, then tile t + 1's copies into
+  // them. (A barrier before the copies and another after the wait had cost every tile
+  // two.)
   __device__ void advance(int t) {
     const int j = int(threadIdx.x), slot = (t + 1) % 2;
     if (j < BK) {
@@ -976,9 +977,12 @@ struct KeyTiles {
       next_position = after_position;
       after_position = key_position(a, b, lo + (t + 3) * BK + j, hi);
     }
+    async_copy_wait<0>();
     __syncthreads();
-    if (lo + (t + 1) * BK < hi) issue(t + 1);
-    async_copy_commit();
+    if (lo + (t + 1) * BK < hi) {
+      issue(t + 1);
+      async_copy_commit();
+    }
   }
 
   // Tile t's value scales p (0 past the last key): V' = diag(p) V enters the products as
@@ -1045,9 +1049,7 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma(AttentionArgs<bf16> a
   }
 
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
-    keys.advance(t);
-    async_copy_wait<1>();  // tile t (and Q) have landed
-    __syncthreads();
+    keys.advance(t);  // tile t (and Q) have landed
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
     // S = Q K^T for the warp's kM row tiles (each K fragment loaded once).
@@ -1223,9 +1225,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   float dq[DK / 8][4];
   zero(dq);
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
-    keys.advance(t);
-    async_copy_wait<1>();  // tile t (and Q, dO) have landed
-    __syncthreads();
+    keys.advance(t);  // tile t (and Q, dO) have landed
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
     float s[NB][4], ds[NB][4];
@@ -1358,8 +1358,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   bf16* query_slots = sV + BK * LDV;             // 2 x (Q [BQ][LDK], dO [BQ][LDV])
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (LDK + LDV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * LDK; };
-  __shared__ int s_pos[BK], s_begin[2][BQ], s_end[2][BQ], first_query;
-  __shared__ float s_pscale[BK], s_lse_log2[2][BQ], s_delta[2][BQ];
+  // The query tiles' rows (visible ranges, lse, D) in three slots: tile i + 1's are
+  // published while tile i - 1's products may still read theirs.
+  __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
+  __shared__ float s_pscale[BK], s_lse_log2[3][BQ], s_delta[3][BQ];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
@@ -1385,10 +1387,11 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   async_copy_commit();
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
-  // Tile i's rows go to slot i % 2 and its copies are issued a tile ahead, then committed
-  // (an empty group when it is unseen or past the last tile), so wait<1> means "tile i".
+  // Tile i's rows go to slot i % 3 and its copies, issued a tile ahead after the barriers
+  // of publish(), to slot i % 2, then committed (an empty group when it is unseen or past
+  // the last tile).
   auto publish_and_issue = [&](int64_t i) {
-    const int slot = int(i % 2);
+    const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
         i, k0, k_end, s_begin[slot], s_end[slot], s_lse_log2[slot], s_delta[slot]);
     if (vis.sees) {
@@ -1400,7 +1403,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
-  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // the barriers below publish it
+  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // publish()'s barriers below publish it
 
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
   const float scale_log2 = a.scale * kLog2e;
@@ -1408,13 +1411,14 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   zero(dk);
   zero(dv);
   for (int64_t i = 0; i < queries.count; ++i) {
-    __syncthreads();  // tile i - 1's slots are no longer read
+    // Tile i's Q and dO (nothing when unseen) landed; publish()'s barriers then make them
+    // visible and free tile i - 1's slots for tile i + 1's copies. (Two more barriers, one
+    // before tile i + 1's copies and one after the wait, had cost every tile four.)
+    async_copy_wait<0>();
     const QueryTileVisibility now = vis;
     vis = publish_and_issue(i + 1);
     if (!now.sees) continue;  // no row of this tile sees these keys
-    async_copy_wait<1>();  // tile i's Q and dO
-    __syncthreads();
-    const int slot = int(i % 2);
+    const int slot = int(i % 3);
     const bf16 *sQ = slot_q(i), *sO = slot_o(i);
     const int *row_begin = s_begin[slot], *row_end = s_end[slot];
     const float *row_lse_log2 = s_lse_log2[slot], *row_delta = s_delta[slot];
