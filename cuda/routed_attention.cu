@@ -839,9 +839,11 @@ __device__ __forceinline__ auto key_rows(const int* positions) {
   return [=](int j) { return positions[j]; };
 }
 
-// Row indices for issue_rows: query q0 + r (-1 past T).
+// Row indices for issue_rows: query q0 + r (-1 past T), in 32 bits (T < 2^30: check_grid;
+// in 64 bits the compare and its operands had taken 3 instructions a copy).
 __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
-  return [=](int r) { return q0 + r < seq_len ? int(q0 + r) : -1; };
+  const int first = int(q0), end = int(seq_len);
+  return [=](int r) { return first + r < end ? first + r : -1; };
 }
 
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
