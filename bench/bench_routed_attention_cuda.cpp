@@ -194,9 +194,9 @@ int main(int argc, char** argv) {
             << ',' << t.backward.min << ',' << t.backward.max << '\n';
       }
     }
-    std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64 on 4 warps\n"
-                "and 64-key tiles on 8 warps of one row tile each (median ms; ratios above 1:\n"
-                "128 rows faster than 64, 64 keys than 32, 8 warps than 4)\n");
+    std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64 on 4\n"
+                "warps and 64-key tiles on 8 warps of one row tile each (median ms; ratios\n"
+                "above 1: 128 rows faster than 64, 64 keys than 32, 8 warps than 4)\n");
     std::printf("%-34s %11s %11s %11s %11s %6s %6s %6s\n", "case", "64 x 64", "128 x 32",
                 "128 x 64", "128 x 64 w8", "rows", "keys", "warps");
     for (const BenchCase& c : bench_cases()) {

@@ -804,7 +804,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // registers, the 32-key tile 240 (ptxas, sm_90, neither spilling). Which is faster is
 // for the benchmark's last table to say. With 8 warps of one row tile each (kWarps = 8,
 // kM = 1), a 128-row block keeps O once per warp, so it fits 128 registers and two
-// blocks (16 warps) an SM, against 8 warps of the 4-warp blocks at 242-255 registers; each
+// blocks (16 warps) an SM, against 8 warps of the 4-warp blocks at 240-255 registers; each
 // warp then loads K and V' fragments for one row tile, not two.
 template <int DK, int DV, int kM = 1, int kKeyTile = 0, int kWarps = 4>
 struct MmaShape {
@@ -849,13 +849,14 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
 // stride LD) from global rows of D elements: row r from token index(r) of `rows`, zeroed
 // directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
-// idx % kThreads's (the block's threads). Where a row's chunks divide the block (every head dim but 192),
-// that is chunk column threadIdx.x % kChunks of every kStep-th row, so a thread's copies
-// unroll with fixed steps from one column base, and each costs an index, a multiply-add
-// and the copy. (A general loop over row pointers had taken 35-45 instructions a copy in
-// the forward's SASS, nearly half of what its key-tile loop executed: 64-bit index
-// arithmetic, and the kernel arguments read again after each copy, whose asm clobbers
-// memory. Element addresses turned to bytes per copy had still taken 16.)
+// idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
+// head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
+// a thread's copies unroll with fixed steps from one column base, and each costs an
+// index, a multiply-add and the copy. (A general loop over row pointers had taken 35-45
+// instructions a copy in the forward's SASS, nearly half of what its key-tile loop
+// executed: 64-bit index arithmetic, and the kernel arguments read again after each copy,
+// whose asm clobbers memory. Element addresses turned to bytes per copy had still taken
+// 16.)
 template <int D, int LD, int kRows, int kThreads = kMmaThreads, class Index>
 __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
