@@ -266,6 +266,8 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_routed_attention_cuda backward_dkdv_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
+    diagnose bench_routed_attention_cuda backward_dq_mma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
