@@ -1166,25 +1166,35 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 }
 
 // Backward on the tensor cores, deterministic like the tiled one (no float atomics):
-//   dQ pass, per (64 query rows, query head): per key tile S = Q K^T and dP = dO V'^T in
-//     accumulators, dS = scale P (dP - D) with P = exp(scale S - lse) recomputed, then
-//     dQ += dS K with dS fed from the accumulators as A-fragments.
+//   dQ pass, per (128 query rows, or 64 at value dims over 128; query head): per key tile
+//     S = Q K^T and dP = dO V'^T in accumulators, dS = scale P (dP - D) with
+//     P = exp(scale S - lse) recomputed, then dQ += dS K with dS fed from the accumulators
+//     as A-fragments.
 //   dK/dV' pass, per (64 compacted keys, kv head): over the query heads of the group and
 //     the query tiles that see the keys, S^T = K Q^T and dP^T = V' dO^T, then
 //     dV' += P^T dO and dK += dS^T Q; finally dk, dv = p dv' and this head's <dv', v> go
 //     to the keys' positions as in the tiled kernel.
 // Instances exist for head dims up to 128 (keys) and 192 (values): each warp keeps its
-// 16 rows of dK and dV' (or dQ) in registers.
+// 16 rows of dK and dV' (dQ: 16 or 32) in registers.
 
 template <int DK, int DV>
 constexpr bool kMmaBackwardFits = DK <= 128 && DV <= 192;
 
 template <int DK, int DV>
 struct MmaBackwardShape {
-  static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // keys (dQ) or queries (dK/dV)
+  static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // queries (dK/dV)
   static constexpr int ldk = DK + 8, ldv = DV + 8;
+  // dQ: kDqM row tiles of 16 rows per warp. Up to head dims of 128 that is two (dQ fits the
+  // registers twice), so each K, V' fragment a warp reads from shared memory feeds two
+  // products, as in the forward: with one, the dQ kernel was bound by shared memory (L1 at
+  // 73% on the H200, about 300 bytes read a product; 213 with two). Its 128-row blocks
+  // then take 32-key tiles: S and dS for two row tiles of 64 keys beside dQ took 254
+  // registers and spilled (ptxas, sm_90) at head dims of 128, and at 64 too.
+  static constexpr int kDqM = DK <= 128 && DV <= 128 ? 2 : 1;
+  static constexpr int kDqRows = kMmaRows * kDqM;
+  static constexpr int kDqKeys = kDqM == 2 ? 32 : kTile;
   // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V', then two slots of Q and dO
-  static constexpr size_t dq_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
+  static constexpr size_t dq_bytes = size_t((kDqRows + 2 * kDqKeys) * (ldk + ldv)) * 2;
   static constexpr size_t dkdv_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
 };
 
@@ -1202,8 +1212,8 @@ __device__ void issue_query_rows(const AttentionArgs<bf16>& a, int64_t b, int64_
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
-  constexpr int BQ = kMmaRows, BK = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
-  constexpr int NB = BK / 8;
+  constexpr int kM = Shape::kDqM, BQ = Shape::kDqRows, BK = Shape::kDqKeys;
+  constexpr int LDK = Shape::ldk, LDV = Shape::ldv, NB = BK / 8, kTileRows = kMmaRows;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
@@ -1224,60 +1234,84 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     issue_query_rows<DK, DV, BQ>(a, b, h, q0, sQ, sO);
     async_copy_commit();
   }
-  const int r0 = warp * 16 + lane / 4;  // this lane's rows: r0 and r0 + 8
+  // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's rows in
+  // it are r0[m] and r0[m] + 8.
+  int r0[kM];
+  float lse_log2[kM][2], delta[kM][2];
   const float scale_log2 = a.scale * kLog2e;
-  float lse_log2[2], delta[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t t = q0 + r0 + 8 * i;
-    lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
-    delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+  for (int m = 0; m < kM; ++m) {
+    r0[m] = kTileRows * m + warp * 16 + lane / 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t t = q0 + r0[m] + 8 * i;
+      lse_log2[m][i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
+      delta[m][i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+    }
   }
 
-  float dq[DK / 8][4];
-  zero(dq);
+  float dq[kM][DK / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) zero(dq[m]);
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q, dO) have landed
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
-    float s[NB][4], ds[NB][4];
-    zero(s);
-    zero(ds);
-    mma::rows_times_rows<DK, LDK, LDK, NB, true>(sQ + warp * 16 * LDK, sK, s);
-    mma::rows_times_rows<DV, LDV, LDV, NB, true>(sO + warp * 16 * LDV, sV, ds);  // dO V^T
-    if (a.p) scale_key_columns(keys.tile_scales(t), ds);  // dP = dO V'^T
+    float s[kM][NB][4], ds[kM][NB][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      zero(s[m]);
+      zero(ds[m]);
+    }
+    mma::row_tiles_times_rows<kM, DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, kTileRows * LDK, sK,
+                                                    s);
+    mma::row_tiles_times_rows<kM, DV, LDV, LDV, NB>(sO + warp * 16 * LDV, kTileRows * LDV, sV,
+                                                    ds);  // dO V^T
+    if (a.p) {  // dP = dO V'^T
+#pragma unroll
+      for (int m = 0; m < kM; ++m) scale_key_columns(keys.tile_scales(t), ds[m]);
+    }
     // dS / scale = P (dP - D); hidden pairs get 0 on boundary tiles only (a branch the
     // whole block takes alike), selected after the product so that nothing a hidden score
     // gives (2^x may overflow) survives. dQ = scale sum dS K takes the scale at its store.
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float prob = exp2_ftz(s[nb][e] * scale_log2 - lse_log2[e / 2]);
-        ds[nb][e] = prob * (ds[nb][e] - delta[e / 2]);
-      }
-    }
-    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = r0 + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-          ds[nb][e] = in_range(kj, s_begin, s_end, r) ? ds[nb][e] : 0.f;
+          const float prob = exp2_ftz(s[m][nb][e] * scale_log2 - lse_log2[m][e / 2]);
+          ds[m][nb][e] = prob * (ds[m][nb][e] - delta[m][e / 2]);
         }
       }
     }
-    mma::accumulator_times_matrix<NB, LDK, DK / 8, true>(ds, sK, dq);
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+            ds[m][nb][e] = in_range(kj, s_begin, s_end, r) ? ds[m][nb][e] : 0.f;
+          }
+        }
+      }
+    }
+    mma::accumulators_times_matrix<kM, NB, LDK, DK / 8>(ds, sK, dq);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t t = q0 + r0 + 8 * i;
-    if (t >= a.seq_len) continue;
-    const int64_t row = a.q_index(b, t, h);
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int nb = 0; nb < DK / 8; ++nb) {
-      a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dq[nb][2 * i]);
-      a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dq[nb][2 * i + 1]);
+    for (int i = 0; i < 2; ++i) {
+      const int64_t t = q0 + r0[m] + 8 * i;
+      if (t >= a.seq_len) continue;
+      const int64_t row = a.q_index(b, t, h);
+#pragma unroll
+      for (int nb = 0; nb < DK / 8; ++nb) {
+        a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dq[m][nb][2 * i]);
+        a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dq[m][nb][2 * i + 1]);
+      }
     }
   }
 }
@@ -1898,8 +1932,9 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
             using Shape = MmaBackwardShape<DK, DV>;
             tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
                                       kMmaThreads);
-            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>, query_grid, Shape::dq_bytes, a,
-                                    kMmaThreads);
+            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
+                                    block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
+                                    Shape::dq_bytes, a, kMmaThreads);
           }
         }
         if (!tiled_dkdv) {
