@@ -240,7 +240,7 @@ sanitize() {
     echo "gpu_check: no compute-sanitizer here: no sanitizer run" >&2
     return
   fi
-  local run tool filter name seconds rc
+  local run tool filter name seconds rc log
   for run in "racecheck attention 120" "racecheck gdr 150" "synccheck all 120" \
              "memcheck all 120"; do
     read -r tool name seconds <<<"$run"
@@ -249,16 +249,17 @@ sanitize() {
       gdr) filter=$gdr ;;
       all) filter="$attention:$gdr" ;;
     esac
+    log="$out/sanitize_${tool}_$name.log"
     echo "== [$(date +%T)] compute-sanitizer --tool $tool, small GPU test cases ($name)"
     timeout "$seconds" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$build/tests/test_nn" --gtest_filter="$filter" >"$out/sanitize_${tool}_$name.log" 2>&1
+      "$build/tests/test_nn" --gtest_filter="$filter" >"$log" 2>&1
     rc=$?
-    tail -4 "$out/sanitize_${tool}_$name.log"
+    tail -4 "$log"
     if [[ $rc -eq 3 ]]; then
-      echo "gpu_check: compute-sanitizer $tool found errors (log: $out/sanitize_${tool}_$name.log)" >&2
+      echo "gpu_check: compute-sanitizer $tool found errors (log: $log)" >&2
       status=1
     elif [[ $rc -ne 0 ]]; then
-      echo "gpu_check: compute-sanitizer $tool did not finish (exit $rc; log: $out/sanitize_${tool}_$name.log)" >&2
+      echo "gpu_check: compute-sanitizer $tool did not finish (exit $rc; log: $log)" >&2
     fi
   done
 }
