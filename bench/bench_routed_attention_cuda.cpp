@@ -16,9 +16,7 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV). A third times the same cases' backward, the
-// deterministic one (dK/dV and dQ kernels) against the fused one (dQ by float atomics in
-// the dK/dV kernel: set_attention_deterministic_backward(false)), not in the CSV either.
+// (cuda/routed_attention.h; not in the CSV).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -163,19 +161,6 @@ double forward_ms_with(CaseInputs& in, int rows, int keys, int warps, int reps) 
   return ms;
 }
 
-// The backward's times (after the forward) in the deterministic or the fused mode.
-bench::Spread backward_ms_with(CaseInputs& in, bool deterministic, int reps) {
-  const ops::RoutedAttentionOutput forward =
-      ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-  const bool previous = cuda::set_attention_deterministic_backward(deterministic);
-  const bench::Spread ms = time_ms(reps, [&] {
-    ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
-                                   forward.lse, in.p);
-  });
-  cuda::set_attention_deterministic_backward(previous);
-  return ms;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -226,22 +211,6 @@ int main(int argc, char** argv) {
       std::printf("%-34s %9.3fms %9.3fms %9.3fms %9.3fms %6.2f %6.2f %6.2f\n", c.name().c_str(),
                   ms_64, ms_128_32, ms_128, ms_128_w8, ms_64 / ms_128, ms_128_32 / ms_128,
                   ms_128 / ms_128_w8);
-      std::fflush(stdout);
-    }
-    std::printf("\nbackward, deterministic (dK/dV and dQ kernels) vs fused (dQ by float atomics\n"
-                "in the dK/dV kernel); ms, and deterministic / fused at min / median / max\n"
-                "(above 1: the fused one is faster)\n");
-    std::printf("%-34s %13s %11s %20s\n", "case", "deterministic", "fused", "det/fused");
-    for (const BenchCase& c : bench_cases()) {
-      if (c.key_dim != 128 || c.docs != 1) continue;
-      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      CaseInputs in(c);
-      in.selection = ops::compact_selection(in.select, in.docs);
-      const bench::Spread det = backward_ms_with(in, true, reps);
-      const bench::Spread fused = backward_ms_with(in, false, reps);
-      std::printf("%-34s %11.3fms %9.3fms %6.2f %6.2f %6.2f\n", c.name().c_str(), det.median,
-                  fused.median, det.min / fused.min, det.median / fused.median,
-                  det.max / fused.max);
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

@@ -270,8 +270,6 @@ struct AttentionArgs {
   const C* delta;       // [B, T, Hq] = <dO, o>
   T *dq, *dk, *dv;
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
-  float* dq_sum;        // [B, T, Hq, Dk] fp32, dQ / scale summed by atomics (the fused
-                        // backward, set_attention_deterministic_backward(false)); else null
 
   __device__ int64_t group() const { return q_heads / kv_heads; }
   __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
@@ -907,17 +905,6 @@ using mma::quad_max;
 using mma::quad_sum;
 using mma::zero;
 
-// to[0] += x, to[1] += y by one 8-byte atomic where the device has it (sm_90), else two
-// (to 8-byte aligned).
-__device__ __forceinline__ void add_pair(float* to, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(to), float2{x, y});
-#else
-  atomicAdd(to, x);
-  atomicAdd(to + 1, y);
-#endif
-}
-
 // Whether compacted key kj lies in row r's visible range [begin[r], end[r]), both compares
 // evaluated: a short-circuit && compiles to a branch per element.
 __device__ __forceinline__ bool in_range(int kj, const int* begin, const int* end, int r) {
@@ -1329,30 +1316,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   }
 }
 
-// The fused backward's dQ share of one warp: rows q_row .. + 15 (of head `head`) of
-// dQ / scale += dS K, dS the columns [m0, m0 + 16) of sS ([BK keys][LDS], dS^T / scale)
-// and K the block's rows sK, added to a.dq_sum in fp32 by 8-byte atomics (two adjacent
-// columns; rows past T skipped). 64 columns at a time: 32 accumulators a lane.
-template <int DK, int LDS, int LDK, int BK>
-__device__ void fused_dq_share(const AttentionArgs<bf16>& a, int64_t b, int64_t head,
-                               int64_t q_row, const bf16* sS, int m0, const bf16* sK) {
-  const int lane = mma::lane_id(), t4 = lane % 4;
-#pragma unroll 1
-  for (int c0 = 0; c0 < DK; c0 += 64) {
-    float acc[8][4];
-    zero(acc);
-    mma::columns_times_matrix<BK, LDS, LDK, 8>(sS, m0, sK + c0, acc);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t t = q_row + lane / 4 + 8 * i;
-      if (t >= a.seq_len) continue;
-      float* row = a.dq_sum + a.q_index(b, t, head) * DK + c0 + 2 * t4;
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) add_pair(row + nb * 8, acc[nb][2 * i], acc[nb][2 * i + 1]);
-    }
-  }
-}
-
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
 // tiles q_start, q_start + BQ, ... below T. Thread r < BQ carries row r of the next tile
 // (visible range, lse, D) in registers, loaded while an earlier tile is worked on. The
@@ -1429,24 +1392,12 @@ struct QueryTiles {
 // copies are in flight (its visibility is known a tile ahead, so unseen tiles are never
 // copied). (Copying each tile once it was known to be seen, then waiting for it, left
 // every tile's load latency exposed at 2 blocks per SM.)
-//
-// kFusedDq (the fused backward, not deterministic): each tile's dS also yields the
-// tile's share of dQ, summed over the key blocks by float atomics, and no dQ kernel runs:
-// five products per (key, query) pair instead of seven, as in flash-attention-2. After
-// dK's product a barrier frees the tile's Q and dO slot, the warps write dS / scale there
-// (bf16, [key][query]), a second barrier publishes it, and warp w takes queries
-// 16 w .. + 15: dQ_w / scale = dS_w K over the block's 64 keys (64 columns at a time, to
-// hold 32 accumulators), added to a.dq_sum by 8-byte atomics.
-template <int DK, int DV, bool kFusedDq = false>
+template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
   constexpr int BK = kMmaRows, BQ = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NQ = BQ / 8;
-  constexpr int LDS = BQ + 8;  // dS's row stride in the fused backward
   static_assert(BQ <= kMmaThreads && BK <= kMmaThreads, "a thread per row of a tile");
-  static_assert(!kFusedDq || (BQ == 16 * kMmaThreads / 32 && DK % 64 == 0 &&
-                              BK * LDS <= BQ * (LDK + LDV)),
-                "the fused dQ: a 16-query block per warp, 64-column passes, dS in a slot");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BK][LDK]
   bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
@@ -1511,7 +1462,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     // before tile i + 1's copies and one after the wait, had cost every tile four.)
     async_copy_wait<0>();
     const QueryTileVisibility now = vis;
-    const int64_t tile_head = queries.head(), tile_row = queries.first_row();  // tile i's
     vis = publish_and_issue(i + 1);
     if (!now.sees) continue;  // no row of this tile sees these keys
     const int slot = int(i % 3);
@@ -1553,21 +1503,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     }
     mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);   // dV' += P^T dO
     mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
-    if constexpr (kFusedDq) {
-      __syncthreads();  // every warp is done with tile i's Q and dO: dS takes their slot
-      bf16* sS = slot_q(i);  // dS / scale [BK keys][LDS]
-#pragma unroll
-      for (int nb = 0; nb < NQ; ++nb) {
-#pragma unroll
-        for (int i2 = 0; i2 < 2; ++i2) {
-          *reinterpret_cast<uint32_t*>(sS + (key0 + 8 * i2) * LDS + nb * 8 + 2 * t4) =
-              mma::pack_bf16(ds[nb][2 * i2], ds[nb][2 * i2 + 1]);
-        }
-      }
-      __syncthreads();
-      fused_dq_share<DK, LDS, LDK, BK>(a, b, tile_head, tile_row + warp * 16, sS, warp * 16,
-                                       sK);
-    }
   }
   // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>. The
   // loads of v come before any store (a load may not move above a store that could alias
@@ -1787,14 +1722,6 @@ __global__ void row_dots(const T* dout, const T* out, int64_t rows, int64_t dim,
   if (threadIdx.x % 32 == 0) delta[row] = dot;
 }
 
-// The fused backward's dQ: dq = scale dq_sum, rounded to bf16, two elements a thread.
-__global__ void dq_from_sum(const float* dq_sum, int64_t pairs, float scale, bf16* dq) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= pairs) return;
-  const float2 x = reinterpret_cast<const float2*>(dq_sum)[i];
-  *reinterpret_cast<uint32_t*>(dq + 2 * i) = mma::pack_bf16(scale * x.x, scale * x.y);
-}
-
 // dp[b, pos_kj] = sum over kv heads g, in order, of dp_partial[b, g, kj].
 template <class T>
 __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
@@ -1893,31 +1820,6 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
 
 // set_attention_forward_rows, _keys and _warps (cuda/routed_attention.h).
 std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_forward_warps{4};
-std::atomic<bool> g_deterministic_backward{true};
-
-// The fused backward (set_attention_deterministic_backward(false)): the dK/dV kernel with
-// 64-query tiles (a 16-query block per warp) and key dims in 64-column passes, then dq from
-// the fp32 sums; false (nothing launched) where that does not fit the device.
-template <int DK, int DV>
-constexpr bool kMmaFusedFits =
-    kMmaBackwardFits<DK, DV> && MmaBackwardShape<DK, DV>::kTile == 64 && DK % 64 == 0;
-
-template <int DK, int DV>
-bool fused_backward(AttentionArgs<bf16> a, dim3 key_grid, Tensor& dq, cudaStream_t stream) {
-  using Shape = MmaBackwardShape<DK, DV>;
-  auto* kernel = &backward_dkdv_mma<DK, DV, true>;
-  if (Shape::dkdv_bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
-  Tensor dq_sum = Tensor::empty(dq.shape(), DType::F32, dq.device());
-  HAM_CUDA_CHECK(cudaMemsetAsync(dq_sum.raw_data(), 0, size_t(dq_sum.numel()) * sizeof(float),
-                                 stream));
-  a.dq_sum = ptr<float>(dq_sum);
-  launch_tiled(kernel, key_grid, Shape::dkdv_bytes, a, kMmaThreads);
-  const int64_t pairs = dq.numel() / 2;
-  HAM_LAUNCH(grid_for(pairs), kThreads, 0, stream, dq_from_sum)(a.dq_sum, pairs,
-                                                                 float(a.scale), ptr<bf16>(dq));
-  HAM_CUDA_CHECK_LAUNCH();
-  return true;
-}
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -2028,18 +1930,11 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
-            if constexpr (kMmaFusedFits<DK, DV>) {
-              if (!g_deterministic_backward.load()) {
-                tiled_dq = tiled_dkdv = fused_backward<DK, DV>(a, key_grid, dq, stream);
-              }
-            }
-            if (!tiled_dkdv) {
-              tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes,
-                                        a, kMmaThreads);
-              tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
-                                      block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
-                                      Shape::dq_bytes, a, kMmaThreads);
-            }
+            tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
+                                      kMmaThreads);
+            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
+                                    block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
+                                    Shape::dq_bytes, a, kMmaThreads);
           }
         }
         if (!tiled_dkdv) {
@@ -2074,10 +1969,6 @@ int set_attention_forward_keys(int keys) {
   HAM_CHECK(keys == 32 || keys == 64, "set_attention_forward_keys: ", keys,
             " keys per tile; the 128-row tensor-core forward takes 32 or 64");
   return g_forward_keys.exchange(keys);
-}
-
-bool set_attention_deterministic_backward(bool deterministic) {
-  return g_deterministic_backward.exchange(deterministic);
 }
 
 int set_attention_forward_warps(int warps) {

@@ -20,12 +20,4 @@ int set_attention_forward_keys(int keys);
 // heads keep 4). Returns the previous setting; any other value is an error.
 int set_attention_forward_warps(int warps);
 
-// Whether the bf16 tensor-core backward stays deterministic (the default): a dK/dV kernel
-// and a dQ kernel, each output summed in a fixed order. false takes the fused backward
-// where the head dims allow it (Dk of 64 or 128, Dv up to 128): one kernel adds each key
-// block's share of dQ to an fp32 buffer by float atomics, so dq's rounding may differ run
-// to run; dk, dv and the value scales' gradient stay deterministic. Other calls ignore it.
-// Returns the previous setting.
-bool set_attention_deterministic_backward(bool deterministic);
-
 }  // namespace ham::cuda

@@ -925,30 +925,6 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 #endif
 }
 
-// The fused bf16 backward (dQ added by float atomics in the dK/dV kernel), which the op
-// takes only when set so: head dims 64 and 128, unequal heads, grouped-query heads, packed
-// documents, a blind first query, rows that end inside a tile. The deterministic setting
-// comes back after.
-TEST(RoutedAttentionGpu, Bf16FusedBackwardMatchesCpu) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  struct Restore {
-    bool previous;
-    ~Restore() { cuda::set_attention_deterministic_backward(previous); }
-  } restore{cuda::set_attention_deterministic_backward(false)};
-  for (const GpuCase& c : {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-                           GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
-                           GpuCase{2, 200, 8, 2, 128, 128, 0.5, false, GpuDocs::None, true},
-                           GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Packed20, true},
-                           GpuCase{1, 150, 2, 2, 128, 64, 1.0, true, GpuDocs::Runs, false}}) {
-    SCOPED_TRACE(gpu_case_name(c));
-    expect_gpu_matches_cpu(c, DType::BF16);
-  }
-  EXPECT_FALSE(cuda::set_attention_deterministic_backward(true));
-  restore.previous = true;
-#endif
-}
-
 TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
   HAM_SKIP_UNLESS_CUDA();
   expect_gpu_matches_cpu(GpuCase{2, 70, 4, 2, 64, 64, 0.4, true, GpuDocs::Runs, true}, DType::F64);
