@@ -1,7 +1,6 @@
 #pragma once
-// Tuning and modes of the CUDA routed attention kernels (cuda/routed_attention.cu): the
-// tuning setters serve benchmarks that compare variants in one run
-// (bench/bench_routed_attention_cuda.cpp); the backward's mode is also a user's choice.
+// Tuning of the CUDA routed attention kernels (cuda/routed_attention.cu), for benchmarks
+// that compare variants in one run (bench/bench_routed_attention_cuda.cpp).
 
 namespace ham::cuda {
 
