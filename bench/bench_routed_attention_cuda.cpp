@@ -146,16 +146,14 @@ Timing run_case(const BenchCase& c, int reps) {
   return t;
 }
 
-// The forward's median ms with `rows`-row tensor-core blocks, `keys`-key tiles and
-// `warps` warps a block (the latter two for 128-row blocks; cuda/routed_attention.h).
-double forward_ms_with(CaseInputs& in, int rows, int keys, int warps, int reps) {
+// The forward's median ms with `rows`-row tensor-core blocks and `keys`-key tiles (the
+// latter for 128-row blocks; cuda/routed_attention.h).
+double forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   const int previous_rows = cuda::set_attention_forward_rows(rows);
   const int previous_keys = cuda::set_attention_forward_keys(keys);
-  const int previous_warps = cuda::set_attention_forward_warps(warps);
   const double ms = time_ms(reps, [&] {
     ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
   }).median;
-  cuda::set_attention_forward_warps(previous_warps);
   cuda::set_attention_forward_keys(previous_keys);
   cuda::set_attention_forward_rows(previous_rows);
   return ms;
@@ -194,23 +192,20 @@ int main(int argc, char** argv) {
             << ',' << t.backward.min << ',' << t.backward.max << '\n';
       }
     }
-    std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64 on 4\n"
-                "warps and 64-key tiles on 8 warps of one row tile each (median ms; ratios\n"
-                "above 1: 128 rows faster than 64, 64 keys than 32, 8 warps than 4)\n");
-    std::printf("%-34s %11s %11s %11s %11s %6s %6s %6s\n", "case", "64 x 64", "128 x 32",
-                "128 x 64", "128 x 64 w8", "rows", "keys", "warps");
+    std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64\n"
+                "(median ms; ratios above 1: 128 rows faster than 64, 64 keys than 32)\n");
+    std::printf("%-34s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",
+                "rows", "keys");
     for (const BenchCase& c : bench_cases()) {
       if (c.key_dim != 128 || c.docs != 1) continue;
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       CaseInputs in(c);
       in.selection = ops::compact_selection(in.select, in.docs);
-      const double ms_64 = forward_ms_with(in, 64, 64, 4, reps);
-      const double ms_128_32 = forward_ms_with(in, 128, 32, 4, reps);
-      const double ms_128 = forward_ms_with(in, 128, 64, 4, reps);
-      const double ms_128_w8 = forward_ms_with(in, 128, 64, 8, reps);
-      std::printf("%-34s %9.3fms %9.3fms %9.3fms %9.3fms %6.2f %6.2f %6.2f\n", c.name().c_str(),
-                  ms_64, ms_128_32, ms_128, ms_128_w8, ms_64 / ms_128, ms_128_32 / ms_128,
-                  ms_128 / ms_128_w8);
+      const double ms_64 = forward_ms_with(in, 64, 64, reps);
+      const double ms_128_32 = forward_ms_with(in, 128, 32, reps);
+      const double ms_128 = forward_ms_with(in, 128, 64, reps);
+      std::printf("%-34s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
+                  ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

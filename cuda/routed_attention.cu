@@ -793,24 +793,20 @@ constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
 using mma::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The forward's block: kWarps warps (4, or 8 for set_attention_forward_warps) with kM
-// row tiles of 16 query rows each (16 kWarps kM rows per block).
-// With kM = 2 (head dims of 64 or 128: O fits the registers twice) each K and V'
+// The forward's block: 4 warps with kM row tiles of 16 query rows each (64 kM rows per
+// block). With kM = 2 (head dims of 64 or 128: O fits the registers twice) each K and V'
 // fragment a warp loads from shared memory feeds two products, and each key tile a block
 // stages serves 128 queries, as in flash-attention-2's 128-row blocks. Key tiles are 64
 // wide up to head dims of 128 (kKeyTile = 0), else 32; a 128-row block with value heads of
 // 128 may take 32 instead (set_attention_forward_keys). The 64-key tile halves a key's
 // share of the per-tile barriers, bookkeeping and rescaling; at 128 x 128 it takes 255
-// registers, the 32-key tile 240 (ptxas, sm_90, neither spilling). Which is faster is
-// for the benchmark's last table to say. With 8 warps of one row tile each (kWarps = 8,
-// kM = 1), a 128-row block keeps O once per warp, so it fits 128 registers and two
-// blocks (16 warps) an SM, against 8 warps of the 4-warp blocks at 240-255 registers; each
-// warp then loads K and V' fragments for one row tile, not two.
-template <int DK, int DV, int kM = 1, int kKeyTile = 0, int kWarps = 4>
+// registers, the 32-key tile 240 (ptxas, sm_90, neither spilling), and on the H200 it is
+// 1.11-1.20x faster (gpu_results.md, ninth session). Blocks of 8 warps with one row tile
+// each (128 registers, two blocks an SM) were 0.88-0.94x as fast there, and were dropped.
+template <int DK, int DV, int kM = 1, int kKeyTile = 0>
 struct MmaShape {
   static constexpr int kKeys = kKeyTile ? kKeyTile : DK > 128 || DV > 128 ? 32 : 64;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kTileRows = 16 * kWarps;                  // rows of one row tile each
+  static constexpr int kTileRows = 16 * kMmaThreads / 32;        // rows of one row tile each
   static constexpr int kRows = kTileRows * kM;                   // query rows per block
   static constexpr int ldk = DK + 8, ldv = DV + 8;               // smem row strides (bf16)
   // Q, then two slots of K and V' tiles
@@ -849,7 +845,7 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
 // stride LD) from global rows of D elements: row r from token index(r) of `rows`, zeroed
 // directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
-// idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
+// idx % kMmaThreads's (the block's threads). Where a row's chunks divide the block (every
 // head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
 // a thread's copies unroll with fixed steps from one column base, and each costs an
 // index, a multiply-add and the copy. (A general loop over row pointers had taken 35-45
@@ -857,7 +853,7 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // executed: 64-bit index arithmetic, and the kernel arguments read again after each copy,
 // whose asm clobbers memory. Element addresses turned to bytes per copy had still taken
 // 16.)
-template <int D, int LD, int kRows, int kThreads = kMmaThreads, class Index>
+template <int D, int LD, int kRows, class Index>
 __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
   auto issue = [&](int r, int c, const char* column) {
@@ -869,15 +865,15 @@ __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
       *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
     }
   };
-  if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
-    constexpr int kStep = kThreads / kChunks, kCopies = kRows / kStep;
+  if constexpr (kMmaThreads % kChunks == 0 && kRows % (kMmaThreads / kChunks) == 0) {
+    constexpr int kStep = kMmaThreads / kChunks, kCopies = kRows / kStep;
     const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
     const char* column = rows.column(c);
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c, column);
   } else {
 #pragma unroll 4
-    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
+    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
       const int c = (idx % kChunks) * 8;
       issue(idx / kChunks, c, rows.column(c));
     }
@@ -929,7 +925,7 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
 //   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
-template <int DK, int DV, int BK, int kThreads = kMmaThreads>
+template <int DK, int DV, int BK>
 struct KeyTiles {
   static constexpr int LDK = DK + 8, LDV = DV + 8;
   const AttentionArgs<bf16>& a;
@@ -950,8 +946,8 @@ struct KeyTiles {
     const int* pos = positions + (t % 2) * BK;
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-    issue_rows<DK, LDK, BK, kThreads>(k(t), k_of, key_rows(pos));
-    issue_rows<DV, LDV, BK, kThreads>(v(t), v_of, key_rows(pos));
+    issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
+    issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
   }
 
   // Tile 0's positions and scales into slot 0, the lookahead registers, a barrier, then
@@ -1015,11 +1011,12 @@ __device__ __forceinline__ void scale_key_columns(const float* tile_scales, floa
   }
 }
 
-template <int DK, int DV, int kM, int kKeyTile, int kWarps>
-__global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
-    forward_mma(AttentionArgs<bf16> a) {
-  using Shape = MmaShape<DK, DV, kM, kKeyTile, kWarps>;
-  constexpr int kThreads = Shape::kThreads, kTileRows = Shape::kTileRows;
+// (The explicit minimum of one block matters: without it ptxas spilled the 128 x 128
+// instance, 60 bytes, where with it that instance fits 255 registers.)
+template <int DK, int DV, int kM, int kKeyTile>
+__global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16> a) {
+  using Shape = MmaShape<DK, DV, kM, kKeyTile>;
+  constexpr int kTileRows = Shape::kTileRows;
   constexpr int BQ = Shape::kRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1034,16 +1031,16 @@ __global__ void __launch_bounds__(32 * kWarps, kWarps == 8 ? 2 : 1)
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
-  KeyTiles<DK, DV, BK, kThreads> keys{
+  KeyTiles<DK, DV, BK> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
     keys.begin();
-    issue_rows<DK, LDK, BQ, kThreads>(sQ, HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
-                                      query_rows(q0, a.seq_len));
+    issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
+                            query_rows(q0, a.seq_len));
     async_copy_commit();
   }
 
-  // The warp's row tile m is rows 16 (kWarps m + warp) .. + 15 of the block; this lane's
+  // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's
   // accumulator rows in it are r0[m] and r0[m] + 8 (element e of a fragment is in row
   // r0 + 8 (e / 2), column 2 t4 + e % 2 of its 8-column block).
   int r0[kM];
@@ -1819,7 +1816,7 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
 }
 
 // set_attention_forward_rows, _keys and _warps (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_forward_warps{4};
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -1855,20 +1852,14 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v)) {
-            auto launch_mma = [&]<int kM, int kKeyTile = 0, int kWarps = 4>() {
-              using Shape = MmaShape<DK, DV, kM, kKeyTile, kWarps>;
-              return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile, kWarps>,
-                                  grid_of_rows(Shape::kRows), Shape::forward_bytes, a,
-                                  Shape::kThreads);
+            auto launch_mma = [&]<int kM, int kKeyTile = 0>() {
+              using Shape = MmaShape<DK, DV, kM, kKeyTile>;
+              return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
+                                  Shape::forward_bytes, a, kMmaThreads);
             };
             // 128-row blocks for the common heads only (each instance adds to the build).
             if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128)) {
-              if constexpr (DK == DV) {  // 8 warps spill at 128 registers with DK != DV
-                if (g_forward_rows.load() == 128 && g_forward_warps.load() == 8) {
-                  tiled = launch_mma.template operator()<1, 0, 8>();
-                }
-              }
-              if (!tiled && g_forward_rows.load() == 128) {
+              if (g_forward_rows.load() == 128) {
                 if constexpr (DV == 128) {
                   if (g_forward_keys.load() == 32) tiled = launch_mma.template operator()<2, 32>();
                 }
@@ -1969,12 +1960,6 @@ int set_attention_forward_keys(int keys) {
   HAM_CHECK(keys == 32 || keys == 64, "set_attention_forward_keys: ", keys,
             " keys per tile; the 128-row tensor-core forward takes 32 or 64");
   return g_forward_keys.exchange(keys);
-}
-
-int set_attention_forward_warps(int warps) {
-  HAM_CHECK(warps == 4 || warps == 8, "set_attention_forward_warps: ", warps,
-            " warps per block; the 128-row tensor-core forward takes 4 or 8");
-  return g_forward_warps.exchange(warps);
 }
 
 namespace {

@@ -13,10 +13,4 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Warps per 128-row block of that forward: 4 (the default: two 16-row tiles each, 64- or
-// 32-key tiles by set_attention_forward_keys) or 8 (one 16-row tile each, 64-key tiles, at
-// most 128 registers so that two blocks fit a multiprocessor; for Dk = Dv only, other
-// heads keep 4). Returns the previous setting; any other value is an error.
-int set_attention_forward_warps(int warps);
-
 }  // namespace ham::cuda

@@ -228,7 +228,6 @@ sanitize() {
   # ended before the attention cases ran.
   local attention='Cases/RoutedAttentionGpu.GpuMatchesCpu/B2_T300_H4x2_D64x64_rho25_p_DocRuns_FirstEmpty'
   attention+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B1_T700_H4x2_D128x192_rho25_p_Packed20_FirstEmpty'
-  attention+=':RoutedAttentionGpu.Bf16ForwardWith8WarpBlocksMatchesCpu'
   attention+=':Norm.GpuBackwardRowGroupsMatchCpu'
   attention+=':Shapes/GatedDeltaRuleDecodeGpu.GpuMatchesCpu/3'
   attention+=':Shapes/RoutedAttentionDecodeCases.GpuMatchesCpu/1'

@@ -901,18 +901,6 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
 #endif
 }
 
-// The 128-row bf16 forward on 8 warps of one 16-row tile each, which it takes (for equal
-// head dims) only when set so; the cases above run 4 warps of two tiles each.
-TEST(RoutedAttentionGpu, Bf16ForwardWith8WarpBlocksMatchesCpu) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  expect_bf16_forward_setting_matches_cpu(
-      &cuda::set_attention_forward_warps, "set_attention_forward_warps", 8, 6, "4 or 8",
-      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
-#endif
-}
-
 // The 128-row bf16 forward with value heads of 128 in 32-key tiles, which it takes only
 // when set so; the cases above run the default 64-key tiles.
 TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
