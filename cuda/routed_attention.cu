@@ -998,16 +998,17 @@ struct KeyTiles {
 
 // The value scales of this lane's accumulator columns 8 nb + 2 (lane % 4) + c (c < 2) of a
 // key tile: x[nb][e] *= p[column of e], element e in column 2 (lane % 4) + e % 2.
+// tile_scales is 8-byte aligned: the two columns' scales come in one load.
 template <int NB>
 __device__ __forceinline__ void scale_key_columns(const float* tile_scales, float (&x)[NB][4]) {
   const int t4 = mma::lane_id() % 4;
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
-    const float p0 = tile_scales[nb * 8 + 2 * t4], p1 = tile_scales[nb * 8 + 2 * t4 + 1];
-    x[nb][0] *= p0;
-    x[nb][1] *= p1;
-    x[nb][2] *= p0;
-    x[nb][3] *= p1;
+    const float2 p = *reinterpret_cast<const float2*>(tile_scales + nb * 8 + 2 * t4);
+    x[nb][0] *= p.x;
+    x[nb][1] *= p.y;
+    x[nb][2] *= p.x;
+    x[nb][3] *= p.y;
   }
 }
 
@@ -1022,7 +1023,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ float s_pscale[3 * BK];
+  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
@@ -1215,7 +1216,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ float s_pscale[3 * BK];
+  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
@@ -1358,16 +1359,16 @@ struct QueryTiles {
   // i + 1's loads issued, and whether any row sees a key of [k0, k_end) and whether every
   // row sees all of [k0, k0 + BK). Collective over the block (the answers come from
   // barriers, which also publish the rows). Past the last tile: rows that see nothing.
+  // s_stats[r] is row r's {lse log2 e, D}.
   template <int BK>
   __device__ QueryTileVisibility publish(int64_t i, int k0, int k_end, int* s_begin, int* s_end,
-                                         float* s_lse_log2, float* s_delta) {
+                                         float2* s_stats) {
     const int r = int(threadIdx.x);
     bool sees = false, covers = true;
     if (r < BQ) {
       s_begin[r] = next_begin;
       s_end[r] = next_end;
-      s_lse_log2[r] = next_lse_log2;
-      s_delta[r] = next_delta;
+      s_stats[r] = float2{next_lse_log2, next_delta};
       sees = next_begin < next_end && next_begin < k_end && next_end > k0;
       covers = next_begin <= k0 && k0 + BK <= next_end;
     }
@@ -1404,7 +1405,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   // The query tiles' rows (visible ranges, lse, D) in three slots: tile i + 1's are
   // published while tile i - 1's products may still read theirs.
   __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
-  __shared__ float s_pscale[BK], s_lse_log2[3][BQ], s_delta[3][BQ];
+  // s_stats: {lse log2 e, D} per row, so that a lane's two adjacent query columns come in
+  // one 16-byte load (32 4-byte loads a tile before, a tenth of its shared-memory reads).
+  __shared__ float s_pscale[BK];
+  __shared__ __align__(16) float2 s_stats[3][BQ];
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
@@ -1436,7 +1440,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
-        i, k0, k_end, s_begin[slot], s_end[slot], s_lse_log2[slot], s_delta[slot]);
+        i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
     if (vis.sees) {
       issue_query_rows<DK, DV, BQ>(a, b, queries.head(), queries.first_row(), slot_q(i),
                                    slot_o(i));
@@ -1464,7 +1468,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     const int slot = int(i % 3);
     const bf16 *sQ = slot_q(i), *sO = slot_o(i);
     const int *row_begin = s_begin[slot], *row_end = s_end[slot];
-    const float *row_lse_log2 = s_lse_log2[slot], *row_delta = s_delta[slot];
+    const float2* row_stats = s_stats[slot];
 
     // Transposed: rows are the warp's 16 keys, columns the tile's queries.
     float p[NQ][4], ds[NQ][4];
@@ -1479,11 +1483,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     // every row's range (its end is at most the row's key count).
 #pragma unroll
     for (int nb = 0; nb < NQ; ++nb) {
+      // columns 8 nb + 2 t4 and + 1: {lse, D} of each
+      const float4 stats = *reinterpret_cast<const float4*>(row_stats + nb * 8 + 2 * t4);
+      const float lse_log2[2] = {stats.x, stats.z}, delta[2] = {stats.y, stats.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = nb * 8 + 2 * t4 + e % 2;
-        p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - row_lse_log2[r]);
-        ds[nb][e] = p[nb][e] * (ds[nb][e] - row_delta[r]);
+        p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - lse_log2[e % 2]);
+        ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
       }
     }
     if (!now.covers) {
