@@ -801,7 +801,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // 128 may take 32 instead (set_attention_forward_keys). The 64-key tile halves a key's
 // share of the per-tile barriers, bookkeeping and rescaling; at 128 x 128 it takes 255
 // registers, the 32-key tile 240 (ptxas, sm_90, neither spilling), and on the H200 it is
-// 1.11-1.20x faster (gpu_results.md, ninth session). Blocks of 8 warps with one row tile
+// 1.05-1.20x faster (gpu_results.md, ninth session). Blocks of 8 warps with one row tile
 // each (128 registers, two blocks an SM) were 0.88-0.94x as fast there, and were dropped.
 template <int DK, int DV, int kM = 1, int kKeyTile = 0>
 struct MmaShape {
@@ -1821,7 +1821,7 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   return true;
 }
 
-// set_attention_forward_rows, _keys and _warps (cuda/routed_attention.h).
+// set_attention_forward_rows and _keys (cuda/routed_attention.h).
 std::atomic<int> g_forward_rows{128}, g_forward_keys{64};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
