@@ -907,6 +907,28 @@ __device__ __forceinline__ bool in_range(int kj, const int* begin, const int* en
   return (kj >= begin[r]) & (kj < end[r]);
 }
 
+// On a boundary tile (some row does not see every key of [k0, k0 + 8 NB)): the accumulator
+// elements of hidden (row, key) pairs become `hidden`, for a warp's kM row tiles whose
+// lane rows are r0[m] and r0[m] + 8 (element e of block nb: row r0 + 8 (e / 2), key
+// k0 + 8 nb + 2 (lane % 4) + e % 2).
+template <int kM, int NB>
+__device__ __forceinline__ void hide_outside_ranges(float (&acc)[kM][NB][4], const int (&r0)[kM],
+                                                    int k0, const int* begin, const int* end,
+                                                    float hidden) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
+        acc[m][nb][e] = in_range(kj, begin, end, r) ? acc[m][nb][e] : hidden;
+      }
+    }
+  }
+}
+
 // Compacted key kj of row b: its position (-1 at or past `limit`) and value scale (0 where
 // the position is -1, 1 without value scaling).
 __device__ __forceinline__ int key_position(const AttentionArgs<bf16>& a, int64_t b, int kj,
@@ -1071,17 +1093,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     // Visibility: hidden scores become -inf, on boundary tiles only (a branch the whole
     // block takes alike; the select had cost every tile its compares).
     if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-            s[m][nb][e] = in_range(kj, s_begin, s_end, r) ? s[m][nb][e] : -INFINITY;
-          }
-        }
-      }
+      hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
     }
     // Online softmax on the unscaled scores S (row max and sum over the quad's lanes): the
     // scale is positive, so m = max S gives max(scale S) = scale m, and
@@ -1284,17 +1296,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
       }
     }
     if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = r0[m] + 8 * (e / 2), kj = k0 + nb * 8 + 2 * t4 + e % 2;
-            ds[m][nb][e] = in_range(kj, s_begin, s_end, r) ? ds[m][nb][e] : 0.f;
-          }
-        }
-      }
+      hide_outside_ranges(ds, r0, k0, s_begin, s_end, 0.f);
     }
     mma::accumulators_times_matrix<kM, NB, LDK, DK / 8>(ds, sK, dq);
   }
