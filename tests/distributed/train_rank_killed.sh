@@ -21,7 +21,8 @@ fail() {
 }
 
 "$mpirun_sh" "$mpirun" 2 "$ham" train --config "$config" --steps 100000 --batch-size 4 \
-  --seq-len 32 --log-every 1 --eval-every 100000 --peak-gflops 1 --threads 1 > "$log" 2>&1 &
+  --seq-len 32 --log-every 1 --eval-every 100000 --peak-gflops 1 --threads 1 \
+  --log-dir "$out/metrics" > "$log" 2>&1 &
 job=$!
 for _ in $(seq 1 600); do
   grep -q "step     3/" "$log" && break
@@ -29,9 +30,11 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 grep -q "step     3/" "$log" || fail "no step 3 within 60 s"
-# Rank 1: the launcher's descendant whose environment says so.
+# Rank 1: this job's process whose environment says so. The job is told apart by its
+# --log-dir, unique to this run: ctest runs other `ham train` jobs on the same config at
+# the same time, and killing their rank 1 failed both tests.
 victim=""
-for pid in $(pgrep -f -- "$ham train --config $config"); do
+for pid in $(pgrep -f -- "--log-dir $out/metrics"); do
   if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
     victim="$pid"
   fi
