@@ -2333,11 +2333,14 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int i = warp * 16 + acc_row(e), c = acc_col(nb, e);
-            if (i >= n || c >= cols) continue;
-            const int64_t at = pr.row(b, begin + i, h) * V + v0 + c;
-            if (bw.dv) bw.dv[at] = store<bf16>(s_beta[i] * dvb[nb][e]);
-            dbv[e / 2] += dvb[nb][e] * load(sVb[i * LDV + c]);
+            if (i < n && c < cols) dbv[e / 2] += dvb[nb][e] * load(sVb[i * LDV + c]);
+            dvb[nb][e] *= s_beta[i];
           }
+        }
+        // dv in column pairs from one row address per row (see store_tile_bf16)
+        if (bw.dv) {
+          store_tile_bf16(dvb, warp * 16, n, cols,
+                          [&](int i) { return bw.dv + pr.row(b, begin + i, h) * V + v0; });
         }
       }
     }
@@ -2528,14 +2531,23 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 #pragma unroll
       for (int nb = 0; nb < KBP / 8; ++nb) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          x2[nb][e] = -x2[nb][e];
-          const int i = row0 + acc_row(e), c = k0 + part0 + acc_col(nb, e);
-          if (i >= n) continue;
-          const int64_t at = pr.row(b, begin + i, h) * KD + c;
-          if (bw.dq) bw.dq[at] = store<bf16>(x1[nb][e]);
-          bw.dw[at] = store<bf16>(x2[nb][e]);
-          bw.dk_part[at] = x3[nb][e];
+        for (int e = 0; e < 4; ++e) x2[nb][e] = -x2[nb][e];
+      }
+      // A lane's elements e and e + 1 are adjacent columns: stored in pairs (4 bytes of
+      // bf16, 8 of f32) from one row offset per row (one store per element, each with its
+      // own 64-bit address, was most of this epilogue's instructions). dw and dk_part are
+      // this op's scratch, so their pairs are aligned (K is even); dq is the caller's.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = row0 + acc_row(2 * half), e = 2 * half;
+        if (i >= n) continue;
+        const int64_t row = pr.row(b, begin + i, h) * KD + k0 + part0;
+#pragma unroll
+        for (int nb = 0; nb < KBP / 8; ++nb) {
+          const int64_t at = row + acc_col(nb, 0);
+          if (bw.dq) store_bf16_pair(bw.dq + at, x1[nb][e], x1[nb][e + 1], true);
+          *reinterpret_cast<uint32_t*>(bw.dw + at) = mma::pack_bf16(x2[nb][e], x2[nb][e + 1]);
+          mma::store_f32x2(bw.dk_part + at, x3[nb][e], x3[nb][e + 1]);
         }
       }
       // dA += dW Kbg^T over this key block (the warp's part of its columns)
@@ -2855,13 +2867,15 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
         for (int e = 0; e < 4; ++e) {
           const int i = row0 + acc_row(e), c = k0 + part0 + acc_col(nb, e);
           dbk[e / 2] += dkbg[nb][e] * load(sK[i * LDK + c]);
-          if (i >= n) continue;
-          const int64_t at = pr.row(b, begin + i, h) * KD + c;
-          if (bw.dk) {
-            const float part_x = e % 2 ? dk_part[nb][e / 2].y : dk_part[nb][e / 2].x;
-            bw.dk[at] = store<bf16>(part_x + dm[nb][e] + beta_e[e / 2] * dkbg[nb][e]);
-          }
+          const float part_x = e % 2 ? dk_part[nb][e / 2].y : dk_part[nb][e / 2].x;
+          dm[nb][e] = part_x + dm[nb][e] + beta_e[e / 2] * dkbg[nb][e];  // now dk
         }
+      }
+      // dk in column pairs from one row address per row (see store_tile_bf16)
+      if (bw.dk) {
+        store_tile_bf16(dm, row0, n, KBP, [&](int i) {
+          return bw.dk + pr.row(b, begin + i, h) * KD + k0 + part0;
+        });
       }
     }
     // Per row: dbeta and dG (the lane t4 == 0 of a row's quad, per column part; then thread

@@ -44,6 +44,11 @@ using emulator::ldmatrix;
 using emulator::mma_bf16_16816;
 using emulator::pack_bf16;
 
+inline void store_f32x2(float* to, float x0, float x1) {
+  to[0] = x0;
+  to[1] = x1;
+}
+
 // 2^x as the hardware's ex2.approx.ftz computes it, to the emulator's precision: a result
 // below the smallest normal float is 0.
 inline float exp2_ftz(float x) {
@@ -108,6 +113,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// x0, x1 to to[0], to[1] in global memory (8-byte aligned) by one 8-byte store. A float2
+// store of an accumulator pair came out of the compiler as two 4-byte stores in some
+// kernels (gated_delta_rule.cu's backward).
+__device__ __forceinline__ void store_f32x2(float* to, float x0, float x1) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(__cvta_generic_to_global(to)),
+               "f"(x0), "f"(x1)
+               : "memory");
 }
 
 #endif
