@@ -267,7 +267,9 @@ benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
-    diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
+    # The backward's largest kernels first (the ninth session's profile), the decode last.
+    diagnose bench_gated_delta_rule_cuda gdr_bwd_keys_mma --reps 1 --filter T4096_H16_D128_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_bwd_state_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_state_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_output_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_prepare_mma --reps 1 --filter T4096_H16_D128_bf16
@@ -279,6 +281,7 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_routed_attention_cuda backward_dq_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
+    diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
