@@ -2534,9 +2534,9 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
         for (int e = 0; e < 4; ++e) x2[nb][e] = -x2[nb][e];
       }
       // A lane's elements e and e + 1 are adjacent columns: stored in pairs (4 bytes of
-      // bf16, 8 of f32) from one row offset per row (one store per element, each with its
-      // own 64-bit address, was most of this epilogue's instructions). dw and dk_part are
-      // this op's scratch, so their pairs are aligned (K is even); dq is the caller's.
+      // bf16, 8 of f32) from one row offset per row, 24 stores a key block where one per
+      // element, each with its own 64-bit address, took 48. dw and dk_part are this op's
+      // scratch, so their pairs are aligned (K is even); dq is the caller's.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = row0 + acc_row(2 * half), e = 2 * half;

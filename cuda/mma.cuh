@@ -1,7 +1,7 @@
 #pragma once
 // Warp-level tensor-core primitives (sm_80 and later): the bf16 mma.sync with f32
-// accumulation and the ldmatrix loads that feed it. Every lane of the warp must call them
-// together (all 32 lanes, converged).
+// accumulation and the ldmatrix loads that feed it, which every lane of the warp must call
+// together (all 32 lanes, converged); and an 8-byte store of an accumulator's column pair.
 //
 // Fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4, two bf16 per 32-bit register, the lower column (or row)
