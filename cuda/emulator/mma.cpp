@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -77,6 +78,107 @@ void ldmatrix_combine(void* const* lanes, unsigned mask) {
   }
 }
 
+// A descriptor's fields (cuda/wgmma.cuh).
+struct Descriptor {
+  uint32_t start, leading, stride;
+};
+
+Descriptor decode(uint64_t desc, const char* operand) {
+  HAM_CHECK(desc >> 62 == 1, "wgmma: descriptor of ", operand,
+            " does not name the 128-byte swizzle (the only layout emulated)");
+  HAM_CHECK((desc >> 49 & 7) == 0, "wgmma: descriptor of ", operand, " has a base offset");
+  const Descriptor d{uint32_t(desc & 0x3fff) << 4, uint32_t(desc >> 16 & 0x3fff) << 4,
+                     uint32_t(desc >> 32 & 0x3fff) << 4};
+  // The swizzle pattern's rows start at the tile's first row only from a 1024-byte boundary.
+  HAM_CHECK((d.start & 0x380) == 0, "wgmma: ", operand, " starts at shared address ", d.start,
+            ", not in the first 128-byte row of a 1024-byte swizzle atom");
+  return d;
+}
+
+// The bf16 at shared address `address` (before the swizzle), as the hardware reads it:
+// 16-byte chunk bits 4-6 xor'd with row bits 7-9.
+float shared_bf16(uint32_t address) {
+  const uint32_t swizzled = address ^ ((address >> 7 & 7) << 4);
+  HAM_CHECK(swizzled + 2 <= dynamic_shared_size(), "wgmma: operand reads shared address ",
+            swizzled, " past the block's ", dynamic_shared_size(), " bytes");
+  uint16_t bits;
+  std::memcpy(&bits, static_cast<const unsigned char*>(dynamic_shared_memory()) + swizzled, 2);
+  return bf16_to_float(BFloat16{bits});
+}
+
+// Element (row r, reduction index k) of a K-major operand, (k, column n) of an MN-major one.
+float k_major_at(const Descriptor& d, int r, int k) {
+  return shared_bf16(d.start + uint32_t(r / 8) * d.stride + uint32_t(r % 8) * 128 +
+                     uint32_t(k) * 2);
+}
+float mn_major_at(const Descriptor& d, int k, int n) {
+  return shared_bf16(d.start + uint32_t(n / 64) * d.leading + uint32_t(n % 64) * 2 +
+                     uint32_t(k / 8) * d.stride + uint32_t(k % 8) * 128);
+}
+
+struct WgmmaCall {
+  int n;
+  bool a_in_registers, b_mn_major;
+  uint64_t desc_a, desc_b;
+  int warp;  // within the warpgroup
+};
+
+struct WgmmaLane {
+  float* d;
+  const uint32_t* a;
+  WgmmaCall call;
+};
+
+void wgmma_combine(void* const* lanes, unsigned mask) {
+  HAM_CHECK(mask == kFullWarp, "wgmma needs every lane of the warp");
+  const WgmmaCall& call = static_cast<const WgmmaLane*>(lanes[0])->call;
+  for (int lane = 1; lane < 32; ++lane) {
+    const WgmmaCall& other = static_cast<const WgmmaLane*>(lanes[lane])->call;
+    HAM_CHECK(other.n == call.n && other.a_in_registers == call.a_in_registers &&
+                  other.b_mn_major == call.b_mn_major && other.desc_a == call.desc_a &&
+                  other.desc_b == call.desc_b,
+              "wgmma: lane ", lane, " passes other operands than lane 0");
+  }
+  float A[16][16];
+  if (call.a_in_registers) {
+    for (int lane = 0; lane < 32; ++lane) {
+      const uint32_t* a = static_cast<const WgmmaLane*>(lanes[lane])->a;
+      const int g = lane / 4, t = lane % 4;
+      for (int half = 0; half < 2; ++half) {
+        const int col = 2 * t + 8 * half;
+        A[g][col] = low_bf16(a[2 * half]);
+        A[g][col + 1] = high_bf16(a[2 * half]);
+        A[g + 8][col] = low_bf16(a[2 * half + 1]);
+        A[g + 8][col + 1] = high_bf16(a[2 * half + 1]);
+      }
+    }
+  } else {
+    const Descriptor da = decode(call.desc_a, "A");
+    for (int r = 0; r < 16; ++r) {
+      for (int k = 0; k < 16; ++k) A[r][k] = k_major_at(da, 16 * call.warp + r, k);
+    }
+  }
+  const Descriptor db = decode(call.desc_b, "B");
+  std::vector<float> B(size_t(16) * size_t(call.n));
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < call.n; ++n) {
+      B[size_t(k * call.n + n)] = call.b_mn_major ? mn_major_at(db, k, n) : k_major_at(db, n, k);
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
+    const int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < call.n / 8; ++j) {
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+        double sum = d[4 * j + e];
+        for (int k = 0; k < 16; ++k) sum += double(A[row][k]) * double(B[size_t(k * call.n + col)]);
+        d[4 * j + e] = float(sum);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -90,6 +192,28 @@ void ldmatrix_combine_x4(void* const* l, unsigned m) { ldmatrix_combine<4, false
 void ldmatrix_combine_x1_trans(void* const* l, unsigned m) { ldmatrix_combine<1, true>(l, m); }
 void ldmatrix_combine_x2_trans(void* const* l, unsigned m) { ldmatrix_combine<2, true>(l, m); }
 void ldmatrix_combine_x4_trans(void* const* l, unsigned m) { ldmatrix_combine<4, true>(l, m); }
+
+uint32_t shared_address(const void* p) {
+  const auto base = reinterpret_cast<uintptr_t>(dynamic_shared_memory());
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  HAM_CHECK(at >= base && at < base + dynamic_shared_size(),
+            "shared_address: the pointer is not in the block's dynamic shared memory");
+  return uint32_t(at - base);
+}
+
+void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+                bool b_mn_major) {
+  HAM_CHECK(n % 8 == 0 && n >= 8 && n <= 256, "wgmma: N = ", n,
+            " is not a multiple of 8 in [8, 256]");
+  const ThreadPlace& at = place();
+  HAM_CHECK(at.block_dim.x % 128 == 0 && at.block_dim.y == 1 && at.block_dim.z == 1,
+            "wgmma: a block of ", at.block_dim.x, " x ", at.block_dim.y, " x ", at.block_dim.z,
+            " threads is not whole warpgroups");
+  WgmmaLane lane{d, a,
+                 WgmmaCall{n, a != nullptr, b_mn_major, desc_a, desc_b,
+                           int(at.thread_idx.x / 32 % 4)}};
+  warp_exchange(kFullWarp, &lane, &wgmma_combine, "wgmma.mma_async.m64nNk16.bf16");
+}
 
 uint32_t pack_bf16(float lo, float hi) {
   return uint32_t(float_to_bf16(lo).bits) | uint32_t(float_to_bf16(hi).bits) << 16;

@@ -42,4 +42,19 @@ void ldmatrix(uint32_t (&r)[N], const void* row) {
 // Two floats rounded to bf16 (nearest even), `lo` in the low half.
 uint32_t pack_bf16(float lo, float hi);
 
+// The shared-memory address of `p` in the block's dynamic shared memory, counted from its
+// start (what __cvta_generic_to_shared gives on a GPU, where static __shared__ variables
+// may come first); an error outside it.
+uint32_t shared_address(const void* p);
+
+// One warp's part of wgmma.mma_async m64nNk16 (cuda/wgmma.cuh): its 16 rows of D (64 x N,
+// `d` holding N / 2 floats in the C layout) += A B. A is the warp's 16 x 16 from registers
+// (`a`, four words in the mma.m16n8k16 A layout) or, when `a` is null, rows 16 w .. of the
+// K-major swizzled tile `desc_a` names, w = the warp within its warpgroup; B (16 x N) is the
+// K-major (`b_mn_major` false) or MN-major swizzled tile `desc_b` names. Descriptors
+// are decoded as the hardware does (128-byte swizzle only). Products are exact in f32 and
+// added in f64, rounded once into d.
+void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
+                bool b_mn_major);
+
 }  // namespace ham::cuda::emulator

@@ -209,6 +209,7 @@ class BlockRunner {
   const Fiber* current_or_null() const { return current_; }
   const LaunchSite& site() const { return site_; }
   void* shared() { return shared_.data(); }
+  size_t shared_size() const { return shared_.size(); }
 
   BarrierCount block_barrier(int predicate) {
     Fiber& f = current();
@@ -603,6 +604,7 @@ void BlockRunner::fiber_main(Fiber* f) {
 const ThreadPlace& place() { return runner().current().place; }
 
 void* dynamic_shared_memory() { return runner().shared(); }
+size_t dynamic_shared_size() { return runner().shared_size(); }
 
 BarrierCount block_barrier(int predicate) { return runner().block_barrier(predicate); }
 

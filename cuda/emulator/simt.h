@@ -72,8 +72,9 @@ struct LaunchSite {
 void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                 const std::function<void()>& body);
 
-// The block's dynamic shared memory (extern __shared__).
+// The block's dynamic shared memory (extern __shared__) and its size in bytes.
 void* dynamic_shared_memory();
+size_t dynamic_shared_size();
 
 // __syncthreads and its counting forms: waits for every thread of the block that has not
 // exited; returns how many of them met there and how many passed a non-zero predicate.
