@@ -16,7 +16,8 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV).
+// (cuda/routed_attention.h; not in the CSV). A third times the backward with its dK/dV
+// kernel on warpgroup tensor cores (wgmma, sm_90a) against the default mma.sync kernel.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -159,6 +160,19 @@ double forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   return ms;
 }
 
+// The backward's ms (min, median, max) with its dK/dV kernel set to wgmma (1) or mma.sync
+// (0) (cuda/routed_attention.h).
+bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                               int wgmma, int reps) {
+  const int previous = cuda::set_attention_backward_wgmma(wgmma);
+  const bench::Spread ms = time_ms(reps, [&] {
+    ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                   forward.lse, in.p);
+  });
+  cuda::set_attention_backward_wgmma(previous);
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,6 +221,28 @@ int main(int argc, char** argv) {
       std::printf("%-34s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
                   ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
       std::fflush(stdout);
+    }
+    if (!cuda::attention_backward_wgmma_available()) {
+      std::printf("\nbackward with the wgmma dK/dV kernel: skipped (this build has no sm_90a "
+                  "code, or the GPU is not of compute capability 9.0)\n");
+    } else {
+      std::printf("\nbackward, dK/dV kernel mma.sync vs wgmma (ms at min / median / max; the "
+                  "ratio mma / wgmma\nat each, above 1: wgmma faster)\n");
+      std::printf("%-34s %26s %26s %18s\n", "case", "mma.sync", "wgmma", "ratio");
+      for (const BenchCase& c : bench_cases()) {
+        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+        CaseInputs in(c);
+        in.selection = ops::compact_selection(in.select, in.docs);
+        const ops::RoutedAttentionOutput forward =
+            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+        const bench::Spread mma = backward_ms_with(in, forward, 0, reps);
+        const bench::Spread wgmma = backward_ms_with(in, forward, 1, reps);
+        std::printf("%-34s %7.3f %8.3f %8.3f %7.3f %8.3f %8.3f %5.2f %5.2f %5.2f\n",
+                    c.name().c_str(), mma.min, mma.median, mma.max, wgmma.min, wgmma.median,
+                    wgmma.max, mma.min / wgmma.min, mma.median / wgmma.median,
+                    mma.max / wgmma.max);
+        std::fflush(stdout);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());

@@ -53,6 +53,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace ham::cuda {
 
@@ -842,9 +843,9 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
   return [=](int r) { return first + r < end ? first + r : -1; };
 }
 
-// Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory (row
-// stride LD) from global rows of D elements: row r from token index(r) of `rows`, zeroed
-// directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
+// Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory, element
+// (r, c) at place(r, c), from global rows of D elements: row r from token index(r) of
+// `rows`, zeroed directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
 // idx % kMmaThreads's (the block's threads). Where a row's chunks divide the block (every
 // head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
 // a thread's copies unroll with fixed steps from one column base, and each costs an
@@ -853,12 +854,12 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // executed: 64-bit index arithmetic, and the kernel arguments read again after each copy,
 // whose asm clobbers memory. Element addresses turned to bytes per copy had still taken
 // 16.)
-template <int D, int LD, int kRows, class Index>
-__device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
+template <int D, int kRows, class Place, class Index>
+__device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
   auto issue = [&](int r, int c, const char* column) {
     const int i = index(r);
-    bf16* to = dst + r * LD + c;
+    bf16* to = place(r, c);
     if (i >= 0) {
       async_copy_16(to, rows.at(column, i));
     } else {
@@ -880,20 +881,31 @@ __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
   }
 }
 
+// issue_rows_to for a tile of row stride LD.
+template <int D, int LD, int kRows, class Index>
+__device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
+  issue_rows_to<D, kRows>([=](int r, int c) { return dst + r * LD + c; }, rows, index);
+}
+
 // Once this thread's copies of a tile have landed: its chunks of row r times scale[r],
-// rounded back to bf16 (v' = p v). They are the chunks issue_rows gave it, so they are
-// visible to it without a barrier.
-template <int D, int LD, int kRows>
-__device__ void scale_rows(bf16* tile, const float* scale) {
+// rounded back to bf16 (v' = p v), element (r, c) at place(r, c). They are the chunks
+// issue_rows_to gave it, so they are visible to it without a barrier.
+template <int D, int kRows, class Place>
+__device__ void scale_rows_at(Place place, const float* scale) {
   constexpr int kChunks = D / 8;
 #pragma unroll 4
   for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    Pack<bf16, 8> chunk = *reinterpret_cast<const Pack<bf16, 8>*>(tile + r * LD + c);
+    bf16* at = place(r, c);
+    Pack<bf16, 8> chunk = *reinterpret_cast<const Pack<bf16, 8>*>(at);
 #pragma unroll
     for (int i = 0; i < 8; ++i) chunk.v[i] = store<bf16>(load(chunk.v[i]) * scale[r]);
-    *reinterpret_cast<Pack<bf16, 8>*>(tile + r * LD + c) = chunk;
+    *reinterpret_cast<Pack<bf16, 8>*>(at) = chunk;
   }
+}
+template <int D, int LD, int kRows>
+__device__ void scale_rows(bf16* tile, const float* scale) {
+  scale_rows_at<D, kRows>([=](int r, int c) { return tile + r * LD + c; }, scale);
 }
 
 using mma::exp2_ftz;
@@ -1388,6 +1400,109 @@ struct QueryTiles {
   }
 };
 
+// What both dK/dV kernels do around their products.
+
+// The block's compacted keys [k0, k_end): position (-1 past k_end) and value scale of key
+// j < BK in s_pos[j], s_pscale[j]; first_query becomes the first position (the first query
+// that can see one of them). Collective over the block.
+template <int BK>
+__device__ void load_key_block(const AttentionArgs<bf16>& a, int64_t b, int k0, int k_end,
+                               int* s_pos, float* s_pscale, int& first_query) {
+  if (threadIdx.x == 0) first_query = INT_MAX;
+  __syncthreads();
+  if (int(threadIdx.x) < BK) {
+    const int j = int(threadIdx.x), pos = key_position(a, b, k0 + j, k_end);
+    s_pos[j] = pos;
+    s_pscale[j] = key_scale(a, b, pos);
+    if (pos >= 0) atomicMin(&first_query, pos);
+  }
+  __syncthreads();
+}
+
+// From S^T and dP^T (the warp's 16 keys x NQ / 8 query columns, transposed products) in
+// place: P^T and dS^T / scale = P^T (dP^T - D) (dK = scale sum dS^T Q takes the scale at
+// its store). row_stats holds each query row's {lse log2 e, D}. Hidden pairs get 0 only
+// when some row does not see every key (`covers` false: a branch the whole block takes
+// alike), selected after the products so that nothing a hidden score gives (2^x may
+// overflow) survives. This lane's keys are kj0 and kj0 + 8 (compacted indices); keys past
+// the block's end lie past every row's range (its end is at most the row's key count).
+template <int NQ>
+__device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4], float (&ds)[NQ][4],
+                                                              const float2* row_stats,
+                                                              float scale_log2, bool covers,
+                                                              int kj0, const int* row_begin,
+                                                              const int* row_end) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int nb = 0; nb < NQ; ++nb) {
+    // columns 8 nb + 2 t4 and + 1: {lse, D} of each
+    const float4 stats = *reinterpret_cast<const float4*>(row_stats + nb * 8 + 2 * t4);
+    const float lse_log2[2] = {stats.x, stats.z}, delta[2] = {stats.y, stats.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - lse_log2[e % 2]);
+      ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
+    }
+  }
+  if (!covers) {
+#pragma unroll
+    for (int nb = 0; nb < NQ; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kj = kj0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
+        const bool visible = in_range(kj, row_begin, row_end, r);
+        p[nb][e] = visible ? p[nb][e] : 0.f;
+        ds[nb][e] = visible ? ds[nb][e] : 0.f;
+      }
+    }
+  }
+}
+
+// Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>, for the
+// warp's 16 keys (this lane's: key0 and key0 + 8 of the block). The loads of v come before
+// any store (a load may not move above a store that could alias it, so interleaved, each
+// would wait a round trip).
+template <int DK, int DV>
+__device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a, int64_t b,
+                                                    int64_t g, int k0, int key0,
+                                                    const int* s_pos, const float* s_pscale,
+                                                    const float (&dk)[DK / 8][4],
+                                                    const float (&dv)[DV / 8][4]) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + 8 * i;
+    const int pos = s_pos[key];  // the same for the 4 lanes of a quad
+    float dp_share = 0.f;
+    if (pos >= 0) {
+      const int64_t kv_row = a.kv_index(b, pos, g);
+#pragma unroll
+      for (int nb = 0; nb < DV / 8; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < DK / 8; ++nb) {
+        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
+        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
+      }
+#pragma unroll
+      for (int nb = 0; nb < DV / 8; ++nb) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
+        }
+      }
+    }
+    dp_share = quad_sum(dp_share);
+    if (a.dp_partial && pos >= 0 && t4 == 0) {
+      a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+    }
+  }
+}
+
 // The query tiles are double-buffered: while tile i's products run, tile i + 1's Q and dO
 // copies are in flight (its visibility is known a tile ahead, so unseen tiles are never
 // copied). (Copying each tile once it was known to be seen, then waiting for it, left
@@ -1420,15 +1535,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
 
-  if (threadIdx.x == 0) first_query = INT_MAX;
-  __syncthreads();
-  if (int(threadIdx.x) < BK) {
-    const int j = int(threadIdx.x), pos = key_position(a, b, k0 + j, k_end);
-    s_pos[j] = pos;
-    s_pscale[j] = key_scale(a, b, pos);
-    if (pos >= 0) atomicMin(&first_query, pos);
-  }
-  __syncthreads();
+  load_key_block<BK>(a, b, k0, k_end, s_pos, s_pscale, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
@@ -1469,8 +1576,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     if (!now.sees) continue;  // no row of this tile sees these keys
     const int slot = int(i % 3);
     const bf16 *sQ = slot_q(i), *sO = slot_o(i);
-    const int *row_begin = s_begin[slot], *row_end = s_end[slot];
-    const float2* row_stats = s_stats[slot];
 
     // Transposed: rows are the warp's 16 keys, columns the tile's queries.
     float p[NQ][4], ds[NQ][4];
@@ -1478,11 +1583,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     zero(ds);
     mma::rows_times_rows<DK, LDK, LDK, NQ, true>(sK + warp * 16 * LDK, sQ, p);   // S^T
     mma::rows_times_rows<DV, LDV, LDV, NQ, true>(sV + warp * 16 * LDV, sO, ds);  // dP^T
-    // P^T and dS^T / scale = P^T (dP^T - D) in place (dK = scale sum dS^T Q takes the scale
-    // at its store). Hidden pairs get 0 only on tiles where some row does not see every
-    // key (a branch the whole block takes alike), selected after the products so that
-    // nothing a hidden score gives (2^x may overflow) survives. Keys past k_end lie past
-    // every row's range (its end is at most the row's key count).
+    // probabilities_and_score_grads written out: called here, it made ptxas spill two more
+    // registers in this loop at head dims of 128 x 192 (7 spill instructions a tile, not 3).
+    const int *row_begin = s_begin[slot], *row_end = s_end[slot];
+    const float2* row_stats = s_stats[slot];
 #pragma unroll
     for (int nb = 0; nb < NQ; ++nb) {
       // columns 8 nb + 2 t4 and + 1: {lse, D} of each
@@ -1509,41 +1613,152 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);   // dV' += P^T dO
     mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
   }
-  // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>. The
-  // loads of v come before any store (a load may not move above a store that could alias
-  // it, so interleaved, each would wait a round trip).
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = key0 + 8 * i;
-    const int pos = s_pos[key];  // the same for the 4 lanes of a quad
-    float dp_share = 0.f;
-    if (pos >= 0) {
-      const int64_t kv_row = a.kv_index(b, pos, g);
-#pragma unroll
-      for (int nb = 0; nb < DV / 8; ++nb) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
-        }
-      }
-#pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {
-        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
-        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
-      }
-#pragma unroll
-      for (int nb = 0; nb < DV / 8; ++nb) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
-        }
-      }
+  store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+}
+
+// ---- The dK/dV kernel on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) --------------
+// The same work as backward_dkdv_mma, with the block's 4 warps issuing each product as
+// one warpgroup: S^T = K Q^T and dP^T = V' dO^T take K, V' and Q, dO from shared memory,
+// dV' += P^T dO and dK += dS^T Q take P^T and dS^T from the registers the first two left
+// them in (the accumulator layout is the A layout) and dO, Q from shared memory again.
+// Where every warp of backward_dkdv_mma loads all of a tile's Q and dO into its registers
+// for its 16 keys (the kernel that ncu found bound by shared memory, L1 at 87% on the
+// H200), the warpgroup's products read each once for the block's 64 keys.
+// Tiles are stored with the 128-byte swizzle (wgmma::swizzled_index), unpadded, from a
+// 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. Opt-in
+// (set_attention_backward_wgmma) until timed on a GPU; head dims of 64 and 128.
+template <int DK, int DV>
+constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
+
+template <int DK, int DV>
+struct WgmmaBackwardShape {
+  static constexpr int kKeys = kMmaRows, kQueries = 64;
+  static constexpr size_t key_bytes = size_t(kKeys) * (DK + DV) * 2;
+  static constexpr size_t slot_bytes = size_t(kQueries) * (DK + DV) * 2;
+  // and the round-up of the dynamic shared memory's start to 1024 bytes
+  static constexpr size_t dkdv_bytes = wgmma::kSwizzleAtomBytes + key_bytes + 2 * slot_bytes;
+};
+
+// Element (r, c) of a swizzled tile of R rows, for issue_rows_to and scale_rows_at.
+template <int R>
+struct SwizzledTile {
+  bf16* tile;
+  __device__ bf16* operator()(int r, int c) const { return tile + wgmma::swizzled_index<R>(r, c); }
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
+#if HAM_WGMMA_DEVICE
+  using Shape = WgmmaBackwardShape<DK, DV>;
+  constexpr int BK = Shape::kKeys, BQ = Shape::kQueries, NQ = BQ / 8;
+  static_assert(BQ <= kMmaThreads && BK <= kMmaThreads, "a thread per row of a tile");
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
+  unsigned char* aligned =
+      smem_raw + (kAtom - wgmma::shared_address(smem_raw) % kAtom) % kAtom;  // tiles from here
+  bf16* sK = reinterpret_cast<bf16*>(aligned);  // [BK][DK] swizzled
+  bf16* sV = sK + BK * DK;                      // [BK][DV] swizzled, v' = p v
+  bf16* query_slots = sV + BK * DV;             // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
+  auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
+  auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
+  __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
+  __shared__ float s_pscale[BK];
+  __shared__ __align__(16) float2 s_stats[3][BQ];
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const int64_t b = block.batch, g = block.head;
+  const int k0 = int(block.tile) * BK;
+  const int count = int(a.counts[b]);
+  if (k0 >= count) return;  // past this row's keys (the whole block)
+  const int k_end = min(k0 + BK, count);
+
+  load_key_block<BK>(a, b, k0, k_end, s_pos, s_pscale, first_query);
+  const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+  const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
+  issue_rows_to<DK, BK>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
+  issue_rows_to<DV, BK>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
+  async_copy_commit();
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  auto publish_and_issue = [&](int64_t i) {
+    const int slot = int(i % 3);
+    const QueryTileVisibility vis = queries.template publish<BK>(
+        i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
+    if (vis.sees) {
+      const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, queries.head(), DK);
+      const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, queries.head(), DV);
+      const auto rows = query_rows(queries.first_row(), a.seq_len);
+      issue_rows_to<DK, BQ>(SwizzledTile<BQ>{slot_q(i)}, q_of, rows);
+      issue_rows_to<DV, BQ>(SwizzledTile<BQ>{slot_o(i)}, o_of, rows);
     }
-    dp_share = quad_sum(dp_share);
-    if (a.dp_partial && pos >= 0 && t4 == 0) {
-      a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+    async_copy_commit();
+    return vis;
+  };
+  QueryTileVisibility vis = publish_and_issue(0);
+  async_copy_wait<1>();  // K and V'
+  if (a.p) scale_rows_at<DV, BK>(SwizzledTile<BK>{sV}, s_pscale);
+
+  const uint32_t k_tile = wgmma::shared_address(sK), v_tile = wgmma::shared_address(sV);
+  const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
+  const float scale_log2 = a.scale * kLog2e;
+  float dk[DK / 8][4], dv[DV / 8][4];
+  zero(dk);
+  zero(dv);
+  for (int64_t i = 0; i < queries.count; ++i) {
+    // This thread's copies (and, at i = 0, its zeroed rows and scaled V' chunks) are done;
+    // the fence hands them to the tensor cores' proxy before publish()'s barriers.
+    async_copy_wait<0>();
+    wgmma::fence_proxy_async();
+    const QueryTileVisibility now = vis;
+    vis = publish_and_issue(i + 1);
+    if (!now.sees) continue;  // no row of this tile sees these keys
+    const int slot = int(i % 3);
+    const uint32_t q_tile = wgmma::shared_address(slot_q(i));
+    const uint32_t o_tile = wgmma::shared_address(slot_o(i));
+
+    // Transposed: rows are the block's 64 keys (this warp's 16), columns the tile's queries.
+    float p[NQ][4], ds[NQ][4];
+    wgmma::fence();
+    // S^T = K Q^T and dP^T = V' dO^T, the first step of each overwriting its accumulators
+    wgmma::mma_ss<BQ, false>(p, wgmma::k_major<BK>(k_tile, 0), wgmma::k_major<BQ>(q_tile, 0));
+#pragma unroll
+    for (int kk = 16; kk < DK; kk += 16) {
+      wgmma::mma_ss<BQ, true>(p, wgmma::k_major<BK>(k_tile, kk), wgmma::k_major<BQ>(q_tile, kk));
     }
+    wgmma::mma_ss<BQ, false>(ds, wgmma::k_major<BK>(v_tile, 0), wgmma::k_major<BQ>(o_tile, 0));
+#pragma unroll
+    for (int kk = 16; kk < DV; kk += 16) {
+      wgmma::mma_ss<BQ, true>(ds, wgmma::k_major<BK>(v_tile, kk), wgmma::k_major<BQ>(o_tile, kk));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
+                                  s_begin[slot], s_end[slot]);
+    // P^T and dS^T as bf16 A fragments, 16 queries each, all made before the fence (made
+    // between the products, each would need a fence of its own, which ptxas inserts).
+    uint32_t p_frags[NQ / 2][4], ds_frags[NQ / 2][4];
+#pragma unroll
+    for (int j = 0; j < NQ / 2; ++j) {
+      mma::accumulator_as_a(p, j, p_frags[j]);
+      mma::accumulator_as_a(ds, j, ds_frags[j]);
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < NQ / 2; ++j) {  // dV' += P^T dO
+      wgmma::mma_rs<DV>(dv, p_frags[j], wgmma::mn_major<BQ>(o_tile, 16 * j));
+    }
+#pragma unroll
+    for (int j = 0; j < NQ / 2; ++j) {  // dK += dS^T Q
+      wgmma::mma_rs<DK>(dk, ds_frags[j], wgmma::mn_major<BQ>(q_tile, 16 * j));
+    }
+    wgmma::commit();
+    // Before publish() frees this tile's slots for the copies of tile i + 2 (and before p,
+    // ds and their bf16 copies are written again).
+    wgmma::wait<0>();
   }
+  store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+#else
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
+#endif
 }
 
 // ---- Generic kernels (any head dims, any floating dtype) -----------------------------
@@ -1823,8 +2038,10 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   return true;
 }
 
-// set_attention_forward_rows and _keys (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128}, g_forward_keys{64};
+// set_attention_forward_rows and _keys, set_attention_backward_wgmma
+// (cuda/routed_attention.h).
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_backward_wgmma{0};
+std::atomic<int64_t> g_backward_wgmma_launches{0};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -1929,8 +2146,21 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
-            tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
-                                      kMmaThreads);
+            if constexpr (kWgmmaBackwardFits<DK, DV>) {
+              if (g_backward_wgmma.load()) {
+                HAM_CHECK(attention_backward_wgmma_available(), kOp,
+                          ": the wgmma dK/dV kernel (set_attention_backward_wgmma) needs a build "
+                          "with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU of "
+                          "compute capability 9.0");
+                tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV>, key_grid,
+                                          WgmmaBackwardShape<DK, DV>::dkdv_bytes, a, kMmaThreads);
+                if (tiled_dkdv) g_backward_wgmma_launches.fetch_add(1);
+              }
+            }
+            if (!tiled_dkdv) {
+              tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
+                                        kMmaThreads);
+            }
             tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
                                     block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
                                     Shape::dq_bytes, a, kMmaThreads);
@@ -1968,6 +2198,28 @@ int set_attention_forward_keys(int keys) {
   HAM_CHECK(keys == 32 || keys == 64, "set_attention_forward_keys: ", keys,
             " keys per tile; the 128-row tensor-core forward takes 32 or 64");
   return g_forward_keys.exchange(keys);
+}
+
+int set_attention_backward_wgmma(int enabled) {
+  HAM_CHECK(enabled == 0 || enabled == 1, "set_attention_backward_wgmma: ", enabled,
+            "; the dK/dV kernel setting is 0 (mma.sync) or 1 (wgmma)");
+  return g_backward_wgmma.exchange(enabled);
+}
+
+int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }
+
+bool attention_backward_wgmma_available() {
+#if defined(HAM_CUDA_EMULATOR)
+  return true;
+#elif defined(HAM_CUDA_WGMMA)
+  int device = 0, major = 0, minor = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
 }
 
 namespace {

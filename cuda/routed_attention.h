@@ -2,6 +2,8 @@
 // Tuning of the CUDA routed attention kernels (cuda/routed_attention.cu), for benchmarks
 // that compare variants in one run (bench/bench_routed_attention_cuda.cpp).
 
+#include <cstdint>
+
 namespace ham::cuda {
 
 // Query rows per block of the bf16 tensor-core forward for head dims Dk, Dv in {64, 128}:
@@ -12,5 +14,21 @@ int set_attention_forward_rows(int rows);
 // Keys per tile of the 128-row tensor-core forward with value heads of 128: 64 (the
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
+
+// Which kernel computes the bf16 backward's dK and dV for head dims of 64 and 128: 0 (the
+// default) the warps' mma.sync kernel, 1 the warpgroup wgmma kernel, which needs sm_90a
+// code and a GPU of compute capability 9.0 (attention_backward_wgmma_available; a backward
+// set to it elsewhere is an error). Other head dims always take mma.sync. Returns the
+// previous setting; any other value is an error.
+int set_attention_backward_wgmma(int enabled);
+
+// Whether this build and the current GPU run the wgmma dK/dV kernel: the build has sm_90a
+// code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0; always
+// in the SIMT emulator.
+bool attention_backward_wgmma_available();
+
+// How many times this process has launched the wgmma dK/dV kernel (so that a test can tell
+// that the kernel it sets is the one that ran).
+int64_t attention_backward_wgmma_launches();
 
 }  // namespace ham::cuda

@@ -8,7 +8,7 @@
 #   OUTDIR (default build-gpu/gpu_check) receives test.log, bench_matmul_ham.csv,
 #   bench_matmul_ratio.csv and bench.log.
 # Environment:
-#   HAM_GPU_ARCH     CUDA architecture (default 90, the H100/H200)
+#   HAM_GPU_ARCH     CUDA architecture (default 90a, the H100/H200 with wgmma)
 #   HAM_GPU_TARGETS  what to build (default: test_core test_nn test_cuda bench_matmul_cuda
 #                    bench_routed_attention_cuda bench_gated_delta_rule_cuda
 #                    bench_linear_cross_entropy_cuda bench_memory_bound_cuda
@@ -48,7 +48,7 @@ out=${1:-build-gpu/gpu_check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=${HAM_GPU_BUILD:-build-gpu}
-arch=${HAM_GPU_ARCH:-90}
+arch=${HAM_GPU_ARCH:-90a}
 targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train test_distributed bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda bench_decoding_cuda}
 tests=${HAM_GPU_TESTS:-[Cc]uda|Gpu|GPU}
 
@@ -226,7 +226,8 @@ sanitize() {
   # racecheck runs the attention and small cases apart from the gated delta rule's: under it
   # the K = 256 shape alone took 92 s on the H200, and a 120 s limit over all of them once
   # ended before the attention cases ran.
-  local attention='Cases/RoutedAttentionGpu.GpuMatchesCpu/B2_T300_H4x2_D64x64_rho25_p_DocRuns_FirstEmpty'
+  local attention='RoutedAttentionGpu.Bf16BackwardWithWgmmaDkDvMatchesCpu'
+  attention+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B2_T300_H4x2_D64x64_rho25_p_DocRuns_FirstEmpty'
   attention+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B1_T700_H4x2_D128x192_rho25_p_Packed20_FirstEmpty'
   attention+=':Norm.GpuBackwardRowGroupsMatchCpu'
   attention+=':Shapes/GatedDeltaRuleDecodeGpu.GpuMatchesCpu/3'
@@ -267,7 +268,10 @@ benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
-    # The backward's largest kernels first (the ninth session's profile), the decode last.
+    # The new wgmma dK/dV kernel (its first launch is in the benchmark's third table), then
+    # the backward's largest kernels (the ninth session's profile), the decode last.
+    diagnose bench_routed_attention_cuda backward_dkdv_wgmma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_gated_delta_rule_cuda gdr_bwd_keys_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_state_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_state_mma --reps 1 --filter T4096_H16_D128_bf16

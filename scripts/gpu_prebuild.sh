@@ -7,11 +7,11 @@
 # The build takes its headers from .gpu-deps (as on the GPU machine: no fmt, MPI or ICU
 # libraries to find there) and targets no particular host CPU (no -march=native).
 # Usage: scripts/gpu_prebuild.sh [BUILD_DIR]   (default build-sm90)
-# Environment: HAM_GPU_ARCH (default 90), HAM_GPU_TARGETS (default: gpu_check's list + ham).
+# Environment: HAM_GPU_ARCH (default 90a), HAM_GPU_TARGETS (default: gpu_check's list + ham).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${1:-build-sm90}
-arch=${HAM_GPU_ARCH:-90}
+arch=${HAM_GPU_ARCH:-90a}
 targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train test_distributed bench_matmul_cuda bench_routed_attention_cuda bench_gated_delta_rule_cuda bench_linear_cross_entropy_cuda bench_memory_bound_cuda bench_decoding_cuda ham}
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
 command -v nvcc >/dev/null || { echo "gpu_prebuild: nvcc not found" >&2; exit 1; }

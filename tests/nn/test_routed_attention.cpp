@@ -870,12 +870,11 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
 }
 
 #ifdef HAM_WITH_CUDA
-// The bf16 cases against the CPU with a forward tuning setter (cuda/routed_attention.h)
+// The bf16 cases against the CPU with a tuning setter (cuda/routed_attention.h)
 // set to `value`, restored after; then the setter refuses `bad`, naming itself, the value
 // and the choices.
-void expect_bf16_forward_setting_matches_cpu(int (*set)(int), const char* name, int value,
-                                             int bad, const char* choices,
-                                             std::initializer_list<GpuCase> cases) {
+void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int value, int bad,
+                                     const char* choices, std::initializer_list<GpuCase> cases) {
   struct Restore {
     int (*set)(int);
     int previous;
@@ -894,7 +893,7 @@ void expect_bf16_forward_setting_matches_cpu(int (*set)(int), const char* name, 
 TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_bf16_forward_setting_matches_cpu(
+  expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_rows, "set_attention_forward_rows", 64, 96, "64 or 128",
       {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
        GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
@@ -906,10 +905,52 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
 TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_bf16_forward_setting_matches_cpu(
+  expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_keys, "set_attention_forward_keys", 32, 48, "32 or 64",
       {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
        GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
+#endif
+}
+
+#ifdef HAM_WITH_CUDA
+// The bf16 cases against the CPU with the backward's dK/dV kernel set to wgmma (warpgroup
+// tensor cores, sm_90a), which it takes only when set so, for head dims of 64 and 128;
+// skips where this build or GPU has no such kernel. Each case's backward must launch it.
+void expect_wgmma_backward_matches_cpu(std::initializer_list<GpuCase> cases) {
+  if (!cuda::attention_backward_wgmma_available()) {
+    GTEST_SKIP() << "the wgmma dK/dV kernel needs sm_90a code (90a in "
+                    "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
+  }
+  const int64_t launches = cuda::attention_backward_wgmma_launches();
+  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
+                                          "set_attention_backward_wgmma", 1, 2,
+                                          "0 (mma.sync) or 1", cases);
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches() - launches, int64_t(cases.size()));
+}
+#endif
+
+// Both sizes of each head, value scaling on and off, grouped-query heads, packed and
+// interleaved documents, boundary tiles, a first query that sees nothing, several query
+// tiles per key block.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDkDvMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  expect_wgmma_backward_matches_cpu(
+      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
+       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+       GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+       GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
+       GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}});
+#endif
+}
+
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDkDvMatchesCpuOnALongSequence) {
+  HAM_SKIP_UNLESS_CUDA();
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
+#ifdef HAM_WITH_CUDA
+  expect_wgmma_backward_matches_cpu(
+      {GpuCase{1, 4096, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}});
 #endif
 }
 
