@@ -16,8 +16,8 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV). A third times the backward with its dK/dV
-// kernel on warpgroup tensor cores (wgmma, sm_90a) against the default mma.sync kernel.
+// (cuda/routed_attention.h; not in the CSV). A third times the backward on warpgroup
+// tensor cores (wgmma, sm_90a: its dK/dV and dQ kernels) against the default mma.sync ones.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -160,8 +160,8 @@ double forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   return ms;
 }
 
-// The backward's ms (min, median, max) with its dK/dV kernel set to wgmma (1) or mma.sync
-// (0) (cuda/routed_attention.h).
+// The backward's ms (min, median, max) with its kernels set to wgmma (1) or mma.sync (0)
+// (cuda/routed_attention.h).
 bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
                                int wgmma, int reps) {
   const int previous = cuda::set_attention_backward_wgmma(wgmma);
@@ -223,10 +223,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (!cuda::attention_backward_wgmma_available()) {
-      std::printf("\nbackward with the wgmma dK/dV kernel: skipped (this build has no sm_90a "
+      std::printf("\nbackward on the wgmma kernels: skipped (this build has no sm_90a "
                   "code, or the GPU is not of compute capability 9.0)\n");
     } else {
-      std::printf("\nbackward, dK/dV kernel mma.sync vs wgmma (ms at min / median / max; the "
+      std::printf("\nbackward, kernels mma.sync vs wgmma (ms at min / median / max; the "
                   "ratio mma / wgmma\nat each, above 1: wgmma faster)\n");
       std::printf("%-34s %26s %26s %18s\n", "case", "mma.sync", "wgmma", "ratio");
       for (const BenchCase& c : bench_cases()) {

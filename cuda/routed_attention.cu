@@ -908,6 +908,14 @@ __device__ void scale_rows(bf16* tile, const float* scale) {
   scale_rows_at<D, kRows>([=](int r, int c) { return tile + r * LD + c; }, scale);
 }
 
+// Element (r, c) of a swizzled tile of R rows, for issue_rows_to and scale_rows_at
+// (the tiles of the wgmma kernels: cuda/wgmma.cuh).
+template <int R>
+struct SwizzledTile {
+  bf16* tile;
+  __device__ bf16* operator()(int r, int c) const { return tile + wgmma::swizzled_index<R>(r, c); }
+};
+
 using mma::exp2_ftz;
 using mma::quad_max;
 using mma::quad_sum;
@@ -959,9 +967,11 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
 //   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
-template <int DK, int DV, int BK>
+template <int DK, int DV, int BK, bool kSwizzled = false>
 struct KeyTiles {
-  static constexpr int LDK = DK + 8, LDV = DV + 8;
+  // Row strides; kSwizzled: the tiles are unpadded and swizzled for wgmma (SwizzledTile), and
+  // advance() hands each thread's copies to the tensor cores' proxy before its barrier.
+  static constexpr int LDK = kSwizzled ? DK : DK + 8, LDV = kSwizzled ? DV : DV + 8;
   const AttentionArgs<bf16>& a;
   int64_t b, g;
   int lo, hi;
@@ -980,8 +990,13 @@ struct KeyTiles {
     const int* pos = positions + (t % 2) * BK;
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-    issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
-    issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
+    if constexpr (kSwizzled) {
+      issue_rows_to<DK, BK>(SwizzledTile<BK>{k(t)}, k_of, key_rows(pos));
+      issue_rows_to<DV, BK>(SwizzledTile<BK>{v(t)}, v_of, key_rows(pos));
+    } else {
+      issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
+      issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
+    }
   }
 
   // Tile 0's positions and scales into slot 0, the lookahead registers, a barrier, then
@@ -1017,6 +1032,7 @@ struct KeyTiles {
       after_position = key_position(a, b, lo + (t + 3) * BK + j, hi);
     }
     async_copy_wait<0>();
+    if constexpr (kSwizzled) wgmma::fence_proxy_async();
     __syncthreads();
     if (lo + (t + 1) * BK < hi) {
       issue(t + 1);
@@ -1616,7 +1632,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 }
 
-// ---- The dK/dV kernel on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) --------------
+// ---- The backward on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) -----------------
 // The same work as backward_dkdv_mma, with the block's 4 warps issuing each product as
 // one warpgroup: S^T = K Q^T and dP^T = V' dO^T take K, V' and Q, dO from shared memory,
 // dV' += P^T dO and dK += dS^T Q take P^T and dS^T from the registers the first two left
@@ -1625,8 +1641,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 // for its 16 keys (the kernel that ncu found bound by shared memory, L1 at 87% on the
 // H200), the warpgroup's products read each once for the block's 64 keys.
 // Tiles are stored with the 128-byte swizzle (wgmma::swizzled_index), unpadded, from a
-// 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. Opt-in
-// (set_attention_backward_wgmma) until timed on a GPU; head dims of 64 and 128.
+// 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. With
+// backward_dq_wgmma below, opt-in (set_attention_backward_wgmma) until timed on a GPU; head
+// dims of 64 and 128.
 template <int DK, int DV>
 constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
 
@@ -1635,15 +1652,10 @@ struct WgmmaBackwardShape {
   static constexpr int kKeys = kMmaRows, kQueries = 64;
   static constexpr size_t key_bytes = size_t(kKeys) * (DK + DV) * 2;
   static constexpr size_t slot_bytes = size_t(kQueries) * (DK + DV) * 2;
-  // and the round-up of the dynamic shared memory's start to 1024 bytes
+  // and the round-up of the dynamic shared memory's start to 1024 bytes. dK/dV: K and V',
+  // then two slots of Q and dO; dQ: Q and dO, then two slots of K and V.
   static constexpr size_t dkdv_bytes = wgmma::kSwizzleAtomBytes + key_bytes + 2 * slot_bytes;
-};
-
-// Element (r, c) of a swizzled tile of R rows, for issue_rows_to and scale_rows_at.
-template <int R>
-struct SwizzledTile {
-  bf16* tile;
-  __device__ bf16* operator()(int r, int c) const { return tile + wgmma::swizzled_index<R>(r, c); }
+  static constexpr size_t dq_bytes = wgmma::kSwizzleAtomBytes + slot_bytes + 2 * key_bytes;
 };
 
 template <int DK, int DV>
@@ -1757,7 +1769,117 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs
   }
   store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 #else
-  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
+  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
+#endif
+}
+
+// The dQ kernel on warpgroup tensor cores: backward_dq_mma's work for a block of 64 query
+// rows (this warp's 16), key tiles of 64, every product one wgmma: S = Q K^T and
+// dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
+// from the registers and K, MN-major, from the tile S read. The K and V tiles are
+// double-buffered as in the other kernels (KeyTiles, swizzled).
+template <int DK, int DV>
+__global__ void __launch_bounds__(kMmaThreads) backward_dq_wgmma(AttentionArgs<bf16> a) {
+#if HAM_WGMMA_DEVICE
+  using Shape = WgmmaBackwardShape<DK, DV>;
+  constexpr int BQ = Shape::kQueries, BK = Shape::kKeys, NB = BK / 8;
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
+  unsigned char* aligned =
+      smem_raw + (kAtom - wgmma::shared_address(smem_raw) % kAtom) % kAtom;  // tiles from here
+  bf16* sQ = reinterpret_cast<bf16*>(aligned);  // [BQ][DK] swizzled
+  bf16* sO = sQ + BQ * DK;                      // dO [BQ][DV] swizzled
+  bf16* key_slots = sO + BQ * DV;               // 2 x K [BK][DK], then 2 x V [BK][DV]
+  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
+  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int t4 = lane % 4;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  KeyTiles<DK, DV, BK, true> keys{a, b, g, lo, hi, key_slots, key_slots + 2 * BK * DK,
+                                  s_pos, s_pscale};
+  if (lo < hi) {  // the same in every thread
+    keys.begin();
+    const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
+    const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
+    issue_rows_to<DK, BQ>(SwizzledTile<BQ>{sQ}, q_of, query_rows(q0, a.seq_len));
+    issue_rows_to<DV, BQ>(SwizzledTile<BQ>{sO}, o_of, query_rows(q0, a.seq_len));
+    async_copy_commit();
+  }
+  // This lane's rows: r0[0] and r0[0] + 8 of the block.
+  const int r0[1] = {warp * 16 + lane / 4};
+  float lse_log2[2], delta[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0[0] + 8 * i;
+    lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
+    delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+  }
+  const uint32_t q_tile = wgmma::shared_address(sQ), o_tile = wgmma::shared_address(sO);
+  const float scale_log2 = a.scale * kLog2e;
+  float dq[DK / 8][4];
+  zero(dq);
+  for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
+    keys.advance(t);  // tile t (and Q, dO) have landed, fenced for the tensor cores
+    const uint32_t k_tile = wgmma::shared_address(keys.k(t));
+    const uint32_t v_tile = wgmma::shared_address(keys.v(t));
+
+    float s[1][NB][4], ds[1][NB][4];  // one row tile (hide_outside_ranges' shape)
+    wgmma::fence();
+    // S = Q K^T and dO V^T, the first step of each overwriting its accumulators
+    wgmma::mma_ss<BK, false>(s[0], wgmma::k_major<BQ>(q_tile, 0), wgmma::k_major<BK>(k_tile, 0));
+#pragma unroll
+    for (int kk = 16; kk < DK; kk += 16) {
+      wgmma::mma_ss<BK, true>(s[0], wgmma::k_major<BQ>(q_tile, kk), wgmma::k_major<BK>(k_tile, kk));
+    }
+    wgmma::mma_ss<BK, false>(ds[0], wgmma::k_major<BQ>(o_tile, 0), wgmma::k_major<BK>(v_tile, 0));
+#pragma unroll
+    for (int kk = 16; kk < DV; kk += 16) {
+      wgmma::mma_ss<BK, true>(ds[0], wgmma::k_major<BQ>(o_tile, kk), wgmma::k_major<BK>(v_tile, kk));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    if (a.p) scale_key_columns(keys.tile_scales(t), ds[0]);  // dP = dO V'^T
+    // dS / scale = P (dP - D); hidden pairs 0 on boundary tiles only, as in backward_dq_mma.
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = exp2_ftz(s[0][nb][e] * scale_log2 - lse_log2[e / 2]);
+        ds[0][nb][e] = prob * (ds[0][nb][e] - delta[e / 2]);
+      }
+    }
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+      hide_outside_ranges(ds, r0, k0, s_begin, s_end, 0.f);
+    }
+    uint32_t ds_frags[NB / 2][4];  // dS as bf16 A fragments of 16 keys, made before the fence
+#pragma unroll
+    for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(ds[0], j, ds_frags[j]);
+    wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < NB / 2; ++j) {  // dQ += dS K
+      wgmma::mma_rs<DK>(dq, ds_frags[j], wgmma::mn_major<BK>(k_tile, 16 * j));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();  // before advance() refills this tile's slot
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0[0] + 8 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+#pragma unroll
+    for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
+      *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
+          mma::pack_bf16(a.scale * dq[nb][2 * i], a.scale * dq[nb][2 * i + 1]);
+    }
+  }
+#else
+  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
 #endif
 }
 
@@ -2149,21 +2271,26 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
             if constexpr (kWgmmaBackwardFits<DK, DV>) {
               if (g_backward_wgmma.load()) {
                 HAM_CHECK(attention_backward_wgmma_available(), kOp,
-                          ": the wgmma dK/dV kernel (set_attention_backward_wgmma) needs a build "
-                          "with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU of "
-                          "compute capability 9.0");
+                          ": the wgmma backward kernels (set_attention_backward_wgmma) need a "
+                          "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
+                          "of compute capability 9.0");
+                using Wgmma = WgmmaBackwardShape<DK, DV>;
                 tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV>, key_grid,
-                                          WgmmaBackwardShape<DK, DV>::dkdv_bytes, a, kMmaThreads);
-                if (tiled_dkdv) g_backward_wgmma_launches.fetch_add(1);
+                                          Wgmma::dkdv_bytes, a, kMmaThreads);
+                tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV>, query_grid, Wgmma::dq_bytes,
+                                        a, kMmaThreads);
+                if (tiled_dkdv && tiled_dq) g_backward_wgmma_launches.fetch_add(1);
               }
             }
             if (!tiled_dkdv) {
               tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
                                         kMmaThreads);
             }
-            tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
-                                    block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
-                                    Shape::dq_bytes, a, kMmaThreads);
+            if (!tiled_dq) {
+              tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
+                                      block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
+                                      Shape::dq_bytes, a, kMmaThreads);
+            }
           }
         }
         if (!tiled_dkdv) {
@@ -2202,7 +2329,7 @@ int set_attention_forward_keys(int keys) {
 
 int set_attention_backward_wgmma(int enabled) {
   HAM_CHECK(enabled == 0 || enabled == 1, "set_attention_backward_wgmma: ", enabled,
-            "; the dK/dV kernel setting is 0 (mma.sync) or 1 (wgmma)");
+            "; the backward's kernels are 0 (mma.sync) or 1 (wgmma)");
   return g_backward_wgmma.exchange(enabled);
 }
 

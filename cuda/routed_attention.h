@@ -15,20 +15,20 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Which kernel computes the bf16 backward's dK and dV for head dims of 64 and 128: 0 (the
-// default) the warps' mma.sync kernel, 1 the warpgroup wgmma kernel, which needs sm_90a
+// Which kernels compute the bf16 backward for head dims of 64 and 128: 0 (the default) the
+// warps' mma.sync kernels, 1 the warpgroup wgmma kernels (dK/dV and dQ), which need sm_90a
 // code and a GPU of compute capability 9.0 (attention_backward_wgmma_available; a backward
-// set to it elsewhere is an error). Other head dims always take mma.sync. Returns the
+// set to them elsewhere is an error). Other head dims always take mma.sync. Returns the
 // previous setting; any other value is an error.
 int set_attention_backward_wgmma(int enabled);
 
-// Whether this build and the current GPU run the wgmma dK/dV kernel: the build has sm_90a
+// Whether this build and the current GPU run the wgmma backward kernels: the build has sm_90a
 // code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0; always
 // in the SIMT emulator.
 bool attention_backward_wgmma_available();
 
-// How many times this process has launched the wgmma dK/dV kernel (so that a test can tell
-// that the kernel it sets is the one that ran).
+// How many backward calls of this process have run on the wgmma kernels (so that a test can
+// tell that the kernels it sets are the ones that ran).
 int64_t attention_backward_wgmma_launches();
 
 }  // namespace ham::cuda

@@ -53,10 +53,12 @@
 
 namespace ham::cuda::wgmma {
 
-// Element index of (row r, column c) in a swizzled tile of R rows (see above).
+// Element index of (row r, column c) in a swizzled tile of R rows (see above): panel
+// c / 64, row r, chunk (c % 64) / 8 ^ r % 8, element c % 8; in bit operations, so that the
+// compiler sees a copy loop's rows r0 + 8 k keep r0's chunk order.
 template <int R>
 __host__ __device__ constexpr int swizzled_index(int r, int c) {
-  return (c / 64) * R * 64 + r * 64 + (((c % 64) / 8) ^ (r % 8)) * 8 + c % 8;
+  return (c >> 6) * R * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
 
 inline constexpr uint32_t kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
@@ -67,19 +69,24 @@ __host__ __device__ constexpr uint64_t descriptor(uint32_t address, uint32_t lea
          uint64_t((stride_bytes >> 4) & 0x3fff) << 32 | uint64_t(1) << 62;
 }
 
+// The descriptors below are a tile's descriptor plus the step's offset in the start field,
+// (offset >> 4) added to the whole word: shared addresses are below 2^18, so the field does
+// not carry, and a loop's descriptors cost one 64-bit add each instead of the masks and
+// shifts of descriptor() (a quarter of the dQ kernel's tile loop, in uniform registers).
+
 // Descriptor of columns [c0, c0 + 16) of every row of a swizzled tile (R rows) at shared
 // address `tile`, the tile's rows being M or N.
 template <int R>
 __host__ __device__ constexpr uint64_t k_major(uint32_t tile, int c0) {
-  return descriptor(tile + uint32_t((c0 / 64) * R * 128 + (c0 % 64) * 2), 16,
-                    kSwizzleAtomBytes);
+  return descriptor(tile, 16, kSwizzleAtomBytes) +
+         uint64_t(((c0 / 64) * R * 128 + (c0 % 64) * 2) >> 4);
 }
 
 // Descriptor of rows [r0, r0 + 16) of a swizzled tile (R rows) at shared address `tile`,
 // its columns being N.
 template <int R>
 __host__ __device__ constexpr uint64_t mn_major(uint32_t tile, int r0) {
-  return descriptor(tile + uint32_t(r0 * 128), uint32_t(R * 128), kSwizzleAtomBytes);
+  return descriptor(tile, uint32_t(R * 128), kSwizzleAtomBytes) + uint64_t((r0 * 128) >> 4);
 }
 
 #ifdef HAM_CUDA_EMULATOR
@@ -191,6 +198,22 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)
 #undef HAM_WGMMA_D64
 #undef HAM_WGMMA_REGS32
 #undef HAM_WGMMA_REGS64
+
+#else
+
+// Where wgmma does not exist (host code, device code for other targets): declarations only,
+// so that templates naming these compile; a kernel that would call them is compiled to a
+// trap there (#if HAM_WGMMA_DEVICE) and never launched.
+__device__ uint32_t shared_address(const void* p);
+__device__ void fence();
+__device__ void commit();
+template <int kPending>
+__device__ void wait();
+__device__ void fence_proxy_async();
+template <int N, bool kAccumulate>
+__device__ void mma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b);
+template <int N>
+__device__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
 
 #endif
 

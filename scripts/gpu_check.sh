@@ -226,7 +226,7 @@ sanitize() {
   # racecheck runs the attention and small cases apart from the gated delta rule's: under it
   # the K = 256 shape alone took 92 s on the H200, and a 120 s limit over all of them once
   # ended before the attention cases ran.
-  local attention='RoutedAttentionGpu.Bf16BackwardWithWgmmaDkDvMatchesCpu'
+  local attention='RoutedAttentionGpu.Bf16BackwardWithWgmmaMatchesCpu'
   attention+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B2_T300_H4x2_D64x64_rho25_p_DocRuns_FirstEmpty'
   attention+=':Cases/RoutedAttentionGpu.GpuMatchesCpu/B1_T700_H4x2_D128x192_rho25_p_Packed20_FirstEmpty'
   attention+=':Norm.GpuBackwardRowGroupsMatchCpu'
@@ -268,9 +268,11 @@ benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
-    # The new wgmma dK/dV kernel (its first launch is in the benchmark's third table), then
+    # The new wgmma backward kernels (first launched in the benchmark's third table), then
     # the backward's largest kernels (the ninth session's profile), the decode last.
     diagnose bench_routed_attention_cuda backward_dkdv_wgmma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
+    diagnose bench_routed_attention_cuda backward_dq_wgmma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_gated_delta_rule_cuda gdr_bwd_keys_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_state_mma --reps 1 --filter T4096_H16_D128_bf16

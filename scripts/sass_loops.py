@@ -79,7 +79,7 @@ def compile_with_lines(source, build):
         else:
             kept.append(word)
     cubin = os.path.join(tempfile.mkdtemp(prefix="sass_loops_"), "lines.cubin")
-    arch = re.search(r"sm_(\d+)", entry["command"])
+    arch = re.search(r"sm_(\d+a?)", entry["command"])  # 90a: wgmma kernels
     kept += ["-cubin", "-lineinfo", f"-arch=sm_{arch.group(1) if arch else '90'}", "-o", cubin]
     subprocess.run(kept, check=True, cwd=entry["directory"], stderr=subprocess.DEVNULL)
     return cubin

@@ -913,12 +913,13 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 }
 
 #ifdef HAM_WITH_CUDA
-// The bf16 cases against the CPU with the backward's dK/dV kernel set to wgmma (warpgroup
-// tensor cores, sm_90a), which it takes only when set so, for head dims of 64 and 128;
-// skips where this build or GPU has no such kernel. Each case's backward must launch it.
+// The bf16 cases against the CPU with the backward's kernels set to wgmma (warpgroup tensor
+// cores, sm_90a: dK/dV and dQ), which it takes only when set so, for head dims of 64 and
+// 128; skips where this build or GPU has no such kernels. Each case's backward must run
+// on them.
 void expect_wgmma_backward_matches_cpu(std::initializer_list<GpuCase> cases) {
   if (!cuda::attention_backward_wgmma_available()) {
-    GTEST_SKIP() << "the wgmma dK/dV kernel needs sm_90a code (90a in "
+    GTEST_SKIP() << "the wgmma backward kernels need sm_90a code (90a in "
                     "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
   }
   const int64_t launches = cuda::attention_backward_wgmma_launches();
@@ -932,7 +933,7 @@ void expect_wgmma_backward_matches_cpu(std::initializer_list<GpuCase> cases) {
 // Both sizes of each head, value scaling on and off, grouped-query heads, packed and
 // interleaved documents, boundary tiles, a first query that sees nothing, several query
 // tiles per key block.
-TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDkDvMatchesCpu) {
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   expect_wgmma_backward_matches_cpu(
@@ -945,7 +946,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDkDvMatchesCpu) {
 #endif
 }
 
-TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDkDvMatchesCpuOnALongSequence) {
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
   HAM_SKIP_UNLESS_CUDA();
   HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
 #ifdef HAM_WITH_CUDA
