@@ -10,7 +10,6 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
-#include "cuda/wgmma.cuh"
 #include "tests/error_testing.h"
 
 namespace ham::cuda {
@@ -356,106 +355,6 @@ TEST(SimtEmulator, MmaAndLdmatrixFollowThePtxFragmentLayouts) {
   for (int i = 0; i < 128; ++i) {
     EXPECT_EQ(got[size_t(i)], float(want[size_t(i)])) << "D[" << i / 8 << "][" << i % 8 << "]";
     EXPECT_EQ(got[size_t(128 + i)], float(want[size_t(i)] + 0.5)) << "transposed B, " << i;
-  }
-}
-
-// wgmma (cuda/wgmma.cuh) on three 64 x 128 bf16 tiles stored with the 128-byte swizzle:
-// D1 (64 x 64) = A B^T, both by K-major descriptor, the first step overwriting D1; D2
-// (64 x 128) += A[:, 0:64] C, A's fragments built in registers, C by MN-major descriptor.
-// Both written out row-major. `misplace` shifts B's descriptor by one swizzle row.
-__global__ void wgmma_tiles(const uint16_t* a, const uint16_t* b, const uint16_t* c, float* d1,
-                            float* d2, int misplace) {
-  HAM_DYNAMIC_SHARED(unsigned char, raw);
-  const uint32_t atom = wgmma::kSwizzleAtomBytes;
-  const uint32_t pad = (atom - wgmma::shared_address(raw) % atom) % atom;
-  uint16_t* A = reinterpret_cast<uint16_t*>(raw + pad);
-  uint16_t *B = A + 64 * 128, *C = B + 64 * 128;
-  for (int i = int(threadIdx.x); i < 64 * 128; i += 128) {
-    const int r = i / 128, col = i % 128;
-    A[wgmma::swizzled_index<64>(r, col)] = a[i];
-    B[wgmma::swizzled_index<64>(r, col)] = b[i];
-    C[wgmma::swizzled_index<64>(r, col)] = c[i];
-  }
-  wgmma::fence_proxy_async();
-  __syncthreads();
-  const uint32_t tile_a = wgmma::shared_address(A), tile_b = wgmma::shared_address(B);
-  const uint32_t tile_c = wgmma::shared_address(C);
-  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
-  float acc1[8][4], acc2[16][4];
-  for (auto& block : acc2) block[0] = block[1] = block[2] = block[3] = 0.5f;
-  wgmma::fence();
-  wgmma::mma_ss<64, false>(acc1, wgmma::k_major<64>(tile_a, 0),
-                           wgmma::k_major<64>(tile_b + uint32_t(misplace) * 128, 0));
-  for (int kk = 16; kk < 128; kk += 16) {
-    wgmma::mma_ss<64, true>(acc1, wgmma::k_major<64>(tile_a, kk), wgmma::k_major<64>(tile_b, kk));
-  }
-  for (int j = 0; j < 4; ++j) {  // A's 16 columns from 16 j, as mma.m16n8k16's A fragment
-    const int row = 16 * warp + g, col = 16 * j + 2 * t;
-    auto pair = [&](int r, int k) {
-      return uint32_t(a[r * 128 + k]) | uint32_t(a[r * 128 + k + 1]) << 16;
-    };
-    const uint32_t frag[4] = {pair(row, col), pair(row + 8, col), pair(row, col + 8),
-                              pair(row + 8, col + 8)};
-    wgmma::mma_rs<128>(acc2, frag, wgmma::mn_major<64>(tile_c, 16 * j));
-  }
-  wgmma::commit();
-  wgmma::wait<0>();
-  for (int e = 0; e < 4; ++e) {
-    const int row = 16 * warp + g + 8 * (e / 2), col = 2 * t + e % 2;
-    for (int j = 0; j < 8; ++j) d1[row * 64 + 8 * j + col] = acc1[j][e];
-    for (int j = 0; j < 16; ++j) d2[row * 128 + 8 * j + col] = acc2[j][e];
-  }
-}
-
-TEST(SimtEmulator, WgmmaReadsSwizzledTilesThroughDescriptors) {
-  const size_t n = 64 * 128;
-  std::vector<uint16_t> a(n), b(n), c(n);
-  for (size_t i = 0; i < n; ++i) {
-    a[i] = float_to_bf16(float(int(i * 7 % 13) - 6)).bits;
-    b[i] = float_to_bf16(float(int(i * 5 % 11) - 5) * 0.5f).bits;
-    c[i] = float_to_bf16(float(int(i * 3 % 7) - 3)).bits;
-  }
-  auto at = [](const std::vector<uint16_t>& x, int r, int k) {
-    return double(bf16_to_float({x[size_t(r * 128 + k)]}));
-  };
-  uint16_t *a_dev = nullptr, *b_dev = nullptr, *c_dev = nullptr;
-  float *d1_dev = nullptr, *d2_dev = nullptr;
-  for (uint16_t** p : {&a_dev, &b_dev, &c_dev}) {
-    HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), n * 2));
-  }
-  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d1_dev), 64 * 64 * sizeof(float)));
-  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d2_dev), n * sizeof(float)));
-  HAM_CUDA_CHECK(cudaMemcpy(a_dev, a.data(), n * 2, cudaMemcpyHostToDevice));
-  HAM_CUDA_CHECK(cudaMemcpy(b_dev, b.data(), n * 2, cudaMemcpyHostToDevice));
-  HAM_CUDA_CHECK(cudaMemcpy(c_dev, c.data(), n * 2, cudaMemcpyHostToDevice));
-  const size_t shared = wgmma::kSwizzleAtomBytes + 3 * n * 2;
-  HAM_LAUNCH(1, 128, shared, nullptr, wgmma_tiles)(a_dev, b_dev, c_dev, d1_dev, d2_dev, 0);
-  HAM_CUDA_CHECK_LAUNCH();
-  std::vector<float> d1(64 * 64), d2(n);
-  HAM_CUDA_CHECK(cudaMemcpy(d1.data(), d1_dev, d1.size() * 4, cudaMemcpyDeviceToHost));
-  HAM_CUDA_CHECK(cudaMemcpy(d2.data(), d2_dev, d2.size() * 4, cudaMemcpyDeviceToHost));
-  for (int m = 0; m < 64; ++m) {
-    for (int j = 0; j < 64; ++j) {
-      double want = 0;
-      for (int k = 0; k < 128; ++k) want += at(a, m, k) * at(b, j, k);
-      ASSERT_EQ(d1[size_t(m * 64 + j)], float(want)) << "D1[" << m << "][" << j << "]";
-    }
-    for (int j = 0; j < 128; ++j) {
-      double want = 0.5;
-      for (int k = 0; k < 64; ++k) want += at(a, m, k) * at(c, k, j);
-      ASSERT_EQ(d2[size_t(m * 128 + j)], float(want)) << "D2[" << m << "][" << j << "]";
-    }
-  }
-  // A tile that does not start a swizzle atom is refused, not read in another order.
-  testing::expect_error(
-      [&] {
-        HAM_LAUNCH(1, 128, shared, nullptr, wgmma_tiles)(a_dev, b_dev, c_dev, d1_dev, d2_dev, 1);
-      },
-      {"wgmma_tiles", "wgmma", "B starts at shared address", "1024-byte swizzle atom"});
-  for (void* p : {static_cast<void*>(a_dev), static_cast<void*>(b_dev),
-                  static_cast<void*>(c_dev), static_cast<void*>(d1_dev),
-                  static_cast<void*>(d2_dev)}) {
-    cudaFree(p);
   }
 }
 
