@@ -160,8 +160,8 @@ double forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   return ms;
 }
 
-// The backward's ms (min, median, max) with its kernels set to wgmma (1) or mma.sync (0)
-// (cuda/routed_attention.h).
+// The backward's ms (min, median, max) with its kernels set to mma.sync (0) or wgmma with
+// 1 or 2 warpgroups a block (cuda/routed_attention.h).
 bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
                                int wgmma, int reps) {
   const int previous = cuda::set_attention_backward_wgmma(wgmma);
@@ -226,9 +226,11 @@ int main(int argc, char** argv) {
       std::printf("\nbackward on the wgmma kernels: skipped (this build has no sm_90a "
                   "code, or the GPU is not of compute capability 9.0)\n");
     } else {
-      std::printf("\nbackward, kernels mma.sync vs wgmma (ms at min / median / max; the "
-                  "ratio mma / wgmma\nat each, above 1: wgmma faster)\n");
-      std::printf("%-34s %26s %26s %18s\n", "case", "mma.sync", "wgmma", "ratio");
+      std::printf("\nbackward, kernels mma.sync vs wgmma with 1 and 2 warpgroups a block (ms "
+                  "at min / median / max;\nthe ratios mma / wgmma at each, above 1: wgmma "
+                  "faster)\n");
+      std::printf("%-34s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1",
+                  "wgmma x2", "ratio x1", "ratio x2");
       for (const BenchCase& c : bench_cases()) {
         if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
         CaseInputs in(c);
@@ -236,11 +238,17 @@ int main(int argc, char** argv) {
         const ops::RoutedAttentionOutput forward =
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
         const bench::Spread mma = backward_ms_with(in, forward, 0, reps);
-        const bench::Spread wgmma = backward_ms_with(in, forward, 1, reps);
-        std::printf("%-34s %7.3f %8.3f %8.3f %7.3f %8.3f %8.3f %5.2f %5.2f %5.2f\n",
-                    c.name().c_str(), mma.min, mma.median, mma.max, wgmma.min, wgmma.median,
-                    wgmma.max, mma.min / wgmma.min, mma.median / wgmma.median,
-                    mma.max / wgmma.max);
+        const bench::Spread one = backward_ms_with(in, forward, 1, reps);
+        const bench::Spread two = backward_ms_with(in, forward, 2, reps);
+        std::printf("%-34s", c.name().c_str());
+        for (const bench::Spread& t : {mma, one, two}) {
+          std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
+        }
+        for (const bench::Spread& t : {one, two}) {
+          std::printf(" %5.2f %5.2f %5.2f", mma.min / t.min, mma.median / t.median,
+                      mma.max / t.max);
+        }
+        std::printf("\n");
         std::fflush(stdout);
       }
     }

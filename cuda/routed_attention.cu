@@ -846,7 +846,7 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory, element
 // (r, c) at place(r, c), from global rows of D elements: row r from token index(r) of
 // `rows`, zeroed directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
-// idx % kMmaThreads's (the block's threads). Where a row's chunks divide the block (every
+// idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
 // head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
 // a thread's copies unroll with fixed steps from one column base, and each costs an
 // index, a multiply-add and the copy. (A general loop over row pointers had taken 35-45
@@ -854,7 +854,7 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // executed: 64-bit index arithmetic, and the kernel arguments read again after each copy,
 // whose asm clobbers memory. Element addresses turned to bytes per copy had still taken
 // 16.)
-template <int D, int kRows, class Place, class Index>
+template <int D, int kRows, int kThreads = kMmaThreads, class Place, class Index>
 __device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
   auto issue = [&](int r, int c, const char* column) {
@@ -866,15 +866,15 @@ __device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
       *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
     }
   };
-  if constexpr (kMmaThreads % kChunks == 0 && kRows % (kMmaThreads / kChunks) == 0) {
-    constexpr int kStep = kMmaThreads / kChunks, kCopies = kRows / kStep;
+  if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
+    constexpr int kStep = kThreads / kChunks, kCopies = kRows / kStep;
     const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
     const char* column = rows.column(c);
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c, column);
   } else {
 #pragma unroll 4
-    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
+    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
       const int c = (idx % kChunks) * 8;
       issue(idx / kChunks, c, rows.column(c));
     }
@@ -890,11 +890,11 @@ __device__ void issue_rows(bf16* dst, const HeadRows& rows, Index index) {
 // Once this thread's copies of a tile have landed: its chunks of row r times scale[r],
 // rounded back to bf16 (v' = p v), element (r, c) at place(r, c). They are the chunks
 // issue_rows_to gave it, so they are visible to it without a barrier.
-template <int D, int kRows, class Place>
+template <int D, int kRows, int kThreads = kMmaThreads, class Place>
 __device__ void scale_rows_at(Place place, const float* scale) {
   constexpr int kChunks = D / 8;
 #pragma unroll 4
-  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kMmaThreads) {
+  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     bf16* at = place(r, c);
     Pack<bf16, 8> chunk = *reinterpret_cast<const Pack<bf16, 8>*>(at);
@@ -967,7 +967,7 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // iteration before it is needed. Usage:
 //   begin();  [issue other copies];  async_copy_commit();
 //   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
-template <int DK, int DV, int BK, bool kSwizzled = false>
+template <int DK, int DV, int BK, bool kSwizzled = false, int kThreads = kMmaThreads>
 struct KeyTiles {
   // Row strides; kSwizzled: the tiles are unpadded and swizzled for wgmma (SwizzledTile), and
   // advance() hands each thread's copies to the tensor cores' proxy before its barrier.
@@ -991,8 +991,8 @@ struct KeyTiles {
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
     if constexpr (kSwizzled) {
-      issue_rows_to<DK, BK>(SwizzledTile<BK>{k(t)}, k_of, key_rows(pos));
-      issue_rows_to<DV, BK>(SwizzledTile<BK>{v(t)}, v_of, key_rows(pos));
+      issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{k(t)}, k_of, key_rows(pos));
+      issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{v(t)}, v_of, key_rows(pos));
     } else {
       issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
       issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
@@ -1647,23 +1647,26 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 template <int DK, int DV>
 constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
 
-template <int DK, int DV>
+// A block of kGroups warpgroups owns 64 kGroups rows (dK/dV: keys; dQ: queries), each
+// warpgroup 64 of them, and visits tiles of 64 of the other side (queries; keys), which its
+// warpgroups share: with two, each visited tile is copied from L2 once per 128 rows
+// instead of 64 (as the 128-row mma.sync forward and dQ kernels do), in blocks of 8 warps
+// that hold an SM alone (255 registers each).
+template <int DK, int DV, int kGroups>
 struct WgmmaBackwardShape {
-  static constexpr int kKeys = kMmaRows, kQueries = 64;
-  static constexpr size_t key_bytes = size_t(kKeys) * (DK + DV) * 2;
-  static constexpr size_t slot_bytes = size_t(kQueries) * (DK + DV) * 2;
-  // and the round-up of the dynamic shared memory's start to 1024 bytes. dK/dV: K and V',
-  // then two slots of Q and dO; dQ: Q and dO, then two slots of K and V.
-  static constexpr size_t dkdv_bytes = wgmma::kSwizzleAtomBytes + key_bytes + 2 * slot_bytes;
-  static constexpr size_t dq_bytes = wgmma::kSwizzleAtomBytes + slot_bytes + 2 * key_bytes;
+  static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
+  // Own rows, then two slots of visited tiles (dK/dV: K and V', then Q and dO; dQ: Q and
+  // dO, then K and V), after the round-up of the dynamic shared memory to 1024 bytes.
+  static constexpr size_t bytes =
+      wgmma::kSwizzleAtomBytes + size_t(kRows + 2 * kTile) * (DK + DV) * 2;
 };
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
+template <int DK, int DV, int kGroups>
+__global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
-  using Shape = WgmmaBackwardShape<DK, DV>;
-  constexpr int BK = Shape::kKeys, BQ = Shape::kQueries, NQ = BQ / 8;
-  static_assert(BQ <= kMmaThreads && BK <= kMmaThreads, "a thread per row of a tile");
+  using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
+  constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
+  static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
   unsigned char* aligned =
@@ -1687,8 +1690,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs
   load_key_block<BK>(a, b, k0, k_end, s_pos, s_pscale, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-  issue_rows_to<DK, BK>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
-  issue_rows_to<DV, BK>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
+  issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
+  issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
   auto publish_and_issue = [&](int64_t i) {
@@ -1699,17 +1702,22 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs
       const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, queries.head(), DK);
       const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, queries.head(), DV);
       const auto rows = query_rows(queries.first_row(), a.seq_len);
-      issue_rows_to<DK, BQ>(SwizzledTile<BQ>{slot_q(i)}, q_of, rows);
-      issue_rows_to<DV, BQ>(SwizzledTile<BQ>{slot_o(i)}, o_of, rows);
+      issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{slot_q(i)}, q_of, rows);
+      issue_rows_to<DV, BQ, kThreads>(SwizzledTile<BQ>{slot_o(i)}, o_of, rows);
     }
     async_copy_commit();
     return vis;
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
-  if (a.p) scale_rows_at<DV, BK>(SwizzledTile<BK>{sV}, s_pscale);
+  if (a.p) scale_rows_at<DV, BK, kThreads>(SwizzledTile<BK>{sV}, s_pscale);
 
-  const uint32_t k_tile = wgmma::shared_address(sK), v_tile = wgmma::shared_address(sV);
+  // This warpgroup's 64 keys: rows 64 (warp / 4) .. of the K and V' tiles (8 swizzle atoms
+  // of 1024 bytes on; 0 written as such for one warpgroup, so that the descriptors stay in
+  // uniform registers).
+  const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
+  const uint32_t k_tile = wgmma::shared_address(sK) + group_rows;
+  const uint32_t v_tile = wgmma::shared_address(sV) + group_rows;
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
   const float scale_log2 = a.scale * kLog2e;
   float dk[DK / 8][4], dv[DV / 8][4];
@@ -1778,11 +1786,12 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_wgmma(AttentionArgs
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
 // from the registers and K, MN-major, from the tile S read. The K and V tiles are
 // double-buffered as in the other kernels (KeyTiles, swizzled).
-template <int DK, int DV>
-__global__ void __launch_bounds__(kMmaThreads) backward_dq_wgmma(AttentionArgs<bf16> a) {
+template <int DK, int DV, int kGroups>
+__global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
-  using Shape = WgmmaBackwardShape<DK, DV>;
-  constexpr int BQ = Shape::kQueries, BK = Shape::kKeys, NB = BK / 8;
+  using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
+  constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, kThreads = Shape::kThreads;
+  static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
   unsigned char* aligned =
@@ -1800,14 +1809,14 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_wgmma(AttentionArgs<b
 
   load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
-  KeyTiles<DK, DV, BK, true> keys{a, b, g, lo, hi, key_slots, key_slots + 2 * BK * DK,
-                                  s_pos, s_pscale};
+  KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
+                                            key_slots + 2 * BK * DK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
     keys.begin();
     const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
     const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
-    issue_rows_to<DK, BQ>(SwizzledTile<BQ>{sQ}, q_of, query_rows(q0, a.seq_len));
-    issue_rows_to<DV, BQ>(SwizzledTile<BQ>{sO}, o_of, query_rows(q0, a.seq_len));
+    issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{sQ}, q_of, query_rows(q0, a.seq_len));
+    issue_rows_to<DV, BQ, kThreads>(SwizzledTile<BQ>{sO}, o_of, query_rows(q0, a.seq_len));
     async_copy_commit();
   }
   // This lane's rows: r0[0] and r0[0] + 8 of the block.
@@ -1819,7 +1828,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_wgmma(AttentionArgs<b
     lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
     delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
   }
-  const uint32_t q_tile = wgmma::shared_address(sQ), o_tile = wgmma::shared_address(sO);
+  // This warpgroup's 64 rows: rows 64 (warp / 4) .. of the Q and dO tiles.
+  const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
+  const uint32_t q_tile = wgmma::shared_address(sQ) + group_rows;
+  const uint32_t o_tile = wgmma::shared_address(sO) + group_rows;
   const float scale_log2 = a.scale * kLog2e;
   float dq[DK / 8][4];
   zero(dq);
@@ -2274,11 +2286,20 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                           ": the wgmma backward kernels (set_attention_backward_wgmma) need a "
                           "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
                           "of compute capability 9.0");
-                using Wgmma = WgmmaBackwardShape<DK, DV>;
-                tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV>, key_grid,
-                                          Wgmma::dkdv_bytes, a, kMmaThreads);
-                tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV>, query_grid, Wgmma::dq_bytes,
-                                        a, kMmaThreads);
+                auto launch_wgmma = [&]<int kGroups>() {
+                  using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
+                  tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups>,
+                                            block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch),
+                                            Wgmma::bytes, a, Wgmma::kThreads);
+                  tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV, kGroups>,
+                                          block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
+                                          Wgmma::bytes, a, Wgmma::kThreads);
+                };
+                if (g_backward_wgmma.load() == 2) {
+                  launch_wgmma.template operator()<2>();
+                } else {
+                  launch_wgmma.template operator()<1>();
+                }
                 if (tiled_dkdv && tiled_dq) g_backward_wgmma_launches.fetch_add(1);
               }
             }
@@ -2328,8 +2349,8 @@ int set_attention_forward_keys(int keys) {
 }
 
 int set_attention_backward_wgmma(int enabled) {
-  HAM_CHECK(enabled == 0 || enabled == 1, "set_attention_backward_wgmma: ", enabled,
-            "; the backward's kernels are 0 (mma.sync) or 1 (wgmma)");
+  HAM_CHECK(enabled >= 0 && enabled <= 2, "set_attention_backward_wgmma: ", enabled,
+            "; the backward's kernels are 0 (mma.sync), 1 or 2 (wgmma, warpgroups a block)");
   return g_backward_wgmma.exchange(enabled);
 }
 

@@ -914,19 +914,22 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 
 #ifdef HAM_WITH_CUDA
 // The bf16 cases against the CPU with the backward's kernels set to wgmma (warpgroup tensor
-// cores, sm_90a: dK/dV and dQ), which it takes only when set so, for head dims of 64 and
-// 128; skips where this build or GPU has no such kernels. Each case's backward must run
-// on them.
+// cores, sm_90a: dK/dV and dQ), with one and with two warpgroups a block, which it takes
+// only when set so, for head dims of 64 and 128; skips where this build or GPU has no such
+// kernels. Each case's backward must run on them.
 void expect_wgmma_backward_matches_cpu(std::initializer_list<GpuCase> cases) {
   if (!cuda::attention_backward_wgmma_available()) {
     GTEST_SKIP() << "the wgmma backward kernels need sm_90a code (90a in "
                     "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
   }
-  const int64_t launches = cuda::attention_backward_wgmma_launches();
-  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
-                                          "set_attention_backward_wgmma", 1, 2,
-                                          "0 (mma.sync) or 1", cases);
-  EXPECT_EQ(cuda::attention_backward_wgmma_launches() - launches, int64_t(cases.size()));
+  for (int groups : {1, 2}) {  // warpgroups a block
+    SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
+    const int64_t launches = cuda::attention_backward_wgmma_launches();
+    expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
+                                    "set_attention_backward_wgmma", groups, 3,
+                                    "0 (mma.sync), 1 or 2", cases);
+    EXPECT_EQ(cuda::attention_backward_wgmma_launches() - launches, int64_t(cases.size()));
+  }
 }
 #endif
 
