@@ -1668,10 +1668,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
-  unsigned char* aligned =
-      smem_raw + (kAtom - wgmma::shared_address(smem_raw) % kAtom) % kAtom;  // tiles from here
-  bf16* sK = reinterpret_cast<bf16*>(aligned);  // [BK][DK] swizzled
+  bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BK][DK] swizzled
   bf16* sV = sK + BK * DK;                      // [BK][DV] swizzled, v' = p v
   bf16* query_slots = sV + BK * DV;             // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
@@ -1738,17 +1735,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     // Transposed: rows are the block's 64 keys (this warp's 16), columns the tile's queries.
     float p[NQ][4], ds[NQ][4];
     wgmma::fence();
-    // S^T = K Q^T and dP^T = V' dO^T, the first step of each overwriting its accumulators
-    wgmma::mma_ss<BQ, false>(p, wgmma::k_major<BK>(k_tile, 0), wgmma::k_major<BQ>(q_tile, 0));
-#pragma unroll
-    for (int kk = 16; kk < DK; kk += 16) {
-      wgmma::mma_ss<BQ, true>(p, wgmma::k_major<BK>(k_tile, kk), wgmma::k_major<BQ>(q_tile, kk));
-    }
-    wgmma::mma_ss<BQ, false>(ds, wgmma::k_major<BK>(v_tile, 0), wgmma::k_major<BQ>(o_tile, 0));
-#pragma unroll
-    for (int kk = 16; kk < DV; kk += 16) {
-      wgmma::mma_ss<BQ, true>(ds, wgmma::k_major<BK>(v_tile, kk), wgmma::k_major<BQ>(o_tile, kk));
-    }
+    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);   // S^T = K Q^T
+    wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
     wgmma::commit();
     wgmma::wait<0>();
     probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
@@ -1762,14 +1750,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
       mma::accumulator_as_a(ds, j, ds_frags[j]);
     }
     wgmma::fence();
-#pragma unroll
-    for (int j = 0; j < NQ / 2; ++j) {  // dV' += P^T dO
-      wgmma::mma_rs<DV>(dv, p_frags[j], wgmma::mn_major<BQ>(o_tile, 16 * j));
-    }
-#pragma unroll
-    for (int j = 0; j < NQ / 2; ++j) {  // dK += dS^T Q
-      wgmma::mma_rs<DK>(dk, ds_frags[j], wgmma::mn_major<BQ>(q_tile, 16 * j));
-    }
+    wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);   // dV' += P^T dO
+    wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
     wgmma::commit();
     // Before publish() frees this tile's slots for the copies of tile i + 2 (and before p,
     // ds and their bf16 copies are written again).
@@ -1793,10 +1775,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, kThreads = Shape::kThreads;
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  constexpr uint32_t kAtom = wgmma::kSwizzleAtomBytes;
-  unsigned char* aligned =
-      smem_raw + (kAtom - wgmma::shared_address(smem_raw) % kAtom) % kAtom;  // tiles from here
-  bf16* sQ = reinterpret_cast<bf16*>(aligned);  // [BQ][DK] swizzled
+  bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
   bf16* sO = sQ + BQ * DK;                      // dO [BQ][DV] swizzled
   bf16* key_slots = sO + BQ * DV;               // 2 x K [BK][DK], then 2 x V [BK][DV]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
@@ -1842,17 +1821,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
 
     float s[1][NB][4], ds[1][NB][4];  // one row tile (hide_outside_ranges' shape)
     wgmma::fence();
-    // S = Q K^T and dO V^T, the first step of each overwriting its accumulators
-    wgmma::mma_ss<BK, false>(s[0], wgmma::k_major<BQ>(q_tile, 0), wgmma::k_major<BK>(k_tile, 0));
-#pragma unroll
-    for (int kk = 16; kk < DK; kk += 16) {
-      wgmma::mma_ss<BK, true>(s[0], wgmma::k_major<BQ>(q_tile, kk), wgmma::k_major<BK>(k_tile, kk));
-    }
-    wgmma::mma_ss<BK, false>(ds[0], wgmma::k_major<BQ>(o_tile, 0), wgmma::k_major<BK>(v_tile, 0));
-#pragma unroll
-    for (int kk = 16; kk < DV; kk += 16) {
-      wgmma::mma_ss<BK, true>(ds[0], wgmma::k_major<BQ>(o_tile, kk), wgmma::k_major<BK>(v_tile, kk));
-    }
+    wgmma::rows_times_rows<BK, DK, BQ, BK>(s[0], q_tile, k_tile);   // S = Q K^T
+    wgmma::rows_times_rows<BK, DV, BQ, BK>(ds[0], o_tile, v_tile);  // dO V^T
     wgmma::commit();
     wgmma::wait<0>();
     if (a.p) scale_key_columns(keys.tile_scales(t), ds[0]);  // dP = dO V'^T
@@ -1872,10 +1842,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
 #pragma unroll
     for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(ds[0], j, ds_frags[j]);
     wgmma::fence();
-#pragma unroll
-    for (int j = 0; j < NB / 2; ++j) {  // dQ += dS K
-      wgmma::mma_rs<DK>(dq, ds_frags[j], wgmma::mn_major<BK>(k_tile, 16 * j));
-    }
+    wgmma::fragments_times_matrix<DK, BK, BK>(dq, ds_frags, k_tile);  // dQ += dS K
     wgmma::commit();
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }

@@ -217,4 +217,37 @@ __device__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b)
 
 #endif
 
+// Products of whole tiles, for a warpgroup (each warp's 16 rows of the 64 in `d`), issued
+// only: fence() before, commit() and wait() after are the caller's.
+
+// d = A B^T over D columns: A the 64 rows from shared address `a` of a swizzled tile of RA
+// rows, B^T the first N rows of the tile of RB rows at `b` (as Q K^T); the first step
+// overwrites d.
+template <int N, int D, int RA, int RB>
+__device__ __forceinline__ void rows_times_rows(float (&d)[N / 8][4], uint32_t a, uint32_t b) {
+  mma_ss<N, false>(d, k_major<RA>(a, 0), k_major<RB>(b, 0));
+#pragma unroll
+  for (int kk = 16; kk < D; kk += 16) mma_ss<N, true>(d, k_major<RA>(a, kk), k_major<RB>(b, kk));
+}
+
+// d += X B: X (64 x 16 K) as each warp's bf16 A fragments of 16 columns, B the first 16 K
+// rows of the swizzled tile of R rows at `b`, N columns (as P V).
+template <int N, int K, int R>
+__device__ __forceinline__ void fragments_times_matrix(float (&d)[N / 8][4],
+                                                       const uint32_t (&x)[K / 16][4],
+                                                       uint32_t b) {
+#pragma unroll
+  for (int j = 0; j < K / 16; ++j) mma_rs<N>(d, x[j], mn_major<R>(b, 16 * j));
+}
+
+// The first 1024-byte boundary (in shared addresses) at or after `p`, where a kernel's
+// swizzled tiles start; its dynamic shared memory asks for 1024 bytes more.
+template <class T>
+__device__ __forceinline__ T* swizzle_aligned(T* p) {
+  const uint32_t address = shared_address(p);
+  return reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(p) +
+                              (kSwizzleAtomBytes - address % kSwizzleAtomBytes) %
+                                  kSwizzleAtomBytes);
+}
+
 }  // namespace ham::cuda::wgmma

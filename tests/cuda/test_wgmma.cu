@@ -34,9 +34,7 @@ __global__ void wgmma_tiles(const uint16_t* a, const uint16_t* b, const uint16_t
                             float* d2, int misplace, int* status) {
 #if HAM_WGMMA_DEVICE
   HAM_DYNAMIC_SHARED(unsigned char, raw);
-  const uint32_t atom = wgmma::kSwizzleAtomBytes;
-  const uint32_t pad = (atom - wgmma::shared_address(raw) % atom) % atom;
-  uint16_t* A = reinterpret_cast<uint16_t*>(raw + pad);
+  uint16_t* A = reinterpret_cast<uint16_t*>(wgmma::swizzle_aligned(raw));
   uint16_t *B = A + kTile, *C = B + kTile;
   for (int i = int(threadIdx.x); i < int(kTile); i += 128) {
     const int r = i / kCols, col = i % kCols;
