@@ -230,7 +230,7 @@ __device__ __forceinline__ void rows_times_rows(float (&d)[N / 8][4], uint32_t a
   for (int kk = 16; kk < D; kk += 16) mma_ss<N, true>(d, k_major<RA>(a, kk), k_major<RB>(b, kk));
 }
 
-// d += X B: X (64 x 16 K) as each warp's bf16 A fragments of 16 columns, B the first 16 K
+// d += X B: X (64 x K) as each warp's bf16 A fragments, 16 columns each, B the first K
 // rows of the swizzled tile of R rows at `b`, N columns (as P V).
 template <int N, int K, int R>
 __device__ __forceinline__ void fragments_times_matrix(float (&d)[N / 8][4],
