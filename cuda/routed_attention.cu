@@ -1633,13 +1633,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 }
 
 // ---- The backward on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) -----------------
-// The same work as backward_dkdv_mma, with the block's 4 warps issuing each product as
-// one warpgroup: S^T = K Q^T and dP^T = V' dO^T take K, V' and Q, dO from shared memory,
+// The same work as backward_dkdv_mma, each warpgroup (4 warps, 64 keys) issuing each
+// product as one: S^T = K Q^T and dP^T = V' dO^T take K, V' and Q, dO from shared memory,
 // dV' += P^T dO and dK += dS^T Q take P^T and dS^T from the registers the first two left
 // them in (the accumulator layout is the A layout) and dO, Q from shared memory again.
 // Where every warp of backward_dkdv_mma loads all of a tile's Q and dO into its registers
 // for its 16 keys (the kernel that ncu found bound by shared memory, L1 at 87% on the
-// H200), the warpgroup's products read each once for the block's 64 keys.
+// H200), a warpgroup's products read each once for its 64 keys.
 // Tiles are stored with the 128-byte swizzle (wgmma::swizzled_index), unpadded, from a
 // 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. With
 // backward_dq_wgmma below, opt-in (set_attention_backward_wgmma) until timed on a GPU; head
@@ -1651,7 +1651,7 @@ constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV =
 // warpgroup 64 of them, and visits tiles of 64 of the other side (queries; keys), which its
 // warpgroups share: with two, each visited tile is copied from L2 once per 128 rows
 // instead of 64 (as the 128-row mma.sync forward and dQ kernels do), in blocks of 8 warps
-// that hold an SM alone (255 registers each).
+// that hold an SM alone (129 KB of shared memory).
 template <int DK, int DV, int kGroups>
 struct WgmmaBackwardShape {
   static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
