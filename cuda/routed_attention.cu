@@ -1236,15 +1236,23 @@ struct MmaBackwardShape {
   static constexpr size_t dkdv_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
 };
 
-// Issues the copies of the backward's query rows [q0, q0 + BQ) of head h: Q into sQ and
-// dO into sO (row strides DK + 8, DV + 8; zeros past T).
+// Issues the copies of the backward's query rows [q0, q0 + BQ) of head h: Q's element
+// (r, c) to q_place(r, c) and dO's to o_place(r, c) (zeros past T), by kThreads threads.
+template <int DK, int DV, int BQ, int kThreads = kMmaThreads, class QPlace, class OPlace>
+__device__ void issue_query_rows_to(const AttentionArgs<bf16>& a, int64_t b, int64_t h,
+                                    int64_t q0, QPlace q_place, OPlace o_place) {
+  const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
+  const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
+  issue_rows_to<DK, BQ, kThreads>(q_place, q_of, query_rows(q0, a.seq_len));
+  issue_rows_to<DV, BQ, kThreads>(o_place, o_of, query_rows(q0, a.seq_len));
+}
+// issue_query_rows_to into sQ and sO of row strides DK + 8, DV + 8.
 template <int DK, int DV, int BQ>
 __device__ void issue_query_rows(const AttentionArgs<bf16>& a, int64_t b, int64_t h, int64_t q0,
                                  bf16* sQ, bf16* sO) {
-  const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
-  const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
-  issue_rows<DK, DK + 8, BQ>(sQ, q_of, query_rows(q0, a.seq_len));
-  issue_rows<DV, DV + 8, BQ>(sO, o_of, query_rows(q0, a.seq_len));
+  issue_query_rows_to<DK, DV, BQ>(
+      a, b, h, q0, [=](int r, int c) { return sQ + r * (DK + 8) + c; },
+      [=](int r, int c) { return sO + r * (DV + 8) + c; });
 }
 
 template <int DK, int DV>
@@ -1696,11 +1704,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     const QueryTileVisibility vis = queries.template publish<BK>(
         i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
     if (vis.sees) {
-      const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, queries.head(), DK);
-      const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, queries.head(), DV);
-      const auto rows = query_rows(queries.first_row(), a.seq_len);
-      issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{slot_q(i)}, q_of, rows);
-      issue_rows_to<DV, BQ, kThreads>(SwizzledTile<BQ>{slot_o(i)}, o_of, rows);
+      issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
+                                                SwizzledTile<BQ>{slot_q(i)},
+                                                SwizzledTile<BQ>{slot_o(i)});
     }
     async_copy_commit();
     return vis;
@@ -1792,10 +1798,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
     keys.begin();
-    const HeadRows q_of(a.q, b, a.seq_len, a.q_heads, h, DK);
-    const HeadRows o_of(a.dout, b, a.seq_len, a.q_heads, h, DV);
-    issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{sQ}, q_of, query_rows(q0, a.seq_len));
-    issue_rows_to<DV, BQ, kThreads>(SwizzledTile<BQ>{sO}, o_of, query_rows(q0, a.seq_len));
+    issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, h, q0, SwizzledTile<BQ>{sQ},
+                                              SwizzledTile<BQ>{sO});
     async_copy_commit();
   }
   // This lane's rows: r0[0] and r0[0] + 8 of the block.
