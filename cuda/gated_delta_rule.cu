@@ -933,38 +933,44 @@ constexpr bool kIsRowSource<RowSource<E>> = true;
 // c < width from source(r)[c] for r < n, c < cols, zeros elsewhere (padding rows and
 // columns). Whole 16-byte-aligned groups of columns go by cp.async, so a thread has all its
 // copies in flight at once (the caller commits and waits); the rest (ragged or unaligned
-// rows, padding) is stored directly. Group g of the tile is thread g % blockDim.x's, as in
+// rows, padding) is stored directly. Group g of the tile is thread g % kThreads's, as in
 // map_tile.
 // A RowSource tile whose every row is whole and 16-byte aligned takes a short path: a
 // thread's groups then share a column and its pointers move by fixed steps. (The general
 // loop took about 60 instructions a group, half of all the state pass executed on the
-// H200, in ncu's SASS counts.)
-template <class E, class Source>
-__device__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols, Source source) {
+// H200, in ncu's SASS counts.) kThreads is the block's size: with it and the tile's shape
+// constants (the call sites' are), the short path is straight-line code, a copy or a zero
+// store per pass. (With blockDim.x it had divided by the block size and looped: about 80
+// instructions for the one copy a thread makes of a 64 x 32 tile in the backward's keys
+// kernel, which issues 5 such tiles a step around 24 tensor-core products a warp.)
+template <int kThreads, class E, class Source>
+__device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols,
+                                           Source source) {
   static_assert(std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(source(0))>>, E>,
                 "issue_tile copies rows of its own element type");
   constexpr int kGroup = 16 / int(sizeof(E));
   const int per_row = (width + kGroup - 1) / kGroup, groups = rows * per_row;
   if constexpr (kIsRowSource<Source>) {
-    const int threads = int(blockDim.x);
-    if (cols == width && width % kGroup == 0 && threads % per_row == 0 &&
-        groups % threads == 0 && ld % kGroup == 0 && source.stride % kGroup == 0 &&
+    if (cols == width && width % kGroup == 0 && kThreads % per_row == 0 &&
+        groups % kThreads == 0 && ld % kGroup == 0 && source.stride % kGroup == 0 &&
         aligned_16(source.first) && aligned_16(dst)) {  // uniform over the block
-      const int step = threads / per_row, c0 = int(threadIdx.x) % per_row * kGroup;
-      int r = int(threadIdx.x) / per_row;
-      const E* from = source.first + r * source.stride + c0;
-      E* to = dst + r * ld + c0;
-      for (; r < rows; r += step, from += step * source.stride, to += step * ld) {
-        if (r < n) {
-          async_copy_16(to, from);
+      const int step = kThreads / per_row, passes = groups / kThreads;
+      const int r0 = int(threadIdx.x) / per_row, c0 = int(threadIdx.x) % per_row * kGroup;
+      const E* from = source.first + r0 * source.stride + c0;
+      E* to = dst + r0 * ld + c0;
+      const int64_t from_step = step * source.stride;
+      for (int pass = 0; pass < passes; ++pass) {
+        if (r0 + pass * step < n) {
+          async_copy_16(to + pass * step * ld, from + pass * from_step);
         } else {
-          *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
+          *reinterpret_cast<uint4*>(to + pass * step * ld) = uint4{0u, 0u, 0u, 0u};
         }
       }
       return;
     }
   }
-  for (int g = int(threadIdx.x); g < groups; g += int(blockDim.x)) {
+#pragma unroll 1
+  for (int g = int(threadIdx.x); g < groups; g += kThreads) {
     const int r = g / per_row, c0 = (g % per_row) * kGroup;
     E* to = dst + r * ld + c0;
     const E* from = r < n ? source(r) + c0 : nullptr;
@@ -1314,11 +1320,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
     auto issue_value_tile = [&](int tile) {
       const int64_t v0 = int64_t(tile) * kMmaVt;
-      issue_tile(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n, int(min(int64_t(kMmaVt), V - v0)),
-                 ChunkRows(pr, b, h, begin)(pr.v, V, v0));
+      issue_tile<kMmaThreads>(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n,
+                              int(min(int64_t(kMmaVt), V - v0)),
+                              ChunkRows(pr, b, h, begin)(pr.v, V, v0));
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
-    issue_tile(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
     issue_value_tile(0);
     async_copy_commit();
     const float gate = chunk_gate(pr, b, h, begin, n);
@@ -1583,9 +1590,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
     const ChunkRows rows_of(pr, b, h, begin);
-    issue_tile(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
-    issue_tile(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile(slot_u(chunk), LDS, kChunk, VT, n, cols, rows_of(u, V, col0));
+    issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
+    issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kWarps * 32>(slot_u(chunk), LDS, kChunk, VT, n, cols, rows_of(u, V, col0));
   };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? gcum[pr.row(b, begin + i_row, h)] : 0.f;
@@ -1749,14 +1756,16 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     auto issue_value_tile = [&](int tile) {  // one commit group
       const int64_t col0 = int64_t(tile) * kMmaVt;
       const int cols = tile_cols(tile);
-      issue_tile(slot_s(tile), LDS, KD, kMmaVt, KD, cols, RowSource<bf16>{saved + col0, V});
-      issue_tile(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
-      issue_tile(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
+      constexpr int kThreads = kOutputThreads;
+      issue_tile<kThreads>(slot_s(tile), LDS, KD, kMmaVt, KD, cols,
+                           RowSource<bf16>{saved + col0, V});
+      issue_tile<kThreads>(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
+      issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
       async_copy_commit();
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
-    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kOutputThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kOutputThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_value_tile(0);  // with Q and K
     if (tiles > 1) issue_value_tile(1);
     load_gcum(gcum, pr, b, h, begin, n, s_g);
@@ -1990,13 +1999,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     const ChunkRows rows_of{pr, b, h, begin};
     auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
     auto issue_do_tile = [&](int tile) {  // one commit group
-      issue_tile(slot_do(tile), LDV, kChunk, kMmaVt, n, tile_cols(tile),
-                 rows_of(bw.grad_o, V, int64_t(tile) * kMmaVt));
+      issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, kMmaVt, n, tile_cols(tile),
+                              rows_of(bw.grad_o, V, int64_t(tile) * kMmaVt));
       async_copy_commit();
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
-    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kMmaThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_do_tile(0);  // with Q and K
     if (tiles > 1) issue_do_tile(1);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
@@ -2112,12 +2121,13 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
     const ChunkRows rows_of(pr, b, h, begin);
-    issue_tile(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
-    issue_tile(slot_do(chunk), LDS, kChunk, VT, n, cols, rows_of(bw.grad_o, V, col0));
-    issue_tile(slot_dvl(chunk), LDF, kChunk, VT, n, cols,
-               rows_of(static_cast<const float*>(bw.dvl), V, col0));
+    issue_tile<kWarps * 32>(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
+    issue_tile<kWarps * 32>(slot_do(chunk), LDS, kChunk, VT, n, cols,
+                            rows_of(bw.grad_o, V, col0));
+    issue_tile<kWarps * 32>(slot_dvl(chunk), LDF, kChunk, VT, n, cols,
+                            rows_of(static_cast<const float*>(bw.dvl), V, col0));
   };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
@@ -2287,14 +2297,14 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     auto issue_value_tile = [&](int tile) {
       const int64_t v0 = int64_t(tile) * VT;
       const int cols = int(min(int64_t(VT), V - v0));
-      issue_tile(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
-      issue_tile(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
-      issue_tile(slot_vb(tile), LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
-      issue_tile(slot_du(tile), LDV, kChunk, VT, n, cols,
-                 rows_of(static_cast<const bf16*>(bw.du), V, v0));
+      issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile<kMmaThreads>(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile<kMmaThreads>(slot_vb(tile), LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
+      issue_tile<kMmaThreads>(slot_du(tile), LDV, kChunk, VT, n, cols,
+                              rows_of(static_cast<const bf16*>(bw.du), V, v0));
     };
-    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kMmaThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     if (v_tiles > 0) issue_value_tile(0);
     async_copy_commit();
     load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
@@ -2442,17 +2452,17 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     auto issue_step = [&](int step) {
       const int64_t k0 = int64_t(step / v_tiles) * KB, v0 = int64_t(step % v_tiles) * VT;
       const int cols = int(min(int64_t(VT), V - v0));
-      issue_tile(slot_do(step), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
-      issue_tile(slot_u(step), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
-      issue_tile(slot_s0(step), LDV, KB, VT, KB, cols,
-                 RowSource<bf16>{saved + k0 * V + v0, V});
-      issue_tile(slot_ds(step), LDV, KB, VT, KB, cols,
-                 RowSource<bf16>{dsaved + k0 * V + v0, V});
-      issue_tile(slot_du(step), LDV, kChunk, VT, n, cols,
-                 rows_of(static_cast<const bf16*>(bw.du), V, v0));
+      issue_tile<kWarps * 32>(slot_do(step), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile<kWarps * 32>(slot_u(step), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile<kWarps * 32>(slot_s0(step), LDV, KB, VT, KB, cols,
+                              RowSource<bf16>{saved + k0 * V + v0, V});
+      issue_tile<kWarps * 32>(slot_ds(step), LDV, KB, VT, KB, cols,
+                              RowSource<bf16>{dsaved + k0 * V + v0, V});
+      issue_tile<kWarps * 32>(slot_du(step), LDV, kChunk, VT, n, cols,
+                              rows_of(static_cast<const bf16*>(bw.du), V, v0));
     };
-    issue_tile(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kWarps * 32>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kWarps * 32>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_step(0);
     async_copy_commit();
     load_square_f32<kWarps * 32>(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
@@ -2765,8 +2775,9 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of(pr, b, h, begin);
-    issue_tile(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, 0));  // dW's first key block
+    issue_tile<kThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    // dW's first key block
+    issue_tile<kThreads>(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, 0));
     async_copy_commit();
     // Row sums of the earlier kernels for row threadIdx.x (< n), read now, used at the end.
     struct {
@@ -2836,7 +2847,7 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     for (int k0 = 0; k0 < KD; k0 += KB) {
       if (k0 > 0) {  // the first block came with sK
         __syncthreads();  // sdW of the previous block is no longer read
-        issue_tile(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, k0));
+        issue_tile<kThreads>(sdW, LDB, kChunk, KB, n, KB, rows_of(bw.dw, KD, k0));
         async_copy_commit();
       }
       // The lane's dk_part elements (row acc_row(e), columns acc_col(nb, e) and the next,
