@@ -1892,7 +1892,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //                          <Q, dO S0^T>, <K dS_end, u> as <K, u dS_end^T> (both products
 //                          are dq's and dk's own) and <S0, dS_end>
 //   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
-// Per-chunk matrices and row sums pass between them in f32 scratch.
+// Per-chunk matrices and row sums pass between them in f32 scratch (dP * Gamma in bf16:
+// its one reader, the keys kernel, takes it as tensor-core operands).
 
 // Scratch and outputs of the tensor-core backward. Per-chunk arrays are indexed by
 // chunk_slot; per-row arrays like [B, T, H] (times the width).
@@ -1903,7 +1904,9 @@ struct MmaBackward {
   bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
   float* dvl;                         // [rows, V]
   bf16* du;                           // [rows, V], rounded once as the products take it
-  float *dpg, *da;                    // (dP * Gamma), dA per chunk, [slots, 64, 64]
+  bf16* dpg;  // dP * Gamma per chunk, [slots, 64, 64], rounded once as the keys kernel's
+              // products take it
+  float* da;  // dA per chunk, [slots, 64, 64]
   bf16* dw;                           // [rows, K], rounded once as the wy products take it
   float* dk_part;                     // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
@@ -1931,7 +1934,8 @@ __device__ __forceinline__ void load_a_f32(uint32_t (&frag)[4], const float* x, 
 }
 
 // acc (16 x 8 NB) += X B with X the 16 rows m0.. of the 64 x 64 f32 matrix x (or of its
-// transpose), B the rows [0, 64) of a bf16 tile [64][...] (columns n0 + 8 nb).
+// transpose), B the rows [0, 64) of a bf16 tile [64][...] (columns n0 + 8 nb): the WY
+// kernel's dM * Gamma, formed in f32 in place of dL.
 template <bool kTranspose, int LDB, int NB>
 __device__ __forceinline__ void square_times_matrix(const float* x, int ldx, int m0,
                                                     const bf16* b_tile, float (&acc)[NB][4]) {
@@ -2364,18 +2368,26 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     float p[kChunk / 8][4];
     mma::zero(p);
     mma::rows_times_rows<KD, LDK, LDK, kChunk / 8>(sQ + warp * 16 * LDK, sK, p);
-    float* dpg = bw.dpg + slot * kChunk * kChunk;
+    bf16* dpg = bw.dpg + slot * kChunk * kChunk;
     float* da = bw.da + slot * kChunk * kChunk;
     __syncthreads();  // sZ overlays the slots, which the last tile's products read
 #pragma unroll
     for (int nb = 0; nb < kChunk / 8; ++nb) {
+      float dp_gamma[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
         const float gamma = j <= i && i < n ? decay(s_g[i] - s_g[j]) : 0.f;
-        dpg[i * kChunk + j] = dp[nb][e] * gamma;
+        dp_gamma[e] = dp[nb][e] * gamma;
         da[i * kChunk + j] = dav[nb][e] * s_beta[j];
         sZ[i * LDF + j] = dp[nb][e] * p[nb][e] * gamma;
+      }
+      // (elements e and e + 1 are adjacent columns: one 4-byte store a pair)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int i = warp * 16 + acc_row(e), j = acc_col(nb, e);
+        *reinterpret_cast<uint32_t*>(dpg + i * kChunk + j) =
+            mma::pack_bf16(dp_gamma[e], dp_gamma[e + 1]);
       }
     }
     __syncthreads();
@@ -2389,18 +2401,20 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
 }
 
 // The keys kernel's value tiles: 32 columns, so that two slots of them fit beside Q and K
-// with two blocks per SM at K = 128 (109 KB).
+// with two blocks per SM at K = 128 (102 KB).
 constexpr int kKeysVt = 32;
 
 template <int KD, int VT>
 struct BwdKeysLayout {
   static constexpr int kb = KD < 64 ? KD : 64;  // key columns per block
-  static constexpr int ldk = KD + 8, ldv = VT + 8, ldb = kb + 8, ldf = kChunk + 1;
-  static constexpr size_t f_bytes = size_t(kChunk * ldf) * 4;
+  static constexpr int ldk = KD + 8, ldv = VT + 8, ldb = kb + 8, ldp = kChunk + 8;
+  static constexpr int ldf = kChunk + 1;  // the f32 dA exchange between column parts
   // One step's tiles: dO, du, U [64][VT] and the key block's rows of S0, dS [KB][VT].
   static constexpr int slot_elements = 3 * kChunk * ldv + 2 * kb * ldv;
   static constexpr size_t bytes =
-      f_bytes + size_t(2 * kChunk * ldk + 2 * slot_elements + kChunk * ldb) * 2;
+      size_t(kChunk * ldp + 2 * kChunk * ldk + 2 * slot_elements + kChunk * ldb) * 2;
+  // (the exchange overlays the slots once the last step has read them)
+  static_assert(size_t(kChunk * ldf) * 4 <= size_t(2 * slot_elements) * 2, "dA fits the slots");
 };
 
 // Warps of a keys block: 8 from K = 64, two to each 16 rows of the chunk, each with half of
@@ -2414,14 +2428,16 @@ template <int KD, int VT>
 __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     gdr_bwd_keys_mma(Problem<bf16> pr, MmaBackward bw) {
   using L = BwdKeysLayout<KD, VT>;
-  constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDF = L::ldf;
+  constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDP = L::ldp;
+  constexpr int LDF = L::ldf;
   constexpr int kWarps = kKeysWarps<KD>, kParts = kWarps / 4, KBP = KB / kParts;
   static_assert(kWarps % 4 == 0 && KBP % 16 == 0, "whole 16-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  float* sDpg = reinterpret_cast<float*>(smem_raw);
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
+  bf16* sDpg = reinterpret_cast<bf16*>(smem_raw);  // [64][LDP]: dP * Gamma
+  bf16* sQ = sDpg + kChunk * LDP;
   bf16* sK = sQ + kChunk * LDK;
   bf16* slots = sK + kChunk * LDK;  // two slots of a step's tiles
+  float* sExchange = reinterpret_cast<float*>(slots);  // [64][LDF], after the last step
   bf16* sKbg = slots + 2 * L::slot_elements;  // [64][KB]: beta E K, the key block's columns
   auto slot_do = [&](int step) { return slots + (step % 2) * L::slot_elements; };
   auto slot_du = [&](int step) { return slot_do(step) + kChunk * LDV; };
@@ -2463,9 +2479,10 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     };
     issue_tile<kWarps * 32>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile<kWarps * 32>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kWarps * 32>(sDpg, LDP, kChunk, kChunk, kChunk, kChunk,
+                            RowSource<bf16>{bw.dpg + slot * kChunk * kChunk, kChunk});
     issue_step(0);
     async_copy_commit();
-    load_square_f32<kWarps * 32>(sDpg, LDF, bw.dpg + slot * kChunk * kChunk);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -2528,7 +2545,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x1[nb][e] *= expf(s_g[row0 + acc_row(e)]);
       }
-      square_times_matrix<false, LDK, KBP / 8>(sDpg, LDF, row0, sK + k0 + part0, x1);
+      mma::rows_times_matrix<kChunk, LDP, LDK, KBP / 8>(sDpg + row0 * LDP, sK + k0 + part0, x1);
       // dk's terms diag(tau) u dS_end^T + (dP * Gamma)^T Q
       const float g_last = n > 0 ? s_g[n - 1] : 0.f;
 #pragma unroll
@@ -2536,7 +2553,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x3[nb][e] *= expf(g_last - s_g[row0 + acc_row(e)]);
       }
-      square_times_matrix<true, LDK, KBP / 8>(sDpg, LDF, row0, sQ + k0 + part0, x3);
+      mma::columns_times_matrix<kChunk, LDP, LDK, KBP / 8>(sDpg, row0, sQ + k0 + part0, x3);
       // dW = -du S0^T
 #pragma unroll
       for (int nb = 0; nb < KBP / 8; ++nb) {
@@ -2584,8 +2601,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
         }
       }
     }
-    // (block_sum's barriers also order every warp's last reads of sDpg before the writes
-    // of the second part's dA2 into it below)
+    // (block_sum's barriers also order every warp's last reads of the slots before the
+    // writes of the second part's dA2 into sExchange below)
     dlambda = block_sum(dlambda);
     if (threadIdx.x == 0) bw.chunk_dlambda[slot] = dlambda;
     // The row sums and dA2 of the second column part, if any, through shared memory to the
@@ -2608,8 +2625,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 #pragma unroll
           for (int nb = 0; nb < kChunk / 8; ++nb) {
             const int j = acc_col(nb, 0);
-            sDpg[i * LDF + j] = dA2[nb][2 * half];
-            sDpg[i * LDF + j + 1] = dA2[nb][2 * half + 1];
+            sExchange[i * LDF + j] = dA2[nb][2 * half];
+            sExchange[i * LDF + j + 1] = dA2[nb][2 * half + 1];
           }
         }
       }
@@ -2623,8 +2640,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 #pragma unroll
           for (int nb = 0; nb < kChunk / 8; ++nb) {
             const int j = acc_col(nb, 0);
-            dA2[nb][2 * half] += sDpg[i * LDF + j];
-            dA2[nb][2 * half + 1] += sDpg[i * LDF + j + 1];
+            dA2[nb][2 * half] += sExchange[i * LDF + j];
+            dA2[nb][2 * half + 1] += sExchange[i * LDF + j + 1];
           }
         }
       }
@@ -3272,7 +3289,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
     Tensor dstates = scratch(slots * K * V, DType::BF16);
     Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::BF16);
-    Tensor dpg = scratch(slots * kChunk * kChunk, DType::F32);
+    Tensor dpg = scratch(slots * kChunk * kChunk, DType::BF16);
     Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
     Tensor dw = scratch(rows * K, DType::BF16), dk_part = scratch(rows * K, DType::F32);
     Tensor row_sums = scratch(4 * rows, DType::F32), dlambda = scratch(slots, DType::F32);
@@ -3288,7 +3305,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.dvl = ptr<float>(dvl);
     bw.gcum = ptr<const float>(c.gcum);
     bw.du = ptr<bf16>(du);
-    bw.dpg = ptr<float>(dpg);
+    bw.dpg = ptr<bf16>(dpg);
     bw.da = ptr<float>(da);
     bw.dw = ptr<bf16>(dw);
     bw.dk_part = ptr<float>(dk_part);
