@@ -985,6 +985,18 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
   }
 }
 
+// fn(g) for this thread's items g = threadIdx.x + kThreads p of [0, kCount) (kThreads the
+// block's size): a loop of constant trip count, straight-line code once unrolled, where a
+// loop to a bound of blockDim.x had to count and branch.
+template <int kThreads, int kCount, class Fn>
+__device__ __forceinline__ void for_each_item(Fn&& fn) {
+#pragma unroll
+  for (int pass = 0; pass < (kCount + kThreads - 1) / kThreads; ++pass) {
+    const int g = int(threadIdx.x) + pass * kThreads;
+    if (kCount % kThreads == 0 || g < kCount) fn(g);
+  }
+}
+
 // Element x of row r of a bf16 tile becomes f(r)(x), rounded back (f(r) is called once a
 // group: the row's factors come out of shared memory or expf once), on this thread's
 // groups of 8 columns (group g is thread g % blockDim.x's, as in issue_tile, so it may run
@@ -2430,7 +2442,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   using L = BwdKeysLayout<KD, VT>;
   constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDP = L::ldp;
   constexpr int LDF = L::ldf;
-  constexpr int kWarps = kKeysWarps<KD>, kParts = kWarps / 4, KBP = KB / kParts;
+  constexpr int kWarps = kKeysWarps<KD>, kThreads = kWarps * 32, kParts = kWarps / 4;
+  constexpr int KBP = KB / kParts;
   static_assert(kWarps % 4 == 0 && KBP % 16 == 0, "whole 16-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sDpg = reinterpret_cast<bf16*>(smem_raw);  // [64][LDP]: dP * Gamma
@@ -2464,24 +2477,24 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     // Step s takes key block s / v_tiles and value tile s % v_tiles; its tiles go to slot
     // s % 2, step s + 1's copies in flight during step s's products. (Issued and waited
     // for at once, each step's copies had left their whole latency exposed.)
-    const int v_tiles = int((V + VT - 1) / VT), steps = (KD / KB) * v_tiles;
-    auto issue_step = [&](int step) {
-      const int64_t k0 = int64_t(step / v_tiles) * KB, v0 = int64_t(step % v_tiles) * VT;
+    const int v_tiles = int((V + VT - 1) / VT);
+    auto issue_step = [&](int step, int64_t k0, int v_tile) {
+      const int64_t v0 = int64_t(v_tile) * VT;
       const int cols = int(min(int64_t(VT), V - v0));
-      issue_tile<kWarps * 32>(slot_do(step), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
-      issue_tile<kWarps * 32>(slot_u(step), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
-      issue_tile<kWarps * 32>(slot_s0(step), LDV, KB, VT, KB, cols,
-                              RowSource<bf16>{saved + k0 * V + v0, V});
-      issue_tile<kWarps * 32>(slot_ds(step), LDV, KB, VT, KB, cols,
-                              RowSource<bf16>{dsaved + k0 * V + v0, V});
-      issue_tile<kWarps * 32>(slot_du(step), LDV, kChunk, VT, n, cols,
-                              rows_of(static_cast<const bf16*>(bw.du), V, v0));
+      issue_tile<kThreads>(slot_do(step), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
+      issue_tile<kThreads>(slot_u(step), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
+      issue_tile<kThreads>(slot_s0(step), LDV, KB, VT, KB, cols,
+                           RowSource<bf16>{saved + k0 * V + v0, V});
+      issue_tile<kThreads>(slot_ds(step), LDV, KB, VT, KB, cols,
+                           RowSource<bf16>{dsaved + k0 * V + v0, V});
+      issue_tile<kThreads>(slot_du(step), LDV, kChunk, VT, n, cols,
+                           rows_of(static_cast<const bf16*>(bw.du), V, v0));
     };
-    issue_tile<kWarps * 32>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile<kWarps * 32>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile<kWarps * 32>(sDpg, LDP, kChunk, kChunk, kChunk, kChunk,
-                            RowSource<bf16>{bw.dpg + slot * kChunk * kChunk, kChunk});
-    issue_step(0);
+    issue_tile<kThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    issue_tile<kThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kThreads>(sDpg, LDP, kChunk, kChunk, kChunk, kChunk,
+                         RowSource<bf16>{bw.dpg + slot * kChunk * kChunk, kChunk});
+    issue_step(0, 0, 0);
     async_copy_commit();
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
@@ -2505,8 +2518,9 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
       mma::zero(x3);
       for (int v_tile = 0; v_tile < v_tiles; ++v_tile, ++step) {
         __syncthreads();  // the other slot (step - 1's tiles) is no longer read
-        if (step + 1 < steps) {
-          issue_step(step + 1);
+        const bool last_tile = v_tile + 1 == v_tiles;
+        if (!last_tile || k0 + KB < KD) {
+          issue_step(step + 1, last_tile ? k0 + KB : k0, last_tile ? 0 : v_tile + 1);
           async_copy_commit();
           async_copy_wait<1>();
         } else {
@@ -2522,13 +2536,13 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
         // <S0, dS_end> over this step's block, 8 columns a 16-byte shared load of each (the
         // padding columns are zero)
         constexpr int kGroups = VT / 8;
-        for (int g = int(threadIdx.x); g < KB * kGroups; g += int(blockDim.x)) {
+        for_each_item<kThreads, KB * kGroups>([&](int g) {
           const int r = g / kGroups, c0 = g % kGroups * 8;
           const Eight s0 = *reinterpret_cast<const Eight*>(sS0 + r * LDV + c0);
           const Eight ds = *reinterpret_cast<const Eight*>(sdS + r * LDV + c0);
 #pragma unroll
           for (int e = 0; e < 8; ++e) dlambda += load(s0.v[e]) * load(ds.v[e]);
-        }
+        });
       }
 #pragma unroll
       for (int nb = 0; nb < KBP / 8; ++nb) {
@@ -2580,14 +2594,14 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
       // dA += dW Kbg^T over this key block (the warp's part of its columns)
       __syncthreads();  // sKbg of the previous block is no longer read
       // Kbg = diag(beta E) K, 8 columns a 16-byte shared load and store
-      for (int g = int(threadIdx.x); g < kChunk * (KB / 8); g += int(blockDim.x)) {
+      for_each_item<kThreads, kChunk * (KB / 8)>([&](int g) {
         const int j = g / (KB / 8), c0 = g % (KB / 8) * 8;
         Eight x = *reinterpret_cast<const Eight*>(sK + j * LDK + k0 + c0);
         const float factor = s_beta_e[j];
 #pragma unroll
         for (int e = 0; e < 8; ++e) x.v[e] = store<bf16>(load(x.v[e]) * factor);
         *reinterpret_cast<Eight*>(sKbg + j * LDB + c0) = x;
-      }
+      });
       __syncthreads();
 #pragma unroll
       for (int kk = 0; kk < KBP / 16; ++kk) {
