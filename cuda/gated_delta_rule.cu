@@ -939,10 +939,12 @@ constexpr bool kIsRowSource<RowSource<E>> = true;
 // thread's groups then share a column and its pointers move by fixed steps. (The general
 // loop took about 60 instructions a group, half of all the state pass executed on the
 // H200, in ncu's SASS counts.) kThreads is the block's size: with it and the tile's shape
-// constants (the call sites' are), the short path is straight-line code, a copy or a zero
-// store per pass. (With blockDim.x it had divided by the block size and looped: about 80
-// instructions for the one copy a thread makes of a 64 x 32 tile in the backward's keys
-// kernel, which issues 5 such tiles a step around 24 tensor-core products a warp.)
+// constants (the call sites' are) the short path is unrolled, a pass being one
+// multiply-add for the source, the copy (or a zero store) and the row test. (With
+// blockDim.x it had divided by the block size and looped, and sm_90a SASS took about 86
+// instructions for the one copy a thread makes of a 64 x 32 tile of the backward's keys
+// kernel, which issues 5 such tiles a step around 24 tensor-core products a warp; now 46.
+// A 64 x 128 tile at 128 threads, 8 copies a thread: about 182, now 118.)
 template <int kThreads, class E, class Source>
 __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, int n, int cols,
                                            Source source) {
@@ -951,17 +953,22 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
   constexpr int kGroup = 16 / int(sizeof(E));
   const int per_row = (width + kGroup - 1) / kGroup, groups = rows * per_row;
   if constexpr (kIsRowSource<Source>) {
+    const int64_t row_bytes = source.stride * int64_t(sizeof(E));
     if (cols == width && width % kGroup == 0 && kThreads % per_row == 0 &&
-        groups % kThreads == 0 && ld % kGroup == 0 && source.stride % kGroup == 0 &&
-        aligned_16(source.first) && aligned_16(dst)) {  // uniform over the block
+        groups % kThreads == 0 && ld % kGroup == 0 && row_bytes % 16 == 0 &&
+        row_bytes <= int64_t(UINT32_MAX) && aligned_16(source.first) &&
+        aligned_16(dst)) {  // uniform over the block
       const int step = kThreads / per_row, passes = groups / kThreads;
       const int r0 = int(threadIdx.x) / per_row, c0 = int(threadIdx.x) % per_row * kGroup;
-      const E* from = source.first + r0 * source.stride + c0;
+      // a pass's source is one 32 x 32 -> 64-bit multiply-add from the column's base
+      const char* column = reinterpret_cast<const char*>(source.first + c0);
       E* to = dst + r0 * ld + c0;
-      const int64_t from_step = step * source.stride;
+#pragma unroll 4
       for (int pass = 0; pass < passes; ++pass) {
-        if (r0 + pass * step < n) {
-          async_copy_16(to + pass * step * ld, from + pass * from_step);
+        const int r = r0 + pass * step;
+        if (r < n) {
+          async_copy_16(to + pass * step * ld,
+                        strided_address(column, uint32_t(r), uint32_t(row_bytes)));
         } else {
           *reinterpret_cast<uint4*>(to + pass * step * ld) = uint4{0u, 0u, 0u, 0u};
         }
