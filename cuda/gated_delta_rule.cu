@@ -1923,9 +1923,9 @@ struct MmaBackward {
   bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
   float* dvl;                         // [rows, V]
   bf16* du;                           // [rows, V], rounded once as the products take it
-  bf16* dpg;  // dP * Gamma per chunk, [slots, 64, 64], rounded once as the keys kernel's
-              // products take it
-  float* da;  // dA per chunk, [slots, 64, 64]
+  bf16* dpg;                          // dP * Gamma per chunk, [slots, 64, 64], rounded once
+                                      // as the keys kernel's products take it
+  float* da;                          // dA per chunk, [slots, 64, 64]
   bf16* dw;                           // [rows, K], rounded once as the wy products take it
   float* dk_part;                     // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
