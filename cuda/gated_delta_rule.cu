@@ -992,44 +992,49 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
   }
 }
 
-// A thread's part of issue_tile's short path for a stream of kRows x kWidth bf16 tiles
-// (row stride LD in shared memory) from the same source rows, each tile `offset` elements
-// into them (the next value tile, key block or chunk): the shape and alignment checks, the
-// thread's row and column group and its first row's address are formed once, and a tile is
-// then an add and, per pass, a copy (or a zero store past row n). issue_tile formed them
-// for every tile: about 40 instructions a tile that a thread copies in one 16-byte copy,
-// in the sm_90a SASS. usable() says whether the source suits the short path (uniform over
-// the block); callers take issue_tile where it does not, or where a tile is not whole.
-template <int kThreads, int kRows, int kWidth, int LD>
+// A thread's part of issue_tile's short path for a stream of kRows x kWidth tiles of E
+// (bf16 or f32; row stride LD in shared memory) cut from sources laid out alike (the rows
+// of [B, T, H, width] tensors of a chunk or document, or a chunk's states): tile row r,
+// column c at element origin + r stride + c of a source, plus the tile's offset (the next
+// value tile, key block or chunk). The thread's row, column group and first element are
+// formed once, and a tile is then an add and, per pass, a copy (or a zero store past row
+// n); issue_tile formed them, and checked the shape and alignment, for every tile: about 40
+// instructions a tile that a thread copies in one 16-byte copy, in the sm_90a SASS. The
+// sources' base pointers come with each tile (kernel parameters: no registers held), so
+// the tiles of one layout share one stream. usable() says whether a source suits the
+// short path (uniform over the block); callers take issue_tile where it does not, or
+// where a tile is not whole.
+template <int kThreads, int kRows, int kWidth, int LD, class E = bf16>
 struct TileStream {
-  static constexpr int kPerRow = kWidth / 8, kStep = kThreads / kPerRow;
+  static constexpr int kGroup = 16 / int(sizeof(E));
+  static constexpr int kPerRow = kWidth / kGroup, kStep = kThreads / kPerRow;
   static constexpr int kPasses = kRows * kPerRow / kThreads;
-  static constexpr bool kShapeFits = kWidth % 8 == 0 && kThreads % kPerRow == 0 &&
-                                     kRows * kPerRow % kThreads == 0 && LD % 8 == 0;
+  static constexpr bool kShapeFits = kWidth % kGroup == 0 && kThreads % kPerRow == 0 &&
+                                     kRows * kPerRow % kThreads == 0 && LD % kGroup == 0;
 
-  const char* first;    // the thread's column group of its first row, at offset 0
+  int64_t first;        // the element of the thread's first group, at offset 0
   uint32_t pass_bytes;  // from one of the thread's rows to the next (kStep rows)
   int r0, to;           // the thread's first row; its first group's element in the tile
 
-  __device__ explicit TileStream(const RowSource<bf16>& source)
-      : first(reinterpret_cast<const char*>(source(int(threadIdx.x) / kPerRow) +
-                                            int(threadIdx.x) % kPerRow * 8)),
-        pass_bytes(uint32_t(source.stride * kStep * 2)), r0(int(threadIdx.x) / kPerRow),
-        to(r0 * LD + int(threadIdx.x) % kPerRow * 8) {}
+  __device__ TileStream(int64_t origin, int64_t stride)
+      : first(origin + int(threadIdx.x) / kPerRow * stride + int(threadIdx.x) % kPerRow * kGroup),
+        pass_bytes(uint32_t(stride * kStep * int64_t(sizeof(E)))),
+        r0(int(threadIdx.x) / kPerRow), to(r0 * LD + int(threadIdx.x) % kPerRow * kGroup) {}
 
-  // Whether tiles at offsets that are multiples of 8 suit the short path.
-  __device__ static bool usable(const RowSource<bf16>& source) {
-    const int64_t row_bytes = source.stride * 2;
+  // Whether the tiles of `base` at offsets that are multiples of kGroup suit the short path.
+  __device__ static bool usable(const E* base, int64_t origin, int64_t stride) {
+    const int64_t row_bytes = stride * int64_t(sizeof(E));
     return kShapeFits && row_bytes % 16 == 0 && row_bytes * kStep <= int64_t(UINT32_MAX) &&
-           aligned_16(source.first);
+           aligned_16(base + origin);
   }
 
-  // dst[r][c] = source(r)[offset + c] for r < n, 0 for r >= n (r < kRows, c < kWidth).
-  __device__ __forceinline__ void issue(bf16* dst, int64_t offset, int n) const {
-    const char* at = first + offset * 2;
+  // dst[r][c] = base[origin + r stride + offset + c] for r < n, 0 for r >= n (r < kRows,
+  // c < kWidth).
+  __device__ __forceinline__ void issue(E* dst, const E* base, int64_t offset, int n) const {
+    const char* at = reinterpret_cast<const char*>(base + (first + offset));
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      bf16* d = dst + to + pass * kStep * LD;
+      E* d = dst + to + pass * kStep * LD;
       if (r0 + pass * kStep < n) {
         async_copy_16(d, pass == 0 ? at : strided_address(at, uint32_t(pass), pass_bytes));
       } else {
@@ -1095,8 +1100,13 @@ struct ChunkRows {
       : seq_len(pr.seq_len), heads(pr.heads), b(b_), h(h_), begin(begin_) {}
   template <class E>
   __device__ RowSource<E> operator()(const E* base, int64_t width, int64_t offset) const {
-    return {base + ((b * seq_len + begin) * heads + h) * width + offset, heads * width};
+    return {base + origin(width, offset), heads * width};
   }
+  // The element of row 0 (token begin), `offset` columns in, and the step between rows.
+  __device__ int64_t origin(int64_t width, int64_t offset) const {
+    return ((b * seq_len + begin) * heads + h) * width + offset;
+  }
+  __device__ int64_t stride(int64_t width) const { return heads * width; }
 };
 
 // Thread i's gate g_i of the chunk [begin, begin + n) (0 past n and for threads >= 64),
@@ -1652,9 +1662,29 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t* begins = st.begins;
 
-  // Chunk c's copies into slot c % 2 ([begin, end) its tokens).
+  // Chunk c's copies into slot c % 2 ([begin, end) its tokens). With whole value tiles
+  // they come from TileStreams of the rows of W, K and U from the first chunk's tokens on,
+  // offset by the chunk's first token.
+  using KeyTiles = TileStream<kWarps * 32, kChunk, KD, LDK>;
+  using ValueTiles = TileStream<kWarps * 32, kChunk, VT, LDS>;
+  const int64_t stream_begin = begins[first];
+  const ChunkRows stream_rows(pr, b, h, stream_begin);
+  const int64_t key_origin = stream_rows.origin(KD, 0), key_stride = stream_rows.stride(KD);
+  const int64_t u_origin = stream_rows.origin(V, col0), u_stride = stream_rows.stride(V);
+  const bool streamed = V % VT == 0 && KeyTiles::usable(w, key_origin, key_stride) &&
+                        KeyTiles::usable(pr.k, key_origin, key_stride) &&
+                        ValueTiles::usable(u, u_origin, u_stride);
+  const KeyTiles key_tiles(key_origin, key_stride);
+  const ValueTiles u_tiles(u_origin, u_stride);
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
+    if (streamed) {
+      const int64_t rows_in = (begin - stream_begin) * pr.heads;  // rows of width 1
+      key_tiles.issue(slot_w(chunk), w, rows_in * KD, n);
+      key_tiles.issue(slot_k(chunk), pr.k, rows_in * KD, n);
+      u_tiles.issue(slot_u(chunk), u, rows_in * V, n);
+      return;
+    }
     const ChunkRows rows_of(pr, b, h, begin);
     issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
     issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
@@ -2188,8 +2218,37 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t* begins = st.begins;
 
+  // Chunk c's copies into its slot ([begin, end) its tokens). With whole value tiles they
+  // come from TileStreams of the document's rows of Q, K, W, dO and dv_local from its
+  // first token on, offset by the chunk's first token.
+  constexpr int kThreads = kWarps * 32;
+  using KeyTiles = TileStream<kThreads, kChunk, KD, LDK>;
+  using ValueTiles = TileStream<kThreads, kChunk, VT, LDS>;
+  using LocalTiles = TileStream<kThreads, kChunk, VT, LDF, float>;
+  const int64_t stream_begin = begins[first];
+  const ChunkRows stream_rows(pr, b, h, stream_begin);
+  const int64_t key_origin = stream_rows.origin(KD, 0), key_stride = stream_rows.stride(KD);
+  const int64_t v_origin = stream_rows.origin(V, col0), v_stride = stream_rows.stride(V);
+  const float* dvl = bw.dvl;
+  const bool streamed = V % VT == 0 && KeyTiles::usable(pr.q, key_origin, key_stride) &&
+                        KeyTiles::usable(pr.k, key_origin, key_stride) &&
+                        KeyTiles::usable(bw.w, key_origin, key_stride) &&
+                        ValueTiles::usable(bw.grad_o, v_origin, v_stride) &&
+                        LocalTiles::usable(dvl, v_origin, v_stride);
+  const KeyTiles key_tiles(key_origin, key_stride);
+  const ValueTiles do_tiles(v_origin, v_stride);
+  const LocalTiles dvl_tiles(v_origin, v_stride);
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
+    if (streamed) {
+      const int64_t rows_in = (begin - stream_begin) * pr.heads;  // rows of width 1
+      key_tiles.issue(slot_q(chunk), pr.q, rows_in * KD, n);
+      key_tiles.issue(slot_k(chunk), pr.k, rows_in * KD, n);
+      key_tiles.issue(slot_w(chunk), bw.w, rows_in * KD, n);
+      do_tiles.issue(slot_do(chunk), bw.grad_o, rows_in * V, n);
+      dvl_tiles.issue(slot_dvl(chunk), dvl, rows_in * V, n);
+      return;
+    }
     const ChunkRows rows_of(pr, b, h, begin);
     issue_tile<kWarps * 32>(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
@@ -2362,10 +2421,26 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     const ChunkRows rows_of{pr, b, h, begin};
     // Value tile t's copies go to slot t % 2, tile t + 1's in flight during tile t's
     // products. (Issued and waited for at once, each tile's copies had left their whole
-    // latency exposed.)
+    // latency exposed.) With whole value tiles, each tile's copies come from a TileStream
+    // (the chunk's dO, u, v and du rows, offset by the tile's first column).
     const int v_tiles = int((V + VT - 1) / VT);
+    using TokenTiles = TileStream<kMmaThreads, kChunk, VT, LDV>;
+    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
+    const bf16* du = bw.du;
+    const bool streamed = V % VT == 0 && TokenTiles::usable(bw.grad_o, v_origin, v_stride) &&
+                          TokenTiles::usable(bw.v_new, v_origin, v_stride) &&
+                          TokenTiles::usable(pr.v, v_origin, v_stride) &&
+                          TokenTiles::usable(du, v_origin, v_stride);
+    const TokenTiles v_tiles_of_chunk(v_origin, v_stride);
     auto issue_value_tile = [&](int tile) {
       const int64_t v0 = int64_t(tile) * VT;
+      if (streamed) {
+        v_tiles_of_chunk.issue(slot_do(tile), bw.grad_o, v0, n);
+        v_tiles_of_chunk.issue(slot_u(tile), bw.v_new, v0, n);
+        v_tiles_of_chunk.issue(slot_vb(tile), pr.v, v0, n);
+        v_tiles_of_chunk.issue(slot_du(tile), du, v0, n);
+        return;
+      }
       const int cols = int(min(int64_t(VT), V - v0));
       issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
       issue_tile<kMmaThreads>(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
@@ -2537,22 +2612,24 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     const int v_tiles = int((V + VT - 1) / VT);
     using TokenTiles = TileStream<kThreads, kChunk, VT, LDV>;
     using StateTiles = TileStream<kThreads, KB, VT, LDV>;
-    const RowSource<bf16> do_rows = rows_of(bw.grad_o, V, 0), u_rows = rows_of(bw.v_new, V, 0);
-    const RowSource<bf16> du_rows = rows_of(static_cast<const bf16*>(bw.du), V, 0);
-    const RowSource<bf16> s0_rows{saved, V}, ds_rows{dsaved, V};
-    const bool streamed = V % VT == 0 && TokenTiles::usable(do_rows) &&
-                          TokenTiles::usable(u_rows) && TokenTiles::usable(du_rows) &&
-                          StateTiles::usable(s0_rows) && StateTiles::usable(ds_rows);
-    const TokenTiles do_tiles(do_rows), u_tiles(u_rows), du_tiles(du_rows);
-    const StateTiles s0_tiles(s0_rows), ds_tiles(ds_rows);
+    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
+    const int64_t s_origin = state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16* du = bw.du;
+    const bool streamed = V % VT == 0 && TokenTiles::usable(bw.grad_o, v_origin, v_stride) &&
+                          TokenTiles::usable(bw.v_new, v_origin, v_stride) &&
+                          TokenTiles::usable(du, v_origin, v_stride) &&
+                          StateTiles::usable(bw.states, s_origin, V) &&
+                          StateTiles::usable(bw.dstates, s_origin, V);
+    const TokenTiles token_tiles(v_origin, v_stride);
+    const StateTiles state_tiles(s_origin, V);
     auto issue_step = [&](int step, int64_t k0, int v_tile) {
       const int64_t v0 = int64_t(v_tile) * VT;
       if (streamed) {
-        do_tiles.issue(slot_do(step), v0, n);
-        u_tiles.issue(slot_u(step), v0, n);
-        s0_tiles.issue(slot_s0(step), k0 * V + v0, KB);
-        ds_tiles.issue(slot_ds(step), k0 * V + v0, KB);
-        du_tiles.issue(slot_du(step), v0, n);
+        token_tiles.issue(slot_do(step), bw.grad_o, v0, n);
+        token_tiles.issue(slot_u(step), bw.v_new, v0, n);
+        state_tiles.issue(slot_s0(step), bw.states, k0 * V + v0, KB);
+        state_tiles.issue(slot_ds(step), bw.dstates, k0 * V + v0, KB);
+        token_tiles.issue(slot_du(step), du, v0, n);
         return;
       }
       const int cols = int(min(int64_t(VT), V - v0));
