@@ -1394,14 +1394,23 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
+    // (With whole value tiles, from a TileStream of the chunk's v rows.)
+    using ValueTiles = TileStream<kMmaThreads, kChunk, kMmaVt, LDV>;
+    const ChunkRows rows_of(pr, b, h, begin);
+    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
+    const bool streamed = V % kMmaVt == 0 && ValueTiles::usable(pr.v, v_origin, v_stride);
+    const ValueTiles value_tiles(v_origin, v_stride);
     auto issue_value_tile = [&](int tile) {
       const int64_t v0 = int64_t(tile) * kMmaVt;
+      if (streamed) {
+        value_tiles.issue(tile % 2 ? sV2 : sV, pr.v, v0, n);
+        return;
+      }
       issue_tile<kMmaThreads>(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n,
-                              int(min(int64_t(kMmaVt), V - v0)),
-                              ChunkRows(pr, b, h, begin)(pr.v, V, v0));
+                              int(min(int64_t(kMmaVt), V - v0)), rows_of(pr.v, V, v0));
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
-    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, ChunkRows(pr, b, h, begin)(pr.k, KD, 0));
+    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_value_tile(0);
     async_copy_commit();
     const float gate = chunk_gate(pr, b, h, begin, n);
