@@ -1858,14 +1858,26 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     const ChunkRows rows_of(pr, b, h, begin);
     const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
     auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
+    // (With whole value tiles, v_new and v from a TileStream of the chunk's rows.)
+    constexpr int kThreads = kOutputThreads;
+    using TokenTiles = TileStream<kThreads, kChunk, kMmaVt, LDS>;
+    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
+    const bool streamed = V % kMmaVt == 0 && TokenTiles::usable(v_new, v_origin, v_stride) &&
+                          TokenTiles::usable(pr.v, v_origin, v_stride);
+    const TokenTiles token_tiles(v_origin, v_stride);
     auto issue_value_tile = [&](int tile) {  // one commit group
       const int64_t col0 = int64_t(tile) * kMmaVt;
       const int cols = tile_cols(tile);
-      constexpr int kThreads = kOutputThreads;
       issue_tile<kThreads>(slot_s(tile), LDS, KD, kMmaVt, KD, cols,
                            RowSource<bf16>{saved + col0, V});
-      issue_tile<kThreads>(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(v_new, V, col0));
-      issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
+      if (streamed) {
+        token_tiles.issue(slot_vn(tile), v_new, col0, n);
+        token_tiles.issue(slot_v(tile), pr.v, col0, n);
+      } else {
+        issue_tile<kThreads>(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols,
+                             rows_of(v_new, V, col0));
+        issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
+      }
       async_copy_commit();
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
