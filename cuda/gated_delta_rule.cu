@@ -2119,9 +2119,19 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     const ChunkRows rows_of{pr, b, h, begin};
     auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
+    // (With whole value tiles, from a TileStream of the chunk's dO rows.)
+    using TokenTiles = TileStream<kMmaThreads, kChunk, kMmaVt, LDV>;
+    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
+    const bool streamed =
+        V % kMmaVt == 0 && TokenTiles::usable(bw.grad_o, v_origin, v_stride);
+    const TokenTiles do_tiles(v_origin, v_stride);
     auto issue_do_tile = [&](int tile) {  // one commit group
-      issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, kMmaVt, n, tile_cols(tile),
-                              rows_of(bw.grad_o, V, int64_t(tile) * kMmaVt));
+      if (streamed) {
+        do_tiles.issue(slot_do(tile), bw.grad_o, int64_t(tile) * kMmaVt, n);
+      } else {
+        issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, kMmaVt, n, tile_cols(tile),
+                                rows_of(bw.grad_o, V, int64_t(tile) * kMmaVt));
+      }
       async_copy_commit();
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
