@@ -2462,14 +2462,14 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
                           TokenTiles::usable(bw.v_new, v_origin, v_stride) &&
                           TokenTiles::usable(pr.v, v_origin, v_stride) &&
                           TokenTiles::usable(du, v_origin, v_stride);
-    const TokenTiles v_tiles_of_chunk(v_origin, v_stride);
+    const TokenTiles token_tiles(v_origin, v_stride);
     auto issue_value_tile = [&](int tile) {
       const int64_t v0 = int64_t(tile) * VT;
       if (streamed) {
-        v_tiles_of_chunk.issue(slot_do(tile), bw.grad_o, v0, n);
-        v_tiles_of_chunk.issue(slot_u(tile), bw.v_new, v0, n);
-        v_tiles_of_chunk.issue(slot_vb(tile), pr.v, v0, n);
-        v_tiles_of_chunk.issue(slot_du(tile), du, v0, n);
+        token_tiles.issue(slot_do(tile), bw.grad_o, v0, n);
+        token_tiles.issue(slot_u(tile), bw.v_new, v0, n);
+        token_tiles.issue(slot_vb(tile), pr.v, v0, n);
+        token_tiles.issue(slot_du(tile), du, v0, n);
         return;
       }
       const int cols = int(min(int64_t(VT), V - v0));
