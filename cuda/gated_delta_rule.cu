@@ -2286,8 +2286,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
     issue_tile<kWarps * 32>(slot_do(chunk), LDS, kChunk, VT, n, cols,
                             rows_of(bw.grad_o, V, col0));
-    issue_tile<kWarps * 32>(slot_dvl(chunk), LDF, kChunk, VT, n, cols,
-                            rows_of(static_cast<const float*>(bw.dvl), V, col0));
+    issue_tile<kWarps * 32>(slot_dvl(chunk), LDF, kChunk, VT, n, cols, rows_of(dvl, V, col0));
   };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
@@ -2476,8 +2475,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
       issue_tile<kMmaThreads>(slot_do(tile), LDV, kChunk, VT, n, cols, rows_of(bw.grad_o, V, v0));
       issue_tile<kMmaThreads>(slot_u(tile), LDV, kChunk, VT, n, cols, rows_of(bw.v_new, V, v0));
       issue_tile<kMmaThreads>(slot_vb(tile), LDV, kChunk, VT, n, cols, rows_of(pr.v, V, v0));
-      issue_tile<kMmaThreads>(slot_du(tile), LDV, kChunk, VT, n, cols,
-                              rows_of(static_cast<const bf16*>(bw.du), V, v0));
+      issue_tile<kMmaThreads>(slot_du(tile), LDV, kChunk, VT, n, cols, rows_of(du, V, v0));
     };
     issue_tile<kMmaThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
@@ -2632,8 +2630,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
-    const bf16* saved = bw.states + state_offset(pr, b, h, chunk, bw.max_chunks);
-    const bf16* dsaved = bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks);
+    const int64_t s_origin = state_offset(pr, b, h, chunk, bw.max_chunks);
+    const bf16 *saved = bw.states + s_origin, *dsaved = bw.dstates + s_origin;
     // Step s takes key block s / v_tiles and value tile s % v_tiles; its tiles go to slot
     // s % 2, step s + 1's copies in flight during step s's products. (Issued and waited
     // for at once, each step's copies had left their whole latency exposed.)
@@ -2644,7 +2642,6 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     using TokenTiles = TileStream<kThreads, kChunk, VT, LDV>;
     using StateTiles = TileStream<kThreads, KB, VT, LDV>;
     const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
-    const int64_t s_origin = state_offset(pr, b, h, chunk, bw.max_chunks);
     const bf16* du = bw.du;
     const bool streamed = V % VT == 0 && TokenTiles::usable(bw.grad_o, v_origin, v_stride) &&
                           TokenTiles::usable(bw.v_new, v_origin, v_stride) &&
@@ -2670,8 +2667,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
                            RowSource<bf16>{saved + k0 * V + v0, V});
       issue_tile<kThreads>(slot_ds(step), LDV, KB, VT, KB, cols,
                            RowSource<bf16>{dsaved + k0 * V + v0, V});
-      issue_tile<kThreads>(slot_du(step), LDV, kChunk, VT, n, cols,
-                           rows_of(static_cast<const bf16*>(bw.du), V, v0));
+      issue_tile<kThreads>(slot_du(step), LDV, kChunk, VT, n, cols, rows_of(du, V, v0));
     };
     issue_tile<kThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile<kThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
