@@ -34,10 +34,10 @@
 //   dQ pass: one block per (query tile, query head, batch row), over the same key tiles
 //     as the forward.
 //
-// Tensor-core kernels (bf16 with 16-byte aligned q, k, v, dO; the same head dims, the
-// backward for Dk <= 128 and Dv <= 192): the forward, dQ and dK/dV passes above with the
-// products on mma.sync (cuda/mma.cuh), flash-attention-2 style; see their section. Other
-// bf16 calls take the tiled kernels.
+// Tensor-core kernels (bf16 with 16-byte aligned q, k, v, dO; the same head dims): the
+// forward, dQ and dK/dV passes above with the products on mma.sync (cuda/mma.cuh),
+// flash-attention-2 style, the dK/dV pass as two kernels where Dk + Dv > 320 (KeyGrads);
+// see their section. Other bf16 calls take the tiled kernels.
 //
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
@@ -1215,13 +1215,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
 // Instances exist for head dims up to 128 (keys) and 192 (values): each warp keeps its
 // 16 rows of dK and dV' (dQ: 16 or 32) in registers.
 
-template <int DK, int DV>
-constexpr bool kMmaBackwardFits = DK <= 128 && DV <= 192;
+// Which of a key block's gradients a dK/dV kernel forms. A warp's accumulators hold its
+// 16 keys' dk and dv': (DK + DV) / 2 fp32 registers a thread, 160 at head dims of
+// 128 x 192, where ptxas already spills (24 bytes). Past 320 (a head dim of 256 beside
+// one over 64, or 128 beside 256) two kernels visit the same query tiles: Keys forms dk
+// from S^T, dP^T and dS^T Q (three products a tile), Values dv' from S^T and P^T dO (two)
+// with dv and the router's share; five products where one kernel makes four.
+enum class KeyGrads { Both, Keys, Values };
 
 template <int DK, int DV>
 struct MmaBackwardShape {
   static constexpr int kTile = DK > 128 || DV > 128 ? 32 : 64;  // queries (dK/dV)
   static constexpr int ldk = DK + 8, ldv = DV + 8;
+  static constexpr bool kSplitKeyGrads = DK + DV > 320;
   // dQ: kDqM row tiles of 16 rows per warp. Up to head dims of 128 that is two (dQ fits the
   // registers twice), so each K, V' fragment a warp reads from shared memory feeds two
   // products, as in the forward: with one, the dQ kernel was bound by shared memory (L1 at
@@ -1231,9 +1237,13 @@ struct MmaBackwardShape {
   static constexpr int kDqM = DK <= 128 && DV <= 128 ? 2 : 1;
   static constexpr int kDqRows = kMmaRows * kDqM;
   static constexpr int kDqKeys = kDqM == 2 ? 32 : kTile;
-  // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V', then two slots of Q and dO
+  // dQ: Q and dO, then two slots of K and V';  dK/dV: K and V' (KeyGrads::Values: K alone,
+  // its products read no V'), then two slots of Q and dO
   static constexpr size_t dq_bytes = size_t((kDqRows + 2 * kDqKeys) * (ldk + ldv)) * 2;
-  static constexpr size_t dkdv_bytes = size_t((kMmaRows + 2 * kTile) * (ldk + ldv)) * 2;
+  static constexpr size_t dkdv_bytes(KeyGrads part = KeyGrads::Both) {
+    return size_t(kMmaRows * (part == KeyGrads::Values ? ldk : ldk + ldv) +
+                  2 * kTile * (ldk + ldv)) * 2;
+  }
 };
 
 // Issues the copies of the backward's query rows [q0, q0 + BQ) of head h: Q's element
@@ -1483,15 +1493,18 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
 }
 
 // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>, for the
-// warp's 16 keys (this lane's: key0 and key0 + 8 of the block). The loads of v come before
-// any store (a load may not move above a store that could alias it, so interleaved, each
+// warp's 16 keys (this lane's: key0 and key0 + 8 of the block); of these, those kPart
+// forms (the other's array is a placeholder of one block). The loads of v come before any
+// store (a load may not move above a store that could alias it, so interleaved, each
 // would wait a round trip).
-template <int DK, int DV>
+template <int DK, int DV, KeyGrads kPart = KeyGrads::Both, int NK, int NV>
 __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a, int64_t b,
                                                     int64_t g, int k0, int key0,
                                                     const int* s_pos, const float* s_pscale,
-                                                    const float (&dk)[DK / 8][4],
-                                                    const float (&dv)[DV / 8][4]) {
+                                                    const float (&dk)[NK][4],
+                                                    const float (&dv)[NV][4]) {
+  constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
+  static_assert(NK == (kDk ? DK / 8 : 1) && NV == (kDv ? DV / 8 : 1), "accumulator blocks");
   const int t4 = mma::lane_id() % 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1500,29 +1513,38 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
     float dp_share = 0.f;
     if (pos >= 0) {
       const int64_t kv_row = a.kv_index(b, pos, g);
+      if constexpr (kDv) {
 #pragma unroll
-      for (int nb = 0; nb < DV / 8; ++nb) {
+        for (int nb = 0; nb < DV / 8; ++nb) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
+          for (int c = 0; c < 2; ++c) {
+            dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
+          }
         }
       }
+      if constexpr (kDk) {
 #pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {
-        a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
-        a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
+        for (int nb = 0; nb < DK / 8; ++nb) {
+          a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
+          a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
+        }
       }
+      if constexpr (kDv) {
 #pragma unroll
-      for (int nb = 0; nb < DV / 8; ++nb) {
+        for (int nb = 0; nb < DV / 8; ++nb) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] = store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
+          for (int c = 0; c < 2; ++c) {
+            a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] =
+                store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
+          }
         }
       }
     }
-    dp_share = quad_sum(dp_share);
-    if (a.dp_partial && pos >= 0 && t4 == 0) {
-      a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+    if constexpr (kDv) {
+      dp_share = quad_sum(dp_share);
+      if (a.dp_partial && pos >= 0 && t4 == 0) {
+        a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
+      }
     }
   }
 }
@@ -1530,17 +1552,19 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
 // The query tiles are double-buffered: while tile i's products run, tile i + 1's Q and dO
 // copies are in flight (its visibility is known a tile ahead, so unseen tiles are never
 // copied). (Copying each tile once it was known to be seen, then waiting for it, left
-// every tile's load latency exposed at 2 blocks per SM.)
-template <int DK, int DV>
+// every tile's load latency exposed at 2 blocks per SM.) kPart: the gradients it forms
+// (KeyGrads).
+template <int DK, int DV, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
   using Shape = MmaBackwardShape<DK, DV>;
   constexpr int BK = kMmaRows, BQ = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NQ = BQ / 8;
+  constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(BQ <= kMmaThreads && BK <= kMmaThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [BK][LDK]
-  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v
-  bf16* query_slots = sV + BK * LDV;             // 2 x (Q [BQ][LDK], dO [BQ][LDV])
+  bf16* sV = sK + BK * LDK;                      // [BK][LDV], v' = p v (dP^T's alone)
+  bf16* query_slots = kDk ? sV + BK * LDV : sV;  // 2 x (Q [BQ][LDK], dO [BQ][LDV])
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (LDK + LDV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * LDK; };
   // The query tiles' rows (visible ranges, lse, D) in three slots: tile i + 1's are
@@ -1563,7 +1587,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
-  issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
+  if constexpr (kDk) issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
@@ -1583,11 +1607,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
-  if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // publish()'s barriers below publish it
+  if constexpr (kDk) {
+    if (a.p) scale_rows<DV, LDV, BK>(sV, s_pscale);  // publish()'s barriers below publish it
+  }
 
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
   const float scale_log2 = a.scale * kLog2e;
-  float dk[DK / 8][4], dv[DV / 8][4];
+  float dk[kDk ? DK / 8 : 1][4], dv[kDv ? DV / 8 : 1][4];  // one placeholder block when not formed
   zero(dk);
   zero(dv);
   for (int64_t i = 0; i < queries.count; ++i) {
@@ -1605,8 +1631,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     float p[NQ][4], ds[NQ][4];
     zero(p);
     zero(ds);
-    mma::rows_times_rows<DK, LDK, LDK, NQ, true>(sK + warp * 16 * LDK, sQ, p);   // S^T
-    mma::rows_times_rows<DV, LDV, LDV, NQ, true>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+    mma::rows_times_rows<DK, LDK, LDK, NQ, true>(sK + warp * 16 * LDK, sQ, p);  // S^T
+    if constexpr (kDk) {
+      mma::rows_times_rows<DV, LDV, LDV, NQ, true>(sV + warp * 16 * LDV, sO, ds);  // dP^T
+    }
     // probabilities_and_score_grads written out: called here, it made ptxas spill two more
     // registers in this loop at head dims of 128 x 192 (7 spill instructions a tile, not 3).
     const int *row_begin = s_begin[slot], *row_end = s_end[slot];
@@ -1619,7 +1647,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - lse_log2[e % 2]);
-        ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
+        if constexpr (kDk) ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
       }
     }
     if (!now.covers) {
@@ -1634,10 +1662,14 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
         }
       }
     }
-    mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);   // dV' += P^T dO
-    mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
+    if constexpr (kDv) {
+      mma::accumulator_times_matrix<NQ, LDV, DV / 8, true>(p, sO, dv);  // dV' += P^T dO
+    }
+    if constexpr (kDk) {
+      mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
+    }
   }
-  store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+  store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 }
 
 // ---- The backward on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) -----------------
@@ -2248,7 +2280,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
       const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
-        if constexpr (std::is_same_v<T, bf16> && kMmaBackwardFits<DK, DV>) {
+        if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
             if constexpr (kWgmmaBackwardFits<DK, DV>) {
@@ -2275,8 +2307,17 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
               }
             }
             if (!tiled_dkdv) {
-              tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid, Shape::dkdv_bytes, a,
-                                        kMmaThreads);
+              if constexpr (Shape::kSplitKeyGrads) {
+                // dk, then dv and the router's share (when the first fits, so does the second)
+                tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Keys>, key_grid,
+                                          Shape::dkdv_bytes(KeyGrads::Keys), a, kMmaThreads) &&
+                             launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Values>, key_grid,
+                                          Shape::dkdv_bytes(KeyGrads::Values), a,
+                                          kMmaThreads);
+              } else {
+                tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid,
+                                          Shape::dkdv_bytes(), a, kMmaThreads);
+              }
             }
             if (!tiled_dq) {
               tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,

@@ -836,8 +836,14 @@ INSTANTIATE_TEST_SUITE_P(
         // v 192, 20 packed documents
         GpuCase{1, 700, 4, 2, 128, 192, 0.25, true, GpuDocs::Packed20, true},
         GpuCase{2, 640, 2, 1, 64, 192, 1.0, true, GpuDocs::Packed20, false},
-        // head dims 256 (the smaller tiles)
+        // head dims 256 (the smaller tiles; in bf16 the dK/dV pass splits in two kernels
+        // where Dk + Dv > 320, and 256 x 64, 64 x 256 take one)
         GpuCase{1, 150, 2, 1, 256, 256, 0.5, true, GpuDocs::Runs, false},
+        GpuCase{1, 200, 4, 2, 256, 128, 0.5, true, GpuDocs::Packed20, true},
+        GpuCase{2, 130, 2, 2, 128, 256, 1.0, false, GpuDocs::None, false},
+        GpuCase{1, 170, 2, 1, 256, 192, 0.25, true, GpuDocs::Runs, true},
+        GpuCase{1, 140, 2, 1, 256, 64, 0.5, true, GpuDocs::Runs, false},
+        GpuCase{1, 140, 2, 2, 64, 256, 0.5, true, GpuDocs::None, false},
         // documents that interleave (ids reappear)
         GpuCase{2, 180, 4, 2, 64, 64, 0.5, true, GpuDocs::Interleaved, false},
         // head dim 32 (the default configs' heads), tiled
