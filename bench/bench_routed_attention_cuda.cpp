@@ -17,7 +17,8 @@
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
 // (cuda/routed_attention.h; not in the CSV). A third times the backward on warpgroup
-// tensor cores (wgmma, sm_90a: its dK/dV and dQ kernels) against the default mma.sync ones.
+// tensor cores (wgmma, sm_90a: its dK/dV and dQ kernels) against the default mma.sync ones,
+// for the head dims those have (64 and 128).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -42,11 +43,15 @@ struct BenchCase {
   int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
   double density;
   int64_t docs;
+  // e.g. T16384_B1_H16x16_D128_rho50_docs1; unequal head dims as D128x192
   std::string name() const {
-    return "T" + std::to_string(seq_len) + "_B" + std::to_string(batch) + "_H" +
-           std::to_string(q_heads) + "x" + std::to_string(kv_heads) + "_D" +
-           std::to_string(key_dim) + "_rho" + std::to_string(int(density * 100 + 0.5)) + "_docs" +
-           std::to_string(docs);
+    char dims[48], text[128];
+    std::snprintf(dims, sizeof dims, value_dim == key_dim ? "%lld" : "%lldx%lld",
+                  (long long)key_dim, (long long)value_dim);
+    std::snprintf(text, sizeof text, "T%lld_B%lld_H%lldx%lld_D%s_rho%d_docs%lld",
+                  (long long)seq_len, (long long)batch, (long long)q_heads, (long long)kv_heads,
+                  dims, int(density * 100 + 0.5), (long long)docs);
+    return text;
   }
 };
 
@@ -62,6 +67,11 @@ std::vector<BenchCase> bench_cases() {
   }
   cases.push_back({1, 16384, 16, 4, 128, 128, 0.25, 20});  // grouped-query heads
   cases.push_back({1, 16384, 16, 16, 64, 64, 0.25, 20});
+  // The paper's HAM layer: 10 heads of q/k 128 and v 192, T = 16384 (one sequence a GPU),
+  // its KV target rho = 0.5, and 0.25; dense for the time <= 1.2 rho dense goal.
+  for (double density : {1.0, 0.5, 0.25}) cases.push_back({1, 16384, 10, 10, 128, 192, density, 1});
+  // Head dims of 256 (the dK/dV pass in two kernels, cuda/routed_attention.cu).
+  for (double density : {1.0, 0.25}) cases.push_back({1, 16384, 8, 8, 256, 256, density, 1});
   return cases;
 }
 
@@ -186,7 +196,7 @@ int main(int argc, char** argv) {
         csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
                   "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
                   "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max");
-    std::printf("%-34s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
+    std::printf("%-40s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
                 "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
     for (const BenchCase& c : bench_cases()) {
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
@@ -194,7 +204,7 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
       const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
       const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
-      std::printf("%-34s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
+      std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
                   t.compact.median, t.forward.median, t.backward.median, fwd_tflops, bwd_tflops);
       std::fflush(stdout);
       if (csv.is_open()) {
@@ -208,17 +218,17 @@ int main(int argc, char** argv) {
     }
     std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64\n"
                 "(median ms; ratios above 1: 128 rows faster than 64, 64 keys than 32)\n");
-    std::printf("%-34s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",
+    std::printf("%-40s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",
                 "rows", "keys");
     for (const BenchCase& c : bench_cases()) {
-      if (c.key_dim != 128 || c.docs != 1) continue;
+      if (c.key_dim != 128 || c.value_dim != 128 || c.docs != 1) continue;
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       CaseInputs in(c);
       in.selection = ops::compact_selection(in.select, in.docs);
       const double ms_64 = forward_ms_with(in, 64, 64, reps);
       const double ms_128_32 = forward_ms_with(in, 128, 32, reps);
       const double ms_128 = forward_ms_with(in, 128, 64, reps);
-      std::printf("%-34s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
+      std::printf("%-40s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
                   ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
       std::fflush(stdout);
     }
@@ -229,10 +239,12 @@ int main(int argc, char** argv) {
       std::printf("\nbackward, kernels mma.sync vs wgmma with 1 and 2 warpgroups a block (ms "
                   "at min / median / max;\nthe ratios mma / wgmma at each, above 1: wgmma "
                   "faster)\n");
-      std::printf("%-34s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1",
+      std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1",
                   "wgmma x2", "ratio x1", "ratio x2");
       for (const BenchCase& c : bench_cases()) {
         if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+        const auto wgmma_dim = [](int64_t d) { return d == 64 || d == 128; };
+        if (!wgmma_dim(c.key_dim) || !wgmma_dim(c.value_dim)) continue;
         CaseInputs in(c);
         in.selection = ops::compact_selection(in.select, in.docs);
         const ops::RoutedAttentionOutput forward =
@@ -240,7 +252,7 @@ int main(int argc, char** argv) {
         const bench::Spread mma = backward_ms_with(in, forward, 0, reps);
         const bench::Spread one = backward_ms_with(in, forward, 1, reps);
         const bench::Spread two = backward_ms_with(in, forward, 2, reps);
-        std::printf("%-34s", c.name().c_str());
+        std::printf("%-40s", c.name().c_str());
         for (const bench::Spread& t : {mma, one, two}) {
           std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
         }

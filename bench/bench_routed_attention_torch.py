@@ -156,7 +156,7 @@ def main():
     with open(args.ham_csv) as f:
         rows = list(csv.DictReader(f))
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
-    print(f"{'case':<34} {'ham fwd/bwd ms':>18} {'flash fwd/bwd ms':>18} {'flex fwd/bwd ms':>18} "
+    print(f"{'case':<40} {'ham fwd/bwd ms':>18} {'flash fwd/bwd ms':>18} {'flex fwd/bwd ms':>18} "
           f"{'flash/ham':>11} {'flex/ham':>11}")
     out_rows = []
     nan = (float("nan"),) * 3
@@ -177,7 +177,7 @@ def main():
             return tuple(tuple(o / h for o, h in zip(other[i], ham[i])) for i in range(2))
 
         r_flash, r_flex = ratio(flash), ratio(flex)
-        print(f"{row['name']:<34} {ham[0][1]:8.3f} {ham[1][1]:8.3f}  {flash[0][1]:8.3f} "
+        print(f"{row['name']:<40} {ham[0][1]:8.3f} {ham[1][1]:8.3f}  {flash[0][1]:8.3f} "
               f"{flash[1][1]:8.3f}  {flex[0][1]:8.3f} {flex[1][1]:8.3f}  {r_flash[0][1]:5.2f} "
               f"{r_flash[1][1]:5.2f} {r_flex[0][1]:5.2f} {r_flex[1][1]:5.2f}", flush=True)
         out = {"name": row["name"]}
@@ -193,11 +193,11 @@ def main():
         out_rows.append(out)
     spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
                for step in ("forward", "backward")]
-    print(f"\n{'case':<34} {'ratio':<22} {'min':>6} {'median':>6} {'max':>6}")
+    print(f"\n{'case':<40} {'ratio':<22} {'min':>6} {'median':>6} {'max':>6}")
     for name, label, step in spreads:
         row = next(r for r in out_rows if r["name"] == name)
         values = [row[f"{label}_over_ham_{step}_{at}"] for at in ("min", "median", "max")]
-        print(f"{name:<34} {label + '/ham ' + step:<22} " +
+        print(f"{name:<40} {label + '/ham ' + step:<22} " +
               " ".join(f"{v:6.2f}" for v in values))
     if args.out:
         with open(args.out, "w", newline="") as f:
