@@ -11,6 +11,7 @@ bit for bit (the same splitmix64 selection and equal-run documents), and times i
               dense causal attention over all T keys, one document. It ignores the
               selection and the documents: the dense cost routed attention is measured
               against (for density 1 with one document the two compute the same thing).
+              Only where q, k and v share one head dim: the flash backend takes no other.
   flex        FlexAttention (torch.compile'd) with a block mask built from
               mask_mod = kv <= q  &  select[b, kv]  &  doc[b, q] == doc[b, kv]
               (the same S(b, t) as ham): blocks holding no selected key are skipped,
@@ -21,7 +22,8 @@ inside its kernels. Forward and backward are timed separately with CUDA events (
 median of --reps, with the min and max in a second table and the CSV; ratios at each pair
 min/min, median/median, max/max); the backward of each rep runs on a fresh forward graph,
 timed alone.
-Prints ms per step and the ratios torch / ham (above 1: ham is faster).
+Prints ms per step and the ratios torch / ham (above 1: ham is faster). A reference that
+fails on a case (an unsupported head dim, memory) is reported and gets nan in that row.
 """
 import argparse
 import csv
@@ -122,8 +124,16 @@ def run_case(row, reps, use_flex):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
 
-    if key_dim == value_dim:
-        results["sdpa_flash"] = time_attention(sdpa, q, k_full, v_full, dout, reps)
+    def timed(label, attend, *inputs):
+        # A reference that refuses a case (a head dim, a GPU) costs that case's column only.
+        try:
+            results[label] = time_attention(attend, *inputs, dout, reps)
+        except Exception as error:  # noqa: BLE001 - reported, and the row gets nan
+            first_line = (str(error).splitlines() or [type(error).__name__])[0]
+            print(f"{row['name']}: {label} failed: {first_line}", flush=True)
+
+    if key_dim == value_dim:  # SDPA's flash backend needs one head dim for q, k and v
+        timed("sdpa_flash", sdpa, q, k_full, v_full)
 
     if use_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -139,7 +149,7 @@ def run_case(row, reps, use_flex):
         def attend(q_, k_, v_):
             return flex(q_, k_, v_, block_mask=block_mask, enable_gqa=group > 1)
 
-        results["flex"] = time_attention(attend, q, k, v, dout, reps)
+        timed("flex", attend, q, k, v)
     return results
 
 
