@@ -305,6 +305,8 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     # the case furthest from FLA in the ninth session (1.19x forward, 1.55x backward)
     profile bench_gated_delta_rule_cuda --reps 1 --filter T16384_H16_D128_bf16
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
+    # the paper's HAM heads (q/k 128, v 192) at its KV target
+    profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H10x10_D128x192_rho50_docs1
   fi
   [[ $benches == *" routed "* ]] &&
     bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
