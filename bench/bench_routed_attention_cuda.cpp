@@ -16,9 +16,9 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV). A third times the backward on warpgroup
-// tensor cores (wgmma, sm_90a: its dK/dV and dQ kernels) against the default mma.sync ones,
-// for the head dims those have (64 and 128).
+// (cuda/routed_attention.h; not in the CSV), and the next the same for value heads of 192.
+// A last one times the backward on warpgroup tensor cores (wgmma, sm_90a: its dK/dV and dQ
+// kernels) against the default mma.sync ones, for the head dims those have (64 and 128).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -157,14 +157,14 @@ Timing run_case(const BenchCase& c, int reps) {
   return t;
 }
 
-// The forward's median ms with `rows`-row tensor-core blocks and `keys`-key tiles (the
-// latter for 128-row blocks; cuda/routed_attention.h).
-double forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
+// The forward's ms (min, median, max) with `rows`-row tensor-core blocks and `keys`-key
+// tiles (the latter for 128-row blocks with value heads of 128; cuda/routed_attention.h).
+bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   const int previous_rows = cuda::set_attention_forward_rows(rows);
   const int previous_keys = cuda::set_attention_forward_keys(keys);
-  const double ms = time_ms(reps, [&] {
+  const bench::Spread ms = time_ms(reps, [&] {
     ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-  }).median;
+  });
   cuda::set_attention_forward_keys(previous_keys);
   cuda::set_attention_forward_rows(previous_rows);
   return ms;
@@ -225,11 +225,31 @@ int main(int argc, char** argv) {
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       CaseInputs in(c);
       in.selection = ops::compact_selection(in.select, in.docs);
-      const double ms_64 = forward_ms_with(in, 64, 64, reps);
-      const double ms_128_32 = forward_ms_with(in, 128, 32, reps);
-      const double ms_128 = forward_ms_with(in, 128, 64, reps);
+      const double ms_64 = forward_ms_with(in, 64, 64, reps).median;
+      const double ms_128_32 = forward_ms_with(in, 128, 32, reps).median;
+      const double ms_128 = forward_ms_with(in, 128, 64, reps).median;
       std::printf("%-40s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
                   ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
+      std::fflush(stdout);
+    }
+    // Value heads of 192 (the paper's HAM layer) took 64-row blocks until 128-row ones were
+    // made their default, untimed (their 32-key tiles either way).
+    std::printf("\nforward at value heads of 192, block rows 64 vs 128 (ms at min / median / "
+                "max; the ratios 64 / 128 at each, above 1: 128 rows faster)\n");
+    std::printf("%-40s %26s %26s %18s\n", "case", "64 rows", "128 rows", "ratio");
+    for (const BenchCase& c : bench_cases()) {
+      if (c.value_dim != 192) continue;
+      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+      CaseInputs in(c);
+      in.selection = ops::compact_selection(in.select, in.docs);
+      const bench::Spread rows_64 = forward_ms_with(in, 64, 64, reps);
+      const bench::Spread rows_128 = forward_ms_with(in, 128, 64, reps);
+      std::printf("%-40s", c.name().c_str());
+      for (const bench::Spread& t : {rows_64, rows_128}) {
+        std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
+      }
+      std::printf(" %5.2f %5.2f %5.2f\n", rows_64.min / rows_128.min,
+                  rows_64.median / rows_128.median, rows_64.max / rows_128.max);
       std::fflush(stdout);
     }
     if (!cuda::attention_backward_wgmma_available()) {

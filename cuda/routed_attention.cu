@@ -795,9 +795,15 @@ using mma::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The forward's block: 4 warps with kM row tiles of 16 query rows each (64 kM rows per
-// block). With kM = 2 (head dims of 64 or 128: O fits the registers twice) each K and V'
-// fragment a warp loads from shared memory feeds two products, and each key tile a block
-// stages serves 128 queries, as in flash-attention-2's 128-row blocks. Key tiles are 64
+// block). With kM = 2 (value heads up to 192 beside key heads up to 128: O fits the
+// registers twice) each K and V' fragment a warp loads from shared memory feeds two
+// products, and each key tile a block stages serves 128 queries, as in flash-attention-2's
+// 128-row blocks. At 128 x 192 (the paper's HAM heads) that takes 255 registers and
+// spills: 22 local loads and stores a 32-key tile in the sm_90a SASS, against 1,197
+// instructions and 160 tensor-core products a warp there, most of them reloads of values
+// that hold across tiles; the fragments a product reads from shared memory fall from 0.6
+// ldmatrix to 0.35, and the blocks an SM stay two. (A key head of 256 would need 119 KB
+// and one block an SM; value heads of 256 spill over a kilobyte.) Key tiles are 64
 // wide up to head dims of 128 (kKeyTile = 0), else 32; a 128-row block with value heads of
 // 128 may take 32 instead (set_attention_forward_keys). The 64-key tile halves a key's
 // share of the per-tile barriers, bookkeeping and rescaling; at 128 x 128 it takes 255
@@ -2219,8 +2225,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
                                   Shape::forward_bytes, a, kMmaThreads);
             };
-            // 128-row blocks for the common heads only (each instance adds to the build).
-            if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128)) {
+            // 128-row blocks for the common heads and the paper's value heads of 192 only
+            // (each instance adds to the build; MmaShape says why not for 256).
+            if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128 || DV == 192)) {
               if (g_forward_rows.load() == 128) {
                 if constexpr (DV == 128) {
                   if (g_forward_keys.load() == 32) tiled = launch_mma.template operator()<2, 32>();

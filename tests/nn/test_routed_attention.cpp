@@ -894,15 +894,17 @@ void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int valu
 }
 #endif
 
-// The bf16 tensor-core forward with one 16-row tile per warp (64-row blocks), which heads
-// up to 128 wide take only when set so; the cases above run the default 128-row blocks.
+// The bf16 tensor-core forward with one 16-row tile per warp (64-row blocks), which key
+// heads up to 128 wide beside value heads up to 192 take only when set so; the cases above
+// run the default 128-row blocks.
 TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_rows, "set_attention_forward_rows", 64, 96, "64 or 128",
       {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
+       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
+       GpuCase{1, 260, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}});
 #endif
 }
 
