@@ -1218,8 +1218,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
 //     the query tiles that see the keys, S^T = K Q^T and dP^T = V' dO^T, then
 //     dV' += P^T dO and dK += dS^T Q; finally dk, dv = p dv' and this head's <dv', v> go
 //     to the keys' positions as in the tiled kernel.
-// Instances exist for head dims up to 128 (keys) and 192 (values): each warp keeps its
-// 16 rows of dK and dV' (dQ: 16 or 32) in registers.
+// Each warp keeps its 16 rows of dK and dV' (dQ: 16 or 32) in registers, which at head
+// dims past 320 together takes two dK/dV kernels (KeyGrads).
 
 // Which of a key block's gradients a dK/dV kernel forms. A warp's accumulators hold its
 // 16 keys' dk and dv': (DK + DV) / 2 fp32 registers a thread, 160 at head dims of
