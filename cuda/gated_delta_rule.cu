@@ -2008,7 +2008,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //                          terms, and the sums that need S0 or dS_end: <dO, Q S0> as
 //                          <Q, dO S0^T>, <K dS_end, u> as <K, u dS_end^T> (both products
 //                          are dq's and dk's own) and <S0, dS_end>
-//   5. gdr_bwd_wy_mma      per chunk: dL, dM, the rest of dk, dbeta, dg
+//   5. gdr_bwd_wy_mma      per chunk: dL (chunk_inverse_grad), dM, the rest of dk,
+//                          dbeta, dg
 // Per-chunk matrices and row sums pass between them in f32 scratch (dP * Gamma in bf16:
 // its one reader, the keys kernel, takes it as tensor-core operands).
 
@@ -2875,82 +2876,56 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   }
 }
 
-// The two 64 x 64 f32 products of the WY backward's dL, in shared memory (row stride LDF),
-// with A unit lower triangular (zeros above its diagonal). Each of the kThreads threads
-// owns a 4 x kCols block (kCols = 8 at 128 threads, 4 at 256), rows 4 (t / (64 / kCols))
-// and columns kCols (t % (64 / kCols)): per m it reads 4 + kCols values for 4 kCols
-// products (one element per thread read 2 values per product, each product waiting on
-// the last). The terms A's zeros add are exact zeros, so the sums are those of the
-// element loops.
-//   out = A^T d:  out_ij = sum_{m >= i} A_mi d_mj
-template <int kThreads>
-constexpr int kSquareCols = kChunk * kChunk / (4 * kThreads);
-static_assert(kChunk == 64 && kSquareCols<128> == 8 && kSquareCols<256> == 4,
-              "4 x 8 or 4 x 4 blocks of 64 x 64 per thread");
-template <int LDF, int kThreads = kMmaThreads>
-__device__ __forceinline__ void lower_transpose_times(const float* a, const float* d, float* out) {
-  constexpr int kCols = kSquareCols<kThreads>, kAcross = kChunk / kCols;
-  const int i0 = 4 * (int(threadIdx.x) / kAcross), j0 = kCols * (int(threadIdx.x) % kAcross);
-  float acc[4][kCols] = {};
-  for (int m = i0; m < kChunk; ++m) {
-    float ar[4], dr[kCols];
+// dL = -strict_tril(A^T dA A^T), the gradient of L = diag(beta) M through A = (I + L)^-1:
+// dL_ij = -sum_m (A^T dA)_im A_jm for j < i, -0 elsewhere, written over dA in sD (f32, row
+// stride LDF). On the tensor cores, with bf16 operands and f32 sums, as FLA's WY backward
+// (which keeps A in bf16) forms it: dA is rounded once into `scratch` ([64][LDA] bf16);
+// warp w then forms T = A^T dA for its 16 rows [row0, row0 + 16) and all 64 columns (a row
+// of A^T is a column of A: ldmatrix's transposing load), and its columns of T A^T from T's
+// registers, rounded, with A's rows as B^T. The terms A's zeros add are exact zeros.
+// (In f32 on the CUDA cores, 4 x 4 elements a thread at 256 threads, the two products had
+// taken about 1,700 of the WY kernel's executed instructions a thread a chunk at K = 128,
+// by the sizes and trip counts of their loops in the sm_90a SASS: the most of any part of
+// it. Here they are 32 tensor-core products a warp.) Ends with a barrier.
+template <int LDA, int LDF, int kWarps>
+__device__ void chunk_inverse_grad(const bf16* sA, float* sD, bf16* scratch) {
+  constexpr int kParts = kWarps / 4, kCols = kChunk / kParts;  // a warp's columns of dL
+  static_assert(kWarps % 4 == 0 && kCols % 8 == 0, "4 row tiles by whole column blocks");
+  for (int idx = int(threadIdx.x); idx < kChunk * kChunk / 2; idx += kWarps * 32) {
+    const int i = idx / (kChunk / 2), j = 2 * (idx % (kChunk / 2));
+    *reinterpret_cast<uint32_t*>(scratch + i * LDA + j) =
+        mma::pack_bf16(sD[i * LDF + j], sD[i * LDF + j + 1]);
+  }
+  __syncthreads();
+  const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, col0 = warp / 4 * kCols;
+  float t[kChunk / 8][4], dl[kCols / 8][4];
+  mma::zero(t);
+  mma::zero(dl);
+  mma::columns_times_matrix<kChunk, LDA, LDA, kChunk / 8>(sA, row0, scratch, t);  // A^T dA
+  mma::accumulator_times_rows<kChunk / 8, LDA, kCols / 8>(t, sA + col0 * LDA, dl);  // T A^T
 #pragma unroll
-    for (int r = 0; r < 4; ++r) ar[r] = a[m * LDF + i0 + r];
+  for (int nb = 0; nb < kCols / 8; ++nb) {
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) dr[c] = d[m * LDF + j0 + c];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[r][c] += ar[r] * dr[c];
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + acc_row(e), j = col0 + acc_col(nb, e);
+      sD[i * LDF + j] = j < i ? -dl[nb][e] : -0.f;
     }
   }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) out[(i0 + r) * LDF + j0 + c] = acc[r][c];
-  }
-}
-
-//   out = -strict_tril(t A^T):  out_ij = -sum_{m <= j} t_im A_jm for j < i, -0 elsewhere
-template <int LDF, int kThreads = kMmaThreads>
-__device__ __forceinline__ void times_lower_transpose_strict(const float* t, const float* a,
-                                                             float* out) {
-  constexpr int kCols = kSquareCols<kThreads>, kAcross = kChunk / kCols;
-  const int i0 = 4 * (int(threadIdx.x) / kAcross), j0 = kCols * (int(threadIdx.x) % kAcross);
-  float acc[4][kCols] = {};
-  if (j0 < i0 + 3) {  // some j < i in the block
-    for (int m = 0; m < j0 + kCols; ++m) {
-      float tr[4], ar[kCols];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) tr[r] = t[(i0 + r) * LDF + m];
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) ar[c] = a[(j0 + c) * LDF + m];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[r][c] += tr[r] * ar[c];
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      out[(i0 + r) * LDF + j0 + c] = j0 + c < i0 + r ? -acc[r][c] : -0.f;
-    }
-  }
+  __syncthreads();
 }
 
 template <int KD>
 struct BwdWyLayout {
   static constexpr int kb = KD < 64 ? KD : 64;
   static constexpr int ldk = KD + 8, lda = kChunk + 8, ldb = kb + 8, ldf = kChunk + 1;
-  static constexpr size_t f_bytes = size_t(4 * kChunk * ldf) * 4;
-  static constexpr size_t bytes = f_bytes + size_t(kChunk * ldk + kChunk * lda + kChunk * ldb) * 2;
+  static constexpr size_t f_bytes = size_t(2 * kChunk * ldf) * 4;  // M, dA
+  // K, A, dA in bf16 (chunk_inverse_grad), a key block of dW
+  static constexpr size_t bytes =
+      f_bytes + size_t(kChunk * ldk + 2 * kChunk * lda + kChunk * ldb) * 2;
 };
 
-// Warps of a WY block: 8 from K = 64 (the f32 products in 4 x 4 blocks a thread, M and the
-// key blocks' products in row tiles by column halves, as the keys kernel's), else 4.
+// Warps of a WY block: 8 from K = 64 (dL's, M's and the key blocks' products in row tiles
+// by column halves, as the keys kernel's), else 4.
 template <int KD>
 constexpr int kWyWarps = KD >= 64 ? 8 : 4;
 
@@ -2964,12 +2939,11 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   static_assert(kWarps % 4 == 0 && KBP % 8 == 0, "whole 8-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   float* sM = reinterpret_cast<float*>(smem_raw);
-  float* sAf = sM + kChunk * LDF;
-  float* sD = sAf + kChunk * LDF;  // dA, then dL, then dM * Gamma
-  float* sT = sD + kChunk * LDF;   // A^T dA
+  float* sD = sM + kChunk * LDF;  // dA, then dL, then dM * Gamma
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
-  bf16* sdW = sA + kChunk * LDA;  // [64][KB]: the key block of dW
+  bf16* sDA = sA + kChunk * LDA;   // dA in bf16 (chunk_inverse_grad)
+  bf16* sdW = sDA + kChunk * LDA;  // [64][KB]: the key block of dW
   constexpr int kRowParts = kThreads / kChunk;  // threads that share a row's Z sums
   __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kParts][kChunk],
       s_part[kRowParts][2][kChunk], s_upper_total;
@@ -3002,17 +2976,13 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     }
     const float chunk_dlambda = bw.chunk_dlambda[slot];
     load_square_f32<kThreads>(sD, LDF, bw.da + slot * kChunk * kChunk);
-    load_inverse<LDA, LDF, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA, sAf);
+    load_inverse<LDA, LDF, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
     chunk_decayed_kk<KD, LDK, LDF, kWarps>(sK, s_g, n, sM);
-    // dL = -strict_tril(A^T dA A^T), in f32: T = A^T dA, then dL_ij = -(T A^T)_ij, j < i.
-    lower_transpose_times<LDF, kThreads>(sAf, sD, sT);
-    __syncthreads();
-    times_lower_transpose_strict<LDF, kThreads>(sT, sAf, sD);
-    __syncthreads();
+    chunk_inverse_grad<LDA, LDF, kWarps>(sA, sD, sDA);  // dL over dA in sD
     // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma):
     // thread t sums the columns of part t / 64 (of kRowParts) of row t % 64, and thread
     // i < 64 adds the other parts' sums (s_part) to its own, in order.

@@ -187,6 +187,21 @@ __device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4]
   }
 }
 
+// acc (16 x 8 NB) += X B^T: X (16 x 8 NX) held as an accumulator, B^T the rows [0, 8 NB)
+// of a row-major tile of 8 NX columns (as T A^T with A's rows).
+template <int NX, int LDB, int NB>
+__device__ __forceinline__ void accumulator_times_rows(const float (&x)[NX][4],
+                                                       const bf16_t* b_tile,
+                                                       float (&acc)[NB][4]) {
+#pragma unroll
+  for (int j = 0; j < NX / 2; ++j) {
+    uint32_t af[4];
+    accumulator_as_a(x, j, af);
+    each_b_fragment<true, LDB, NB, false>(
+        b_tile, j * 16, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
+  }
+}
+
 // The same products for kM row tiles at once (a warp owning 16 kM rows): each B fragment
 // is loaded from shared memory once for the kM products, which halves the B traffic per
 // product at kM = 2, and two blocks' fragments come in one load. (The one-tile functions
