@@ -172,34 +172,35 @@ __device__ __forceinline__ void columns_times_matrix(const bf16_t* x, int m0, co
   }
 }
 
-// acc (16 x 8 NB) += X B: X (16 x 8 NX) held as an accumulator, B the rows [0, 8 NX) of a
-// row-major tile of 8 NB columns (as P V).
-template <int NX, int LDB, int NB, bool kPairedB = false>
-__device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4],
-                                                         const bf16_t* b_tile,
-                                                         float (&acc)[NB][4]) {
+// acc (16 x 8 NB) += X B, X (16 x 8 NX) held as an accumulator: its blocks rounded to bf16
+// A-fragments, with B as in rows_times (kBRows: B^T given as rows [n][k]).
+template <bool kBRows, int NX, int LDB, int NB, bool kPairedB = false>
+__device__ __forceinline__ void accumulator_times(const float (&x)[NX][4], const bf16_t* b_tile,
+                                                  float (&acc)[NB][4]) {
 #pragma unroll
   for (int j = 0; j < NX / 2; ++j) {
     uint32_t af[4];
     accumulator_as_a(x, j, af);
-    each_b_fragment<false, LDB, NB, kPairedB>(
+    each_b_fragment<kBRows, LDB, NB, kPairedB>(
         b_tile, j * 16, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
   }
 }
 
-// acc (16 x 8 NB) += X B^T: X (16 x 8 NX) held as an accumulator, B^T the rows [0, 8 NB)
-// of a row-major tile of 8 NX columns (as T A^T with A's rows).
+// acc (16 x 8 NB) += X B: B the rows [0, 8 NX) of a row-major tile of 8 NB columns (as P V).
+template <int NX, int LDB, int NB, bool kPairedB = false>
+__device__ __forceinline__ void accumulator_times_matrix(const float (&x)[NX][4],
+                                                         const bf16_t* b_tile,
+                                                         float (&acc)[NB][4]) {
+  accumulator_times<false, NX, LDB, NB, kPairedB>(x, b_tile, acc);
+}
+
+// acc (16 x 8 NB) += X B^T: B^T the rows [0, 8 NB) of a row-major tile of 8 NX columns (as
+// T A^T with A's rows).
 template <int NX, int LDB, int NB>
 __device__ __forceinline__ void accumulator_times_rows(const float (&x)[NX][4],
                                                        const bf16_t* b_tile,
                                                        float (&acc)[NB][4]) {
-#pragma unroll
-  for (int j = 0; j < NX / 2; ++j) {
-    uint32_t af[4];
-    accumulator_as_a(x, j, af);
-    each_b_fragment<true, LDB, NB, false>(
-        b_tile, j * 16, [&](int nb, const uint32_t(&bf)[2]) { mma_bf16_16816(acc[nb], af, bf); });
-  }
+  accumulator_times<true, NX, LDB, NB>(x, b_tile, acc);
 }
 
 // The same products for kM row tiles at once (a warp owning 16 kM rows): each B fragment
