@@ -1175,12 +1175,6 @@ __device__ void load_square(const float* __restrict__ src, Put put) {
   }
 }
 
-// dst[i][j] (row stride ld) <- src[i * 64 + j] for a 64 x 64 f32 matrix.
-template <int kThreads = kMmaThreads>
-__device__ void load_square_f32(float* dst, int ld, const float* __restrict__ src) {
-  load_square<kThreads>(src, [=](int i, int j, float x) { dst[i * ld + j] = x; });
-}
-
 // e^x for the decays within a chunk, e^{G_i - G_j}, by one ex2.approx.ftz (mma::exp2_ftz).
 // expf's range reduction and denormal fix-ups cost about 8 instructions more, and the
 // chunk kernels take a decay for each of a thread's 32 elements of a 64 x 64 mask. Where
@@ -2877,31 +2871,26 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 }
 
 // dL = -strict_tril(A^T dA A^T), the gradient of L = diag(beta) M through A = (I + L)^-1:
-// dL_ij = -sum_m (A^T dA)_im A_jm for j < i, -0 elsewhere, written over dA in sD (f32, row
-// stride LDF). On the tensor cores, with bf16 operands and f32 sums, as FLA's WY backward
-// (which keeps A in bf16) forms it: dA is rounded once into `scratch` ([64][LDA] bf16);
-// warp w then forms T = A^T dA for its 16 rows [row0, row0 + 16) and all 64 columns (a row
-// of A^T is a column of A: ldmatrix's transposing load), and its columns of T A^T from T's
-// registers, rounded, with A's rows as B^T. The terms A's zeros add are exact zeros.
+// dL_ij = -sum_m (A^T dA)_im A_jm for j < i, -0 elsewhere, into sD (f32, row stride LDF).
+// On the tensor cores, with bf16 operands and f32 sums, as FLA's WY backward (which keeps
+// A in bf16) forms it, from A and dA rounded to bf16 as they were loaded (sA, sDA:
+// [64][LDA]): warp w forms T = A^T dA for its 16 rows [row0, row0 + 16) and all 64 columns
+// (a row of A^T is a column of A: ldmatrix's transposing load), and its columns of T A^T
+// from T's registers, rounded, with A's rows as B^T. The terms A's zeros add are exact
+// zeros.
 // (In f32 on the CUDA cores, 4 x 4 elements a thread at 256 threads, the two products had
 // taken about 1,700 of the WY kernel's executed instructions a thread a chunk at K = 128,
 // by the sizes and trip counts of their loops in the sm_90a SASS: the most of any part of
 // it. Here they are 32 tensor-core products a warp.) Ends with a barrier.
 template <int LDA, int LDF, int kWarps>
-__device__ void chunk_inverse_grad(const bf16* sA, float* sD, bf16* scratch) {
+__device__ void chunk_inverse_grad(const bf16* sA, const bf16* sDA, float* sD) {
   constexpr int kParts = kWarps / 4, kCols = kChunk / kParts;  // a warp's columns of dL
   static_assert(kWarps % 4 == 0 && kCols % 8 == 0, "4 row tiles by whole column blocks");
-  for (int idx = int(threadIdx.x); idx < kChunk * kChunk / 2; idx += kWarps * 32) {
-    const int i = idx / (kChunk / 2), j = 2 * (idx % (kChunk / 2));
-    *reinterpret_cast<uint32_t*>(scratch + i * LDA + j) =
-        mma::pack_bf16(sD[i * LDF + j], sD[i * LDF + j + 1]);
-  }
-  __syncthreads();
   const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, col0 = warp / 4 * kCols;
   float t[kChunk / 8][4], dl[kCols / 8][4];
   mma::zero(t);
   mma::zero(dl);
-  mma::columns_times_matrix<kChunk, LDA, LDA, kChunk / 8>(sA, row0, scratch, t);  // A^T dA
+  mma::columns_times_matrix<kChunk, LDA, LDA, kChunk / 8>(sA, row0, sDA, t);  // A^T dA
   mma::accumulator_times_rows<kChunk / 8, LDA, kCols / 8>(t, sA + col0 * LDA, dl);  // T A^T
 #pragma unroll
   for (int nb = 0; nb < kCols / 8; ++nb) {
@@ -2918,7 +2907,7 @@ template <int KD>
 struct BwdWyLayout {
   static constexpr int kb = KD < 64 ? KD : 64;
   static constexpr int ldk = KD + 8, lda = kChunk + 8, ldb = kb + 8, ldf = kChunk + 1;
-  static constexpr size_t f_bytes = size_t(2 * kChunk * ldf) * 4;  // M, dA
+  static constexpr size_t f_bytes = size_t(2 * kChunk * ldf) * 4;  // M, dL
   // K, A, dA in bf16 (chunk_inverse_grad), a key block of dW
   static constexpr size_t bytes =
       f_bytes + size_t(kChunk * ldk + 2 * kChunk * lda + kChunk * ldb) * 2;
@@ -2939,10 +2928,10 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   static_assert(kWarps % 4 == 0 && KBP % 8 == 0, "whole 8-column blocks per warp");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   float* sM = reinterpret_cast<float*>(smem_raw);
-  float* sD = sM + kChunk * LDF;  // dA, then dL, then dM * Gamma
+  float* sD = sM + kChunk * LDF;  // dL, then dM * Gamma
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
-  bf16* sDA = sA + kChunk * LDA;   // dA in bf16 (chunk_inverse_grad)
+  bf16* sDA = sA + kChunk * LDA;   // dA in bf16, rounded as loaded
   bf16* sdW = sDA + kChunk * LDA;  // [64][KB]: the key block of dW
   constexpr int kRowParts = kThreads / kChunk;  // threads that share a row's Z sums
   __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kParts][kChunk],
@@ -2975,14 +2964,15 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
       rows.zp = bw.row_zp[row_at];
     }
     const float chunk_dlambda = bw.chunk_dlambda[slot];
-    load_square_f32<kThreads>(sD, LDF, bw.da + slot * kChunk * kChunk);
+    load_square<kThreads>(bw.da + slot * kChunk * kChunk,
+                          [=](int i, int j, float x) { sDA[i * LDA + j] = store<bf16>(x); });
     load_inverse<LDA, LDF, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
     __syncthreads();
     chunk_decayed_kk<KD, LDK, LDF, kWarps>(sK, s_g, n, sM);
-    chunk_inverse_grad<LDA, LDF, kWarps>(sA, sD, sDA);  // dL over dA in sD
+    chunk_inverse_grad<LDA, LDF, kWarps>(sA, sDA, sD);  // dL into sD
     // dbeta's L term and Z = dM * M by rows and columns (before sD becomes dM * Gamma):
     // thread t sums the columns of part t / 64 (of kRowParts) of row t % 64, and thread
     // i < 64 adds the other parts' sums (s_part) to its own, in order.
