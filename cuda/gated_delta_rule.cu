@@ -2881,7 +2881,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 // (In f32 on the CUDA cores, 4 x 4 elements a thread at 256 threads, the two products had
 // taken about 1,700 of the WY kernel's executed instructions a thread a chunk at K = 128,
 // by the sizes and trip counts of their loops in the sm_90a SASS: the most of any part of
-// it. Here they are 32 tensor-core products a warp.) Ends with a barrier.
+// it. Here they are 48 tensor-core products a warp of 8, 64 of 4.) Ends with a barrier.
 template <int LDA, int LDF, int kWarps>
 __device__ void chunk_inverse_grad(const bf16* sA, const bf16* sDA, float* sD) {
   constexpr int kParts = kWarps / 4, kCols = kChunk / kParts;  // a warp's columns of dL
