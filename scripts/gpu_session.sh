@@ -17,7 +17,8 @@
 #   Without HAM_GPU_BUILD, .gpu-prebuilt/build-sm90-carry.tar.xz (scripts/gpu_prebuild.sh)
 #   is used when it is there, else gpu_check builds build-gpu/ first (minutes).
 #   FLA's autotuning results, when carried in .gpu-deps/fla_autotune.tgz, are unpacked
-#   into Triton's cache (/tmp/tc), so its first call does not spend minutes autotuning.
+#   into Triton's cache (TRITON_CACHE_DIR, default /tmp/tc), so its first call does not
+#   spend minutes autotuning; each session packs them again into gpu_session.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ $# -ge 1 ]] || { echo "usage: scripts/gpu_session.sh OUT [STAGE...]" >&2; exit 2; }
@@ -49,9 +50,22 @@ done
 if [[ -z ${HAM_GPU_BUILD:-} && -f .gpu-prebuilt/build-sm90-carry.tar.xz ]]; then
   export HAM_GPU_PREBUILT=1 HAM_GPU_BUILD=build-sm90-carry
 fi
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc}
 if [[ -f .gpu-deps/fla_autotune.tgz ]]; then
-  tar -xzf .gpu-deps/fla_autotune.tgz -C / && export TRITON_CACHE_DIR=/tmp/tc
+  tar -xzf .gpu-deps/fla_autotune.tgz -C / || exit 1
 fi
+# FLA's autotuning results (Triton's *.autotune.json, FLA_CACHE_RESULTS being on by
+# default), packed beside the logs after each stage: copy the file to
+# .gpu-deps/fla_autotune.tgz for the next session. Only the choices travel, not the
+# compiled kernels (tens of MB): the next run compiles the chosen configs alone.
+keep_autotune_results() {
+  [[ $TRITON_CACHE_DIR == /* && -d $TRITON_CACHE_DIR ]] || return 0
+  local results
+  results=$(cd / && find "${TRITON_CACHE_DIR#/}" -name '*.autotune.json')
+  [[ -n $results ]] || return 0
+  # shellcheck disable=SC2086  # Triton's cache paths hold no spaces
+  tar -czf "$work/fla_autotune.tgz" -C / $results
+}
 
 deadline=$((SECONDS + ${HAM_GPU_SESSION_SECONDS:-560}))
 summary="$out/summary.txt"
@@ -83,6 +97,7 @@ for stage in "${stages[@]}"; do
     grep -E 'tests passed|\(Failed\)|\(Timeout\)|Skipped' "$work/$stage.log" | head -20 |
       tee -a "$summary"
   fi
+  keep_autotune_results
   tar -czf "$out/gpu_session.tgz" -C "$work" . 2>/dev/null  # after each stage: a kill keeps the rest
 done
 cp "$summary" "$work/summary.txt"
