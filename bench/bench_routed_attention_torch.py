@@ -144,6 +144,9 @@ def run_case(row, reps, use_flex):
             return (kv_idx <= q_idx) & select[b, kv_idx] & (doc[b, q_idx] == doc[b, kv_idx])
 
         block_mask = create_block_mask(routed_mask, batch, None, seq_len, seq_len, device="cuda")
+        # A fresh compile per case: past dynamo's recompile limit (8 per function, reached
+        # by the 19th case on 2026-11-27) flex_attention runs unfused, scores materialised.
+        torch._dynamo.reset()
         flex = torch.compile(flex_attention)
 
         def attend(q_, k_, v_):
