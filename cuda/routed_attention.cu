@@ -1688,8 +1688,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 // H200), a warpgroup's products read each once for its 64 keys.
 // Tiles are stored with the 128-byte swizzle (wgmma::swizzled_index), unpadded, from a
 // 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. With
-// backward_dq_wgmma below, opt-in (set_attention_backward_wgmma) until timed on a GPU; head
-// dims of 64 and 128.
+// backward_dq_wgmma below, the default on sm_90a (set_attention_backward_wgmma: on the H200
+// the pair took 0.75-0.90 of the mma.sync pair's time with one warpgroup a block, more with
+// two); head dims of 64 and 128.
 template <int DK, int DV>
 constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
 
@@ -2183,7 +2184,8 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
 
 // set_attention_forward_rows and _keys, set_attention_backward_wgmma
 // (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_backward_wgmma{0};
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
+    g_backward_wgmma{kAttentionBackwardAutomatic};
 std::atomic<int64_t> g_backward_wgmma_launches{0};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
@@ -2291,7 +2293,11 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
             if constexpr (kWgmmaBackwardFits<DK, DV>) {
-              if (g_backward_wgmma.load()) {
+              int wgmma_groups = g_backward_wgmma.load();
+              if (wgmma_groups == kAttentionBackwardAutomatic) {
+                wgmma_groups = attention_backward_wgmma_available() ? 1 : 0;
+              }
+              if (wgmma_groups != 0) {
                 HAM_CHECK(attention_backward_wgmma_available(), kOp,
                           ": the wgmma backward kernels (set_attention_backward_wgmma) need a "
                           "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
@@ -2305,7 +2311,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
                                           Wgmma::bytes, a, Wgmma::kThreads);
                 };
-                if (g_backward_wgmma.load() == 2) {
+                if (wgmma_groups == 2) {
                   launch_wgmma.template operator()<2>();
                 } else {
                   launch_wgmma.template operator()<1>();
@@ -2367,10 +2373,12 @@ int set_attention_forward_keys(int keys) {
   return g_forward_keys.exchange(keys);
 }
 
-int set_attention_backward_wgmma(int enabled) {
-  HAM_CHECK(enabled >= 0 && enabled <= 2, "set_attention_backward_wgmma: ", enabled,
-            "; the backward's kernels are 0 (mma.sync), 1 or 2 (wgmma, warpgroups a block)");
-  return g_backward_wgmma.exchange(enabled);
+int set_attention_backward_wgmma(int kernels) {
+  HAM_CHECK(kernels >= kAttentionBackwardAutomatic && kernels <= 2,
+            "set_attention_backward_wgmma: ", kernels,
+            "; the backward's kernels are -1 (automatic), 0 (mma.sync), 1 or 2 (wgmma, "
+            "warpgroups a block)");
+  return g_backward_wgmma.exchange(kernels);
 }
 
 int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }

@@ -15,13 +15,18 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Which kernels compute the bf16 backward for head dims of 64 and 128: 0 (the default) the
-// warps' mma.sync kernels; 1 or 2 the warpgroup wgmma kernels (dK/dV and dQ) with that many
-// warpgroups a block (64 rows each; two share the tiles they visit), which need sm_90a code
-// and a GPU of compute capability 9.0 (attention_backward_wgmma_available; a backward set to
-// them elsewhere is an error). Other head dims always take mma.sync. Returns the previous
-// setting; any other value is an error.
-int set_attention_backward_wgmma(int enabled);
+// Which kernels compute the bf16 backward for head dims of 64 and 128:
+//   kAttentionBackwardAutomatic (the default): 1 where attention_backward_wgmma_available(),
+//     else 0 (on the H200, 1 took 0.75-0.90 of 0's time in every benchmark
+//     case, 2026-11-27);
+//   0: the warps' mma.sync kernels;
+//   1 or 2: the warpgroup wgmma kernels (dK/dV and dQ) with that many warpgroups a block (64
+//     rows each; two share the tiles they visit), which need sm_90a code and a GPU of compute
+//     capability 9.0 (a backward set to them elsewhere is an error).
+// Other head dims always take mma.sync. Returns the previous setting; any other value is an
+// error.
+constexpr int kAttentionBackwardAutomatic = -1;
+int set_attention_backward_wgmma(int kernels);
 
 // Whether this build and the current GPU run the wgmma backward kernels: the build has sm_90a
 // code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0; always

@@ -966,6 +966,42 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
 #endif
 }
 
+// The warps' mma.sync backward at head dims of 64 and 128, which a GPU with the wgmma
+// kernels takes only when set so (elsewhere it is the default, which the cases above run):
+// the same cases as the wgmma test, none of them on wgmma.
+TEST(RoutedAttentionGpu, Bf16BackwardWithMmaSyncMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const int64_t launches = cuda::attention_backward_wgmma_launches();
+  expect_bf16_setting_matches_cpu(
+      &cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma", 0, -2,
+      "-1 (automatic), 0 (mma.sync), 1 or 2",
+      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
+       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+       GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+       GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
+       GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}});
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches(), launches);
+#endif
+}
+
+// By default the bf16 backward at head dims of 64 and 128 runs on the wgmma kernels exactly
+// where they are available (sm_90a code and a GPU of compute capability 9.0, or the SIMT
+// emulator), and on mma.sync elsewhere.
+TEST(RoutedAttentionGpu, Bf16BackwardTakesWgmmaByDefaultWhereAvailable) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const int previous = cuda::set_attention_backward_wgmma(cuda::kAttentionBackwardAutomatic);
+  const int64_t launches = cuda::attention_backward_wgmma_launches();
+  expect_gpu_matches_cpu(GpuCase{1, 100, 2, 1, 128, 128, 0.5, true, GpuDocs::Runs, true},
+                         DType::BF16);
+  cuda::set_attention_backward_wgmma(previous);
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches() - launches,
+            cuda::attention_backward_wgmma_available() ? 1 : 0);
+#endif
+}
+
 TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
   HAM_SKIP_UNLESS_CUDA();
   expect_gpu_matches_cpu(GpuCase{2, 70, 4, 2, 64, 64, 0.4, true, GpuDocs::Runs, true}, DType::F64);
