@@ -255,6 +255,14 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
 
 // ---- Shared arguments ----------------------------------------------------------------
 
+// The compacted keys the rows of one tile of kQueryTileRows queries see, together: the
+// least begin and the greatest end over its rows that see a key (begin INT_MAX, end 0 where
+// none does). Written by summarize_query_tiles for the dK/dV kernels' query bound.
+constexpr int kQueryTileRows = 64;
+struct alignas(8) QueryTileRange {
+  int begin, end;
+};
+
 template <class T>
 struct AttentionArgs {
   using C = compute_t<T>;
@@ -271,6 +279,7 @@ struct AttentionArgs {
   const C* delta;       // [B, T, Hq] = <dO, o>
   T *dq, *dk, *dv;
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
+  const QueryTileRange* query_tiles;  // [B, ceil(T / kQueryTileRows)]
 
   __device__ int64_t group() const { return q_heads / kv_heads; }
   __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
@@ -280,6 +289,33 @@ struct AttentionArgs {
     return (b * seq_len + i) * kv_heads + g;
   }
 };
+
+// One past the last query row that may see the compacted keys [k0, k_end) of batch row b:
+// the end of the last tile of kQueryTileRows rows, from first_query's on, whose summary
+// (query_tiles) meets them; first_query where none does. The dK/dV kernels visit the query
+// tiles up to it. With packed documents that is the end of the keys' last document, where
+// they visited every tile to T, a tile's visibility per tile a barrier apart (the rows in
+// between see none of these keys). Collective over the block.
+template <class T>
+__device__ int64_t visible_rows_end(const AttentionArgs<T>& a, int64_t b, int k0, int k_end,
+                                    int first_query) {
+  __shared__ int last_tile;
+  const int64_t tiles = (a.seq_len + kQueryTileRows - 1) / kQueryTileRows;
+  const QueryTileRange* row_tiles = a.query_tiles + b * tiles;
+  int last = -1;
+  for (int64_t j = first_query / kQueryTileRows + int64_t(threadIdx.x); j < tiles;
+       j += blockDim.x) {
+    const QueryTileRange range = row_tiles[j];
+    if (range.begin < k_end && range.end > k0) last = int(j);
+  }
+  if (threadIdx.x == 0) last_tile = -1;
+  __syncthreads();
+  if (last >= 0) atomicMax(&last_tile, last);
+  __syncthreads();
+  const int tile = last_tile;
+  return tile < 0 ? int64_t(first_query)
+                  : std::min(a.seq_len, int64_t(tile + 1) * kQueryTileRows);
+}
 
 // ---- Block order ---------------------------------------------------------------------
 
@@ -684,9 +720,10 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
   const int64_t group = a.group();
   // A query sees a key only at or after the key's position.
   const int64_t q_start = int64_t(first_query) / BQ * BQ;
+  const int64_t q_end = visible_rows_end(a, b, k0, k_end, first_query);
   for (int64_t hh = 0; hh < group; ++hh) {
     const int64_t h = g * group + hh;
-    for (int64_t q0 = q_start; q0 < a.seq_len; q0 += BQ) {
+    for (int64_t q0 = q_start; q0 < q_end; q0 += BQ) {
       __syncthreads();  // the previous query tile is no longer read
       const QueryTileVisibility vis = load_query_tile<T, BQ, BK>(a, b, h, q0, k0, k_end, s_begin,
                                                                   s_end, s_lse, s_delta);
@@ -1369,24 +1406,27 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
 }
 
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
-// tiles q_start, q_start + BQ, ... below T. Thread r < BQ carries row r of the next tile
-// (visible range, lse, D) in registers, loaded while an earlier tile is worked on. The
-// tiles are taken in order, so a tile's head and first row advance by steps (a 64-bit
-// division per tile for them had cost dozens of instructions).
+// tiles q_start, q_start + BQ, ... below q_end (visible_rows_end). Thread r < BQ carries
+// row r of the next tile (visible range, lse, D) in registers, loaded while an earlier tile
+// is worked on. The tiles are taken in order, so a tile's head and first row advance by
+// steps (a 64-bit division per tile for them had cost dozens of instructions). Rows and
+// heads in 32 bits (T < 2^30: check_grid), as the loop's registers are few.
 template <int BQ>
 struct QueryTiles {
   const AttentionArgs<bf16>& a;
-  int64_t b, q_start, count;
-  int64_t loaded_head, loaded_row;                // the tile in the registers
-  int64_t published_head = 0, published_row = 0;  // the tile publish() last wrote
+  int64_t b;
+  int q_start, q_end, count;
+  int loaded_head, loaded_row;                // the tile in the registers
+  int published_head = 0, published_row = 0;  // the tile publish() last wrote
   int next_begin = 0, next_end = 0;
   float next_lse_log2 = 0.f, next_delta = 0.f;  // lse in log2 units
 
-  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
-      : a(args), b(b_), q_start(q_start_),
-        count(q_start_ < args.seq_len ? (args.seq_len - q_start_ + BQ - 1) / BQ * args.group()
-                                      : 0),
-        loaded_head(g * args.group()), loaded_row(q_start_) {
+  // Each head's tiles from q_start_ (a multiple of BQ) until one reaches q_end_.
+  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_,
+                        int64_t q_end_)
+      : a(args), b(b_), q_start(int(q_start_)), q_end(int(q_end_)),
+        count(q_start_ < q_end_ ? int((q_end_ - q_start_ + BQ - 1) / BQ * args.group()) : 0),
+        loaded_head(int(g * args.group())), loaded_row(int(q_start_)) {
     load(0);
   }
   // The head and first row of the tile publish() last wrote (the one to copy).
@@ -1429,7 +1469,7 @@ struct QueryTiles {
     published_head = loaded_head;
     published_row = loaded_row;
     loaded_row += BQ;  // tile i + 1: the next rows of this head, or the next head's first
-    if (loaded_row >= a.seq_len) {
+    if (loaded_row >= q_end) {
       loaded_row = q_start;
       ++loaded_head;
     }
@@ -1596,7 +1636,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   if constexpr (kDk) issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
   // A query sees a key only at or after the key's position.
-  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
+                         visible_rows_end(a, b, k0, k_end, first_query));
   // Tile i's rows go to slot i % 3 and its copies, issued a tile ahead after the barriers
   // of publish(), to slot i % 2, then committed (an empty group when it is unseen or past
   // the last tile).
@@ -1737,7 +1778,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
   issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
-  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
+                         visible_rows_end(a, b, k0, k_end, first_query));
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
@@ -2086,6 +2128,26 @@ __global__ void row_dots(const T* dout, const T* out, int64_t rows, int64_t dim,
   if (threadIdx.x % 32 == 0) delta[row] = dot;
 }
 
+// tiles[b, j] = the QueryTileRange of rows [64 j, 64 j + 64) of batch row b, one warp each.
+__global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end, int64_t batch,
+                                      int64_t seq_len, QueryTileRange* tiles) {
+  const int64_t tiles_per_row = (seq_len + kQueryTileRows - 1) / kQueryTileRows;
+  const int64_t n = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (n >= batch * tiles_per_row) return;
+  const int64_t b = n / tiles_per_row, t0 = n % tiles_per_row * kQueryTileRows;
+  int least_begin = INT_MAX, greatest_end = 0;
+  for (int64_t t = t0 + threadIdx.x % 32; t < std::min(t0 + kQueryTileRows, seq_len); t += 32) {
+    const int row_begin = int(begin[b * seq_len + t]), row_end = int(end[b * seq_len + t]);
+    if (row_begin < row_end) {
+      least_begin = std::min(least_begin, row_begin);
+      greatest_end = std::max(greatest_end, row_end);
+    }
+  }
+  least_begin = -warp_max(-least_begin);
+  greatest_end = warp_max(greatest_end);
+  if (threadIdx.x % 32 == 0) tiles[n] = QueryTileRange{least_begin, greatest_end};
+}
+
 // dp[b, pos_kj] = sum over kv heads g, in order, of dp_partial[b, g, kj].
 template <class T>
 __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
@@ -2283,6 +2345,14 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     a.dk = ptr<T>(dk);
     a.dv = ptr<T>(dv);
     a.dp_partial = dp_partial.defined() ? ptr<C>(dp_partial) : nullptr;
+    const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
+    Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
+    HAM_LAUNCH(unsigned(ceil_div(query_tiles, kWarpRowsPerBlock)), kThreads, 0, stream,
+               summarize_query_tiles)(a.begin, a.end, a.batch, a.seq_len,
+                                      reinterpret_cast<QueryTileRange*>(
+                                          query_tile_ranges.raw_data()));
+    HAM_CUDA_CHECK_LAUNCH();
+    a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
 
     bool tiled_dkdv = false, tiled_dq = false;
     if constexpr (!std::is_same_v<T, double>) {
