@@ -33,9 +33,10 @@ work=$(mktemp -d)
 # Seconds each stage took on the H200 (2026-11-26), with a margin: tests 82-87, fla 155
 # with the autotune cache (134 with its ham cases bf16 only, as now), memory 44, lce 31-33,
 # decode 36, routed 106-115, profile 23, diagnose of two kernels with their SASS 28, of nine
-# 98; sanitize 136 with racecheck stopped at 120 (now up to 510 in four runs). routed has
-# since gained five cases (the paper's 128 x 192 heads, head dims of 256), each a few
-# FlexAttention compiles more: not yet timed, given a guess of 90 s more.
+# 98; sanitize 136 with racecheck stopped at 120 (now up to 510 in four runs). On
+# 2026-11-27: tests 74-80, profile 43, routed with its 23 cases 161 (185 with a fresh
+# FlexAttention compile per case), fla for one shape 137 without FLA's autotuning results
+# and 49 with them.
 declare -A limit=([tests]=150 [fla]=210 [gdr]=90 [memory]=70 [lce]=100 [decode]=60
                   [routed]=250 [gemm]=90 [profile]=120 [sanitize]=520 [diagnose]=300)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
