@@ -15,7 +15,10 @@ bit for bit (the same splitmix64 selection and equal-run documents), and times i
   flex        FlexAttention (torch.compile'd) with a block mask built from
               mask_mod = kv <= q  &  select[b, kv]  &  doc[b, q] == doc[b, kv]
               (the same S(b, t) as ham): blocks holding no selected key are skipped,
-              the rest are computed densely and masked per element.
+              the rest are computed densely and masked per element. Compiled afresh for
+              each case; where its default backward tiles do not fit the GPU's shared
+              memory (q/k 128 beside v 192 on the H200), again with smaller ones
+              (FLEX_SMALL_BACKWARD), and the log says so.
 
 Both get v already multiplied by value_scale (outside the timed region); ham applies it
 inside its kernels. Forward and backward are timed separately with CUDA events (3 warm-ups,
@@ -144,16 +147,33 @@ def run_case(row, reps, use_flex):
             return (kv_idx <= q_idx) & select[b, kv_idx] & (doc[b, q_idx] == doc[b, kv_idx])
 
         block_mask = create_block_mask(routed_mask, batch, None, seq_len, seq_len, device="cuda")
-        # A fresh compile per case: past dynamo's recompile limit (8 per function, reached
-        # by the 19th case on 2026-11-27) flex_attention runs unfused, scores materialised.
-        torch._dynamo.reset()
-        flex = torch.compile(flex_attention)
+        # A fresh compile per case (compiled_flex): past dynamo's recompile limit (8 per
+        # function, reached by the 19th case on 2026-11-27) flex_attention runs unfused,
+        # scores materialised, and recompiled kernels ran slower than fresh ones.
+        def compiled_flex(kernel_options):
+            torch._dynamo.reset()
+            flex = torch.compile(flex_attention)
 
-        def attend(q_, k_, v_):
-            return flex(q_, k_, v_, block_mask=block_mask, enable_gqa=group > 1)
+            def attend(q_, k_, v_):
+                return flex(q_, k_, v_, block_mask=block_mask, enable_gqa=group > 1,
+                            kernel_options=kernel_options)
+            return attend
 
-        timed("flex", attend, q, k, v)
+        timed("flex", compiled_flex(None), q, k, v)
+        if "flex" not in results:
+            # Inductor's default backward tiles can ask for more shared memory than the GPU
+            # has (q/k 128 beside v 192: 248,320 bytes on the H200, which has 232,448).
+            # Smaller ones fit; they are not autotuned, so flex may be slower than its best.
+            print(f"{row['name']}: flex again with backward tiles {FLEX_SMALL_BACKWARD}",
+                  flush=True)
+            timed("flex", compiled_flex(FLEX_SMALL_BACKWARD), q, k, v)
     return results
+
+
+# Backward tiles for FlexAttention where its defaults do not fit (N1 a multiple of M1, M2
+# of N2, all dividing the block mask's 128).
+FLEX_SMALL_BACKWARD = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64,
+                       "bwd_BLOCK_N2": 32, "bwd_num_stages": 2}
 
 
 def main():
