@@ -170,6 +170,17 @@ bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   return ms;
 }
 
+// The forward's ms (min, median, max) on mma.sync (0, the defaults) or on wgmma with 1 or 2
+// warpgroups a block (cuda/routed_attention.h).
+bench::Spread forward_ms_on_wgmma(CaseInputs& in, int wgmma, int reps) {
+  const int previous = cuda::set_attention_forward_wgmma(wgmma);
+  const bench::Spread ms = time_ms(reps, [&] {
+    ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+  });
+  cuda::set_attention_forward_wgmma(previous);
+  return ms;
+}
+
 // The backward's ms (min, median, max) with its kernels set to mma.sync (0) or wgmma with
 // 1 or 2 warpgroups a block (cuda/routed_attention.h).
 bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
@@ -181,6 +192,35 @@ bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput&
   });
   cuda::set_attention_backward_wgmma(previous);
   return ms;
+}
+
+// A table of `pass` on mma.sync and on wgmma with 1 and 2 warpgroups a block, over the
+// cases (matching `filter`) whose head dims the wgmma kernels have: ms at min / median / max
+// from ms_on(inputs, 0, 1 or 2), and the ratios mma / wgmma at each.
+template <class MsOn>
+void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
+  std::printf("\n%s, kernels mma.sync vs wgmma with 1 and 2 warpgroups a block (ms at min / "
+              "median / max;\nthe ratios mma / wgmma at each, above 1: wgmma faster)\n",
+              pass);
+  std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1", "wgmma x2",
+              "ratio x1", "ratio x2");
+  const auto wgmma_dim = [](int64_t d) { return d == 64 || d == 128; };
+  for (const BenchCase& c : bench_cases()) {
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!wgmma_dim(c.key_dim) || !wgmma_dim(c.value_dim)) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    const bench::Spread mma = ms_on(in, 0), one = ms_on(in, 1), two = ms_on(in, 2);
+    std::printf("%-40s", c.name().c_str());
+    for (const bench::Spread& t : {mma, one, two}) {
+      std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
+    }
+    for (const bench::Spread& t : {one, two}) {
+      std::printf(" %5.2f %5.2f %5.2f", mma.min / t.min, mma.median / t.median, mma.max / t.max);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -253,36 +293,16 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (!cuda::attention_backward_wgmma_available()) {
-      std::printf("\nbackward on the wgmma kernels: skipped (this build has no sm_90a "
-                  "code, or the GPU is not of compute capability 9.0)\n");
+      std::printf("\nthe wgmma kernels: skipped (this build has no sm_90a code, or the GPU is "
+                  "not of compute capability 9.0)\n");
     } else {
-      std::printf("\nbackward, kernels mma.sync vs wgmma with 1 and 2 warpgroups a block (ms "
-                  "at min / median / max;\nthe ratios mma / wgmma at each, above 1: wgmma "
-                  "faster)\n");
-      std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1",
-                  "wgmma x2", "ratio x1", "ratio x2");
-      for (const BenchCase& c : bench_cases()) {
-        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-        const auto wgmma_dim = [](int64_t d) { return d == 64 || d == 128; };
-        if (!wgmma_dim(c.key_dim) || !wgmma_dim(c.value_dim)) continue;
-        CaseInputs in(c);
-        in.selection = ops::compact_selection(in.select, in.docs);
+      wgmma_table("backward", filter, [&](CaseInputs& in, int wgmma) {
         const ops::RoutedAttentionOutput forward =
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        const bench::Spread mma = backward_ms_with(in, forward, 0, reps);
-        const bench::Spread one = backward_ms_with(in, forward, 1, reps);
-        const bench::Spread two = backward_ms_with(in, forward, 2, reps);
-        std::printf("%-40s", c.name().c_str());
-        for (const bench::Spread& t : {mma, one, two}) {
-          std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
-        }
-        for (const bench::Spread& t : {one, two}) {
-          std::printf(" %5.2f %5.2f %5.2f", mma.min / t.min, mma.median / t.median,
-                      mma.max / t.max);
-        }
-        std::printf("\n");
-        std::fflush(stdout);
-      }
+        return backward_ms_with(in, forward, wgmma, reps);
+      });
+      wgmma_table("forward (mma.sync in its default 128-row blocks)", filter,
+                  [&](CaseInputs& in, int wgmma) { return forward_ms_on_wgmma(in, wgmma, reps); });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());

@@ -1733,7 +1733,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 // the pair took 0.75-0.90 of the mma.sync pair's time with one warpgroup a block, more with
 // two); head dims of 64 and 128.
 template <int DK, int DV>
-constexpr bool kWgmmaBackwardFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
+constexpr bool kWgmmaFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
 
 // A block of kGroups warpgroups owns 64 kGroups rows (dK/dV: keys; dQ: queries), each
 // warpgroup 64 of them, and visits tiles of 64 of the other side (queries; keys), which its
@@ -1940,6 +1940,144 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
       *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
           mma::pack_bf16(a.scale * dq[nb][2 * i], a.scale * dq[nb][2 * i + 1]);
+    }
+  }
+#else
+  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
+#endif
+}
+
+// The forward on warpgroup tensor cores (opt-in: set_attention_forward_wgmma): forward_mma's
+// work for a block of 64 kGroups query rows, each warpgroup 64 of them (a warp 16), over
+// key tiles of 64 that its warpgroups share. S = Q K^T is one wgmma from shared memory (Q
+// loaded once, K swizzled), the online softmax runs on its accumulators as forward_mma's
+// does, and O += P V' = (P diag(p)) V is one wgmma with P from the registers as bf16
+// A-fragments and V, MN-major, from the tile S read. Where each warp of forward_mma loads
+// every K and V fragment of a tile for its rows, a warpgroup's products read each once for
+// its 64 rows.
+template <int DK, int DV, int kGroups>
+struct WgmmaForwardShape {
+  static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
+  // Q, then two slots of K and of V, after the round-up of the dynamic shared memory to
+  // 1024 bytes.
+  static constexpr size_t bytes =
+      wgmma::kSwizzleAtomBytes + (size_t(kRows) * DK + size_t(2) * kTile * (DK + DV)) * 2;
+};
+
+template <int DK, int DV, int kGroups>
+__global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<bf16> a) {
+#if HAM_WGMMA_DEVICE
+  using Shape = WgmmaForwardShape<DK, DV, kGroups>;
+  constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, VB = DV / 8;
+  constexpr int kThreads = Shape::kThreads;
+  static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
+  bf16* key_slots = sQ + BQ * DK;  // 2 x K [BK][DK], then 2 x V [BK][DV], swizzled
+  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
+  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int t4 = lane % 4;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
+  const int64_t g = h / a.group();
+
+  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
+                                            key_slots + 2 * BK * DK, s_pos, s_pscale};
+  if (lo < hi) {  // the same in every thread
+    keys.begin();
+    issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{sQ},
+                                    HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
+                                    query_rows(q0, a.seq_len));
+    async_copy_commit();
+  }
+  // This lane's rows: r0[0] and r0[0] + 8 of the block; its warpgroup's 64 rows start at
+  // row 64 (warp / 4) of the Q tile.
+  const int r0[1] = {warp * 16 + lane / 4};
+  const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
+  const uint32_t q_tile = wgmma::shared_address(sQ) + group_rows;
+  const float scale_log2 = a.scale * kLog2e;  // scores to log2 units
+  float o[VB][4];
+  float m_run[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  zero(o);
+
+  for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
+    keys.advance(t);  // tile t (and Q) have landed, fenced for the tensor cores
+    const uint32_t k_tile = wgmma::shared_address(keys.k(t));
+    const uint32_t v_tile = wgmma::shared_address(keys.v(t));
+
+    float s[1][NB][4];  // one row tile (hide_outside_ranges' shape)
+    wgmma::fence();
+    wgmma::rows_times_rows<BK, DK, BQ, BK>(s[0], q_tile, k_tile);  // S = Q K^T
+    wgmma::commit();
+    wgmma::wait<0>();
+    // Hidden scores become -inf, on boundary tiles only (as in forward_mma).
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+      hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
+    }
+    // The online softmax of forward_mma, on the unscaled scores: P = 2^(S scale_log2 - m
+    // scale_log2); a hidden score or a row with no key yet gives P = 0.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[0][nb][e]);
+    }
+    float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m_run[i], quad_max(tile_max[i]));
+      alpha[i] = m_run[i] == -INFINITY ? 0.f : exp2_ftz((m_run[i] - m_new) * scale_log2);
+      m_run[i] = m_new;
+      m_sub[i] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[0][nb][e] = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -m_sub[e / 2]));
+        row_sum[e / 2] += s[0][nb][e];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + row_sum[i];
+    // O's rescale only where some row of the warp raised its max (as in forward_mma).
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {
+        o[vb][0] *= alpha[0];
+        o[vb][1] *= alpha[0];
+        o[vb][2] *= alpha[1];
+        o[vb][3] *= alpha[1];
+      }
+    }
+    if (a.p) scale_key_columns(keys.tile_scales(t), s[0]);  // P diag(p)
+    uint32_t p_frags[NB / 2][4];  // P as bf16 A fragments of 16 keys, made before the fence
+#pragma unroll
+    for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(s[0], j, p_frags[j]);
+    wgmma::fence();
+    wgmma::fragments_times_matrix<DV, BK, BK>(o, p_frags, v_tile);  // O += P V'
+    wgmma::commit();
+    wgmma::wait<0>();  // before advance() refills this tile's slot
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    const int64_t t = q0 + r0[0] + 8 * i;
+    if (t >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, t, h);
+    // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
+    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];
+#pragma unroll
+    for (int vb = 0; vb < VB; ++vb) {  // a lane's two adjacent columns in one store
+      *reinterpret_cast<uint32_t*>(a.out + row * DV + vb * 8 + 2 * t4) =
+          mma::pack_bf16(o[vb][2 * i] * inv, o[vb][2 * i + 1] * inv);
+    }
+    if (t4 == 0) {
+      a.lse[row] = l[i] == 0.f ? -INFINITY : (m_run[i] * scale_log2 + log2f(l[i])) * kLn2;
     }
   }
 #else
@@ -2244,11 +2382,11 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   return true;
 }
 
-// set_attention_forward_rows and _keys, set_attention_backward_wgmma
+// set_attention_forward_rows, _keys and _wgmma, set_attention_backward_wgmma
 // (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_forward_wgmma{0},
     g_backward_wgmma{kAttentionBackwardAutomatic};
-std::atomic<int64_t> g_backward_wgmma_launches{0};
+std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -2289,10 +2427,27 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
                                   Shape::forward_bytes, a, kMmaThreads);
             };
+            if constexpr (kWgmmaFits<DK, DV>) {
+              if (const int groups = g_forward_wgmma.load(); groups != 0) {
+                HAM_CHECK(attention_backward_wgmma_available(), kOp,
+                          ": the wgmma forward kernels (set_attention_forward_wgmma) need a "
+                          "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
+                          "of compute capability 9.0");
+                auto launch_wgmma = [&]<int kGroups>() {
+                  using Wgmma = WgmmaForwardShape<DK, DV, kGroups>;
+                  return launch_tiled(&forward_wgmma<DK, DV, kGroups>,
+                                      grid_of_rows(Wgmma::kRows), Wgmma::bytes, a,
+                                      Wgmma::kThreads);
+                };
+                tiled = groups == 2 ? launch_wgmma.template operator()<2>()
+                                    : launch_wgmma.template operator()<1>();
+                if (tiled) g_forward_wgmma_launches.fetch_add(1);
+              }
+            }
             // 128-row blocks for the common heads and the paper's value heads of 192 only
             // (each instance adds to the build; MmaShape says why not for 256).
             if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128 || DV == 192)) {
-              if (g_forward_rows.load() == 128) {
+              if (!tiled && g_forward_rows.load() == 128) {
                 if constexpr (DV == 128) {
                   if (g_forward_keys.load() == 32) tiled = launch_mma.template operator()<2, 32>();
                 }
@@ -2362,7 +2517,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
-            if constexpr (kWgmmaBackwardFits<DK, DV>) {
+            if constexpr (kWgmmaFits<DK, DV>) {
               int wgmma_groups = g_backward_wgmma.load();
               if (wgmma_groups == kAttentionBackwardAutomatic) {
                 wgmma_groups = attention_backward_wgmma_available() ? 1 : 0;
@@ -2452,6 +2607,14 @@ int set_attention_backward_wgmma(int kernels) {
 }
 
 int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }
+
+int set_attention_forward_wgmma(int kernels) {
+  HAM_CHECK(kernels >= 0 && kernels <= 2, "set_attention_forward_wgmma: ", kernels,
+            "; the forward's kernels are 0 (mma.sync), 1 or 2 (wgmma, warpgroups a block)");
+  return g_forward_wgmma.exchange(kernels);
+}
+
+int64_t attention_forward_wgmma_launches() { return g_forward_wgmma_launches.load(); }
 
 bool attention_backward_wgmma_available() {
 #if defined(HAM_CUDA_EMULATOR)

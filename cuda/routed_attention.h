@@ -15,6 +15,17 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
+// Which kernels compute the bf16 forward for head dims of 64 and 128: 0 (the default) the
+// warps' mma.sync kernels; 1 or 2 the warpgroup wgmma kernel with that many warpgroups a
+// block (64 query rows each, sharing the key tiles they visit), which needs what the wgmma
+// backward needs (attention_backward_wgmma_available; elsewhere a forward set to it is an
+// error). Opt-in until timed on a GPU. Returns the previous setting; any other value is an
+// error.
+int set_attention_forward_wgmma(int kernels);
+
+// How many forward calls of this process have run on the wgmma kernel.
+int64_t attention_forward_wgmma_launches();
+
 // Which kernels compute the bf16 backward for head dims of 64 and 128:
 //   kAttentionBackwardAutomatic (the default): 1 where attention_backward_wgmma_available(),
 //     else 0 (on the H200, 1 took 0.75-0.90 of 0's time in every benchmark

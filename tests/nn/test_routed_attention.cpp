@@ -966,6 +966,34 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
 #endif
 }
 
+// The bf16 forward on the wgmma kernel (warpgroup tensor cores, sm_90a), with one and with
+// two warpgroups a block, which it takes only when set so, for head dims of 64 and 128;
+// skips where this build or GPU has no such kernels. Each case's forward must run on it.
+TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_backward_wgmma_available()) {
+    GTEST_SKIP() << "the wgmma forward kernel needs sm_90a code (90a in "
+                    "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
+  }
+  const std::initializer_list<GpuCase> cases = {
+      GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+      GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
+      GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+      GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+      GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
+      GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
+  for (int groups : {1, 2}) {  // warpgroups a block
+    SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
+    const int64_t launches = cuda::attention_forward_wgmma_launches();
+    expect_bf16_setting_matches_cpu(&cuda::set_attention_forward_wgmma,
+                                    "set_attention_forward_wgmma", groups, 3,
+                                    "0 (mma.sync), 1 or 2", cases);
+    EXPECT_EQ(cuda::attention_forward_wgmma_launches() - launches, int64_t(cases.size()));
+  }
+#endif
+}
+
 // The warps' mma.sync backward at head dims of 64 and 128, which a GPU with the wgmma
 // kernels takes only when set so (elsewhere it is the default, which the cases above run):
 // the same cases as the wgmma test, none of them on wgmma.
