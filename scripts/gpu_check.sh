@@ -269,11 +269,14 @@ benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
-    # The new wgmma backward kernels (first launched in the benchmark's third table), then
-    # the backward's largest kernels (the ninth session's profile), the decode last.
+    # The wgmma kernels (the backward's by default, the forward's in the benchmark's last
+    # table), then the backward's largest kernels (the ninth session's profile), the decode
+    # last.
     diagnose bench_routed_attention_cuda backward_dkdv_wgmma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_routed_attention_cuda backward_dq_wgmma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho100_docs1
+    diagnose bench_routed_attention_cuda forward_wgmma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_gated_delta_rule_cuda gdr_bwd_keys_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_state_mma --reps 1 --filter T4096_H16_D128_bf16
