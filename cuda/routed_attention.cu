@@ -1105,6 +1105,110 @@ __device__ __forceinline__ void scale_key_columns(const float* tile_scales, floa
   }
 }
 
+// A block of the tensor-core kernels over BQ query rows (the forward's and the dQ pass's):
+// batch row b, query head h (kv head g), rows [q0, q0 + BQ), whose visible ranges go to
+// s_begin / s_end (load_query_ranges); the keys some row sees are [lo, hi), those every row
+// sees [full_lo, full_hi). Collective over the block.
+struct QueryBlock {
+  int64_t b, h, g, q0;
+  int lo, hi, full_lo, full_hi;
+};
+template <int BQ>
+__device__ QueryBlock query_block(const AttentionArgs<bf16>& a, int* s_begin, int* s_end,
+                                  int* bounds) {
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
+  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  return {b, h, h / a.group(), q0, bounds[0], bounds[1], bounds[2], bounds[3]};
+}
+
+// A key tile's step of the online softmax for a warp's kM row tiles, on the unscaled
+// scores S in place (row max and sum over the quad's lanes): the scale is positive, so
+// m = max S gives max(scale S) = scale m, and P = 2^(S scale_log2 - m scale_log2) is one
+// fused multiply-add and an exp2 an element. m_run and this lane's share of the row sums l
+// move on; O is rescaled by alpha = 2^((m_old - m_new) scale_log2).
+template <int kM, int NB, int VB>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kM][NB][4], float (&m_run)[kM][2],
+                                                    float (&l)[kM][2], float (&o)[kM][VB][4],
+                                                    float scale_log2) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
+    }
+    // A hidden score (-inf) gives P = 0, and so does a row that has seen no key yet
+    // (m = -inf, subtracted as 0); a NaN score stays NaN.
+    float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m_run[m][i], quad_max(tile_max[i]));
+      alpha[i] = m_run[m][i] == -INFINITY ? 0.f : exp2_ftz((m_run[m][i] - m_new) * scale_log2);
+      m_run[m][i] = m_new;
+      m_sub[i] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[m][nb][e] = exp2_ftz(fmaf(s[m][nb][e], scale_log2, -m_sub[e / 2]));
+        row_sum[e / 2] += s[m][nb][e];
+      }
+    }
+    // l stays this lane's share of the row sum (its columns), summed over the quad at the
+    // end: alpha is the same in the quad's four lanes.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + row_sum[i];
+    // O's rescale is skipped when no row of the warp's tile raised its max (alpha = 1
+    // everywhere: the product would change nothing), as most key tiles after the first few
+    // of a row do.
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {
+        o[m][vb][0] *= alpha[0];
+        o[m][vb][1] *= alpha[0];
+        o[m][vb][2] *= alpha[1];
+        o[m][vb][3] *= alpha[1];
+      }
+    }
+  }
+}
+
+// The forward's end for a warp's kM row tiles (this lane's rows r0[m] and r0[m] + 8 of the
+// block): out = O / l and lse = (m scale_log2 + log2 l) ln 2, with l summed over the quad.
+// A row with no visible key (l = 0) gets o = 0 and lse = -inf; a NaN score stays NaN in
+// both.
+template <int kM, int VB>
+__device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
+                                                   const QueryBlock& qb, const int (&r0)[kM],
+                                                   const float (&o)[kM][VB][4],
+                                                   const float (&m_run)[kM][2],
+                                                   float (&l)[kM][2], float scale_log2) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[m][i] = quad_sum(l[m][i]);
+      const int64_t t = qb.q0 + r0[m] + 8 * i;
+      if (t >= a.seq_len) continue;
+      const int64_t row = a.q_index(qb.b, t, qb.h);
+      const float inv = l[m][i] == 0.f ? 0.f : 1.f / l[m][i];
+#pragma unroll
+      for (int vb = 0; vb < VB; ++vb) {  // a lane's two adjacent columns in one store
+        *reinterpret_cast<uint32_t*>(a.out + row * (VB * 8) + vb * 8 + 2 * t4) =
+            mma::pack_bf16(o[m][vb][2 * i] * inv, o[m][vb][2 * i + 1] * inv);
+      }
+      if (t4 == 0) {
+        a.lse[row] =
+            l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
+      }
+    }
+  }
+}
+
 // (The explicit minimum of one block matters: without it ptxas spilled the 128 x 128
 // instance, 60 bytes, where with it that instance fits 255 registers.)
 template <int DK, int DV, int kM, int kKeyTile>
@@ -1118,13 +1222,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int t4 = lane % 4;
-  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
-  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
-  const int64_t g = h / a.group();
-
-  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
-  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  const QueryBlock qb = query_block<BQ>(a, s_begin, s_end, bounds);
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
   KeyTiles<DK, DV, BK> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
@@ -1166,53 +1265,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
       hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
     }
-    // Online softmax on the unscaled scores S (row max and sum over the quad's lanes): the
-    // scale is positive, so m = max S gives max(scale S) = scale m, and
-    // P = 2^(S scale_log2 - m scale_log2) is one fused multiply-add and an exp2 an element.
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][nb][e]);
-      }
-      // A hidden score (-inf) gives P = 0, and so does a row that has seen no key yet
-      // (m = -inf, subtracted as 0); a NaN score stays NaN.
-      float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_new = fmaxf(m_run[m][i], quad_max(tile_max[i]));
-        alpha[i] = m_run[m][i] == -INFINITY ? 0.f
-                                            : exp2_ftz((m_run[m][i] - m_new) * scale_log2);
-        m_run[m][i] = m_new;
-        m_sub[i] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[m][nb][e] = exp2_ftz(fmaf(s[m][nb][e], scale_log2, -m_sub[e / 2]));
-          row_sum[e / 2] += s[m][nb][e];
-        }
-      }
-      // l stays this lane's share of the row sum (its columns), summed over the quad at
-      // the end: alpha is the same in the quad's four lanes.
-#pragma unroll
-      for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + row_sum[i];
-      // O's rescale is skipped when no row of the warp's tile raised its max (alpha = 1
-      // everywhere: the product would change nothing), as most key tiles after the first
-      // few of a row do.
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-        for (int vb = 0; vb < VB; ++vb) {
-          o[m][vb][0] *= alpha[0];
-          o[m][vb][1] *= alpha[0];
-          o[m][vb][2] *= alpha[1];
-          o[m][vb][3] *= alpha[1];
-        }
-      }
-    }
+    online_softmax_step(s, m_run, l, o, scale_log2);
 
     // O += P V' = (P diag(p)) V: P's accumulator registers, each column scaled by its key's
     // value scale, are the A-fragments (each V fragment loaded once for the kM row tiles).
@@ -1222,28 +1275,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     }
     mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
   }
-
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l[m][i] = quad_sum(l[m][i]);
-      const int64_t t = q0 + r0[m] + 8 * i;
-      if (t >= a.seq_len) continue;
-      const int64_t row = a.q_index(b, t, h);
-      // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
-      const float inv = l[m][i] == 0.f ? 0.f : 1.f / l[m][i];
-#pragma unroll
-      for (int vb = 0; vb < VB; ++vb) {
-        a.out[row * DV + vb * 8 + 2 * t4] = store<bf16>(o[m][vb][2 * i] * inv);
-        a.out[row * DV + vb * 8 + 2 * t4 + 1] = store<bf16>(o[m][vb][2 * i + 1] * inv);
-      }
-      if (t4 == 0) {
-        a.lse[row] =
-            l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
-      }
-    }
-  }
+  store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
 }
 
 // Backward on the tensor cores, deterministic like the tiled one (no float atomics):
@@ -1320,12 +1352,8 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
-  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
-  const int64_t g = h / a.group();
-
-  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
-  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] =
+      query_block<BQ>(a, s_begin, s_end, bounds);
   KeyTiles<DK, DV, BK> keys{a, b, g, lo, hi, sO + BQ * LDV, sO + BQ * LDV + 2 * BK * LDK,
                             s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
@@ -1869,12 +1897,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
-  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
-  const int64_t g = h / a.group();
-
-  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
-  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] =
+      query_block<BQ>(a, s_begin, s_end, bounds);
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
@@ -1977,13 +2001,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int t4 = lane % 4;
-  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
-  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
-  const int64_t g = h / a.group();
-
-  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
-  const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
+  const QueryBlock qb = query_block<BQ>(a, s_begin, s_end, bounds);
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
   if (lo < hi) {  // the same in every thread
@@ -1999,9 +2018,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
   const uint32_t q_tile = wgmma::shared_address(sQ) + group_rows;
   const float scale_log2 = a.scale * kLog2e;  // scores to log2 units
-  float o[VB][4];
-  float m_run[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  zero(o);
+  float o[1][VB][4];  // one row tile (online_softmax_step's shape)
+  float m_run[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+  zero(o[0]);
 
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q) have landed, fenced for the tensor cores
@@ -2017,69 +2036,18 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
     if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
       hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
     }
-    // The online softmax of forward_mma, on the unscaled scores: P = 2^(S scale_log2 - m
-    // scale_log2); a hidden score or a row with no key yet gives P = 0.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[0][nb][e]);
-    }
-    float alpha[2], row_sum[2] = {0.f, 0.f}, m_sub[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m_run[i], quad_max(tile_max[i]));
-      alpha[i] = m_run[i] == -INFINITY ? 0.f : exp2_ftz((m_run[i] - m_new) * scale_log2);
-      m_run[i] = m_new;
-      m_sub[i] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-    }
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[0][nb][e] = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -m_sub[e / 2]));
-        row_sum[e / 2] += s[0][nb][e];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + row_sum[i];
-    // O's rescale only where some row of the warp raised its max (as in forward_mma).
-    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-      for (int vb = 0; vb < VB; ++vb) {
-        o[vb][0] *= alpha[0];
-        o[vb][1] *= alpha[0];
-        o[vb][2] *= alpha[1];
-        o[vb][3] *= alpha[1];
-      }
-    }
+    online_softmax_step(s, m_run, l, o, scale_log2);
     if (a.p) scale_key_columns(keys.tile_scales(t), s[0]);  // P diag(p)
     uint32_t p_frags[NB / 2][4];  // P as bf16 A fragments of 16 keys, made before the fence
 #pragma unroll
     for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(s[0], j, p_frags[j]);
     wgmma::fence();
-    wgmma::fragments_times_matrix<DV, BK, BK>(o, p_frags, v_tile);  // O += P V'
+    wgmma::fragments_times_matrix<DV, BK, BK>(o[0], p_frags, v_tile);  // O += P V'
     wgmma::commit();
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = quad_sum(l[i]);
-    const int64_t t = q0 + r0[0] + 8 * i;
-    if (t >= a.seq_len) continue;
-    const int64_t row = a.q_index(b, t, h);
-    // no visible key (l = 0): o = 0, lse = -inf; a NaN score stays NaN in both
-    const float inv = l[i] == 0.f ? 0.f : 1.f / l[i];
-#pragma unroll
-    for (int vb = 0; vb < VB; ++vb) {  // a lane's two adjacent columns in one store
-      *reinterpret_cast<uint32_t*>(a.out + row * DV + vb * 8 + 2 * t4) =
-          mma::pack_bf16(o[vb][2 * i] * inv, o[vb][2 * i + 1] * inv);
-    }
-    if (t4 == 0) {
-      a.lse[row] = l[i] == 0.f ? -INFINITY : (m_run[i] * scale_log2 + log2f(l[i])) * kLn2;
-    }
-  }
+  store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
 #else
   __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
 #endif
@@ -2388,6 +2356,13 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_forward_wgmma{0},
     g_backward_wgmma{kAttentionBackwardAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 
+// A pass set to the wgmma kernels (by `setter`) where they cannot run is an error.
+void require_wgmma(const char* pass, const char* setter) {
+  HAM_CHECK(attention_backward_wgmma_available(), kOp, ": the wgmma ", pass, " kernels (",
+            setter, ") need a build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a "
+            "GPU of compute capability 9.0");
+}
+
 // The tensor-core kernels read q, k, v 16 bytes at a time.
 bool tensor_core_ready(const Tensor& q, const Tensor& k, const Tensor& v) {
   return q.dtype() == DType::BF16 && aligned_16(q.raw_data()) && aligned_16(k.raw_data()) &&
@@ -2429,10 +2404,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
             };
             if constexpr (kWgmmaFits<DK, DV>) {
               if (const int groups = g_forward_wgmma.load(); groups != 0) {
-                HAM_CHECK(attention_backward_wgmma_available(), kOp,
-                          ": the wgmma forward kernels (set_attention_forward_wgmma) need a "
-                          "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
-                          "of compute capability 9.0");
+                require_wgmma("forward", "set_attention_forward_wgmma");
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaForwardShape<DK, DV, kGroups>;
                   return launch_tiled(&forward_wgmma<DK, DV, kGroups>,
@@ -2523,10 +2495,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                 wgmma_groups = attention_backward_wgmma_available() ? 1 : 0;
               }
               if (wgmma_groups != 0) {
-                HAM_CHECK(attention_backward_wgmma_available(), kOp,
-                          ": the wgmma backward kernels (set_attention_backward_wgmma) need a "
-                          "build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU "
-                          "of compute capability 9.0");
+                require_wgmma("backward", "set_attention_backward_wgmma");
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                   tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups>,

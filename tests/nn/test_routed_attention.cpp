@@ -880,7 +880,7 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
 // set to `value`, restored after; then the setter refuses `bad`, naming itself, the value
 // and the choices.
 void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int value, int bad,
-                                     const char* choices, std::initializer_list<GpuCase> cases) {
+                                     const char* choices, const std::vector<GpuCase>& cases) {
   struct Restore {
     int (*set)(int);
     int previous;
@@ -921,39 +921,42 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 }
 
 #ifdef HAM_WITH_CUDA
-// The bf16 cases against the CPU with the backward's kernels set to wgmma (warpgroup tensor
-// cores, sm_90a: dK/dV and dQ), with one and with two warpgroups a block, which it takes
-// only when set so, for head dims of 64 and 128; skips where this build or GPU has no such
-// kernels. Each case's backward must run on them.
-void expect_wgmma_backward_matches_cpu(std::initializer_list<GpuCase> cases) {
+// The wgmma kernels' head dims (64 and 128) in both sizes of each head, value scaling on
+// and off, grouped-query heads, packed and interleaved documents, boundary tiles, a first
+// query that sees nothing, several query tiles per key block.
+const std::vector<GpuCase> kWgmmaHeadCases = {
+    GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+    GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
+    GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+    GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+    GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
+    GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
+
+// The bf16 cases against the CPU with a pass's kernels set to wgmma (warpgroup tensor
+// cores, sm_90a; `set`, named `name`, counting its calls in `launches`), with one and with
+// two warpgroups a block, which it takes only when set so; skips where this build or GPU
+// has no such kernels. Each case must run on them.
+void expect_wgmma_matches_cpu(int (*set)(int), const char* name, int64_t (*launches)(),
+                              const std::vector<GpuCase>& cases) {
   if (!cuda::attention_backward_wgmma_available()) {
-    GTEST_SKIP() << "the wgmma backward kernels need sm_90a code (90a in "
-                    "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
+    GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
+                    "and a GPU of compute capability 9.0";
   }
   for (int groups : {1, 2}) {  // warpgroups a block
     SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
-    const int64_t launches = cuda::attention_backward_wgmma_launches();
-    expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
-                                    "set_attention_backward_wgmma", groups, 3,
-                                    "0 (mma.sync), 1 or 2", cases);
-    EXPECT_EQ(cuda::attention_backward_wgmma_launches() - launches, int64_t(cases.size()));
+    const int64_t before = launches();
+    expect_bf16_setting_matches_cpu(set, name, groups, 3, "0 (mma.sync), 1 or 2", cases);
+    EXPECT_EQ(launches() - before, int64_t(cases.size()));
   }
 }
 #endif
 
-// Both sizes of each head, value scaling on and off, grouped-query heads, packed and
-// interleaved documents, boundary tiles, a first query that sees nothing, several query
-// tiles per key block.
+// The backward's dK/dV and dQ on wgmma.
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_backward_matches_cpu(
-      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
-       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
-       GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
-       GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
-       GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}});
+  expect_wgmma_matches_cpu(&cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma",
+                           &cuda::attention_backward_wgmma_launches, kWgmmaHeadCases);
 #endif
 }
 
@@ -961,55 +964,31 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
   HAM_SKIP_UNLESS_CUDA();
   HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_backward_matches_cpu(
-      {GpuCase{1, 4096, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}});
+  expect_wgmma_matches_cpu(&cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma",
+                           &cuda::attention_backward_wgmma_launches,
+                           {GpuCase{1, 4096, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}});
 #endif
 }
 
-// The bf16 forward on the wgmma kernel (warpgroup tensor cores, sm_90a), with one and with
-// two warpgroups a block, which it takes only when set so, for head dims of 64 and 128;
-// skips where this build or GPU has no such kernels. Each case's forward must run on it.
+// The forward on its wgmma kernel (opt-in).
 TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  if (!cuda::attention_backward_wgmma_available()) {
-    GTEST_SKIP() << "the wgmma forward kernel needs sm_90a code (90a in "
-                    "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0";
-  }
-  const std::initializer_list<GpuCase> cases = {
-      GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-      GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
-      GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
-      GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
-      GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
-      GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
-  for (int groups : {1, 2}) {  // warpgroups a block
-    SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
-    const int64_t launches = cuda::attention_forward_wgmma_launches();
-    expect_bf16_setting_matches_cpu(&cuda::set_attention_forward_wgmma,
-                                    "set_attention_forward_wgmma", groups, 3,
-                                    "0 (mma.sync), 1 or 2", cases);
-    EXPECT_EQ(cuda::attention_forward_wgmma_launches() - launches, int64_t(cases.size()));
-  }
+  expect_wgmma_matches_cpu(&cuda::set_attention_forward_wgmma, "set_attention_forward_wgmma",
+                           &cuda::attention_forward_wgmma_launches, kWgmmaHeadCases);
 #endif
 }
 
 // The warps' mma.sync backward at head dims of 64 and 128, which a GPU with the wgmma
 // kernels takes only when set so (elsewhere it is the default, which the cases above run):
-// the same cases as the wgmma test, none of them on wgmma.
+// the wgmma tests' cases, none of them on wgmma.
 TEST(RoutedAttentionGpu, Bf16BackwardWithMmaSyncMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const int64_t launches = cuda::attention_backward_wgmma_launches();
-  expect_bf16_setting_matches_cpu(
-      &cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma", 0, -2,
-      "-1 (automatic), 0 (mma.sync), 1 or 2",
-      {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
-       GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
-       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
-       GpuCase{1, 150, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
-       GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
-       GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}});
+  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
+                                  "set_attention_backward_wgmma", 0, -2,
+                                  "-1 (automatic), 0 (mma.sync), 1 or 2", kWgmmaHeadCases);
   EXPECT_EQ(cuda::attention_backward_wgmma_launches(), launches);
 #endif
 }
