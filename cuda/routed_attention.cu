@@ -293,9 +293,9 @@ struct AttentionArgs {
 // One past the last query row that may see the compacted keys [k0, k_end) of batch row b:
 // the end of the last tile of kQueryTileRows rows, from first_query's on, whose summary
 // (query_tiles) meets them; first_query where none does. The dK/dV kernels visit the query
-// tiles up to it. With packed documents that is the end of the keys' last document, where
-// they visited every tile to T, a tile's visibility per tile a barrier apart (the rows in
-// between see none of these keys). Collective over the block.
+// tiles up to it. With packed documents that is the end of the keys' last document: before,
+// they visited every tile to T and skipped the unseen ones one by one, two barriers and a
+// dependent load each. Collective over the block.
 template <class T>
 __device__ int64_t visible_rows_end(const AttentionArgs<T>& a, int64_t b, int k0, int k_end,
                                     int first_query) {
