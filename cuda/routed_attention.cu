@@ -2472,17 +2472,18 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     a.dk = ptr<T>(dk);
     a.dv = ptr<T>(dv);
     a.dp_partial = dp_partial.defined() ? ptr<C>(dp_partial) : nullptr;
-    const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
-    Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
-    HAM_LAUNCH(unsigned(ceil_div(query_tiles, kWarpRowsPerBlock)), kThreads, 0, stream,
-               summarize_query_tiles)(a.begin, a.end, a.batch, a.seq_len,
-                                      reinterpret_cast<QueryTileRange*>(
-                                          query_tile_ranges.raw_data()));
-    HAM_CUDA_CHECK_LAUNCH();
-    a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
 
     bool tiled_dkdv = false, tiled_dq = false;
     if constexpr (!std::is_same_v<T, double>) {
+      // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
+      const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
+      Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
+      HAM_LAUNCH(unsigned(ceil_div(query_tiles, kWarpRowsPerBlock)), kThreads, 0, stream,
+                 summarize_query_tiles)(a.begin, a.end, a.batch, a.seq_len,
+                                        reinterpret_cast<QueryTileRange*>(
+                                            query_tile_ranges.raw_data()));
+      HAM_CUDA_CHECK_LAUNCH();
+      a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
       const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
       const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
@@ -2493,9 +2494,10 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
               int wgmma_groups = g_backward_wgmma.load();
               if (wgmma_groups == kAttentionBackwardAutomatic) {
                 wgmma_groups = attention_backward_wgmma_available() ? 1 : 0;
+              } else if (wgmma_groups != 0) {
+                require_wgmma("backward", "set_attention_backward_wgmma");
               }
               if (wgmma_groups != 0) {
-                require_wgmma("backward", "set_attention_backward_wgmma");
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                   tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups>,

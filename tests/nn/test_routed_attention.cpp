@@ -932,21 +932,32 @@ const std::vector<GpuCase> kWgmmaHeadCases = {
     GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
     GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
 
+// A pass's wgmma kernels: their setter, its name, and the count of calls that ran on them.
+struct WgmmaPass {
+  int (*set)(int);
+  const char* name;
+  int64_t (*launches)();
+};
+const WgmmaPass kWgmmaBackward{&cuda::set_attention_backward_wgmma,
+                               "set_attention_backward_wgmma",
+                               &cuda::attention_backward_wgmma_launches};
+const WgmmaPass kWgmmaForward{&cuda::set_attention_forward_wgmma, "set_attention_forward_wgmma",
+                              &cuda::attention_forward_wgmma_launches};
+
 // The bf16 cases against the CPU with a pass's kernels set to wgmma (warpgroup tensor
-// cores, sm_90a; `set`, named `name`, counting its calls in `launches`), with one and with
-// two warpgroups a block, which it takes only when set so; skips where this build or GPU
-// has no such kernels. Each case must run on them.
-void expect_wgmma_matches_cpu(int (*set)(int), const char* name, int64_t (*launches)(),
-                              const std::vector<GpuCase>& cases) {
+// cores, sm_90a), with one and with two warpgroups a block, which it takes only when set
+// so; skips where this build or GPU has no such kernels. Each case must run on them.
+void expect_wgmma_matches_cpu(const WgmmaPass& pass, const std::vector<GpuCase>& cases) {
   if (!cuda::attention_backward_wgmma_available()) {
     GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
                     "and a GPU of compute capability 9.0";
   }
   for (int groups : {1, 2}) {  // warpgroups a block
     SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
-    const int64_t before = launches();
-    expect_bf16_setting_matches_cpu(set, name, groups, 3, "0 (mma.sync), 1 or 2", cases);
-    EXPECT_EQ(launches() - before, int64_t(cases.size()));
+    const int64_t before = pass.launches();
+    expect_bf16_setting_matches_cpu(pass.set, pass.name, groups, 3, "0 (mma.sync), 1 or 2",
+                                    cases);
+    EXPECT_EQ(pass.launches() - before, int64_t(cases.size()));
   }
 }
 #endif
@@ -955,8 +966,7 @@ void expect_wgmma_matches_cpu(int (*set)(int), const char* name, int64_t (*launc
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_matches_cpu(&cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma",
-                           &cuda::attention_backward_wgmma_launches, kWgmmaHeadCases);
+  expect_wgmma_matches_cpu(kWgmmaBackward, kWgmmaHeadCases);
 #endif
 }
 
@@ -964,8 +974,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
   HAM_SKIP_UNLESS_CUDA();
   HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_matches_cpu(&cuda::set_attention_backward_wgmma, "set_attention_backward_wgmma",
-                           &cuda::attention_backward_wgmma_launches,
+  expect_wgmma_matches_cpu(kWgmmaBackward,
                            {GpuCase{1, 4096, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}});
 #endif
 }
@@ -974,8 +983,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
 TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_matches_cpu(&cuda::set_attention_forward_wgmma, "set_attention_forward_wgmma",
-                           &cuda::attention_forward_wgmma_launches, kWgmmaHeadCases);
+  expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaHeadCases);
 #endif
 }
 
