@@ -17,8 +17,8 @@
 // A second table times the tensor-core forward of the D = 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
 // (cuda/routed_attention.h; not in the CSV), and the next the same for value heads of 192.
-// A last one times the backward on warpgroup tensor cores (wgmma, sm_90a: its dK/dV and dQ
-// kernels) against the default mma.sync ones, for the head dims those have (64 and 128).
+// The last two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
+// against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -204,10 +204,15 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
               pass);
   std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1", "wgmma x2",
               "ratio x1", "ratio x2");
-  const auto wgmma_dim = [](int64_t d) { return d == 64 || d == 128; };
+  // The head dims the wgmma kernels take when set (kWgmmaOptIn in the kernels' source); at
+  // 256 x 256 the backward runs one warpgroup a block when set to two.
+  const auto wgmma_dims = [](int64_t dk, int64_t dv) {
+    const auto common = [](int64_t d) { return d == 64 || d == 128; };
+    return (common(dk) && common(dv)) || (dk == 128 && dv == 192) || (dk == 256 && dv == 256);
+  };
   for (const BenchCase& c : bench_cases()) {
     if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-    if (!wgmma_dim(c.key_dim) || !wgmma_dim(c.value_dim)) continue;
+    if (!wgmma_dims(c.key_dim, c.value_dim)) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const bench::Spread mma = ms_on(in, 0), one = ms_on(in, 1), two = ms_on(in, 2);

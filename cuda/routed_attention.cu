@@ -1529,17 +1529,20 @@ __device__ void load_key_block(const AttentionArgs<bf16>& a, int64_t b, int k0, 
 
 // From S^T and dP^T (the warp's 16 keys x NQ / 8 query columns, transposed products) in
 // place: P^T and dS^T / scale = P^T (dP^T - D) (dK = scale sum dS^T Q takes the scale at
-// its store). row_stats holds each query row's {lse log2 e, D}. Hidden pairs get 0 only
-// when some row does not see every key (`covers` false: a branch the whole block takes
-// alike), selected after the products so that nothing a hidden score gives (2^x may
-// overflow) survives. This lane's keys are kj0 and kj0 + 8 (compacted indices); keys past
-// the block's end lie past every row's range (its end is at most the row's key count).
-template <int NQ>
-__device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4], float (&ds)[NQ][4],
+// its store); with ds a placeholder of one block (ND = 1: KeyGrads::Values), P^T alone.
+// row_stats holds each query row's {lse log2 e, D}. Hidden pairs get 0 only when some row
+// does not see every key (`covers` false: a branch the whole block takes alike), selected
+// after the products so that nothing a hidden score gives (2^x may overflow) survives.
+// This lane's keys are kj0 and kj0 + 8 (compacted indices); keys past the block's end lie
+// past every row's range (its end is at most the row's key count).
+template <int NQ, int ND>
+__device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4], float (&ds)[ND][4],
                                                               const float2* row_stats,
                                                               float scale_log2, bool covers,
                                                               int kj0, const int* row_begin,
                                                               const int* row_end) {
+  constexpr bool kScoreGrads = ND == NQ;
+  static_assert(kScoreGrads || ND == 1, "dS^T has the blocks of P^T, or is a placeholder");
   const int t4 = mma::lane_id() % 4;
 #pragma unroll
   for (int nb = 0; nb < NQ; ++nb) {
@@ -1549,7 +1552,7 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       p[nb][e] = exp2_ftz(p[nb][e] * scale_log2 - lse_log2[e % 2]);
-      ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
+      if constexpr (kScoreGrads) ds[nb][e] = p[nb][e] * (ds[nb][e] - delta[e % 2]);
     }
   }
   if (!covers) {
@@ -1560,7 +1563,7 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
         const int kj = kj0 + 8 * (e / 2), r = nb * 8 + 2 * t4 + e % 2;
         const bool visible = in_range(kj, row_begin, row_end, r);
         p[nb][e] = visible ? p[nb][e] : 0.f;
-        ds[nb][e] = visible ? ds[nb][e] : 0.f;
+        if constexpr (kScoreGrads) ds[nb][e] = visible ? ds[nb][e] : 0.f;
       }
     }
   }
@@ -1759,9 +1762,19 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 // 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. With
 // backward_dq_wgmma below, the default on sm_90a (set_attention_backward_wgmma: on the H200
 // the pair took 0.75-0.90 of the mma.sync pair's time with one warpgroup a block, more with
-// two); head dims of 64 and 128.
+// two) at head dims of 64 and 128; set explicitly, also at those of kWgmmaOptIn.
 template <int DK, int DV>
 constexpr bool kWgmmaFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
+// The head dims the wgmma kernels take when set to them explicitly: those above, the
+// paper's HAM heads (128 x 192) and 256 x 256 (not yet timed on a GPU, so not the default).
+template <int DK, int DV>
+constexpr bool kWgmmaOptIn =
+    kWgmmaFits<DK, DV> || (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
+// dK and dV of a warpgroup's 64 keys beside S^T and dP^T take DK / 2 + DV / 2 + 64 + 32
+// registers a thread before any other value: up to DK + DV = 256 one kernel forms both;
+// beyond, two (KeyGrads::Keys and ::Values, as backward_dkdv_mma splits past 320).
+template <int DK, int DV>
+constexpr bool kWgmmaSplitKeyGrads = DK + DV > 256;
 
 // A block of kGroups warpgroups owns 64 kGroups rows (dK/dV: keys; dQ: queries), each
 // warpgroup 64 of them, and visits tiles of 64 of the other side (queries; keys), which its
@@ -1773,20 +1786,30 @@ struct WgmmaBackwardShape {
   static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
   // Own rows, then two slots of visited tiles (dK/dV: K and V', then Q and dO; dQ: Q and
   // dO, then K and V), after the round-up of the dynamic shared memory to 1024 bytes.
-  static constexpr size_t bytes =
-      wgmma::kSwizzleAtomBytes + size_t(kRows + 2 * kTile) * (DK + DV) * 2;
+  // KeyGrads::Values keeps no V' (its products read none).
+  static constexpr size_t bytes(KeyGrads part = KeyGrads::Both) {
+    return wgmma::kSwizzleAtomBytes +
+           (size_t(kRows) * (part == KeyGrads::Values ? DK : DK + DV) +
+            size_t(2 * kTile) * (DK + DV)) * 2;
+  }
 };
+// Warpgroups a block when two are set: one at 256 x 256, where two would need 257 KB of
+// shared memory (the H200 gives a block 227 KB).
+template <int DK, int DV>
+constexpr int kWgmmaBackwardMaxGroups = DK + DV > 320 ? 1 : 2;
 
-template <int DK, int DV, int kGroups>
+// kPart: the gradients it forms (KeyGrads; split past DK + DV = 256, kWgmmaSplitKeyGrads).
+template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
+  constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BK][DK] swizzled
-  bf16* sV = sK + BK * DK;                      // [BK][DV] swizzled, v' = p v
-  bf16* query_slots = sV + BK * DV;             // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
+  bf16* sV = sK + BK * DK;                         // [BK][DV] swizzled, v' = p v (dP^T's alone)
+  bf16* query_slots = kDk ? sV + BK * DV : sV;     // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
   __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
@@ -1804,7 +1827,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
-  issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
+  if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
                          visible_rows_end(a, b, k0, k_end, first_query));
@@ -1822,7 +1845,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
-  if (a.p) scale_rows_at<DV, BK, kThreads>(SwizzledTile<BK>{sV}, s_pscale);
+  if constexpr (kDk) {
+    if (a.p) scale_rows_at<DV, BK, kThreads>(SwizzledTile<BK>{sV}, s_pscale);
+  }
 
   // This warpgroup's 64 keys: rows 64 (warp / 4) .. of the K and V' tiles (8 swizzle atoms
   // of 1024 bytes on; 0 written as such for one warpgroup, so that the descriptors stay in
@@ -1832,7 +1857,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   const uint32_t v_tile = wgmma::shared_address(sV) + group_rows;
   const int key0 = warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8 of the tile
   const float scale_log2 = a.scale * kLog2e;
-  float dk[DK / 8][4], dv[DV / 8][4];
+  float dk[kDk ? DK / 8 : 1][4], dv[kDv ? DV / 8 : 1][4];  // one placeholder block when not formed
   zero(dk);
   zero(dv);
   for (int64_t i = 0; i < queries.count; ++i) {
@@ -1848,31 +1873,37 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     const uint32_t o_tile = wgmma::shared_address(slot_o(i));
 
     // Transposed: rows are the block's 64 keys (this warp's 16), columns the tile's queries.
-    float p[NQ][4], ds[NQ][4];
+    float p[NQ][4], ds[kDk ? NQ : 1][4];
     wgmma::fence();
-    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);   // S^T = K Q^T
-    wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
+    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);  // S^T = K Q^T
+    if constexpr (kDk) {
+      wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
+    }
     wgmma::commit();
     wgmma::wait<0>();
     probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
                                   s_begin[slot], s_end[slot]);
     // P^T and dS^T as bf16 A fragments, 16 queries each, all made before the fence (made
     // between the products, each would need a fence of its own, which ptxas inserts).
-    uint32_t p_frags[NQ / 2][4], ds_frags[NQ / 2][4];
+    uint32_t p_frags[kDv ? NQ / 2 : 1][4], ds_frags[kDk ? NQ / 2 : 1][4];
 #pragma unroll
     for (int j = 0; j < NQ / 2; ++j) {
-      mma::accumulator_as_a(p, j, p_frags[j]);
-      mma::accumulator_as_a(ds, j, ds_frags[j]);
+      if constexpr (kDv) mma::accumulator_as_a(p, j, p_frags[j]);
+      if constexpr (kDk) mma::accumulator_as_a(ds, j, ds_frags[j]);
     }
     wgmma::fence();
-    wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);   // dV' += P^T dO
-    wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
+    if constexpr (kDv) {
+      wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);  // dV' += P^T dO
+    }
+    if constexpr (kDk) {
+      wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
+    }
     wgmma::commit();
     // Before publish() frees this tile's slots for the copies of tile i + 2 (and before p,
     // ds and their bf16 copies are written again).
     wgmma::wait<0>();
   }
-  store_key_gradients<DK, DV>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+  store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 #else
   __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
 #endif
@@ -2402,7 +2433,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
                                   Shape::forward_bytes, a, kMmaThreads);
             };
-            if constexpr (kWgmmaFits<DK, DV>) {
+            if constexpr (kWgmmaOptIn<DK, DV>) {
               if (const int groups = g_forward_wgmma.load(); groups != 0) {
                 require_wgmma("forward", "set_attention_forward_wgmma");
                 auto launch_wgmma = [&]<int kGroups>() {
@@ -2490,25 +2521,34 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
-            if constexpr (kWgmmaFits<DK, DV>) {
+            if constexpr (kWgmmaOptIn<DK, DV>) {
               int wgmma_groups = g_backward_wgmma.load();
               if (wgmma_groups == kAttentionBackwardAutomatic) {
-                wgmma_groups = attention_backward_wgmma_available() ? 1 : 0;
+                wgmma_groups = kWgmmaFits<DK, DV> && attention_backward_wgmma_available() ? 1 : 0;
               } else if (wgmma_groups != 0) {
                 require_wgmma("backward", "set_attention_backward_wgmma");
               }
               if (wgmma_groups != 0) {
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
-                  tiled_dkdv = launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups>,
-                                            block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch),
-                                            Wgmma::bytes, a, Wgmma::kThreads);
+                  const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
+                  auto launch_dkdv = [&]<KeyGrads kPart>() {
+                    return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
+                                        Wgmma::bytes(kPart), a, Wgmma::kThreads);
+                  };
+                  if constexpr (kWgmmaSplitKeyGrads<DK, DV>) {
+                    tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Keys>() &&
+                                 launch_dkdv.template operator()<KeyGrads::Values>();
+                  } else {
+                    tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Both>();
+                  }
                   tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV, kGroups>,
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                          Wgmma::bytes, a, Wgmma::kThreads);
+                                          Wgmma::bytes(), a, Wgmma::kThreads);
                 };
-                if (wgmma_groups == 2) {
-                  launch_wgmma.template operator()<2>();
+                constexpr int kMaxGroups = kWgmmaBackwardMaxGroups<DK, DV>;
+                if (wgmma_groups == 2 && kMaxGroups == 2) {
+                  launch_wgmma.template operator()<kMaxGroups>();
                 } else {
                   launch_wgmma.template operator()<1>();
                 }

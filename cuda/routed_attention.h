@@ -15,12 +15,12 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Which kernels compute the bf16 forward for head dims of 64 and 128: 0 (the default) the
-// warps' mma.sync kernels; 1 or 2 the warpgroup wgmma kernel with that many warpgroups a
-// block (64 query rows each, sharing the key tiles they visit), which needs what the wgmma
-// backward needs (attention_backward_wgmma_available; elsewhere a forward set to it is an
-// error). Opt-in until timed on a GPU. Returns the previous setting; any other value is an
-// error.
+// Which kernels compute the bf16 forward for head dims of 64 and 128, 128 x 192 and
+// 256 x 256 (the others always take mma.sync): 0 (the default) the warps' mma.sync
+// kernels; 1 or 2 the warpgroup wgmma kernel with that many warpgroups a block (64 query
+// rows each, sharing the key tiles they visit), which needs what the wgmma backward needs
+// (attention_backward_wgmma_available; elsewhere a forward set to it is an error). Opt-in
+// until timed on a GPU. Returns the previous setting; any other value is an error.
 int set_attention_forward_wgmma(int kernels);
 
 // How many forward calls of this process have run on the wgmma kernel.
@@ -34,8 +34,10 @@ int64_t attention_forward_wgmma_launches();
 //   1 or 2: the warpgroup wgmma kernels (dK/dV and dQ) with that many warpgroups a block (64
 //     rows each; two share the tiles they visit), which need sm_90a code and a GPU of compute
 //     capability 9.0 (a backward set to them elsewhere is an error).
-// Other head dims always take mma.sync. Returns the previous setting; any other value is an
-// error.
+// 1 and 2 also take 128 x 192 (the paper's HAM heads) and 256 x 256, where the automatic
+// choice is 0 until they are timed, and 256 x 256 runs one warpgroup a block for 2 (two
+// would need 257 KB of shared memory). Other head dims always take mma.sync. Returns the
+// previous setting; any other value is an error.
 constexpr int kAttentionBackwardAutomatic = -1;
 int set_attention_backward_wgmma(int kernels);
 

@@ -230,14 +230,33 @@ __device__ __forceinline__ void rows_times_rows(float (&d)[N / 8][4], uint32_t a
   for (int kk = 16; kk < D; kk += 16) mma_ss<N, true>(d, k_major<RA>(a, kk), k_major<RB>(b, kk));
 }
 
+// Columns [8 kFirst, 8 (kFirst + kBlocks)) of an accumulator: kBlocks of its 8-column
+// blocks, the same registers.
+template <int kFirst, int kBlocks, int kAll>
+__device__ __forceinline__ float (&column_blocks(float (&d)[kAll][4]))[kBlocks][4] {
+  static_assert(kFirst + kBlocks <= kAll, "column_blocks: past the accumulator");
+  return *reinterpret_cast<float(*)[kBlocks][4]>(&d[kFirst][0]);
+}
+
 // d += X B: X (64 x K) as each warp's bf16 A fragments, 16 columns each, B the first K
-// rows of the swizzled tile of R rows at `b`, N columns (as P V).
+// rows of the swizzled tile of R rows at `b`, N columns (as P V). N is 64, 128, 192 or
+// 256: a wide product is one wgmma of columns [0, 128) and one of the rest, whose panels
+// start two panels (2 R 128 bytes) into the tile (mma_rs has the two widths of the kernels'
+// tiles, 64 and 128).
 template <int N, int K, int R>
 __device__ __forceinline__ void fragments_times_matrix(float (&d)[N / 8][4],
                                                        const uint32_t (&x)[K / 16][4],
                                                        uint32_t b) {
+  static_assert(N % 64 == 0 && N <= 256, "fragments_times_matrix: N is 64, 128, 192 or 256");
+  constexpr int kFirst = N > 128 ? 128 : N;
 #pragma unroll
-  for (int j = 0; j < K / 16; ++j) mma_rs<N>(d, x[j], mn_major<R>(b, 16 * j));
+  for (int j = 0; j < K / 16; ++j) {
+    mma_rs<kFirst>(column_blocks<0, kFirst / 8>(d), x[j], mn_major<R>(b, 16 * j));
+    if constexpr (N > 128) {
+      mma_rs<N - 128>(column_blocks<16, (N - 128) / 8>(d), x[j],
+                      mn_major<R>(b + 2 * R * 128, 16 * j));
+    }
+  }
 }
 
 // The first 1024-byte boundary (in shared addresses) at or after `p`, where a kernel's

@@ -932,6 +932,15 @@ const std::vector<GpuCase> kWgmmaHeadCases = {
     GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
     GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
 
+// The head dims the wgmma kernels take only when set to them: the paper's HAM heads
+// (128 x 192) and 256 x 256, where dK and dV come from two kernels, and 256 x 256's
+// backward runs one warpgroup a block when set to two.
+const std::vector<GpuCase> kWgmmaOptInHeadCases = {
+    GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true},
+    GpuCase{2, 140, 2, 1, 128, 192, 1.0, false, GpuDocs::None, false},
+    GpuCase{1, 140, 2, 2, 256, 256, 0.25, true, GpuDocs::Runs, true},
+    GpuCase{1, 200, 2, 1, 256, 256, 1.0, false, GpuDocs::Interleaved, false}};
+
 // A pass's wgmma kernels: their setter, its name, and the count of calls that ran on them.
 struct WgmmaPass {
   int (*set)(int);
@@ -984,6 +993,33 @@ TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaHeadCases);
+#endif
+}
+
+// Both passes on wgmma at the head dims it takes only when set so.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuAtOptInHeads) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  expect_wgmma_matches_cpu(kWgmmaBackward, kWgmmaOptInHeadCases);
+#endif
+}
+
+TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpuAtOptInHeads) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaOptInHeadCases);
+#endif
+}
+
+// By default those head dims take the mma.sync backward, wgmma or not.
+TEST(RoutedAttentionGpu, Bf16BackwardAtOptInHeadsTakesMmaSyncByDefault) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const int previous = cuda::set_attention_backward_wgmma(cuda::kAttentionBackwardAutomatic);
+  const int64_t launches = cuda::attention_backward_wgmma_launches();
+  expect_gpu_matches_cpu(kWgmmaOptInHeadCases[0], DType::BF16);
+  cuda::set_attention_backward_wgmma(previous);
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches(), launches);
 #endif
 }
 
