@@ -15,7 +15,9 @@
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
 // A last table times the bf16 forward and backward with their state passes forced to 32-
 // and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
-// default choice.
+// default choice. For bf16 the CSV also has "fwd_keep", the forward that keeps its chunk
+// states for the backward (keep_for_backward: GatedDeltaRuleSaved), and "bwd_kept", the
+// backward that reads them instead of recomputing them (f32 keeps nothing: empty).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -63,6 +65,8 @@ using bench::Spread;
 
 struct Timing {
   Spread fwd, bwd;
+  bool kept = false;  // bf16: the forward kept its chunk states
+  Spread fwd_keep, bwd_kept;
   // bf16 only: forward and backward with forced state-pass tiles
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
 };
@@ -120,10 +124,26 @@ Timing run_case(const BenchCase& c, int reps) {
                             Tensor::empty(a.g.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
   auto backward = [&] {
-    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, grads);
+    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, nullptr, grads);
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
+
+  // The forward that keeps its chunk states, and the backward that reads them (the states
+  // of the last forward call; the backward only reads them).
+  GatedDeltaRuleArgs keeping = a;
+  keeping.keep_for_backward = true;
+  auto forward_keeping = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), keeping, out); };
+  t.fwd_keep = time_ms(reps, forward_keeping);
+  if (out.saved) {
+    t.kept = true;
+    auto backward_kept = [&] {
+      gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, out.saved.get(),
+                                          grads);
+    };
+    t.bwd_kept = time_ms(reps, backward_kept);
+    out.saved.reset();
+  }
   return t;
 }
 
@@ -138,23 +158,35 @@ int main(int argc, char** argv) {
     if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
     std::ofstream csv = ham::bench::open_csv(
         csv_path, "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
-                  "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max");
-    std::printf("%-22s %-5s %12s %12s %12s %12s\n", "case", "dtype", "fwd min ms", "fwd med ms",
-                "bwd min ms", "bwd med ms");
+                  "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max,fwd_keep_ms_min,"
+                  "fwd_keep_ms_median,fwd_keep_ms_max,bwd_kept_ms_min,bwd_kept_ms_median,"
+                  "bwd_kept_ms_max");
+    std::printf("%-22s %-5s %12s %12s %12s %12s %14s %14s\n", "case", "dtype", "fwd min ms",
+                "fwd med ms", "bwd min ms", "bwd med ms", "fwd keep med", "bwd kept med");
     std::vector<std::pair<std::string, Timing>> bf16_timings;
     for (const BenchCase& c : bench_cases()) {
       const std::string label = c.name + "_" + c.dtype;
       if (!filter.empty() && label.find(filter) == std::string::npos) continue;
       const Timing t = run_case(c, reps);
       if (c.dtype == "bf16") bf16_timings.emplace_back(c.name, t);
-      std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f\n", c.name.c_str(), c.dtype.c_str(),
+      std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f", c.name.c_str(), c.dtype.c_str(),
                   t.fwd.min, t.fwd.median, t.bwd.min, t.bwd.median);
+      if (t.kept) std::printf(" %14.3f %14.3f", t.fwd_keep.median, t.bwd_kept.median);
+      std::printf("\n");
       std::fflush(stdout);
       if (csv.is_open()) {
         csv << c.name << ',' << c.dtype << ',' << c.batch << ',' << c.seq_len << ',' << c.heads
             << ',' << c.key_dim << ',' << c.value_dim << ',' << c.docs << ',' << t.fwd.min << ','
             << t.fwd.median << ',' << t.fwd.max << ',' << t.bwd.min << ',' << t.bwd.median << ','
-            << t.bwd.max << '\n';
+            << t.bwd.max;
+        if (t.kept) {
+          for (const Spread& s : {t.fwd_keep, t.bwd_kept}) {
+            csv << ',' << s.min << ',' << s.median << ',' << s.max;
+          }
+        } else {
+          csv << ",,,,,,";
+        }
+        csv << '\n';
       }
     }
     std::printf("\nbf16, state passes forced to 32 / 64 columns (ms; 64/32 above 1: 32 is "

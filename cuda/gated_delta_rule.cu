@@ -3254,6 +3254,41 @@ struct MmaChunkStates {
   Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
 };
 
+// What the tensor-core forward keeps for its backward (keep_for_backward): its chunk
+// table and every chunk term the backward reads (MmaChunkStates without U, which only the
+// state pass reads), for inputs of `dims` on `device`.
+struct MmaSavedChunkStates final : GatedDeltaRuleSaved {
+  MmaChunkStates chunk;
+  Dims dims{};
+  Device device;
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (const Tensor* t : {&chunk.table.begin, &chunk.table.doc_start, &chunk.table.doc_chunk,
+                            &chunk.table.count, &chunk.w, &chunk.v_new, &chunk.states,
+                            &chunk.gcum, &chunk.a_inv}) {
+      total += t->defined() ? t->numel() * int64_t(dtype_size(t->dtype())) : 0;
+    }
+    return total;
+  }
+};
+
+// `saved` as the tensor-core forward's, checked against the backward's inputs (a one-line
+// error naming both shapes when they differ, or when another kind of forward made it).
+const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRuleSaved& saved,
+                                              const Dims& d, const Device& device) {
+  const auto* kept = dynamic_cast<const MmaSavedChunkStates*>(&saved);
+  HAM_CHECK(kept != nullptr, op, ": the saved forward state was not made by the CUDA "
+            "tensor-core forward");
+  const Dims& s = kept->dims;
+  HAM_CHECK(s.batch == d.batch && s.seq_len == d.seq_len && s.heads == d.heads &&
+                s.key_dim == d.key_dim && s.value_dim == d.value_dim && kept->device == device,
+            op, ": the saved forward state is for [B, T, H, K, V] = [", s.batch, ", ", s.seq_len,
+            ", ", s.heads, ", ", s.key_dim, ", ", s.value_dim, "] on ", kept->device.str(),
+            ", the inputs are [", d.batch, ", ", d.seq_len, ", ", d.heads, ", ", d.key_dim, ", ",
+            d.value_dim, "] on ", device.str());
+  return *kept;
+}
+
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 
 // Whether a state pass's blocks of 32 columns (`kernel`, `threads` threads, `bytes` of
@@ -3341,12 +3376,22 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
 // The tensor-core forward (above) when it applies: bf16 q, k, v, K in {16, 32, 64, 128,
 // 256}. Returns whether it ran. Reads the chunk counts back to size the S0 scratch (one
 // stream synchronisation), which holds every chunk's start state in bf16 as FLA's does.
+// With keep_for_backward it also stores every chunk's A and keeps the chunk terms in
+// out.saved (MmaSavedChunkStates).
 bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                   GatedDeltaRuleResult& out) {
   if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
   auto run = [&]<int KD>() {
     const char* op = "gated_delta_rule (cuda, tensor cores)";
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, false);
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, a.keep_for_backward);
+    if (a.keep_for_backward) {
+      auto kept = std::make_shared<MmaSavedChunkStates>();
+      kept->chunk = c;
+      kept->chunk.u = Tensor();
+      kept->dims = d;
+      kept->device = a.q.device();
+      out.saved = std::move(kept);
+    }
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
     const int slots = c.pr.tiles > 1 ? 2 : 1;
@@ -3424,18 +3469,23 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
 
 
 // The tensor-core backward (above) when it applies: the tensor-core forward's inputs, T > 0.
-// Returns whether it ran. Recomputes the forward's W, U, S0 and v_new first.
+// Returns whether it ran. Recomputes the forward's W, U, S0 and v_new first (its prepare
+// kernel and sequential state pass), unless the forward kept them (`saved`).
 bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                    const Tensor& grad_o, const Tensor& grad_h_final,
-                                   GatedDeltaRuleGrads& grads) {
+                                   const GatedDeltaRuleSaved* saved, GatedDeltaRuleGrads& grads) {
   if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
   auto run = [&]<int KD>() {
     constexpr int VT = kBackwardVt<KD>;
     const char* op = "gated_delta_rule_backward (cuda, tensor cores)";
     const Device device = a.q.device();
     const int64_t K = d.key_dim, V = d.value_dim;
-    Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, h_end, true);  // recomputed
+    auto recomputed = [&] {
+      Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
+      return chunk_states_mma<KD>(op, a, d, h_end, true);
+    };
+    const MmaChunkStates c =
+        saved ? saved_chunk_states(op, *saved, d, device).chunk : recomputed();
     const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
     const int64_t max_chunks = c.max_chunks;
     const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
@@ -3512,13 +3562,17 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o,
-                               const Tensor& grad_h_final, GatedDeltaRuleGrads& grads) {
+                               const Tensor& grad_h_final, const GatedDeltaRuleSaved* saved,
+                               GatedDeltaRuleGrads& grads) {
   const char* op = "gated_delta_rule_backward (cuda)";
   const Dims d = dims_of(a);
   check_sizes(op, d);
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
-  if (gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, grads)) return;
+  if (gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, saved, grads)) return;
+  // Only the tensor-core forward keeps anything, and its inputs take the path above.
+  HAM_CHECK(saved == nullptr, op, ": given a saved forward state, which the SIMT kernels "
+            "these inputs take do not use (only the bf16 tensor-core path keeps one)");
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const Device device = a.q.device();

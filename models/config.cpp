@@ -83,9 +83,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   static const std::set<std::string> known = {
       "family", "vocab_size", "d_model", "n_layers", "d_ff", "norm_eps", "init_std", "recompute",
       "seed", "n_heads", "n_kv_heads", "head_dim", "v_head_dim", "rope_base", "gdn_heads",
-      "gdn_head_dim", "gdn_v_head_dim", "conv_size", "gsa_every", "router", "router_hidden",
-      "router_aggregate", "eda", "tau", "learn_tau", "kv_target", "tau_freeze_steps", "tau_gain",
-      "tau_clip", "tau_lr"};
+      "gdn_head_dim", "gdn_v_head_dim", "conv_size", "gdn_keep_chunk_states", "gsa_every",
+      "router", "router_hidden", "router_aggregate", "eda", "tau", "learn_tau", "kv_target",
+      "tau_freeze_steps", "tau_gain", "tau_clip", "tau_lr"};
   for (const auto& item : j.items()) {
     HAM_CHECK(known.count(item.key()), source, ": unknown key '", item.key(), "' in model config");
   }
@@ -116,6 +116,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   c.gdn_v_head_dim = c.gdn_head_dim;
   read_key(j, source, "gdn_v_head_dim", c.gdn_v_head_dim);
   read_key(j, source, "conv_size", c.conv_size);
+  read_key(j, source, "gdn_keep_chunk_states", c.gdn_keep_chunk_states);
   read_key(j, source, "gsa_every", c.gsa_every);
   read_choice(j, source, "router",
               std::map<std::string, RouterKind>{{"fit_error", RouterKind::FitError},
@@ -178,7 +179,8 @@ nlohmann::json ModelConfig::to_json() const {
   }
   if (recurrent) {
     j.update({{"gdn_heads", gdn_heads}, {"gdn_head_dim", gdn_head_dim},
-              {"gdn_v_head_dim", gdn_v_head_dim}, {"conv_size", conv_size}});
+              {"gdn_v_head_dim", gdn_v_head_dim}, {"conv_size", conv_size},
+              {"gdn_keep_chunk_states", gdn_keep_chunk_states}});
   }
   if (family == ModelFamily::GDNGSA) j["gsa_every"] = gsa_every;
   if (family == ModelFamily::HAM) {

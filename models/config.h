@@ -6,7 +6,7 @@
 //   every family        vocab_size d_model n_layers d_ff norm_eps init_std seed recompute
 //   softmax attention   n_heads n_kv_heads head_dim v_head_dim rope_base
 //     (Transformer layers, the GSA layers of GDN-GSA, HAM's KV path)
-//   gated delta rule    gdn_heads gdn_head_dim gdn_v_head_dim conv_size
+//   gated delta rule    gdn_heads gdn_head_dim gdn_v_head_dim conv_size gdn_keep_chunk_states
 //     (GDN layers, HAM's RNN path)
 //   GDN-GSA             gsa_every (every k-th layer, counting from 1, is attention)
 //   HAM                 router router_hidden router_aggregate eda tau learn_tau kv_target
@@ -50,6 +50,10 @@ struct ModelConfig {
   int64_t gdn_head_dim = 64;
   int64_t gdn_v_head_dim = 64;
   int64_t conv_size = 4;
+  // The backward reads the forward's chunk states instead of recomputing them, where the
+  // backend keeps them (the CUDA bf16 path: about five times v's memory per layer at
+  // K = V = 128, held from forward to backward; nn/gated_delta_rule.h).
+  bool gdn_keep_chunk_states = false;
 
   // GDN-GSA.
   int64_t gsa_every = 2;

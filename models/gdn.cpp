@@ -72,7 +72,7 @@ Tensor ShortConvolution::forward(const Tensor& x, const Tensor& doc_ids) const {
 
 GatedDeltaNet::GatedDeltaNet(const ModelConfig& c, Generator& gen)
     : heads_(c.gdn_heads), head_dim_(c.gdn_head_dim), v_head_dim_(c.gdn_v_head_dim),
-      norm_eps_(c.norm_eps) {
+      norm_eps_(c.norm_eps), keep_chunk_states_(c.gdn_keep_chunk_states) {
   InitOptions init{c.init_std};
   int64_t d = c.d_model, qk_dim = c.gdn_qk_dim(), v_dim = c.gdn_v_dim();
   q_proj = register_module("q_proj", std::make_shared<Linear>(d, qk_dim, false, gen, init));
@@ -104,7 +104,8 @@ Tensor GatedDeltaNet::forward(const Tensor& x, const TokenBatch& batch) const {
   Tensor beta = sigmoid(b_proj->forward(x));  // [B, T, h] write strength in (0, 1)
   // g = -A * dt <= 0 with A = exp(A_log) and dt = softplus(a_proj x + dt_bias): log decay.
   Tensor g = gdn_log_decay(a_proj->forward(x), A_log, dt_bias);
-  GatedDeltaRuleResult recurrent = gated_delta_rule(q, k, v, g, beta, Tensor(), docs);
+  GatedDeltaRuleResult recurrent =
+      gated_delta_rule(q, k, v, g, beta, Tensor(), docs, keep_chunk_states_);
   trace_ = {detach(g), detach(recurrent.fit_error)};
   Tensor o = recurrent.o;  // [B, T, h, V]
   Tensor gate = reshape(gate_proj->forward(x), {B, T, heads_, v_head_dim_});

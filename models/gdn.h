@@ -55,6 +55,7 @@ class GatedDeltaNet : public Module {
  private:
   int64_t heads_, head_dim_, v_head_dim_;
   double norm_eps_;
+  bool keep_chunk_states_;
   mutable Trace trace_;
 };
 

@@ -16,11 +16,15 @@
 
 namespace ham {
 
-// Chunked forward (training path).
+// Chunked forward (training path). keep_chunk_states: when a gradient is wanted, the
+// backward reads the forward's chunk states instead of recomputing them, where the backend
+// keeps them (GatedDeltaRuleSaved: the CUDA bf16 path), holding that memory until the
+// backward runs. The result's `saved` stays empty (the graph node holds it).
 GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, const Tensor& beta,
                                       const Tensor& h0 = Tensor(),
-                                      const Tensor& doc_ids = Tensor());
+                                      const Tensor& doc_ids = Tensor(),
+                                      bool keep_chunk_states = false);
 
 // The token-by-token recurrence, no autograd (test ground truth, decoding).
 GatedDeltaRuleResult gated_delta_rule_reference(const Tensor& q, const Tensor& k,

@@ -374,7 +374,11 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& args, GatedDeltaRuleResu
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& args, const Tensor& grad_o,
-                               const Tensor& grad_h_final, GatedDeltaRuleGrads& grads) {
+                               const Tensor& grad_h_final, const GatedDeltaRuleSaved* saved,
+                               GatedDeltaRuleGrads& grads) {
+  HAM_CHECK(saved == nullptr,
+            "gated_delta_rule_backward (cpu): given a saved forward state, which only another "
+            "backend's forward makes (the CPU's keeps none)");
   dispatch_floating("gated_delta_rule_backward", args.q.dtype(), [&]<class Scalar>() {
     const Dims d = dims_of(args);
     const std::vector<int64_t> doc_ids = doc_ids_of(args);

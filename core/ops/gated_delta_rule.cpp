@@ -11,7 +11,8 @@ HAM_DEFINE_KERNEL_TABLE(gated_delta_rule_naive, &cpu::gated_delta_rule_naive,
                         void(const GatedDeltaRuleArgs&, GatedDeltaRuleResult& out))
 HAM_DEFINE_KERNEL_TABLE(gated_delta_rule_backward, &cpu::gated_delta_rule_backward,
                         void(const GatedDeltaRuleArgs&, const Tensor& grad_o,
-                             const Tensor& grad_h_final, GatedDeltaRuleGrads& grads))
+                             const Tensor& grad_h_final, const GatedDeltaRuleSaved* saved,
+                             GatedDeltaRuleGrads& grads))
 
 namespace ops {
 
@@ -103,7 +104,8 @@ GatedDeltaRuleResult gated_delta_rule_naive(const GatedDeltaRuleArgs& args) {
 
 GatedDeltaRuleGrads gated_delta_rule_backward(const GatedDeltaRuleArgs& args,
                                               const Tensor& grad_o, const Tensor& grad_h_final,
-                                              const GatedDeltaRuleWanted& wanted) {
+                                              const GatedDeltaRuleWanted& wanted,
+                                              const GatedDeltaRuleSaved* saved) {
   const char* op = "gated_delta_rule_backward";
   check_gated_delta_rule_args(op, args);
   const Tensor& q = args.q;
@@ -130,7 +132,7 @@ GatedDeltaRuleGrads gated_delta_rule_backward(const GatedDeltaRuleArgs& args,
   grads.dg = make(wanted.g, args.g);
   grads.dbeta = make(wanted.beta, args.beta);
   grads.dh0 = make(wanted.h0 && args.h0.defined(), args.h0);
-  gated_delta_rule_backward_kernels()(q.device(), args, grad_o, grad_h_final, grads);
+  gated_delta_rule_backward_kernels()(q.device(), args, grad_o, grad_h_final, saved, grads);
   return grads;
 }
 

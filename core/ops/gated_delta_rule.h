@@ -48,6 +48,7 @@
 //   dg    = reverse chunk-local cumsum of dG
 // fit_error has no gradient (it feeds a hard threshold).
 #include <cstdint>
+#include <memory>
 
 #include "core/dispatch.h"
 #include "core/tensor.h"
@@ -60,14 +61,30 @@ inline constexpr int64_t kGatedDeltaRuleChunkSize = 64;
 // h0 and doc_ids may be undefined (Tensor()). Every floating input has q's dtype, except
 // that bf16 q, k, v may come with f32 gates g (mixed precision keeps the log decay and its
 // gradient in f32, as flash-linear-attention does); dg then is f32 too.
+// keep_for_backward asks the chunked forward to keep what its backward would recompute
+// (GatedDeltaRuleSaved).
 struct GatedDeltaRuleArgs {
   Tensor q, k, v, g, beta, h0, doc_ids;
+  bool keep_for_backward = false;
+};
+
+// What a backend's chunked forward keeps for its backward when asked: intermediates the
+// backward would otherwise recompute from the inputs (the CUDA tensor-core path keeps
+// its chunk table and every chunk's start state, v_new, W, A and gate cumsum; its backward
+// then skips the prepare kernel, a sequential pass over the chunks, and the chunk table
+// with its stream synchronisation). Memory for time: at K = V = 128 about five times v's
+// size, held from forward to backward. Opaque outside the backend that made it; a backend
+// that keeps nothing leaves it null.
+struct GatedDeltaRuleSaved {
+  virtual ~GatedDeltaRuleSaved() = default;
+  virtual int64_t bytes() const = 0;  // device memory held
 };
 
 struct GatedDeltaRuleResult {
   Tensor o;          // [B, T, H, V]
   Tensor h_final;    // [B, H, K, V]
   Tensor fit_error;  // [B, T, H]
+  std::shared_ptr<const GatedDeltaRuleSaved> saved{};  // keep_for_backward's, or null
 };
 
 // Gradients of the inputs; a kernel fills those defined on entry (dh0 only with h0).
@@ -96,10 +113,12 @@ HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_chunked,
 HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_naive,
                          void(const GatedDeltaRuleArgs&, GatedDeltaRuleResult& out));
 // Backward of o and h_final (grad_o [B, T, H, V], grad_h_final [B, H, K, V]); recomputes
-// the chunk states and v_new from the inputs.
+// the chunk states and v_new from the inputs, or reads them from `saved` (the same
+// backend's forward of the same inputs; null: recompute).
 HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_backward,
                          void(const GatedDeltaRuleArgs&, const Tensor& grad_o,
-                              const Tensor& grad_h_final, GatedDeltaRuleGrads& grads));
+                              const Tensor& grad_h_final, const GatedDeltaRuleSaved* saved,
+                              GatedDeltaRuleGrads& grads));
 
 namespace ops {
 
@@ -116,17 +135,21 @@ GatedDeltaRuleResult gated_delta_rule_naive(const GatedDeltaRuleArgs& args);
 struct GatedDeltaRuleWanted {
   bool q = true, k = true, v = true, g = true, beta = true, h0 = true;
 };
+// saved: what the chunked forward of these args kept (keep_for_backward), or null.
 GatedDeltaRuleGrads gated_delta_rule_backward(const GatedDeltaRuleArgs& args,
                                               const Tensor& grad_o, const Tensor& grad_h_final,
-                                              const GatedDeltaRuleWanted& wanted = {});
+                                              const GatedDeltaRuleWanted& wanted = {},
+                                              const GatedDeltaRuleSaved* saved = nullptr);
 
 }  // namespace ops
 
 namespace cpu {
 void gated_delta_rule_chunked(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult& out);
 void gated_delta_rule_naive(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult& out);
+// The CPU keeps nothing (its backward recomputes per head); a non-null saved is an error.
 void gated_delta_rule_backward(const GatedDeltaRuleArgs& args, const Tensor& grad_o,
-                               const Tensor& grad_h_final, GatedDeltaRuleGrads& grads);
+                               const Tensor& grad_h_final, const GatedDeltaRuleSaved* saved,
+                               GatedDeltaRuleGrads& grads);
 }  // namespace cpu
 
 }  // namespace ham

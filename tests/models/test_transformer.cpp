@@ -4,6 +4,7 @@
 
 #include "autograd/engine.h"
 #include "models/transformer.h"
+#include "tests/error_testing.h"
 #include "tests/models/model_testing.h"
 
 namespace ham {
@@ -99,6 +100,20 @@ TEST(ModelConfig, JsonRoundTrip) {
   ModelConfig c = tiny_config();
   ModelConfig back = ModelConfig::from_json(c.to_json(), "roundtrip");
   EXPECT_EQ(back.to_json(), c.to_json());
+}
+
+// gdn_keep_chunk_states travels with the recurrent families' keys; a non-boolean value is
+// an error naming the key.
+TEST(ModelConfig, KeepChunkStatesRoundTripsAndIsChecked) {
+  ModelConfig c = tiny_config();
+  c.family = ModelFamily::GDN;
+  c.gdn_keep_chunk_states = true;
+  ModelConfig back = ModelConfig::from_json(c.to_json(), "roundtrip");
+  EXPECT_TRUE(back.gdn_keep_chunk_states);
+  EXPECT_FALSE(ModelConfig::from_json({{"family", "gdn"}}, "x").gdn_keep_chunk_states);
+  testing::expect_error(
+      [] { ModelConfig::from_json({{"gdn_keep_chunk_states", "yes"}}, "model.json"); },
+      {"model.json", "gdn_keep_chunk_states"});
 }
 
 }  // namespace

@@ -590,6 +590,24 @@ TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
   testing::expect_error([&] { ops::gated_delta_rule_chunked(bad); }, {"gated_delta_rule", "g", "dtypes must match"});
 }
 
+// The CPU keeps nothing for its backward: keep_for_backward leaves `saved` null, and a
+// saved state handed to the CPU backward (another backend's) is a one-line error.
+TEST(GatedDeltaRule, CpuKeepsNoChunkStates) {
+  const GpuCase c{1, 70, 2, 16, 12, false, 2};
+  GatedDeltaRuleArgs args = args_of(gpu_case_inputs(c, 4300));
+  args.keep_for_backward = true;
+  const GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
+  EXPECT_EQ(out.saved, nullptr);
+  struct Foreign final : GatedDeltaRuleSaved {
+    int64_t bytes() const override { return 0; }
+  } foreign;
+  const Tensor grad_o = randn64(out.o.shape(), 83, 1.0, false);
+  const Tensor grad_h = randn64(out.h_final.shape(), 84, 1.0, false);
+  testing::expect_error(
+      [&] { ops::gated_delta_rule_backward(args, grad_o, grad_h, {}, &foreign); },
+      {"gated_delta_rule_backward (cpu)", "saved forward state"});
+}
+
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
 // The GPU forward and backward on `gpu` against the f64 CPU reference on the same values.
@@ -609,7 +627,7 @@ void expect_gpu_matches_reference(const GatedDeltaRuleArgs& gpu, const GpuBounds
       randn64(expected.h_final.shape(), seed + 1, 1.0, false).to(dtype).to(Device::cuda());
   GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
   EXPECT_EQ(grads.dg.dtype(), gpu.g.dtype());
-  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr, grads);
   const GatedDeltaRuleGrads want = ops::gated_delta_rule_backward(
       ref, reference_copy(grad_o), reference_copy(grad_h_final));
   expect_within(grads.dq, want.dq, bound.grad, "dq");
@@ -738,14 +756,14 @@ TEST(GatedDeltaRule, GpuBackwardSomeGradientsOnlyAndDeterministic) {
     ops::GatedDeltaRuleWanted some;
     some.q = some.v = some.g = some.h0 = false;  // dk and dbeta only
     GatedDeltaRuleGrads grads = poisoned_grads(gpu, some);
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr, grads);
     EXPECT_FALSE(grads.dq.defined());
     expect_within(grads.dk, want.dk, bound.grad, "dk");
     expect_within(grads.dbeta, want.dbeta, bound.gate_grad, "dbeta");
 
     GatedDeltaRuleGrads first = poisoned_grads(gpu, {}), second = poisoned_grads(gpu, {});
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, first);
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, second);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr, first);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr, second);
     EXPECT_EQ(testing::max_abs_diff(first.dq, second.dq), 0.0);
     EXPECT_EQ(testing::max_abs_diff(first.dk, second.dk), 0.0);
     EXPECT_EQ(testing::max_abs_diff(first.dg, second.dg), 0.0);
@@ -765,8 +783,81 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
   const Tensor grad_o = Tensor::zeros({1, 0, 2, 12}, DType::F32, Device::cuda());
   const Tensor grad_h_final = randn64({1, 2, 8, 12}, 7, 1.0, false).to(DType::F32).to(Device::cuda());
   GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
-  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, grads);
+  gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr, grads);
   EXPECT_EQ(testing::max_abs_diff(grads.dh0, grad_h_final), 0.0);
+}
+
+// keep_for_backward on the bf16 tensor-core path: the forward's outputs are unchanged, and
+// the backward that reads the chunk states the forward kept equals, to the bit, the one that
+// recomputes them (the same kernels make the same states). Packed documents, h0, several
+// value tiles, K = 256 beside V = 384.
+TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0},
+                           {1, 70, 1, 256, 384, true, 2}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 4400 + uint64_t(c.key_dim)), DType::BF16);
+    GatedDeltaRuleResult plain = poisoned_result(gpu);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, plain);
+    EXPECT_EQ(plain.saved, nullptr);
+    gpu.keep_for_backward = true;
+    GatedDeltaRuleResult kept = poisoned_result(gpu);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
+    ASSERT_NE(kept.saved, nullptr);
+    EXPECT_GT(kept.saved->bytes(), gpu.v.numel() * 2);
+    EXPECT_EQ(testing::max_abs_diff(kept.o, plain.o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(kept.h_final, plain.h_final), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(kept.fit_error, plain.fit_error), 0.0);
+
+    const Tensor grad_o = randn64(plain.o.shape(), 86, 1.0, false).to(DType::BF16).to(Device::cuda());
+    const Tensor grad_h = randn64(plain.h_final.shape(), 87, 1.0, false).to(DType::BF16).to(Device::cuda());
+    GatedDeltaRuleGrads recomputed = poisoned_grads(gpu, {}), from_kept = poisoned_grads(gpu, {});
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, nullptr, recomputed);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, kept.saved.get(),
+                                        from_kept);
+    EXPECT_EQ(testing::max_abs_diff(from_kept.dq, recomputed.dq), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(from_kept.dk, recomputed.dk), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(from_kept.dv, recomputed.dv), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(from_kept.dg, recomputed.dg), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(from_kept.dbeta, recomputed.dbeta), 0.0);
+    if (c.with_h0) {
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dh0, recomputed.dh0), 0.0);
+    }
+  }
+}
+
+// A kept state meets only the inputs it was made for: other shapes, or the f32 inputs the
+// SIMT kernels take (whose forward keeps nothing), are one-line errors naming the shapes.
+TEST(GatedDeltaRule, GpuKeptChunkStatesFitOnlyTheirInputs) {
+  HAM_SKIP_UNLESS_CUDA();
+  const GdnInputs in = gpu_case_inputs({1, 100, 2, 32, 24, false, 0}, 4500);
+  GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
+  gpu.keep_for_backward = true;
+  GatedDeltaRuleResult kept = poisoned_result(gpu);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
+  ASSERT_NE(kept.saved, nullptr);
+
+  const GatedDeltaRuleArgs other = on_gpu(gpu_case_inputs({1, 90, 2, 32, 24, false, 0}, 4501),
+                                          DType::BF16);
+  auto backward = [&](const GatedDeltaRuleArgs& a) {
+    const Tensor grad_o = Tensor::zeros(a.v.shape(), a.q.dtype(), Device::cuda());
+    const Tensor grad_h = Tensor::zeros(Shape{a.q.size(0), a.q.size(2), a.q.size(3),
+                                              a.v.size(3)}, a.q.dtype(), Device::cuda());
+    GatedDeltaRuleGrads grads = poisoned_grads(a, {});
+    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, kept.saved.get(), grads);
+  };
+  testing::expect_error([&] { backward(other); },
+                        {"gated_delta_rule_backward (cuda", "[1, 100, 2, 32, 24]",
+                         "[1, 90, 2, 32, 24]"});
+
+  GatedDeltaRuleArgs wide = on_gpu(in, DType::F32);
+  wide.keep_for_backward = true;
+  GatedDeltaRuleResult simt = poisoned_result(wide);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), wide, simt);
+  EXPECT_EQ(simt.saved, nullptr);
+  testing::expect_error([&] { backward(wide); },
+                        {"gated_delta_rule_backward (cuda)", "saved forward state"});
 }
 
 // Decoding: one token per call, the state threaded through h0 -> h_final, equals one
@@ -843,7 +934,7 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
       results.push_back(poisoned_result(gpu));
       gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
       grads.push_back(poisoned_grads(gpu, {}));
-      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final,
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr,
                                           grads.back());
     }
     EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);

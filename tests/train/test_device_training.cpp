@@ -129,5 +129,41 @@ TEST(DeviceTraining, CudaBf16TrainingTracksTheCpuBf16ForEveryTinyModel) {
   expect_gpu_training_tracks_the_cpu("bf16", testing::gpu_tolerance(DType::BF16));
 }
 
+// gdn_keep_chunk_states: a bf16 training step of a GDN and of a HAM model (the two layers
+// that call the gated delta rule), its backward reading the chunk states its forward kept,
+// gives the loss and weights of the step that recomputes them, to the bit.
+TEST(DeviceTraining, Bf16TrainingWithKeptChunkStatesEqualsRecomputing) {
+  HAM_SKIP_UNLESS_CUDA();
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  int models = 0;
+  for (const auto& file : testing::tiny_config_files()) {
+    const std::string name = file.filename().string();
+    if (name != "gdn.json" && name != "ham-fixed-tau.json") continue;
+    SCOPED_TRACE(name);
+    ++models;
+    ModelConfig config = ModelConfig::from_file(file.string());
+    config.n_layers = 1;
+    ModelConfig keeping = config;
+    keeping.gdn_keep_chunk_states = true;
+    auto recomputing_model = make_model(config), keeping_model = make_model(keeping);
+    TrainOptions options = testing::short_run("cuda", 1);
+    options.precision = "bf16";
+    options.seq_len = 130;  // three chunks: the later two start from kept states
+    std::ostringstream log;
+    TrainResult recomputed = train(*recomputing_model, train_data, val_data, options, log);
+    TrainResult kept = train(*keeping_model, train_data, val_data, options, log);
+    EXPECT_EQ(kept.step_losses, recomputed.step_losses);
+    auto want = recomputing_model->named_parameters(), got = keeping_model->named_parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(testing::max_abs_diff(got[i].second.to(Device::cpu()),
+                                      want[i].second.to(Device::cpu())),
+                0.0)
+          << want[i].first;
+    }
+  }
+  EXPECT_EQ(models, 2);
+}
+
 }  // namespace
 }  // namespace ham
