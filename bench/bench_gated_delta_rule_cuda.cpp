@@ -129,8 +129,9 @@ Timing run_case(const BenchCase& c, int reps) {
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
 
-  // The forward that keeps its chunk states, and the backward that reads them (the states
-  // of the last forward call; the backward only reads them).
+  // bf16: the forward that keeps its chunk states, and the backward that reads them (the
+  // states of the last forward call; the backward only reads them). f32 keeps nothing.
+  if (dtype != DType::BF16) return t;
   GatedDeltaRuleArgs keeping = a;
   keeping.keep_for_backward = true;
   auto forward_keeping = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), keeping, out); };

@@ -65,9 +65,9 @@
 //   * the tensor-core kernels for bf16 ("Tensor-core forward", "Tensor-core backward"):
 //     flash-linear-attention's WY form on mma.sync, every chunk in parallel except in the
 //     state recurrences (forward and reverse).
-// The decode kernel is SIMT. The chunk table is one kernel launch per call; the chunked
-// paths read the largest chunk count back to the host (one stream synchronisation) to size
-// their per-chunk buffers.
+// The decode kernel is SIMT. The chunk table is one kernel launch per call; with doc_ids
+// the chunked paths read the largest chunk count back to the host (one stream
+// synchronisation) to size their per-chunk buffers, without them it is ceil(T / 64).
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -3191,12 +3191,18 @@ void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& 
   launch_fit_error<T>(fit_part, d.batch * d.seq_len * d.heads, tiles, fit_error);
 }
 
-// Largest chunk and document counts over the batch rows (one device-to-host read on the
-// launch stream).
+// Largest chunk and document counts over the batch rows. Without doc_ids every row is one
+// document of ceil(T / 64) chunks, known here; with them, one device-to-host read of the
+// table's counts on the launch stream, which waits for the stream (an idle gap on the GPU
+// until the host launches again, and no running ahead of the GPU across it).
 struct ChunkCounts {
   int64_t chunks = 0, docs = 0;
 };
-ChunkCounts max_chunk_counts(const ChunkTable& table, int64_t batch) {
+ChunkCounts max_chunk_counts(const GatedDeltaRuleArgs& a, const ChunkTable& table,
+                             int64_t batch, int64_t seq_len) {
+  if (!a.doc_ids.defined()) {
+    return {(seq_len + kChunk - 1) / kChunk, seq_len > 0 ? 1 : 0};
+  }
   std::vector<int32_t> counts(static_cast<size_t>(2 * batch));
   cudaStream_t stream = launch_stream();
   HAM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), ptr<const int32_t>(table.count),
@@ -3342,7 +3348,7 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   MmaChunkStates c;
   c.table = build_chunk_table(a, d.batch, d.seq_len);
   c.pr = make_problem<bf16>(a, d, c.table, kMmaVt);
-  const ChunkCounts most = max_chunk_counts(c.table, d.batch);
+  const ChunkCounts most = max_chunk_counts(a, c.table, d.batch, d.seq_len);
   c.max_chunks = most.chunks;
   c.max_docs = most.docs;
   const Device device = a.q.device();
@@ -3374,8 +3380,9 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
 }
 
 // The tensor-core forward (above) when it applies: bf16 q, k, v, K in {16, 32, 64, 128,
-// 256}. Returns whether it ran. Reads the chunk counts back to size the S0 scratch (one
-// stream synchronisation), which holds every chunk's start state in bf16 as FLA's does.
+// 256}. Returns whether it ran. With doc_ids it reads the chunk counts back to size the S0
+// scratch (one stream synchronisation), which holds every chunk's start state in bf16 as
+// FLA's does.
 // With keep_for_backward it also stores every chunk's A and keeps the chunk terms in
 // out.saved (MmaSavedChunkStates).
 bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
@@ -3583,7 +3590,8 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
-    const int64_t max_chunks = pr.tiles > 0 ? max_chunk_counts(table, d.batch).chunks : 0;
+    const int64_t max_chunks =
+        pr.tiles > 0 ? max_chunk_counts(a, table, d.batch, d.seq_len).chunks : 0;
     const int64_t blocks = d.batch * d.heads * pr.tiles;
     const DType cd = compute_dtype<T>();
     Tensor checkpoints = Tensor::empty(Shape{blocks * max_chunks * d.key_dim * vt}, cd, device);
