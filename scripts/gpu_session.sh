@@ -33,13 +33,13 @@ work=$(mktemp -d)
 # Seconds each stage took on the H200 (2026-11-26), with a margin: tests 82-87, fla 155
 # with the autotune cache (134 with its ham cases bf16 only, as now), memory 44, lce 31-33,
 # decode 36, routed 106-115, profile 23, diagnose of two kernels with their SASS 28, of nine
-# 98; sanitize 136 with racecheck stopped at 120 (now up to 510 in four runs). On
+# 98; sanitize 136 with racecheck stopped at 120 (now up to 630 in five runs). On
 # 2026-11-27: tests 74-80, profile 43, routed with its 23 cases 161 (185 with a fresh
 # FlexAttention compile per case), fla for one shape 137 without FLA's autotuning results
 # and 49 with them. routed has since gained the wgmma forward's table and FlexAttention's
 # second compile with small backward tiles at 128 x 192: given 300, a guess.
 declare -A limit=([tests]=150 [fla]=210 [gdr]=90 [memory]=70 [lce]=100 [decode]=60
-                  [routed]=300 [gemm]=90 [profile]=120 [sanitize]=520 [diagnose]=300)
+                  [routed]=300 [gemm]=90 [profile]=120 [sanitize]=580 [diagnose]=300)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
   [[ $pair =~ ^([a-z]+)=([0-9]+)$ ]] ||
     { echo "gpu_session: HAM_GPU_STAGE_SECONDS: '$pair' is not STAGE=SECONDS" >&2; exit 2; }
