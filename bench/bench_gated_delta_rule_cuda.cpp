@@ -53,6 +53,8 @@ std::vector<BenchCase> bench_cases() {
     cases.push_back({"T4096_H16_D128", dtype, 4, 4096, 16, 128, 128, 0});
     cases.push_back({"T16384_H16_D128", dtype, 2, 16384, 16, 128, 128, 0});
     cases.push_back({"T4096_H5_K256_V384", dtype, 2, 4096, 5, 256, 384, 0});
+    // The paper's HAM layer at its training length: one sequence of 16384 a GPU.
+    cases.push_back({"T16384_H5_K256_V384", dtype, 1, 16384, 5, 256, 384, 0});
     cases.push_back({"T16384_docs20", dtype, 1, 16384, 16, 128, 128, 20});
   }
   return cases;
