@@ -204,8 +204,7 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
               pass);
   std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1", "wgmma x2",
               "ratio x1", "ratio x2");
-  // The head dims the wgmma kernels take when set (kWgmmaOptIn in the kernels' source); at
-  // 256 x 256 the backward runs one warpgroup a block when set to two.
+  // The head dims the wgmma kernels take when set (kWgmmaOptIn in the kernels' source).
   const auto wgmma_dims = [](int64_t dk, int64_t dv) {
     const auto common = [](int64_t d) { return d == 64 || d == 128; };
     return (common(dk) && common(dv)) || (dk == 128 && dv == 192) || (dk == 256 && dv == 256);

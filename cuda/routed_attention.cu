@@ -1770,20 +1770,26 @@ constexpr bool kWgmmaFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
 template <int DK, int DV>
 constexpr bool kWgmmaOptIn =
     kWgmmaFits<DK, DV> || (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
-// dK and dV of a warpgroup's 64 keys beside S^T and dP^T take DK / 2 + DV / 2 + 64 + 32
-// registers a thread before any other value: up to DK + DV = 256 one kernel forms both;
-// beyond, two (KeyGrads::Keys and ::Values, as backward_dkdv_mma splits past 320).
+// dK and dV of a warpgroup's 64 keys beside S^T, dP^T and their bf16 copies take
+// DK / 2 + DV / 2 + 3 kTile / 2 registers a thread before any other value (kTile: the
+// visited tiles' rows, WgmmaBackwardShape): with tiles of 64 up to DK + DV = 256, with
+// tiles of 32 up to 320 (the paper's 128 x 192: 208); beyond, two kernels form them
+// (KeyGrads::Keys and ::Values, as backward_dkdv_mma splits past 320).
 template <int DK, int DV>
-constexpr bool kWgmmaSplitKeyGrads = DK + DV > 256;
+constexpr bool kWgmmaSplitKeyGrads = DK + DV > 320;
 
 // A block of kGroups warpgroups owns 64 kGroups rows (dK/dV: keys; dQ: queries), each
-// warpgroup 64 of them, and visits tiles of 64 of the other side (queries; keys), which its
-// warpgroups share: with two, each visited tile is copied from L2 once per 128 rows
+// warpgroup 64 of them, and visits tiles of kTile of the other side (queries; keys), which
+// its warpgroups share: with two, each visited tile is copied from L2 once per 128 rows
 // instead of 64 (as the 128-row mma.sync forward and dQ kernels do), in blocks of 8 warps
-// that hold an SM alone (129 KB of shared memory).
+// that hold an SM alone (129 KB of shared memory at 128 x 128). The tiles are 64 rows up
+// to DK + DV = 256, else 32, which halves the visited tiles' registers and shared memory
+// (the 128 x 192 dK/dV kernel then forms dK and dV in one kernel, and at 256 x 256 two
+// warpgroups fit in 193 KB), for twice the tiles' bookkeeping and barriers.
 template <int DK, int DV, int kGroups>
 struct WgmmaBackwardShape {
-  static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
+  static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups;
+  static constexpr int kTile = DK + DV > 256 ? 32 : 64;
   // Own rows, then two slots of visited tiles (dK/dV: K and V', then Q and dO; dQ: Q and
   // dO, then K and V), after the round-up of the dynamic shared memory to 1024 bytes.
   // KeyGrads::Values keeps no V' (its products read none).
@@ -1793,10 +1799,6 @@ struct WgmmaBackwardShape {
             size_t(2 * kTile) * (DK + DV)) * 2;
   }
 };
-// Warpgroups a block when two are set: one at 256 x 256, where two would need 257 KB of
-// shared memory (the H200 gives a block 227 KB).
-template <int DK, int DV>
-constexpr int kWgmmaBackwardMaxGroups = DK + DV > 320 ? 1 : 2;
 
 // kPart: the gradients it forms (KeyGrads; split past DK + DV = 256, kWgmmaSplitKeyGrads).
 template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
@@ -2546,9 +2548,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
                                           Wgmma::bytes(), a, Wgmma::kThreads);
                 };
-                constexpr int kMaxGroups = kWgmmaBackwardMaxGroups<DK, DV>;
-                if (wgmma_groups == 2 && kMaxGroups == 2) {
-                  launch_wgmma.template operator()<kMaxGroups>();
+                if (wgmma_groups == 2) {
+                  launch_wgmma.template operator()<2>();
                 } else {
                   launch_wgmma.template operator()<1>();
                 }

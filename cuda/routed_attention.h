@@ -35,8 +35,7 @@ int64_t attention_forward_wgmma_launches();
 //     rows each; two share the tiles they visit), which need sm_90a code and a GPU of compute
 //     capability 9.0 (a backward set to them elsewhere is an error).
 // 1 and 2 also take 128 x 192 (the paper's HAM heads) and 256 x 256, where the automatic
-// choice is 0 until they are timed, and 256 x 256 runs one warpgroup a block for 2 (two
-// would need 257 KB of shared memory). Other head dims always take mma.sync. Returns the
+// choice is 0 until they are timed. Other head dims always take mma.sync. Returns the
 // previous setting; any other value is an error.
 constexpr int kAttentionBackwardAutomatic = -1;
 int set_attention_backward_wgmma(int kernels);

@@ -134,6 +134,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 #define HAM_WGMMA_D4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define HAM_WGMMA_OUT4(d, j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
+#define HAM_WGMMA_OUT16(d) \
+  HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1), HAM_WGMMA_OUT4(d, 2), HAM_WGMMA_OUT4(d, 3)
+#define HAM_WGMMA_D16(d) HAM_WGMMA_D4(d, 0), HAM_WGMMA_D4(d, 1), HAM_WGMMA_D4(d, 2), HAM_WGMMA_D4(d, 3)
 #define HAM_WGMMA_OUT32(d)                                                                 \
   HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1), HAM_WGMMA_OUT4(d, 2), HAM_WGMMA_OUT4(d, 3),  \
       HAM_WGMMA_OUT4(d, 4), HAM_WGMMA_OUT4(d, 5), HAM_WGMMA_OUT4(d, 6), HAM_WGMMA_OUT4(d, 7)
@@ -144,6 +147,8 @@ __device__ __forceinline__ void fence_proxy_async() {
   HAM_WGMMA_D32(d), HAM_WGMMA_D4(d, 8), HAM_WGMMA_D4(d, 9), HAM_WGMMA_D4(d, 10),           \
       HAM_WGMMA_D4(d, 11), HAM_WGMMA_D4(d, 12), HAM_WGMMA_D4(d, 13), HAM_WGMMA_D4(d, 14),  \
       HAM_WGMMA_D4(d, 15)
+#define HAM_WGMMA_REGS16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define HAM_WGMMA_REGS32                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -159,8 +164,18 @@ __device__ __forceinline__ void fence_proxy_async() {
 // may move them past one (ptxas then inserts waits and fences of its own).
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
-  static_assert(N == 64, "mma_ss: N is 64");
-  if constexpr (kAccumulate) {
+  static_assert(N == 32 || N == 64, "mma_ss: N is 32 or 64");
+  if constexpr (N == 32 && kAccumulate) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " HAM_WGMMA_REGS16
+                 ", %16, %17, 1, 1, 1, 0, 0;\n"
+                 : HAM_WGMMA_D16(d)
+                 : "l"(a), "l"(b));
+  } else if constexpr (N == 32) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " HAM_WGMMA_REGS16
+                 ", %16, %17, 0, 1, 1, 0, 0;\n"
+                 : HAM_WGMMA_OUT16(d)
+                 : "l"(a), "l"(b));
+  } else if constexpr (kAccumulate) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HAM_WGMMA_REGS32
                  ", %32, %33, 1, 1, 1, 0, 0;\n"
                  : HAM_WGMMA_D32(d)
@@ -193,6 +208,9 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)
 
 #undef HAM_WGMMA_D4
 #undef HAM_WGMMA_OUT4
+#undef HAM_WGMMA_OUT16
+#undef HAM_WGMMA_D16
+#undef HAM_WGMMA_REGS16
 #undef HAM_WGMMA_OUT32
 #undef HAM_WGMMA_D32
 #undef HAM_WGMMA_D64

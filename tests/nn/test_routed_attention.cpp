@@ -933,8 +933,8 @@ const std::vector<GpuCase> kWgmmaHeadCases = {
     GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
 
 // The head dims the wgmma kernels take only when set to them: the paper's HAM heads
-// (128 x 192) and 256 x 256, where dK and dV come from two kernels, and 256 x 256's
-// backward runs one warpgroup a block when set to two.
+// (128 x 192) and 256 x 256, whose backward visits tiles of 32 rows, dK and dV of 256 x 256
+// coming from two kernels.
 const std::vector<GpuCase> kWgmmaOptInHeadCases = {
     GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true},
     GpuCase{2, 140, 2, 1, 128, 192, 1.0, false, GpuDocs::None, false},
