@@ -236,9 +236,9 @@ sanitize() {
   local gdr='Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/2'
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/8'
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/5'
-  # The opt-in wgmma kernels (the forward; the paper's 128 x 192 heads and 256 x 256, with
-  # dK and dV in two kernels), racechecked last: a run cut short by the stage's deadline
-  # loses these first.
+  # The opt-in wgmma kernels (the forward; the backward at the paper's 128 x 192 heads and
+  # at 256 x 256, in 32-row tiles), racechecked last: a run cut short by the stage's
+  # deadline loses these first.
   local wgmma='RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpu'
   wgmma+=':RoutedAttentionGpu.Bf16BackwardWithWgmmaMatchesCpuAtOptInHeads'
   wgmma+=':RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpuAtOptInHeads'
