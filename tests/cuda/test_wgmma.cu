@@ -167,5 +167,154 @@ TEST(WgmmaGpu, ProductsOfSwizzledTilesThroughDescriptorsAreExact) {
 #endif
 }
 
+// The narrow and wide products the attention kernels take at their largest and smallest
+// tiles: D3 (64 x 32) = A B32^T with mma_ss<32> (B32: 32 rows, its own swizzled tile of
+// 32 rows), then D4 (64 x 256) and D5 (64 x 192) = A[:, 0:64] W with
+// fragments_times_matrix (W: 64 x 256, four panels; a product past 128 columns is two
+// wgmmas, the second from W's third panel on). Written out row-major; *status as above.
+constexpr int kWide = 256, kNarrow = 32;
+
+// This lane's elements of a warpgroup's 64 x (8 kBlocks) accumulator, stored row-major.
+template <int kBlocks>
+__device__ __forceinline__ void store_rows(float* d, const float (&acc)[kBlocks][4]) {
+  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int row = 16 * warp + g + 8 * (e / 2), col = 2 * t + e % 2;
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) d[row * 8 * kBlocks + 8 * j + col] = acc[j][e];
+  }
+}
+
+__global__ void wgmma_narrow_and_wide(const uint16_t* a, const uint16_t* b32, const uint16_t* w,
+                                      float* d3, float* d4, float* d5, int* status) {
+#if HAM_WGMMA_DEVICE
+  HAM_DYNAMIC_SHARED(unsigned char, raw);
+  uint16_t* A = reinterpret_cast<uint16_t*>(wgmma::swizzle_aligned(raw));
+  uint16_t *B = A + kTile, *W = B + kNarrow * kCols;
+  for (int i = int(threadIdx.x); i < int(kTile); i += 128) {
+    A[wgmma::swizzled_index<kRows>(i / kCols, i % kCols)] = a[i];
+  }
+  for (int i = int(threadIdx.x); i < kNarrow * kCols; i += 128) {
+    B[wgmma::swizzled_index<kNarrow>(i / kCols, i % kCols)] = b32[i];
+  }
+  for (int i = int(threadIdx.x); i < kRows * kWide; i += 128) {
+    W[wgmma::swizzled_index<kRows>(i / kWide, i % kWide)] = w[i];
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  const uint32_t tile_a = wgmma::shared_address(A), tile_b = wgmma::shared_address(B);
+  const uint32_t tile_w = wgmma::shared_address(W);
+  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
+  uint32_t frags[4][4];  // A's 16 columns from 16 j, as mma.m16n8k16's A fragment
+  auto pair = [&](int r, int k) {
+    return uint32_t(a[r * kCols + k]) | uint32_t(a[r * kCols + k + 1]) << 16;
+  };
+  for (int j = 0; j < 4; ++j) {
+    const int row = 16 * warp + g, col = 16 * j + 2 * t;
+    frags[j][0] = pair(row, col);
+    frags[j][1] = pair(row + 8, col);
+    frags[j][2] = pair(row, col + 8);
+    frags[j][3] = pair(row + 8, col + 8);
+  }
+  {
+    float acc[kNarrow / 8][4];
+    wgmma::fence();
+    wgmma::rows_times_rows<kNarrow, kCols, kRows, kNarrow>(acc, tile_a, tile_b);
+    wgmma::commit();
+    wgmma::wait<0>();
+    store_rows(d3, acc);
+  }
+  {
+    float acc[kWide / 8][4] = {};
+    wgmma::fence();
+    wgmma::fragments_times_matrix<kWide, 64, kRows>(acc, frags, tile_w);
+    wgmma::commit();
+    wgmma::wait<0>();
+    store_rows(d4, acc);
+  }
+  {
+    float acc[192 / 8][4] = {};
+    wgmma::fence();
+    wgmma::fragments_times_matrix<192, 64, kRows>(acc, frags, tile_w);
+    wgmma::commit();
+    wgmma::wait<0>();
+    store_rows(d5, acc);
+  }
+  if (threadIdx.x == 0) *status = 1;
+#else
+  if (threadIdx.x == 0) *status = -1;
+#endif
+}
+
+TEST(WgmmaGpu, NarrowAndWideProductsAreExact) {
+  HAM_SKIP_UNLESS_CUDA();
+  int device = 0, major = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+#ifndef HAM_CUDA_EMULATOR
+  if (major != 9) GTEST_SKIP() << "wgmma needs a GPU of compute capability 9.0";
+#endif
+  std::vector<uint16_t> a(kTile), b(size_t(kNarrow) * kCols), w(size_t(kRows) * kWide);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bf16(float(int(i * 7 % 13) - 6)).bits;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float_to_bf16(float(int(i * 5 % 11) - 5)).bits;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float_to_bf16(float(int(i * 3 % 7) - 3)).bits;
+  auto value = [](const std::vector<uint16_t>& x, size_t i) {
+    return double(bf16_to_float({x[i]}));
+  };
+  std::vector<uint16_t*> inputs(3);
+  std::vector<float*> outputs(3);
+  const std::vector<const std::vector<uint16_t>*> host = {&a, &b, &w};
+  const size_t out_sizes[3] = {size_t(kRows) * kNarrow, size_t(kRows) * kWide,
+                               size_t(kRows) * 192};
+  int* status = nullptr;
+  for (int i = 0; i < 3; ++i) {
+    HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&inputs[i]), host[i]->size() * 2));
+    HAM_CUDA_CHECK(cudaMemcpy(inputs[i], host[i]->data(), host[i]->size() * 2,
+                              cudaMemcpyHostToDevice));
+    HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&outputs[i]), out_sizes[i] * 4));
+  }
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&status), sizeof(int)));
+  const size_t shared = wgmma::kSwizzleAtomBytes + (a.size() + b.size() + w.size()) * 2;
+  HAM_CUDA_CHECK(cudaFuncSetAttribute(wgmma_narrow_and_wide,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+  HAM_LAUNCH(1, 128, shared, nullptr, wgmma_narrow_and_wide)(
+      inputs[0], inputs[1], inputs[2], outputs[0], outputs[1], outputs[2], status);
+  HAM_CUDA_CHECK_LAUNCH();
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  int ran = 0;
+  HAM_CUDA_CHECK(cudaMemcpy(&ran, status, sizeof(int), cudaMemcpyDeviceToHost));
+  std::vector<std::vector<float>> got(3);
+  for (int i = 0; i < 3; ++i) {
+    got[i].resize(out_sizes[i]);
+    HAM_CUDA_CHECK(cudaMemcpy(got[i].data(), outputs[i], out_sizes[i] * 4,
+                              cudaMemcpyDeviceToHost));
+    cudaFree(inputs[i]);
+    cudaFree(outputs[i]);
+  }
+  cudaFree(status);
+  if (ran == -1) GTEST_SKIP() << "this build has no sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES)";
+  ASSERT_EQ(ran, 1);
+  for (int m = 0; m < kRows; ++m) {
+    for (int j = 0; j < kNarrow; ++j) {
+      double want = 0;
+      for (int k = 0; k < kCols; ++k) {
+        want += value(a, size_t(m * kCols + k)) * value(b, size_t(j * kCols + k));
+      }
+      ASSERT_EQ(got[0][size_t(m * kNarrow + j)], float(want)) << "A B32^T [" << m << "][" << j << "]";
+    }
+    for (int j = 0; j < kWide; ++j) {
+      double want = 0;
+      for (int k = 0; k < 64; ++k) {
+        want += value(a, size_t(m * kCols + k)) * value(w, size_t(k * kWide + j));
+      }
+      ASSERT_EQ(got[1][size_t(m * kWide + j)], float(want)) << "A W [" << m << "][" << j << "]";
+      if (j < 192) {
+        ASSERT_EQ(got[2][size_t(m * 192 + j)], float(want)) << "A W[:, :192] [" << m << "][" << j << "]";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ham::cuda
