@@ -1800,7 +1800,7 @@ struct WgmmaBackwardShape {
   }
 };
 
-// kPart: the gradients it forms (KeyGrads; split past DK + DV = 256, kWgmmaSplitKeyGrads).
+// kPart: the gradients it forms (KeyGrads; split past DK + DV = 320, kWgmmaSplitKeyGrads).
 template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE

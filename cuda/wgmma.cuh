@@ -136,7 +136,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define HAM_WGMMA_OUT4(d, j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
 #define HAM_WGMMA_OUT16(d) \
   HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1), HAM_WGMMA_OUT4(d, 2), HAM_WGMMA_OUT4(d, 3)
-#define HAM_WGMMA_D16(d) HAM_WGMMA_D4(d, 0), HAM_WGMMA_D4(d, 1), HAM_WGMMA_D4(d, 2), HAM_WGMMA_D4(d, 3)
+#define HAM_WGMMA_D16(d) \
+  HAM_WGMMA_D4(d, 0), HAM_WGMMA_D4(d, 1), HAM_WGMMA_D4(d, 2), HAM_WGMMA_D4(d, 3)
 #define HAM_WGMMA_OUT32(d)                                                                 \
   HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1), HAM_WGMMA_OUT4(d, 2), HAM_WGMMA_OUT4(d, 3),  \
       HAM_WGMMA_OUT4(d, 4), HAM_WGMMA_OUT4(d, 5), HAM_WGMMA_OUT4(d, 6), HAM_WGMMA_OUT4(d, 7)

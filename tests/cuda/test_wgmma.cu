@@ -301,7 +301,8 @@ TEST(WgmmaGpu, NarrowAndWideProductsAreExact) {
       for (int k = 0; k < kCols; ++k) {
         want += value(a, size_t(m * kCols + k)) * value(b, size_t(j * kCols + k));
       }
-      ASSERT_EQ(got[0][size_t(m * kNarrow + j)], float(want)) << "A B32^T [" << m << "][" << j << "]";
+      ASSERT_EQ(got[0][size_t(m * kNarrow + j)], float(want))
+          << "A B32^T [" << m << "][" << j << "]";
     }
     for (int j = 0; j < kWide; ++j) {
       double want = 0;
@@ -310,7 +311,8 @@ TEST(WgmmaGpu, NarrowAndWideProductsAreExact) {
       }
       ASSERT_EQ(got[1][size_t(m * kWide + j)], float(want)) << "A W [" << m << "][" << j << "]";
       if (j < 192) {
-        ASSERT_EQ(got[2][size_t(m * 192 + j)], float(want)) << "A W[:, :192] [" << m << "][" << j << "]";
+        ASSERT_EQ(got[2][size_t(m * 192 + j)], float(want))
+            << "A W[:, :192] [" << m << "][" << j << "]";
       }
     }
   }
