@@ -25,6 +25,22 @@ namespace {
 constexpr int kRows = 64, kCols = 128;
 constexpr size_t kTile = size_t(kRows) * kCols;
 
+// This warp's rows of A's first 64 columns (A: 64 x kCols, row-major, in global memory) as
+// mma.m16n8k16 A fragments, 16 columns from 16 j each.
+__device__ __forceinline__ void a_fragments(const uint16_t* a, uint32_t (&frags)[4][4]) {
+  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
+  auto pair = [&](int r, int k) {
+    return uint32_t(a[r * kCols + k]) | uint32_t(a[r * kCols + k + 1]) << 16;
+  };
+  for (int j = 0; j < 4; ++j) {
+    const int row = 16 * warp + g, col = 16 * j + 2 * t;
+    frags[j][0] = pair(row, col);
+    frags[j][1] = pair(row + 8, col);
+    frags[j][2] = pair(row, col + 8);
+    frags[j][3] = pair(row + 8, col + 8);
+  }
+}
+
 // D1 (64 x 64) = A B^T, both by K-major descriptor, the first step overwriting D1; D2
 // (64 x 128) = 0.5 + A[:, 0:64] C, A's fragments built in registers, C by MN-major
 // descriptor; A, B, C 64 x 128. Both written out row-major. `misplace` shifts B's first
@@ -49,17 +65,8 @@ __global__ void wgmma_tiles(const uint16_t* a, const uint16_t* b, const uint16_t
   const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
   float acc1[8][4], acc2[16][4];
   for (auto& block : acc2) block[0] = block[1] = block[2] = block[3] = 0.5f;
-  uint32_t frags[4][4];  // A's 16 columns from 16 j, as mma.m16n8k16's A fragment
-  auto pair = [&](int r, int k) {
-    return uint32_t(a[r * kCols + k]) | uint32_t(a[r * kCols + k + 1]) << 16;
-  };
-  for (int j = 0; j < 4; ++j) {
-    const int row = 16 * warp + g, col = 16 * j + 2 * t;
-    frags[j][0] = pair(row, col);
-    frags[j][1] = pair(row + 8, col);
-    frags[j][2] = pair(row, col + 8);
-    frags[j][3] = pair(row + 8, col + 8);
-  }
+  uint32_t frags[4][4];
+  a_fragments(a, frags);
   wgmma::fence();
   wgmma::mma_ss<64, false>(acc1, wgmma::k_major<kRows>(tile_a, 0),
                            wgmma::k_major<kRows>(tile_b + uint32_t(misplace) * 128, 0));
@@ -116,14 +123,21 @@ struct Buffers {
   }
 };
 
-TEST(WgmmaGpu, ProductsOfSwizzledTilesThroughDescriptorsAreExact) {
-  HAM_SKIP_UNLESS_CUDA();
+// Whether the current device runs wgmma: compute capability 9.0, or the SIMT emulator.
+bool device_runs_wgmma() {
   int device = 0, major = 0;
   HAM_CUDA_CHECK(cudaGetDevice(&device));
   HAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-#ifndef HAM_CUDA_EMULATOR
-  if (major != 9) GTEST_SKIP() << "wgmma needs a GPU of compute capability 9.0";
+#ifdef HAM_CUDA_EMULATOR
+  return true;
+#else
+  return major == 9;
 #endif
+}
+
+TEST(WgmmaGpu, ProductsOfSwizzledTilesThroughDescriptorsAreExact) {
+  HAM_SKIP_UNLESS_CUDA();
+  if (!device_runs_wgmma()) GTEST_SKIP() << "wgmma needs a GPU of compute capability 9.0";
   std::vector<uint16_t> a(kTile), b(kTile), c(kTile);
   for (size_t i = 0; i < kTile; ++i) {
     a[i] = float_to_bf16(float(int(i * 7 % 13) - 6)).bits;
@@ -205,18 +219,8 @@ __global__ void wgmma_narrow_and_wide(const uint16_t* a, const uint16_t* b32, co
   __syncthreads();
   const uint32_t tile_a = wgmma::shared_address(A), tile_b = wgmma::shared_address(B);
   const uint32_t tile_w = wgmma::shared_address(W);
-  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
-  uint32_t frags[4][4];  // A's 16 columns from 16 j, as mma.m16n8k16's A fragment
-  auto pair = [&](int r, int k) {
-    return uint32_t(a[r * kCols + k]) | uint32_t(a[r * kCols + k + 1]) << 16;
-  };
-  for (int j = 0; j < 4; ++j) {
-    const int row = 16 * warp + g, col = 16 * j + 2 * t;
-    frags[j][0] = pair(row, col);
-    frags[j][1] = pair(row + 8, col);
-    frags[j][2] = pair(row, col + 8);
-    frags[j][3] = pair(row + 8, col + 8);
-  }
+  uint32_t frags[4][4];
+  a_fragments(a, frags);
   {
     float acc[kNarrow / 8][4];
     wgmma::fence();
@@ -249,12 +253,7 @@ __global__ void wgmma_narrow_and_wide(const uint16_t* a, const uint16_t* b32, co
 
 TEST(WgmmaGpu, NarrowAndWideProductsAreExact) {
   HAM_SKIP_UNLESS_CUDA();
-  int device = 0, major = 0;
-  HAM_CUDA_CHECK(cudaGetDevice(&device));
-  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-#ifndef HAM_CUDA_EMULATOR
-  if (major != 9) GTEST_SKIP() << "wgmma needs a GPU of compute capability 9.0";
-#endif
+  if (!device_runs_wgmma()) GTEST_SKIP() << "wgmma needs a GPU of compute capability 9.0";
   std::vector<uint16_t> a(kTile), b(size_t(kNarrow) * kCols), w(size_t(kRows) * kWide);
   for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bf16(float(int(i * 7 % 13) - 6)).bits;
   for (size_t i = 0; i < b.size(); ++i) b[i] = float_to_bf16(float(int(i * 5 % 11) - 5)).bits;
