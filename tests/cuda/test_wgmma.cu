@@ -26,7 +26,8 @@ constexpr int kRows = 64, kCols = 128;
 constexpr size_t kTile = size_t(kRows) * kCols;
 
 // This warp's rows of A's first 64 columns (A: 64 x kCols, row-major, in global memory) as
-// mma.m16n8k16 A fragments, 16 columns from 16 j each.
+// mma.m16n8k16 A fragments, 16 columns from 16 j each (where the kernels below use it).
+#if HAM_WGMMA_DEVICE
 __device__ __forceinline__ void a_fragments(const uint16_t* a, uint32_t (&frags)[4][4]) {
   const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
   auto pair = [&](int r, int k) {
@@ -40,6 +41,7 @@ __device__ __forceinline__ void a_fragments(const uint16_t* a, uint32_t (&frags)
     frags[j][3] = pair(row + 8, col + 8);
   }
 }
+#endif
 
 // D1 (64 x 64) = A B^T, both by K-major descriptor, the first step overwriting D1; D2
 // (64 x 128) = 0.5 + A[:, 0:64] C, A's fragments built in registers, C by MN-major
