@@ -204,14 +204,9 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
               pass);
   std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1", "wgmma x2",
               "ratio x1", "ratio x2");
-  // The head dims the wgmma kernels take when set (kWgmmaOptIn in the kernels' source).
-  const auto wgmma_dims = [](int64_t dk, int64_t dv) {
-    const auto common = [](int64_t d) { return d == 64 || d == 128; };
-    return (common(dk) && common(dv)) || (dk == 128 && dv == 192) || (dk == 256 && dv == 256);
-  };
   for (const BenchCase& c : bench_cases()) {
     if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-    if (!wgmma_dims(c.key_dim, c.value_dim)) continue;
+    if (!cuda::attention_wgmma_takes_head_dims(c.key_dim, c.value_dim)) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const bench::Spread mma = ms_on(in, 0), one = ms_on(in, 1), two = ms_on(in, 2);

@@ -2628,6 +2628,12 @@ int set_attention_forward_wgmma(int kernels) {
 
 int64_t attention_forward_wgmma_launches() { return g_forward_wgmma_launches.load(); }
 
+bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {
+  bool takes = false;
+  dispatch_head_dims(key_dim, value_dim, [&]<int DK, int DV>() { takes = kWgmmaOptIn<DK, DV>; });
+  return takes;
+}
+
 bool attention_backward_wgmma_available() {
 #if defined(HAM_CUDA_EMULATOR)
   return true;

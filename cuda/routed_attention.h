@@ -49,4 +49,8 @@ bool attention_backward_wgmma_available();
 // tell that the kernels it sets are the ones that ran).
 int64_t attention_backward_wgmma_launches();
 
+// Whether the wgmma kernels take heads of these dims when set to them (both passes; the
+// automatic backward takes the 64 and 128 ones only).
+bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim);
+
 }  // namespace ham::cuda

@@ -1023,6 +1023,21 @@ int64_t wgmma_backward_launches_by_default(const GpuCase& c) {
 }
 #endif
 
+// The head dims the wgmma kernels take, as the benchmark asks them.
+TEST(RoutedAttentionGpu, WgmmaHeadDimsAreTheCommonOnesAndTheOptInOnes) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  for (int64_t dk : {64, 128}) {
+    for (int64_t dv : {64, 128}) EXPECT_TRUE(cuda::attention_wgmma_takes_head_dims(dk, dv));
+  }
+  EXPECT_TRUE(cuda::attention_wgmma_takes_head_dims(128, 192));
+  EXPECT_TRUE(cuda::attention_wgmma_takes_head_dims(256, 256));
+  EXPECT_FALSE(cuda::attention_wgmma_takes_head_dims(64, 192));
+  EXPECT_FALSE(cuda::attention_wgmma_takes_head_dims(256, 128));
+  EXPECT_FALSE(cuda::attention_wgmma_takes_head_dims(96, 96));
+#endif
+}
+
 // By default those head dims take the mma.sync backward, wgmma or not.
 TEST(RoutedAttentionGpu, Bf16BackwardAtOptInHeadsTakesMmaSyncByDefault) {
   HAM_SKIP_UNLESS_CUDA();
