@@ -286,6 +286,13 @@ class BlockRunner {
       }
     }
     if (!at_barrier_.empty() && int(at_barrier_.size()) == live_) release_block_barrier();
+    // A copy no wait covered has no point at which it has landed: a kernel waits for all
+    // of its own before it ends. (The reverse schedule lands copies at issue and cannot
+    // tell.)
+    if (!f.async_copies.empty()) {
+      fail_in(f, "ended with " + std::to_string(f.async_copies.size()) +
+                     " cp.async copies that no cp.async.wait_group covered");
+    }
   }
 
   void async_copy_16(void* destination, const void* source) {

@@ -473,8 +473,9 @@ __global__ void async_copy_to(int* src, int where) {
   HAM_DYNAMIC_SHARED(int, tile);
   if (where == 0) async_copy_16(static_tile, src);  // not dynamic shared memory
   if (where == 1) async_copy_16(tile + 1, src);     // misaligned
-  async_copy_commit();
-  async_copy_wait<0>();
+  if (where >= 2) async_copy_16(tile, src);         // fine, but...
+  if (where != 3) async_copy_commit();              // 3: ...never committed, or
+  if (where != 2) async_copy_wait<0>();             // 2: ...never waited for
 }
 
 TEST(SimtEmulator, AsyncCopiesGoToAlignedDynamicSharedMemory) {
@@ -483,6 +484,23 @@ TEST(SimtEmulator, AsyncCopiesGoToAlignedDynamicSharedMemory) {
                         {"async_copy_to", "cp.async", "outside the block's dynamic shared memory"});
   testing::expect_error([&] { HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, 1); },
                         {"async_copy_to", "cp.async", "not 16-byte aligned"});
+}
+
+// A copy that no wait covers (never waited for, or never committed, which a wait does not
+// cover) has not landed when its thread ends: an error, in the schedules that defer copies.
+TEST(SimtEmulator, AKernelEndsOnlyAfterItsCopiesAreWaitedFor) {
+  ScheduleGuard guard;
+  DeviceInts src(8);
+  for (Schedule schedule : {Schedule::Forward, Schedule::Shuffle}) {
+    emulator::set_schedule(schedule);
+    for (int where : {2, 3}) {
+      testing::expect_error(
+          [&] { HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, where); },
+          {"async_copy_to", "ended with 1 cp.async copies that no cp.async.wait_group covered"});
+    }
+    HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, 4);  // committed and waited for
+    HAM_CUDA_CHECK_LAUNCH();
+  }
 }
 
 __global__ void read_through(const float* p, float* out) { out[threadIdx.x] = p[threadIdx.x]; }
