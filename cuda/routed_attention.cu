@@ -398,24 +398,32 @@ struct TileShape {
 };
 
 // Reads the visible ranges of query rows [q0, q0 + BQ) into s_begin / s_end (empty past
-// T) and their union [lo, hi) plus intersection [full_lo, full_hi).
-template <class T, int BQ>
+// T) and their union [lo, hi) plus intersection [full_lo, full_hi), a row a thread of the
+// block's kThreads. between() runs once the ranges' loads are issued and before their
+// values are used: the tensor-core kernels issue their query rows' copies there, which
+// thus wait for nothing.
+struct NothingBetween {
+  __device__ void operator()() const {}
+};
+template <class T, int BQ, int kThreads, class Between = NothingBetween>
 __device__ void load_query_ranges(const AttentionArgs<T>& a, int64_t b, int64_t q0, int* s_begin,
-                                  int* s_end, int* bounds) {
+                                  int* s_end, int* bounds, Between between = {}) {
+  static_assert(BQ <= kThreads, "a thread per query row");
   if (threadIdx.x == 0) {
     bounds[0] = INT_MAX;
     bounds[1] = 0;
     bounds[2] = 0;
     bounds[3] = INT_MAX;
   }
-  __syncthreads();
-  for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-    const int64_t t = q0 + r;
-    int lo = 0, hi = 0;
-    if (t < a.seq_len) {
-      lo = int(a.begin[b * a.seq_len + t]);
-      hi = int(a.end[b * a.seq_len + t]);
-    }
+  const int r = int(threadIdx.x);
+  const int64_t t = q0 + r;
+  const bool row = r < BQ && t < a.seq_len;
+  const int64_t lo_at = row ? a.begin[b * a.seq_len + t] : 0;
+  const int64_t hi_at = row ? a.end[b * a.seq_len + t] : 0;
+  between();
+  __syncthreads();  // bounds initialised
+  if (r < BQ) {
+    const int lo = int(lo_at), hi = int(hi_at);
     s_begin[r] = lo;
     s_end[r] = hi;
     if (hi > lo) {
@@ -521,7 +529,7 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
   const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
-  load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
+  load_query_ranges<T, BQ, kTileThreads>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
   load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
 
@@ -616,7 +624,7 @@ __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<
   const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   const int64_t g = h / a.group();
 
-  load_query_ranges<T, BQ>(a, b, q0, s_begin, s_end, bounds);
+  load_query_ranges<T, BQ, kTileThreads>(a, b, q0, s_begin, s_end, bounds);
   const int lo = bounds[0], hi = bounds[1], full_lo = bounds[2], full_hi = bounds[3];
   load_query_rows<T, DK, BQ>(a.q, a, b, q0, h, sQ);
   load_query_rows<T, DV, BQ>(a.dout, a, b, q0, h, sO);
@@ -1007,8 +1015,9 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // scales in slot t % 3 (they are read during tile t's products, when tile t + 2's
 // positions may already be in slot t % 2). Thread j < BK carries key j of the next tiles in
 // registers: tile t + 1's position and scale, tile t + 2's position, each loaded an
-// iteration before it is needed. Usage:
-//   begin();  [issue other copies];  async_copy_commit();
+// iteration before it is needed. Usage (the query rows' copies issued before, by
+// query_block):
+//   begin_key_tiles(keys);  (begin() where lo < hi, then the commit)
 //   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
 template <int DK, int DV, int BK, bool kSwizzled = false, int kThreads = kMmaThreads>
 struct KeyTiles {
@@ -1042,20 +1051,27 @@ struct KeyTiles {
     }
   }
 
-  // Tile 0's positions and scales into slot 0, the lookahead registers, a barrier, then
-  // tile 0's copies (not committed). Only when lo < hi; collective over the block.
+  // Tile 0's positions into slot 0 and tiles 1 and 2's into the lookahead registers, a
+  // barrier, tile 0's copies (not committed), then tiles 0 and 1's value scales, into slot 0
+  // (advance(0)'s barrier publishes it) and the lookahead. A scale's load waits for its
+  // key's position; after the copies, the copies do not wait for it. (Before them, the two
+  // scale loads had put two more dependent loads between a block's start and its first
+  // key tile.) Only when lo < hi; collective over the block.
   __device__ void begin() {
     const int j = int(threadIdx.x);
+    int first = -1;
     if (j < BK) {
-      const int first = key_position(a, b, lo + j, hi);
-      positions[j] = first;
-      scales[j] = key_scale(a, b, first);
+      first = key_position(a, b, lo + j, hi);
       next_position = key_position(a, b, lo + BK + j, hi);
-      next_scale = key_scale(a, b, next_position);
       after_position = key_position(a, b, lo + 2 * BK + j, hi);
+      positions[j] = first;
     }
     __syncthreads();
     issue(0);
+    if (j < BK) {
+      scales[j] = key_scale(a, b, first);
+      next_scale = key_scale(a, b, next_position);
+    }
   }
 
   // At the top of tile t: tile t + 1's positions and scales into their slots (free: their
@@ -1089,6 +1105,16 @@ struct KeyTiles {
   __device__ const float* tile_scales(int t) const { return scales + t % 3 * BK; }
 };
 
+// A forward or dQ block's start, after query_block: tile 0's copies issued (where some row
+// sees a key) and committed with the query rows'; where none does, those are waited for,
+// since no tile loop will.
+template <class Keys>
+__device__ void begin_key_tiles(Keys& keys) {
+  if (keys.lo < keys.hi) keys.begin();  // the same in every thread
+  async_copy_commit();
+  if (keys.lo >= keys.hi) async_copy_wait<0>();
+}
+
 // The value scales of this lane's accumulator columns 8 nb + 2 (lane % 4) + c (c < 2) of a
 // key tile: x[nb][e] *= p[column of e], element e in column 2 (lane % 4) + e % 2.
 // tile_scales is 8-byte aligned: the two columns' scales come in one load.
@@ -1108,17 +1134,22 @@ __device__ __forceinline__ void scale_key_columns(const float* tile_scales, floa
 // A block of the tensor-core kernels over BQ query rows (the forward's and the dQ pass's):
 // batch row b, query head h (kv head g), rows [q0, q0 + BQ), whose visible ranges go to
 // s_begin / s_end (load_query_ranges); the keys some row sees are [lo, hi), those every row
-// sees [full_lo, full_hi). Collective over the block.
+// sees [full_lo, full_hi). issue_query_copies(b, h, q0) issues (does not commit) the
+// copies of the block's own rows (Q, and dO in the dQ pass) while the ranges load, so that
+// they need not wait for the chain that follows: ranges, then the key positions, then the
+// key tiles. The kernel commits them with the first key tile, or, where no row sees a key,
+// commits and waits for them before it ends. Collective over the block.
 struct QueryBlock {
   int64_t b, h, g, q0;
   int lo, hi, full_lo, full_hi;
 };
-template <int BQ>
+template <int BQ, int kThreads, class IssueQueryCopies>
 __device__ QueryBlock query_block(const AttentionArgs<bf16>& a, int* s_begin, int* s_end,
-                                  int* bounds) {
+                                  int* bounds, IssueQueryCopies issue_query_copies) {
   const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
   const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
-  load_query_ranges<bf16, BQ>(a, b, q0, s_begin, s_end, bounds);
+  load_query_ranges<bf16, BQ, kThreads>(a, b, q0, s_begin, s_end, bounds,
+                                        [&] { issue_query_copies(b, h, q0); });
   return {b, h, h / a.group(), q0, bounds[0], bounds[1], bounds[2], bounds[3]};
 }
 
@@ -1222,16 +1253,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const QueryBlock qb = query_block<BQ>(a, s_begin, s_end, bounds);
+  const QueryBlock qb = query_block<BQ, kMmaThreads>(
+      a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
+        issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, row, a.seq_len, a.q_heads, head, DK),
+                                query_rows(first, a.seq_len));
+      });
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
   KeyTiles<DK, DV, BK> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
-  if (lo < hi) {  // the same in every thread
-    keys.begin();
-    issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
-                            query_rows(q0, a.seq_len));
-    async_copy_commit();
-  }
+  begin_key_tiles(keys);
 
   // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's
   // accumulator rows in it are r0[m] and r0[m] + 8 (element e of a fragment is in row
@@ -1352,15 +1382,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] =
-      query_block<BQ>(a, s_begin, s_end, bounds);
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kMmaThreads>(
+      a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
+        issue_query_rows<DK, DV, BQ>(a, row, head, first, sQ, sO);
+      });
   KeyTiles<DK, DV, BK> keys{a, b, g, lo, hi, sO + BQ * LDV, sO + BQ * LDV + 2 * BK * LDK,
                             s_pos, s_pscale};
-  if (lo < hi) {  // the same in every thread
-    keys.begin();
-    issue_query_rows<DK, DV, BQ>(a, b, h, q0, sQ, sO);
-    async_copy_commit();
-  }
+  begin_key_tiles(keys);
   // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's rows in
   // it are r0[m] and r0[m] + 8.
   int r0[kM];
@@ -1510,21 +1538,30 @@ struct QueryTiles {
 
 // What both dK/dV kernels do around their products.
 
-// The block's compacted keys [k0, k_end): position (-1 past k_end) and value scale of key
-// j < BK in s_pos[j], s_pscale[j]; first_query becomes the first position (the first query
-// that can see one of them). Collective over the block.
+// The block's compacted keys [k0, k_end): position (-1 past k_end) of key j < BK in
+// s_pos[j]; first_query becomes the first position (the first query that can see one of
+// them). Collective over the block.
 template <int BK>
 __device__ void load_key_block(const AttentionArgs<bf16>& a, int64_t b, int k0, int k_end,
-                               int* s_pos, float* s_pscale, int& first_query) {
+                               int* s_pos, int& first_query) {
   if (threadIdx.x == 0) first_query = INT_MAX;
   __syncthreads();
   if (int(threadIdx.x) < BK) {
     const int j = int(threadIdx.x), pos = key_position(a, b, k0 + j, k_end);
     s_pos[j] = pos;
-    s_pscale[j] = key_scale(a, b, pos);
     if (pos >= 0) atomicMin(&first_query, pos);
   }
   __syncthreads();
+}
+
+// Key j < BK's value scale into s_pscale[j], from its position in s_pos[j] (this thread's
+// own write). Called once the key rows' copies are issued, so that they need not wait for
+// these loads (each waits for its position); the barriers of visible_rows_end publish it.
+template <int BK>
+__device__ void load_key_scales(const AttentionArgs<bf16>& a, int64_t b, const int* s_pos,
+                                float* s_pscale) {
+  const int j = int(threadIdx.x);
+  if (j < BK) s_pscale[j] = key_scale(a, b, s_pos[j]);
 }
 
 // From S^T and dP^T (the warp's 16 keys x NQ / 8 query columns, transposed products) in
@@ -1660,12 +1697,13 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
 
-  load_key_block<BK>(a, b, k0, k_end, s_pos, s_pscale, first_query);
+  load_key_block<BK>(a, b, k0, k_end, s_pos, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
+  load_key_scales<BK>(a, b, s_pos, s_pscale);
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
                          visible_rows_end(a, b, k0, k_end, first_query));
@@ -1825,12 +1863,13 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
 
-  load_key_block<BK>(a, b, k0, k_end, s_pos, s_pscale, first_query);
+  load_key_block<BK>(a, b, k0, k_end, s_pos, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
+  load_key_scales<BK>(a, b, s_pos, s_pscale);
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
                          visible_rows_end(a, b, k0, k_end, first_query));
   auto publish_and_issue = [&](int64_t i) {
@@ -1930,16 +1969,14 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] =
-      query_block<BQ>(a, s_begin, s_end, bounds);
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kThreads>(
+      a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
+        issue_query_rows_to<DK, DV, BQ, kThreads>(a, row, head, first, SwizzledTile<BQ>{sQ},
+                                                  SwizzledTile<BQ>{sO});
+      });
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
-  if (lo < hi) {  // the same in every thread
-    keys.begin();
-    issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, h, q0, SwizzledTile<BQ>{sQ},
-                                              SwizzledTile<BQ>{sO});
-    async_copy_commit();
-  }
+  begin_key_tiles(keys);
   // This lane's rows: r0[0] and r0[0] + 8 of the block.
   const int r0[1] = {warp * 16 + lane / 4};
   float lse_log2[2], delta[2];
@@ -2034,17 +2071,16 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const QueryBlock qb = query_block<BQ>(a, s_begin, s_end, bounds);
+  const QueryBlock qb = query_block<BQ, kThreads>(
+      a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
+        issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{sQ},
+                                        HeadRows(a.q, row, a.seq_len, a.q_heads, head, DK),
+                                        query_rows(first, a.seq_len));
+      });
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
-  if (lo < hi) {  // the same in every thread
-    keys.begin();
-    issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{sQ},
-                                    HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
-                                    query_rows(q0, a.seq_len));
-    async_copy_commit();
-  }
+  begin_key_tiles(keys);
   // This lane's rows: r0[0] and r0[0] + 8 of the block; its warpgroup's 64 rows start at
   // row 64 (warp / 4) of the Q tile.
   const int r0[1] = {warp * 16 + lane / 4};
