@@ -193,12 +193,16 @@ PY
 # diagnose NAME KERNEL_REGEX ARGS...: Nsight Compute's speed-of-light, occupancy, launch,
 # warp-stall and source-counter sections for the first launch of the kernels matching
 # KERNEL_REGEX in a run of build-gpu/bench/NAME ARGS (clocks left as they are), into
-# OUT/diagnose_*.txt, with the report (.ncu-rep) and its SASS with the stall samples of each
+# OUT/diagnose_KERNEL[_FILTER].txt (FILTER as for profile), with the report (.ncu-rep) and its SASS with the stall samples of each
 # instruction (_sass.csv), which say which lines of a kernel its warps wait on.
 diagnose() {
   local name="$1" kernel="$2"; shift 2
   [[ -z ${HAM_GPU_DIAGNOSE:-} || " $HAM_GPU_DIAGNOSE " == *" $kernel "* ]] || return 0
-  local stem="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}"
+  local stem="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}" arg previous=""
+  for arg in "$@"; do
+    [[ $previous == --filter ]] && stem+="_${arg//[^A-Za-z0-9_]/_}"
+    previous=$arg
+  done
   local file="$stem.txt"
   echo "== [$(date +%T)] ncu sections of $kernel in $name $*"
   if ! command -v ncu >/dev/null; then
@@ -299,6 +303,10 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     diagnose bench_routed_attention_cuda backward_dq_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
+    # B = 4, T = 4096 at rho 0.25, whose forward takes 0.375 of the dense time (goal 0.30):
+    # where its blocks wait (docs/gpu_results.md, seventeenth session)
+    diagnose bench_routed_attention_cuda forward_mma --reps 1 \
+      --filter T4096_B4_H16x16_D128_rho25_docs1
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
@@ -317,6 +325,10 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
     # the paper's HAM heads (q/k 128, v 192) at its KV target
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H10x10_D128x192_rho50_docs1
+    # B = 4, T = 4096, rho 0.25 and dense: the kernels' own times for the goal time <= 1.2
+    # rho dense, not met there (docs/gpu_results.md, seventeenth session)
+    profile bench_routed_attention_cuda --reps 1 --filter T4096_B4_H16x16_D128_rho25_docs1
+    profile bench_routed_attention_cuda --reps 1 --filter T4096_B4_H16x16_D128_rho100_docs1
   fi
   [[ $benches == *" routed "* ]] &&
     bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
