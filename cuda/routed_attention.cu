@@ -1555,8 +1555,9 @@ __device__ void load_key_block(const AttentionArgs<bf16>& a, int64_t b, int k0, 
 }
 
 // Key j < BK's value scale into s_pscale[j], from its position in s_pos[j] (this thread's
-// own write). Called once the key rows' copies are issued, so that they need not wait for
-// these loads (each waits for its position); the barriers of visible_rows_end publish it.
+// own write). Called once the first query tile's rows are loading (QueryTiles), so that
+// this load waits beside theirs, not before them or the key rows' copies; the barriers of
+// the first publish() publish it.
 template <int BK>
 __device__ void load_key_scales(const AttentionArgs<bf16>& a, int64_t b, const int* s_pos,
                                 float* s_pscale) {
@@ -1703,10 +1704,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
-  load_key_scales<BK>(a, b, s_pos, s_pscale);
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
                          visible_rows_end(a, b, k0, k_end, first_query));
+  load_key_scales<BK>(a, b, s_pos, s_pscale);
   // Tile i's rows go to slot i % 3 and its copies, issued a tile ahead after the barriers
   // of publish(), to slot i % 2, then committed (an empty group when it is unseen or past
   // the last tile).
@@ -1869,9 +1870,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
-  load_key_scales<BK>(a, b, s_pos, s_pscale);
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
                          visible_rows_end(a, b, k0, k_end, first_query));
+  load_key_scales<BK>(a, b, s_pos, s_pscale);
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
