@@ -1477,13 +1477,20 @@ struct QueryTiles {
   int next_begin = 0, next_end = 0;
   float next_lse_log2 = 0.f, next_delta = 0.f;  // lse in log2 units
 
-  // Each head's tiles from q_start_ (a multiple of BQ) until one reaches q_end_.
-  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_,
-                        int64_t q_end_)
-      : a(args), b(b_), q_start(int(q_start_)), q_end(int(q_end_)),
-        count(q_start_ < q_end_ ? int((q_end_ - q_start_ + BQ - 1) / BQ * args.group()) : 0),
+  // Each head's tiles from q_start_ (a multiple of BQ) until one reaches the end end_at()
+  // sets. The first tile's rows start loading here, before that end is known, so that their
+  // loads wait beside visible_rows_end's instead of after them.
+  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
+      : a(args), b(b_), q_start(int(q_start_)), q_end(int(q_start_)), count(0),
         loaded_head(int(g * args.group())), loaded_row(int(q_start_)) {
-    load(0);
+    load_rows();
+  }
+  // The tiles stop where one reaches q_end_; there are none (and the first tile's rows are
+  // dropped) where q_end_ <= q_start.
+  __device__ void end_at(int64_t q_end_) {
+    q_end = int(q_end_);
+    count = q_start < q_end ? (q_end - q_start + BQ - 1) / BQ * int(a.group()) : 0;
+    if (count == 0) clear_rows();
   }
   // The head and first row of the tile publish() last wrote (the one to copy).
   __device__ int64_t head() const { return published_head; }
@@ -1492,10 +1499,20 @@ struct QueryTiles {
   // Row threadIdx.x of tile i (at loaded_head, loaded_row) into the registers (empty past T
   // or past the last tile).
   __device__ void load(int64_t i) {
-    const int r = int(threadIdx.x);
+    if (i < count) {
+      load_rows();
+    } else {
+      clear_rows();
+    }
+  }
+  __device__ void clear_rows() {
     next_begin = next_end = 0;
     next_lse_log2 = next_delta = 0.f;
-    if (r >= BQ || i >= count) return;
+  }
+  __device__ void load_rows() {
+    const int r = int(threadIdx.x);
+    clear_rows();
+    if (r >= BQ) return;
     const int64_t t = loaded_row + r;
     if (t >= a.seq_len) return;
     const int64_t row = a.q_index(b, t, loaded_head);
@@ -1538,16 +1555,24 @@ struct QueryTiles {
 
 // What both dK/dV kernels do around their products.
 
-// The block's compacted keys [k0, k_end): position (-1 past k_end) of key j < BK in
-// s_pos[j]; first_query becomes the first position (the first query that can see one of
-// them). Collective over the block.
+// Compacted key k0 + j's entry of the row's positions, for thread j < BK (-1 past T): read
+// before the row's key count, so that the two loads overlap; load_key_block drops it past
+// the count.
 template <int BK>
-__device__ void load_key_block(const AttentionArgs<bf16>& a, int64_t b, int k0, int k_end,
-                               int* s_pos, int& first_query) {
+__device__ int64_t key_position_ahead(const AttentionArgs<bf16>& a, int64_t b, int k0) {
+  const int j = int(threadIdx.x);
+  return j < BK && k0 + j < a.seq_len ? a.positions[b * a.seq_len + k0 + j] : -1;
+}
+
+// The block's compacted keys [k0, k_end): position (-1 past k_end) of key j < BK in
+// s_pos[j], from key_at (key_position_ahead); first_query becomes the first position (the
+// first query that can see one of them). Collective over the block.
+template <int BK>
+__device__ void load_key_block(int k0, int k_end, int64_t key_at, int* s_pos, int& first_query) {
   if (threadIdx.x == 0) first_query = INT_MAX;
   __syncthreads();
   if (int(threadIdx.x) < BK) {
-    const int j = int(threadIdx.x), pos = key_position(a, b, k0 + j, k_end);
+    const int j = int(threadIdx.x), pos = k0 + j < k_end ? int(key_at) : -1;
     s_pos[j] = pos;
     if (pos >= 0) atomicMin(&first_query, pos);
   }
@@ -1694,19 +1719,20 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
+  const int64_t key_at = key_position_ahead<BK>(a, b, k0);
   const int count = int(a.counts[b]);
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
 
-  load_key_block<BK>(a, b, k0, k_end, s_pos, first_query);
+  load_key_block<BK>(k0, k_end, key_at, s_pos, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows<DK, LDK, BK>(sK, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows<DV, LDV, BK>(sV, v_of, key_rows(s_pos));
   async_copy_commit();
   // A query sees a key only at or after the key's position.
-  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
-                         visible_rows_end(a, b, k0, k_end, first_query));
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
   // Tile i's rows go to slot i % 3 and its copies, issued a tile ahead after the barriers
   // of publish(), to slot i % 2, then committed (an empty group when it is unseen or past
@@ -1860,18 +1886,19 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
+  const int64_t key_at = key_position_ahead<BK>(a, b, k0);
   const int count = int(a.counts[b]);
   if (k0 >= count) return;  // past this row's keys (the whole block)
   const int k_end = min(k0 + BK, count);
 
-  load_key_block<BK>(a, b, k0, k_end, s_pos, first_query);
+  load_key_block<BK>(k0, k_end, key_at, s_pos, first_query);
   const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
   const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
-  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ,
-                         visible_rows_end(a, b, k0, k_end, first_query));
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
