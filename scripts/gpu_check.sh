@@ -303,10 +303,11 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     diagnose bench_routed_attention_cuda backward_dq_mma --reps 1 \
       --filter T16384_B1_H16x16_D128_rho100_docs1
     diagnose bench_decoding_cuda decode_kernel --reps 1 --filter attn_B1_H16x16_L16384
-    # B = 4, T = 4096 at rho 0.25, whose forward takes 0.375 of the dense time (goal 0.30):
-    # where its blocks wait (docs/gpu_results.md, seventeenth session)
+    # B = 4, T = 4096 with 20 documents at rho 0.5: blocks of one or two key tiles, where a
+    # block's fixed cost (about 15 us, docs/gpu_results.md, seventeenth session) dominates;
+    # the stall samples say where its blocks wait.
     diagnose bench_routed_attention_cuda forward_mma --reps 1 \
-      --filter T4096_B4_H16x16_D128_rho25_docs1
+      --filter T4096_B4_H16x16_D128_rho50_docs20
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
