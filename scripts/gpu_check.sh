@@ -323,6 +323,8 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H5_K256_V384_bf16
     # the case furthest from FLA in the ninth session (1.19x forward, 1.55x backward)
     profile bench_gated_delta_rule_cuda --reps 1 --filter T16384_H16_D128_bf16
+    # 20 packed documents (1.49x FLA's backward in the ninth session; not profiled since)
+    profile bench_gated_delta_rule_cuda --reps 1 --filter T16384_docs20_bf16
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho100_docs1
     # the paper's HAM heads (q/k 128, v 192) at its KV target
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H10x10_D128x192_rho50_docs1
