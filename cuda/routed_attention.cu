@@ -400,8 +400,8 @@ struct TileShape {
 // Reads the visible ranges of query rows [q0, q0 + BQ) into s_begin / s_end (empty past
 // T) and their union [lo, hi) plus intersection [full_lo, full_hi), a row a thread of the
 // block's kThreads. between() runs once the ranges' loads are issued and before their
-// values are used: the tensor-core kernels issue their query rows' copies there, which
-// thus wait for nothing.
+// values are used: the tensor-core kernels issue their query rows' copies there, so that
+// the copies wait neither for these loads nor for the key positions' after them.
 struct NothingBetween {
   __device__ void operator()() const {}
 };
