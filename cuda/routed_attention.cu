@@ -1461,6 +1461,14 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   }
 }
 
+// first_tile_sees_the_keys: a dK/dV block's first query tile (its group's first head,
+// the rows from first_query rounded down to the tile) always has a row that sees one of
+// its keys, since the query at a selected key's position sees that key. So the dK/dV
+// kernels issue that tile's Q and dO copies before they know which tiles see the keys:
+// the copies wait for the key positions only, not for the tiles' summaries and rows.
+// (Were the tile unseen, its copies would land unused; were there no tile, the kernel
+// waits for them before it ends.)
+
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
 // tiles q_start, q_start + BQ, ... below q_end (visible_rows_end). Thread r < BQ carries
 // row r of the next tile (visible range, lse, D) in registers, loaded while an earlier tile
@@ -1732,16 +1740,19 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   async_copy_commit();
   // A query sees a key only at or after the key's position.
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  // Tile 0's copies go out with its rows' loads (first_tile_sees_the_keys).
+  issue_query_rows<DK, DV, BQ>(a, b, queries.loaded_head, queries.loaded_row, slot_q(0),
+                               slot_o(0));
   queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
   // Tile i's rows go to slot i % 3 and its copies, issued a tile ahead after the barriers
-  // of publish(), to slot i % 2, then committed (an empty group when it is unseen or past
-  // the last tile).
+  // of publish() (tile 0's above), to slot i % 2, then committed (an empty group when it
+  // is unseen or past the last tile).
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
         i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
-    if (vis.sees) {
+    if (vis.sees && i > 0) {
       issue_query_rows<DK, DV, BQ>(a, b, queries.head(), queries.first_row(), slot_q(i),
                                    slot_o(i));
     }
@@ -1812,6 +1823,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
       mma::accumulator_times_matrix<NQ, LDK, DK / 8, true>(ds, sQ, dk);  // dK += dS^T Q
     }
   }
+  if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 }
 
@@ -1898,13 +1910,17 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
   QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  // Tile 0's copies go out with its rows' loads (first_tile_sees_the_keys).
+  issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.loaded_head, queries.loaded_row,
+                                            SwizzledTile<BQ>{slot_q(0)},
+                                            SwizzledTile<BQ>{slot_o(0)});
   queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
         i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
-    if (vis.sees) {
+    if (vis.sees && i > 0) {
       issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
                                                 SwizzledTile<BQ>{slot_q(i)},
                                                 SwizzledTile<BQ>{slot_o(i)});
@@ -1972,6 +1988,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     // ds and their bf16 copies are written again).
     wgmma::wait<0>();
   }
+  if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 #else
   __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
