@@ -193,8 +193,9 @@ PY
 # diagnose NAME KERNEL_REGEX ARGS...: Nsight Compute's speed-of-light, occupancy, launch,
 # warp-stall and source-counter sections for the first launch of the kernels matching
 # KERNEL_REGEX in a run of build-gpu/bench/NAME ARGS (clocks left as they are), into
-# OUT/diagnose_KERNEL[_FILTER].txt (FILTER as for profile), with the report (.ncu-rep) and its SASS with the stall samples of each
-# instruction (_sass.csv), which say which lines of a kernel its warps wait on.
+# OUT/diagnose_KERNEL[_FILTER].txt (FILTER as for profile), with the report (.ncu-rep) and
+# its SASS with the stall samples of each instruction (_sass.csv), which say which lines of
+# a kernel its warps wait on.
 diagnose() {
   local name="$1" kernel="$2"; shift 2
   [[ -z ${HAM_GPU_DIAGNOSE:-} || " $HAM_GPU_DIAGNOSE " == *" $kernel "* ]] || return 0

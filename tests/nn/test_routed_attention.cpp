@@ -920,6 +920,23 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 #endif
 }
 
+// The 128-row bf16 forward at 128 x 128 with paired query heads (a block serves two in
+// turn), which it takes only when set so and the query heads are even in number: plain
+// and grouped-query heads, value scales, documents, a first query that sees nothing,
+// rows with one key tile and with several.
+TEST(RoutedAttentionGpu, Bf16ForwardWithPairedHeadsMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  expect_bf16_setting_matches_cpu(
+      &cuda::set_attention_forward_heads, "set_attention_forward_heads", 2, 3, "1 or 2",
+      {GpuCase{1, 333, 4, 4, 128, 128, 1.0, false, GpuDocs::None, false},
+       GpuCase{2, 300, 4, 2, 128, 128, 0.25, true, GpuDocs::Runs, true},
+       GpuCase{1, 260, 6, 3, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+       GpuCase{2, 180, 2, 2, 128, 128, 0.05, true, GpuDocs::Interleaved, false},
+       GpuCase{1, 150, 3, 1, 128, 128, 0.5, true, GpuDocs::None, true}});
+#endif
+}
+
 #ifdef HAM_WITH_CUDA
 // The wgmma kernels' head dims (64 and 128) in both sizes of each head, value scaling on
 // and off, grouped-query heads, packed and interleaved documents, boundary tiles, a first
