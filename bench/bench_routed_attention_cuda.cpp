@@ -171,25 +171,15 @@ bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   return ms;
 }
 
-// The forward's ms (min, median, max) with 1 or 2 query heads a block (paired heads,
-// cuda/routed_attention.h).
-bench::Spread forward_ms_with_heads(CaseInputs& in, int heads, int reps) {
-  const int previous = cuda::set_attention_forward_heads(heads);
+// The forward's ms (min, median, max) with a tuning setter of cuda/routed_attention.h set
+// to `value`, restored after: set_attention_forward_heads (1 or 2 query heads a block),
+// set_attention_forward_wgmma (0: mma.sync, the default; 1 or 2 warpgroups a block).
+bench::Spread forward_ms_set(CaseInputs& in, int (*set)(int), int value, int reps) {
+  const int previous = set(value);
   const bench::Spread ms = time_ms(reps, [&] {
     ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
   });
-  cuda::set_attention_forward_heads(previous);
-  return ms;
-}
-
-// The forward's ms (min, median, max) on mma.sync (0, the defaults) or on wgmma with 1 or 2
-// warpgroups a block (cuda/routed_attention.h).
-bench::Spread forward_ms_on_wgmma(CaseInputs& in, int wgmma, int reps) {
-  const int previous = cuda::set_attention_forward_wgmma(wgmma);
-  const bench::Spread ms = time_ms(reps, [&] {
-    ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-  });
-  cuda::set_attention_forward_wgmma(previous);
+  set(previous);
   return ms;
 }
 
@@ -296,8 +286,8 @@ int main(int argc, char** argv) {
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       CaseInputs in(c);
       in.selection = ops::compact_selection(in.select, in.docs);
-      const bench::Spread one = forward_ms_with_heads(in, 1, reps);
-      const bench::Spread two = forward_ms_with_heads(in, 2, reps);
+      const bench::Spread one = forward_ms_set(in, &cuda::set_attention_forward_heads, 1, reps);
+      const bench::Spread two = forward_ms_set(in, &cuda::set_attention_forward_heads, 2, reps);
       std::printf("%-40s", c.name().c_str());
       for (const bench::Spread& t : {one, two}) {
         std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
@@ -336,7 +326,9 @@ int main(int argc, char** argv) {
         return backward_ms_with(in, forward, wgmma, reps);
       });
       wgmma_table("forward (mma.sync in its default 128-row blocks)", filter,
-                  [&](CaseInputs& in, int wgmma) { return forward_ms_on_wgmma(in, wgmma, reps); });
+                  [&](CaseInputs& in, int wgmma) {
+                    return forward_ms_set(in, &cuda::set_attention_forward_wgmma, wgmma, reps);
+                  });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());
