@@ -1170,7 +1170,7 @@ struct QueryBlock {
   int64_t b, h, g, q0;
   int lo, hi, full_lo, full_hi;
 };
-template <int BQ, int kThreads, class IssueQueryCopies, int kHeads = 1>
+template <int BQ, int kThreads, int kHeads = 1, class IssueQueryCopies>
 __device__ QueryBlock query_block(const AttentionArgs<bf16>& a, int* s_begin, int* s_end,
                                   int* bounds, IssueQueryCopies issue_query_copies) {
   // With kHeads > 1, a block per kHeads query heads (forward_mma's paired heads): h is the
@@ -1295,8 +1295,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, row, a.seq_len, a.q_heads, head, DK),
                             query_rows(first, a.seq_len));
   };
-  const QueryBlock qb = query_block<BQ, kMmaThreads, decltype(issue_query), kHeads>(
-      a, s_begin, s_end, bounds, issue_query);
+  const QueryBlock qb =
+      query_block<BQ, kMmaThreads, kHeads>(a, s_begin, s_end, bounds, issue_query);
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
   KeyTiles<DK, DV, BK, false, kMmaThreads, kHeads> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
