@@ -1714,20 +1714,20 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   g_next = g_of(end, end_next);
   issue_chunk(first, begin, end);
   async_copy_commit();
+  S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
 
+  // Two barriers a chunk: the one below publishes the chunk's tiles with S0 (written at the
+  // end of the step before), and the one between the products publishes sVn.
   for (int chunk = first; chunk < end_chunk; ++chunk) {
     const int n = int(end - begin);
-    __syncthreads();  // the previous chunk's tiles, S0, sVn and s_g slot are no longer read
+    async_copy_wait<0>();  // this chunk's W, K, U (the only copies in flight)
+    __syncthreads();  // also: the previous chunk's tiles, sVn and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;
       g_next = g_of(end_next, end_after);  // chunk + 2
     }
     if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
     async_copy_commit();
-    S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
-    async_copy_wait<1>();  // this chunk's W, K, U
-    __syncthreads();
-    save_state<KD, VT, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
 
@@ -1762,7 +1762,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
         }
       }
     }
-    __syncthreads();
+    // S0 to memory here, where a warp done with its rows would wait for the others
+    save_state<KD, VT, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
+    __syncthreads();  // sVn written; S0 and the chunk's W and U no longer read
     // S <- e^{G_last} S + K^T sVn, each warp on its own key rows.
     const float total = expf(g_last);
     const bf16* sK = slot_k(chunk);
@@ -1778,6 +1780,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
         for (int e = 0; e < 4; ++e) S.s[sl][nb][e] = total * S.s[sl][nb][e] + acc[nb][e];
       }
     }
+    S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });  // next S0
     // Move the registers on by a chunk (the loads are used a chunk or more later).
     begin = end;
     end = end_next;
@@ -2307,27 +2310,36 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     issue_chunk(last, begin, end);
     async_copy_commit();
   }
+  dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
+  __syncthreads();  // the last chunk's G, which the first step reads before its barrier
 
+  // With two slots, two barriers a chunk: the one below publishes the chunk's tiles (their
+  // copies issued a chunk ahead) with dS_end (written at the end of the step before), and
+  // the one between the products publishes du. One slot takes a third, between the
+  // chunk's copies and their use.
   for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
-    __syncthreads();  // the next chunk's tiles, dS_end, du and s_g slot are no longer read
+    const float* g = s_g[chunk % 2];  // written before the last step's second barrier
+    bf16* sdO = slot_do(chunk);
+    auto scale_do = [&] {  // diag(E) dO, on this thread's own copies once they land
+      async_copy_wait<0>();
+      scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });
+    };
+    if (kSlots == 2) scale_do();  // this chunk's tiles (the only copies in flight)
+    __syncthreads();  // also: the next chunk's tiles, du and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;  // chunk - 1's G (slot (chunk - 1) % 2)
       g_next = g_of(begin_p2, begin_p1);     // chunk - 2
     }
     if (kSlots == 2) {
       if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
+      async_copy_commit();
     } else {
       issue_chunk(chunk, begin, end);
+      async_copy_commit();
+      scale_do();
+      __syncthreads();
     }
-    async_copy_commit();
-    dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
-    async_copy_wait<kSlots - 1>();  // this chunk's tiles
-    const float* g = s_g[chunk % 2];
-    bf16* sdO = slot_do(chunk);
-    scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });  // diag(E) dO
-    __syncthreads();
-    save_state<KD, VT, LDS>(st, dSb, bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
     const float g_last = n > 0 ? g[n - 1] : 0.f;
     // du = dvl + diag(tau) K dS_end for the warp's 16 rows and columns.
     {
@@ -2358,7 +2370,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
         }
       }
     }
-    __syncthreads();
+    // dS_end to memory here, where a warp done with its rows would wait for the others
+    save_state<KD, VT, LDS>(st, dSb, bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
+    __syncthreads();  // du written; dS_end and the chunk's K and dvl no longer read
     // dS0 = lambda dS_end + Q^T (diag(E) dO) - W^T du, each warp on its own key rows.
     const float lambda = expf(g_last);
     const bf16 *sQ = slot_q(chunk), *sW = slot_w(chunk);
@@ -2380,6 +2394,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
         }
       }
     }
+    dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });  // next dS_end
     // Move the registers back by a chunk (the loads are used a chunk or more later).
     end = begin;
     begin = begin_p1;
