@@ -1585,10 +1585,22 @@ struct StateRegisters {
 
 // Copies a state tile in bf16 ([K][LDS] in shared memory, VT columns) to its [K, V] slot
 // in `saved`: 16 bytes a thread where the tile's columns allow, else element by element.
-template <int KD, int VT, int LDS>
-__device__ void save_state(const StateTile& st, const bf16* rounded, bf16* saved) {
+// With `whole` (VT divides V, `saved` 16-byte aligned) each of the block's kThreads
+// threads copies fixed groups without checks, so that a pass over the chunks keeps their
+// places in a state out of its loop.
+template <int KD, int VT, int LDS, int kThreads>
+__device__ __forceinline__ void save_state(const StateTile& st, bool whole, const bf16* rounded,
+                                           bf16* saved) {
   constexpr int kGroups = VT / 8;
-  for (int g = int(threadIdx.x); g < KD * kGroups; g += int(blockDim.x)) {
+  if (whole) {
+    for_each_item<kThreads, KD * kGroups>([&](int g) {
+      const int a = g / kGroups, c0 = g % kGroups * 8;
+      *reinterpret_cast<uint4*>(saved + st.offset(a, c0)) =
+          *reinterpret_cast<const uint4*>(rounded + a * LDS + c0);
+    });
+    return;
+  }
+  for (int g = int(threadIdx.x); g < KD * kGroups; g += kThreads) {
     const int a = g / kGroups, c0 = (g % kGroups) * 8;
     const bf16* from = rounded + a * LDS + c0;
     bf16* to = saved + st.offset(a, c0);
@@ -1679,6 +1691,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
                         ValueTiles::usable(u, u_origin, u_stride);
   const KeyTiles key_tiles(key_origin, key_stride);
   const ValueTiles u_tiles(u_origin, u_stride);
+  const bool whole_tiles = V % VT == 0 && (reinterpret_cast<uintptr_t>(v_new) & 3) == 0;
+  const bool whole_states = V % VT == 0 && aligned_16(states);
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
     if (streamed) {
@@ -1741,29 +1755,54 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       float acc[NBP][4];
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part, acc);
+      // A chunk of 64 rows on a whole value tile (every chunk but a document's last, where
+      // VT divides V): no row or column checks, and a pair of columns moves as 4 bytes.
+      if (whole_tiles && n == kChunk) {
 #pragma unroll
-      for (int nb = 0; nb < NBP; ++nb) {
+        for (int half = 0; half < 2; ++half) {  // the lane's rows i and i + 8
+          const int i = row0 + acc_row(2 * half), c = col_part + acc_col(0, 0);
+          bf16* out = v_new + out_at[half] + c;
+          const bf16* u_row = sU + i * LDS + c;
+          bf16* scaled = sVn + i * LDS + c;
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
-          const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
-          float vn[2] = {0.f, 0.f}, x[2] = {0.f, 0.f};
+          for (int nb = 0; nb < NBP; ++nb) {  // columns c + 8 nb, c + 8 nb + 1
+            const Pack<bf16, 2> u2 = *reinterpret_cast<const Pack<bf16, 2>*>(u_row + 8 * nb);
+            Pack<bf16, 2> vn, x;
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            if (i < n && c + k < cols) {
-              vn[k] = load(store<bf16>(load(sU[i * LDS + c + k]) - acc[nb][e + k]));
-              x[k] = vn[k] * tau[e / 2];
+            for (int k = 0; k < 2; ++k) {
+              vn.v[k] = store<bf16>(load(u2.v[k]) - acc[nb][2 * half + k]);
+              x.v[k] = store<bf16>(load(vn.v[k]) * tau[half]);
             }
+            *reinterpret_cast<Pack<bf16, 2>*>(out + 8 * nb) = vn;
+            *reinterpret_cast<Pack<bf16, 2>*>(scaled + 8 * nb) = x;
           }
-          if (i < n && c < cols) {
-            store_bf16_pair(v_new + out_at[e / 2] + c, vn[0], vn[1], c + 1 < cols);
+        }
+      } else {
+#pragma unroll
+        for (int nb = 0; nb < NBP; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
+            const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
+            float vn[2] = {0.f, 0.f}, x[2] = {0.f, 0.f};
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+              if (i < n && c + k < cols) {
+                vn[k] = load(store<bf16>(load(sU[i * LDS + c + k]) - acc[nb][e + k]));
+                x[k] = vn[k] * tau[e / 2];
+              }
+            }
+            if (i < n && c < cols) {
+              store_bf16_pair(v_new + out_at[e / 2] + c, vn[0], vn[1], c + 1 < cols);
+            }
+            sVn[i * LDS + c] = store<bf16>(x[0]);
+            sVn[i * LDS + c + 1] = store<bf16>(x[1]);
           }
-          sVn[i * LDS + c] = store<bf16>(x[0]);
-          sVn[i * LDS + c + 1] = store<bf16>(x[1]);
         }
       }
     }
     // S0 to memory here, where a warp done with its rows would wait for the others
-    save_state<KD, VT, LDS>(st, sSb, states + state_offset(pr, b, h, chunk, max_chunks));
+    save_state<KD, VT, LDS, kWarps * 32>(st, whole_states, sSb,
+                                         states + state_offset(pr, b, h, chunk, max_chunks));
     __syncthreads();  // sVn written; S0 and the chunk's W and U no longer read
     // S <- e^{G_last} S + K^T sVn, each warp on its own key rows.
     const float total = expf(g_last);
@@ -2267,6 +2306,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const KeyTiles key_tiles(key_origin, key_stride);
   const ValueTiles do_tiles(v_origin, v_stride);
   const LocalTiles dvl_tiles(v_origin, v_stride);
+  const bool whole_tiles = V % VT == 0 && (reinterpret_cast<uintptr_t>(bw.du) & 3) == 0;
+  const bool whole_states = V % VT == 0 && aligned_16(bw.dstates);
   auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
     const int n = int(end - begin);
     if (streamed) {
@@ -2352,26 +2393,50 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       mma::zero(acc);
       mma::rows_times_matrix<KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK, dSb + col_part,
                                                 acc);
+      if (whole_tiles && n == kChunk) {  // as the forward's v_new: no checks, pairs at once
 #pragma unroll
-      for (int nb = 0; nb < NBP; ++nb) {
+        for (int half = 0; half < 2; ++half) {  // the lane's rows i and i + 8
+          const int i = row0 + acc_row(2 * half), c = col_part + acc_col(0, 0);
+          bf16* out = bw.du + out_at[half] + c;
+          const float* dvl_row = sDvl + i * LDF + c;
+          bf16* du_row = sDu + i * LDS + c;
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
-          const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
-          float du[2] = {0.f, 0.f};
+          for (int nb = 0; nb < NBP; ++nb) {  // columns c + 8 nb, c + 8 nb + 1
+            const Pack<float, 2> local = *reinterpret_cast<const Pack<float, 2>*>(dvl_row + 8 * nb);
+            Pack<bf16, 2> du;
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            if (i < n && c + k < cols) du[k] = sDvl[i * LDF + c + k] + tau[e / 2] * acc[nb][e + k];
+            for (int k = 0; k < 2; ++k) {
+              du.v[k] = store<bf16>(local.v[k] + tau[half] * acc[nb][2 * half + k]);
+            }
+            *reinterpret_cast<Pack<bf16, 2>*>(out + 8 * nb) = du;
+            *reinterpret_cast<Pack<bf16, 2>*>(du_row + 8 * nb) = du;
           }
-          if (i < n && c < cols) {
-            store_bf16_pair(bw.du + out_at[e / 2] + c, du[0], du[1], c + 1 < cols);
+        }
+      } else {
+#pragma unroll
+        for (int nb = 0; nb < NBP; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {  // columns c, c + 1 of row i
+            const int i = row0 + acc_row(e), c = col_part + acc_col(nb, e);
+            float du[2] = {0.f, 0.f};
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+              if (i < n && c + k < cols) {
+                du[k] = sDvl[i * LDF + c + k] + tau[e / 2] * acc[nb][e + k];
+              }
+            }
+            if (i < n && c < cols) {
+              store_bf16_pair(bw.du + out_at[e / 2] + c, du[0], du[1], c + 1 < cols);
+            }
+            sDu[i * LDS + c] = store<bf16>(du[0]);
+            sDu[i * LDS + c + 1] = store<bf16>(du[1]);
           }
-          sDu[i * LDS + c] = store<bf16>(du[0]);
-          sDu[i * LDS + c + 1] = store<bf16>(du[1]);
         }
       }
     }
     // dS_end to memory here, where a warp done with its rows would wait for the others
-    save_state<KD, VT, LDS>(st, dSb, bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
+    save_state<KD, VT, LDS, kThreads>(st, whole_states, dSb,
+                                      bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
     __syncthreads();  // du written; dS_end and the chunk's K and dvl no longer read
     // dS0 = lambda dS_end + Q^T (diag(E) dO) - W^T du, each warp on its own key rows.
     const float lambda = expf(g_last);
