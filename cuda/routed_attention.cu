@@ -2598,7 +2598,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
                   }
                 }
                 if constexpr (DV == 128) {
-                  if (g_forward_keys.load() == 32) tiled = launch_mma.template operator()<2, 32>();
+                  if (!tiled && g_forward_keys.load() == 32) {
+                    tiled = launch_mma.template operator()<2, 32>();
+                  }
                 }
                 if (!tiled) tiled = launch_mma.template operator()<2>();
               }

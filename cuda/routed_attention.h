@@ -18,8 +18,9 @@ int set_attention_forward_keys(int keys);
 // Query heads a block of the 128-row tensor-core forward at head dims of 128 x 128 serves
 // in turn: 1 (the default) or 2 (paired heads: the second shares the first's visible
 // ranges and key positions, and loads while the first finishes; where the query heads are
-// odd in number, 1). Opt-in until timed on a GPU. Returns the previous setting; any other
-// value is an error.
+// odd in number, 1). Opt-in until timed on a GPU; set to 2 it takes precedence over
+// set_attention_forward_keys(32). Returns the previous setting; any other value is an
+// error.
 int set_attention_forward_heads(int heads);
 
 // Which kernels compute the bf16 forward for head dims of 64 and 128, 128 x 192 and
