@@ -4,6 +4,9 @@
 // bench/bench_decoding_torch.py reads the CSV and times flash-linear-attention's
 // fused_recurrent_gated_delta_rule and PyTorch's SDPA on the same shapes.
 //
+// A last table times the attention kernel at 16, 32 and 64 keys a tile against the host's
+// automatic choice (set_attention_decode_keys).
+//
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_decoding_cuda --csv decoding_ham.csv [--reps 20] [--filter gdr]
 //   python3 bench/bench_decoding_torch.py decoding_ham.csv --out decoding_ratio.csv
@@ -30,6 +33,7 @@
 #include "core/ops/routed_attention_decode.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
+#include "cuda/routed_attention.h"
 #include "cuda/stream.h"
 
 namespace {
@@ -157,6 +161,33 @@ int main(int argc, char** argv) {
             << c.key_dim << ',' << c.value_dim << ',' << c.context << ',' << bytes << ',' << t.min
             << ',' << t.median << ',' << t.max << ',' << gbps << ',' << copy_gbps << ','
             << gbps / copy_gbps << '\n';
+      }
+    }
+    // The attention kernel's tile against the host's automatic choice: time with the tile
+    // set / automatic time, at min / median / max (below 1: the set tile is faster).
+    std::printf("\nattention decode, keys a tile set against the automatic choice (set / auto)\n");
+    std::printf("%-34s %5s %10s %10s %22s\n", "case", "keys", "us auto", "us set",
+                "set/auto min/med/max");
+    for (const DecodeCase& c : decode_cases()) {
+      const std::string label = c.label();
+      if (c.op != "attn") continue;
+      if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;
+      const Spread automatic = run_case(c, args.reps).first;
+      for (int keys : {16, 32, 64}) {
+        const int previous = cuda::set_attention_decode_keys(keys);
+        Spread set{};
+        try {
+          set = run_case(c, args.reps).first;
+        } catch (const std::exception& e) {  // a tile too large for these heads
+          cuda::set_attention_decode_keys(previous);
+          std::printf("%-34s %5d %s\n", label.c_str(), keys, e.what());
+          continue;
+        }
+        cuda::set_attention_decode_keys(previous);
+        std::printf("%-34s %5d %10.2f %10.2f %8.2f / %.2f / %.2f\n", label.c_str(), keys,
+                    automatic.median * 1e3, set.median * 1e3, set.min / automatic.min,
+                    set.median / automatic.median, set.max / automatic.max);
+        std::fflush(stdout);
       }
     }
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #pragma once
-// Tuning of the CUDA routed attention kernels (cuda/routed_attention.cu), for benchmarks
-// that compare variants in one run (bench/bench_routed_attention_cuda.cpp).
+// Tuning of the CUDA routed attention kernels (cuda/routed_attention.cu and
+// cuda/routed_attention_decode.cu), for benchmarks that compare variants in one run
+// (bench/bench_routed_attention_cuda.cpp, bench/bench_decoding_cuda.cpp).
 
 #include <cstdint>
 
@@ -60,5 +61,11 @@ int64_t attention_backward_wgmma_launches();
 // Whether the wgmma kernels take heads of these dims when set to them (both passes; the
 // automatic backward takes the 64 and 128 ones only).
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim);
+
+// Keys a tile of the decode kernel (routed_attention_decode): 0 (the default) lets the host
+// pick the largest of 64, 32, 16 and 8 at which two blocks fit an SM; 8, 16, 32 or 64 sets
+// it (a tile too large for the device's shared memory is then an error). Returns the
+// previous setting; any other value is an error.
+int set_attention_decode_keys(int keys);
 
 }  // namespace ham::cuda

@@ -6,18 +6,21 @@
 // across blocks too. A block of 4 warps owns one row r = (b, i), one kv head g, a slice of
 // up to kGroup of g's query heads (the cache is read once for all of them) and split s: the
 // visible keys [s L, min(s L + L, visible[r])). L is chosen on the host so that one wave of
-// blocks fills the GPU. The block walks its keys in steps of 128: warp w takes the 32 keys
-// 32 w .. 32 w + 31 of each step, and each warp keeps its own running softmax, so the
-// keys stream from memory into registers with no barrier until the end:
-//   scores   lane j reads key j's row (16-byte loads, 2 in flight) against q in shared
-//            memory (every lane reads the same q element: a broadcast), for every head:
+// blocks fills the GPU.
+//
+// The block walks its keys in tiles of TK (64, or fewer where wide heads would not leave
+// two blocks an SM): the tile's key and value rows go to shared memory by 16-byte cp.async,
+// three tiles in a ring, so two tiles' bytes are in flight while the block computes on the
+// third (one barrier a tile). Warp w owns the tile's keys w TK/4 .. (w + 1) TK/4 - 1 and
+// keeps its own running softmax, so warps never wait for one another inside a tile:
+//   scores   the kSplit = 128 / TK lanes of key j each take every kSplit-th 16-byte pack
+//            of k_j against q in shared memory, then add their parts by shuffles:
 //            s[j][h] = scale <q_h, k_j>
-//   softmax  per head, over the warp's 32 keys (shuffles):
+//   softmax  per head, over the warp's keys of the tile (shuffles):
 //            m' = max(m, max_j s),  alpha_h = e^{m - m'},  P[j][h] = e^{s - m'},
 //            l' = alpha l + sum_j P[j][h]
 //   values   lane owns the column pairs c = 2 lane + 64 u (u < kPairs); for each key j of
-//            the step, P[j][h] p_j comes by shuffle and the row v_j by a coalesced load
-//            (16 / kPairs rows' loads in flight):
+//            the warp, P[j][h] p_j comes by shuffle and the row v_j from shared memory:
 //            acc[h][c] = alpha_h acc[h][c] + sum_j P[j][h] p_j v_j[c]      (v' = p v)
 // At the end the 4 warps' (m, l, acc) merge in shared memory, in warp order:
 //   M = max_w m_w,  l = sum_w e^{m_w - M} l_w,  acc = sum_w e^{m_w - M} acc_w,
@@ -26,12 +29,15 @@
 // merges the splits of each (b, i, h) in split order (deterministic, no atomics):
 //   lse = log sum_s e^{lse_s},   o = sum_s e^{lse_s - lse} o_s.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "core/ops/routed_attention_decode.h"
+#include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
+#include "cuda/routed_attention.h"
 
 namespace ham::cuda {
 
@@ -40,11 +46,16 @@ namespace {
 constexpr const char* kOp = "routed_attention_decode (cuda)";
 constexpr int kDecodeThreads = 128;  // 4 warps
 constexpr int kWarps = kDecodeThreads / 32;
-constexpr int kStepKeys = kDecodeThreads;  // keys a block takes per step: 32 per warp
-constexpr int kMaxPairs = 8;               // column pairs per lane: Dv <= 512
+constexpr int kStages = 3;           // tiles in the shared-memory ring: two in flight
+constexpr int kMostTileKeys = 64;    // 2 lanes a key
+constexpr int kLeastTileKeys = 8;    // 16 lanes a key
+constexpr int kWarpMostKeys = kMostTileKeys / kWarps;
+constexpr int kMaxPairs = 8;         // column pairs per lane: Dv <= 512
 constexpr int kMaxValueDim = 64 * kMaxPairs;
-constexpr int kKeyLoadsInFlight = 2;       // 16-byte loads of a key row issued at once
-constexpr int64_t kMinStepsPerSplit = 1;
+constexpr int64_t kMinKeysPerSplit = 128;
+
+// 0: the host picks the tile (launch_decode); else the keys a tile, set for benchmarks.
+std::atomic<int> g_decode_tile_keys{0};
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
@@ -67,22 +78,36 @@ struct DecodeArgs {
   compute_t<T>* part_o;    // [B * n, Hq, splits, Dv] when splits > 1
   compute_t<T>* part_lse;  // [B * n, Hq, splits]
   int64_t queries, capacity, q_heads, kv_heads, key_dim, value_dim;
-  int group, slices, splits, split_keys;
-  bool packed_k, paired_v;  // key rows move as 16-byte packs; value columns in pairs
+  int group, slices, splits, split_keys, tile_keys;
+  bool packed_k, packed_v;  // key / value rows move as 16-byte cp.async packs
   compute_t<T> scale;
 };
 
-// The shared-memory carve of one block, the same on host (sizing) and device.
+// The shared-memory carve of one block, the same on host (sizing) and device. Rows are
+// whole 16-byte packs (an unpacked row's tail is zero in shared memory and in q). A key row
+// is padded so that the kSplit lanes of 8 / kSplit keys (a quarter warp's 16-byte loads)
+// start on distinct banks: its packs are kSplit (mod 8) for kSplit < 8.
 template <class T, int kGroup>
 struct DecodeLayout {
-  size_t q, m, l, acc, bytes;
-  __host__ __device__ DecodeLayout(int64_t key_dim, int64_t value_dim) {
+  static constexpr int kPack = kPackWidth<T>;  // elements a 16-byte pack
+  int split, key_packs, ldk, ldv;              // lanes a key; packs of k; row strides (T)
+  size_t q, m, l, prob, ring, merge, stage, bytes;
+  __host__ __device__ DecodeLayout(int64_t key_dim, int64_t value_dim, int tile_keys) {
     using C = compute_t<T>;
+    split = kDecodeThreads / tile_keys;
+    key_packs = int((key_dim + kPack - 1) / kPack);
+    const int pad = split < 8 ? ((split - key_packs % 8) % 8 + 8) % 8 : 0;
+    ldk = (key_packs + pad) * kPack;
+    ldv = int((value_dim + kPack - 1) / kPack) * kPack;
+    stage = size_t(tile_keys) * size_t(ldk + ldv) * sizeof(T);  // K rows, then V rows
     size_t at = 0;
-    q = take(at, size_t(key_dim) * kGroup * sizeof(C));                 // [kGroup][Dk]
-    m = take(at, size_t(kWarps) * kGroup * sizeof(C));                  // [warp][kGroup]
+    q = take(at, size_t(key_packs) * kPack * kGroup * sizeof(C));  // [kGroup][key_packs * kPack]
+    m = take(at, size_t(kWarps) * kGroup * sizeof(C));            // [warp][kGroup]
     l = take(at, size_t(kWarps) * kGroup * sizeof(C));
-    acc = take(at, size_t(kWarps) * kGroup * value_dim * sizeof(C));    // [warp][kGroup][Dv]
+    prob = take(at, size_t(kWarps) * kGroup * kWarpMostKeys * sizeof(C));  // [warp][kGroup][key]
+    // The ring, and after the last tile the warps' accumulators [warp][kGroup][Dv] in it.
+    ring = merge = take(at, std::max(kStages * stage,
+                                     size_t(kWarps) * kGroup * size_t(value_dim) * sizeof(C)));
     bytes = at;
   }
   // Offset of the next `n` bytes from `at`, 16-byte aligned.
@@ -93,40 +118,49 @@ struct DecodeLayout {
   }
 };
 
-// dot[h] = <q_h, k> for the key row k (Dk elements) and q_h in shared memory ([kGroup][Dk]).
-template <class T, int kGroup>
-__device__ __forceinline__ void key_scores(const T* k, const compute_t<T>* s_q, int64_t Dk,
-                                           bool packed, compute_t<T> (&dot)[kGroup]) {
-  using C = compute_t<T>;
+// A thread's items in a tile's rows of `width` items each (16-byte packs, or elements of
+// an unpacked row): a row of up to kDecodeThreads items takes `width` consecutive threads,
+// kDecodeThreads / width rows at a time (the threads left over idle); a wider row takes
+// every thread, each every kDecodeThreads-th item. Set once a block, so that a copy costs
+// an add and a compare.
+struct RowWalk {
+  int width, first_row, item, rows_step;
+  __device__ explicit RowWalk(int items_a_row)
+      : width(items_a_row),
+        first_row(int(threadIdx.x) / items_a_row),
+        item(int(threadIdx.x) % items_a_row),
+        rows_step(max(1, kDecodeThreads / items_a_row)) {
+    if (first_row >= rows_step) first_row = kMostTileKeys;  // idle: past every tile's rows
+  }
+  // fn(j, u) for each of this thread's items (j, u) in rows [0, rows).
+  template <class Fn>
+  __device__ __forceinline__ void each(int rows, Fn&& fn) const {
+    for (int j = first_row; j < rows; j += rows_step) {
+      for (int u = item; u < width; u += kDecodeThreads) fn(j, u);
+    }
+  }
+};
+
+// Issues the copies of `rows` cached rows (stride src_stride elements) of one kv head into
+// a ring slot's rows (stride ld): 16-byte cp.async packs when `packed`, else element by
+// element (a dim not a whole number of packs, or an unaligned cache) with the row's tail
+// zeroed. `walk` is this thread's RowWalk over packs (packed) or elements.
+template <class T>
+__device__ __forceinline__ void issue_rows(bool packed, const RowWalk& walk, const T* src,
+                                           int64_t src_stride, int64_t dim, int rows, int ld,
+                                           T* dst) {
+  constexpr int N = kPackWidth<T>;
   if (packed) {
-    constexpr int N = kPackWidth<T>;
-    using P = Pack<T, N>;
-    const P* row = reinterpret_cast<const P*>(k);
-    const int packs = int(Dk / N);
-    for (int base = 0; base < packs; base += kKeyLoadsInFlight) {
-      P held[kKeyLoadsInFlight];
-#pragma unroll
-      for (int u = 0; u < kKeyLoadsInFlight; ++u) {
-        if (base + u < packs) held[u] = row[base + u];
-      }
-#pragma unroll
-      for (int u = 0; u < kKeyLoadsInFlight; ++u) {
-        if (base + u >= packs) break;
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-          const int d = (base + u) * N + e;
-          const C kd = C(load(held[u].v[e]));
-#pragma unroll
-          for (int h = 0; h < kGroup; ++h) dot[h] += s_q[h * Dk + d] * kd;
-        }
-      }
-    }
+    const char* src_bytes = reinterpret_cast<const char*>(src);
+    const uint32_t stride_bytes = uint32_t(src_stride * int64_t(sizeof(T)));
+    walk.each(rows, [&](int j, int u) {
+      const char* row = static_cast<const char*>(strided_address(src_bytes, uint32_t(j), stride_bytes));
+      async_copy_16(dst + j * ld + u * N, row + u * 16);
+    });
   } else {
-    for (int64_t d = 0; d < Dk; ++d) {
-      const C kd = C(load(k[d]));
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) dot[h] += s_q[h * Dk + d] * kd;
-    }
+    walk.each(rows, [&](int j, int d) {
+      dst[j * ld + d] = d < dim ? src[j * src_stride + d] : store<T>(compute_t<T>(0));
+    });
   }
 }
 
@@ -135,12 +169,15 @@ __device__ __forceinline__ void key_scores(const T* k, const compute_t<T>* s_q, 
 template <class T, int kGroup, int kPairs>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a) {
   using C = compute_t<T>;
+  constexpr int N = kPackWidth<T>, NC = kPackWidth<C>;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  const DecodeLayout<T, kGroup> layout(a.key_dim, a.value_dim);
-  C* s_q = reinterpret_cast<C*>(smem_raw + layout.q);
-  C* s_m = reinterpret_cast<C*>(smem_raw + layout.m);
-  C* s_l = reinterpret_cast<C*>(smem_raw + layout.l);
-  C* s_acc = reinterpret_cast<C*>(smem_raw + layout.acc);
+  const DecodeLayout<T, kGroup> lay(a.key_dim, a.value_dim, a.tile_keys);
+  C* s_q = reinterpret_cast<C*>(smem_raw + lay.q);
+  C* s_m = reinterpret_cast<C*>(smem_raw + lay.m);
+  C* s_l = reinterpret_cast<C*>(smem_raw + lay.l);
+  C* s_prob = reinterpret_cast<C*>(smem_raw + lay.prob);
+  C* s_acc = reinterpret_cast<C*>(smem_raw + lay.merge);
+  unsigned char* ring = smem_raw + lay.ring;
 
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int64_t row = blockIdx.x;  // b * n + i
@@ -153,14 +190,36 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
   const int64_t visible = a.visible ? a.visible[row] : a.inline_visible[row];
   const int64_t lo = int64_t(split) * a.split_keys;
   const int64_t hi = min(lo + a.split_keys, visible);
+  const int TK = a.tile_keys, tiles = hi > lo ? int((hi - lo + TK - 1) / TK) : 0;
 
-  // q of the slice's heads, [kGroup][Dk] (zeros for heads past the slice).
-  for (int64_t idx = tid; idx < Dk * kGroup; idx += kDecodeThreads) {
-    const int h = int(idx / Dk);
-    const int64_t d = idx % Dk;
-    s_q[idx] = h < heads ? C(load(a.q[(row * a.q_heads + first_head + h) * Dk + d])) : C(0);
+  const int64_t k_stride = a.kv_heads * Dk, v_stride = a.kv_heads * Dv;
+  const T* k_base = a.k + (b * a.capacity * a.kv_heads + g) * Dk;
+  const T* v_base = a.v + (b * a.capacity * a.kv_heads + g) * Dv;
+  const RowWalk k_walk(a.packed_k ? lay.key_packs : lay.key_packs * N);
+  const RowWalk v_walk(a.packed_v ? lay.ldv / N : lay.ldv);
+  auto issue = [&](int tile) {  // tile `tile` into ring slot tile % kStages, if it exists
+    if (tile >= tiles) return;
+    const int64_t t0 = lo + int64_t(tile) * TK;
+    const int rows = int(min(int64_t(TK), hi - t0));
+    T* sk = reinterpret_cast<T*>(ring + size_t(tile % kStages) * lay.stage);
+    issue_rows(a.packed_k, k_walk, k_base + t0 * k_stride, k_stride, Dk, rows, lay.ldk, sk);
+    issue_rows(a.packed_v, v_walk, v_base + t0 * v_stride, v_stride, Dv, rows, lay.ldv,
+               sk + TK * lay.ldk);
+  };
+  issue(0);
+  async_copy_commit();
+  issue(1);
+  async_copy_commit();
+
+  // q of the slice's heads, [kGroup][key_packs * N] (zeros for heads past the slice and
+  // for the tail of an unpacked row), while the first tiles load.
+  const int64_t q_width = int64_t(lay.key_packs) * N;
+  for (int64_t idx = tid; idx < q_width * kGroup; idx += kDecodeThreads) {
+    const int h = int(idx / q_width);
+    const int64_t d = idx % q_width;
+    s_q[idx] = h < heads && d < Dk ? C(load(a.q[(row * a.q_heads + first_head + h) * Dk + d]))
+                                   : C(0);
   }
-  __syncthreads();
 
   C m_run[kGroup], l_run[kGroup], acc[kGroup][2 * kPairs];
 #pragma unroll
@@ -171,75 +230,113 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
     for (int e = 0; e < 2 * kPairs; ++e) acc[h][e] = C(0);
   }
 
-  const int64_t k_stride = a.kv_heads * Dk, v_stride = a.kv_heads * Dv;
-  const T* k_base = a.k + (b * a.capacity * a.kv_heads + g) * Dk;
-  const T* v_base = a.v + (b * a.capacity * a.kv_heads + g) * Dv;
-  for (int64_t t0 = lo + 32 * warp; t0 < hi; t0 += kStepKeys) {
-    const int n = int(min(int64_t(32), hi - t0));  // keys of this warp's step (uniform)
-    const int64_t t = t0 + lane;
+  // This lane's key of each tile: j = warp's first + lane / kSplit, part lane % kSplit.
+  const int warp_keys = TK / kWarps, kSplit = lay.split;
+  const int part = lane % kSplit, key = lane / kSplit, j = warp * warp_keys + key;
+  // Column pairs 2 lane + 64 u of v this lane holds (u < lane_pairs).
+  const int lane_pairs = int(min(int64_t(kPairs), (Dv - 2 * lane + 63) / 64));
+  // Its value scale, one tile ahead (read where the tile is computed).
+  auto scale_at = [&](int tile) {
+    const int64_t t = lo + int64_t(tile) * TK + j;
+    return a.p && tile < tiles && t < hi ? C(load(a.p[b * a.capacity + t])) : C(1);
+  };
+  C scale_ahead = scale_at(0);
+  for (int tile = 0; tile < tiles; ++tile) {
+    async_copy_wait<1>();  // this thread's copies of `tile` have landed ...
+    __syncthreads();       // ... and everyone's; the slot of tile - 1 is free
+    issue(tile + 2);
+    async_copy_commit();
+    const C value_scale = scale_ahead;
+    scale_ahead = scale_at(tile + 1);
 
-    // Scores of the lane's key, then the warp's online softmax per head.
-    C s[kGroup];
+    const int64_t t0 = lo + int64_t(tile) * TK;
+    const int warp_valid = int(max(int64_t(0), min(int64_t(warp_keys), hi - t0 - warp * warp_keys)));
+    if (warp_valid == 0) continue;  // warp-uniform: none of this warp's keys is visible
+    const T* sk = reinterpret_cast<const T*>(ring + size_t(tile % kStages) * lay.stage);
+    const T* sv = sk + TK * lay.ldk;
+
+    // Scores: this lane's part of <q_h, k_j>, then the key's kSplit parts summed.
+    C dot[kGroup];
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) s[h] = C(0);
-    // (the value scale's load first, so that it is in flight with the key row's)
-    const C value_scale = lane < n && a.p ? C(load(a.p[b * a.capacity + t])) : C(1);
-    if (lane < n) key_scores<T, kGroup>(k_base + t * k_stride, s_q, Dk, a.packed_k, s);
-    C prob[kGroup];
+    for (int h = 0; h < kGroup; ++h) dot[h] = C(0);
+    const T* k_row = sk + j * lay.ldk;
+    for (int u = part; u < lay.key_packs; u += kSplit) {
+      const Pack<T, N> kp = *reinterpret_cast<const Pack<T, N>*>(k_row + u * N);
+      C kd[N];
+#pragma unroll
+      for (int e = 0; e < N; ++e) kd[e] = C(load(kp.v[e]));
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const C* q_pack = s_q + h * q_width + u * N;
+#pragma unroll
+        for (int e0 = 0; e0 < N; e0 += NC) {
+          const Pack<C, NC> qp = *reinterpret_cast<const Pack<C, NC>*>(q_pack + e0);
+#pragma unroll
+          for (int e = 0; e < NC; ++e) dot[h] += qp.v[e] * kd[e0 + e];
+        }
+      }
+    }
+    for (int offset = 1; offset < kSplit; offset <<= 1) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], offset);
+    }
+
+    // The warp's online softmax per head over its keys of the tile.
+    const bool valid = key < warp_valid;
+    C* s_prob_warp = s_prob + warp * kGroup * kWarpMostKeys;
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      const C score = lane < n ? a.scale * s[h] : C(-INFINITY);
+      const C score = valid ? a.scale * dot[h] : C(-INFINITY);
       const C step_max = warp_max(score);
       const C m_new = m_run[h] > step_max ? m_run[h] : step_max;
       const C alpha = m_run[h] == -INFINITY ? C(0) : exp_(m_run[h] - m_new);
-      const C e = lane < n ? exp_(score - m_new) : C(0);
-      l_run[h] = alpha * l_run[h] + warp_sum(e);
+      const C e = valid ? exp_(score - m_new) : C(0);
+      l_run[h] = alpha * l_run[h] + warp_sum(part == 0 ? e : C(0));  // each key once
       m_run[h] = m_new;
-      prob[h] = e * value_scale;  // P[j][h] p_j, shuffled to the value columns below
+      if (part == 0) s_prob_warp[h * kWarpMostKeys + key] = e * value_scale;  // P[j][h] p_j
 #pragma unroll
       for (int c = 0; c < 2 * kPairs; ++c) acc[h][c] *= alpha;
     }
+    __syncwarp();
 
-    // acc[h][c] += sum_j P[j][h] p_j v_j[c], the warp reading rows v_j together, kUnroll
-    // rows' loads in flight before the first is used.
-    constexpr int kUnroll = 16 / kPairs;
-    const T* v_rows = v_base + t0 * v_stride;
-    for (int j0 = 0; j0 < n; j0 += kUnroll) {
-      Pack<T, 2> held[kUnroll][kPairs];
+    // acc[h][c] += sum_j P[j][h] p_j v_j[c] over the warp's valid keys, four keys' P at once.
+    const T* v_row = sv + warp * warp_keys * lay.ldv + 2 * lane;  // pair 0 of the warp's key 0
+    for (int j4 = 0; j4 < warp_valid; j4 += 4, v_row += 4 * lay.ldv) {
+      C p4[kGroup][4];  // 16-byte loads: one for 4 floats, two for 4 doubles
 #pragma unroll
-      for (int jj = 0; jj < kUnroll; ++jj) {
-        const T* v_row = v_rows + (j0 + jj) * v_stride;
+      for (int h = 0; h < kGroup; ++h) {
 #pragma unroll
-        for (int u = 0; u < kPairs; ++u) {
-          const int64_t c = 2 * lane + 64 * u;
-          if (j0 + jj >= n || c >= Dv) continue;
-          if (a.paired_v) {
-            held[jj][u] = *reinterpret_cast<const Pack<T, 2>*>(v_row + c);
-          } else {
-            held[jj][u].v[0] = v_row[c];
-            held[jj][u].v[1] = c + 1 < Dv ? v_row[c + 1] : store<T>(C(0));
-          }
+        for (int e0 = 0; e0 < 4; e0 += NC) {
+          const Pack<C, NC> pp =
+              *reinterpret_cast<const Pack<C, NC>*>(s_prob_warp + h * kWarpMostKeys + j4 + e0);
+#pragma unroll
+          for (int e = 0; e < NC; ++e) p4[h][e0 + e] = pp.v[e];
         }
       }
-#pragma unroll
-      for (int jj = 0; jj < kUnroll; ++jj) {
-        if (j0 + jj >= n) break;
-        C pj[kGroup];
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) pj[h] = __shfl_sync(0xffffffffu, prob[h], j0 + jj);
+      auto add_key = [&](int e) {
 #pragma unroll
         for (int u = 0; u < kPairs; ++u) {
-          if (2 * lane + 64 * u >= Dv) break;
-          const C v0 = C(load(held[jj][u].v[0])), v1 = C(load(held[jj][u].v[1]));
+          if (u < lane_pairs) {
+            const Pack<T, 2> vp =
+                *reinterpret_cast<const Pack<T, 2>*>(v_row + e * lay.ldv + 64 * u);
+            const C v0 = C(load(vp.v[0])), v1 = C(load(vp.v[1]));
 #pragma unroll
-          for (int h = 0; h < kGroup; ++h) {
-            acc[h][2 * u] += pj[h] * v0;
-            acc[h][2 * u + 1] += pj[h] * v1;
+            for (int h = 0; h < kGroup; ++h) {
+              acc[h][2 * u] += p4[h][e] * v0;
+              acc[h][2 * u + 1] += p4[h][e] * v1;
+            }
           }
         }
+      };
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (j4 + e < warp_valid) add_key(e);  // (warp-uniform)
       }
     }
   }
+  // The last tile's wait covered every copy (the groups after it are empty). Once every
+  // warp is done with the ring, it holds the merge.
+  __syncthreads();
 
   // Merge the warps: each publishes (m, l, acc); then thread c of the block combines
   // columns c, c + 128, ... of every head in warp order.
@@ -316,26 +413,54 @@ __global__ void merge_splits_kernel(DecodeArgs<T> a, int64_t row_heads) {
   }
 }
 
+// Keys a tile for decode_kernel<T, kGroup, kPairs>: the largest of 64, 32, 16, 8 at which
+// two blocks fit an SM (so one block's barrier wait overlaps another's work), else the
+// largest that fits at all; or the one set_attention_decode_keys asks for.
+template <class T, int kGroup, int kPairs>
+int choose_tile_keys(const DecodeArgs<T>& a, size_t limit) {
+  auto* kernel = &decode_kernel<T, kGroup, kPairs>;
+  auto bytes_at = [&](int keys) {
+    return DecodeLayout<T, kGroup>(a.key_dim, a.value_dim, keys).bytes;
+  };
+  auto no_fit = [&](int keys) {
+    HAM_FAIL(kOp, ": Dk = ", a.key_dim, ", Dv = ", a.value_dim, " in ", sizeof(T),
+             "-byte elements need ", bytes_at(keys), " bytes of shared memory per block at ",
+             keys, " keys a tile, more than the device's ", limit);
+  };
+  if (const int set = g_decode_tile_keys.load(); set != 0) {
+    if (bytes_at(set) > limit) no_fit(set);
+    return set;
+  }
+  int fitting = 0;
+  for (int keys = kMostTileKeys; keys >= kLeastTileKeys; keys /= 2) {
+    const size_t bytes = bytes_at(keys);
+    if (bytes > limit) continue;
+    allow_dynamic_shared(kOp, kernel, bytes);
+    if (resident_blocks_per_sm(kOp, kernel, kDecodeThreads, bytes) >= 2) return keys;
+    if (fitting == 0) fitting = keys;
+  }
+  if (fitting == 0) no_fit(kLeastTileKeys);
+  return fitting;
+}
+
 template <class T, int kGroup, int kPairs>
 void launch_decode(DecodeArgs<T>& a, int64_t rows, int64_t most_visible, Device device) {
-  const size_t bytes = DecodeLayout<T, kGroup>(a.key_dim, a.value_dim).bytes;
-  const size_t limit = max_shared_per_block();
-  HAM_CHECK(bytes <= limit, kOp, ": Dk = ", a.key_dim, ", Dv = ", a.value_dim, " in ",
-            sizeof(T), "-byte elements need ", bytes, " bytes of shared memory per block, more "
-            "than the device's ", limit);
   auto* kernel = &decode_kernel<T, kGroup, kPairs>;
+  a.tile_keys = choose_tile_keys<T, kGroup, kPairs>(a, max_shared_per_block());
+  const size_t bytes = DecodeLayout<T, kGroup>(a.key_dim, a.value_dim, a.tile_keys).bytes;
   allow_dynamic_shared(kOp, kernel, bytes);
   // Splits: as many blocks as the GPU holds at once (one wave: a second, partial wave of
   // splits would double the time; on the H200 a fixed 4 blocks per SM, of which 3 fit, ran
-  // 1.29 waves), each split a whole number of 128-key steps, at least kMinStepsPerSplit (a
-  // split's fixed costs, q and its partial result, stay small).
+  // 1.29 waves), each split a whole number of tiles and at least kMinKeysPerSplit keys (a
+  // split's fixed costs, q, the ring's first fill and its partial result, stay small).
   const int resident_per_sm = resident_blocks_per_sm(kOp, kernel, kDecodeThreads, bytes);
   const int64_t resident = std::max(1, resident_per_sm) * int64_t(multiprocessor_count());
   const int64_t base_blocks = rows * a.kv_heads * a.slices;
-  const int64_t steps = std::max<int64_t>(1, ceil_div(most_visible, kStepKeys));
-  const int64_t wanted = std::clamp<int64_t>(resident / base_blocks, 1, steps);
-  const int64_t steps_per_split = std::max<int64_t>(kMinStepsPerSplit, ceil_div(steps, wanted));
-  a.split_keys = int(steps_per_split * kStepKeys);
+  const int64_t tiles = std::max<int64_t>(1, ceil_div(most_visible, a.tile_keys));
+  const int64_t wanted = std::clamp<int64_t>(resident / base_blocks, 1, tiles);
+  const int64_t tiles_per_split = std::max<int64_t>(ceil_div(kMinKeysPerSplit, a.tile_keys),
+                                                    ceil_div(tiles, wanted));
+  a.split_keys = int(tiles_per_split * a.tile_keys);
   a.splits = int(std::max<int64_t>(1, ceil_div(most_visible, a.split_keys)));
   HAM_CHECK(a.kv_heads * a.slices <= 65535, kOp, ": ", a.kv_heads, " kv heads exceed the grid");
   HAM_CHECK(rows < (int64_t(1) << 31), kOp, ": ", rows, " query rows exceed the grid");
@@ -408,7 +533,7 @@ void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
     a.group = int(a.q_heads / a.kv_heads);
     a.scale = compute_t<T>(scale);
     a.packed_k = aligned_16(a.k) && (a.key_dim * int64_t(sizeof(T))) % 16 == 0;
-    a.paired_v = reinterpret_cast<uintptr_t>(a.v) % (2 * sizeof(T)) == 0 && a.value_dim % 2 == 0;
+    a.packed_v = aligned_16(a.v) && (a.value_dim * int64_t(sizeof(T))) % 16 == 0;
     HAM_CHECK(a.value_dim <= kMaxValueDim, kOp, ": Dv = ", a.value_dim, " of v_cache ",
               shape_str(v_cache.shape()), " exceeds ", kMaxValueDim);
     if (a.value_dim <= 128) launch_for_group<T, 2>(a, rows, most_visible, q.device());
@@ -416,6 +541,17 @@ void decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
     else launch_for_group<T, kMaxPairs>(a, rows, most_visible, q.device());
   });
 }
+
+}  // namespace
+
+int set_attention_decode_keys(int keys) {
+  HAM_CHECK(keys == 0 || keys == 8 || keys == 16 || keys == 32 || keys == 64,
+            "set_attention_decode_keys: ", keys, " keys a tile; expected 0 (automatic), 8, 16, "
+            "32 or 64");
+  return g_decode_tile_keys.exchange(keys);
+}
+
+namespace {
 
 const bool registered = [] {
   routed_attention_decode_kernels().register_kernel(DeviceKind::CUDA, &decode);

@@ -12,6 +12,9 @@
 
 #include "core/ops/routed_attention.h"
 #include "tests/testing.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/routed_attention.h"
+#endif
 
 namespace ham {
 namespace {
@@ -110,10 +113,8 @@ TEST_P(RoutedAttentionDecodeCases, F64MatchesForwardOverTheSequence) {
 
 // The CUDA kernels against the CPU kernel in f64 on the same (rounded) values, outputs
 // NaN-poisoned; and run to run bit for bit.
-TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
-  HAM_SKIP_UNLESS_CUDA();
-  const DecodeScenario s = make_scenario(GetParam(), 23);
-  for (DType dtype : testing::kGpuDtypes) {
+void expect_gpu_matches_cpu(const DecodeScenario& s, const std::vector<DType>& dtypes) {
+  for (DType dtype : dtypes) {
     SCOPED_TRACE(dtype_name(dtype));
     auto put = [&](const Tensor& t) {
       return t.defined() ? t.to(dtype).to(Device::cuda()) : Tensor();
@@ -125,9 +126,10 @@ TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
     const ops::RoutedAttentionOutput want = ops::routed_attention_decode(
         reference(q), reference(k), reference(v), s.visible, reference(p));
     const Shape out_shape = want.out.shape(), lse_shape = want.lse.shape();
+    const DType lse_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
     auto run = [&] {
       ops::RoutedAttentionOutput r{testing::poisoned(out_shape, dtype, Device::cuda()),
-                                   testing::poisoned(lse_shape, DType::F32, Device::cuda())};
+                                   testing::poisoned(lse_shape, lse_dtype, Device::cuda())};
       const double scale = ops::routed_attention_scale(0.0, q.size(3));
       routed_attention_decode_kernels()(Device::cuda(), q, k, v, p, s.visible, scale, r.out, r.lse);
       return r;
@@ -141,6 +143,36 @@ TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
   }
 }
 
+TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  expect_gpu_matches_cpu(make_scenario(GetParam(), 23), testing::kGpuDtypes);
+}
+
+#ifdef HAM_WITH_CUDA
+// Restores the decode kernel's automatic tile when a test ends, failed or not.
+struct DecodeKeysSetting {
+  int previous;
+  explicit DecodeKeysSetting(int keys) : previous(cuda::set_attention_decode_keys(keys)) {}
+  ~DecodeKeysSetting() { cuda::set_attention_decode_keys(previous); }
+};
+#endif
+
+// Every tile size the host may pick. At 8 and 16 keys a tile, a split of 128 keys or more
+// walks 8 tiles or more, so the three-slot ring wraps (the automatic choice gives these
+// cases 2 to 4 tiles a split). 64-key tiles of f32 heads of 128 x 192 and wider exceed a
+// block's shared memory, so 64 runs in bf16 only.
+TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpuAtEveryTileSize) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const DecodeScenario s = make_scenario(GetParam(), 29);
+  for (int keys : {8, 16, 32, 64}) {
+    SCOPED_TRACE("keys a tile " + std::to_string(keys));
+    const DecodeKeysSetting setting(keys);
+    expect_gpu_matches_cpu(s, keys == 64 ? std::vector<DType>{DType::BF16} : testing::kGpuDtypes);
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, RoutedAttentionDecodeCases,
     ::testing::Values(
@@ -152,6 +184,33 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{1, 1, 16, 1, 256, 256, 300, 0.5, true},   // 16 heads a group, wide heads
         DecodeCase{3, 1, 8, 2, 64, 512, 100, 0.3, false},    // widest values
         DecodeCase{5, 16, 2, 2, 32, 32, 50, 0.5, false}));   // 80 rows: counts copied to the GPU
+
+// f64, whose P values move in two 16-byte loads per four keys: heads of 64 (32-key tiles)
+// and of 512, where no tile of 16 keys or more fits the shared memory of a block, so the
+// host picks a smaller one; a tile set too large is a one-line error, as is a size the
+// kernel does not take.
+TEST(RoutedAttentionDecodeGpu, F64MatchesCpuAndWideHeadsTakeASmallerTile) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  expect_gpu_matches_cpu(make_scenario({2, 1, 4, 2, 64, 64, 300, 0.5, true}, 37), {DType::F64});
+  const DecodeScenario s = make_scenario({1, 1, 2, 1, 512, 512, 300, 0.5, true}, 31);
+  expect_gpu_matches_cpu(s, {DType::F64});
+  const DecodeKeysSetting setting(64);
+  const Tensor q = s.q.to(Device::cuda()), k = s.k_cache.to(Device::cuda()),
+               v = s.v_cache.to(Device::cuda());
+  Tensor out = Tensor::empty(s.expected_out.shape(), DType::F64, Device::cuda());
+  Tensor lse = Tensor::empty(s.expected_lse.shape(), DType::F64, Device::cuda());
+  testing::expect_error(
+      [&] {
+        routed_attention_decode_kernels()(Device::cuda(), q, k, v, Tensor(), s.visible, 0.1,
+                                          out, lse);
+      },
+      {"routed_attention_decode (cuda)", "Dk = 512, Dv = 512", "at 64 keys a tile",
+       "shared memory"});
+  testing::expect_error([] { cuda::set_attention_decode_keys(48); },
+                        {"set_attention_decode_keys", "48", "0 (automatic), 8, 16, 32 or 64"});
+#endif
+}
 
 TEST(RoutedAttentionDecode, NothingVisibleGivesZerosAndMinusInfinity) {
   const Tensor q = randn64({1, 2, 2, 8}, 1, 1.0, false);
