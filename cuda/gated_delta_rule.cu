@@ -3381,7 +3381,6 @@ std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 // shared memory) all fit the device at once.
 template <class Kernel>
 bool narrow_state_pass_fits(Kernel* kernel, int threads, size_t bytes, const Dims& d) {
-  allow_dynamic_shared("gated_delta_rule", kernel, bytes);
   const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, threads, bytes);
   const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
   return blocks <= int64_t(per_sm) * multiprocessor_count();

@@ -152,14 +152,26 @@ int multiprocessor_count();
 int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
                          const std::function<int()>& query);
 
-// Blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, opted in
-// beforehand where above 48 KB) that one SM of the current device holds at once, by the
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` where they exceed the default
+// 48 KiB (a launch above the limit fails); `op` names the caller in an error.
+template <class Kernel>
+void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  HAM_CUDA_CHECK_CTX(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), op,
+      ": ", bytes, " bytes of dynamic shared memory");
+}
+
+// Blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, which the query
+// opts in where above 48 KB) that one SM of the current device holds at once, by the
 // runtime's occupancy calculator. Cached per kernel, configuration and device, since
-// launches on hot paths (rms_norm, decoding) size their grids by it. `op` names the caller
-// in an error.
+// launches on hot paths (rms_norm, decoding) size their grids by it. A launch still opts
+// in its own bytes: a later query may have set the kernel's limit lower. `op` names the
+// caller in an error.
 template <class Kernel>
 int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t bytes) {
   return cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, bytes, [&] {
+    allow_dynamic_shared(op, kernel, bytes);
     int per_sm = 0;
     HAM_CUDA_CHECK_CTX(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes), op,
@@ -170,16 +182,6 @@ int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t b
 
 // Opt-in shared memory per block of the current device, in bytes.
 size_t max_shared_per_block();
-
-// Raises `kernel`'s dynamic shared-memory limit to `bytes` where they exceed the default
-// 48 KiB (a launch above the limit fails); `op` names the caller in an error.
-template <class Kernel>
-void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  HAM_CUDA_CHECK_CTX(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), op,
-      ": ", bytes, " bytes of dynamic shared memory");
-}
 
 // Grid-stride loop over [0, n) with 64-bit indices.
 #define HAM_GRID_STRIDE_LOOP(i, n)                                                   \

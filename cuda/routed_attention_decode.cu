@@ -435,7 +435,6 @@ int choose_tile_keys(const DecodeArgs<T>& a, size_t limit) {
   for (int keys = kMostTileKeys; keys >= kLeastTileKeys; keys /= 2) {
     const size_t bytes = bytes_at(keys);
     if (bytes > limit) continue;
-    allow_dynamic_shared(kOp, kernel, bytes);
     if (resident_blocks_per_sm(kOp, kernel, kDecodeThreads, bytes) >= 2) return keys;
     if (fitting == 0) fitting = keys;
   }
