@@ -16,7 +16,8 @@ function counts everything inlined there), or with --depth N the innermost N lin
 the inlining chain (so `issue_tile`'s own lines, each with the kernel line it was called
 from). That needs line information, so OBJECT must then be a .cu source: the script
 compiles it to a cubin with -lineinfo by its line in BUILD/compile_commands.json (--build,
-default build-sm90), and reads it with nvdisasm.
+default build-sm90), and reads it with nvdisasm. A .cubin compiled so (the script keeps
+its own under /tmp/sass_loops_*) is read as it is, for a second look without the compile.
 
 Usage:
   scripts/sass_loops.py OBJECT KERNEL [KERNEL ...] [--min N]
@@ -173,8 +174,8 @@ def main():
     args = parser.parse_args()
     if args.object.endswith(".cu"):
         args.object = compile_with_lines(args.object, args.build)
-    elif args.lines:
-        sys.exit("sass_loops: --lines needs a .cu source (compiled with -lineinfo)")
+    elif args.lines and not args.object.endswith(".cubin"):
+        sys.exit("sass_loops: --lines needs a .cu source, or a .cubin built with -lineinfo")
     shown = 0
     for name, body in kernels(sass_text(args.object)):
         if not any(k in name for k in args.kernel):
