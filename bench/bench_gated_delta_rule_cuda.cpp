@@ -13,8 +13,9 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// A last table times the bf16 forward and backward with their state passes forced to 32-
-// and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
+// Two last tables time the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles, and the forward with three slots of chunk tiles in its state pass
+// against two (K = 64, 128; cuda/gated_delta_rule.h), in the same run; the CSV has the
 // default choice. For bf16 the CSV also has "fwd_keep", the forward that keeps its chunk
 // states for the backward (keep_for_backward: GatedDeltaRuleSaved), and "bwd_kept", the
 // backward that reads them instead of recomputing them (f32 keeps nothing: empty).
@@ -71,6 +72,8 @@ struct Timing {
   Spread fwd_keep, bwd_kept;
   // bf16 only: forward and backward with forced state-pass tiles
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
+  bool three_slots = false;  // bf16, K = 64 or 128: the forward with 3 state-pass slots
+  Spread fwd_three_slots;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -117,6 +120,12 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.fwd = time_ms(reps, forward);
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
+  if (dtype == DType::BF16 && (K == 64 || K == 128)) {
+    const int previous = cuda::set_gated_delta_rule_state_slots(3);
+    t.fwd_three_slots = time_ms(reps, forward);
+    cuda::set_gated_delta_rule_state_slots(previous);
+    t.three_slots = true;
+  }
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -203,6 +212,15 @@ int main(int argc, char** argv) {
                     s32.median, s64.median, s64.min / s32.min, s64.median / s32.median,
                     s64.max / s32.max);
       }
+    }
+    std::printf("\nbf16 forward, the state pass with 3 slots of chunk tiles against 2 (ms; "
+                "3/2 below 1: 3 is faster)\n%-22s %12s %12s %18s\n", "case", "2 med ms",
+                "3 med ms", "3/2 min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      if (!t.three_slots) continue;
+      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), t.fwd.median,
+                  t.fwd_three_slots.median, t.fwd_three_slots.min / t.fwd.min,
+                  t.fwd_three_slots.median / t.fwd.median, t.fwd_three_slots.max / t.fwd.max);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

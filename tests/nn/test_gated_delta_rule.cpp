@@ -951,5 +951,56 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 #endif
 }
 
+// The bf16 forward state pass with three slots of chunk tiles (the copies two chunks
+// ahead) against two: each matches the CPU, and the outputs and the gradients (whose
+// backward recomputes the forward) agree bit for bit. 200 and 260 tokens give a block 4
+// and 3 chunks, so the ring of slots wraps; K = 32 takes two slots only.
+TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct SlotsGuard {
+    int previous = cuda::set_gated_delta_rule_state_slots(2);
+    ~SlotsGuard() { cuda::set_gated_delta_rule_state_slots(previous); }
+  } guard;
+  const GpuCase cases[] = {{2, 200, 2, 64, 64, true, 0}, {1, 260, 2, 128, 96, true, 2}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(c.key_dim);
+    const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 63), DType::BF16);
+    const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 84, 1.0, false)
+                              .to(DType::BF16)
+                              .to(Device::cuda());
+    std::vector<GatedDeltaRuleResult> results;
+    std::vector<GatedDeltaRuleGrads> grads;
+    for (int slots : {2, 3}) {
+      SCOPED_TRACE(slots);
+      cuda::set_gated_delta_rule_state_slots(slots);
+      expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 85);
+      results.push_back(poisoned_result(gpu));
+      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
+      grads.push_back(poisoned_grads(gpu, {}));
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, Tensor(), nullptr,
+                                          grads.back());
+    }
+    EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
+    for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
+                       &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
+                       &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
+      EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
+    }
+  }
+  testing::expect_error([] { cuda::set_gated_delta_rule_state_slots(4); },
+                        {"set_gated_delta_rule_state_slots", "4", "2 or 3"});
+  cuda::set_gated_delta_rule_state_slots(3);
+  const GatedDeltaRuleArgs narrow_keys =
+      on_gpu(gpu_case_inputs({1, 70, 2, 32, 32, true, 0}, 64), DType::BF16);
+  GatedDeltaRuleResult result = poisoned_result(narrow_keys);
+  testing::expect_error(
+      [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), narrow_keys, result); },
+      {"gated_delta_rule", "three slots", "K = 32"});
+#endif
+}
+
 }  // namespace
 }  // namespace ham
