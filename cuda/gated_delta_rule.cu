@@ -2261,12 +2261,13 @@ struct BwdStateLayout {
 //   dS <- lambda dS + Q^T diag(E) dO - W^T du   (= dS0, the previous chunk's dS_end)
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
 // chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
-// H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
-// table are read into registers ahead of use.
+// H100/H200; two chunks ahead with three slots, where set and where they fit), else at the
+// chunk's start, all in flight at once; G (gcum) and the chunk table are read into
+// registers ahead of use.
 template <int KD, int VT, int kSlots>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
-  static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
+  static_assert(kSlots >= 1 && kSlots <= 3, "one to three slots of chunk tiles");
   using L = BwdStateLayout<KD, VT, kSlots>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
   constexpr int kWarps = kStateWarps<KD>;
@@ -2279,7 +2280,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
   unsigned char* slots = smem_raw + L::s_bytes;
   bf16* sDu = reinterpret_cast<bf16*>(slots + kSlots * L::slot_bytes);
-  auto slot = [&](int chunk) { return slots + (kSlots == 2 ? chunk % 2 : 0) * L::slot_bytes; };
+  auto slot = [&](int chunk) { return slots + (kSlots > 1 ? chunk % kSlots : 0) * L::slot_bytes; };
   auto slot_q = [&](int chunk) { return reinterpret_cast<bf16*>(slot(chunk)); };
   auto slot_k = [&](int chunk) { return slot_q(chunk) + kChunk * LDK; };
   auto slot_w = [&](int chunk) { return slot_q(chunk) + 2 * kChunk * LDK; };
@@ -2356,26 +2357,30 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   float g_next = 0.f;
   if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
   g_next = g_of(begin_p1, begin);
-  if (kSlots == 2) {
+  if (kSlots >= 2) {
     issue_chunk(last, begin, end);
+    async_copy_commit();
+  }
+  if (kSlots == 3) {
+    if (last > first) issue_chunk(last - 1, begin_p1, begin);
     async_copy_commit();
   }
   dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
   __syncthreads();  // the last chunk's G, which the first step reads before its barrier
 
-  // With two slots, two barriers a chunk: the one below publishes the chunk's tiles (their
-  // copies issued a chunk ahead) with dS_end (written at the end of the step before), and
-  // the one between the products publishes du. One slot takes a third, between the
-  // chunk's copies and their use.
+  // With two or three slots, two barriers a chunk: the one below publishes the chunk's
+  // tiles (their copies issued one or two chunks ahead) with dS_end (written at the end of
+  // the step before), and the one between the products publishes du. One slot takes a
+  // third, between the chunk's copies and their use.
   for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
     const float* g = s_g[chunk % 2];  // written before the last step's second barrier
     bf16* sdO = slot_do(chunk);
     auto scale_do = [&] {  // diag(E) dO, on this thread's own copies once they land
-      async_copy_wait<0>();
+      async_copy_wait<kSlots == 3 ? 1 : 0>();  // (three slots: the next chunk's may fly)
       scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });
     };
-    if (kSlots == 2) scale_do();  // this chunk's tiles (the only copies in flight)
+    if (kSlots >= 2) scale_do();  // this chunk's tiles
     __syncthreads();  // also: the next chunk's tiles, du and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;  // chunk - 1's G (slot (chunk - 1) % 2)
@@ -2383,6 +2388,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     }
     if (kSlots == 2) {
       if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
+      async_copy_commit();
+    } else if (kSlots == 3) {  // into the slot the next chunk (chunk + 1) freed
+      if (chunk - 1 > first) issue_chunk(chunk - 2, begin_p2, begin_p1);
       async_copy_commit();
     } else {
       issue_chunk(chunk, begin, end);
@@ -3387,13 +3395,14 @@ const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRu
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 std::atomic<int> g_state_slots{2};    // set_gated_delta_rule_state_slots
 
-// Key dims whose forward state pass also runs with three slots of chunk tiles (opt-in until
-// timed); at K = 256 three slots exceed a block's shared memory.
+// Key dims whose state passes also run with three slots of chunk tiles (opt-in until timed;
+// the backward's where they fit, at K = 128 its 32-column tiles); at K = 256 three slots
+// exceed a block's shared memory.
 template <int KD>
 constexpr bool kThreeSlots = KD == 64 || KD == 128;
 
-// Slots of chunk tiles of the forward state pass: set_gated_delta_rule_state_slots's,
-// checked against KD.
+// Slots of chunk tiles of the state passes: set_gated_delta_rule_state_slots's, checked
+// against KD.
 template <int KD>
 int state_slots() {
   const int slots = g_state_slots.load();
@@ -3650,9 +3659,18 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
                BwdLocalLayout<KD>::bytes(local_slots), pr, bw, local_slots);
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
-    // chunk's copies in flight) where they fit.
+    // chunk's copies in flight) where they fit; set to three, three where they fit.
+    const int state_tile_slots = state_slots<KD>();  // (an error where KD takes two only)
     auto state_pass = [&]<int SVT>() {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
+      if constexpr (kThreeSlots<KD> && BwdStateLayout<KD, SVT, 3>::bytes <= 227 * 1024) {
+        if (state_tile_slots == 3 && BwdStateLayout<KD, SVT, 3>::bytes <=
+                              shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 3>)) {
+          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 3>, grid, kStateWarps<KD> * 32,
+                        BwdStateLayout<KD, SVT, 3>::bytes, pr, bw);
+          return;
+        }
+      }
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
@@ -3767,7 +3785,7 @@ const bool registered = [] {
 
 int set_gated_delta_rule_state_slots(int slots) {
   HAM_CHECK(slots == 2 || slots == 3, "set_gated_delta_rule_state_slots: ", slots,
-            " slots of chunk tiles; the forward state pass takes 2 or 3");
+            " slots of chunk tiles; the state passes take 2 or 3");
   return g_state_slots.exchange(slots);
 }
 

@@ -951,24 +951,33 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 #endif
 }
 
-// The bf16 forward state pass with three slots of chunk tiles (the copies two chunks
-// ahead) against two: each matches the CPU, and the outputs and the gradients (whose
-// backward recomputes the forward) agree bit for bit. 200 and 260 tokens give a block 4
-// and 3 chunks, so the ring of slots wraps; K = 32 takes two slots only.
+// The bf16 state passes with three slots of chunk tiles (the copies two chunks ahead)
+// against two: each matches the CPU, and the outputs and the gradients agree bit for bit.
+// 200 and 260 tokens give a block 4 and 3 chunks, so the ring of slots wraps. The backward
+// takes three at K = 64 (64 columns) and at K = 128 with 32 columns (set here); K = 32
+// takes two slots only.
 TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   struct SlotsGuard {
     int previous = cuda::set_gated_delta_rule_state_slots(2);
-    ~SlotsGuard() { cuda::set_gated_delta_rule_state_slots(previous); }
+    int previous_columns = cuda::set_gated_delta_rule_state_columns(0);
+    ~SlotsGuard() {
+      cuda::set_gated_delta_rule_state_slots(previous);
+      cuda::set_gated_delta_rule_state_columns(previous_columns);
+    }
   } guard;
   const GpuCase cases[] = {{2, 200, 2, 64, 64, true, 0}, {1, 260, 2, 128, 96, true, 2}};
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(c.key_dim);
+    cuda::set_gated_delta_rule_state_columns(c.key_dim == 128 ? 32 : 64);
     const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 63), DType::BF16);
     const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 84, 1.0, false)
                               .to(DType::BF16)
                               .to(Device::cuda());
+    const Tensor grad_h_final = randn64({c.batch, c.heads, c.key_dim, c.value_dim}, 86, 1.0, false)
+                                    .to(DType::BF16)
+                                    .to(Device::cuda());
     std::vector<GatedDeltaRuleResult> results;
     std::vector<GatedDeltaRuleGrads> grads;
     for (int slots : {2, 3}) {
@@ -978,7 +987,7 @@ TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
       results.push_back(poisoned_result(gpu));
       gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
       grads.push_back(poisoned_grads(gpu, {}));
-      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, Tensor(), nullptr,
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr,
                                           grads.back());
     }
     EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
