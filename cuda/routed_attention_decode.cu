@@ -154,7 +154,8 @@ __device__ __forceinline__ void issue_rows(bool packed, const RowWalk& walk, con
     const char* src_bytes = reinterpret_cast<const char*>(src);
     const uint32_t stride_bytes = uint32_t(src_stride * int64_t(sizeof(T)));
     walk.each(rows, [&](int j, int u) {
-      const char* row = static_cast<const char*>(strided_address(src_bytes, uint32_t(j), stride_bytes));
+      const char* row =
+          static_cast<const char*>(strided_address(src_bytes, uint32_t(j), stride_bytes));
       async_copy_16(dst + j * ld + u * N, row + u * 16);
     });
   } else {
@@ -250,7 +251,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a)
     scale_ahead = scale_at(tile + 1);
 
     const int64_t t0 = lo + int64_t(tile) * TK;
-    const int warp_valid = int(max(int64_t(0), min(int64_t(warp_keys), hi - t0 - warp * warp_keys)));
+    const int warp_valid =
+        int(max(int64_t(0), min(int64_t(warp_keys), hi - t0 - warp * warp_keys)));
     if (warp_valid == 0) continue;  // warp-uniform: none of this warp's keys is visible
     const T* sk = reinterpret_cast<const T*>(ring + size_t(tile % kStages) * lay.stage);
     const T* sv = sk + TK * lay.ldk;

@@ -903,6 +903,46 @@ TEST(GatedDeltaRule, GpuTokenByTokenDecodingEqualsChunked) {
   EXPECT_LE(relative_rms_error(state, chunked.h_final), 5e-5);
 }
 
+#ifdef HAM_WITH_CUDA
+// Runs case c in bf16 once per value of a setting (set(value) before each run, inputs from
+// `seed`): each run matches the CPU, forward and backward, and every run's outputs and
+// gradients equal the first's bit for bit.
+void expect_settings_agree_bitwise(const GpuCase& c, uint64_t seed,
+                                   std::initializer_list<int> values,
+                                   const std::function<void(int)>& set) {
+  const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, seed), DType::BF16);
+  const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, seed + 21, 1.0, false)
+                            .to(DType::BF16)
+                            .to(Device::cuda());
+  const Tensor grad_h_final =
+      randn64({c.batch, c.heads, c.key_dim, c.value_dim}, seed + 22, 1.0, false)
+          .to(DType::BF16)
+          .to(Device::cuda());
+  std::vector<GatedDeltaRuleResult> results;
+  std::vector<GatedDeltaRuleGrads> grads;
+  for (int value : values) {
+    SCOPED_TRACE(value);
+    set(value);
+    expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), seed + 20);
+    results.push_back(poisoned_result(gpu));
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
+    grads.push_back(poisoned_grads(gpu, {}));
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr,
+                                        grads.back());
+  }
+  for (size_t run = 1; run < results.size(); ++run) {
+    EXPECT_EQ(testing::max_abs_diff(results[0].o, results[run].o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[run].h_final), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[run].fit_error), 0.0);
+    for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
+                       &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
+                       &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
+      EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[run].*field), 0.0);
+    }
+  }
+}
+#endif
+
 // The bf16 state passes, forward and backward, forced to 32- and to 64-column tiles (the
 // default picks one per call): each matches the CPU, forward and backward, and their
 // outputs and gradients agree bit for bit (a column's sums do not depend on the tile
@@ -915,36 +955,12 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
     ~ColumnsGuard() { cuda::set_gated_delta_rule_state_columns(previous); }
   } guard;
   // K = 64 (4-warp state passes) and K = 128 (8-warp state passes)
-  const GpuCase cases[] = {{2, 150, 3, 64, 80, true, 5}, {1, 140, 2, 128, 72, true, 3}};
-  for (const GpuCase& c : cases) {
+  for (const GpuCase& c :
+       {GpuCase{2, 150, 3, 64, 80, true, 5}, GpuCase{1, 140, 2, 128, 72, true, 3}}) {
     SCOPED_TRACE(c.key_dim);
-    const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 61), DType::BF16);
-    const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 82, 1.0, false)
-                              .to(DType::BF16)
-                              .to(Device::cuda());
-    const Tensor grad_h_final = randn64({c.batch, c.heads, c.key_dim, c.value_dim}, 83, 1.0, false)
-                                    .to(DType::BF16)
-                                    .to(Device::cuda());
-    std::vector<GatedDeltaRuleResult> results;
-    std::vector<GatedDeltaRuleGrads> grads;
-    for (int columns : {32, 64}) {
-      SCOPED_TRACE(columns);
+    expect_settings_agree_bitwise(c, 61, {32, 64}, [](int columns) {
       cuda::set_gated_delta_rule_state_columns(columns);
-      expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 81);
-      results.push_back(poisoned_result(gpu));
-      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
-      grads.push_back(poisoned_grads(gpu, {}));
-      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr,
-                                          grads.back());
-    }
-    EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
-    for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
-                       &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
-                       &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
-      EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
-    }
+    });
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_columns(48); },
                         {"set_gated_delta_rule_state_columns", "48", "32 or 64"});
@@ -952,10 +968,9 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 }
 
 // The bf16 state passes with three slots of chunk tiles (the copies two chunks ahead)
-// against two: each matches the CPU, and the outputs and the gradients agree bit for bit.
-// 200 and 260 tokens give a block 4 and 3 chunks, so the ring of slots wraps. The backward
-// takes three at K = 64 (64 columns) and at K = 128 with 32 columns (set here); K = 32
-// takes two slots only.
+// against two, as above. 200 and 260 tokens give a block 4 and 3 chunks, so the ring of
+// slots wraps. The backward takes three at K = 64 (64 columns) and at K = 128 with 32
+// columns (set here); K = 32 takes two slots only.
 TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -967,37 +982,13 @@ TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
       cuda::set_gated_delta_rule_state_columns(previous_columns);
     }
   } guard;
-  const GpuCase cases[] = {{2, 200, 2, 64, 64, true, 0}, {1, 260, 2, 128, 96, true, 2}};
-  for (const GpuCase& c : cases) {
+  for (const GpuCase& c :
+       {GpuCase{2, 200, 2, 64, 64, true, 0}, GpuCase{1, 260, 2, 128, 96, true, 2}}) {
     SCOPED_TRACE(c.key_dim);
     cuda::set_gated_delta_rule_state_columns(c.key_dim == 128 ? 32 : 64);
-    const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 63), DType::BF16);
-    const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 84, 1.0, false)
-                              .to(DType::BF16)
-                              .to(Device::cuda());
-    const Tensor grad_h_final = randn64({c.batch, c.heads, c.key_dim, c.value_dim}, 86, 1.0, false)
-                                    .to(DType::BF16)
-                                    .to(Device::cuda());
-    std::vector<GatedDeltaRuleResult> results;
-    std::vector<GatedDeltaRuleGrads> grads;
-    for (int slots : {2, 3}) {
-      SCOPED_TRACE(slots);
+    expect_settings_agree_bitwise(c, 63, {2, 3}, [](int slots) {
       cuda::set_gated_delta_rule_state_slots(slots);
-      expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 85);
-      results.push_back(poisoned_result(gpu));
-      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, results.back());
-      grads.push_back(poisoned_grads(gpu, {}));
-      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h_final, nullptr,
-                                          grads.back());
-    }
-    EXPECT_EQ(testing::max_abs_diff(results[0].o, results[1].o), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(results[0].h_final, results[1].h_final), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(results[0].fit_error, results[1].fit_error), 0.0);
-    for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
-                       &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
-                       &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
-      EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[1].*field), 0.0);
-    }
+    });
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_slots(4); },
                         {"set_gated_delta_rule_state_slots", "4", "2 or 3"});
