@@ -118,14 +118,17 @@ Timing run_case(const BenchCase& c, int reps) {
     at_64 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(previous);
   };
+  // fn's time with three slots of chunk tiles in the state passes (bf16, K = 64 or 128).
+  t.three_slots = dtype == DType::BF16 && (K == 64 || K == 128);
+  auto with_three_slots = [&](auto&& fn) {
+    const int previous = cuda::set_gated_delta_rule_state_slots(3);
+    const Spread three = time_ms(reps, fn);
+    cuda::set_gated_delta_rule_state_slots(previous);
+    return three;
+  };
   t.fwd = time_ms(reps, forward);
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
-  if (dtype == DType::BF16 && (K == 64 || K == 128)) {
-    const int previous = cuda::set_gated_delta_rule_state_slots(3);
-    t.fwd_three_slots = time_ms(reps, forward);
-    cuda::set_gated_delta_rule_state_slots(previous);
-    t.three_slots = true;
-  }
+  if (t.three_slots) t.fwd_three_slots = with_three_slots(forward);
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -139,11 +142,7 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
-  if (t.three_slots) {
-    const int previous = cuda::set_gated_delta_rule_state_slots(3);
-    t.bwd_three_slots = time_ms(reps, backward);
-    cuda::set_gated_delta_rule_state_slots(previous);
-  }
+  if (t.three_slots) t.bwd_three_slots = with_three_slots(backward);
 
   // bf16: the forward that keeps its chunk states, and the backward that reads them (the
   // states of the last forward call; the backward only reads them). f32 keeps nothing.

@@ -199,4 +199,19 @@ inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, device);
 }
 
+// A kernel tuning setting (a setter that returns the previous value, as the cuda/*.h
+// ones do) set to `value` for a scope and restored at its end, failed test or not.
+template <class Value>
+class ScopedSetting {
+ public:
+  ScopedSetting(Value (*set)(Value), Value value) : set_(set), previous_(set(value)) {}
+  ~ScopedSetting() { set_(previous_); }
+  ScopedSetting(const ScopedSetting&) = delete;
+  ScopedSetting& operator=(const ScopedSetting&) = delete;
+
+ private:
+  Value (*set_)(Value);
+  Value previous_;
+};
+
 }  // namespace ham::testing

@@ -950,10 +950,7 @@ void expect_settings_agree_bitwise(const GpuCase& c, uint64_t seed,
 TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  struct ColumnsGuard {
-    int previous = cuda::set_gated_delta_rule_state_columns(0);
-    ~ColumnsGuard() { cuda::set_gated_delta_rule_state_columns(previous); }
-  } guard;
+  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
   // K = 64 (4-warp state passes) and K = 128 (8-warp state passes)
   for (const GpuCase& c :
        {GpuCase{2, 150, 3, 64, 80, true, 5}, GpuCase{1, 140, 2, 128, 72, true, 3}}) {
@@ -974,14 +971,8 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  struct SlotsGuard {
-    int previous = cuda::set_gated_delta_rule_state_slots(2);
-    int previous_columns = cuda::set_gated_delta_rule_state_columns(0);
-    ~SlotsGuard() {
-      cuda::set_gated_delta_rule_state_slots(previous);
-      cuda::set_gated_delta_rule_state_columns(previous_columns);
-    }
-  } guard;
+  const testing::ScopedSetting slots_guard(&cuda::set_gated_delta_rule_state_slots, 2);
+  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
   for (const GpuCase& c :
        {GpuCase{2, 200, 2, 64, 64, true, 0}, GpuCase{1, 260, 2, 128, 96, true, 2}}) {
     SCOPED_TRACE(c.key_dim);

@@ -339,10 +339,7 @@ TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
 TEST(Norm, GpuForwardRowGroupsMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  struct GroupsGuard {
-    int64_t previous = cuda::set_rms_norm_row_groups(0);
-    ~GroupsGuard() { cuda::set_rms_norm_row_groups(previous); }
-  } guard;
+  const testing::ScopedSetting groups(&cuda::set_rms_norm_row_groups, int64_t{0});
   const Device gpu = Device::cuda();
   uint64_t seed = 120;
   for (DType dtype : testing::kGpuDtypes) {

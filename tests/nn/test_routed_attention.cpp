@@ -881,11 +881,7 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
 // and the choices.
 void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int value, int bad,
                                      const char* choices, const std::vector<GpuCase>& cases) {
-  struct Restore {
-    int (*set)(int);
-    int previous;
-    ~Restore() { set(previous); }
-  } restore{set, set(value)};
+  const testing::ScopedSetting setting(set, value);
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(gpu_case_name(c));
     expect_gpu_matches_cpu(c, DType::BF16);

@@ -148,15 +148,6 @@ TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
   expect_gpu_matches_cpu(make_scenario(GetParam(), 23), testing::kGpuDtypes);
 }
 
-#ifdef HAM_WITH_CUDA
-// Restores the decode kernel's automatic tile when a test ends, failed or not.
-struct DecodeKeysSetting {
-  int previous;
-  explicit DecodeKeysSetting(int keys) : previous(cuda::set_attention_decode_keys(keys)) {}
-  ~DecodeKeysSetting() { cuda::set_attention_decode_keys(previous); }
-};
-#endif
-
 // Every tile size the host may pick. At 8 and 16 keys a tile, a split of 128 keys or more
 // walks 8 tiles or more, so the three-slot ring wraps (the automatic choice gives these
 // cases 2 to 4 tiles a split). 64-key tiles of f32 heads of 128 x 192 and wider exceed a
@@ -167,7 +158,7 @@ TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpuAtEveryTileSize) {
   const DecodeScenario s = make_scenario(GetParam(), 29);
   for (int keys : {8, 16, 32, 64}) {
     SCOPED_TRACE("keys a tile " + std::to_string(keys));
-    const DecodeKeysSetting setting(keys);
+    const testing::ScopedSetting setting(&cuda::set_attention_decode_keys, keys);
     expect_gpu_matches_cpu(s, keys == 64 ? std::vector<DType>{DType::BF16} : testing::kGpuDtypes);
   }
 #endif
@@ -195,7 +186,7 @@ TEST(RoutedAttentionDecodeGpu, F64MatchesCpuAndWideHeadsTakeASmallerTile) {
   expect_gpu_matches_cpu(make_scenario({2, 1, 4, 2, 64, 64, 300, 0.5, true}, 37), {DType::F64});
   const DecodeScenario s = make_scenario({1, 1, 2, 1, 512, 512, 300, 0.5, true}, 31);
   expect_gpu_matches_cpu(s, {DType::F64});
-  const DecodeKeysSetting setting(64);
+  const testing::ScopedSetting setting(&cuda::set_attention_decode_keys, 64);
   const Tensor q = s.q.to(Device::cuda()), k = s.k_cache.to(Device::cuda()),
                v = s.v_cache.to(Device::cuda());
   Tensor out = Tensor::empty(s.expected_out.shape(), DType::F64, Device::cuda());
