@@ -161,6 +161,7 @@ Timing run_case(const BenchCase& c, int reps) {
 // The forward's ms (min, median, max) with `rows`-row tensor-core blocks and `keys`-key
 // tiles (the latter for 128-row blocks with value heads of 128; cuda/routed_attention.h).
 bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
+  const int previous_wgmma = cuda::set_attention_forward_wgmma(0);  // rows and keys: mma.sync's
   const int previous_rows = cuda::set_attention_forward_rows(rows);
   const int previous_keys = cuda::set_attention_forward_keys(keys);
   const bench::Spread ms = time_ms(reps, [&] {
@@ -168,12 +169,13 @@ bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
   });
   cuda::set_attention_forward_keys(previous_keys);
   cuda::set_attention_forward_rows(previous_rows);
+  cuda::set_attention_forward_wgmma(previous_wgmma);
   return ms;
 }
 
 // The forward's ms (min, median, max) with a tuning setter of cuda/routed_attention.h set
 // to `value`, restored after: set_attention_forward_heads (1 or 2 query heads a block),
-// set_attention_forward_wgmma (0: mma.sync, the default; 1 or 2 warpgroups a block).
+// set_attention_forward_wgmma (0: mma.sync; 1 or 2 warpgroups a block).
 bench::Spread forward_ms_set(CaseInputs& in, int (*set)(int), int value, int reps) {
   const int previous = set(value);
   const bench::Spread ms = time_ms(reps, [&] {

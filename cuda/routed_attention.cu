@@ -1893,16 +1893,28 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
 // H200), a warpgroup's products read each once for its 64 keys.
 // Tiles are stored with the 128-byte swizzle (wgmma::swizzled_index), unpadded, from a
 // 1024-byte boundary of shared memory: K, V', then two slots of Q, dO. With
-// backward_dq_wgmma below, the default on sm_90a (set_attention_backward_wgmma: on the H200
-// the pair took 0.75-0.90 of the mma.sync pair's time with one warpgroup a block, more with
-// two) at head dims of 64 and 128; set explicitly, also at those of kWgmmaOptIn.
+// backward_dq_wgmma below, the default where wgmma runs (kWgmmaAutomaticBackward).
 template <int DK, int DV>
 constexpr bool kWgmmaFits = (DK == 64 || DK == 128) && (DV == 64 || DV == 128);
-// The head dims the wgmma kernels take when set to them explicitly: those above, the
-// paper's HAM heads (128 x 192) and 256 x 256 (not yet timed on a GPU, so not the default).
+// The head dims the wgmma kernels take: those above, the paper's HAM heads (128 x 192) and
+// 256 x 256.
 template <int DK, int DV>
-constexpr bool kWgmmaOptIn =
+constexpr bool kWgmmaHeads =
     kWgmmaFits<DK, DV> || (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
+// Warpgroups a block of each pass where set_attention_*_wgmma is automatic (the default)
+// and wgmma runs; 0 is mma.sync. Ratios of mma.sync's time to wgmma's with 1 / 2
+// warpgroups on the H200 (2026-11-27, docs/gpu_results.md, twentieth session):
+//   backward: 64 and 128 1.19-1.35 / 0.97-1.32; 128 x 192 1.23 / 1.26-1.31; 256 x 256
+//     1.32 / 1.75-1.84;
+//   forward: 128 x 128 0.85-0.90 (1.03 at 20 documents, rho 1) / 0.73-0.98; 64 x 64 1.28 /
+//     1.14; 128 x 192 1.08-1.11 / 1.18-1.23; 256 x 256 0.93-0.95 / 1.70-1.78. The forward
+//     at 64 x 128 and 128 x 64 is untimed, so mma.sync.
+template <int DK, int DV>
+constexpr bool kWgmmaWide = (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
+template <int DK, int DV>
+constexpr int kWgmmaAutomaticBackward = kWgmmaWide<DK, DV> ? 2 : kWgmmaFits<DK, DV> ? 1 : 0;
+template <int DK, int DV>
+constexpr int kWgmmaAutomaticForward = kWgmmaWide<DK, DV> ? 2 : DK == 64 && DV == 64 ? 1 : 0;
 // dK and dV of a warpgroup's 64 keys beside S^T, dP^T and their bf16 copies take
 // DK / 2 + DV / 2 + 3 kTile / 2 registers a thread before any other value (kTile: the
 // visited tiles' rows, WgmmaBackwardShape): with tiles of 64 up to DK + DV = 256, with
@@ -2142,14 +2154,14 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
 #endif
 }
 
-// The forward on warpgroup tensor cores (opt-in: set_attention_forward_wgmma): forward_mma's
-// work for a block of 64 kGroups query rows, each warpgroup 64 of them (a warp 16), over
-// key tiles of 64 that its warpgroups share. S = Q K^T is one wgmma from shared memory (Q
-// loaded once, K swizzled), the online softmax runs on its accumulators as forward_mma's
-// does, and O += P V' = (P diag(p)) V is one wgmma with P from the registers as bf16
-// A-fragments and V, MN-major, from the tile S read. Where each warp of forward_mma loads
-// every K and V fragment of a tile for its rows, a warpgroup's products read each once for
-// its 64 rows.
+// The forward on warpgroup tensor cores (where kWgmmaAutomaticForward or
+// set_attention_forward_wgmma choose it): forward_mma's work for a block of 64 kGroups
+// query rows, each warpgroup 64 of them (a warp 16), over key tiles of 64 that its
+// warpgroups share. S = Q K^T is one wgmma from shared memory (Q loaded once, K swizzled),
+// the online softmax runs on its accumulators as forward_mma's does, and O += P V' =
+// (P diag(p)) V is one wgmma with P from the registers as bf16 A-fragments and V, MN-major,
+// from the tile S read. Where each warp of forward_mma loads every K and V fragment of a
+// tile for its rows, a warpgroup's products read each once for its 64 rows.
 template <int DK, int DV, int kGroups>
 struct WgmmaForwardShape {
   static constexpr int kThreads = 128 * kGroups, kRows = 64 * kGroups, kTile = 64;
@@ -2522,15 +2534,22 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
 
 // set_attention_forward_rows, _keys and _wgmma, set_attention_backward_wgmma
 // (cuda/routed_attention.h).
-std::atomic<int> g_forward_rows{128}, g_forward_keys{64}, g_forward_wgmma{0},
-    g_forward_heads{1}, g_backward_wgmma{kAttentionBackwardAutomatic};
+std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
+    g_forward_wgmma{kAttentionWgmmaAutomatic},
+    g_forward_heads{1}, g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 
-// A pass set to the wgmma kernels (by `setter`) where they cannot run is an error.
-void require_wgmma(const char* pass, const char* setter) {
-  HAM_CHECK(attention_backward_wgmma_available(), kOp, ": the wgmma ", pass, " kernels (",
-            setter, ") need a build with sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a "
-            "GPU of compute capability 9.0");
+// Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
+// automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
+// error.
+int wgmma_groups(int setting, const char* pass, const char* setter, int automatic) {
+  if (setting == kAttentionWgmmaAutomatic) {
+    return automatic != 0 && attention_backward_wgmma_available() ? automatic : 0;
+  }
+  HAM_CHECK(setting == 0 || attention_backward_wgmma_available(), kOp, ": the wgmma ", pass,
+            " kernels (", setter, ") need a build with sm_90a code (90a in "
+            "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0");
+  return setting;
 }
 
 // The tensor-core kernels read q, k, v 16 bytes at a time.
@@ -2572,9 +2591,11 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
                                   Shape::forward_bytes, a, kMmaThreads);
             };
-            if constexpr (kWgmmaOptIn<DK, DV>) {
-              if (const int groups = g_forward_wgmma.load(); groups != 0) {
-                require_wgmma("forward", "set_attention_forward_wgmma");
+            if constexpr (kWgmmaHeads<DK, DV>) {
+              const int groups = wgmma_groups(g_forward_wgmma.load(), "forward",
+                                              "set_attention_forward_wgmma",
+                                              kWgmmaAutomaticForward<DK, DV>);
+              if (groups != 0) {
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaForwardShape<DK, DV, kGroups>;
                   return launch_tiled(&forward_wgmma<DK, DV, kGroups>,
@@ -2669,14 +2690,11 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         if constexpr (std::is_same_v<T, bf16>) {
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
-            if constexpr (kWgmmaOptIn<DK, DV>) {
-              int wgmma_groups = g_backward_wgmma.load();
-              if (wgmma_groups == kAttentionBackwardAutomatic) {
-                wgmma_groups = kWgmmaFits<DK, DV> && attention_backward_wgmma_available() ? 1 : 0;
-              } else if (wgmma_groups != 0) {
-                require_wgmma("backward", "set_attention_backward_wgmma");
-              }
-              if (wgmma_groups != 0) {
+            if constexpr (kWgmmaHeads<DK, DV>) {
+              const int groups = wgmma_groups(g_backward_wgmma.load(), "backward",
+                                              "set_attention_backward_wgmma",
+                                              kWgmmaAutomaticBackward<DK, DV>);
+              if (groups != 0) {
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                   const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
@@ -2694,7 +2712,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
                                           Wgmma::bytes(), a, Wgmma::kThreads);
                 };
-                if (wgmma_groups == 2) {
+                if (groups == 2) {
                   launch_wgmma.template operator()<2>();
                 } else {
                   launch_wgmma.template operator()<1>();
@@ -2757,7 +2775,7 @@ int set_attention_forward_keys(int keys) {
 }
 
 int set_attention_backward_wgmma(int kernels) {
-  HAM_CHECK(kernels >= kAttentionBackwardAutomatic && kernels <= 2,
+  HAM_CHECK(kernels >= kAttentionWgmmaAutomatic && kernels <= 2,
             "set_attention_backward_wgmma: ", kernels,
             "; the backward's kernels are -1 (automatic), 0 (mma.sync), 1 or 2 (wgmma, "
             "warpgroups a block)");
@@ -2773,8 +2791,9 @@ int set_attention_forward_heads(int heads) {
 }
 
 int set_attention_forward_wgmma(int kernels) {
-  HAM_CHECK(kernels >= 0 && kernels <= 2, "set_attention_forward_wgmma: ", kernels,
-            "; the forward's kernels are 0 (mma.sync), 1 or 2 (wgmma, warpgroups a block)");
+  HAM_CHECK(kernels >= kAttentionWgmmaAutomatic && kernels <= 2, "set_attention_forward_wgmma: ",
+            kernels, "; the forward's kernels are -1 (automatic), 0 (mma.sync), 1 or 2 (wgmma, "
+            "warpgroups a block)");
   return g_forward_wgmma.exchange(kernels);
 }
 
@@ -2782,7 +2801,7 @@ int64_t attention_forward_wgmma_launches() { return g_forward_wgmma_launches.loa
 
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {
   bool takes = false;
-  dispatch_head_dims(key_dim, value_dim, [&]<int DK, int DV>() { takes = kWgmmaOptIn<DK, DV>; });
+  dispatch_head_dims(key_dim, value_dim, [&]<int DK, int DV>() { takes = kWgmmaHeads<DK, DV>; });
   return takes;
 }
 

@@ -7,65 +7,57 @@
 
 namespace ham::cuda {
 
-// Query rows per block of the bf16 tensor-core forward for head dims Dk in {64, 128} and
+// Query rows per block of the bf16 mma.sync forward for head dims Dk in {64, 128} and
 // Dv in {64, 128, 192}: 128 (the default: two 16-row tiles per warp) or 64 (one). Other
 // head dims always take 64. Returns the previous setting; any other value is an error.
 int set_attention_forward_rows(int rows);
 
-// Keys per tile of the 128-row tensor-core forward with value heads of 128: 64 (the
+// Keys per tile of the 128-row mma.sync forward with value heads of 128: 64 (the
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Query heads a block of the 128-row tensor-core forward at head dims of 128 x 128 serves
-// in turn: 1 (the default) or 2 (paired heads: the second shares the first's visible
-// ranges and key positions, and loads while the first finishes; where the query heads are
-// odd in number, 1). Opt-in until timed on a GPU; set to 2 it takes precedence over
-// set_attention_forward_keys(32). Returns the previous setting; any other value is an
-// error.
+// Query heads a block of the 128-row mma.sync forward at head dims of 128 x 128 serves in
+// turn: 1 (the default) or 2 (paired heads: the second shares the first's visible ranges
+// and key positions, and loads while the first finishes; where the query heads are odd in
+// number, 1). Opt-in: on the H200 (2026-11-27) it took 0.97-1.18x one head's time. Set to
+// 2 it takes precedence over set_attention_forward_keys(32). Returns the previous setting;
+// any other value is an error.
 int set_attention_forward_heads(int heads);
 
-// Which kernels compute the bf16 forward for head dims of 64 and 128, 128 x 192 and
-// 256 x 256 (the others always take mma.sync): 0 (the default) the warps' mma.sync
-// kernels; 1 or 2 the warpgroup wgmma kernel with that many warpgroups a block (64 query
-// rows each, sharing the key tiles they visit), which needs what the wgmma backward needs
-// (attention_backward_wgmma_available; elsewhere a forward set to it is an error). Opt-in
-// until timed on a GPU. Returns the previous setting; any other value is an error.
-int set_attention_forward_wgmma(int kernels);
-
-// How many forward calls of this process have run on the wgmma kernel.
-int64_t attention_forward_wgmma_launches();
-
-// Which kernels compute the bf16 backward for head dims of 64 and 128:
-//   kAttentionBackwardAutomatic (the default): 1 where attention_backward_wgmma_available(),
-//     else 0 (on the H200, 1 took 0.75-0.90 of 0's time in every benchmark
-//     case, 2026-11-27);
+// Which kernels compute each bf16 pass at the head dims the wgmma kernels take (64 and 128
+// in each of Dk and Dv, the paper's HAM heads 128 x 192, and 256 x 256; other head dims
+// always take mma.sync):
+//   kAttentionWgmmaAutomatic (the default): where attention_backward_wgmma_available(), the
+//     faster on the H200 (2026-11-27): the backward 1 warpgroup a block at 64 and 128, 2
+//     at 128 x 192 and 256 x 256; the forward mma.sync at 128 x 128 and wherever one head
+//     dim is 64 and the other 128, 1 warpgroup at 64 x 64, 2 at 128 x 192 and 256 x 256;
+//     elsewhere mma.sync;
 //   0: the warps' mma.sync kernels;
-//   1 or 2: the warpgroup wgmma kernels (dK/dV and dQ) with that many warpgroups a block (64
-//     rows each; two share the tiles they visit), which need sm_90a code and a GPU of compute
-//     capability 9.0 (a backward set to them elsewhere is an error).
-// 1 and 2 also take 128 x 192 (the paper's HAM heads) and 256 x 256, where the automatic
-// choice is 0 until they are timed. Other head dims always take mma.sync. Returns the
-// previous setting; any other value is an error.
-constexpr int kAttentionBackwardAutomatic = -1;
+//   1 or 2: the warpgroup wgmma kernels with that many warpgroups a block (64 rows each;
+//     two share the tiles they visit), which need sm_90a code and a GPU of compute
+//     capability 9.0 (a pass set to them elsewhere is an error).
+// Each returns the previous setting; any other value is an error.
+constexpr int kAttentionWgmmaAutomatic = -1;
+int set_attention_forward_wgmma(int kernels);
 int set_attention_backward_wgmma(int kernels);
+
+// How many forward / backward calls of this process have run on the wgmma kernels (so that
+// a test can tell that the kernels it sets are the ones that ran).
+int64_t attention_forward_wgmma_launches();
+int64_t attention_backward_wgmma_launches();
 
 // Whether this build and the current GPU run the wgmma backward kernels: the build has sm_90a
 // code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0; always
 // in the SIMT emulator.
 bool attention_backward_wgmma_available();
 
-// How many backward calls of this process have run on the wgmma kernels (so that a test can
-// tell that the kernels it sets are the ones that ran).
-int64_t attention_backward_wgmma_launches();
-
-// Whether the wgmma kernels take heads of these dims when set to them (both passes; the
-// automatic backward takes the 64 and 128 ones only).
+// Whether the wgmma kernels take heads of these dims (both passes).
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim);
 
 // Keys a tile of the decode kernel (routed_attention_decode): 0 (the default) lets the host
-// pick the largest of 64, 32, 16 and 8 at which two blocks fit an SM; 8, 16, 32 or 64 sets
-// it (a tile too large for the device's shared memory is then an error). Returns the
-// previous setting; any other value is an error.
+// pick the largest of 32, 16 and 8 at which two blocks fit an SM (64 was never the faster
+// on the H200); 8, 16, 32 or 64 sets it (a tile too large for the device's shared memory
+// is then an error). Returns the previous setting; any other value is an error.
 int set_attention_decode_keys(int keys);
 
 }  // namespace ham::cuda

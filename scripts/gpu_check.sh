@@ -241,12 +241,12 @@ sanitize() {
   local gdr='Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/2'
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/8'
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/5'
-  # The opt-in wgmma kernels (the forward; the backward at the paper's 128 x 192 heads and
+  # The wgmma kernels (the forward; both passes at the paper's 128 x 192 heads and
   # at 256 x 256, in 32-row tiles), racechecked last: a run cut short by the stage's
   # deadline loses these first.
   local wgmma='RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpu'
-  wgmma+=':RoutedAttentionGpu.Bf16BackwardWithWgmmaMatchesCpuAtOptInHeads'
-  wgmma+=':RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpuAtOptInHeads'
+  wgmma+=':RoutedAttentionGpu.Bf16BackwardWithWgmmaMatchesCpuAtWideHeads'
+  wgmma+=':RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpuAtWideHeads'
   if ! command -v compute-sanitizer >/dev/null; then
     echo "gpu_check: no compute-sanitizer here: no sanitizer run" >&2
     return

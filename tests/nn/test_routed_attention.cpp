@@ -890,12 +890,13 @@ void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int valu
 }
 #endif
 
-// The bf16 tensor-core forward with one 16-row tile per warp (64-row blocks), which key
-// heads up to 128 wide beside value heads up to 192 take only when set so; the cases above
-// run the default 128-row blocks.
+// The bf16 mma.sync forward with one 16-row tile per warp (64-row blocks), which key heads
+// up to 128 wide beside value heads up to 192 take only when set so (the forward's wgmma
+// kernel set aside, as in the two tests below).
 TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting mma_sync(&cuda::set_attention_forward_wgmma, 0);
   expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_rows, "set_attention_forward_rows", 64, 96, "64 or 128",
       {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
@@ -904,11 +905,12 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
 #endif
 }
 
-// The 128-row bf16 forward with value heads of 128 in 32-key tiles, which it takes only
-// when set so; the cases above run the default 64-key tiles.
+// The 128-row bf16 mma.sync forward with value heads of 128 in 32-key tiles, which it
+// takes only when set so; the cases above run the default 64-key tiles.
 TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting mma_sync(&cuda::set_attention_forward_wgmma, 0);
   expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_keys, "set_attention_forward_keys", 32, 48, "32 or 64",
       {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
@@ -916,13 +918,14 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
 #endif
 }
 
-// The 128-row bf16 forward at 128 x 128 with paired query heads (a block serves two in
-// turn), which it takes only when set so and the query heads are even in number: plain
-// and grouped-query heads, value scales, documents, a first query that sees nothing,
+// The 128-row bf16 mma.sync forward at 128 x 128 with paired query heads (a block serves
+// two in turn), which it takes only when set so and the query heads are even in number:
+// plain and grouped-query heads, value scales, documents, a first query that sees nothing,
 // rows with one key tile and with several.
 TEST(RoutedAttentionGpu, Bf16ForwardWithPairedHeadsMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting mma_sync(&cuda::set_attention_forward_wgmma, 0);
   expect_bf16_setting_matches_cpu(
       &cuda::set_attention_forward_heads, "set_attention_forward_heads", 2, 3, "1 or 2",
       {GpuCase{1, 333, 4, 4, 128, 128, 1.0, false, GpuDocs::None, false},
@@ -945,10 +948,10 @@ const std::vector<GpuCase> kWgmmaHeadCases = {
     GpuCase{1, 150, 2, 2, 128, 64, 1.0, false, GpuDocs::None, true},
     GpuCase{2, 180, 4, 2, 64, 64, 0.05, true, GpuDocs::Interleaved, false}};
 
-// The head dims the wgmma kernels take only when set to them: the paper's HAM heads
-// (128 x 192) and 256 x 256, whose backward visits tiles of 32 rows, dK and dV of 256 x 256
-// coming from two kernels.
-const std::vector<GpuCase> kWgmmaOptInHeadCases = {
+// The wider head dims the wgmma kernels take: the paper's HAM heads (128 x 192) and
+// 256 x 256, whose backward visits tiles of 32 rows, dK and dV of 256 x 256 coming from two
+// kernels.
+const std::vector<GpuCase> kWgmmaWideHeadCases = {
     GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true},
     GpuCase{2, 140, 2, 1, 128, 192, 1.0, false, GpuDocs::None, false},
     GpuCase{1, 140, 2, 2, 256, 256, 0.25, true, GpuDocs::Runs, true},
@@ -967,8 +970,8 @@ const WgmmaPass kWgmmaForward{&cuda::set_attention_forward_wgmma, "set_attention
                               &cuda::attention_forward_wgmma_launches};
 
 // The bf16 cases against the CPU with a pass's kernels set to wgmma (warpgroup tensor
-// cores, sm_90a), with one and with two warpgroups a block, which it takes only when set
-// so; skips where this build or GPU has no such kernels. Each case must run on them.
+// cores, sm_90a), with one and with two warpgroups a block; skips where this build or GPU
+// has no such kernels. Each case must run on them.
 void expect_wgmma_matches_cpu(const WgmmaPass& pass, const std::vector<GpuCase>& cases) {
   if (!cuda::attention_backward_wgmma_available()) {
     GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
@@ -977,8 +980,8 @@ void expect_wgmma_matches_cpu(const WgmmaPass& pass, const std::vector<GpuCase>&
   for (int groups : {1, 2}) {  // warpgroups a block
     SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
     const int64_t before = pass.launches();
-    expect_bf16_setting_matches_cpu(pass.set, pass.name, groups, 3, "0 (mma.sync), 1 or 2",
-                                    cases);
+    expect_bf16_setting_matches_cpu(pass.set, pass.name, groups, 3,
+                                    "-1 (automatic), 0 (mma.sync), 1 or 2", cases);
     EXPECT_EQ(pass.launches() - before, int64_t(cases.size()));
   }
 }
@@ -1001,7 +1004,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
 #endif
 }
 
-// The forward on its wgmma kernel (opt-in).
+// The forward on its wgmma kernel.
 TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -1009,35 +1012,34 @@ TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
 #endif
 }
 
-// Both passes on wgmma at the head dims it takes only when set so.
-TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuAtOptInHeads) {
+// Both passes on wgmma at the wider head dims.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuAtWideHeads) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_matches_cpu(kWgmmaBackward, kWgmmaOptInHeadCases);
+  expect_wgmma_matches_cpu(kWgmmaBackward, kWgmmaWideHeadCases);
 #endif
 }
 
-TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpuAtOptInHeads) {
+TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpuAtWideHeads) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaOptInHeadCases);
+  expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaWideHeadCases);
 #endif
 }
 
 #ifdef HAM_WITH_CUDA
-// The bf16 case against the CPU with the backward's kernels chosen automatically (the
-// default); returns how many of its backward calls ran on wgmma.
-int64_t wgmma_backward_launches_by_default(const GpuCase& c) {
-  const int previous = cuda::set_attention_backward_wgmma(cuda::kAttentionBackwardAutomatic);
-  const int64_t launches = cuda::attention_backward_wgmma_launches();
+// The bf16 case against the CPU with a pass's kernels chosen automatically (the default);
+// returns how many of its calls of that pass ran on wgmma.
+int64_t wgmma_launches_by_default(const WgmmaPass& pass, const GpuCase& c) {
+  const testing::ScopedSetting automatic(pass.set, cuda::kAttentionWgmmaAutomatic);
+  const int64_t launches = pass.launches();
   expect_gpu_matches_cpu(c, DType::BF16);
-  cuda::set_attention_backward_wgmma(previous);
-  return cuda::attention_backward_wgmma_launches() - launches;
+  return pass.launches() - launches;
 }
 #endif
 
 // The head dims the wgmma kernels take, as the benchmark asks them.
-TEST(RoutedAttentionGpu, WgmmaHeadDimsAreTheCommonOnesAndTheOptInOnes) {
+TEST(RoutedAttentionGpu, WgmmaHeadDimsAreTheCommonOnesAndTheWideOnes) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   for (int64_t dk : {64, 128}) {
@@ -1051,37 +1053,43 @@ TEST(RoutedAttentionGpu, WgmmaHeadDimsAreTheCommonOnesAndTheOptInOnes) {
 #endif
 }
 
-// By default those head dims take the mma.sync backward, wgmma or not.
-TEST(RoutedAttentionGpu, Bf16BackwardAtOptInHeadsTakesMmaSyncByDefault) {
+// The warps' mma.sync kernels at the head dims that wgmma also takes, which a GPU with the
+// wgmma kernels runs only when set so (elsewhere they are the default, which the cases
+// above run): the wgmma tests' cases, none of them on wgmma.
+TEST(RoutedAttentionGpu, Bf16WithMmaSyncMatchesCpuAtWgmmaHeads) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  EXPECT_EQ(wgmma_backward_launches_by_default(kWgmmaOptInHeadCases[0]), 0);
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.insert(cases.end(), kWgmmaWideHeadCases.begin(), kWgmmaWideHeadCases.end());
+  for (const WgmmaPass& pass : {kWgmmaForward, kWgmmaBackward}) {
+    SCOPED_TRACE(pass.name);
+    const int64_t launches = pass.launches();
+    expect_bf16_setting_matches_cpu(pass.set, pass.name, 0, -2,
+                                    "-1 (automatic), 0 (mma.sync), 1 or 2", cases);
+    EXPECT_EQ(pass.launches(), launches);
+  }
 #endif
 }
 
-// The warps' mma.sync backward at head dims of 64 and 128, which a GPU with the wgmma
-// kernels takes only when set so (elsewhere it is the default, which the cases above run):
-// the wgmma tests' cases, none of them on wgmma.
-TEST(RoutedAttentionGpu, Bf16BackwardWithMmaSyncMatchesCpu) {
+// By default each bf16 pass runs on the wgmma kernels exactly where they are available
+// (sm_90a code and a GPU of compute capability 9.0, or the SIMT emulator) and were the
+// faster on the H200: the backward at every head dim they take, the forward at 64 x 64,
+// 128 x 192 and 256 x 256 but not at 128 x 128 or 64 x 128; mma.sync elsewhere.
+TEST(RoutedAttentionGpu, Bf16PassesTakeWgmmaByDefaultWhereFaster) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  const int64_t launches = cuda::attention_backward_wgmma_launches();
-  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_wgmma,
-                                  "set_attention_backward_wgmma", 0, -2,
-                                  "-1 (automatic), 0 (mma.sync), 1 or 2", kWgmmaHeadCases);
-  EXPECT_EQ(cuda::attention_backward_wgmma_launches(), launches);
-#endif
-}
-
-// By default the bf16 backward at head dims of 64 and 128 runs on the wgmma kernels exactly
-// where they are available (sm_90a code and a GPU of compute capability 9.0, or the SIMT
-// emulator), and on mma.sync elsewhere.
-TEST(RoutedAttentionGpu, Bf16BackwardTakesWgmmaByDefaultWhereAvailable) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  EXPECT_EQ(wgmma_backward_launches_by_default(
-                GpuCase{1, 100, 2, 1, 128, 128, 0.5, true, GpuDocs::Runs, true}),
-            cuda::attention_backward_wgmma_available() ? 1 : 0);
+  const int64_t available = cuda::attention_backward_wgmma_available() ? 1 : 0;
+  struct Expected {
+    int64_t key_dim, value_dim, forward, backward;  // calls on wgmma where available
+  };
+  for (const Expected& e : {Expected{64, 64, 1, 1}, Expected{128, 128, 0, 1},
+                            Expected{64, 128, 0, 1}, Expected{128, 192, 1, 1},
+                            Expected{256, 256, 1, 1}, Expected{256, 128, 0, 0}}) {
+    const GpuCase c{1, 100, 2, 1, e.key_dim, e.value_dim, 0.5, true, GpuDocs::Runs, true};
+    SCOPED_TRACE(gpu_case_name(c));
+    EXPECT_EQ(wgmma_launches_by_default(kWgmmaForward, c), available * e.forward);
+    EXPECT_EQ(wgmma_launches_by_default(kWgmmaBackward, c), available * e.backward);
+  }
 #endif
 }
 
