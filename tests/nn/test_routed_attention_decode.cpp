@@ -148,10 +148,11 @@ TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
   expect_gpu_matches_cpu(make_scenario(GetParam(), 23), testing::kGpuDtypes);
 }
 
-// Every tile size the host may pick. At 8 and 16 keys a tile, a split of 128 keys or more
-// walks 8 tiles or more, so the three-slot ring wraps (the automatic choice gives these
-// cases 2 to 4 tiles a split). 64-key tiles of f32 heads of 128 x 192 and wider exceed a
-// block's shared memory, so 64 runs in bf16 only.
+// Every tile size: those the host may pick (8, 16, 32) and 64, taken only when set. At 8
+// and 16 keys a tile, a split of 128 keys or more walks 8 tiles or more, so the three-slot
+// ring wraps (the automatic choice gives these cases 2 to 4 tiles a split). 64-key tiles
+// of f32 heads of 128 x 192 and wider exceed a block's shared memory, so 64 runs in bf16
+// only.
 TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpuAtEveryTileSize) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
