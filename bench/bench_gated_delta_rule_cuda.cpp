@@ -13,10 +13,9 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// Two last tables time the bf16 forward and backward with their state passes forced to 32-
-// and to 64-column tiles, and with three slots of chunk tiles in their state passes against
-// two (K = 64, 128; cuda/gated_delta_rule.h), in the same run; the CSV has the default
-// choice. For bf16 the CSV also has "fwd_keep", the forward that keeps its chunk
+// A last table times the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
+// default choice. For bf16 the CSV also has "fwd_keep", the forward that keeps its chunk
 // states for the backward (keep_for_backward: GatedDeltaRuleSaved), and "bwd_kept", the
 // backward that reads them instead of recomputing them (f32 keeps nothing: empty).
 #include <algorithm>
@@ -72,8 +71,6 @@ struct Timing {
   Spread fwd_keep, bwd_kept;
   // bf16 only: forward and backward with forced state-pass tiles
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
-  bool three_slots = false;  // bf16, K = 64 or 128: with 3 slots in the state passes
-  Spread fwd_three_slots, bwd_three_slots;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -118,17 +115,8 @@ Timing run_case(const BenchCase& c, int reps) {
     at_64 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(previous);
   };
-  // fn's time with three slots of chunk tiles in the state passes (bf16, K = 64 or 128).
-  t.three_slots = dtype == DType::BF16 && (K == 64 || K == 128);
-  auto with_three_slots = [&](auto&& fn) {
-    const int previous = cuda::set_gated_delta_rule_state_slots(3);
-    const Spread three = time_ms(reps, fn);
-    cuda::set_gated_delta_rule_state_slots(previous);
-    return three;
-  };
   t.fwd = time_ms(reps, forward);
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
-  if (t.three_slots) t.fwd_three_slots = with_three_slots(forward);
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -142,7 +130,6 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
-  if (t.three_slots) t.bwd_three_slots = with_three_slots(backward);
 
   // bf16: the forward that keeps its chunk states, and the backward that reads them (the
   // states of the last forward call; the backward only reads them). f32 keeps nothing.
@@ -215,19 +202,6 @@ int main(int argc, char** argv) {
         std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
                     s32.median, s64.median, s64.min / s32.min, s64.median / s32.median,
                     s64.max / s32.max);
-      }
-    }
-    std::printf("\nbf16, the state passes with 3 slots of chunk tiles against 2 (ms; 3/2 below "
-                "1: 3 is faster; the backward's pass takes 3 where they fit, at K = 128 with 32 "
-                "columns)\n%-22s %-4s %12s %12s %18s\n", "case", "pass", "2 med ms", "3 med ms",
-                "3/2 min/med/max");
-    for (const auto& [name, t] : bf16_timings) {
-      if (!t.three_slots) continue;
-      for (const auto& [pass, two, three] : {std::tuple{"fwd", t.fwd, t.fwd_three_slots},
-                                              std::tuple{"bwd", t.bwd, t.bwd_three_slots}}) {
-        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
-                    two.median, three.median, three.min / two.min, three.median / two.median,
-                    three.max / two.max);
       }
     }
   } catch (const std::exception& e) {

@@ -1538,14 +1538,14 @@ struct StateTile {
   }
 };
 
-template <int KD, int VT, int kSlots = 2>
+template <int KD, int VT>
 struct MmaStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8;
   static constexpr size_t s_bytes = size_t(KD) * lds * 2,   // S0 in bf16
       k_bytes = size_t(kChunk) * ldk * 2,                    // one tile of W or K rows
       v_bytes = size_t(kChunk) * lds * 2;                    // one tile of U or v_new columns
-  // S0, kSlots slots of (W, K, U), the decayed v_new
-  static constexpr size_t bytes = s_bytes + kSlots * (2 * k_bytes + v_bytes) + v_bytes;
+  // S0, two slots of (W, K, U), the decayed v_new
+  static constexpr size_t bytes = s_bytes + 2 * (2 * k_bytes + v_bytes) + v_bytes;
 };
 
 // The chunk start state S0 of (b, h, chunk) in the scratch buffer [B, H, max_chunks, K, V].
@@ -1644,17 +1644,15 @@ constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 //   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
 //   S <- e^{G_last} S + K^T sVn
 // S stays in f32 registers (StateRegisters) for the whole sequence. The chunk's W, K and U
-// rows arrive by cp.async into one of kSlots slots, issued kSlots - 1 chunks ahead (two
-// slots by default; three where set, so that a copy has two steps to land); its G (from
-// the prepare kernel's gcum) and the chunk table entries are read into registers a chunk
-// or more ahead, so no step waits on global memory.
-template <int KD, int VT, int kSlots = 2>
+// rows arrive by cp.async into one of two slots, issued a chunk ahead; its G (from the
+// prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
+// more ahead, so no step waits on global memory.
+template <int KD, int VT>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
-  static_assert(kSlots == 2 || kSlots == 3, "two or three slots of chunk tiles");
-  using L = MmaStateLayout<KD, VT, kSlots>;
+  using L = MmaStateLayout<KD, VT>;
   constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
   // v_new's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
@@ -1664,11 +1662,10 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   constexpr int LDK = L::ldk, LDS = L::lds, NB = VT / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
-  bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // kSlots x (W, K, U)
-  bf16* sVn =
-      reinterpret_cast<bf16*>(smem_raw + L::s_bytes + kSlots * (2 * L::k_bytes + L::v_bytes));
+  bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // 2 x (W, K, U)
+  bf16* sVn = reinterpret_cast<bf16*>(smem_raw + L::s_bytes + 2 * (2 * L::k_bytes + L::v_bytes));
   constexpr int kSlotElements = 2 * kChunk * LDK + kChunk * LDS;
-  auto slot_w = [&](int chunk) { return slots + (chunk % kSlots) * kSlotElements; };
+  auto slot_w = [&](int chunk) { return slots + (chunk % 2) * kSlotElements; };
   auto slot_k = [&](int chunk) { return slot_w(chunk) + kChunk * LDK; };
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
   __shared__ float s_g[2][kChunk];
@@ -1731,25 +1728,19 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   g_next = g_of(end, end_next);
   issue_chunk(first, begin, end);
   async_copy_commit();
-  if (kSlots == 3) {
-    if (first + 1 < end_chunk) issue_chunk(first + 1, end, end_next);
-    async_copy_commit();
-  }
   S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
 
   // Two barriers a chunk: the one below publishes the chunk's tiles with S0 (written at the
   // end of the step before), and the one between the products publishes sVn.
   for (int chunk = first; chunk < end_chunk; ++chunk) {
     const int n = int(end - begin);
-    async_copy_wait<kSlots - 2>();  // this chunk's W, K, U (with 3 slots, the next's may fly)
+    async_copy_wait<0>();  // this chunk's W, K, U (the only copies in flight)
     __syncthreads();  // also: the previous chunk's tiles, sVn and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;
       g_next = g_of(end_next, end_after);  // chunk + 2
     }
-    // The copies kSlots - 1 chunks ahead, into the slot the previous chunk freed.
-    if (kSlots == 2 && chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
-    if (kSlots == 3 && chunk + 2 < end_chunk) issue_chunk(chunk + 2, end_next, end_after);
+    if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
     async_copy_commit();
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
@@ -2261,13 +2252,12 @@ struct BwdStateLayout {
 //   dS <- lambda dS + Q^T diag(E) dO - W^T du   (= dS0, the previous chunk's dS_end)
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
 // chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
-// H100/H200; two chunks ahead with three slots, where set and where they fit), else at the
-// chunk's start, all in flight at once; G (gcum) and the chunk table are read into
-// registers ahead of use.
+// H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
+// table are read into registers ahead of use.
 template <int KD, int VT, int kSlots>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
-  static_assert(kSlots >= 1 && kSlots <= 3, "one to three slots of chunk tiles");
+  static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
   using L = BwdStateLayout<KD, VT, kSlots>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
   constexpr int kWarps = kStateWarps<KD>;
@@ -2280,7 +2270,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
   unsigned char* slots = smem_raw + L::s_bytes;
   bf16* sDu = reinterpret_cast<bf16*>(slots + kSlots * L::slot_bytes);
-  auto slot = [&](int chunk) { return slots + (kSlots > 1 ? chunk % kSlots : 0) * L::slot_bytes; };
+  auto slot = [&](int chunk) { return slots + (kSlots == 2 ? chunk % 2 : 0) * L::slot_bytes; };
   auto slot_q = [&](int chunk) { return reinterpret_cast<bf16*>(slot(chunk)); };
   auto slot_k = [&](int chunk) { return slot_q(chunk) + kChunk * LDK; };
   auto slot_w = [&](int chunk) { return slot_q(chunk) + 2 * kChunk * LDK; };
@@ -2357,30 +2347,26 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   float g_next = 0.f;
   if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
   g_next = g_of(begin_p1, begin);
-  if (kSlots >= 2) {
+  if (kSlots == 2) {
     issue_chunk(last, begin, end);
-    async_copy_commit();
-  }
-  if (kSlots == 3) {
-    if (last > first) issue_chunk(last - 1, begin_p1, begin);
     async_copy_commit();
   }
   dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
   __syncthreads();  // the last chunk's G, which the first step reads before its barrier
 
-  // With two or three slots, two barriers a chunk: the one below publishes the chunk's
-  // tiles (their copies issued one or two chunks ahead) with dS_end (written at the end of
-  // the step before), and the one between the products publishes du. One slot takes a
-  // third, between the chunk's copies and their use.
+  // With two slots, two barriers a chunk: the one below publishes the chunk's tiles (their
+  // copies issued a chunk ahead) with dS_end (written at the end of the step before), and
+  // the one between the products publishes du. One slot takes a third, between the
+  // chunk's copies and their use.
   for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
     const float* g = s_g[chunk % 2];  // written before the last step's second barrier
     bf16* sdO = slot_do(chunk);
     auto scale_do = [&] {  // diag(E) dO, on this thread's own copies once they land
-      async_copy_wait<kSlots == 3 ? 1 : 0>();  // (three slots: the next chunk's may fly)
+      async_copy_wait<0>();
       scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });
     };
-    if (kSlots >= 2) scale_do();  // this chunk's tiles
+    if (kSlots == 2) scale_do();  // this chunk's tiles (the only copies in flight)
     __syncthreads();  // also: the next chunk's tiles, du and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;  // chunk - 1's G (slot (chunk - 1) % 2)
@@ -2388,9 +2374,6 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     }
     if (kSlots == 2) {
       if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
-      async_copy_commit();
-    } else if (kSlots == 3) {  // into the slot the next chunk (chunk + 1) freed
-      if (chunk - 1 > first) issue_chunk(chunk - 2, begin_p2, begin_p1);
       async_copy_commit();
     } else {
       issue_chunk(chunk, begin, end);
@@ -3393,23 +3376,6 @@ const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRu
 }
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
-std::atomic<int> g_state_slots{2};    // set_gated_delta_rule_state_slots
-
-// Key dims whose state passes also run with three slots of chunk tiles (opt-in until timed;
-// the backward's where they fit, at K = 128 its 32-column tiles); at K = 256 three slots
-// exceed a block's shared memory.
-template <int KD>
-constexpr bool kThreeSlots = KD == 64 || KD == 128;
-
-// Slots of chunk tiles of the state passes: set_gated_delta_rule_state_slots's, checked
-// against KD.
-template <int KD>
-int state_slots() {
-  const int slots = g_state_slots.load();
-  HAM_CHECK(slots == 2 || kThreeSlots<KD>, "gated_delta_rule: three slots of chunk tiles in the "
-            "state pass take K = 64 or 128, not K = ", KD, " (set_gated_delta_rule_state_slots)");
-  return slots;
-}
 
 // Whether a state pass's blocks of 32 columns (`kernel`, `threads` threads, `bytes` of
 // shared memory) all fit the device at once.
@@ -3482,17 +3448,10 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
              c.max_chunks);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    auto launch = [&]<int kSlots>() {
-      launch_kernel(&gdr_state_mma<KD, VT, kSlots>, state_pass_grid(op, d, tiles, c.max_docs),
-                    kStateWarps<KD> * 32, MmaStateLayout<KD, VT, kSlots>::bytes, c.pr,
-                    ptr<const bf16>(c.w), ptr<const bf16>(c.u), ptr<const float>(c.gcum),
-                    ptr<bf16>(c.v_new), ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
-    };
-    const int slots = state_slots<KD>();  // (an error where KD takes two only)
-    if constexpr (kThreeSlots<KD>) {
-      if (slots == 3) return launch.template operator()<3>();
-    }
-    launch.template operator()<2>();
+    launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
+                  kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
+                  ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
+                  ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
   };
   if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
   else state_pass.template operator()<64>();
@@ -3659,18 +3618,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
                BwdLocalLayout<KD>::bytes(local_slots), pr, bw, local_slots);
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
-    // chunk's copies in flight) where they fit; set to three, three where they fit.
-    const int state_tile_slots = state_slots<KD>();  // (an error where KD takes two only)
+    // chunk's copies in flight) where they fit.
     auto state_pass = [&]<int SVT>() {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
-      if constexpr (kThreeSlots<KD> && BwdStateLayout<KD, SVT, 3>::bytes <= 227 * 1024) {
-        if (state_tile_slots == 3 && BwdStateLayout<KD, SVT, 3>::bytes <=
-                              shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 3>)) {
-          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 3>, grid, kStateWarps<KD> * 32,
-                        BwdStateLayout<KD, SVT, 3>::bytes, pr, bw);
-          return;
-        }
-      }
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
@@ -3782,12 +3732,6 @@ const bool registered = [] {
 }();
 
 }  // namespace
-
-int set_gated_delta_rule_state_slots(int slots) {
-  HAM_CHECK(slots == 2 || slots == 3, "set_gated_delta_rule_state_slots: ", slots,
-            " slots of chunk tiles; the state passes take 2 or 3");
-  return g_state_slots.exchange(slots);
-}
 
 int set_gated_delta_rule_state_columns(int columns) {
   HAM_CHECK(columns == 0 || columns == 32 || columns == 64,

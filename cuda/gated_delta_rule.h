@@ -10,11 +10,4 @@ namespace ham::cuda {
 // 64 force that width. Returns the previous setting; any other value is an error.
 int set_gated_delta_rule_state_columns(int columns);
 
-// Slots of chunk tiles in the bf16 sequential state passes (gdr_state_mma, and
-// gdr_bwd_state_mma where three fit its shared memory: K = 64, and K = 128 at 32 columns),
-// whose copies go out that many chunks ahead less one: 2 (the default) or 3 (opt-in,
-// untimed: a chunk's tiles get two chunk steps to land, not one; K = 64 and 128 only,
-// elsewhere a call is an error). Returns the previous setting; any other value is an error.
-int set_gated_delta_rule_state_slots(int slots);
-
 }  // namespace ham::cuda

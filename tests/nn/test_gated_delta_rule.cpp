@@ -964,34 +964,5 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 #endif
 }
 
-// The bf16 state passes with three slots of chunk tiles (the copies two chunks ahead)
-// against two, as above. 200 and 260 tokens give a block 4 and 3 chunks, so the ring of
-// slots wraps. The backward takes three at K = 64 (64 columns) and at K = 128 with 32
-// columns (set here); K = 32 takes two slots only.
-TEST(GatedDeltaRule, GpuStatePassWithThreeSlotsAgrees) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  const testing::ScopedSetting slots_guard(&cuda::set_gated_delta_rule_state_slots, 2);
-  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
-  for (const GpuCase& c :
-       {GpuCase{2, 200, 2, 64, 64, true, 0}, GpuCase{1, 260, 2, 128, 96, true, 2}}) {
-    SCOPED_TRACE(c.key_dim);
-    cuda::set_gated_delta_rule_state_columns(c.key_dim == 128 ? 32 : 64);
-    expect_settings_agree_bitwise(c, 63, {2, 3}, [](int slots) {
-      cuda::set_gated_delta_rule_state_slots(slots);
-    });
-  }
-  testing::expect_error([] { cuda::set_gated_delta_rule_state_slots(4); },
-                        {"set_gated_delta_rule_state_slots", "4", "2 or 3"});
-  cuda::set_gated_delta_rule_state_slots(3);
-  const GatedDeltaRuleArgs narrow_keys =
-      on_gpu(gpu_case_inputs({1, 70, 2, 32, 32, true, 0}, 64), DType::BF16);
-  GatedDeltaRuleResult result = poisoned_result(narrow_keys);
-  testing::expect_error(
-      [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), narrow_keys, result); },
-      {"gated_delta_rule", "three slots", "K = 32"});
-#endif
-}
-
 }  // namespace
 }  // namespace ham
