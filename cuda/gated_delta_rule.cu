@@ -3377,34 +3377,29 @@ const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRu
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 
-// Whether a state pass's blocks of 32 columns (`kernel`, `threads` threads, `bytes` of
-// shared memory) all fit the device at once.
-template <class Kernel>
-bool narrow_state_pass_fits(Kernel* kernel, int threads, size_t bytes, const Dims& d) {
-  const int per_sm = resident_blocks_per_sm("gated_delta_rule", kernel, threads, bytes);
+// Whether a state pass's blocks of 32 columns number no more than the SMs, one block each.
+// Its blocks run the chunks in sequence, so its time is about (chunks) x (time of a chunk
+// step) where each block has an SM to itself; 32-column tiles halve a step's products and
+// double the blocks, which paid on the H200 while each still had an SM to itself (B = 2,
+// T = 16384, H = 16, K = V = 128: 128 blocks; the paper's H = 5, K = 256, V = 384: 60-120)
+// and not when two shared one (B = 4, T = 4096, H = 16, K = V = 128: 256 blocks, the
+// forward's 64-column pass 0.96x the 32's time on 2026-11-27).
+bool narrow_state_pass_has_sms(const Dims& d) {
   const int64_t blocks = d.batch * d.heads * ((d.value_dim + 31) / 32);
-  return blocks <= int64_t(per_sm) * multiprocessor_count();
+  return blocks <= int64_t(multiprocessor_count());
 }
 
-// Value columns per block of gdr_state_mma. Its blocks run the chunks in sequence, so its
-// time is about (waves of blocks) x (chunks) x (time of a chunk step); 32-column tiles halve
-// a step's products and double the blocks, which pays while those blocks still fit the
-// device in one wave (B * H * V / 32 up to the resident blocks: the paper's H = 5 heads, or
-// B = 4, H = 16, V = 128 on an H200).
+// Value columns per block of gdr_state_mma: 32 where narrow_state_pass_has_sms, else 64.
 template <int KD>
 int state_columns(const Dims& d) {
   if (const int forced = g_state_columns.load(); forced != 0) return forced;
-  return narrow_state_pass_fits(&gdr_state_mma<KD, 32>, kStateWarps<KD> * 32,
-                                MmaStateLayout<KD, 32>::bytes, d)
-             ? 32
-             : 64;
+  return narrow_state_pass_has_sms(d) ? 32 : 64;
 }
 
 // Value columns per block of the backward's sequential pass (gdr_bwd_state_mma), chosen as
-// the forward's: 32 when the 32-column blocks, with two slots of chunk tiles, all fit the
-// device at once (B = 2, T = 16384, H = 16, K = V = 128 on an H200; at B = 4, T = 4096 they
-// take one SM each and do not), else VT, the backward's tile width (kBackwardVt: already 32
-// at K = 256). set_gated_delta_rule_state_columns forces the width here too where VT is 64.
+// the forward's where its 32-column blocks fit a block's shared memory with two slots of
+// chunk tiles, else VT, the backward's tile width (kBackwardVt: already 32 at K = 256).
+// set_gated_delta_rule_state_columns forces the width here too where VT is 64.
 template <int KD, int VT>
 int backward_state_columns(const Dims& d) {
   if constexpr (VT == 32) {
@@ -3412,9 +3407,8 @@ int backward_state_columns(const Dims& d) {
   } else {
     if (const int forced = g_state_columns.load(); forced != 0) return forced;
     using Narrow = BwdStateLayout<KD, 32, 2>;
-    auto* narrow = &gdr_bwd_state_mma<KD, 32, 2>;
-    if (Narrow::bytes > shared_memory_limit(narrow)) return VT;
-    return narrow_state_pass_fits(narrow, kStateWarps<KD> * 32, Narrow::bytes, d) ? 32 : VT;
+    if (Narrow::bytes > shared_memory_limit(&gdr_bwd_state_mma<KD, 32, 2>)) return VT;
+    return narrow_state_pass_has_sms(d) ? 32 : VT;
   }
 }
 

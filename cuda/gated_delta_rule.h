@@ -6,8 +6,8 @@ namespace ham::cuda {
 
 // Value columns per block of the bf16 sequential state passes, the forward's (gdr_state_mma)
 // and, at K <= 128, the backward's (gdr_bwd_state_mma; 32 at K = 256): 0 (the default)
-// picks 32 when the narrower tiles' blocks all fit on the device at once, else 64; 32 or
-// 64 force that width. Returns the previous setting; any other value is an error.
+// picks 32 when the narrower tiles' blocks number no more than the device's SMs, else 64;
+// 32 or 64 force that width. Returns the previous setting; any other value is an error.
 int set_gated_delta_rule_state_columns(int columns);
 
 }  // namespace ham::cuda
