@@ -81,7 +81,9 @@ __device__ __forceinline__ uint64_t mix_bits(uint64_t x) {
 }
 
 // Slots of row b: table[b * table_size + s] = -1 (empty) or a token index whose document
-// is the slot's key; ends holding the first token of that document.
+// is the slot's key; ends holding the first token of that document. Only the first token
+// of each run of a document inserts (a token whose predecessor has its document is not the
+// document's first), so packed documents contend for a slot once each.
 template <class I>
 __global__ void insert_first_positions(const I* docs, int64_t batch, int64_t seq_len, int* table,
                                        int64_t table_size) {
@@ -89,6 +91,7 @@ __global__ void insert_first_positions(const I* docs, int64_t batch, int64_t seq
     const int64_t b = n / seq_len;
     const int t = int(n % seq_len);
     const I doc = docs[n];
+    if (t > 0 && docs[n - 1] == doc) continue;
     const I* row_docs = docs + b * seq_len;
     int* slots = table + b * table_size;
     int64_t s = int64_t(mix_bits(uint64_t(int64_t(doc))) & uint64_t(table_size - 1));
@@ -128,7 +131,42 @@ __global__ void lookup_first_positions(const I* docs, int64_t batch, int64_t seq
 
 constexpr int kCompactThreads = 1024;
 
+// Block-wide exclusive prefix sum of one value a thread, for rows longer than the block
+// taken a block at a time: returns the thread's exclusive sum plus `carry`, the total of
+// the earlier blocks, which it then advances by this block's total. All threads call it.
+__device__ int block_exclusive_scan(int x, int& carry, int* warp_prefix) {
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int warps = int(blockDim.x / 32);
+  int inclusive = x;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int y = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += y;
+  }
+  if (lane == 31) warp_prefix[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int w = lane < warps ? warp_prefix[lane] : 0;
+    int scanned = w;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int y = __shfl_up_sync(kFullMask, scanned, offset);
+      if (lane >= offset) scanned += y;
+    }
+    if (lane < warps) warp_prefix[lane] = scanned - w;
+  }
+  __syncthreads();
+  const int exclusive = carry + warp_prefix[warp] + inclusive - x;
+  __syncthreads();  // carry and warp_prefix are read by all before being rewritten
+  if (threadIdx.x == blockDim.x - 1) carry = exclusive + x;
+  __syncthreads();
+  return exclusive;
+}
+
 // One block per batch row. first == nullptr: the whole row is one document.
+// Where each document is one run of tokens (first[t] is t or first[t - 1]: packed
+// documents, or none), a document's slots follow the slots of every earlier token, so a
+// key's slot is the row's exclusive prefix sum of select at it: one scan. Otherwise
+// (documents that interleave) slots are counted per document, then handed out in token
+// order by one warp.
 __global__ void __launch_bounds__(kCompactThreads)
     compact_rows(const uint8_t* select, const int* first, int64_t seq_len, bool counter_in_shared,
                  int* counter_scratch, int64_t* positions, int64_t* counts, int64_t* begin,
@@ -138,53 +176,55 @@ __global__ void __launch_bounds__(kCompactThreads)
   __shared__ int carry;
   const int64_t b = blockIdx.x, row = b * seq_len;
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int warps = int(blockDim.x / 32);
   // counter[f]: indexed by a document's first position f.
   int* counter = counter_in_shared ? shared_counter : counter_scratch + row;
   auto group_of = [&](int64_t t) { return first ? first[row + t] : 0; };
-
-  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) counter[t] = 0;
   if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
-  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) {
-    if (select[row + t]) atomicAdd(&counter[group_of(t)], 1);
-  }
-  __syncthreads();
 
-  // counter <- exclusive prefix sum over f: the first slot of each document.
-  for (int64_t base = 0; base < seq_len; base += blockDim.x) {
-    const int64_t t = base + threadIdx.x;
-    const int x = t < seq_len ? counter[t] : 0;
-    int inclusive = x;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int y = __shfl_up_sync(kFullMask, inclusive, offset);
-      if (lane >= offset) inclusive += y;
+  bool interleaved = false;
+  if (first) {
+    for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) {
+      const int f = first[row + t];
+      if (t > 0 && f != t && f != first[row + t - 1]) interleaved = true;
     }
-    if (lane == 31) warp_prefix[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {
-      const int w = lane < warps ? warp_prefix[lane] : 0;
-      int scanned = w;
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const int y = __shfl_up_sync(kFullMask, scanned, offset);
-        if (lane >= offset) scanned += y;
+  }
+  interleaved = __syncthreads_or(interleaved);
+  if (!interleaved) {
+    // counter[t] <- keys selected before t; a key's slot, and the next one its row's end.
+    for (int64_t base = 0; base < seq_len; base += blockDim.x) {
+      const int64_t t = base + threadIdx.x;
+      const int x = t < seq_len && select[row + t] ? 1 : 0;
+      const int exclusive = block_exclusive_scan(x, carry, warp_prefix);
+      if (t < seq_len) {
+        counter[t] = exclusive;
+        end[row + t] = exclusive + x;
+        if (x) positions[row + exclusive] = t;
       }
-      if (lane < warps) warp_prefix[lane] = scanned - w;
+    }
+  } else {
+    for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) counter[t] = 0;
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) {
+      if (select[row + t]) atomicAdd(&counter[group_of(t)], 1);
     }
     __syncthreads();
-    const int exclusive = carry + warp_prefix[warp] + inclusive - x;
-    if (t < seq_len) counter[t] = exclusive;
-    __syncthreads();  // carry and warp_prefix are read by all before being rewritten
-    if (threadIdx.x == blockDim.x - 1) carry = exclusive + x;
-    __syncthreads();
+    // counter <- exclusive prefix sum over f: the first slot of each document.
+    for (int64_t base = 0; base < seq_len; base += blockDim.x) {
+      const int64_t t = base + threadIdx.x;
+      const int x = t < seq_len ? counter[t] : 0;
+      const int exclusive = block_exclusive_scan(x, carry, warp_prefix);
+      if (t < seq_len) counter[t] = exclusive;
+    }
   }
+  __syncthreads();
   const int total = carry;
-
+  // A document's first slot: the keys before its first token (either way).
   for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) begin[row + t] = counter[group_of(t)];
   __syncthreads();
 
-  // Slots in token order; counter[f] becomes document f's next free slot.
-  if (warp == 0) {
+  // Interleaved documents: slots in token order; counter[f] becomes document f's next free
+  // slot.
+  if (interleaved && warp == 0) {
     for (int64_t base = 0; base < seq_len; base += 32) {
       const int64_t t = base + lane;
       const bool valid = t < seq_len;
