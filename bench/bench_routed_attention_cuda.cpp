@@ -16,8 +16,8 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // A second table times the tensor-core forward of the 128 x 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV), the next one against two query heads a block
-// (paired heads), and the next 64 against 128 rows for value heads of 192.
+// (cuda/routed_attention.h; not in the CSV), and the next 64 against 128 rows for value
+// heads of 192.
 // The last two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256).
 #include <algorithm>
@@ -174,8 +174,8 @@ bench::Spread forward_ms_with(CaseInputs& in, int rows, int keys, int reps) {
 }
 
 // The forward's ms (min, median, max) with a tuning setter of cuda/routed_attention.h set
-// to `value`, restored after: set_attention_forward_heads (1 or 2 query heads a block),
-// set_attention_forward_wgmma (0: mma.sync; 1 or 2 warpgroups a block).
+// to `value`, restored after: set_attention_forward_wgmma (0: mma.sync; 1 or 2 warpgroups a
+// block).
 bench::Spread forward_ms_set(CaseInputs& in, int (*set)(int), int value, int reps) {
   const int previous = set(value);
   const bench::Spread ms = time_ms(reps, [&] {
@@ -275,27 +275,6 @@ int main(int argc, char** argv) {
       const double ms_128 = forward_ms_with(in, 128, 64, reps).median;
       std::printf("%-40s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
                   ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
-      std::fflush(stdout);
-    }
-    // Paired heads: a block serves two query heads in turn, its start (visible ranges, key
-    // positions, first key tile) paid once for both, over half the blocks.
-    std::printf("\nforward at 128 x 128, one query head a block vs two (paired heads; ms at "
-                "min / median / max;\nthe ratios 1 / 2 at each, above 1: paired heads "
-                "faster)\n");
-    std::printf("%-40s %26s %26s %18s\n", "case", "one head", "two heads", "ratio");
-    for (const BenchCase& c : bench_cases()) {
-      if (c.key_dim != 128 || c.value_dim != 128 || c.q_heads % 2 != 0) continue;
-      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      CaseInputs in(c);
-      in.selection = ops::compact_selection(in.select, in.docs);
-      const bench::Spread one = forward_ms_set(in, &cuda::set_attention_forward_heads, 1, reps);
-      const bench::Spread two = forward_ms_set(in, &cuda::set_attention_forward_heads, 2, reps);
-      std::printf("%-40s", c.name().c_str());
-      for (const bench::Spread& t : {one, two}) {
-        std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
-      }
-      std::printf(" %5.2f %5.2f %5.2f\n", one.min / two.min, one.median / two.median,
-                  one.max / two.max);
       std::fflush(stdout);
     }
     // Value heads of 192 (the paper's HAM layer) took 64-row blocks until 128-row ones were

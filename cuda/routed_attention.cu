@@ -1059,15 +1059,8 @@ __device__ __forceinline__ float key_scale(const AttentionArgs<bf16>& a, int64_t
 // query_block):
 //   begin_key_tiles(keys);  (begin() where lo < hi, then the commit)
 //   for each tile t:  advance(t);  products on k(t), v(t), with value scales tile_scales(t)
-//
-// With kHeads = 2 (forward_mma's paired heads) the block serves two query heads in turn,
-// and the tiles stream on from the first head's to the second's: tile t < tiles is key
-// tile t of the first (kv head g), tile tiles + u key tile u of the second (kv head
-// second_g), so that the second head's first tile loads during the first's last.
-template <int DK, int DV, int BK, bool kSwizzled = false, int kThreads = kMmaThreads,
-          int kHeads = 1>
+template <int DK, int DV, int BK, bool kSwizzled = false, int kThreads = kMmaThreads>
 struct KeyTiles {
-  static_assert(kHeads == 1 || kHeads == 2, "one query head a block, or a pair");
   // Row strides; kSwizzled: the tiles are unpadded and swizzled for wgmma (SwizzledTile), and
   // advance() hands each thread's copies to the tensor cores' proxy before its barrier.
   static constexpr int LDK = kSwizzled ? DK : DK + 8, LDV = kSwizzled ? DV : DV + 8;
@@ -1080,35 +1073,18 @@ struct KeyTiles {
   float* scales;   // [3][BK], shared
   int next_position = -1, after_position = -1;
   float next_scale = 0.f;
-  int tiles = 0;          // kHeads = 2: key tiles a head
-  int64_t second_g = 0;   // kHeads = 2: the second query head's kv head
 
   __device__ bf16* k(int t) const { return k_rows + (t % 2) * BK * LDK; }
   __device__ bf16* v(int t) const { return v_rows + (t % 2) * BK * LDV; }
 
-  // The compacted index of tile t's first key (hi past the last tile), and its kv head:
-  // compares, where a division by tiles had cost the paired tile loop 134 instructions.
-  __device__ int first_key(int t) const {
-    if constexpr (kHeads == 1) {
-      return lo + t * BK;
-    } else {
-      const int u = t < tiles ? t : t - tiles;
-      return u < tiles ? lo + u * BK : hi;
-    }
-  }
-  __device__ int64_t kv_head(int t) const {
-    if constexpr (kHeads == 1) {
-      return g;
-    } else {
-      return t < tiles ? g : second_g;
-    }
-  }
+  // The compacted index of tile t's first key.
+  __device__ int first_key(int t) const { return lo + t * BK; }
 
   // Issues the copies of tile t into its slot (its positions are in shared memory).
   __device__ void issue(int t) const {
     const int* pos = positions + (t % 2) * BK;
-    const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, kv_head(t), DK);
-    const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, kv_head(t), DV);
+    const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+    const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
     if constexpr (kSwizzled) {
       issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{k(t)}, k_of, key_rows(pos));
       issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{v(t)}, v_of, key_rows(pos));
@@ -1210,13 +1186,11 @@ struct QueryBlock {
   int64_t b, h, g, q0;
   int lo, hi, full_lo, full_hi;
 };
-template <int BQ, int kThreads, int kHeads = 1, class IssueQueryCopies>
+template <int BQ, int kThreads, class IssueQueryCopies>
 __device__ QueryBlock query_block(const AttentionArgs<bf16>& a, int* s_begin, int* s_end,
                                   int* bounds, IssueQueryCopies issue_query_copies) {
-  // With kHeads > 1, a block per kHeads query heads (forward_mma's paired heads): h is the
-  // first.
-  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads / kHeads, a.batch, true);
-  const int64_t b = block.batch, h = block.head * kHeads, q0 = block.tile * BQ;
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
   load_query_ranges<bf16, BQ, kThreads>(a, b, q0, s_begin, s_end, bounds,
                                         [&] { issue_query_copies(b, h, q0); });
   return {b, h, h / a.group(), q0, bounds[0], bounds[1], bounds[2], bounds[3]};
@@ -1311,16 +1285,7 @@ __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
 
 // (The explicit minimum of one block matters: without it ptxas spilled the 128 x 128
 // instance, 60 bytes, where with it that instance fits 255 registers.)
-//
-// kHeads = 2 (opt-in: set_attention_forward_heads, 128 x 128 only) pairs the query heads: a
-// block serves heads h and h + 1 of the same rows in turn. The second head shares the
-// first's visible ranges and key positions, its first key tile loads during the first
-// head's last (KeyTiles streams on), and its Q rows load once every warp has formed that
-// last tile's S, during its softmax, P V' and the first head's stores. So the block's
-// start (its chain of dependent loads) is paid once for two heads, at the cost of half
-// the blocks. A test of whether a block's fixed cost (docs/gpu_results.md, seventeenth
-// session) is that start.
-template <int DK, int DV, int kM, int kKeyTile, int kHeads = 1>
+template <int DK, int DV, int kM, int kKeyTile>
 __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16> a) {
   using Shape = MmaShape<DK, DV, kM, kKeyTile>;
   constexpr int kTileRows = Shape::kTileRows;
@@ -1335,15 +1300,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, row, a.seq_len, a.q_heads, head, DK),
                             query_rows(first, a.seq_len));
   };
-  const QueryBlock qb =
-      query_block<BQ, kMmaThreads, kHeads>(a, s_begin, s_end, bounds, issue_query);
+  const QueryBlock qb = query_block<BQ, kMmaThreads>(a, s_begin, s_end, bounds, issue_query);
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = qb;
-  KeyTiles<DK, DV, BK, false, kMmaThreads, kHeads> keys{
+  KeyTiles<DK, DV, BK> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
-  if constexpr (kHeads > 1) {
-    keys.tiles = lo < hi ? (hi - lo + BK - 1) / BK : 0;
-    keys.second_g = (h + 1) / a.group();
-  }
   begin_key_tiles(keys);
 
   // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's
@@ -1353,55 +1313,42 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
 #pragma unroll
   for (int m = 0; m < kM; ++m) r0[m] = kTileRows * m + warp * 16 + lane / 4;
   const float scale_log2 = a.scale * kLog2e;  // scores to log2 units
-  int t = 0;  // the key tile stream's index (KeyTiles)
-  for (int head = 0; head < kHeads; ++head) {
-    float o[kM][VB][4];
-    float m_run[kM][2], l[kM][2];
+  float o[kM][VB][4];
+  float m_run[kM][2], l[kM][2];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      zero(o[m]);
-      m_run[m][0] = m_run[m][1] = -INFINITY;
-      l[m][0] = l[m][1] = 0.f;
-    }
-
-    for (int k0 = lo; k0 < hi; ++t, k0 += BK) {
-      keys.advance(t);  // tile t (and Q) have landed
-      const bf16 *sK = keys.k(t), *sV = keys.v(t);
-
-      // S = Q K^T for the warp's kM row tiles (each K fragment loaded once).
-      float s[kM][NB][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) zero(s[m]);
-      mma::row_tiles_times_rows<kM, DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, kTileRows * LDK,
-                                                      sK, s);
-      if constexpr (kHeads > 1) {
-        if (head + 1 < kHeads && k0 + BK >= hi) {  // this head's last tile: the next's Q
-          __syncthreads();  // every warp has read sQ
-          issue_query(b, h + head + 1, q0);
-          async_copy_commit();  // waited for with the next tile
-        }
-      }
-
-      // Visibility: hidden scores become -inf, on boundary tiles only (a branch the whole
-      // block takes alike; the select had cost every tile its compares).
-      if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
-        hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
-      }
-      online_softmax_step(s, m_run, l, o, scale_log2);
-
-      // O += P V' = (P diag(p)) V: P's accumulator registers, each column scaled by its
-      // key's value scale, are the A-fragments (each V fragment loaded once for the kM row
-      // tiles).
-      if (a.p) {
-#pragma unroll
-        for (int m = 0; m < kM; ++m) scale_key_columns(keys.tile_scales(t), s[m]);
-      }
-      mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
-    }
-    QueryBlock head_block = qb;
-    head_block.h = h + head;
-    store_forward_rows(a, head_block, r0, o, m_run, l, scale_log2);
+  for (int m = 0; m < kM; ++m) {
+    zero(o[m]);
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l[m][0] = l[m][1] = 0.f;
   }
+
+  for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
+    keys.advance(t);  // tile t (and Q) have landed
+    const bf16 *sK = keys.k(t), *sV = keys.v(t);
+
+    // S = Q K^T for the warp's kM row tiles (each K fragment loaded once).
+    float s[kM][NB][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) zero(s[m]);
+    mma::row_tiles_times_rows<kM, DK, LDK, LDK, NB>(sQ + warp * 16 * LDK, kTileRows * LDK, sK,
+                                                    s);
+
+    // Visibility: hidden scores become -inf, on boundary tiles only (a branch the whole
+    // block takes alike; the select had cost every tile its compares).
+    if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
+      hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
+    }
+    online_softmax_step(s, m_run, l, o, scale_log2);
+
+    // O += P V' = (P diag(p)) V: P's accumulator registers, each column scaled by its key's
+    // value scale, are the A-fragments (each V fragment loaded once for the kM row tiles).
+    if (a.p) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) scale_key_columns(keys.tile_scales(t), s[m]);
+    }
+    mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
+  }
+  store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
 }
 
 // Backward on the tensor cores, deterministic like the tiled one (no float atomics):
@@ -2576,7 +2523,7 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
 // (cuda/routed_attention.h).
 std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_forward_wgmma{kAttentionWgmmaAutomatic},
-    g_forward_heads{1}, g_backward_wgmma{kAttentionWgmmaAutomatic};
+    g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
@@ -2651,13 +2598,6 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
             // (each instance adds to the build; MmaShape says why not for 256).
             if constexpr ((DK == 64 || DK == 128) && (DV == 64 || DV == 128 || DV == 192)) {
               if (!tiled && g_forward_rows.load() == 128) {
-                if constexpr (DK == 128 && DV == 128) {  // paired heads (opt-in)
-                  if (g_forward_heads.load() == 2 && a.q_heads % 2 == 0) {
-                    tiled = launch_tiled(&forward_mma<DK, DV, 2, 0, 2>,
-                                         block_grid(a.seq_len, 128, a.q_heads / 2, a.batch),
-                                         MmaShape<DK, DV, 2>::forward_bytes, a, kMmaThreads);
-                  }
-                }
                 if constexpr (DV == 128) {
                   if (!tiled && g_forward_keys.load() == 32) {
                     tiled = launch_mma.template operator()<2, 32>();
@@ -2823,12 +2763,6 @@ int set_attention_backward_wgmma(int kernels) {
 }
 
 int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }
-
-int set_attention_forward_heads(int heads) {
-  HAM_CHECK(heads == 1 || heads == 2, "set_attention_forward_heads: ", heads,
-            " query heads a block; choose 1 or 2");
-  return g_forward_heads.exchange(heads);
-}
 
 int set_attention_forward_wgmma(int kernels) {
   HAM_CHECK(kernels >= kAttentionWgmmaAutomatic && kernels <= 2, "set_attention_forward_wgmma: ",

@@ -16,14 +16,6 @@ int set_attention_forward_rows(int rows);
 // default) or 32. Returns the previous setting; any other value is an error.
 int set_attention_forward_keys(int keys);
 
-// Query heads a block of the 128-row mma.sync forward at head dims of 128 x 128 serves in
-// turn: 1 (the default) or 2 (paired heads: the second shares the first's visible ranges
-// and key positions, and loads while the first finishes; where the query heads are odd in
-// number, 1). Opt-in: on the H200 (2026-11-27) it took 0.97-1.18x one head's time. Set to
-// 2 it takes precedence over set_attention_forward_keys(32). Returns the previous setting;
-// any other value is an error.
-int set_attention_forward_heads(int heads);
-
 // Which kernels compute each bf16 pass at the head dims the wgmma kernels take (64 and 128
 // in each of Dk and Dv, the paper's HAM heads 128 x 192, and 256 x 256; other head dims
 // always take mma.sync):

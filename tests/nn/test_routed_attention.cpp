@@ -893,7 +893,7 @@ void expect_bf16_setting_matches_cpu(int (*set)(int), const char* name, int valu
 
 // The bf16 mma.sync forward with one 16-row tile per warp (64-row blocks), which key heads
 // up to 128 wide beside value heads up to 192 take only when set so (the forward's wgmma
-// kernel set aside, as in the two tests below).
+// kernel set aside, as in the test below).
 TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -916,24 +916,6 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith32KeyTilesMatchesCpu) {
       &cuda::set_attention_forward_keys, "set_attention_forward_keys", 32, 48, "32 or 64",
       {GpuCase{2, 300, 4, 2, 64, 128, 0.25, true, GpuDocs::Runs, true},
        GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false}});
-#endif
-}
-
-// The 128-row bf16 mma.sync forward at 128 x 128 with paired query heads (a block serves
-// two in turn), which it takes only when set so and the query heads are even in number:
-// plain and grouped-query heads, value scales, documents, a first query that sees nothing,
-// rows with one key tile and with several.
-TEST(RoutedAttentionGpu, Bf16ForwardWithPairedHeadsMatchesCpu) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  const testing::ScopedSetting mma_sync(&cuda::set_attention_forward_wgmma, 0);
-  expect_bf16_setting_matches_cpu(
-      &cuda::set_attention_forward_heads, "set_attention_forward_heads", 2, 3, "1 or 2",
-      {GpuCase{1, 333, 4, 4, 128, 128, 1.0, false, GpuDocs::None, false},
-       GpuCase{2, 300, 4, 2, 128, 128, 0.25, true, GpuDocs::Runs, true},
-       GpuCase{1, 260, 6, 3, 128, 128, 0.5, true, GpuDocs::Packed20, true},
-       GpuCase{2, 180, 2, 2, 128, 128, 0.05, true, GpuDocs::Interleaved, false},
-       GpuCase{1, 150, 3, 1, 128, 128, 0.5, true, GpuDocs::None, true}});
 #endif
 }
 
