@@ -1891,11 +1891,11 @@ constexpr bool kWgmmaHeads =
 // Warpgroups a block of each pass where set_attention_*_wgmma is automatic (the default)
 // and wgmma runs; 0 is mma.sync. Ratios of mma.sync's time to wgmma's with 1 / 2
 // warpgroups on the H200 (2026-11-27, docs/gpu_results.md, twentieth session):
-//   backward: 64 and 128 1.19-1.35 / 0.97-1.32; 128 x 192 1.23 / 1.26-1.31; 256 x 256
-//     1.32 / 1.75-1.84;
-//   forward: 128 x 128 0.85-0.90 (1.03 at 20 documents, rho 1) / 0.73-0.98; 64 x 64 1.28 /
-//     1.14; 128 x 192 1.08-1.11 / 1.18-1.23; 256 x 256 0.93-0.95 / 1.70-1.78. The forward
-//     at 64 x 128 and 128 x 64 is untimed, so mma.sync.
+//   backward: 64 and 128 1.19-1.35 / 0.97-1.33; 128 x 192 1.23-1.24 / 1.26-1.31;
+//     256 x 256 1.32-1.33 / 1.74-1.85;
+//   forward: 128 x 128 0.85-1.04 (above 1 only at 20 documents, rho 0.5 and 1) /
+//     0.73-0.98; 64 x 64 1.26-1.28 / 1.12-1.14; 128 x 192 1.08-1.11 / 1.18-1.23; 256 x 256
+//     0.93-0.95 / 1.70-1.78. The forward at 64 x 128 and 128 x 64 is untimed: mma.sync.
 template <int DK, int DV>
 constexpr bool kWgmmaWide = (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
 template <int DK, int DV>
