@@ -277,8 +277,9 @@ int main(int argc, char** argv) {
                   ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
       std::fflush(stdout);
     }
-    // Value heads of 192 (the paper's HAM layer) took 64-row blocks until 128-row ones were
-    // made their default, untimed (their 32-key tiles either way).
+    // Value heads of 192 (the paper's HAM layer) on mma.sync: 64-row blocks against the
+    // default 128-row ones (1.32-1.35x faster on the H200, 2026-11-27; 32-key tiles either
+    // way). With wgmma they take forward_wgmma.
     std::printf("\nforward at value heads of 192, block rows 64 vs 128 (ms at min / median / "
                 "max; the ratios 64 / 128 at each, above 1: 128 rows faster)\n");
     std::printf("%-40s %26s %26s %18s\n", "case", "64 rows", "128 rows", "ratio");
