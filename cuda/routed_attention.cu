@@ -130,6 +130,7 @@ __global__ void lookup_first_positions(const I* docs, int64_t batch, int64_t seq
 }
 
 constexpr int kCompactThreads = 1024;
+constexpr int kScanTokens = 4;  // tokens a thread a step of compact_rows' scan of select
 
 // Block-wide exclusive prefix sum of one value a thread, for rows longer than the block
 // taken a block at a time: returns the thread's exclusive sum plus `carry`, the total of
@@ -191,14 +192,36 @@ __global__ void __launch_bounds__(kCompactThreads)
   interleaved = __syncthreads_or(interleaved);
   if (!interleaved) {
     // counter[t] <- keys selected before t; a key's slot, and the next one its row's end.
-    for (int64_t base = 0; base < seq_len; base += blockDim.x) {
-      const int64_t t = base + threadIdx.x;
-      const int x = t < seq_len && select[row + t] ? 1 : 0;
-      const int exclusive = block_exclusive_scan(x, carry, warp_prefix);
-      if (t < seq_len) {
-        counter[t] = exclusive;
-        end[row + t] = exclusive + x;
-        if (x) positions[row + exclusive] = t;
+    // kScanTokens consecutive tokens a thread a step, the next step's selections loaded
+    // before this step's scan, so that a step's barriers do not wait on global memory.
+    const int64_t step = int64_t(blockDim.x) * kScanTokens;
+    const int64_t own = int64_t(threadIdx.x) * kScanTokens;  // the thread's first token
+    auto load_selections = [&](int64_t t0, int (&x)[kScanTokens]) {
+#pragma unroll
+      for (int i = 0; i < kScanTokens; ++i) {
+        x[i] = t0 + i < seq_len && select[row + t0 + i] ? 1 : 0;
+      }
+    };
+    int next[kScanTokens];
+    load_selections(own, next);
+    for (int64_t base = 0; base < seq_len; base += step) {
+      int x[kScanTokens], selected = 0;
+#pragma unroll
+      for (int i = 0; i < kScanTokens; ++i) {
+        x[i] = next[i];
+        selected += x[i];
+      }
+      if (base + step < seq_len) load_selections(base + step + own, next);
+      int slot = block_exclusive_scan(selected, carry, warp_prefix);
+#pragma unroll
+      for (int i = 0; i < kScanTokens; ++i) {
+        const int64_t t = base + own + i;
+        if (t < seq_len) {
+          counter[t] = slot;
+          end[row + t] = slot + x[i];
+          if (x[i]) positions[row + slot] = t;
+        }
+        slot += x[i];
       }
     }
   } else {

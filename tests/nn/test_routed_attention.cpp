@@ -863,11 +863,12 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Compaction alone on rows long enough that its per-position counters need opted-in
 // shared memory (more than 48 KiB: T = 16384) or a global scratch buffer (past 160 KiB:
-// T = 50000), and that its block takes in many steps: without documents and with packed
-// ones (one scan of the row) and with interleaved ones (slots counted per document).
+// T = 50003), and that its block takes in many steps, the last one part full: without
+// documents and with packed ones (one scan of the row) and with interleaved ones (slots
+// counted per document).
 TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
-  for (int64_t seq_len : {16384, 50000}) {
+  for (int64_t seq_len : {16384, 50003}) {
     for (GpuDocs docs : {GpuDocs::None, GpuDocs::Packed20, GpuDocs::Interleaved}) {
       const GpuCase c{2, seq_len, 1, 1, 8, 8, 0.3, false, docs, true};
       expect_gpu_compaction_matches_cpu(gpu_case_select(c, 61), gpu_case_docs(c, 62),
