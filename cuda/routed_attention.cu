@@ -182,20 +182,31 @@ __global__ void __launch_bounds__(kCompactThreads)
   auto group_of = [&](int64_t t) { return first ? first[row + t] : 0; };
   if (threadIdx.x == 0) carry = 0;
 
+  // The row walks below take kScanTokens consecutive tokens a thread a step, loading them
+  // all before using any.
+  const int64_t step = int64_t(blockDim.x) * kScanTokens;
+  const int64_t own = int64_t(threadIdx.x) * kScanTokens;  // the thread's first token
   bool interleaved = false;
-  if (first) {
-    for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) {
-      const int f = first[row + t];
-      if (t > 0 && f != t && f != first[row + t - 1]) interleaved = true;
+  if (first) {  // some token's document neither starts at it nor continues the one before
+    for (int64_t t0 = own; t0 < seq_len; t0 += step) {
+      int f[kScanTokens + 1];  // f[i]: the first position of token t0 - 1 + i's document
+#pragma unroll
+      for (int i = 0; i <= kScanTokens; ++i) {
+        const int64_t t = t0 - 1 + i;
+        f[i] = t >= 0 && t < seq_len ? first[row + t] : -1;
+      }
+#pragma unroll
+      for (int i = 1; i <= kScanTokens; ++i) {
+        const int64_t t = t0 - 1 + i;
+        if (t > 0 && t < seq_len && f[i] != t && f[i] != f[i - 1]) interleaved = true;
+      }
     }
   }
   interleaved = __syncthreads_or(interleaved);
   if (!interleaved) {
     // counter[t] <- keys selected before t; a key's slot, and the next one its row's end.
-    // kScanTokens consecutive tokens a thread a step, the next step's selections loaded
-    // before this step's scan, so that a step's barriers do not wait on global memory.
-    const int64_t step = int64_t(blockDim.x) * kScanTokens;
-    const int64_t own = int64_t(threadIdx.x) * kScanTokens;  // the thread's first token
+    // The next step's selections are loaded before this step's scan, so that a step's
+    // barriers do not wait on global memory.
     auto load_selections = [&](int64_t t0, int (&x)[kScanTokens]) {
 #pragma unroll
       for (int i = 0; i < kScanTokens; ++i) {
@@ -242,7 +253,15 @@ __global__ void __launch_bounds__(kCompactThreads)
   __syncthreads();
   const int total = carry;
   // A document's first slot: the keys before its first token (either way).
-  for (int64_t t = threadIdx.x; t < seq_len; t += blockDim.x) begin[row + t] = counter[group_of(t)];
+  for (int64_t t0 = own; t0 < seq_len; t0 += step) {
+    int group[kScanTokens];
+#pragma unroll
+    for (int i = 0; i < kScanTokens; ++i) group[i] = t0 + i < seq_len ? group_of(t0 + i) : 0;
+#pragma unroll
+    for (int i = 0; i < kScanTokens; ++i) {
+      if (t0 + i < seq_len) begin[row + t0 + i] = counter[group[i]];
+    }
+  }
   __syncthreads();
 
   // Interleaved documents: slots in token order; counter[f] becomes document f's next free

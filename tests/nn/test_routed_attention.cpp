@@ -877,6 +877,23 @@ TEST(RoutedAttentionGpu, CompactionOfLongRowsMatchesCpu) {
   }
 }
 
+// Documents that interleave only where a run starts on a thread's first token of a step
+// of the compaction's walks (tokens 4 j; 4096 j with 1,024 threads): A for [0, r), B for
+// [r, 2r), A again from 2r, with runs r of 4, 8 and 4096, so that the reappearance is
+// found only by comparing a token with the one before it in another thread's range.
+TEST(RoutedAttentionGpu, CompactionFindsDocumentsThatReturnAtAStepBoundary) {
+  HAM_SKIP_UNLESS_CUDA();
+  for (int64_t run : {4, 8, 4096}) {
+    const int64_t seq_len = 3 * run;
+    std::vector<int64_t> ids(static_cast<size_t>(seq_len));
+    for (int64_t t = 0; t < seq_len; ++t) ids[size_t(t)] = (t / run) % 2 == 1 ? 7 : 3;
+    const GpuCase c{1, seq_len, 1, 1, 8, 8, 0.5, false, GpuDocs::None, false};
+    expect_gpu_compaction_matches_cpu(gpu_case_select(c, 63),
+                                      Tensor::from_vector(ids, {1, seq_len}),
+                                      "documents returning at " + std::to_string(2 * run));
+  }
+}
+
 #ifdef HAM_WITH_CUDA
 // The bf16 cases against the CPU with a tuning setter (cuda/routed_attention.h)
 // set to `value`, restored after; then the setter refuses `bad`, naming itself, the value
