@@ -1054,9 +1054,9 @@ TEST(RoutedAttentionGpu, WgmmaHeadDimsAreTheCommonOnesAndTheWideOnes) {
 #endif
 }
 
-// The warps' mma.sync kernels at the head dims that wgmma also takes, which a GPU with the
-// wgmma kernels runs only when set so (elsewhere they are the default, which the cases
-// above run): the wgmma tests' cases, none of them on wgmma.
+// The warps' mma.sync kernels at the head dims that wgmma also takes, set so for each pass
+// (a GPU with the wgmma kernels otherwise runs them only where the automatic choice keeps
+// them; elsewhere they are the default): the wgmma tests' cases, none of them on wgmma.
 TEST(RoutedAttentionGpu, Bf16WithMmaSyncMatchesCpuAtWgmmaHeads) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
