@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
                   rows_64.median / rows_128.median, rows_64.max / rows_128.max);
       std::fflush(stdout);
     }
-    if (!cuda::attention_backward_wgmma_available()) {
+    if (!cuda::attention_wgmma_available()) {
       std::printf("\nthe wgmma kernels: skipped (this build has no sm_90a code, or the GPU is "
                   "not of compute capability 9.0)\n");
     } else {

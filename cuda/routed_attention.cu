@@ -2088,7 +2088,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
 #else
-  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
 }
 
@@ -2179,7 +2179,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     }
   }
 #else
-  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
 }
 
@@ -2260,7 +2260,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 
   store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
 #else
-  __trap();  // not launched: attention_backward_wgmma_available() is false without sm_90a code
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
 }
 
@@ -2573,9 +2573,9 @@ std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 // error.
 int wgmma_groups(int setting, const char* pass, const char* setter, int automatic) {
   if (setting == kAttentionWgmmaAutomatic) {
-    return automatic != 0 && attention_backward_wgmma_available() ? automatic : 0;
+    return automatic != 0 && attention_wgmma_available() ? automatic : 0;
   }
-  HAM_CHECK(setting == 0 || attention_backward_wgmma_available(), kOp, ": the wgmma ", pass,
+  HAM_CHECK(setting == 0 || attention_wgmma_available(), kOp, ": the wgmma ", pass,
             " kernels (", setter, ") need a build with sm_90a code (90a in "
             "CMAKE_CUDA_ARCHITECTURES) and a GPU of compute capability 9.0");
   return setting;
@@ -2821,7 +2821,7 @@ bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {
   return takes;
 }
 
-bool attention_backward_wgmma_available() {
+bool attention_wgmma_available() {
 #if defined(HAM_CUDA_EMULATOR)
   return true;
 #elif defined(HAM_CUDA_WGMMA)

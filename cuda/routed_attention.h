@@ -19,7 +19,7 @@ int set_attention_forward_keys(int keys);
 // Which kernels compute each bf16 pass at the head dims the wgmma kernels take (64 and 128
 // in each of Dk and Dv, the paper's HAM heads 128 x 192, and 256 x 256; other head dims
 // always take mma.sync):
-//   kAttentionWgmmaAutomatic (the default): where attention_backward_wgmma_available(), the
+//   kAttentionWgmmaAutomatic (the default): where attention_wgmma_available(), the
 //     faster on the H200 (2026-11-27): the backward 1 warpgroup a block at 64 and 128, 2
 //     at 128 x 192 and 256 x 256; the forward mma.sync at 128 x 128 and wherever one head
 //     dim is 64 and the other 128, 1 warpgroup at 64 x 64, 2 at 128 x 192 and 256 x 256;
@@ -38,10 +38,10 @@ int set_attention_backward_wgmma(int kernels);
 int64_t attention_forward_wgmma_launches();
 int64_t attention_backward_wgmma_launches();
 
-// Whether this build and the current GPU run the wgmma backward kernels: the build has sm_90a
-// code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0; always
-// in the SIMT emulator.
-bool attention_backward_wgmma_available();
+// Whether this build and the current GPU run the wgmma kernels (both passes): the build has
+// sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0;
+// always in the SIMT emulator.
+bool attention_wgmma_available();
 
 // Whether the wgmma kernels take heads of these dims (both passes).
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim);

@@ -974,7 +974,7 @@ const WgmmaPass kWgmmaForward{&cuda::set_attention_forward_wgmma, "set_attention
 // cores, sm_90a), with one and with two warpgroups a block; skips where this build or GPU
 // has no such kernels. Each case must run on them.
 void expect_wgmma_matches_cpu(const WgmmaPass& pass, const std::vector<GpuCase>& cases) {
-  if (!cuda::attention_backward_wgmma_available()) {
+  if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
                     "and a GPU of compute capability 9.0";
   }
@@ -1079,7 +1079,7 @@ TEST(RoutedAttentionGpu, Bf16WithMmaSyncMatchesCpuAtWgmmaHeads) {
 TEST(RoutedAttentionGpu, Bf16PassesTakeWgmmaByDefaultWhereFaster) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  const int64_t available = cuda::attention_backward_wgmma_available() ? 1 : 0;
+  const int64_t available = cuda::attention_wgmma_available() ? 1 : 0;
   struct Expected {
     int64_t key_dim, value_dim, forward, backward;  // calls on wgmma where available
   };
