@@ -5,13 +5,15 @@
 //   1. with doc_ids: every token finds the first position of its document through a
 //      per-row open-addressing hash table whose slots hold token indices (a slot's key is
 //      the document of the token it holds; atomicCAS claims, atomicMin keeps the first).
-//   2. one block per batch row: per-document counts of selected keys (integer atomics, so
-//      exact), an exclusive scan over documents in order of first appearance (a document
-//      is numbered by its first position) -> visible_begin, then one warp walks the row
-//      32 tokens at a time: __match_any_sync groups the lanes of one document, the rank
-//      of a selected lane among them gives its slot (stable: ascending inside a document)
-//      -> key_positions, visible_end. The per-document counters live in shared memory
-//      when the row fits, in a global scratch row otherwise.
+//   2. one block per batch row (compact_rows): where every document is one run of tokens
+//      (packed documents, or none), a key's slot is the row's exclusive prefix sum of
+//      select, one block-wide scan; where documents interleave, per-document counts of
+//      selected keys (integer atomics, so exact), a scan over documents in order of first
+//      appearance, then one warp walks the row 32 tokens at a time: __match_any_sync groups
+//      the lanes of one document, the rank of a selected lane among them gives its slot.
+//      Either way slots are stable (ascending inside a document) -> key_positions,
+//      visible_begin, visible_end. The per-token counters live in shared memory when the
+//      row fits, in a global scratch row otherwise.
 //
 // Forward, tiled (f32 and bf16, head dims Dk in {64, 128, 256}, Dv in {64, 128, 192, 256}):
 //   one block of 256 threads per (query tile of 64, query head, batch row). The block
@@ -24,7 +26,8 @@
 //   product, so a row's reductions stay inside one half-warp.
 //
 // Backward, tiled, deterministic (no float atomics anywhere):
-//   D = rowsum(dO * o) (one warp per row);
+//   D = rowsum(dO * o), and zeros for the gradients of unselected keys (backward_prologue,
+//   one warp per token);
 //   dK/dV' pass: one block per (key tile of 64 compacted keys, kv head, batch row); it
 //     loops over the query heads of its group and over the query tiles at or after its
 //     first key's position, skipping tiles none of whose rows see it, and accumulates
@@ -359,6 +362,7 @@ struct AttentionArgs {
   // backward (lse above is read)
   const T* dout;
   const C* delta;       // [B, T, Hq] = <dO, o>
+  C* delta_out;         // the same buffer where the dQ kernel forms D (row_deltas), else null
   T *dq, *dk, *dv;
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
   const QueryTileRange* query_tiles;  // [B, ceil(T / kQueryTileRows)]
@@ -2092,6 +2096,38 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
 #endif
 }
 
+// D = rowsum(dO o) of a block's BQ query rows, two threads a row, each half of its DV
+// values in 16-byte loads, into s_delta and a.delta_out (rows past T: 0, not written).
+// Where the dQ kernel runs on wgmma it forms D so (the host launches the dK/dV pass after
+// it), since its rows' dO is read there anyway (the load after its copy hits L2): the
+// backward reads dO from HBM once less than with D formed in backward_prologue.
+template <int DV, int BQ, int kThreads>
+__device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, int64_t q0,
+                           float* s_delta) {
+  static_assert(kThreads == 2 * BQ && DV % 16 == 0, "two threads a row, 16 bytes a load");
+  using P = Pack<bf16, 8>;
+  constexpr int kHalf = DV / 2;
+  const int r = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
+  const int64_t t = q0 + r;
+  float dot = 0.f;
+  if (t < a.seq_len) {
+    const int64_t at = a.q_index(b, t, h) * DV + half * kHalf;
+    const P* dout = reinterpret_cast<const P*>(a.dout + at);
+    const P* out = reinterpret_cast<const P*>(a.out + at);
+#pragma unroll 4
+    for (int c = 0; c < kHalf / 8; ++c) {
+      const P x = dout[c], y = out[c];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += load(x.v[e]) * load(y.v[e]);
+    }
+  }
+  dot += __shfl_xor_sync(kFullMask, dot, 1);
+  if (half == 0) {
+    s_delta[r] = dot;
+    if (t < a.seq_len) a.delta_out[a.q_index(b, t, h)] = dot;
+  }
+}
+
 // The dQ kernel on warpgroup tensor cores: backward_dq_mma's work for a block of 64 query
 // rows (this warp's 16), key tiles of 64, every product one wgmma: S = Q K^T and
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
@@ -2126,7 +2162,19 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   for (int i = 0; i < 2; ++i) {
     const int64_t t = q0 + r0[0] + 8 * i;
     lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
-    delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+  }
+  if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
+    __shared__ float s_delta[BQ];
+    row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) delta[i] = s_delta[r0[0] + 8 * i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t t = q0 + r0[0] + 8 * i;
+      delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+    }
   }
   // This warpgroup's 64 rows: rows 64 (warp / 4) .. of the Q and dO tiles.
   const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
@@ -2430,19 +2478,69 @@ __global__ void backward_dkdv_generic(AttentionArgs<T> a) {
 
 // ---- Small backward kernels ----------------------------------------------------------
 
-// delta[row] = <dO_row, o_row>, one warp per row.
+// The backward's first pass, one warp per token (b, t), in place of a pass for D and
+// three memsets (each a full pass over its tensor):
+//   delta[b, t, h] = <dO[b, t, h], o[b, t, h]> for every query head h (f32; f64 for f64),
+//   unless the dQ kernel forms it (row_deltas: delta null here);
+//   dk[b, t], dv[b, t] and dp[b, t] = 0 where t is not selected; the dK/dV kernels write
+//   the selected rows, and gather_value_scale_grad their dp.
+// A query sees its document's keys selected so far, itself included, so t is selected
+// exactly where the last key it sees is t: end > begin and positions[end - 1] == t.
+// Groups of kDotLanes lanes dot one row each, kPack elements (16 bytes where the rows are
+// packable) a load; the zeros are stored the same way across the warp.
+constexpr int kDotLanes = 8;
 template <class T>
-__global__ void row_dots(const T* dout, const T* out, int64_t rows, int64_t dim,
-                         compute_t<T>* delta) {
+struct BackwardPrologue {
+  const T *dout, *out;
+  compute_t<T>* delta;  // [B, T, Hq], or null where the dQ kernel forms D
+  T *dk, *dv, *dp;      // [B, T, Hkv, Dk], [B, T, Hkv, Dv], [B, T] (dp may be null)
+  const int64_t *positions, *begin, *end;
+  int64_t tokens, seq_len, q_heads, kv_heads, key_dim, value_dim;
+};
+
+template <class T, int kPack>
+__device__ __forceinline__ void zero_span(T* dst, int64_t n, int lane) {
+  const Pack<T, kPack> zeros{};
+  for (int64_t i = lane; i < n / kPack; i += 32) reinterpret_cast<Pack<T, kPack>*>(dst)[i] = zeros;
+}
+
+template <class T, int kPack>
+__global__ void __launch_bounds__(kThreads) backward_prologue(BackwardPrologue<T> a) {
   using C = compute_t<T>;
-  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
-  C dot = C(0);
-  for (int64_t c = threadIdx.x % 32; c < dim; c += 32) {
-    dot += C(load(dout[row * dim + c])) * C(load(out[row * dim + c]));
+  using P = Pack<T, kPack>;
+  const int64_t token = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (token >= a.tokens) return;
+  const int lane = int(threadIdx.x % 32), group = lane / kDotLanes, member = lane % kDotLanes;
+  const int64_t seen_begin = a.begin[token], seen_end = a.end[token];  // used last
+  const int64_t packs = a.value_dim / kPack;
+  // The head loop's bound is the same for the whole warp, so every lane reaches the
+  // shuffles; a group past the last head dots nothing. No delta: the dQ kernel forms D.
+  for (int64_t h0 = 0; a.delta && h0 < a.q_heads; h0 += 32 / kDotLanes) {
+    const int64_t h = h0 + group;
+    C dot = C(0);
+    if (h < a.q_heads) {
+      const int64_t row = (token * a.q_heads + h) * a.value_dim;
+      const P* dout = reinterpret_cast<const P*>(a.dout + row);
+      const P* out = reinterpret_cast<const P*>(a.out + row);
+#pragma unroll 4
+      for (int64_t c = member; c < packs; c += kDotLanes) {
+        const P x = dout[c], y = out[c];
+#pragma unroll
+        for (int e = 0; e < kPack; ++e) dot += C(load(x.v[e])) * C(load(y.v[e]));
+      }
+    }
+#pragma unroll
+    for (int offset = kDotLanes / 2; offset > 0; offset >>= 1) {
+      dot += __shfl_xor_sync(kFullMask, dot, offset);
+    }
+    if (h < a.q_heads && member == 0) a.delta[token * a.q_heads + h] = dot;
   }
-  dot = warp_sum(dot);
-  if (threadIdx.x % 32 == 0) delta[row] = dot;
+  const int64_t t = token % a.seq_len, row_start = token - t;
+  const bool selected = seen_end > seen_begin && a.positions[row_start + seen_end - 1] == t;
+  if (selected) return;
+  zero_span<T, kPack>(a.dk + token * a.kv_heads * a.key_dim, a.kv_heads * a.key_dim, lane);
+  zero_span<T, kPack>(a.dv + token * a.kv_heads * a.value_dim, a.kv_heads * a.value_dim, lane);
+  if (a.dp && lane == 0) a.dp[token] = store<T>(C(0));
 }
 
 // tiles[b, j] = the QueryTileRange of rows [64 j, 64 j + 64) of batch row b, one warp each.
@@ -2549,12 +2647,18 @@ size_t static_shared_bytes(Kernel* kernel) {
   return attributes.sharedSizeBytes;
 }
 
+// Whether a tiled kernel with `bytes` of dynamic shared memory fits the device.
+template <class T>
+bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
+  return bytes + static_shared_bytes(kernel) <= max_shared_per_block();
+}
+
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
 // the device; returns whether it launched.
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args, int threads = kTileThreads) {
-  if (bytes + static_shared_bytes(kernel) > max_shared_per_block()) return false;
+  if (!tiled_fits(kernel, bytes)) return false;
   allow_dynamic_shared(kOp, kernel, bytes);
   HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args);
   HAM_CUDA_CHECK_LAUNCH();
@@ -2666,22 +2770,56 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
               Tensor& dvalue_scale) {
   use_device_of(q);
   cudaStream_t stream = launch_stream();
-  // Unselected positions get exactly zero dk, dv and dp.
-  for (Tensor* t : {&dk, &dv, &dvalue_scale}) {
-    if (t->defined() && t->numel() > 0) {
-      HAM_CUDA_CHECK(cudaMemsetAsync(t->raw_data(), 0, size_t(t->numel()) * dtype_size(t->dtype()),
-                                     stream));
+  if (q.numel() == 0) {  // no kernel runs: every gradient is zero
+    for (Tensor* t : {&dk, &dv, &dvalue_scale}) {
+      if (t->defined() && t->numel() > 0) {
+        HAM_CUDA_CHECK(cudaMemsetAsync(t->raw_data(),
+                                       0, size_t(t->numel()) * dtype_size(t->dtype()), stream));
+      }
     }
+    return;
   }
-  if (q.numel() == 0) return;
   check_grid(q);
   dispatch_floating(kOp, q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     AttentionArgs<T> a = make_args<T>(q, k, v, value_scale, selection, scale);
     const int64_t rows = a.batch * a.seq_len * a.q_heads;
     Tensor delta = Tensor::empty(Shape{a.batch, a.seq_len, a.q_heads}, compute_dtype<T>(), q.device());
-    HAM_LAUNCH(unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, stream, row_dots<T>)(
-        ptr<const T>(dout), ptr<const T>(out), rows, a.value_dim, ptr<C>(delta));
+    // Warpgroups a block of the wgmma backward kernels (0: they do not run). Their dQ
+    // kernel forms D itself (row_deltas) and runs before the dK/dV pass; elsewhere
+    // backward_prologue forms D.
+    int wgmma_groups_backward = 0;
+    bool dq_forms_delta = false;
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
+        dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
+          if constexpr (kWgmmaHeads<DK, DV>) {
+            wgmma_groups_backward = wgmma_groups(g_backward_wgmma.load(), "backward",
+                                                 "set_attention_backward_wgmma",
+                                                 kWgmmaAutomaticBackward<DK, DV>);
+            auto dq_fits = [&]<int kGroups>() {
+              return tiled_fits(&backward_dq_wgmma<DK, DV, kGroups>,
+                                WgmmaBackwardShape<DK, DV, kGroups>::bytes());
+            };
+            dq_forms_delta = wgmma_groups_backward != 0 && aligned_16(out.raw_data()) &&
+                             (wgmma_groups_backward == 2 ? dq_fits.template operator()<2>()
+                                                         : dq_fits.template operator()<1>());
+          }
+        });
+      }
+    }
+    BackwardPrologue<T> prologue{ptr<const T>(dout), ptr<const T>(out),
+                                 dq_forms_delta ? nullptr : ptr<C>(delta),
+                                 ptr<T>(dk), ptr<T>(dv), ptr_or_null<T>(dvalue_scale),
+                                 a.positions, a.begin, a.end, a.batch * a.seq_len, a.seq_len,
+                                 a.q_heads, a.kv_heads, a.key_dim, a.value_dim};
+    const bool packable =
+        a.key_dim % kPackWidth<T> == 0 &&
+        rows_packable<T>(a.value_dim, {prologue.dout, prologue.out, prologue.dk, prologue.dv});
+    void (*prologue_kernel)(BackwardPrologue<T>) =
+        packable ? &backward_prologue<T, kPackWidth<T>> : &backward_prologue<T, 1>;
+    HAM_LAUNCH(unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock)), kThreads, 0, stream,
+               prologue_kernel)(prologue);
     HAM_CUDA_CHECK_LAUNCH();
     Tensor dp_partial;
     if (value_scale.defined()) {
@@ -2690,6 +2828,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     a.lse = const_cast<C*>(ptr<const C>(lse));
     a.dout = ptr<const T>(dout);
     a.delta = ptr<const C>(delta);
+    a.delta_out = dq_forms_delta ? ptr<C>(delta) : nullptr;
+    a.out = const_cast<T*>(ptr<const T>(out));  // read: row_deltas
     a.dq = ptr<T>(dq);
     a.dk = ptr<T>(dk);
     a.dv = ptr<T>(dv);
@@ -2713,12 +2853,16 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
           if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
             using Shape = MmaBackwardShape<DK, DV>;
             if constexpr (kWgmmaHeads<DK, DV>) {
-              const int groups = wgmma_groups(g_backward_wgmma.load(), "backward",
-                                              "set_attention_backward_wgmma",
-                                              kWgmmaAutomaticBackward<DK, DV>);
+              const int groups = wgmma_groups_backward;
               if (groups != 0) {
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
+                  // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
+                  tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV, kGroups>,
+                                          block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
+                                          Wgmma::bytes(), a, Wgmma::kThreads);
+                  HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
+                            ": the wgmma dQ kernel that was to form D did not launch");
                   const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                   auto launch_dkdv = [&]<KeyGrads kPart>() {
                     return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
@@ -2730,9 +2874,6 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                   } else {
                     tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Both>();
                   }
-                  tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV, kGroups>,
-                                          block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                          Wgmma::bytes(), a, Wgmma::kThreads);
                 };
                 if (groups == 2) {
                   launch_wgmma.template operator()<2>();
