@@ -16,9 +16,11 @@
 #                            measured on the H200 on 2026-11-26 plus a margin)
 #   Without HAM_GPU_BUILD, .gpu-prebuilt/build-sm90-carry.tar.xz (scripts/gpu_prebuild.sh)
 #   is used when it is there, else gpu_check builds build-gpu/ first (minutes).
-#   FLA's autotuning results, when carried in .gpu-deps/fla_autotune.tgz, are unpacked
-#   into Triton's cache (TRITON_CACHE_DIR, default /tmp/tc), so its first call does not
-#   spend minutes autotuning; each session packs them again into gpu_session.tgz.
+#   FLA's autotuning results, from bench/fla_autotune.tgz (committed, since ignored files
+#   do not reach the next session's fresh checkout) or .gpu-deps/fla_autotune.tgz where
+#   that is carried, are unpacked into Triton's cache (TRITON_CACHE_DIR, default /tmp/tc),
+#   so its first call does not spend minutes autotuning; each session packs them again
+#   into gpu_session.tgz: commit that fla_autotune.tgz as bench/fla_autotune.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ $# -ge 1 ]] || { echo "usage: scripts/gpu_session.sh OUT [STAGE...]" >&2; exit 2; }
@@ -58,13 +60,15 @@ if [[ -z ${HAM_GPU_BUILD:-} && -f .gpu-prebuilt/build-sm90-carry.tar.xz ]]; then
   export HAM_GPU_PREBUILT=1 HAM_GPU_BUILD=build-sm90-carry
 fi
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tc}
-if [[ -f .gpu-deps/fla_autotune.tgz ]]; then
-  tar -xzf .gpu-deps/fla_autotune.tgz -C / || exit 1
-fi
+for results in bench/fla_autotune.tgz .gpu-deps/fla_autotune.tgz; do
+  if [[ -f $results ]]; then
+    tar -xzf "$results" -C / || exit 1
+  fi
+done
 # FLA's autotuning results (Triton's *.autotune.json, FLA_CACHE_RESULTS being on by
-# default), packed beside the logs after each stage: copy the file to
-# .gpu-deps/fla_autotune.tgz for the next session. Only the choices travel, not the
-# compiled kernels (tens of MB): the next run compiles the chosen configs alone.
+# default), packed beside the logs after each stage: commit the file as
+# bench/fla_autotune.tgz for the next session. Only the choices travel, not the compiled
+# kernels (tens of MB): the next run compiles the chosen configs alone.
 keep_autotune_results() {
   [[ $TRITON_CACHE_DIR == /* && -d $TRITON_CACHE_DIR ]] || return 0
   local results
