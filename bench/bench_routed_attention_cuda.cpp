@@ -18,8 +18,9 @@
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
 // (cuda/routed_attention.h; not in the CSV), and the next 64 against 128 rows for value
 // heads of 192.
-// The last two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
-// against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256).
+// The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
+// against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256), and the
+// last the wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -198,6 +199,16 @@ bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput&
   return ms;
 }
 
+// The backward's ms (min, median, max) on one warpgroup a block with the wgmma dQ kernel's
+// key tiles of `keys` (set_attention_backward_dq_keys: 64 or 32).
+bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                                       int keys, int reps) {
+  const int previous_keys = cuda::set_attention_backward_dq_keys(keys);
+  const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
+  cuda::set_attention_backward_dq_keys(previous_keys);
+  return ms;
+}
+
 // A table of `pass` on mma.sync and on wgmma with 1 and 2 warpgroups a block, over the
 // cases (matching `filter`) whose head dims the wgmma kernels have: ms at min / median / max
 // from ms_on(inputs, 0, 1 or 2), and the ratios mma / wgmma at each.
@@ -311,6 +322,30 @@ int main(int argc, char** argv) {
                   [&](CaseInputs& in, int wgmma) {
                     return forward_ms_set(in, &cuda::set_attention_forward_wgmma, wgmma, reps);
                   });
+      // 32-key tiles take the 128 x 128 dQ kernel from 187 registers and 98 KB of shared
+      // memory to 142 and 67 KB (ptxas, sm_90a): three blocks an SM where two fit, for the
+      // short blocks of packed documents, at twice the tiles' bookkeeping.
+      std::printf("\nbackward on one warpgroup a block, the wgmma dQ kernel's key tiles 64 vs 32 "
+                  "(ms at min / median / max;\nthe ratios 64 / 32 at each, above 1: 32 faster)\n");
+      std::printf("%-40s %26s %26s %18s\n", "case", "64 keys", "32 keys", "ratio");
+      for (const BenchCase& c : bench_cases()) {
+        if (c.key_dim > 128 || c.value_dim > 128) continue;
+        if (c.docs == 1 && c.density != 0.25) continue;  // short blocks only, and rho 0.25
+        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+        CaseInputs in(c);
+        in.selection = ops::compact_selection(in.select, in.docs);
+        const ops::RoutedAttentionOutput forward =
+            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+        const bench::Spread keys_64 = backward_ms_with_dq_keys(in, forward, 64, reps);
+        const bench::Spread keys_32 = backward_ms_with_dq_keys(in, forward, 32, reps);
+        std::printf("%-40s", c.name().c_str());
+        for (const bench::Spread& t : {keys_64, keys_32}) {
+          std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
+        }
+        std::printf(" %5.2f %5.2f %5.2f\n", keys_64.min / keys_32.min,
+                    keys_64.median / keys_32.median, keys_64.max / keys_32.max);
+        std::fflush(stdout);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());

@@ -1971,10 +1971,10 @@ struct WgmmaBackwardShape {
   // Own rows, then two slots of visited tiles (dK/dV: K and V', then Q and dO; dQ: Q and
   // dO, then K and V), after the round-up of the dynamic shared memory to 1024 bytes.
   // KeyGrads::Values keeps no V' (its products read none).
-  static constexpr size_t bytes(KeyGrads part = KeyGrads::Both) {
+  static constexpr size_t bytes(KeyGrads part = KeyGrads::Both, int tile = kTile) {
     return wgmma::kSwizzleAtomBytes +
            (size_t(kRows) * (part == KeyGrads::Values ? DK : DK + DV) +
-            size_t(2 * kTile) * (DK + DV)) * 2;
+            size_t(2 * tile) * (DK + DV)) * 2;
   }
 };
 
@@ -2133,11 +2133,19 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
 // from the registers and K, MN-major, from the tile S read. The K and V tiles are
 // double-buffered as in the other kernels (KeyTiles, swizzled).
+// kKeyTile: the shape's tile, or 32 at head dims up to 128 on one warpgroup where set
+// (set_attention_backward_dq_keys): S and dS take half the registers and the key slots
+// half the shared memory, so that three blocks may share an SM where two do, for blocks
+// that see few keys (packed documents), at twice the tiles' bookkeeping.
 template <int DK, int DV, int kGroups>
+constexpr bool kWgmmaDqTakes32Keys = kGroups == 1 && kWgmmaFits<DK, DV>;
+template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV, kGroups>::kTile>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
-  constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, kThreads = Shape::kThreads;
+  constexpr int BQ = Shape::kRows, BK = kKeyTile, NB = BK / 8, kThreads = Shape::kThreads;
+  static_assert(BK == Shape::kTile || (BK == 32 && kWgmmaDqTakes32Keys<DK, DV, kGroups>),
+                "the shape's key tile, or 32 where kWgmmaDqTakes32Keys");
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
@@ -2671,6 +2679,9 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_forward_wgmma{kAttentionWgmmaAutomatic},
     g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
+// set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key tiles.
+std::atomic<int> g_backward_dq_keys{64};
+std::atomic<int64_t> g_backward_dq_32_key_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
 // automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
@@ -2790,6 +2801,24 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // backward_prologue forms D.
     int wgmma_groups_backward = 0;
     bool dq_forms_delta = false;
+    const bool dq_in_32_keys = g_backward_dq_keys.load() == 32;
+    // The wgmma dQ kernel for these head dims and warpgroups, its shared memory and its key
+    // tile.
+    struct WgmmaDq {
+      void (*kernel)(AttentionArgs<bf16>);
+      size_t bytes;
+      int keys;
+    };
+    auto wgmma_dq = [&]<int DK, int DV, int kGroups>() {
+      using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
+      if constexpr (kWgmmaDqTakes32Keys<DK, DV, kGroups>) {
+        if (dq_in_32_keys) {
+          return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32>,
+                         Wgmma::bytes(KeyGrads::Both, 32), 32};
+        }
+      }
+      return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups>, Wgmma::bytes(), Wgmma::kTile};
+    };
     if constexpr (std::is_same_v<T, bf16>) {
       if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
@@ -2798,8 +2827,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                                  "set_attention_backward_wgmma",
                                                  kWgmmaAutomaticBackward<DK, DV>);
             auto dq_fits = [&]<int kGroups>() {
-              return tiled_fits(&backward_dq_wgmma<DK, DV, kGroups>,
-                                WgmmaBackwardShape<DK, DV, kGroups>::bytes());
+              const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
+              return tiled_fits(dq_pass.kernel, dq_pass.bytes);
             };
             dq_forms_delta = wgmma_groups_backward != 0 && aligned_16(out.raw_data()) &&
                              (wgmma_groups_backward == 2 ? dq_fits.template operator()<2>()
@@ -2858,11 +2887,13 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                   // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
-                  tiled_dq = launch_tiled(&backward_dq_wgmma<DK, DV, kGroups>,
+                  const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
+                  tiled_dq = launch_tiled(dq_pass.kernel,
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                          Wgmma::bytes(), a, Wgmma::kThreads);
+                                          dq_pass.bytes, a, Wgmma::kThreads);
                   HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                             ": the wgmma dQ kernel that was to form D did not launch");
+                  if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
                   const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                   auto launch_dkdv = [&]<KeyGrads kPart>() {
                     return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
@@ -2946,6 +2977,16 @@ int set_attention_backward_wgmma(int kernels) {
 }
 
 int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }
+
+int set_attention_backward_dq_keys(int keys) {
+  HAM_CHECK(keys == 32 || keys == 64, "set_attention_backward_dq_keys: ", keys,
+            " keys per tile; the wgmma dQ kernel takes 32 or 64");
+  return g_backward_dq_keys.exchange(keys);
+}
+
+int64_t attention_backward_dq_32_key_launches() {
+  return g_backward_dq_32_key_launches.load();
+}
 
 int set_attention_forward_wgmma(int kernels) {
   HAM_CHECK(kernels >= kAttentionWgmmaAutomatic && kernels <= 2, "set_attention_forward_wgmma: ",

@@ -38,6 +38,16 @@ int set_attention_backward_wgmma(int kernels);
 int64_t attention_forward_wgmma_launches();
 int64_t attention_backward_wgmma_launches();
 
+// Keys a tile of the backward's wgmma dQ kernel at head dims of 64 and 128 on one
+// warpgroup a block (elsewhere the kernel keeps its own tile): 64 (the default) or 32,
+// which halves its score registers and key slots so that three blocks may share an SM
+// where two do (for blocks that see few keys, as with packed documents; untimed). Returns
+// the previous setting; any other value is an error.
+int set_attention_backward_dq_keys(int keys);
+
+// How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles.
+int64_t attention_backward_dq_32_key_launches();
+
 // Whether this build and the current GPU run the wgmma kernels (both passes): the build has
 // sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0;
 // always in the SIMT emulator.

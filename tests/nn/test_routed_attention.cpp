@@ -996,6 +996,25 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
 #endif
 }
 
+// The wgmma dQ kernel in 32-key tiles (one warpgroup a block, head dims of 64 and 128),
+// which it takes only when set so; each case must run on it.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
+                    "and a GPU of compute capability 9.0";
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
+  const int64_t before = cuda::attention_backward_dq_32_key_launches();
+  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_dq_keys,
+                                  "set_attention_backward_dq_keys", 32, 48, "32 or 64",
+                                  kWgmmaHeadCases);
+  EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - before,
+            int64_t(kWgmmaHeadCases.size()));
+#endif
+}
+
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
   HAM_SKIP_UNLESS_CUDA();
   HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
