@@ -209,6 +209,19 @@ bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentio
   return ms;
 }
 
+// A row of a table of two variants: each one's ms at min / median / max, then the ratios
+// first / second at each.
+void print_spread_pair(const std::string& name, const bench::Spread& first,
+                       const bench::Spread& second) {
+  std::printf("%-40s", name.c_str());
+  for (const bench::Spread& t : {first, second}) {
+    std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
+  }
+  std::printf(" %5.2f %5.2f %5.2f\n", first.min / second.min, first.median / second.median,
+              first.max / second.max);
+  std::fflush(stdout);
+}
+
 // A table of `pass` on mma.sync and on wgmma with 1 and 2 warpgroups a block, over the
 // cases (matching `filter`) whose head dims the wgmma kernels have: ms at min / median / max
 // from ms_on(inputs, 0, 1 or 2), and the ratios mma / wgmma at each.
@@ -299,15 +312,8 @@ int main(int argc, char** argv) {
       if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
       CaseInputs in(c);
       in.selection = ops::compact_selection(in.select, in.docs);
-      const bench::Spread rows_64 = forward_ms_with(in, 64, 64, reps);
-      const bench::Spread rows_128 = forward_ms_with(in, 128, 64, reps);
-      std::printf("%-40s", c.name().c_str());
-      for (const bench::Spread& t : {rows_64, rows_128}) {
-        std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
-      }
-      std::printf(" %5.2f %5.2f %5.2f\n", rows_64.min / rows_128.min,
-                  rows_64.median / rows_128.median, rows_64.max / rows_128.max);
-      std::fflush(stdout);
+      print_spread_pair(c.name(), forward_ms_with(in, 64, 64, reps),
+                        forward_ms_with(in, 128, 64, reps));
     }
     if (!cuda::attention_wgmma_available()) {
       std::printf("\nthe wgmma kernels: skipped (this build has no sm_90a code, or the GPU is "
@@ -336,15 +342,8 @@ int main(int argc, char** argv) {
         in.selection = ops::compact_selection(in.select, in.docs);
         const ops::RoutedAttentionOutput forward =
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        const bench::Spread keys_64 = backward_ms_with_dq_keys(in, forward, 64, reps);
-        const bench::Spread keys_32 = backward_ms_with_dq_keys(in, forward, 32, reps);
-        std::printf("%-40s", c.name().c_str());
-        for (const bench::Spread& t : {keys_64, keys_32}) {
-          std::printf(" %7.3f %8.3f %8.3f", t.min, t.median, t.max);
-        }
-        std::printf(" %5.2f %5.2f %5.2f\n", keys_64.min / keys_32.min,
-                    keys_64.median / keys_32.median, keys_64.max / keys_32.max);
-        std::fflush(stdout);
+        print_spread_pair(c.name(), backward_ms_with_dq_keys(in, forward, 64, reps),
+                          backward_ms_with_dq_keys(in, forward, 32, reps));
       }
     }
   } catch (const std::exception& e) {
