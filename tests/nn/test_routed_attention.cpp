@@ -970,13 +970,17 @@ const WgmmaPass kWgmmaBackward{&cuda::set_attention_backward_wgmma,
 const WgmmaPass kWgmmaForward{&cuda::set_attention_forward_wgmma, "set_attention_forward_wgmma",
                               &cuda::attention_forward_wgmma_launches};
 
+// Why a wgmma test skips where attention_wgmma_available() is false.
+constexpr const char* kNoWgmmaHere =
+    "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU of "
+    "compute capability 9.0";
+
 // The bf16 cases against the CPU with a pass's kernels set to wgmma (warpgroup tensor
 // cores, sm_90a), with one and with two warpgroups a block; skips where this build or GPU
 // has no such kernels. Each case must run on them.
 void expect_wgmma_matches_cpu(const WgmmaPass& pass, const std::vector<GpuCase>& cases) {
   if (!cuda::attention_wgmma_available()) {
-    GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
-                    "and a GPU of compute capability 9.0";
+    GTEST_SKIP() << kNoWgmmaHere;
   }
   for (int groups : {1, 2}) {  // warpgroups a block
     SCOPED_TRACE(std::to_string(groups) + " warpgroups a block");
@@ -1002,8 +1006,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
-    GTEST_SKIP() << "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) "
-                    "and a GPU of compute capability 9.0";
+    GTEST_SKIP() << kNoWgmmaHere;
   }
   const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
   const int64_t before = cuda::attention_backward_dq_32_key_launches();
