@@ -242,11 +242,12 @@ sanitize() {
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/8'
   gdr+=':Shapes/GatedDeltaRuleGpu.GpuMatchesCpuForwardAndBackward/5'
   # The wgmma kernels (the forward; both passes at the paper's 128 x 192 heads and
-  # at 256 x 256, in 32-row tiles), racechecked last: a run cut short by the stage's
+  # at 256 x 256, in 32-row tiles; the dQ kernel in 32-key tiles), racechecked last: a run cut short by the stage's
   # deadline loses these first.
   local wgmma='RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpu'
   wgmma+=':RoutedAttentionGpu.Bf16BackwardWithWgmmaMatchesCpuAtWideHeads'
   wgmma+=':RoutedAttentionGpu.Bf16ForwardWithWgmmaMatchesCpuAtWideHeads'
+  wgmma+=':RoutedAttentionGpu.Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu'
   if ! command -v compute-sanitizer >/dev/null; then
     echo "gpu_check: no compute-sanitizer here: no sanitizer run" >&2
     return
