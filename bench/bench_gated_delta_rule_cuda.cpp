@@ -10,14 +10,17 @@
 // argument checks): "fwd" is the chunked forward (o, h_final, fit_error), "bwd" the
 // backward of o and h_final with every gradient wanted. Each call is timed on its own with
 // CUDA events after one warm-up call; the CSV has the min, median and max in milliseconds.
+// "fwd" and "bwd" are the pair a training step runs by default: the forward keeping each
+// chunk's A (GatedDeltaRuleKeep::Inverses, as FLA's forward keeps A) and the backward reading
+// it.
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
 // A last table times the bf16 forward and backward with their state passes forced to 32-
 // and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
-// default choice. For bf16 the CSV also has "fwd_keep", the forward that keeps its chunk
-// states for the backward (keep_for_backward: GatedDeltaRuleSaved), and "bwd_kept", the
-// backward that reads them instead of recomputing them (f32 keeps nothing: empty).
+// default choice. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty):
+// "fwd_bare" keeping nothing and "bwd_recompute" recomputing every chunk term, and
+// "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -65,10 +68,15 @@ using bench::unit_rows_on_gpu;
 
 using bench::Spread;
 
+// A forward keeping something else than the default, and the backward reading it.
+struct KeepPair {
+  Spread fwd, bwd;
+};
+
 struct Timing {
   Spread fwd, bwd;
-  bool kept = false;  // bf16: the forward kept its chunk states
-  Spread fwd_keep, bwd_kept;
+  bool kept = false;  // bf16: the forward kept its chunk terms (the pairs below were timed)
+  KeepPair bare, states;  // GatedDeltaRuleKeep::Nothing, ::ChunkStates
   // bf16 only: forward and backward with forced state-pass tiles
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
 };
@@ -104,7 +112,9 @@ Timing run_case(const BenchCase& c, int reps) {
   GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, dtype, Device::cuda()),
                            Tensor::empty({B, H, K, V}, dtype, Device::cuda()),
                            Tensor::empty({B, T, H}, dtype, Device::cuda())};
-  auto forward = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); };
+  GatedDeltaRuleArgs training = a;
+  training.keep = GatedDeltaRuleKeep::Inverses;
+  auto forward = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), training, out); };
   Timing t;
   // fn's times with the state passes forced to 32 and to 64 columns (bf16 only).
   auto at_both_widths = [&](auto&& fn, Spread& at_32, Spread& at_64) {
@@ -125,28 +135,27 @@ Timing run_case(const BenchCase& c, int reps) {
                             Tensor::empty(a.v.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.g.shape(), dtype, Device::cuda()),
                             Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
+  // The backward reads what the last forward call kept (it only reads it).
   auto backward = [&] {
-    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, nullptr, grads);
+    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, out.saved.get(),
+                                        grads);
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
 
-  // bf16: the forward that keeps its chunk states, and the backward that reads them (the
-  // states of the last forward call; the backward only reads them). f32 keeps nothing.
-  if (dtype != DType::BF16) return t;
-  GatedDeltaRuleArgs keeping = a;
-  keeping.keep_for_backward = true;
-  auto forward_keeping = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), keeping, out); };
-  t.fwd_keep = time_ms(reps, forward_keeping);
-  if (out.saved) {
-    t.kept = true;
-    auto backward_kept = [&] {
-      gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, out.saved.get(),
-                                          grads);
-    };
-    t.bwd_kept = time_ms(reps, backward_kept);
-    out.saved.reset();
-  }
+  // bf16: the other pairs. f32 keeps nothing.
+  t.kept = out.saved != nullptr;
+  if (!t.kept) return t;
+  auto pair_keeping = [&](GatedDeltaRuleKeep keep) {
+    training.keep = keep;
+    KeepPair pair;
+    pair.fwd = time_ms(reps, forward);
+    pair.bwd = time_ms(reps, backward);
+    return pair;
+  };
+  t.bare = pair_keeping(GatedDeltaRuleKeep::Nothing);
+  t.states = pair_keeping(GatedDeltaRuleKeep::ChunkStates);
+  out.saved.reset();
   return t;
 }
 
@@ -161,11 +170,14 @@ int main(int argc, char** argv) {
     if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
     std::ofstream csv = ham::bench::open_csv(
         csv_path, "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
-                  "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max,fwd_keep_ms_min,"
+                  "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max,fwd_bare_ms_min,"
+                  "fwd_bare_ms_median,fwd_bare_ms_max,bwd_recompute_ms_min,"
+                  "bwd_recompute_ms_median,bwd_recompute_ms_max,fwd_keep_ms_min,"
                   "fwd_keep_ms_median,fwd_keep_ms_max,bwd_kept_ms_min,bwd_kept_ms_median,"
                   "bwd_kept_ms_max");
-    std::printf("%-22s %-5s %12s %12s %12s %12s %14s %14s\n", "case", "dtype", "fwd min ms",
-                "fwd med ms", "bwd min ms", "bwd med ms", "fwd keep med", "bwd kept med");
+    std::printf("%-22s %-5s %12s %12s %12s %12s %12s %12s %12s %12s\n", "case", "dtype",
+                "fwd min ms", "fwd med ms", "bwd min ms", "bwd med ms", "fwd bare med",
+                "bwd recomp", "fwd keep med", "bwd kept med");
     std::vector<std::pair<std::string, Timing>> bf16_timings;
     for (const BenchCase& c : bench_cases()) {
       const std::string label = c.name + "_" + c.dtype;
@@ -174,7 +186,10 @@ int main(int argc, char** argv) {
       if (c.dtype == "bf16") bf16_timings.emplace_back(c.name, t);
       std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f", c.name.c_str(), c.dtype.c_str(),
                   t.fwd.min, t.fwd.median, t.bwd.min, t.bwd.median);
-      if (t.kept) std::printf(" %14.3f %14.3f", t.fwd_keep.median, t.bwd_kept.median);
+      if (t.kept) {
+        std::printf(" %12.3f %12.3f %12.3f %12.3f", t.bare.fwd.median, t.bare.bwd.median,
+                    t.states.fwd.median, t.states.bwd.median);
+      }
       std::printf("\n");
       std::fflush(stdout);
       if (csv.is_open()) {
@@ -183,11 +198,11 @@ int main(int argc, char** argv) {
             << t.fwd.median << ',' << t.fwd.max << ',' << t.bwd.min << ',' << t.bwd.median << ','
             << t.bwd.max;
         if (t.kept) {
-          for (const Spread& s : {t.fwd_keep, t.bwd_kept}) {
+          for (const Spread& s : {t.bare.fwd, t.bare.bwd, t.states.fwd, t.states.bwd}) {
             csv << ',' << s.min << ',' << s.median << ',' << s.max;
           }
         } else {
-          csv << ",,,,,,";
+          csv << ",,,,,,,,,,,,";
         }
         csv << '\n';
       }

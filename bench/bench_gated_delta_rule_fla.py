@@ -79,7 +79,9 @@ def main():
     results = []
     print(f"{'case':22s} {'dtype':5s} {'ham fwd':>9s} {'fla fwd':>9s} {'ham/fla min/med/max':>17s} "
           f"{'ham bwd':>9s} {'fla bwd':>9s} {'ham/fla min/med/max':>17s}   (ms, medians)")
-    kept_lines = []  # bf16: ham's forward keeping its chunk states and the backward reading them
+    # bf16: ham's other pairs (bench_gated_delta_rule_cuda.cpp), each against FLA's pair:
+    # keeping nothing (the backward recomputing every chunk term) and every chunk state.
+    pairs = {("fwd_bare", "bwd_recompute"): [], ("fwd_keep", "bwd_kept"): []}
     for row in rows:
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
         B, T, H = int(row["batch"]), int(row["seq_len"]), int(row["heads"])
@@ -139,14 +141,16 @@ def main():
               f"{fwd_ratio[0]:5.2f} {fwd_ratio[1]:5.2f} {fwd_ratio[2]:5.2f} "
               f"{ham_bwd[1]:9.3f} {fla_bwd[1]:9.3f} "
               f"{bwd_ratio[0]:5.2f} {bwd_ratio[1]:5.2f} {bwd_ratio[2]:5.2f}", flush=True)
-        if row.get("bwd_kept_ms_median"):
-            keep_fwd = [float(row[f"fwd_keep_ms_{q}"]) for q in ("min", "median", "max")]
-            kept_bwd = [float(row[f"bwd_kept_ms_{q}"]) for q in ("min", "median", "max")]
-            kept_lines.append(
-                f"{row['name']:22s} {row['dtype']:5s} {keep_fwd[1]:9.3f} "
-                + " ".join(f"{h / f:5.2f}" for h, f in zip(keep_fwd, fla_fwd))
-                + f" {kept_bwd[1]:9.3f} "
-                + " ".join(f"{h / f:5.2f}" for h, f in zip(kept_bwd, fla_bwd)))
+        for (fwd_key, bwd_key), lines in pairs.items():
+            if not row.get(f"{bwd_key}_ms_median"):
+                continue
+            pair_fwd = [float(row[f"{fwd_key}_ms_{q}"]) for q in ("min", "median", "max")]
+            pair_bwd = [float(row[f"{bwd_key}_ms_{q}"]) for q in ("min", "median", "max")]
+            lines.append(
+                f"{row['name']:22s} {row['dtype']:5s} {pair_fwd[1]:9.3f} "
+                + " ".join(f"{h / f:5.2f}" for h, f in zip(pair_fwd, fla_fwd))
+                + f" {pair_bwd[1]:9.3f} "
+                + " ".join(f"{h / f:5.2f}" for h, f in zip(pair_bwd, fla_bwd)))
         results.append(dict(row, fla_fwd_ms_min=fla_fwd[0], fla_fwd_ms_median=fla_fwd[1],
                             fla_fwd_ms_max=fla_fwd[2], fla_bwd_ms_min=fla_bwd[0],
                             fla_bwd_ms_median=fla_bwd[1], fla_bwd_ms_max=fla_bwd[2],
@@ -156,13 +160,18 @@ def main():
         del q, k, v, g, beta, grad_o, kwargs
         torch.cuda.empty_cache()
 
-    if kept_lines:
-        print("\nham keeping its chunk states for the backward (GatedDeltaRuleSaved: more memory,"
-              " no recompute)\nagainst FLA's recomputing backward above (ms, medians; ham/fla"
-              " at min/med/max)")
-        print(f"{'case':22s} {'dtype':5s} {'fwd keep':>9s} {'ham/fla':>17s} {'bwd kept':>9s} "
+    titles = {"fwd_bare": "ham keeping nothing for the backward (less memory than FLA, which"
+                          " keeps A; the backward recomputes A too)",
+              "fwd_keep": "ham keeping every chunk state for the backward (more memory, no"
+                          " recompute)"}
+    for (fwd_key, bwd_key), lines in pairs.items():
+        if not lines:
+            continue
+        print(f"\n{titles[fwd_key]}\nagainst FLA's pair above (ms, medians; ham/fla at"
+              " min/med/max)")
+        print(f"{'case':22s} {'dtype':5s} {fwd_key:>9s} {'ham/fla':>17s} {bwd_key:>9s} "
               f"{'ham/fla':>17s}")
-        for line in kept_lines:
+        for line in lines:
             print(line)
 
     if args.out and results:

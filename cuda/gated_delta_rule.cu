@@ -894,8 +894,9 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //   1. gdr_prepare_mma, one block per (chunk, h, b):
 //        G (chunk cumsum) -> gcum (f32 [B, T, H], read by every later kernel),
 //        L = diag(beta) M = strict_tril(diag(beta) (K K^T * Gamma)),
-//        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse)  -> scratch for the
-//                                                                    backward only, f32,
+//        A = (I + L)^-1 in f32 by 16 x 16 blocks (chunk_inverse)  -> f32, where kept for
+//                                    the backward (GatedDeltaRuleKeep), which then reads it
+//                                    here instead of forming it again,
 //        W = A diag(beta E) K,  U = A diag(beta) V          -> scratch, bf16 [B, T, H, *]
 //   2. gdr_state_mma, one block per (V tile of 32 or 64 columns: state_columns, h, b),
 //      the chunks in order:
@@ -1365,10 +1366,13 @@ struct MmaPrepareLayout {
   static constexpr size_t bytes = k_bytes + a_bytes + v_bytes + 2 * f_bytes;
 };
 
+// a_in: each chunk's A as an earlier call stored it (a_out), read instead of formed (the
+// backward's recompute where the forward kept it: GatedDeltaRuleKeep::Inverses); a_out is
+// then null.
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, float* a_out,
-                    int64_t max_chunks) {
+                    const float* a_in, int64_t max_chunks) {
   using L = MmaPrepareLayout<KD>;
   constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1407,6 +1411,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_value_tile(0);
     async_copy_commit();
+    if (a_in) {  // its loads in flight beside the copies
+      load_inverse<LDA, LDF>(a_in + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk,
+                             sA, nullptr);
+    }
     const float gate = chunk_gate(pr, b, h, begin, n);
     if (int(threadIdx.x) < kChunk) {
       const int i = int(threadIdx.x);
@@ -1417,10 +1425,14 @@ __global__ void __launch_bounds__(kMmaThreads)
     if (int(threadIdx.x) < n) gcum_out[pr.row(b, begin + threadIdx.x, h)] = s_g[threadIdx.x];
     if (int(threadIdx.x) < kChunk) s_e[threadIdx.x] = expf(s_g[threadIdx.x]);  // published below
 
-    chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
-    chunk_inverse<LDA, LDF>(sM, s_beta, sAf, sA);
-    // M is spent once A is formed: its space takes the second V tile, whose copies are then
-    // in flight during the A store, the K scaling and W's products.
+    if (a_in) {
+      __syncthreads();  // publishes s_e (and sA), as chunk_decayed_kk's barriers do below
+    } else {
+      chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
+      chunk_inverse<LDA, LDF>(sM, s_beta, sAf, sA);
+    }
+    // M is spent once A is formed (or never formed): its space takes the second V tile,
+    // whose copies are then in flight during the A store, the K scaling and W's products.
     const int v_tiles = int((V + kMmaVt - 1) / kMmaVt);
     if (v_tiles > 1) {
       issue_value_tile(1);
@@ -2033,7 +2045,9 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 // (the CPU's backward, core/ops/gated_delta_rule.h, is the same gradient written with the
 // forward substitution). After the forward's prepare and state kernels recompute W, U, S0
 // and u (the prepare kernel storing each chunk's A in f32, so that no backward kernel
-// forms it again), five kernels, all but the second parallel over chunks:
+// forms it again; or reading the A the forward kept, GatedDeltaRuleKeep::Inverses, as
+// FLA's backward reads its forward's), five kernels, all but the second parallel over
+// chunks:
 //   1. gdr_bwd_local_mma   per chunk, over V tiles: dvl = P^T dO
 //   2. gdr_bwd_state_mma   per (V tile, h, b), the chunks in reverse: dS_end -> scratch,
 //                          du = dvl + diag(tau) K dS_end, dS0; the last dS0 is dh0
@@ -3340,29 +3354,48 @@ struct MmaChunkStates {
   Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
 };
 
-// What the tensor-core forward keeps for its backward (keep_for_backward): its chunk
-// table and every chunk term the backward reads (MmaChunkStates without U, which only the
-// state pass reads), for inputs of `dims` on `device`.
-struct MmaSavedChunkStates final : GatedDeltaRuleSaved {
-  MmaChunkStates chunk;
+int64_t bytes_of(std::initializer_list<const Tensor*> tensors) {
+  int64_t total = 0;
+  for (const Tensor* t : tensors) {
+    total += t->defined() ? t->numel() * int64_t(dtype_size(t->dtype())) : 0;
+  }
+  return total;
+}
+
+// What the tensor-core forward keeps for its backward, for inputs of `dims` on `device`.
+struct MmaSaved : GatedDeltaRuleSaved {
   Dims dims{};
   Device device;
+};
+
+// GatedDeltaRuleKeep::ChunkStates: the chunk table and every chunk term the backward reads
+// (MmaChunkStates without U, which only the state pass reads).
+struct MmaSavedChunkStates final : MmaSaved {
+  MmaChunkStates chunk;
   int64_t bytes() const override {
-    int64_t total = 0;
-    for (const Tensor* t : {&chunk.table.begin, &chunk.table.doc_start, &chunk.table.doc_chunk,
-                            &chunk.table.count, &chunk.w, &chunk.v_new, &chunk.states,
-                            &chunk.gcum, &chunk.a_inv}) {
-      total += t->defined() ? t->numel() * int64_t(dtype_size(t->dtype())) : 0;
-    }
-    return total;
+    return bytes_of({&chunk.table.begin, &chunk.table.doc_start, &chunk.table.doc_chunk,
+                     &chunk.table.count, &chunk.w, &chunk.v_new, &chunk.states, &chunk.gcum,
+                     &chunk.a_inv});
+  }
+};
+
+// GatedDeltaRuleKeep::Inverses: the chunk table (with its largest counts, read back once
+// by the forward) and each chunk's A, from which the backward's prepare kernel forms W and
+// U without K K^T or the inverse.
+struct MmaSavedInverses final : MmaSaved {
+  ChunkTable table;
+  int64_t max_chunks = 0, max_docs = 0;
+  Tensor a_inv;  // f32 [B, H, max_chunks, 64, 64]
+  int64_t bytes() const override {
+    return bytes_of({&table.begin, &table.doc_start, &table.doc_chunk, &table.count, &a_inv});
   }
 };
 
 // `saved` as the tensor-core forward's, checked against the backward's inputs (a one-line
 // error naming both shapes when they differ, or when another kind of forward made it).
-const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRuleSaved& saved,
-                                              const Dims& d, const Device& device) {
-  const auto* kept = dynamic_cast<const MmaSavedChunkStates*>(&saved);
+const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& saved,
+                                     const Dims& d, const Device& device) {
+  const auto* kept = dynamic_cast<const MmaSaved*>(&saved);
   HAM_CHECK(kept != nullptr, op, ": the saved forward state was not made by the CUDA "
             "tensor-core forward");
   const Dims& s = kept->dims;
@@ -3376,6 +3409,7 @@ const MmaSavedChunkStates& saved_chunk_states(const char* op, const GatedDeltaRu
 }
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
+std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
 
 // Whether a state pass's blocks of 32 columns number no more than the SMs, one block each.
 // Its blocks run the chunks in sequence, so its time is about (chunks) x (time of a chunk
@@ -3413,17 +3447,27 @@ int backward_state_columns(const Dims& d) {
 }
 
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
-// With keep_inverse (the backward), the prepare kernel also stores every chunk's A.
+// With keep_inverse (the backward, and the forwards that keep A), the prepare kernel also
+// stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
+// table and A from there instead of forming them.
 template <int KD>
 MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
-                                Tensor& h_end, bool keep_inverse) {
+                                Tensor& h_end, bool keep_inverse,
+                                const MmaSavedInverses* inverses = nullptr) {
   HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
   MmaChunkStates c;
-  c.table = build_chunk_table(a, d.batch, d.seq_len);
+  if (inverses) {
+    c.table = inverses->table;
+    c.max_chunks = inverses->max_chunks;
+    c.max_docs = inverses->max_docs;
+    c.a_inv = inverses->a_inv;
+  } else {
+    c.table = build_chunk_table(a, d.batch, d.seq_len);
+    const ChunkCounts most = max_chunk_counts(a, c.table, d.batch, d.seq_len);
+    c.max_chunks = most.chunks;
+    c.max_docs = most.docs;
+  }
   c.pr = make_problem<bf16>(a, d, c.table, kMmaVt);
-  const ChunkCounts most = max_chunk_counts(a, c.table, d.batch, d.seq_len);
-  c.max_chunks = most.chunks;
-  c.max_docs = most.docs;
   const Device device = a.q.device();
   const int64_t rows = d.batch * d.seq_len * d.heads;
   c.w = Tensor::empty(Shape{rows * d.key_dim}, DType::BF16, device);
@@ -3432,14 +3476,17 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   c.states = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * d.key_dim * d.value_dim},
                            DType::BF16, device);
   c.gcum = Tensor::empty(Shape{rows}, DType::F32, device);
-  if (keep_inverse) {
+  const bool forms_inverse = inverses == nullptr;
+  if (keep_inverse && forms_inverse) {
     c.a_inv = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * kChunk * kChunk},
                             DType::F32, device);
   }
   const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
+  const float* a_in = forms_inverse ? nullptr : ptr<const float>(c.a_inv);
   launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
-             ptr<bf16>(c.u), ptr<float>(c.gcum), keep_inverse ? ptr<float>(c.a_inv) : nullptr,
-             c.max_chunks);
+             ptr<bf16>(c.u), ptr<float>(c.gcum),
+             keep_inverse && forms_inverse ? ptr<float>(c.a_inv) : nullptr, a_in, c.max_chunks);
+  if (a_in) g_kept_inverse_reads.fetch_add(1);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
@@ -3456,21 +3503,33 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
 // 256}. Returns whether it ran. With doc_ids it reads the chunk counts back to size the S0
 // scratch (one stream synchronisation), which holds every chunk's start state in bf16 as
 // FLA's does.
-// With keep_for_backward it also stores every chunk's A and keeps the chunk terms in
-// out.saved (MmaSavedChunkStates).
+// Where a.keep asks for anything it also stores every chunk's A, and keeps in out.saved
+// the chunk table and A (Inverses: MmaSavedInverses) or every chunk term (ChunkStates:
+// MmaSavedChunkStates).
 bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                   GatedDeltaRuleResult& out) {
   if (a.q.dtype() != DType::BF16 || d.value_dim == 0 || d.seq_len == 0) return false;
   auto run = [&]<int KD>() {
     const char* op = "gated_delta_rule (cuda, tensor cores)";
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, a.keep_for_backward);
-    if (a.keep_for_backward) {
-      auto kept = std::make_shared<MmaSavedChunkStates>();
-      kept->chunk = c;
-      kept->chunk.u = Tensor();
+    const bool keeps = a.keep != GatedDeltaRuleKeep::Nothing;
+    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, keeps);
+    auto kept_for = [&](auto kept) {
       kept->dims = d;
       kept->device = a.q.device();
       out.saved = std::move(kept);
+    };
+    if (a.keep == GatedDeltaRuleKeep::ChunkStates) {
+      auto kept = std::make_shared<MmaSavedChunkStates>();
+      kept->chunk = c;
+      kept->chunk.u = Tensor();
+      kept_for(std::move(kept));
+    } else if (a.keep == GatedDeltaRuleKeep::Inverses) {
+      auto kept = std::make_shared<MmaSavedInverses>();
+      kept->table = c.table;
+      kept->max_chunks = c.max_chunks;
+      kept->max_docs = c.max_docs;
+      kept->a_inv = c.a_inv;
+      kept_for(std::move(kept));
     }
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
@@ -3550,7 +3609,9 @@ void gated_delta_rule_recurrent(const GatedDeltaRuleArgs& a, GatedDeltaRuleResul
 
 // The tensor-core backward (above) when it applies: the tensor-core forward's inputs, T > 0.
 // Returns whether it ran. Recomputes the forward's W, U, S0 and v_new first (its prepare
-// kernel and sequential state pass), unless the forward kept them (`saved`).
+// kernel and sequential state pass), unless the forward kept them (`saved`,
+// MmaSavedChunkStates); where it kept only the chunk table and A (MmaSavedInverses), the
+// prepare kernel reads A instead of forming it.
 bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                    const Tensor& grad_o, const Tensor& grad_h_final,
                                    const GatedDeltaRuleSaved* saved, GatedDeltaRuleGrads& grads) {
@@ -3560,12 +3621,14 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const char* op = "gated_delta_rule_backward (cuda, tensor cores)";
     const Device device = a.q.device();
     const int64_t K = d.key_dim, V = d.value_dim;
+    const MmaSaved* kept = saved ? &saved_by_mma_forward(op, *saved, d, device) : nullptr;
+    const auto* states = dynamic_cast<const MmaSavedChunkStates*>(kept);
     auto recomputed = [&] {
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
-      return chunk_states_mma<KD>(op, a, d, h_end, true);
+      return chunk_states_mma<KD>(op, a, d, h_end, true,
+                                  dynamic_cast<const MmaSavedInverses*>(kept));
     };
-    const MmaChunkStates c =
-        saved ? saved_chunk_states(op, *saved, d, device).chunk : recomputed();
+    const MmaChunkStates c = states ? states->chunk : recomputed();
     const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
     const int64_t max_chunks = c.max_chunks;
     const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
@@ -3733,5 +3796,7 @@ int set_gated_delta_rule_state_columns(int columns) {
             " value columns per block; the state pass takes 32 or 64 (0: chosen per call)");
   return g_state_columns.exchange(columns);
 }
+
+int64_t gated_delta_rule_kept_inverse_reads() { return g_kept_inverse_reads.load(); }
 
 }  // namespace ham::cuda

@@ -2,6 +2,8 @@
 // Tuning of the CUDA gated delta rule kernels (cuda/gated_delta_rule.cu), for benchmarks
 // that compare variants in one run (bench/bench_gated_delta_rule_cuda.cpp).
 
+#include <cstdint>
+
 namespace ham::cuda {
 
 // Value columns per block of the bf16 sequential state passes, the forward's (gdr_state_mma)
@@ -9,5 +11,9 @@ namespace ham::cuda {
 // picks 32 when the narrower tiles' blocks number no more than the device's SMs, else 64;
 // 32 or 64 force that width. Returns the previous setting; any other value is an error.
 int set_gated_delta_rule_state_columns(int columns);
+
+// How many bf16 prepare kernels of this process read each chunk's A as the forward kept it
+// (GatedDeltaRuleKeep::Inverses) instead of forming it: a backward's recompute each.
+int64_t gated_delta_rule_kept_inverse_reads();
 
 }  // namespace ham::cuda

@@ -52,7 +52,8 @@ struct ModelConfig {
   int64_t conv_size = 4;
   // The backward reads the forward's chunk states instead of recomputing them, where the
   // backend keeps them (the CUDA bf16 path: about five times v's memory per layer at
-  // K = V = 128, held from forward to backward; nn/gated_delta_rule.h).
+  // K = V = 128, held from forward to backward; nn/gated_delta_rule.h). Unset, the forward
+  // keeps each chunk's A alone (GatedDeltaRuleKeep::Inverses: v's memory at K = V = 128).
   bool gdn_keep_chunk_states = false;
 
   // GDN-GSA.

@@ -118,7 +118,7 @@ HAMLayer::Output HAMLayer::forward(const Tensor& x, const TokenBatch& batch,
   Tensor beta = sigmoid(b_proj->forward(x));
   GatedDeltaRuleResult recurrent =
       gated_delta_rule(rnn_q, rnn_k_heads, rnn_v_heads, log_decay, beta, Tensor(), batch.doc_ids,
-                       c.gdn_keep_chunk_states);
+                       gdn_keep(c.gdn_keep_chunk_states));
 
   // Routing score e_t and the hard selection m_t = [e_t >= tau].
   Tensor score;

@@ -13,7 +13,7 @@ namespace {
 class GatedDeltaRuleBackward final : public Node {
  public:
   GatedDeltaRuleArgs args;
-  std::shared_ptr<const GatedDeltaRuleSaved> kept;  // the forward's chunk states, or null
+  std::shared_ptr<const GatedDeltaRuleSaved> kept;  // what the forward kept, or null
   std::string name() const override { return "GatedDeltaRuleBackward"; }
 
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
@@ -39,15 +39,16 @@ class GatedDeltaRuleBackward final : public Node {
 
 GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, const Tensor& beta, const Tensor& h0,
-                                      const Tensor& doc_ids, bool keep_chunk_states) {
+                                      const Tensor& doc_ids, GatedDeltaRuleKeep keep) {
   const bool wants_grad = any_requires_grad({q, k, v, g, beta, h0});
-  GatedDeltaRuleArgs args{q, k, v, g, beta, h0, doc_ids, keep_chunk_states && wants_grad};
+  GatedDeltaRuleArgs args{q, k, v, g, beta, h0, doc_ids,
+                          wants_grad ? keep : GatedDeltaRuleKeep::Nothing};
   GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
   if (wants_grad) {
     auto node = std::make_shared<GatedDeltaRuleBackward>();
     node->kept = std::move(out.saved);
     node->args = std::move(args);
-    node->args.keep_for_backward = false;
+    node->args.keep = GatedDeltaRuleKeep::Nothing;
     connect(node, {q, k, v, g, beta, h0}, {&out.o, &out.h_final});
   }
   return out;

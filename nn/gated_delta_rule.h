@@ -16,15 +16,23 @@
 
 namespace ham {
 
-// Chunked forward (training path). keep_chunk_states: when a gradient is wanted, the
-// backward reads the forward's chunk states instead of recomputing them, where the backend
-// keeps them (GatedDeltaRuleSaved: the CUDA bf16 path), holding that memory until the
-// backward runs. The result's `saved` stays empty (the graph node holds it).
+// Chunked forward (training path). keep: what the forward keeps for the backward when a
+// gradient is wanted (GatedDeltaRuleKeep, core/ops/gated_delta_rule.h), where the backend
+// keeps anything (the CUDA bf16 path), holding that memory until the backward runs: by
+// default each chunk's A, as flash-linear-attention does; Nothing for the least memory,
+// ChunkStates for the fastest backward. The result's `saved` stays empty (the graph node
+// holds it). Without a gradient nothing is kept.
 GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, const Tensor& beta,
                                       const Tensor& h0 = Tensor(),
                                       const Tensor& doc_ids = Tensor(),
-                                      bool keep_chunk_states = false);
+                                      GatedDeltaRuleKeep keep = GatedDeltaRuleKeep::Inverses);
+
+// What a model keeps for its layers' backward: every chunk term where its key
+// gdn_keep_chunk_states is set, else each chunk's A (the default).
+inline GatedDeltaRuleKeep gdn_keep(bool keep_chunk_states) {
+  return keep_chunk_states ? GatedDeltaRuleKeep::ChunkStates : GatedDeltaRuleKeep::Inverses;
+}
 
 // The token-by-token recurrence, no autograd (test ground truth, decoding).
 GatedDeltaRuleResult gated_delta_rule_reference(const Tensor& q, const Tensor& k,

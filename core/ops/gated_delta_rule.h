@@ -61,20 +61,27 @@ inline constexpr int64_t kGatedDeltaRuleChunkSize = 64;
 // h0 and doc_ids may be undefined (Tensor()). Every floating input has q's dtype, except
 // that bf16 q, k, v may come with f32 gates g (mixed precision keeps the log decay and its
 // gradient in f32, as flash-linear-attention does); dg then is f32 too.
-// keep_for_backward asks the chunked forward to keep what its backward would recompute
-// (GatedDeltaRuleSaved).
+// What the chunked forward keeps for its backward (GatedDeltaRuleSaved), where its backend
+// keeps anything (the CUDA tensor-core path; the CPU keeps nothing):
+//   Nothing      the backward recomputes every chunk term from the inputs;
+//   Inverses     each chunk's A = (I + diag(beta) M)^-1 (f32, 64 values a token and head)
+//                and the chunk table, as flash-linear-attention keeps A: the backward's
+//                recompute then skips K K^T, the triangular inverse, and (with doc_ids) the
+//                chunk table with its stream synchronisation, and still runs the state
+//                pass. At K = V = 128 one v's worth of memory; at 256 x 384 a third;
+//   ChunkStates  every chunk term (start states, v_new, W, A, gate cumsum): the backward
+//                recomputes nothing. About five times v's size at K = V = 128.
+// Memory for time, held from forward to backward; the backward's result is the same to the
+// bit whichever was kept (the same kernels make the same terms).
+enum class GatedDeltaRuleKeep { Nothing, Inverses, ChunkStates };
+
 struct GatedDeltaRuleArgs {
   Tensor q, k, v, g, beta, h0, doc_ids;
-  bool keep_for_backward = false;
+  GatedDeltaRuleKeep keep = GatedDeltaRuleKeep::Nothing;
 };
 
-// What a backend's chunked forward keeps for its backward when asked: intermediates the
-// backward would otherwise recompute from the inputs (the CUDA tensor-core path keeps
-// its chunk table and every chunk's start state, v_new, W, A and gate cumsum; its backward
-// then skips the prepare kernel, a sequential pass over the chunks, and the chunk table
-// with its stream synchronisation). Memory for time: at K = V = 128 about five times v's
-// size, held from forward to backward. Opaque outside the backend that made it; a backend
-// that keeps nothing leaves it null.
+// What a backend's chunked forward kept for its backward (GatedDeltaRuleKeep). Opaque
+// outside the backend that made it; a backend that keeps nothing leaves it null.
 struct GatedDeltaRuleSaved {
   virtual ~GatedDeltaRuleSaved() = default;
   virtual int64_t bytes() const = 0;  // device memory held
@@ -84,7 +91,7 @@ struct GatedDeltaRuleResult {
   Tensor o;          // [B, T, H, V]
   Tensor h_final;    // [B, H, K, V]
   Tensor fit_error;  // [B, T, H]
-  std::shared_ptr<const GatedDeltaRuleSaved> saved{};  // keep_for_backward's, or null
+  std::shared_ptr<const GatedDeltaRuleSaved> saved{};  // what `keep` asked for, or null
 };
 
 // Gradients of the inputs; a kernel fills those defined on entry (dh0 only with h0).
@@ -135,7 +142,7 @@ GatedDeltaRuleResult gated_delta_rule_naive(const GatedDeltaRuleArgs& args);
 struct GatedDeltaRuleWanted {
   bool q = true, k = true, v = true, g = true, beta = true, h0 = true;
 };
-// saved: what the chunked forward of these args kept (keep_for_backward), or null.
+// saved: what the chunked forward of these args kept (GatedDeltaRuleKeep), or null.
 GatedDeltaRuleGrads gated_delta_rule_backward(const GatedDeltaRuleArgs& args,
                                               const Tensor& grad_o, const Tensor& grad_h_final,
                                               const GatedDeltaRuleWanted& wanted = {},

@@ -590,14 +590,16 @@ TEST(GatedDeltaRule, F32GatesWithBf16InputsOnTheCpu) {
   testing::expect_error([&] { ops::gated_delta_rule_chunked(bad); }, {"gated_delta_rule", "g", "dtypes must match"});
 }
 
-// The CPU keeps nothing for its backward: keep_for_backward leaves `saved` null, and a
-// saved state handed to the CPU backward (another backend's) is a one-line error.
+// The CPU keeps nothing for its backward, whatever `keep` asks, and a saved state handed to
+// the CPU backward (another backend's) is a one-line error.
 TEST(GatedDeltaRule, CpuKeepsNoChunkStates) {
   const GpuCase c{1, 70, 2, 16, 12, false, 2};
   GatedDeltaRuleArgs args = args_of(gpu_case_inputs(c, 4300));
-  args.keep_for_backward = true;
+  for (GatedDeltaRuleKeep keep : {GatedDeltaRuleKeep::Inverses, GatedDeltaRuleKeep::ChunkStates}) {
+    args.keep = keep;
+    EXPECT_EQ(ops::gated_delta_rule_chunked(args).saved, nullptr);
+  }
   const GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
-  EXPECT_EQ(out.saved, nullptr);
   struct Foreign final : GatedDeltaRuleSaved {
     int64_t bytes() const override { return 0; }
   } foreign;
@@ -787,10 +789,11 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
   EXPECT_EQ(testing::max_abs_diff(grads.dh0, grad_h_final), 0.0);
 }
 
-// keep_for_backward on the bf16 tensor-core path: the forward's outputs are unchanged, and
-// the backward that reads the chunk states the forward kept equals, to the bit, the one that
-// recomputes them (the same kernels make the same states). Packed documents, h0, several
-// value tiles, K = 256 beside V = 384.
+// GatedDeltaRuleKeep on the bf16 tensor-core path: the forward's outputs are unchanged, and
+// the backward that reads what the forward kept (every chunk state; or the chunk table and
+// each chunk's A, from which it forms the rest) equals, to the bit, the one that recomputes
+// everything (the same kernels make the same terms). Packed documents, h0, several value
+// tiles, K = 256 beside V = 384. Kept A takes 64 f32 a token and head, beside the table.
 TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0},
@@ -801,63 +804,102 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
     GatedDeltaRuleResult plain = poisoned_result(gpu);
     gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, plain);
     EXPECT_EQ(plain.saved, nullptr);
-    gpu.keep_for_backward = true;
-    GatedDeltaRuleResult kept = poisoned_result(gpu);
-    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
-    ASSERT_NE(kept.saved, nullptr);
-    EXPECT_GT(kept.saved->bytes(), gpu.v.numel() * 2);
-    EXPECT_EQ(testing::max_abs_diff(kept.o, plain.o), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(kept.h_final, plain.h_final), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(kept.fit_error, plain.fit_error), 0.0);
-
     const Tensor grad_o = randn64(plain.o.shape(), 86, 1.0, false).to(DType::BF16).to(Device::cuda());
     const Tensor grad_h = randn64(plain.h_final.shape(), 87, 1.0, false).to(DType::BF16).to(Device::cuda());
-    GatedDeltaRuleGrads recomputed = poisoned_grads(gpu, {}), from_kept = poisoned_grads(gpu, {});
+    GatedDeltaRuleGrads recomputed = poisoned_grads(gpu, {});
     gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, nullptr, recomputed);
-    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, kept.saved.get(),
-                                        from_kept);
-    EXPECT_EQ(testing::max_abs_diff(from_kept.dq, recomputed.dq), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(from_kept.dk, recomputed.dk), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(from_kept.dv, recomputed.dv), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(from_kept.dg, recomputed.dg), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(from_kept.dbeta, recomputed.dbeta), 0.0);
-    if (c.with_h0) {
-      EXPECT_EQ(testing::max_abs_diff(from_kept.dh0, recomputed.dh0), 0.0);
+
+    for (GatedDeltaRuleKeep keep : {GatedDeltaRuleKeep::Inverses, GatedDeltaRuleKeep::ChunkStates}) {
+      const bool states = keep == GatedDeltaRuleKeep::ChunkStates;
+      SCOPED_TRACE(states ? "every chunk state kept" : "A kept");
+      gpu.keep = keep;
+      GatedDeltaRuleResult kept = poisoned_result(gpu);
+      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
+      ASSERT_NE(kept.saved, nullptr);
+      // A of every chunk slot ([B, H, most chunks of a row, 64, 64] f32), the table's four
+      // i32 arrays ([B, T + 1] three times, [2, B]); every chunk term besides at least v's
+      // size more.
+      const int64_t B = c.batch, T = c.seq_len, H = c.heads;
+      const int64_t chunks = c.docs > 0 ? -1 : (T + 63) / 64;
+      const int64_t table_bytes = 4 * (3 * B * (T + 1) + 2 * B);
+      if (states) {
+        EXPECT_GT(kept.saved->bytes(), gpu.v.numel() * 2 + table_bytes);
+      } else if (chunks > 0) {
+        EXPECT_EQ(kept.saved->bytes(), B * H * chunks * 64 * 64 * 4 + table_bytes);
+      } else {  // documents add chunks: at least the undivided row's, at most one a document more
+        EXPECT_GE(kept.saved->bytes(), B * H * ((T + 63) / 64) * 64 * 64 * 4 + table_bytes);
+        EXPECT_LE(kept.saved->bytes(), B * H * ((T + 63) / 64 + c.docs) * 64 * 64 * 4 + table_bytes);
+      }
+      EXPECT_EQ(testing::max_abs_diff(kept.o, plain.o), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(kept.h_final, plain.h_final), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(kept.fit_error, plain.fit_error), 0.0);
+
+      GatedDeltaRuleGrads from_kept = poisoned_grads(gpu, {});
+      const int64_t reads = cuda::gated_delta_rule_kept_inverse_reads();
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, kept.saved.get(),
+                                          from_kept);
+      // Kept A is read, not formed again; kept states need neither.
+      EXPECT_EQ(cuda::gated_delta_rule_kept_inverse_reads() - reads, states ? 0 : 1);
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dq, recomputed.dq), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dk, recomputed.dk), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dv, recomputed.dv), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dg, recomputed.dg), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(from_kept.dbeta, recomputed.dbeta), 0.0);
+      if (c.with_h0) {
+        EXPECT_EQ(testing::max_abs_diff(from_kept.dh0, recomputed.dh0), 0.0);
+      }
+      if (states) continue;
+      // The kept A is what that backward's prepare kernel uses: with other keys than its
+      // forward's (against the contract, which the shape check cannot see) dq, which
+      // depends on A only through the W and U that kernel forms (the states and v_new of
+      // the recompute), is not that of forming A from those keys.
+      GatedDeltaRuleArgs other_keys = gpu;
+      other_keys.k = on_gpu(gpu_case_inputs(c, 4490 + uint64_t(c.key_dim)), DType::BF16).k;
+      GatedDeltaRuleGrads with_kept = poisoned_grads(gpu, {}), own = poisoned_grads(gpu, {});
+      gated_delta_rule_backward_kernels()(Device::cuda(), other_keys, grad_o, grad_h,
+                                          kept.saved.get(), with_kept);
+      gated_delta_rule_backward_kernels()(Device::cuda(), other_keys, grad_o, grad_h, nullptr,
+                                          own);
+      EXPECT_GT(testing::max_abs_diff(with_kept.dq, own.dq), 0.0);
     }
   }
 }
 
 // A kept state meets only the inputs it was made for: other shapes, or the f32 inputs the
 // SIMT kernels take (whose forward keeps nothing), are one-line errors naming the shapes.
+// Both kinds the tensor-core forward keeps.
 TEST(GatedDeltaRule, GpuKeptChunkStatesFitOnlyTheirInputs) {
   HAM_SKIP_UNLESS_CUDA();
   const GdnInputs in = gpu_case_inputs({1, 100, 2, 32, 24, false, 0}, 4500);
-  GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
-  gpu.keep_for_backward = true;
-  GatedDeltaRuleResult kept = poisoned_result(gpu);
-  gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
-  ASSERT_NE(kept.saved, nullptr);
-
   const GatedDeltaRuleArgs other = on_gpu(gpu_case_inputs({1, 90, 2, 32, 24, false, 0}, 4501),
                                           DType::BF16);
-  auto backward = [&](const GatedDeltaRuleArgs& a) {
-    const Tensor grad_o = Tensor::zeros(a.v.shape(), a.q.dtype(), Device::cuda());
-    const Tensor grad_h = Tensor::zeros(Shape{a.q.size(0), a.q.size(2), a.q.size(3),
-                                              a.v.size(3)}, a.q.dtype(), Device::cuda());
-    GatedDeltaRuleGrads grads = poisoned_grads(a, {});
-    gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, kept.saved.get(), grads);
-  };
-  testing::expect_error([&] { backward(other); },
-                        {"gated_delta_rule_backward (cuda", "[1, 100, 2, 32, 24]",
-                         "[1, 90, 2, 32, 24]"});
+  for (GatedDeltaRuleKeep keep : {GatedDeltaRuleKeep::Inverses, GatedDeltaRuleKeep::ChunkStates}) {
+    SCOPED_TRACE(keep == GatedDeltaRuleKeep::Inverses ? "A kept" : "every chunk state kept");
+    GatedDeltaRuleArgs gpu = on_gpu(in, DType::BF16);
+    gpu.keep = keep;
+    GatedDeltaRuleResult kept = poisoned_result(gpu);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
+    ASSERT_NE(kept.saved, nullptr);
+    auto backward = [&](const GatedDeltaRuleArgs& a) {
+      const Tensor grad_o = Tensor::zeros(a.v.shape(), a.q.dtype(), Device::cuda());
+      const Tensor grad_h = Tensor::zeros(Shape{a.q.size(0), a.q.size(2), a.q.size(3),
+                                                a.v.size(3)}, a.q.dtype(), Device::cuda());
+      GatedDeltaRuleGrads grads = poisoned_grads(a, {});
+      gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, kept.saved.get(),
+                                          grads);
+    };
+    testing::expect_error([&] { backward(other); },
+                          {"gated_delta_rule_backward (cuda", "[1, 100, 2, 32, 24]",
+                           "[1, 90, 2, 32, 24]"});
 
-  GatedDeltaRuleArgs wide = on_gpu(in, DType::F32);
-  wide.keep_for_backward = true;
-  GatedDeltaRuleResult simt = poisoned_result(wide);
-  gated_delta_rule_chunked_kernels()(Device::cuda(), wide, simt);
-  EXPECT_EQ(simt.saved, nullptr);
-  testing::expect_error([&] { backward(wide); },
-                        {"gated_delta_rule_backward (cuda)", "saved forward state"});
+    GatedDeltaRuleArgs wide = on_gpu(in, DType::F32);
+    wide.keep = keep;
+    GatedDeltaRuleResult simt = poisoned_result(wide);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), wide, simt);
+    EXPECT_EQ(simt.saved, nullptr);
+    testing::expect_error([&] { backward(wide); },
+                          {"gated_delta_rule_backward (cuda)", "saved forward state"});
+  }
 }
 
 // Decoding: one token per call, the state threaded through h0 -> h_final, equals one

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "cuda/gated_delta_rule.h"
 #include "tests/device_training.h"
 #include "tests/testing.h"
 
@@ -131,7 +132,8 @@ TEST(DeviceTraining, CudaBf16TrainingTracksTheCpuBf16ForEveryTinyModel) {
 
 // gdn_keep_chunk_states: a bf16 training step of a GDN and of a HAM model (the two layers
 // that call the gated delta rule), its backward reading the chunk states its forward kept,
-// gives the loss and weights of the step that recomputes them, to the bit.
+// gives the loss and weights of the step that recomputes them from the inputs and each
+// chunk's A (the default: the forward keeps A, which the backward reads), to the bit.
 TEST(DeviceTraining, Bf16TrainingWithKeptChunkStatesEqualsRecomputing) {
   HAM_SKIP_UNLESS_CUDA();
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
@@ -150,8 +152,12 @@ TEST(DeviceTraining, Bf16TrainingWithKeptChunkStatesEqualsRecomputing) {
     options.precision = "bf16";
     options.seq_len = 130;  // three chunks: the later two start from kept states
     std::ostringstream log;
+    const int64_t reads = cuda::gated_delta_rule_kept_inverse_reads();
     TrainResult recomputed = train(*recomputing_model, train_data, val_data, options, log);
+    EXPECT_GT(cuda::gated_delta_rule_kept_inverse_reads(), reads);  // A kept by default
+    const int64_t reads_before_keeping = cuda::gated_delta_rule_kept_inverse_reads();
     TrainResult kept = train(*keeping_model, train_data, val_data, options, log);
+    EXPECT_EQ(cuda::gated_delta_rule_kept_inverse_reads(), reads_before_keeping);
     EXPECT_EQ(kept.step_losses, recomputed.step_losses);
     auto want = recomputing_model->named_parameters(), got = keeping_model->named_parameters();
     ASSERT_EQ(got.size(), want.size());
