@@ -16,9 +16,10 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// A last table times the bf16 forward and backward with their state passes forced to 32-
-// and to 64-column tiles (cuda/gated_delta_rule.h), in the same run; the CSV has the
-// default choice. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty):
+// Two last tables time the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles (cuda/gated_delta_rule.h), and the backward with its P^T dO kernel
+// on a second stream beside the recomputed state pass (set_gated_delta_rule_backward_overlap),
+// in the same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty):
 // "fwd_bare" keeping nothing and "bwd_recompute" recomputing every chunk term, and
 // "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
 #include <algorithm>
@@ -79,6 +80,8 @@ struct Timing {
   KeepPair bare, states;  // GatedDeltaRuleKeep::Nothing, ::ChunkStates
   // bf16 only: forward and backward with forced state-pass tiles
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
+  // bf16 only: the default backward with P^T dO beside the recomputed state pass
+  Spread bwd_beside;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -142,6 +145,11 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
+  if (dtype == DType::BF16) {
+    const bool previous = cuda::set_gated_delta_rule_backward_overlap(true);
+    t.bwd_beside = time_ms(reps, backward);
+    cuda::set_gated_delta_rule_backward_overlap(previous);
+  }
 
   // bf16: the other pairs. f32 keeps nothing.
   t.kept = out.saved != nullptr;
@@ -218,6 +226,15 @@ int main(int argc, char** argv) {
                     s32.median, s64.median, s64.min / s32.min, s64.median / s32.median,
                     s64.max / s32.max);
       }
+    }
+    std::printf("\nbf16 backward, P^T dO beside the recomputed state pass against after it "
+                "(set_gated_delta_rule_backward_overlap; in order / beside above 1: beside is "
+                "faster)\n%-22s %12s %12s %18s\n", "case", "order med ms", "beside med ms",
+                "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), t.bwd.median,
+                  t.bwd_beside.median, t.bwd.min / t.bwd_beside.min,
+                  t.bwd.median / t.bwd_beside.median, t.bwd.max / t.bwd_beside.max);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

@@ -74,6 +74,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -3410,6 +3412,8 @@ const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& 
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
+std::atomic<bool> g_backward_overlap{false};    // set_gated_delta_rule_backward_overlap
+std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
 
 // Whether a state pass's blocks of 32 columns number no more than the SMs, one block each.
 // Its blocks run the chunks in sequence, so its time is about (chunks) x (time of a chunk
@@ -3450,10 +3454,13 @@ int backward_state_columns(const Dims& d) {
 // With keep_inverse (the backward, and the forwards that keep A), the prepare kernel also
 // stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
 // table and A from there instead of forming them.
+// after_prepare (where given) runs between the two kernels' launches, with the chunk table
+// and G formed.
 template <int KD>
-MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
-                                Tensor& h_end, bool keep_inverse,
-                                const MmaSavedInverses* inverses = nullptr) {
+MmaChunkStates chunk_states_mma(
+    const char* op, const GatedDeltaRuleArgs& a, const Dims& d, Tensor& h_end,
+    bool keep_inverse, const MmaSavedInverses* inverses = nullptr,
+    const std::function<void(const MmaChunkStates&)>& after_prepare = nullptr) {
   HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
   MmaChunkStates c;
   if (inverses) {
@@ -3487,6 +3494,7 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
              ptr<bf16>(c.u), ptr<float>(c.gcum),
              keep_inverse && forms_inverse ? ptr<float>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
+  if (after_prepare) after_prepare(c);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
@@ -3623,18 +3631,50 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const int64_t K = d.key_dim, V = d.value_dim;
     const MmaSaved* kept = saved ? &saved_by_mma_forward(op, *saved, d, device) : nullptr;
     const auto* states = dynamic_cast<const MmaSavedChunkStates*>(kept);
+    const int64_t rows = d.batch * d.seq_len * d.heads;
+    auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
+    Tensor dvl = scratch(rows * V, DType::F32);  // before the recompute, which it may run beside
+    const unsigned chunk_blocks = mma_chunk_blocks(d);
+    const unsigned bh = unsigned(d.batch * d.heads);
+    // dvl = P^T dO, from the chunk table, q, k, dO and G alone.
+    auto local_pass = [&](const MmaChunkStates& chunks) {
+      MmaBackward local{};
+      local.grad_o = ptr<const bf16>(grad_o);
+      local.gcum = ptr<const float>(chunks.gcum);
+      local.dvl = ptr<float>(dvl);
+      const int local_slots = d.value_dim > kMmaVt ? 2 : 1;
+      launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
+                 BwdLocalLayout<KD>::bytes(local_slots), make_problem<bf16>(a, d, chunks.table, VT),
+                 local, local_slots);
+    };
+    // With set_gated_delta_rule_backward_overlap, the local pass runs on a second stream
+    // beside the recompute's state pass, whose blocks (one per document, head and value
+    // tile: about the SMs or fewer at the shapes timed) leave each SM room for two more.
+    std::optional<ForkedStream> beside;
     auto recomputed = [&] {
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
+      std::function<void(const MmaChunkStates&)> fork_local_pass;
+      if (g_backward_overlap.load()) {
+        fork_local_pass = [&](const MmaChunkStates& chunks) {
+          beside.emplace(device.index);
+          beside->run([&] { local_pass(chunks); });
+          g_overlapped_local_passes.fetch_add(1);
+        };
+      }
       return chunk_states_mma<KD>(op, a, d, h_end, true,
-                                  dynamic_cast<const MmaSavedInverses*>(kept));
+                                  dynamic_cast<const MmaSavedInverses*>(kept), fork_local_pass);
     };
     const MmaChunkStates c = states ? states->chunk : recomputed();
+    if (beside) {
+      beside->join();
+    } else {
+      local_pass(c);
+    }
     const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
     const int64_t max_chunks = c.max_chunks;
-    const int64_t rows = d.batch * d.seq_len * d.heads, slots = d.batch * d.heads * max_chunks;
-    auto scratch = [&](int64_t n, DType dtype) { return Tensor::empty(Shape{n}, dtype, device); };
+    const int64_t slots = d.batch * d.heads * max_chunks;
     Tensor dstates = scratch(slots * K * V, DType::BF16);
-    Tensor dvl = scratch(rows * V, DType::F32), du = scratch(rows * V, DType::BF16);
+    Tensor du = scratch(rows * V, DType::BF16);
     Tensor dpg = scratch(slots * kChunk * kChunk, DType::BF16);
     Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
     Tensor dw = scratch(rows * K, DType::BF16), dk_part = scratch(rows * K, DType::F32);
@@ -3669,11 +3709,6 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.dg = grads.dg.defined() ? grads.dg.raw_data() : nullptr;
     bw.dg_f32 = grads.dg.defined() && grads.dg.dtype() == DType::F32;
 
-    const unsigned chunk_blocks = mma_chunk_blocks(d);
-    const unsigned bh = unsigned(d.batch * d.heads);
-    const int local_slots = d.value_dim > kMmaVt ? 2 : 1;
-    launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
-               BwdLocalLayout<KD>::bytes(local_slots), pr, bw, local_slots);
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
     // chunk's copies in flight) where they fit.
     auto state_pass = [&]<int SVT>() {
@@ -3798,5 +3833,11 @@ int set_gated_delta_rule_state_columns(int columns) {
 }
 
 int64_t gated_delta_rule_kept_inverse_reads() { return g_kept_inverse_reads.load(); }
+
+bool set_gated_delta_rule_backward_overlap(bool overlap) {
+  return g_backward_overlap.exchange(overlap);
+}
+
+int64_t gated_delta_rule_overlapped_local_passes() { return g_overlapped_local_passes.load(); }
 
 }  // namespace ham::cuda

@@ -16,4 +16,13 @@ int set_gated_delta_rule_state_columns(int columns);
 // (GatedDeltaRuleKeep::Inverses) instead of forming it: a backward's recompute each.
 int64_t gated_delta_rule_kept_inverse_reads();
 
+// Whether the bf16 backward, where it recomputes the forward's state pass, runs its P^T dO
+// kernel (gdr_bwd_local_mma) on a second stream beside that pass (cuda/stream.h,
+// ForkedStream) instead of after it. Off by default until timed. Returns the previous
+// setting; the gradients are the same to the bit either way.
+bool set_gated_delta_rule_backward_overlap(bool overlap);
+
+// How many backward calls of this process ran that kernel beside the state pass.
+int64_t gated_delta_rule_overlapped_local_passes();
+
 }  // namespace ham::cuda

@@ -1,6 +1,7 @@
 #include "cuda/stream.h"
 
 #include <array>
+#include <mutex>
 
 #include "core/error.h"
 #include "cuda/check.h"
@@ -98,6 +99,43 @@ StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
 }
 
 StreamGuard::~StreamGuard() { current_streams[size_t(device_)] = previous_; }
+
+namespace {
+
+// The second stream of each device (ForkedStream), never destroyed: kernels may still run
+// on it while the process exits.
+cudaStream_t second_stream(int device) {
+  static std::mutex mutex;
+  static std::array<Stream*, kMaxDevices> streams{};
+  std::lock_guard<std::mutex> lock(mutex);
+  Stream*& stream = streams[size_t(device)];
+  if (!stream) stream = new Stream(device);
+  return stream->handle();
+}
+
+}  // namespace
+
+ForkedStream::ForkedStream(int device)
+    : device_(device), origin_(current_stream(device)), side_(second_stream(device)) {
+  Event forked(device);
+  forked.record(origin_);
+  HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(side_, forked.handle(), 0), "stream on cuda:", device);
+}
+
+void ForkedStream::join() {
+  if (joined_) return;
+  joined_ = true;
+  Event done(device_);
+  done.record(side_);
+  HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(origin_, done.handle(), 0), "stream on cuda:", device_);
+}
+
+ForkedStream::~ForkedStream() {
+  try {
+    join();
+  } catch (...) {  // no throw from a destructor (where join() was skipped, one is on its way)
+  }
+}
 
 DeviceGuard::DeviceGuard(int device) {
   HAM_CUDA_CHECK(cudaGetDevice(&previous_));

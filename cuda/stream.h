@@ -75,6 +75,33 @@ class StreamGuard {
   cudaStream_t previous_;
 };
 
+// Work forked from the current stream of `device` onto a second stream (one per device,
+// made on first use and kept), for kernels that may run beside what the current stream
+// does next: the second stream waits for the work issued so far; run(f) issues f's work
+// there (the second stream current while f runs); join() makes the current stream wait for
+// all of it. Memory allocated before the fork belongs to the current stream and may be used
+// by that work until join(). The destructor joins where join() was not called (a throw on
+// its way: errors are then dropped).
+class ForkedStream {
+ public:
+  explicit ForkedStream(int device);
+  ~ForkedStream();
+  ForkedStream(const ForkedStream&) = delete;
+  ForkedStream& operator=(const ForkedStream&) = delete;
+  template <class F>
+  void run(F&& f) {
+    StreamGuard guard(device_, side_);
+    f();
+  }
+  void join();
+
+ private:
+  int device_;
+  cudaStream_t origin_;
+  cudaStream_t side_;
+  bool joined_ = false;
+};
+
 // cudaSetDevice for a scope; restores the previous device on exit.
 class DeviceGuard {
  public:

@@ -98,6 +98,33 @@ TEST(CudaStreams, AStreamWaitsForAnotherStreamsEvent) {
   EXPECT_EQ(values.back(), 3.0f);
 }
 
+// ForkedStream: run() issues its work on the device's second stream (the same one each
+// fork) while the current stream stays current outside it, and after join() the current
+// stream's work sees what the second stream wrote into memory allocated before the fork.
+TEST(CudaStreams, ForkedWorkRunsOnTheSecondStreamAndJoins) {
+  HAM_SKIP_UNLESS_CUDA();
+  const int64_t n = 1 << 22;
+  Tensor written = Tensor::full({n}, 1.0, DType::F32, Device::cuda());
+  cudaStream_t second = nullptr;
+  {
+    ForkedStream forked(0);
+    forked.run([&] {
+      second = current_stream(0);
+      written.copy_(Tensor::full({n}, 5.0, DType::F32, Device::cuda()));
+    });
+    EXPECT_EQ(current_stream(0), nullptr) << "run() left the second stream current";
+    forked.join();
+  }
+  EXPECT_NE(second, nullptr);
+  const Tensor copy = written.clone();
+  const std::vector<float> values = copy.to_vector<float>();
+  EXPECT_EQ(values.front(), 5.0f);
+  EXPECT_EQ(values.back(), 5.0f);
+  cudaStream_t again = nullptr;
+  ForkedStream(0).run([&] { again = current_stream(0); });
+  EXPECT_EQ(again, second);
+}
+
 TEST(CudaStreams, CheckMacrosNameFileLineAndStatus) {
   HAM_SKIP_UNLESS_CUDA();
   testing::expect_error([] { HAM_CUDA_CHECK(cudaSetDevice(9999)); },

@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/testing.h"
@@ -861,6 +862,53 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
       gated_delta_rule_backward_kernels()(Device::cuda(), other_keys, grad_o, grad_h, nullptr,
                                           own);
       EXPECT_GT(testing::max_abs_diff(with_kept.dq, own.dq), 0.0);
+    }
+  }
+}
+
+// set_gated_delta_rule_backward_overlap: the P^T dO kernel on a second stream beside the
+// recomputed state pass gives the gradients of the serial order, to the bit, whether the
+// forward kept nothing or each chunk's A; where it kept every chunk state nothing is
+// recomputed, and the kernel runs in order.
+TEST(GatedDeltaRule, GpuBackwardBesideTheStatePassEqualsTheSerialOne) {
+  HAM_SKIP_UNLESS_CUDA();
+  const testing::ScopedSetting overlap_guard(&cuda::set_gated_delta_rule_backward_overlap, false);
+  const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 4600 + uint64_t(c.key_dim)), DType::BF16);
+    for (GatedDeltaRuleKeep keep : {GatedDeltaRuleKeep::Nothing, GatedDeltaRuleKeep::Inverses,
+                                    GatedDeltaRuleKeep::ChunkStates}) {
+      SCOPED_TRACE(int(keep));
+      gpu.keep = keep;
+      GatedDeltaRuleResult out = poisoned_result(gpu);
+      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+      // Each keep its own dO, and the overlapped call first, so that no earlier call left
+      // this call's P^T dO in the scratch the caching allocator hands out again: a pass that
+      // writes none of it shows.
+      const uint64_t seed = 88 + 2 * uint64_t(keep);
+      const Tensor grad_o = randn64(out.o.shape(), seed, 1.0, false).to(DType::BF16).to(Device::cuda());
+      const Tensor grad_h = randn64(out.h_final.shape(), seed + 1, 1.0, false).to(DType::BF16).to(Device::cuda());
+      GatedDeltaRuleGrads serial = poisoned_grads(gpu, {}), beside = poisoned_grads(gpu, {});
+      cuda::set_gated_delta_rule_backward_overlap(true);
+      const int64_t overlapped = cuda::gated_delta_rule_overlapped_local_passes();
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, out.saved.get(),
+                                          beside);
+      cuda::set_gated_delta_rule_backward_overlap(false);
+      gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, out.saved.get(),
+                                          serial);
+      EXPECT_EQ(cuda::gated_delta_rule_overlapped_local_passes() - overlapped,
+                keep == GatedDeltaRuleKeep::ChunkStates ? 0 : 1);
+      for (auto [name, got, want] : {std::tuple{"dq", &beside.dq, &serial.dq},
+                                     std::tuple{"dk", &beside.dk, &serial.dk},
+                                     std::tuple{"dv", &beside.dv, &serial.dv},
+                                     std::tuple{"dg", &beside.dg, &serial.dg},
+                                     std::tuple{"dbeta", &beside.dbeta, &serial.dbeta}}) {
+        EXPECT_EQ(testing::max_abs_diff(*got, *want), 0.0) << name;
+      }
+      if (c.with_h0) {
+        EXPECT_EQ(testing::max_abs_diff(beside.dh0, serial.dh0), 0.0);
+      }
     }
   }
 }
