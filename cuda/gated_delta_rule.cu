@@ -3556,6 +3556,7 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
   const char* op = "gated_delta_rule (cuda)";
   const Dims d = dims_of(a);
   check_sizes(op, d);
+  out.saved.reset();  // a reused result must not hand an earlier call's to the backward
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
   if (gated_delta_rule_forward_mma(a, d, out)) return;
