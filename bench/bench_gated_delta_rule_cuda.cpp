@@ -18,10 +18,11 @@
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
 // Two last tables time the bf16 forward and backward with their state passes forced to 32-
 // and to 64-column tiles (cuda/gated_delta_rule.h), and the backward with its P^T dO kernel
-// on a second stream beside the recomputed state pass (set_gated_delta_rule_backward_overlap),
-// in the same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty):
-// "fwd_bare" keeping nothing and "bwd_recompute" recomputing every chunk term, and
-// "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
+// on a second stream beside the recomputed state pass
+// (set_gated_delta_rule_backward_overlap), in the same run; the CSV has the defaults. For
+// bf16 the CSV also has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping
+// nothing and "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every
+// chunk state and "bwd_kept" reading them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
