@@ -836,11 +836,15 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
       EXPECT_EQ(testing::max_abs_diff(kept.fit_error, plain.fit_error), 0.0);
 
       GatedDeltaRuleGrads from_kept = poisoned_grads(gpu, {});
+#ifdef HAM_WITH_CUDA
       const int64_t reads = cuda::gated_delta_rule_kept_inverse_reads();
+#endif
       gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, kept.saved.get(),
                                           from_kept);
+#ifdef HAM_WITH_CUDA
       // Kept A is read, not formed again; kept states need neither.
       EXPECT_EQ(cuda::gated_delta_rule_kept_inverse_reads() - reads, states ? 0 : 1);
+#endif
       EXPECT_EQ(testing::max_abs_diff(from_kept.dq, recomputed.dq), 0.0);
       EXPECT_EQ(testing::max_abs_diff(from_kept.dk, recomputed.dk), 0.0);
       EXPECT_EQ(testing::max_abs_diff(from_kept.dv, recomputed.dv), 0.0);
@@ -872,6 +876,7 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
 // recomputed, and the kernel runs in order.
 TEST(GatedDeltaRule, GpuBackwardBesideTheStatePassEqualsTheSerialOne) {
   HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
   const testing::ScopedSetting overlap_guard(&cuda::set_gated_delta_rule_backward_overlap, false);
   const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0}};
   for (const GpuCase& c : cases) {
@@ -911,6 +916,7 @@ TEST(GatedDeltaRule, GpuBackwardBesideTheStatePassEqualsTheSerialOne) {
       }
     }
   }
+#endif
 }
 
 // A kept state meets only the inputs it was made for: other shapes, or the f32 inputs the
