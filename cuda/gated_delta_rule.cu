@@ -1349,15 +1349,39 @@ __device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b
   return (b * pr.heads + h) * max_chunks + chunk;
 }
 
-// The chunk's A ([64][64] f32 in memory, as gdr_prepare_mma stores it for the backward)
-// into sA (bf16, row stride LDA) and, where sAf is given, into sAf (f32, row stride LDF).
-// The caller's barrier publishes them.
-template <int LDA, int LDF, int kThreads = kMmaThreads>
-__device__ void load_inverse(const float* __restrict__ src, bf16* sA, float* sAf) {
-  load_square<kThreads>(src, [=](int i, int j, float x) {
-    sA[i * LDA + j] = store<bf16>(x);
-    if (sAf) sAf[i * LDF + j] = x;
-  });
+// A chunk's A in memory: [64][64] bf16, as gdr_prepare_mma stores it for the backward.
+// Every reader takes A as bf16 tensor-core operands (sA), rounded from f32 once where the
+// prepare kernel forms it, so that the bf16 copy gives the same products, bit for bit, in
+// half the bytes of the f32 one.
+// store_inverse: sA (row stride LDA, published) to memory; load_inverse: memory into sA,
+// which the caller's barrier publishes. 16 bytes a move (LDA * 2 is a multiple of 16), all
+// of a thread's loads in flight before it stores any.
+constexpr int kInverseChunks = kChunk * kChunk / 8;  // 16-byte pieces of A
+template <int LDA>
+__device__ __forceinline__ int inverse_piece_at(int piece) {
+  static_assert(LDA * 2 % 16 == 0, "sA rows 16-byte aligned");
+  return piece / (kChunk / 8) * LDA + piece % (kChunk / 8) * 8;
+}
+template <int LDA, int kThreads = kMmaThreads>
+__device__ void store_inverse(const bf16* sA, bf16* __restrict__ dst) {
+  for (int piece = int(threadIdx.x); piece < kInverseChunks; piece += kThreads) {
+    reinterpret_cast<uint4*>(dst)[piece] =
+        *reinterpret_cast<const uint4*>(sA + inverse_piece_at<LDA>(piece));
+  }
+}
+template <int LDA, int kThreads = kMmaThreads>
+__device__ void load_inverse(const bf16* __restrict__ src, bf16* sA) {
+  constexpr int kEach = kInverseChunks / kThreads;
+  static_assert(kInverseChunks % kThreads == 0, "whole rounds of loads");
+  uint4 x[kEach];
+#pragma unroll
+  for (int k = 0; k < kEach; ++k) {
+    x[k] = reinterpret_cast<const uint4*>(src)[int(threadIdx.x) + k * kThreads];
+  }
+#pragma unroll
+  for (int k = 0; k < kEach; ++k) {
+    *reinterpret_cast<uint4*>(sA + inverse_piece_at<LDA>(int(threadIdx.x) + k * kThreads)) = x[k];
+  }
 }
 
 template <int KD>
@@ -1373,8 +1397,8 @@ struct MmaPrepareLayout {
 // then null.
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
-    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, float* a_out,
-                    const float* a_in, int64_t max_chunks) {
+    gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, bf16* a_out,
+                    const bf16* a_in, int64_t max_chunks) {
   using L = MmaPrepareLayout<KD>;
   constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1414,8 +1438,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_value_tile(0);
     async_copy_commit();
     if (a_in) {  // its loads in flight beside the copies
-      load_inverse<LDA, LDF>(a_in + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk,
-                             sA, nullptr);
+      load_inverse<LDA>(a_in + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk, sA);
     }
     const float gate = chunk_gate(pr, b, h, begin, n);
     if (int(threadIdx.x) < kChunk) {
@@ -1441,10 +1464,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       async_copy_commit();
     }
     if (a_out) {  // for the backward kernels, which would otherwise form it again
-      float* to = a_out + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk;
-      for (int idx = int(threadIdx.x); idx < kChunk * kChunk; idx += int(blockDim.x)) {
-        to[idx] = sAf[(idx / kChunk) * LDF + idx % kChunk];
-      }
+      store_inverse<LDA>(sA, a_out + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk);
     }
     // beta_i e^{G_i} k_i (rows past n stay 0)
     map_tile(sK, LDK, kChunk, KD, [&](int i) {
@@ -2046,7 +2066,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //   dG_last += lambda <S0, dS_end> + sum_i tau_i <(K dS_end)_i, u_i>;  dg = reverse cumsum
 // (the CPU's backward, core/ops/gated_delta_rule.h, is the same gradient written with the
 // forward substitution). After the forward's prepare and state kernels recompute W, U, S0
-// and u (the prepare kernel storing each chunk's A in f32, so that no backward kernel
+// and u (the prepare kernel storing each chunk's A in bf16, so that no backward kernel
 // forms it again; or reading the A the forward kept, GatedDeltaRuleKeep::Inverses, as
 // FLA's backward reads its forward's), five kernels, all but the second parallel over
 // chunks:
@@ -2070,7 +2090,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 struct MmaBackward {
   const bf16 *grad_o, *grad_h_final;  // grad_h_final may be null
   const bf16 *w, *v_new, *states;     // from the forward's kernels
-  const float* a_inv;                 // A per chunk, [slots, 64, 64], from gdr_prepare_mma
+  const bf16* a_inv;                  // A per chunk, [slots, 64, 64], from gdr_prepare_mma
   bf16* dstates;                      // dS_end per chunk, [B, H, max_chunks, K, V]
   float* dvl;                         // [rows, V]
   bf16* du;                           // [rows, V], rounded once as the products take it
@@ -2572,7 +2592,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     if (v_tiles > 0) issue_value_tile(0);
     async_copy_commit();
-    load_inverse<LDA, LDF>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
+    load_inverse<LDA>(bw.a_inv + slot * kChunk * kChunk, sA);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -3062,7 +3082,7 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     const float chunk_dlambda = bw.chunk_dlambda[slot];
     load_square<kThreads>(bw.da + slot * kChunk * kChunk,
                           [=](int i, int j, float x) { sDA[i * LDA + j] = store<bf16>(x); });
-    load_inverse<LDA, LDF, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA, nullptr);
+    load_inverse<LDA, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -3353,7 +3373,7 @@ struct MmaChunkStates {
   int64_t max_chunks = 0, max_docs = 0;  // over the batch rows
   Tensor w, u, v_new, states;
   Tensor gcum;  // G, the chunk-local cumsum of the gates, f32 [B, T, H]
-  Tensor a_inv;  // each chunk's A, f32 [B, H, max_chunks, 64, 64], for the backward only
+  Tensor a_inv;  // each chunk's A, bf16 [B, H, max_chunks, 64, 64], for the backward only
 };
 
 int64_t bytes_of(std::initializer_list<const Tensor*> tensors) {
@@ -3387,7 +3407,7 @@ struct MmaSavedChunkStates final : MmaSaved {
 struct MmaSavedInverses final : MmaSaved {
   ChunkTable table;
   int64_t max_chunks = 0, max_docs = 0;
-  Tensor a_inv;  // f32 [B, H, max_chunks, 64, 64]
+  Tensor a_inv;  // bf16 [B, H, max_chunks, 64, 64]
   int64_t bytes() const override {
     return bytes_of({&table.begin, &table.doc_start, &table.doc_chunk, &table.count, &a_inv});
   }
@@ -3486,13 +3506,13 @@ MmaChunkStates chunk_states_mma(
   const bool forms_inverse = inverses == nullptr;
   if (keep_inverse && forms_inverse) {
     c.a_inv = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * kChunk * kChunk},
-                            DType::F32, device);
+                            DType::BF16, device);
   }
   const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
-  const float* a_in = forms_inverse ? nullptr : ptr<const float>(c.a_inv);
+  const bf16* a_in = forms_inverse ? nullptr : ptr<const bf16>(c.a_inv);
   launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
              ptr<bf16>(c.u), ptr<float>(c.gcum),
-             keep_inverse && forms_inverse ? ptr<float>(c.a_inv) : nullptr, a_in, c.max_chunks);
+             keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
   if (after_prepare) after_prepare(c);
   auto state_pass = [&]<int VT>() {
@@ -3687,7 +3707,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.w = ptr<const bf16>(c.w);
     bw.v_new = ptr<const bf16>(c.v_new);
     bw.states = ptr<const bf16>(c.states);
-    bw.a_inv = ptr<const float>(c.a_inv);
+    bw.a_inv = ptr<const bf16>(c.a_inv);
     bw.dstates = ptr<bf16>(dstates);
     bw.dvl = ptr<float>(dvl);
     bw.gcum = ptr<const float>(c.gcum);

@@ -794,7 +794,7 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
 // the backward that reads what the forward kept (every chunk state; or the chunk table and
 // each chunk's A, from which it forms the rest) equals, to the bit, the one that recomputes
 // everything (the same kernels make the same terms). Packed documents, h0, several value
-// tiles, K = 256 beside V = 384. Kept A takes 64 f32 a token and head, beside the table.
+// tiles, K = 256 beside V = 384. Kept A takes 64 bf16 a token and head, beside the table.
 TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0},
@@ -826,10 +826,10 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
       if (states) {
         EXPECT_GT(kept.saved->bytes(), gpu.v.numel() * 2 + table_bytes);
       } else if (chunks > 0) {
-        EXPECT_EQ(kept.saved->bytes(), B * H * chunks * 64 * 64 * 4 + table_bytes);
+        EXPECT_EQ(kept.saved->bytes(), B * H * chunks * 64 * 64 * 2 + table_bytes);
       } else {  // documents add chunks: at least the undivided row's, at most one a document more
-        EXPECT_GE(kept.saved->bytes(), B * H * ((T + 63) / 64) * 64 * 64 * 4 + table_bytes);
-        EXPECT_LE(kept.saved->bytes(), B * H * ((T + 63) / 64 + c.docs) * 64 * 64 * 4 + table_bytes);
+        EXPECT_GE(kept.saved->bytes(), B * H * ((T + 63) / 64) * 64 * 64 * 2 + table_bytes);
+        EXPECT_LE(kept.saved->bytes(), B * H * ((T + 63) / 64 + c.docs) * 64 * 64 * 2 + table_bytes);
       }
       EXPECT_EQ(testing::max_abs_diff(kept.o, plain.o), 0.0);
       EXPECT_EQ(testing::max_abs_diff(kept.h_final, plain.h_final), 0.0);
