@@ -1154,30 +1154,6 @@ __device__ void load_gcum(const float* gcum, const Problem<bf16>& pr, int64_t b,
   }
 }
 
-// put(i, j, src[i * 64 + j]) over a 64 x 64 f32 matrix in memory (16-byte aligned), by
-// the kThreads threads of a block: 16 bytes a load, all of a thread's loads (8 at 128
-// threads) in flight before it stores any.
-template <int kThreads = kMmaThreads, class Put>
-__device__ void load_square(const float* __restrict__ src, Put put) {
-  constexpr int kQuads = kChunk * kChunk / 4, kStep = kThreads;
-  constexpr int kInFlight = kQuads / kThreads < 8 ? kQuads / kThreads : 8;
-  static_assert(kQuads % (kInFlight * kStep) == 0, "whole rounds of loads");
-  const float4* quads = reinterpret_cast<const float4*>(src);
-  for (int base = int(threadIdx.x); base < kQuads; base += kInFlight * kStep) {
-    float4 x[kInFlight];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) x[k] = quads[base + k * kStep];
-#pragma unroll
-    for (int k = 0; k < kInFlight; ++k) {
-      const int q = base + k * kStep, i = 4 * q / kChunk, j = 4 * q % kChunk;
-      put(i, j, x[k].x);
-      put(i, j + 1, x[k].y);
-      put(i, j + 2, x[k].z);
-      put(i, j + 3, x[k].w);
-    }
-  }
-}
-
 // e^x for the decays within a chunk, e^{G_i - G_j}, by one ex2.approx.ftz (mma::exp2_ftz).
 // expf's range reduction and denormal fix-ups cost about 8 instructions more, and the
 // chunk kernels take a decay for each of a thread's 32 elements of a 64 x 64 mask. Where
@@ -1352,27 +1328,28 @@ __device__ __forceinline__ int64_t chunk_slot(const Problem<bf16>& pr, int64_t b
 // A chunk's A in memory: [64][64] bf16, as gdr_prepare_mma stores it for the backward.
 // Every reader takes A as bf16 tensor-core operands (sA), rounded from f32 once where the
 // prepare kernel forms it, so that the bf16 copy gives the same products, bit for bit, in
-// half the bytes of the f32 one.
-// store_inverse: sA (row stride LDA, published) to memory; load_inverse: memory into sA,
-// which the caller's barrier publishes. 16 bytes a move (LDA * 2 is a multiple of 16), all
-// of a thread's loads in flight before it stores any.
-constexpr int kInverseChunks = kChunk * kChunk / 8;  // 16-byte pieces of A
-template <int LDA>
-__device__ __forceinline__ int inverse_piece_at(int piece) {
-  static_assert(LDA * 2 % 16 == 0, "sA rows 16-byte aligned");
-  return piece / (kChunk / 8) * LDA + piece % (kChunk / 8) * 8;
+// half the bytes of the f32 one (and so does dA, rounded once by the keys kernel).
+// store_square_bf16: a 64 x 64 bf16 tile in shared memory (row stride LD, published) to
+// memory; load_square_bf16: memory into such a tile, which the caller's barrier publishes.
+// 16 bytes a move (LD * 2 a multiple of 16), all of a thread's loads in flight before it
+// stores any.
+constexpr int kSquarePieces = kChunk * kChunk / 8;  // 16-byte pieces of a 64 x 64 bf16 tile
+template <int LD>
+__device__ __forceinline__ int square_piece_at(int piece) {
+  static_assert(LD * 2 % 16 == 0, "16-byte aligned rows");
+  return piece / (kChunk / 8) * LD + piece % (kChunk / 8) * 8;
 }
-template <int LDA, int kThreads = kMmaThreads>
-__device__ void store_inverse(const bf16* sA, bf16* __restrict__ dst) {
-  for (int piece = int(threadIdx.x); piece < kInverseChunks; piece += kThreads) {
+template <int LD, int kThreads = kMmaThreads>
+__device__ void store_square_bf16(const bf16* tile, bf16* __restrict__ dst) {
+  for (int piece = int(threadIdx.x); piece < kSquarePieces; piece += kThreads) {
     reinterpret_cast<uint4*>(dst)[piece] =
-        *reinterpret_cast<const uint4*>(sA + inverse_piece_at<LDA>(piece));
+        *reinterpret_cast<const uint4*>(tile + square_piece_at<LD>(piece));
   }
 }
-template <int LDA, int kThreads = kMmaThreads>
-__device__ void load_inverse(const bf16* __restrict__ src, bf16* sA) {
-  constexpr int kEach = kInverseChunks / kThreads;
-  static_assert(kInverseChunks % kThreads == 0, "whole rounds of loads");
+template <int LD, int kThreads = kMmaThreads>
+__device__ void load_square_bf16(const bf16* __restrict__ src, bf16* tile) {
+  constexpr int kEach = kSquarePieces / kThreads;
+  static_assert(kSquarePieces % kThreads == 0, "whole rounds of loads");
   uint4 x[kEach];
 #pragma unroll
   for (int k = 0; k < kEach; ++k) {
@@ -1380,7 +1357,7 @@ __device__ void load_inverse(const bf16* __restrict__ src, bf16* sA) {
   }
 #pragma unroll
   for (int k = 0; k < kEach; ++k) {
-    *reinterpret_cast<uint4*>(sA + inverse_piece_at<LDA>(int(threadIdx.x) + k * kThreads)) = x[k];
+    *reinterpret_cast<uint4*>(tile + square_piece_at<LD>(int(threadIdx.x) + k * kThreads)) = x[k];
   }
 }
 
@@ -1438,7 +1415,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     issue_value_tile(0);
     async_copy_commit();
     if (a_in) {  // its loads in flight beside the copies
-      load_inverse<LDA>(a_in + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk, sA);
+      const int64_t slot = chunk_slot(pr, b, h, chunk, max_chunks);
+      load_square_bf16<LDA>(a_in + slot * kChunk * kChunk, sA);
     }
     const float gate = chunk_gate(pr, b, h, begin, n);
     if (int(threadIdx.x) < kChunk) {
@@ -1464,7 +1442,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       async_copy_commit();
     }
     if (a_out) {  // for the backward kernels, which would otherwise form it again
-      store_inverse<LDA>(sA, a_out + chunk_slot(pr, b, h, chunk, max_chunks) * kChunk * kChunk);
+      const int64_t slot = chunk_slot(pr, b, h, chunk, max_chunks);
+      store_square_bf16<LDA>(sA, a_out + slot * kChunk * kChunk);
     }
     // beta_i e^{G_i} k_i (rows past n stay 0)
     map_tile(sK, LDK, kChunk, KD, [&](int i) {
@@ -2076,8 +2055,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 //   3. gdr_bwd_values_mma  per chunk, over double-buffered V tiles: dP, du Vb^T, dv and
 //                          the row sums <dVb, V>
 //   4. gdr_bwd_keys_mma    per chunk, over 64-wide key blocks and double-buffered
-//                          32-column V tiles: dq, dW, dA += dW Kbg^T, dk's first two
-//                          terms, and the sums that need S0 or dS_end: <dO, Q S0> as
+//                          32-column V tiles: dq, dW, dA + dW Kbg^T (stored in bf16), dk's
+//                          first two terms, and the sums that need S0 or dS_end: <dO, Q S0> as
 //                          <Q, dO S0^T>, <K dS_end, u> as <K, u dS_end^T> (both products
 //                          are dq's and dk's own) and <S0, dS_end>
 //   5. gdr_bwd_wy_mma      per chunk: dL (chunk_inverse_grad), dM, the rest of dk,
@@ -2096,7 +2075,8 @@ struct MmaBackward {
   bf16* du;                           // [rows, V], rounded once as the products take it
   bf16* dpg;                          // dP * Gamma per chunk, [slots, 64, 64], rounded once
                                       // as the keys kernel's products take it
-  float* da;                          // dA per chunk, [slots, 64, 64]
+  float* da;                          // dA per chunk, [slots, 64, 64]: du Vb^T diag(beta)
+  bf16* da_rounded;                   // da + dW Kbg^T, rounded once as the wy products take it
   bf16* dw;                           // [rows, K], rounded once as the wy products take it
   float* dk_part;                     // [rows, K]
   float *row_dbeta, *row_deo, *row_dtau, *row_zp;  // [rows]
@@ -2592,7 +2572,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     if (v_tiles > 0) issue_value_tile(0);
     async_copy_commit();
-    load_inverse<LDA>(bw.a_inv + slot * kChunk * kChunk, sA);
+    load_square_bf16<LDA>(bw.a_inv + slot * kChunk * kChunk, sA);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -2960,9 +2940,10 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
           bw.row_dtau[row] = tau_sum[half];
         }
       }
-      // da += dA2, all of the lane's loads issued before its first store (the compiler may
-      // not move a load of da above a store to it, so a fused loop would wait on each).
-      float* da = bw.da + slot * kChunk * kChunk;
+      // da + dA2 into da_rounded (bf16, as the wy kernel takes it), all of the lane's loads
+      // issued before its first store.
+      const float* da = bw.da + slot * kChunk * kChunk;
+      bf16* da_rounded = bw.da_rounded + slot * kChunk * kChunk;
       float2 earlier[kChunk / 8][2];
 #pragma unroll
       for (int nb = 0; nb < kChunk / 8; ++nb) {
@@ -2978,8 +2959,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
         for (int half = 0; half < 2; ++half) {
           const int i = row0 + acc_row(2 * half), j = acc_col(nb, 0);
           const float2 x = earlier[nb][half];
-          *reinterpret_cast<float2*>(da + i * kChunk + j) =
-              float2{x.x + dA2[nb][2 * half], x.y + dA2[nb][2 * half + 1]};
+          *reinterpret_cast<uint32_t*>(da_rounded + i * kChunk + j) =
+              mma::pack_bf16(x.x + dA2[nb][2 * half], x.y + dA2[nb][2 * half + 1]);
         }
       }
     }
@@ -2989,11 +2970,11 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
 // dL = -strict_tril(A^T dA A^T), the gradient of L = diag(beta) M through A = (I + L)^-1:
 // dL_ij = -sum_m (A^T dA)_im A_jm for j < i, -0 elsewhere, into sD (f32, row stride LDF).
 // On the tensor cores, with bf16 operands and f32 sums, as FLA's WY backward (which keeps
-// A in bf16) forms it, from A and dA rounded to bf16 as they were loaded (sA, sDA:
-// [64][LDA]): warp w forms T = A^T dA for its 16 rows [row0, row0 + 16) and all 64 columns
-// (a row of A^T is a column of A: ldmatrix's transposing load), and its columns of T A^T
-// from T's registers, rounded, with A's rows as B^T. The terms A's zeros add are exact
-// zeros.
+// A in bf16) forms it, from A and dA in bf16 as the prepare and keys kernels stored them
+// (sA, sDA: [64][LDA]): warp w forms T = A^T dA for its 16 rows [row0, row0 + 16) and all
+// 64 columns (a row of A^T is a column of A: ldmatrix's transposing load), and its columns
+// of T A^T from T's registers, rounded, with A's rows as B^T. The terms A's zeros add are
+// exact zeros.
 // (In f32 on the CUDA cores, 4 x 4 elements a thread at 256 threads, the two products had
 // taken about 1,700 of the WY kernel's executed instructions a thread a chunk at K = 128,
 // by the sizes and trip counts of their loops in the sm_90a SASS: the most of any part of
@@ -3047,7 +3028,7 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   float* sD = sM + kChunk * LDF;  // dL, then dM * Gamma
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + L::f_bytes);
   bf16* sA = sK + kChunk * LDK;
-  bf16* sDA = sA + kChunk * LDA;   // dA in bf16, rounded as loaded
+  bf16* sDA = sA + kChunk * LDA;   // dA in bf16, as the keys kernel rounded it
   bf16* sdW = sDA + kChunk * LDA;  // [64][KB]: the key block of dW
   constexpr int kRowParts = kThreads / kChunk;  // threads that share a row's Z sums
   __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kParts][kChunk],
@@ -3080,9 +3061,8 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
       rows.zp = bw.row_zp[row_at];
     }
     const float chunk_dlambda = bw.chunk_dlambda[slot];
-    load_square<kThreads>(bw.da + slot * kChunk * kChunk,
-                          [=](int i, int j, float x) { sDA[i * LDA + j] = store<bf16>(x); });
-    load_inverse<LDA, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA);
+    load_square_bf16<LDA, kThreads>(bw.da_rounded + slot * kChunk * kChunk, sDA);
+    load_square_bf16<LDA, kThreads>(bw.a_inv + slot * kChunk * kChunk, sA);
     load_beta(pr, b, h, begin, n, s_beta);
     load_gcum(bw.gcum, pr, b, h, begin, n, s_g);
     async_copy_wait<0>();
@@ -3698,6 +3678,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     Tensor du = scratch(rows * V, DType::BF16);
     Tensor dpg = scratch(slots * kChunk * kChunk, DType::BF16);
     Tensor da = scratch(slots * kChunk * kChunk, DType::F32);
+    Tensor da_rounded = scratch(slots * kChunk * kChunk, DType::BF16);
     Tensor dw = scratch(rows * K, DType::BF16), dk_part = scratch(rows * K, DType::F32);
     Tensor row_sums = scratch(4 * rows, DType::F32), dlambda = scratch(slots, DType::F32);
 
@@ -3714,6 +3695,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.du = ptr<bf16>(du);
     bw.dpg = ptr<bf16>(dpg);
     bw.da = ptr<float>(da);
+    bw.da_rounded = ptr<bf16>(da_rounded);
     bw.dw = ptr<bf16>(dw);
     bw.dk_part = ptr<float>(dk_part);
     bw.row_dbeta = ptr<float>(row_sums);
