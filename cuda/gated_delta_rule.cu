@@ -2941,7 +2941,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
         }
       }
       // da + dA2 into da_rounded (bf16, as the wy kernel takes it), all of the lane's loads
-      // issued before its first store.
+      // issued before its first store (the compiler cannot tell the two buffers apart, so a
+      // fused loop would wait on each load).
       const float* da = bw.da + slot * kChunk * kChunk;
       bf16* da_rounded = bw.da_rounded + slot * kChunk * kChunk;
       float2 earlier[kChunk / 8][2];
