@@ -45,6 +45,7 @@ bool is_floating(DType dtype) {
 }
 
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (n == 0) return;  // empty tensors may have null data, which memcpy must not get
   if (src_dtype == dst_dtype) {
     std::memcpy(dst, src, size_t(n) * dtype_size(src_dtype));
     return;

@@ -373,7 +373,7 @@ bool SafetensorsFile::contains(const std::string& name) const {
 
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& label) {
   auto read_at = [&](uint64_t offset, void* dst, size_t n) {
-    std::memcpy(dst, bytes.data() + offset, n);
+    if (n) std::memcpy(dst, bytes.data() + offset, n);  // an empty tensor's dst may be null
   };
   return parse_source(bytes.size(), read_at, label);
 }
