@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/address_sanitizer.h"
 
 namespace ham::cuda {
 
@@ -15,6 +16,27 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
   release_unused_segments();
 }
+
+namespace {
+
+// [ptr, ptr + n) unowned (poisoned) or owned again, where ASan runs and the raw memory is
+// the host's.
+void mark_unowned(const RawDeviceMemory& raw, const void* ptr, size_t n) {
+#if HAM_ADDRESS_SANITIZER
+  if (raw.host_addressable()) __asan_poison_memory_region(ptr, n);
+#else
+  (void)raw, (void)ptr, (void)n;
+#endif
+}
+void mark_owned(const RawDeviceMemory& raw, const void* ptr, size_t n) {
+#if HAM_ADDRESS_SANITIZER
+  if (raw.host_addressable()) __asan_unpoison_memory_region(ptr, n);
+#else
+  (void)raw, (void)ptr, (void)n;
+#endif
+}
+
+}  // namespace
 
 size_t CachingAllocator::round_request(size_t nbytes) {
   if (nbytes == 0) return 0;
@@ -56,6 +78,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(StreamKey stream, bool sm
     ptr = raw_.try_allocate(segment);
     if (!ptr) return nullptr;
   }
+  mark_unowned(raw_, ptr, segment);
   auto* block = new Block;
   block->ptr = static_cast<char*>(ptr);
   block->size = segment;
@@ -101,6 +124,7 @@ void* CachingAllocator::allocate(size_t nbytes, StreamKey stream) {
     if (!block) fail_out_of_memory(nbytes, rounded, segment_size_for(rounded));
   }
   split(block, rounded);
+  mark_owned(raw_, block->ptr, nbytes);
   block->in_use = true;
   block->requested = nbytes;
   active_.emplace(block->ptr, block);
@@ -119,6 +143,7 @@ void CachingAllocator::free(void* ptr) {
             ", which it did not hand out (or already freed)");
   Block* block = it->second;
   active_.erase(it);
+  mark_unowned(raw_, block->ptr, block->requested);
   stats_.allocated_bytes -= block->size;
   stats_.requested_bytes -= block->requested;
   --stats_.active_blocks;
@@ -153,6 +178,7 @@ void CachingAllocator::release_unused_segments() {
       }
       for (Block* block : whole_segments) {
         list->erase(block);
+        mark_owned(raw_, block->ptr, block->size);  // the raw memory's own again
         raw_.release(block->ptr, block->size);
         stats_.reserved_bytes -= block->size;
         --stats_.segments;

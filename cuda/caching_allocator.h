@@ -18,6 +18,11 @@
 // nothing in use is released (all streams) and the request retried once; if it still
 // fails the error is one line naming the device, the bytes requested and the bytes free,
 // cached and in use.
+//
+// Under AddressSanitizer, where the segments are host memory (the SIMT emulator's device),
+// every byte no tensor asked for is poisoned: a block's rounding past its request and
+// every free block. A kernel on the emulator that reads or writes past its tensor then
+// fails there, as under compute-sanitizer's memcheck, instead of landing in a neighbour.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -37,6 +42,9 @@ class RawDeviceMemory {
   virtual void release(void* ptr, size_t nbytes) = 0;
   // What the device reports free now (for the out-of-memory message).
   virtual size_t free_bytes() = 0;
+  // Whether the segments are host memory that this process may address (AddressSanitizer
+  // then watches the pool's unowned bytes); device memory and fake address ranges: false.
+  virtual bool host_addressable() const { return false; }
 };
 
 // A stream as the pool sees it: an opaque handle (a cudaStream_t's value).

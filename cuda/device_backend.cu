@@ -67,6 +67,10 @@ class CudaRawMemory final : public RawDeviceMemory {
     return free;
   }
 
+#if HAM_CUDA_EMULATOR
+  bool host_addressable() const override { return true; }  // the emulator's "device"
+#endif
+
  private:
   int device_;
 };

@@ -2,6 +2,7 @@
 // (cuda/emulator/simt.h says what is and is not emulated).
 #include "cuda/emulator/simt.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/address_sanitizer.h"
 
 #if !defined(__x86_64__)
 #error "the SIMT emulator switches fibers with x86-64 code; port ham_emulator_switch first"
@@ -70,15 +72,44 @@ constexpr size_t kStackBytes = 256 * 1024;  // per CUDA thread; only touched pag
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr int kWarpSize = 32;
 
+// A stack's lowest address and size (what AddressSanitizer is told at each switch).
+struct StackBounds {
+  const void* bottom = nullptr;
+  size_t size = 0;
+};
+
+// The launching OS thread's own stack, read once a thread (for the main thread glibc reads
+// /proc/self/maps), where AddressSanitizer is to be told; empty elsewhere.
+StackBounds launching_thread_stack() {
+#if HAM_ADDRESS_SANITIZER
+  thread_local const StackBounds bounds = [] {
+    pthread_attr_t attr;
+    HAM_CHECK(pthread_getattr_np(pthread_self(), &attr) == 0,
+              "cuda emulator: cannot read the launching thread's stack");
+    void* bottom = nullptr;
+    size_t size = 0;
+    pthread_attr_getstack(&attr, &bottom, &size);
+    pthread_attr_destroy(&attr);
+    return StackBounds{bottom, size};
+  }();
+  return bounds;
+#else
+  return {};
+#endif
+}
+
 // One mapping per fiber: a guard page at the bottom, so an overflow faults.
 struct FiberStack {
   char* base = nullptr;
+  StackBounds usable;  // above the guard page
   FiberStack() {
     void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
     HAM_CHECK(p != MAP_FAILED, "cuda emulator: cannot map a ", kStackBytes, "-byte fiber stack");
     base = static_cast<char*>(p);
-    mprotect(base, size_t(sysconf(_SC_PAGESIZE)), PROT_NONE);
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    mprotect(base, page, PROT_NONE);
+    usable = {base + page, kStackBytes - page};
   }
   ~FiberStack() { munmap(base, kStackBytes); }
   FiberStack(const FiberStack&) = delete;
@@ -89,6 +120,7 @@ enum class FiberState { Ready, Running, AtBlockBarrier, InWarpCollective, Exited
 
 struct Fiber {
   void* sp = nullptr;
+  StackBounds stack;
   FiberState state = FiberState::Ready;
   ThreadPlace place{};
   int linear = 0;  // thread index within the block
@@ -165,7 +197,8 @@ class BlockRunner {
         threads_(int(block.x * block.y * block.z)),
         schedule_(schedule()),
         fibers_(size_t(threads_)),
-        shared_(dynamic_shared_bytes) {
+        shared_(dynamic_shared_bytes),
+        scheduler_stack_(launching_thread_stack()) {
     while (stacks().size() < size_t(threads_)) stacks().push_back(std::make_unique<FiberStack>());
     pending_.resize(size_t((threads_ + kWarpSize - 1) / kWarpSize));
     exited_.resize(pending_.size());
@@ -173,7 +206,7 @@ class BlockRunner {
 
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
-    std::memset(shared_.data(), 0xff, shared_.size());
+    if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
     ready_.clear();
     at_barrier_.clear();
     for (auto& p : pending_) p.clear();
@@ -189,19 +222,25 @@ class BlockRunner {
       f.place.block_dim = block_;
       f.place.grid_dim = grid_;
       f.sp = fresh_stack(*stacks()[size_t(i)], &f);
+      f.stack = stacks()[size_t(i)]->usable;
     }
     std::vector<int> all(static_cast<size_t>(threads_));
     for (int i = 0; i < threads_; ++i) all[size_t(i)] = i;
     make_ready(all);
-    while (live_ > 0) {
-      if (ready_.empty()) fail_deadlock();
-      Fiber& f = fibers_[size_t(ready_.front())];
-      ready_.pop_front();
-      current_ = &f;
-      f.state = FiberState::Running;
-      ham_emulator_switch(&scheduler_sp_, f.sp);
-      current_ = nullptr;
-      if (error_) std::rethrow_exception(error_);
+    try {
+      while (live_ > 0) {
+        if (ready_.empty()) fail_deadlock();
+        Fiber& f = fibers_[size_t(ready_.front())];
+        ready_.pop_front();
+        current_ = &f;
+        f.state = FiberState::Running;
+        switch_stacks(&scheduler_sp_, f.sp, f.stack);
+        current_ = nullptr;
+        if (error_) std::rethrow_exception(error_);
+      }
+    } catch (...) {
+      forget_abandoned_frames();
+      throw;
     }
   }
 
@@ -347,21 +386,58 @@ class BlockRunner {
   // Gives the thread to the next ready fiber directly (half the switches of a round trip
   // through the scheduler), or to the scheduler when none is ready or a fiber has failed;
   // returns when this fiber runs again.
-  void yield(Fiber& f) {
+  // `leaving`: f has exited and never runs again.
+  void yield(Fiber& f, bool leaving = false) {
+    const StackBounds* left = leaving ? &f.stack : nullptr;
     if (!error_ && !ready_.empty()) {
       Fiber& next = fibers_[size_t(ready_.front())];
       ready_.pop_front();
       current_ = &next;
       next.state = FiberState::Running;
-      if (&next != &f) ham_emulator_switch(&f.sp, next.sp);
+      if (&next != &f) switch_stacks(&f.sp, next.sp, next.stack, left);
       return;
     }
-    ham_emulator_switch(&f.sp, scheduler_sp_);
+    switch_stacks(&f.sp, scheduler_sp_, scheduler_stack_, left);
   }
   // The last switch of a fiber.
   [[noreturn]] void leave(Fiber& f) {
-    yield(f);
+    yield(f, true);
     std::abort();  // an exited fiber is never scheduled again
+  }
+
+  // ham_emulator_switch, told to AddressSanitizer where it runs: the stack being switched
+  // to (`to`), and, once this context runs again, that it is back. Without that, ASan
+  // takes a fiber's stack for the thread's, and a throw there (which makes it unpoison
+  // the stack it thinks is current) would leave false reports behind. `leaving`: the stack
+  // of an exited fiber, which never runs again; the redzones of the frames it ends in
+  // (from fiber_main down to here) are cleared first, since the next block's fibers reuse
+  // the stack and only an instrumented frame's own prologue re-marks its redzones.
+  static void switch_stacks(void** save, void* load, const StackBounds& to,
+                            const StackBounds* leaving = nullptr) {
+#if HAM_ADDRESS_SANITIZER
+    void* fake_stack = nullptr;
+    if (leaving) {  // no local here: the end of its scope would poison it again
+      const auto top = reinterpret_cast<uintptr_t>(leaving->bottom) + leaving->size;
+      // This frame's locals lie below its frame pointer; 1 KiB covers them.
+      const uintptr_t from = reinterpret_cast<uintptr_t>(__builtin_frame_address(0)) - 1024;
+      ASAN_UNPOISON_MEMORY_REGION(reinterpret_cast<void*>(from), top - from);
+    }
+    __sanitizer_start_switch_fiber(leaving ? nullptr : &fake_stack, to.bottom, to.size);
+    ham_emulator_switch(save, load);
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+    (void)to;
+    (void)leaving;
+    ham_emulator_switch(save, load);
+#endif
+  }
+  // After a failed block, whose fibers stopped anywhere: the redzones ASan poisoned for
+  // their frames would stay on stacks the next block's fibers reuse. (A block that ends
+  // normally leaves only the frames of its fibers' last switch: fresh_stack.)
+  void forget_abandoned_frames() {
+#if HAM_ADDRESS_SANITIZER
+    for (const Fiber& f : fibers_) ASAN_UNPOISON_MEMORY_REGION(f.stack.bottom, f.stack.size);
+#endif
   }
 
  private:
@@ -527,6 +603,7 @@ class BlockRunner {
   uint3 block_idx_{};
   Fiber* current_ = nullptr;
   void* scheduler_sp_ = nullptr;
+  StackBounds scheduler_stack_;
   std::exception_ptr error_;
 
   friend void run_kernel(const LaunchSite&, dim3, dim3, size_t, const std::function<void()>&);
@@ -592,6 +669,9 @@ BlockRunner& runner() {
 }
 
 void BlockRunner::fiber_main(Fiber* f) {
+#if HAM_ADDRESS_SANITIZER
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);  // the first switch to f
+#endif
   BlockRunner& r = runner();
   try {
     r.body_();

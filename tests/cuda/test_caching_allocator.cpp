@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/address_sanitizer.h"
 #include "cuda/caching_allocator.h"
 #include "tests/error_testing.h"
 
@@ -253,6 +254,48 @@ TEST(CudaCachingAllocator, RandomWorkloadKeepsBlocksDisjointAndReturnsEverything
   pool.empty_cache();
   EXPECT_EQ(device.live_segments(), 0u);
   EXPECT_EQ(pool.stats().reserved_bytes, 0u);
+}
+
+// Segments of real host memory, as the SIMT emulator's device gives.
+class HostDevice final : public RawDeviceMemory {
+ public:
+  void* try_allocate(size_t nbytes) override { return ::operator new(nbytes); }
+  void release(void* ptr, size_t) override { ::operator delete(ptr); }
+  size_t free_bytes() override { return 0; }
+  bool host_addressable() const override { return true; }
+};
+
+// Under AddressSanitizer (scripts/sanitize.sh), the bytes of a pool on host memory that no
+// tensor asked for are poisoned, so that a kernel on the emulator running past its tensor
+// is caught there.
+TEST(CudaCachingAllocator, UnownedBytesOfHostMemoryArePoisonedUnderAddressSanitizer) {
+#if HAM_ADDRESS_SANITIZER
+  HostDevice device;
+  CachingAllocator pool(device, "cuda:0");
+  auto poisoned = [](const void* p) { return __asan_address_is_poisoned(p) != 0; };
+  char* a = as_bytes(pool.allocate(100, 0));
+  char* b = as_bytes(pool.allocate(1000, 0));
+  ASSERT_EQ(b, a + 512);
+  EXPECT_FALSE(poisoned(a));
+  EXPECT_FALSE(poisoned(a + 99));
+  EXPECT_TRUE(poisoned(a + 100));  // the rounding past the request
+  EXPECT_TRUE(poisoned(a + 511));
+  EXPECT_FALSE(poisoned(b + 999));
+  EXPECT_TRUE(poisoned(b + 1000));
+  EXPECT_TRUE(poisoned(b + 1024));  // the free rest of the segment
+  pool.free(a);
+  EXPECT_TRUE(poisoned(a));  // freed
+  EXPECT_FALSE(poisoned(b));
+  char* c = as_bytes(pool.allocate(64, 0));  // a's block again
+  ASSERT_EQ(c, a);
+  EXPECT_FALSE(poisoned(c + 63));
+  EXPECT_TRUE(poisoned(c + 64));
+  pool.free(b);
+  pool.free(c);
+  pool.empty_cache();  // the segment goes back unpoisoned (operator delete would not mind)
+#else
+  GTEST_SKIP() << "built without AddressSanitizer (scripts/sanitize.sh builds with it)";
+#endif
 }
 
 }  // namespace
