@@ -433,7 +433,7 @@ class BlockRunner {
   }
   // After a failed block, whose fibers stopped anywhere: the redzones ASan poisoned for
   // their frames would stay on stacks the next block's fibers reuse. (A block that ends
-  // normally leaves only the frames of its fibers' last switch: fresh_stack.)
+  // normally clears its fibers' last frames in their final switch: switch_stacks.)
   void forget_abandoned_frames() {
 #if HAM_ADDRESS_SANITIZER
     for (const Fiber& f : fibers_) ASAN_UNPOISON_MEMORY_REGION(f.stack.bottom, f.stack.size);
