@@ -8,6 +8,7 @@
 # Not part of scripts/test.sh: the instrumented build and its slower tests take about an
 # hour and a half on two cores (the emulated GPU tests alone 25 minutes).
 # Usage: ./scripts/sanitize.sh [ctest arguments], e.g. ./scripts/sanitize.sh -R GatedDelta
+#   (with arguments, one ctest run of that selection, the leak check on)
 # Environment: HAM_SANITIZE (default address,undefined), HAM_SANITIZE_BUILD (default
 # build-sanitize).
 set -euo pipefail
@@ -23,9 +24,14 @@ cmake --build "$build" -j "$(nproc)"
 # check: Open MPI leaves its own allocations, some in plugins it has unloaded by then.
 options=detect_leaks=1:check_initialization_order=1:strict_init_order=1
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+run_ctest() { ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 3000 "$@"; }
+if [[ $# -gt 0 ]]; then  # the caller's selection, as it is
+  ASAN_OPTIONS=${ASAN_OPTIONS:-$options} run_ctest "$@"
+  exit
+fi
 status=0
-ASAN_OPTIONS=${ASAN_OPTIONS:-$options} ctest --test-dir "$build" --output-on-failure \
-  -j "$(nproc)" -E '^(EmulatedGpu\.schedule_|distributed\.)' --timeout 3000 "$@" || status=$?
-ASAN_OPTIONS=${ASAN_OPTIONS:-${options/detect_leaks=1/detect_leaks=0}} ctest --test-dir "$build" \
-  --output-on-failure -j "$(nproc)" -R '^distributed\.' --timeout 3000 "$@" || status=$?
+ASAN_OPTIONS=${ASAN_OPTIONS:-$options} run_ctest -E '^(EmulatedGpu\.schedule_|distributed\.)' ||
+  status=$?
+without_leaks=${options/detect_leaks=1/detect_leaks=0}
+ASAN_OPTIONS=${ASAN_OPTIONS:-$without_leaks} run_ctest -R '^distributed\.' || status=$?
 exit "$status"
