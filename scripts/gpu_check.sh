@@ -21,7 +21,9 @@
 #                    (no configure or build here: device time goes to tests and benchmarks).
 #                    Made on a machine with nvcc by scripts/gpu_prebuild.sh, whose packed
 #                    slim copy (.gpu-prebuilt/BUILD.tar.xz, carried) is unpacked here when
-#                    BUILD is missing. Its CTest files name the source
+#                    BUILD is missing or of other sources: it must be built from this
+#                    tree's (its ham_source_stamp, scripts/source_stamp.sh's here), else
+#                    the script fails. Its CTest files name the source
 #                    tree and build directory it was made in; the script links those paths
 #                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed profile
@@ -76,10 +78,17 @@ nccl_root=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__f
 echo "nccl: ${nccl_root:-toolkit only}"
 
 if [[ ${HAM_GPU_PREBUILT:-0} == 1 ]]; then
-  if [[ ! -d $build && -f .gpu-prebuilt/$build.tar.xz ]]; then
+  stamp=$(scripts/source_stamp.sh)
+  # An unpacked copy left by an earlier call of other sources gives way to the carried one.
+  if [[ -f .gpu-prebuilt/$build.tar.xz ]] &&
+     [[ ! -d $build || $(cat "$build/ham_source_stamp" 2>/dev/null) != "$stamp" ]]; then
+    rm -rf "$build"
     tar -xJf ".gpu-prebuilt/$build.tar.xz" || fail "cannot unpack .gpu-prebuilt/$build.tar.xz"
   fi
   [[ -f $build/CMakeCache.txt ]] || fail "HAM_GPU_PREBUILT=1 but $build has no CMakeCache.txt"
+  [[ $(cat "$build/ham_source_stamp" 2>/dev/null) == "$stamp" ]] ||
+    fail "$build was not built from this tree's sources (its ham_source_stamp is not" \
+      "scripts/source_stamp.sh's): rerun scripts/gpu_prebuild.sh and carry .gpu-prebuilt"
   built_in=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
   if [[ $built_in != "$root" && ! -e $built_in ]]; then
     mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in" ||
@@ -120,6 +129,11 @@ OMP_NUM_THREADS=4 ctest --test-dir "$build" -R "$tests" -E 'CudaRequestWithoutBa
   --repeat "until-fail:${HAM_GPU_TEST_RUNS:-2}" \
   --output-on-failure -j 4 2>&1 | tee "$out/test.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+# A regex matching nothing fails, unless asked for (HAM_GPU_TESTS=NONE: benchmarks only).
+if [[ $tests != NONE ]] && grep -q 'No tests were found' "$out/test.log"; then
+  echo "gpu_check: no test matches '$tests' in $build" >&2
+  status=1
+fi
 if grep -q -E 'Skipped|\*\*\*Not Run' "$out/test.log"; then
   echo "gpu_check: some GPU tests were skipped: the GPU is not usable from this build" >&2
   grep -E 'Skipped|Not Run' "$out/test.log" | head -20 >&2

@@ -16,11 +16,14 @@ targets=${HAM_GPU_TARGETS:-test_core test_nn test_cuda test_train test_distribut
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
 command -v nvcc >/dev/null || { echo "gpu_prebuild: nvcc not found" >&2; exit 1; }
 [[ -f .gpu-deps/include/Eigen/Core ]] || ./scripts/gpu_bundle_deps.sh
+stamp=$(scripts/source_stamp.sh)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHAM_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DHAM_DEPS_PREFIX="$PWD/.gpu-deps" -DHAM_ICU=OFF \
   -DHAM_CUDA_EMULATOR=OFF -DHAM_NATIVE=OFF -DHAM_BUILD_TESTS=ON -DHAM_BUILD_BENCH=ON >/dev/null
 # shellcheck disable=SC2086
 cmake --build "$build" -j "$(nproc)" --target $targets
+[[ $(scripts/source_stamp.sh) == "$stamp" ]] ||
+  { echo "gpu_prebuild: the sources changed during the build; run it again" >&2; exit 1; }
 # A slim copy travels (64 MiB carry limit): programs stripped, CTest files, no objects,
 # packed by xz (each program holds the same device code, which xz's window folds into one).
 carry="$build-carry"
@@ -28,6 +31,7 @@ rm -rf "$carry" && mkdir -p "$carry" .gpu-prebuilt
 tar -C "$build" -cf - --exclude=CMakeFiles --exclude='*.o' --exclude='*.a' --exclude=Testing \
   --exclude=pylib --exclude=.ninja_deps --exclude=.ninja_log . | tar -C "$carry" -xf -
 find "$carry" -type f -perm -u+x -exec strip --strip-unneeded {} + 2>/dev/null || true  # ELF files only
+echo "$stamp" >"$carry/ham_source_stamp"  # gpu_check.sh refuses the build for other sources
 tar -cf - "$carry" | xz -9 -T2 >".gpu-prebuilt/$carry.tar.xz"
 rm -rf "$carry"
 echo "gpu_prebuild: .gpu-prebuilt/$carry.tar.xz, $(du -sh ".gpu-prebuilt/$carry.tar.xz" | cut -f1); carry .gpu-prebuilt and .gpu-deps, then on the GPU machine:"
