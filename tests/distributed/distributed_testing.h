@@ -73,6 +73,15 @@ inline double max_abs_difference(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+// ||a - b||_2 over all elements (read as f64); infinite when the sizes differ.
+inline double l2_difference(const Tensor& a, const Tensor& b) {
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  if (va.size() != vb.size()) return INFINITY;
+  double sum = 0;
+  for (size_t i = 0; i < va.size(); ++i) sum += (va[i] - vb[i]) * (va[i] - vb[i]);
+  return std::sqrt(sum);
+}
+
 // Groups made of a world of one: what a single process trains with.
 inline ShardingGroups single_process_groups() {
   auto world = std::make_shared<SingleProcessCommunicator>();

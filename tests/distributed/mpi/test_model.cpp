@@ -8,6 +8,11 @@
 // gradient means summed by MPI), ~1e-6 relative per step; 1e-4 absolute on losses near
 // ln(257) = 5.5 leaves a wide margin while any sharding bug (a wrong shard, a missing
 // average, a stale parameter) moves them by far more after the first step.
+// Parameters: each tensor's distance from the one-process result, over how far the three
+// steps moved it, below 1e-3. A sharding bug makes that ratio order 1. Rounding gives
+// 2e-5 to 1e-4 (-O3), except where AdamW divides a gradient near its eps (1e-8) by
+// itself: one element of embed.weight then moved 1.7e-4 apart at -O2 (2e-4 relative),
+// which an absolute bound on the element sat too close to.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -71,6 +76,8 @@ TEST(MpiModels, ShardedTrainingFollowsOneProcessOnTheWholeBatch) {
       AdamW reference_optimizer(decay_groups(reference->named_parameters(), 0.1), options);
       // N ranks, rows [2 rank, 2 rank + 2) each.
       auto model = make_model(config);
+      std::map<std::string, Tensor> initial;  // what the three steps move away from
+      for (const auto& [name, p] : model->named_parameters()) initial[name] = p.clone();
       use_rank_mean_for_thresholds(*model);
       auto named = model->named_parameters();
       ShardedModel sharded(group_parameters_by_layer(named), make_sharding_groups(world_slot(), n),
@@ -112,16 +119,18 @@ TEST(MpiModels, ShardedTrainingFollowsOneProcessOnTheWholeBatch) {
       double worst = 0;
       std::string worst_name;
       for (const auto& [name, p] : expected) {
-        double diff = testing::max_abs_difference(by_name.at(name), p);
-        if (diff > worst) {
-          worst = diff;
+        const double diff = testing::l2_difference(by_name.at(name), p);
+        const double moved = testing::l2_difference(p, initial.at(name));
+        const double relative = diff / std::max(moved, 1e-30);
+        if (relative > worst) {
+          worst = relative;
           worst_name = name;
         }
       }
-      EXPECT_LT(worst, 1e-4) << variant << " " << sharding_stage_name(stage);
+      EXPECT_LT(worst, 1e-3) << variant << " " << sharding_stage_name(stage) << " " << worst_name;
       if (rank == 0) {
-        std::printf("%s, %s, %d ranks: max |parameter diff| vs 1 process after 3 steps = %.3g "
-                    "(%s)\n",
+        std::printf("%s, %s, %d ranks: parameters after 3 steps, max over tensors of |diff vs "
+                    "1 process| / |moved| = %.3g (%s)\n",
                     variant, sharding_stage_name(stage), n, worst, worst_name.c_str());
       }
     }
