@@ -795,10 +795,7 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
 // each chunk's A, from which it forms the rest) equals, to the bit, the one that recomputes
 // everything (the same kernels make the same terms). Packed documents, h0, several value
 // tiles, K = 256 beside V = 384. Kept A takes 64 bf16 a token and head, beside the table.
-TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
-  HAM_SKIP_UNLESS_CUDA();
-  const GpuCase cases[] = {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0},
-                           {1, 70, 1, 256, 384, true, 2}};
+void expect_kept_backward_equals_recomputing_one(const std::vector<GpuCase>& cases) {
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c));
     GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 4400 + uint64_t(c.key_dim)), DType::BF16);
@@ -868,6 +865,20 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
       EXPECT_GT(testing::max_abs_diff(with_kept.dq, own.dq), 0.0);
     }
   }
+}
+
+TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
+  HAM_SKIP_UNLESS_CUDA();
+  expect_kept_backward_equals_recomputing_one(
+      {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0}, {1, 70, 1, 256, 384, true, 2}});
+}
+
+// The same at the paper's heads and a training length with 20 packed documents (the chunk
+// table and kept A sized by the chunk count read back from the GPU).
+TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOneAtPaperLength) {
+  HAM_SKIP_UNLESS_CUDA();
+  HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
+  expect_kept_backward_equals_recomputing_one({{1, 4096, 5, 256, 384, true, 20}});
 }
 
 // set_gated_delta_rule_backward_overlap: the P^T dO kernel on a second stream beside the
