@@ -870,7 +870,8 @@ void expect_kept_backward_equals_recomputing_one(const std::vector<GpuCase>& cas
 TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOne) {
   HAM_SKIP_UNLESS_CUDA();
   expect_kept_backward_equals_recomputing_one(
-      {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0}, {1, 70, 1, 256, 384, true, 2}});
+      {{2, 150, 2, 64, 48, true, 3}, {1, 200, 2, 128, 160, false, 0},
+       {1, 70, 1, 256, 384, true, 2}});
 }
 
 // The same at the paper's heads and a training length with 20 packed documents (the chunk
