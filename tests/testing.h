@@ -102,7 +102,7 @@ inline std::string cuda_unavailable_reason() {
 
 // Statement of a GPU test whose case may be too long for the SIMT emulator
 // (test_emulated_gpu runs every GPU thread as a fiber on one CPU core: the paper's 4K-16K
-// tokens take 2 to 30 minutes a case there): past longest_emulated_sequence() tokens it
+// tokens take 18 s to 22 minutes a case there): past longest_emulated_sequence() tokens it
 // skips, saying why, in that binary; on a GPU every length runs.
 inline constexpr int64_t kLongestEmulatedSequence = 1024;
 // kLongestEmulatedSequence, or HAM_EMULATOR_LONGEST_SEQUENCE where set (a positive
