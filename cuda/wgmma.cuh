@@ -36,7 +36,10 @@
 //
 // The SIMT emulator (HAM_CUDA_EMULATOR) runs each warp's 16 rows of a wgmma when that warp
 // reaches it (cuda/emulator/mma.cpp), decoding the descriptors as the hardware does
-// (swizzle included) from shared addresses counted from the dynamic shared memory.
+// (swizzle included) from shared addresses counted from the dynamic shared memory, and
+// fails the kernel where a shared operand changes before the wait<n>() that covers the
+// wgmma (cuda/emulator/simt.h, wgmma_issued), or holds a write that no fence_proxy_async
+// and barrier handed to the tensor cores (async_proxy_fence).
 #include <cstdint>
 
 #ifdef HAM_CUDA_EMULATOR
@@ -93,10 +96,12 @@ __host__ __device__ constexpr uint64_t mn_major(uint32_t tile, int r0) {
 
 inline uint32_t shared_address(const void* p) { return emulator::shared_address(p); }
 inline void fence() {}
-inline void commit() {}
+inline void commit() { emulator::wgmma_commit(); }
 template <int kPending>
-void wait() {}
-inline void fence_proxy_async() {}
+void wait() {
+  emulator::wgmma_wait(kPending);
+}
+inline void fence_proxy_async() { emulator::async_proxy_fence(); }
 
 // d (this warp's 16 rows of 64 x N) = A B (+ d when kAccumulate), A and B by descriptor,
 // both K-major.

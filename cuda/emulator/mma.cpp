@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -95,25 +97,29 @@ Descriptor decode(uint64_t desc, const char* operand) {
   return d;
 }
 
-// The bf16 at shared address `address` (before the swizzle), as the hardware reads it:
-// 16-byte chunk bits 4-6 xor'd with row bits 7-9.
-float shared_bf16(uint32_t address) {
-  const uint32_t swizzled = address ^ ((address >> 7 & 7) << 4);
-  HAM_CHECK(swizzled + 2 <= dynamic_shared_size(), "wgmma: operand reads shared address ",
-            swizzled, " past the block's ", dynamic_shared_size(), " bytes");
+// The shared address, after the swizzle, that the hardware reads for `address`: 16-byte
+// chunk bits 4-6 xor'd with row bits 7-9.
+uint32_t swizzled(uint32_t address) { return address ^ ((address >> 7 & 7) << 4); }
+
+// The raw bf16 at shared address `address` (before the swizzle), as the hardware reads it,
+// from the block's dynamic shared memory or from `memory`, a copy of it.
+uint16_t shared_bits(uint32_t address, const void* memory = dynamic_shared_memory()) {
+  const uint32_t at = swizzled(address);
+  HAM_CHECK(at + 2 <= dynamic_shared_size(), "wgmma: operand reads shared address ", at,
+            " past the block's ", dynamic_shared_size(), " bytes");
   uint16_t bits;
-  std::memcpy(&bits, static_cast<const unsigned char*>(dynamic_shared_memory()) + swizzled, 2);
-  return bf16_to_float(BFloat16{bits});
+  std::memcpy(&bits, static_cast<const unsigned char*>(memory) + at, 2);
+  return bits;
 }
 
-// Element (row r, reduction index k) of a K-major operand, (k, column n) of an MN-major one.
-float k_major_at(const Descriptor& d, int r, int k) {
-  return shared_bf16(d.start + uint32_t(r / 8) * d.stride + uint32_t(r % 8) * 128 +
-                     uint32_t(k) * 2);
+// Shared address (before the swizzle) of element (row r, reduction index k) of a K-major
+// operand, and of (k, column n) of an MN-major one.
+uint32_t k_major_address(const Descriptor& d, int r, int k) {
+  return d.start + uint32_t(r / 8) * d.stride + uint32_t(r % 8) * 128 + uint32_t(k) * 2;
 }
-float mn_major_at(const Descriptor& d, int k, int n) {
-  return shared_bf16(d.start + uint32_t(n / 64) * d.leading + uint32_t(n % 64) * 2 +
-                     uint32_t(k / 8) * d.stride + uint32_t(k % 8) * 128);
+uint32_t mn_major_address(const Descriptor& d, int k, int n) {
+  return d.start + uint32_t(n / 64) * d.leading + uint32_t(n % 64) * 2 +
+         uint32_t(k / 8) * d.stride + uint32_t(k % 8) * 128;
 }
 
 struct WgmmaCall {
@@ -123,10 +129,83 @@ struct WgmmaCall {
   int warp;  // within the warpgroup
 };
 
+// Where a warp's wgmma reads its shared operands: A's 16 x 16 (unless from registers) and
+// B's 16 x N, row-major by (row, k) and (k, column).
+struct OperandAddresses {
+  std::vector<uint32_t> a, b;
+};
+
+OperandAddresses operand_addresses(const WgmmaCall& call) {
+  OperandAddresses at;
+  if (!call.a_in_registers) {
+    const Descriptor da = decode(call.desc_a, "A");
+    at.a.reserve(16 * 16);
+    for (int r = 0; r < 16; ++r) {
+      for (int k = 0; k < 16; ++k) at.a.push_back(k_major_address(da, 16 * call.warp + r, k));
+    }
+  }
+  const Descriptor db = decode(call.desc_b, "B");
+  at.b.reserve(size_t(16) * size_t(call.n));
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < call.n; ++n) {
+      at.b.push_back(call.b_mn_major ? mn_major_address(db, k, n) : k_major_address(db, n, k));
+    }
+  }
+  return at;
+}
+
+std::vector<uint16_t> read_bits(const std::vector<uint32_t>& addresses,
+                                const void* memory = dynamic_shared_memory()) {
+  std::vector<uint16_t> bits(addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(addresses[i], memory);
+  return bits;
+}
+
+// What a warp's wgmma read at issue, to be read again at the wait that completes it.
+struct OperandReads {
+  WgmmaCall call;
+  OperandAddresses at;
+  std::vector<uint16_t> a, b;
+};
+
+// "" where `a` and `b` (the operands, as read_bits orders them) hold what the wgmma read;
+// else an error naming the first element that differs, and `why`.
+std::string first_difference(const OperandReads& reads, const std::vector<uint16_t>& a,
+                             const std::vector<uint16_t>& b, const char* why) {
+  const char* operand = "A";
+  std::string element;
+  uint32_t address = 0;
+  const size_t n = size_t(reads.call.n);
+  for (size_t i = 0; i < a.size() && element.empty(); ++i) {
+    if (a[i] == reads.a[i]) continue;
+    element = detail::concat("row ", 16 * reads.call.warp + i / 16, ", k ", i % 16,
+                             ") of its 64 x 16");
+    address = reads.at.a[i];
+  }
+  for (size_t i = 0; i < b.size() && element.empty(); ++i) {
+    if (b[i] == reads.b[i]) continue;
+    operand = "B";
+    element = detail::concat("k ", i / n, ", column ", i % n, ") of its 16 x ", n);
+    address = reads.at.b[i];
+  }
+  if (element.empty()) return "";
+  return detail::concat("wgmma.mma_async of warp ", reads.call.warp,
+                        " of its warpgroup read operand ", operand, "'s element (", element,
+                        " at shared byte ", swizzled(address), ", ", why);
+}
+
+// The check at the wait (simt.h, wgmma_issued).
+std::string operand_change(const OperandReads& reads) {
+  return first_difference(reads, read_bits(reads.at.a), read_bits(reads.at.b),
+                          "which changed before the wgmma.wait_group that covers it: the "
+                          "tensor cores may read it until that wait");
+}
+
 struct WgmmaLane {
   float* d;
   const uint32_t* a;
   WgmmaCall call;
+  OperandReads* reads;  // lane 0's: what the wgmma read, for its check
 };
 
 void wgmma_combine(void* const* lanes, unsigned mask) {
@@ -139,6 +218,17 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
                   other.desc_b == call.desc_b,
               "wgmma: lane ", lane, " passes other operands than lane 0");
   }
+  OperandReads& reads = *static_cast<const WgmmaLane*>(lanes[0])->reads;
+  reads.call = call;
+  reads.at = operand_addresses(call);
+  reads.a = read_bits(reads.at.a);
+  reads.b = read_bits(reads.at.b);
+  const std::string unfenced = first_difference(
+      reads, read_bits(reads.at.a, async_proxy_view()), read_bits(reads.at.b, async_proxy_view()),
+      "which holds a write that no fence.proxy.async and barrier after it handed to the "
+      "tensor cores: they may read what it held before");
+  HAM_CHECK(unfenced.empty(), unfenced);
+  auto value = [](uint16_t bits) { return bf16_to_float(BFloat16{bits}); };
   float A[16][16];
   if (call.a_in_registers) {
     for (int lane = 0; lane < 32; ++lane) {
@@ -153,18 +243,12 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
       }
     }
   } else {
-    const Descriptor da = decode(call.desc_a, "A");
     for (int r = 0; r < 16; ++r) {
-      for (int k = 0; k < 16; ++k) A[r][k] = k_major_at(da, 16 * call.warp + r, k);
+      for (int k = 0; k < 16; ++k) A[r][k] = value(reads.a[size_t(r * 16 + k)]);
     }
   }
-  const Descriptor db = decode(call.desc_b, "B");
-  std::vector<float> B(size_t(16) * size_t(call.n));
-  for (int k = 0; k < 16; ++k) {
-    for (int n = 0; n < call.n; ++n) {
-      B[size_t(k * call.n + n)] = call.b_mn_major ? mn_major_at(db, k, n) : k_major_at(db, n, k);
-    }
-  }
+  std::vector<float> B(reads.b.size());
+  for (size_t i = 0; i < B.size(); ++i) B[i] = value(reads.b[i]);
   for (int lane = 0; lane < 32; ++lane) {
     float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
     const int g = lane / 4, t = lane % 4;
@@ -209,10 +293,14 @@ void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t de
   HAM_CHECK(at.block_dim.x % 128 == 0 && at.block_dim.y == 1 && at.block_dim.z == 1,
             "wgmma: a block of ", at.block_dim.x, " x ", at.block_dim.y, " x ", at.block_dim.z,
             " threads is not whole warpgroups");
+  const bool first_lane = at.thread_idx.x % 32 == 0;
+  auto reads = first_lane ? std::make_shared<OperandReads>() : nullptr;
   WgmmaLane lane{d, a,
                  WgmmaCall{n, a != nullptr, b_mn_major, desc_a, desc_b,
-                           int(at.thread_idx.x / 32 % 4)}};
+                           int(at.thread_idx.x / 32 % 4)},
+                 reads.get()};
   warp_exchange(kFullWarp, &lane, &wgmma_combine, "wgmma.mma_async.m64nNk16.bf16");
+  if (first_lane) wgmma_issued([reads] { return operand_change(*reads); });
 }
 
 uint32_t pack_bf16(float lo, float hi) {

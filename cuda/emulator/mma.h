@@ -53,7 +53,8 @@ uint32_t shared_address(const void* p);
 // K-major swizzled tile `desc_a` names, w = the warp within its warpgroup; B (16 x N) is the
 // K-major (`b_mn_major` false) or MN-major swizzled tile `desc_b` names. Descriptors
 // are decoded as the hardware does (128-byte swizzle only). Products are exact in f32 and
-// added in f64, rounded once into d.
+// added in f64, rounded once into d. It fails where an operand holds a write no fence
+// handed to the tensor cores, or changes before the wait that covers it (simt.h).
 void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t desc_b,
                 bool b_mn_major);
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -142,6 +143,13 @@ struct Fiber {
   };
   std::vector<AsyncCopy> async_copies;
   int async_groups = 0;
+  // wgmmas issued and not yet completed (lane 0 of the issuing warp), with their group.
+  struct WgmmaInFlight {
+    WgmmaOperandCheck check;
+    int group;
+  };
+  std::vector<WgmmaInFlight> wgmmas_in_flight;
+  int wgmma_groups = 0;
 };
 
 // Lanes of one warp gathered in one collective that has not completed yet.
@@ -198,6 +206,7 @@ class BlockRunner {
         schedule_(schedule()),
         fibers_(size_t(threads_)),
         shared_(dynamic_shared_bytes),
+        async_proxy_view_(dynamic_shared_bytes),
         scheduler_stack_(launching_thread_stack()) {
     while (stacks().size() < size_t(threads_)) stacks().push_back(std::make_unique<FiberStack>());
     pending_.resize(size_t((threads_ + kWarpSize - 1) / kWarpSize));
@@ -207,6 +216,8 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
+    async_proxy_view_ = shared_;
+    async_proxy_fenced_ = false;
     ready_.clear();
     at_barrier_.clear();
     for (auto& p : pending_) p.clear();
@@ -248,6 +259,8 @@ class BlockRunner {
   const Fiber* current_or_null() const { return current_; }
   const LaunchSite& site() const { return site_; }
   void* shared() { return shared_.data(); }
+  const void* async_proxy_view() const { return async_proxy_view_.data(); }
+  void async_proxy_fence() { async_proxy_fenced_ = true; }
   size_t shared_size() const { return shared_.size(); }
 
   BarrierCount block_barrier(int predicate) {
@@ -332,6 +345,10 @@ class BlockRunner {
       fail_in(f, "ended with " + std::to_string(f.async_copies.size()) +
                      " cp.async copies that no cp.async.wait_group covered");
     }
+    if (!f.wgmmas_in_flight.empty()) {
+      fail_in(f, "ended with " + std::to_string(f.wgmmas_in_flight.size()) +
+                     " wgmma.mma_async that no wgmma.wait_group covered");
+    }
   }
 
   void async_copy_16(void* destination, const void* source) {
@@ -366,6 +383,27 @@ class BlockRunner {
       if (landed(c)) std::memcpy(c.destination, c.source, 16);
     }
     copies.erase(std::remove_if(copies.begin(), copies.end(), landed), copies.end());
+  }
+
+  void wgmma_issued(WgmmaOperandCheck check) {
+    Fiber& f = current();
+    f.wgmmas_in_flight.push_back({std::move(check), f.wgmma_groups});
+  }
+
+  void wgmma_commit() { ++current().wgmma_groups; }
+
+  void wgmma_wait(int pending) {
+    Fiber& f = current();
+    const int complete_below = f.wgmma_groups - pending;
+    auto complete = [&](const Fiber::WgmmaInFlight& w) { return w.group < complete_below; };
+    auto& in_flight = f.wgmmas_in_flight;
+    for (const Fiber::WgmmaInFlight& w : in_flight) {
+      if (!complete(w)) continue;
+      const std::string changed = w.check();
+      if (!changed.empty()) fail_in(f, changed);
+    }
+    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), complete),
+                    in_flight.end());
   }
 
   [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
@@ -487,6 +525,11 @@ class BlockRunner {
     released.swap(at_barrier_);
     std::sort(released.begin(), released.end());
     make_ready(std::move(released));
+    // What the fences before this barrier handed to the async proxy is now what it sees.
+    if (async_proxy_fenced_ && !shared_.empty()) {
+      std::memcpy(async_proxy_view_.data(), shared_.data(), shared_.size());
+    }
+    async_proxy_fenced_ = false;
   }
 
   void complete_collective(int warp, const PendingCollective& p) {
@@ -595,6 +638,10 @@ class BlockRunner {
   std::mt19937 rng_{12345};
   std::vector<Fiber> fibers_;
   std::vector<unsigned char> shared_;
+  // Dynamic shared memory as the async proxy (the wgmma tensor cores) may see it: taken at
+  // each barrier that some fence.proxy.async preceded (simt.h, async_proxy_fence).
+  std::vector<unsigned char> async_proxy_view_;
+  bool async_proxy_fenced_ = false;
   std::vector<std::vector<PendingCollective>> pending_;  // per warp
   std::vector<unsigned> exited_;                         // per warp: lanes that have exited
   std::deque<int> ready_;
@@ -691,6 +738,8 @@ void BlockRunner::fiber_main(Fiber* f) {
 const ThreadPlace& place() { return runner().current().place; }
 
 void* dynamic_shared_memory() { return runner().shared(); }
+const void* async_proxy_view() { return runner().async_proxy_view(); }
+void async_proxy_fence() { runner().async_proxy_fence(); }
 size_t dynamic_shared_size() { return runner().shared_size(); }
 
 BarrierCount block_barrier(int predicate) { return runner().block_barrier(predicate); }
@@ -711,6 +760,10 @@ void async_copy_16(void* shared_destination, const void* global_source) {
 }
 void async_copy_commit() { runner().async_copy_commit(); }
 void async_copy_wait(int pending) { runner().async_copy_wait(pending); }
+
+void wgmma_issued(WgmmaOperandCheck check) { runner().wgmma_issued(std::move(check)); }
+void wgmma_commit() { runner().wgmma_commit(); }
+void wgmma_wait(int pending) { runner().wgmma_wait(pending); }
 
 void trap(const char* why) {
   BlockRunner& r = runner();

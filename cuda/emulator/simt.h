@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 struct uint3 {
   unsigned x, y, z;
@@ -133,6 +134,30 @@ void async_copy_16(void* shared_destination, const void* global_source);
 void async_copy_commit();
 // Completes every committed group but the `pending` most recent (cp.async.wait_group).
 void async_copy_wait(int pending);
+
+// wgmma.mma_async (cuda/wgmma.cuh) may read its shared-memory operands at any time between
+// its issue and the wgmma.wait_group that covers it, so nothing may write them in between.
+// The emulator computes a wgmma when its warp issues it, so such a write would not change
+// the result here; instead lane 0 of the warp hands over a check that reads the operands
+// again, which the wait that completes the wgmma runs, failing the kernel with what it
+// returns where that is not empty (the first element that changed). A thread that ends
+// with wgmmas no wait covered fails as well.
+using WgmmaOperandCheck = std::function<std::string()>;
+void wgmma_issued(WgmmaOperandCheck check);
+// Closes the calling thread's open group of wgmmas (wgmma.commit_group).
+void wgmma_commit();
+// Completes every committed group but the `pending` most recent (wgmma.wait_group).
+void wgmma_wait(int pending);
+
+// fence.proxy.async.shared::cta (wgmma::fence_proxy_async). Ordinary stores and cp.async
+// write shared memory through the generic proxy; the tensor cores read it through the async
+// proxy, which is only guaranteed to see a write that its thread fenced before a barrier
+// published it. The emulator keeps a copy of the dynamic shared memory as the async proxy
+// sees it, refreshed at each barrier that some thread's fence preceded (any thread's fence
+// counts for every write before it: a kernel that fences some writes and not others can
+// pass); a wgmma that reads a byte where the copy and the memory differ fails the kernel.
+void async_proxy_fence();
+const void* async_proxy_view();
 
 // __trap(): the kernel fails with this message.
 [[noreturn]] void trap(const char* why);

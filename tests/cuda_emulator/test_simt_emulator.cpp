@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
+#include "cuda/wgmma.cuh"
 #include "tests/error_testing.h"
 
 namespace ham::cuda {
@@ -501,6 +503,112 @@ TEST(SimtEmulator, AKernelEndsOnlyAfterItsCopiesAreWaitedFor) {
     HAM_LAUNCH(1, 32, 64, nullptr, async_copy_to)(src.data, 4);  // committed and waited for
     HAM_CUDA_CHECK_LAUNCH();
   }
+}
+
+// When wgmma_then_write (below) writes into the operands of its wgmmas.
+enum class OperandWrite {
+  AfterTheWait,                 // legal: every warp's wait completed the wgmma
+  IntoBBeforeTheWait,
+  IntoABeforeTheWait,           // by another warp than the one reading it
+  IntoAAfterTheFirstWaitOfTwo,  // A's columns 16:32 belong to the second group, in flight
+  IntoBAfterTheFirstWaitOfTwo,  // legal: only the first group, complete, reads B's column 3
+  NeverWaited,
+  NoFenceAfterTheFill,  // the tiles' stores never handed to the tensor cores' proxy
+};
+
+constexpr uint16_t kBf16One = 0x3f80, kBf16Two = 0x4000;
+
+// One warpgroup; A (64 x 64) and B (32 x 64) are swizzled tiles of ones. The first group:
+// D (64 x 32, each warp's 16 rows) = A[:, 0:16] B[:, 0:16]^T, 16 everywhere; with two
+// groups the second adds A[:, 16:32] B[:, 16:32]^T. `write` sets one element to 2 and says
+// when: after every warp has issued (a write before some warp issues would be a race the
+// schedules show, not one inside a wgmma's flight), and a barrier publishes it to every
+// warp before their wait. out gets D.
+__global__ void wgmma_then_write(float* out, OperandWrite write) {
+  HAM_DYNAMIC_SHARED(unsigned char, raw);
+  uint16_t* A = reinterpret_cast<uint16_t*>(wgmma::swizzle_aligned(raw));
+  uint16_t* B = A + 64 * 64;
+  for (int i = int(threadIdx.x); i < 64 * 64; i += 128) A[i] = kBf16One;
+  for (int i = int(threadIdx.x); i < 32 * 64; i += 128) B[i] = kBf16One;
+  if (write != OperandWrite::NoFenceAfterTheFill) wgmma::fence_proxy_async();
+  __syncthreads();
+  const uint32_t a = wgmma::shared_address(A), b = wgmma::shared_address(B);
+  float d[4][4];
+  wgmma::fence();
+  wgmma::mma_ss<32, false>(d, wgmma::k_major<64>(a, 0), wgmma::k_major<32>(b, 0));
+  wgmma::commit();
+  if (write == OperandWrite::IntoAAfterTheFirstWaitOfTwo ||
+      write == OperandWrite::IntoBAfterTheFirstWaitOfTwo) {
+    wgmma::mma_ss<32, true>(d, wgmma::k_major<64>(a, 16), wgmma::k_major<32>(b, 16));
+    wgmma::commit();
+    wgmma::wait<1>();
+  }
+  __syncthreads();  // every warp has issued its wgmmas (and completed the first of two)
+  if (threadIdx.x == 3) {
+    if (write == OperandWrite::IntoBBeforeTheWait) B[wgmma::swizzled_index<32>(7, 9)] = kBf16Two;
+    if (write == OperandWrite::IntoAAfterTheFirstWaitOfTwo) {
+      A[wgmma::swizzled_index<64>(2, 17)] = kBf16Two;
+    }
+    if (write == OperandWrite::IntoBAfterTheFirstWaitOfTwo) {
+      B[wgmma::swizzled_index<32>(5, 3)] = kBf16Two;
+    }
+  }
+  if (threadIdx.x == 70 && write == OperandWrite::IntoABeforeTheWait) {
+    A[wgmma::swizzled_index<64>(20, 4)] = kBf16Two;  // warp 1's rows, written by warp 2
+  }
+  __syncthreads();
+  if (write != OperandWrite::NeverWaited) wgmma::wait<0>();
+  __syncthreads();
+  if (write == OperandWrite::AfterTheWait && threadIdx.x == 64) B[0] = kBf16Two;
+  const int warp = int(threadIdx.x / 32), g = int(threadIdx.x % 32) / 4, t = int(threadIdx.x % 4);
+  for (int j = 0; j < 4; ++j) {
+    for (int e = 0; e < 4; ++e) {
+      out[(16 * warp + g + 8 * (e / 2)) * 32 + 8 * j + 2 * t + e % 2] = d[j][e];
+    }
+  }
+}
+
+// A wgmma may read its shared operands until the wait that covers it (cuda/wgmma.cuh): a
+// write before that wait is an error naming the element; after it, or into an operand only
+// a completed group read, the product is the one issued; no wait at all is an error too,
+// and so is a wgmma reading stores that no fence_proxy_async handed to its proxy. In every
+// schedule.
+TEST(SimtEmulator, AWgmmasSharedOperandsMustNotChangeBeforeItsWait) {
+  ScheduleGuard guard;
+  float* out = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 64 * 32 * sizeof(float)));
+  const size_t shared = wgmma::kSwizzleAtomBytes + (64 + 32) * 64 * 2;
+  auto run = [&](OperandWrite write) {
+    HAM_LAUNCH(1, 128, shared, nullptr, wgmma_then_write)(out, write);
+    HAM_CUDA_CHECK_LAUNCH();
+  };
+  for (Schedule schedule : {Schedule::Forward, Schedule::Reverse, Schedule::Shuffle}) {
+    emulator::set_schedule(schedule);
+    for (auto [write, sum] : {std::pair{OperandWrite::AfterTheWait, 16.f},
+                              std::pair{OperandWrite::IntoBAfterTheFirstWaitOfTwo, 32.f}}) {
+      run(write);
+      std::vector<float> d(64 * 32);
+      HAM_CUDA_CHECK(cudaMemcpy(d.data(), out, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      for (float x : d) ASSERT_EQ(x, sum) << "write " << int(write);
+    }
+    testing::expect_error([&] { run(OperandWrite::IntoBBeforeTheWait); },
+                          {"wgmma_then_write", "operand B's element (k 9, column 7) of its 16 x 32",
+                           "changed before the wgmma.wait_group that covers it"});
+    testing::expect_error([&] { run(OperandWrite::IntoABeforeTheWait); },
+                          {"wgmma_then_write", "thread (32,0,0)", "warp 1 of its warpgroup",
+                           "operand A's element (row 20, k 4) of its 64 x 16",
+                           "changed before the wgmma.wait_group"});
+    testing::expect_error([&] { run(OperandWrite::IntoAAfterTheFirstWaitOfTwo); },
+                          {"wgmma_then_write", "thread (0,0,0)", "warp 0 of its warpgroup",
+                           "operand A's element (row 2, k 1)", "changed before"});
+    testing::expect_error([&] { run(OperandWrite::NeverWaited); },
+                          {"wgmma_then_write",
+                           "ended with 1 wgmma.mma_async that no wgmma.wait_group covered"});
+    testing::expect_error([&] { run(OperandWrite::NoFenceAfterTheFill); },
+                          {"wgmma_then_write", "operand A's element (row ", ", k 0) of its 64",
+                           "holds a write that no fence.proxy.async and barrier after it"});
+  }
+  cudaFree(out);
 }
 
 // Exempt from UBSan's null check (scripts/sanitize.sh), which would stop the read before
