@@ -205,7 +205,6 @@ struct WgmmaLane {
   float* d;
   const uint32_t* a;
   WgmmaCall call;
-  OperandReads* reads;  // lane 0's: what the wgmma read, for its check
 };
 
 void wgmma_combine(void* const* lanes, unsigned mask) {
@@ -218,7 +217,8 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
                   other.desc_b == call.desc_b,
               "wgmma: lane ", lane, " passes other operands than lane 0");
   }
-  OperandReads& reads = *static_cast<const WgmmaLane*>(lanes[0])->reads;
+  auto issued = std::make_shared<OperandReads>();
+  OperandReads& reads = *issued;
   reads.call = call;
   reads.at = operand_addresses(call);
   reads.a = read_bits(reads.at.a);
@@ -228,6 +228,9 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
       "which holds a write that no fence.proxy.async and barrier after it handed to the "
       "tensor cores: they may read what it held before");
   HAM_CHECK(unfenced.empty(), unfenced);
+  // Handed over here rather than by lane 0 after the exchange, so that nothing is left on
+  // a fiber's stack that a failing kernel abandons.
+  wgmma_issued([issued] { return operand_change(*issued); });
   auto value = [](uint16_t bits) { return bf16_to_float(BFloat16{bits}); };
   float A[16][16];
   if (call.a_in_registers) {
@@ -293,14 +296,10 @@ void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t de
   HAM_CHECK(at.block_dim.x % 128 == 0 && at.block_dim.y == 1 && at.block_dim.z == 1,
             "wgmma: a block of ", at.block_dim.x, " x ", at.block_dim.y, " x ", at.block_dim.z,
             " threads is not whole warpgroups");
-  const bool first_lane = at.thread_idx.x % 32 == 0;
-  auto reads = first_lane ? std::make_shared<OperandReads>() : nullptr;
   WgmmaLane lane{d, a,
                  WgmmaCall{n, a != nullptr, b_mn_major, desc_a, desc_b,
-                           int(at.thread_idx.x / 32 % 4)},
-                 reads.get()};
+                           int(at.thread_idx.x / 32 % 4)}};
   warp_exchange(kFullWarp, &lane, &wgmma_combine, "wgmma.mma_async.m64nNk16.bf16");
-  if (first_lane) wgmma_issued([reads] { return operand_change(*reads); });
 }
 
 uint32_t pack_bf16(float lo, float hi) {

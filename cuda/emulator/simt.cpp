@@ -385,9 +385,10 @@ class BlockRunner {
     copies.erase(std::remove_if(copies.begin(), copies.end(), landed), copies.end());
   }
 
+  // From a combine, which runs on the warp's last lane to arrive: the check is lane 0's.
   void wgmma_issued(WgmmaOperandCheck check) {
-    Fiber& f = current();
-    f.wgmmas_in_flight.push_back({std::move(check), f.wgmma_groups});
+    Fiber& lane0 = fibers_[size_t(current().linear / kWarpSize * kWarpSize)];
+    lane0.wgmmas_in_flight.push_back({std::move(check), lane0.wgmma_groups});
   }
 
   void wgmma_commit() { ++current().wgmma_groups; }

@@ -138,10 +138,11 @@ void async_copy_wait(int pending);
 // wgmma.mma_async (cuda/wgmma.cuh) may read its shared-memory operands at any time between
 // its issue and the wgmma.wait_group that covers it, so nothing may write them in between.
 // The emulator computes a wgmma when its warp issues it, so such a write would not change
-// the result here; instead lane 0 of the warp hands over a check that reads the operands
-// again, which the wait that completes the wgmma runs, failing the kernel with what it
-// returns where that is not empty (the first element that changed). A thread that ends
-// with wgmmas no wait covered fails as well.
+// the result here; instead the warp exchange that computes it (warp_exchange's combine)
+// hands lane 0 of the warp a check that reads the operands again. The wait that completes
+// the wgmma runs it, and fails the kernel with what it returns where that is not empty
+// (the first element that changed). A thread that ends with wgmmas no wait covered fails
+// as well.
 using WgmmaOperandCheck = std::function<std::string()>;
 void wgmma_issued(WgmmaOperandCheck check);
 // Closes the calling thread's open group of wgmmas (wgmma.commit_group).
