@@ -154,10 +154,9 @@ OperandAddresses operand_addresses(const WgmmaCall& call) {
   return at;
 }
 
-std::vector<uint16_t> read_bits(const std::vector<uint32_t>& addresses,
-                                const void* memory = dynamic_shared_memory()) {
+std::vector<uint16_t> read_bits(const std::vector<uint32_t>& addresses) {
   std::vector<uint16_t> bits(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(addresses[i], memory);
+  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(addresses[i]);
   return bits;
 }
 
@@ -168,22 +167,22 @@ struct OperandReads {
   std::vector<uint16_t> a, b;
 };
 
-// "" where `a` and `b` (the operands, as read_bits orders them) hold what the wgmma read;
-// else an error naming the first element that differs, and `why`.
-std::string first_difference(const OperandReads& reads, const std::vector<uint16_t>& a,
-                             const std::vector<uint16_t>& b, const char* why) {
+// "" where `memory` (the dynamic shared memory or a copy of it) holds at every operand
+// address what the wgmma read; else an error naming the first element that differs, and
+// `why`.
+std::string first_difference(const OperandReads& reads, const void* memory, const char* why) {
   const char* operand = "A";
   std::string element;
   uint32_t address = 0;
   const size_t n = size_t(reads.call.n);
-  for (size_t i = 0; i < a.size() && element.empty(); ++i) {
-    if (a[i] == reads.a[i]) continue;
+  for (size_t i = 0; i < reads.a.size() && element.empty(); ++i) {
+    if (shared_bits(reads.at.a[i], memory) == reads.a[i]) continue;
     element = detail::concat("row ", 16 * reads.call.warp + i / 16, ", k ", i % 16,
                              ") of its 64 x 16");
     address = reads.at.a[i];
   }
-  for (size_t i = 0; i < b.size() && element.empty(); ++i) {
-    if (b[i] == reads.b[i]) continue;
+  for (size_t i = 0; i < reads.b.size() && element.empty(); ++i) {
+    if (shared_bits(reads.at.b[i], memory) == reads.b[i]) continue;
     operand = "B";
     element = detail::concat("k ", i / n, ", column ", i % n, ") of its 16 x ", n);
     address = reads.at.b[i];
@@ -196,7 +195,7 @@ std::string first_difference(const OperandReads& reads, const std::vector<uint16
 
 // The check at the wait (simt.h, wgmma_issued).
 std::string operand_change(const OperandReads& reads) {
-  return first_difference(reads, read_bits(reads.at.a), read_bits(reads.at.b),
+  return first_difference(reads, dynamic_shared_memory(),
                           "which changed before the wgmma.wait_group that covers it: the "
                           "tensor cores may read it until that wait");
 }
@@ -224,7 +223,7 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   reads.a = read_bits(reads.at.a);
   reads.b = read_bits(reads.at.b);
   const std::string unfenced = first_difference(
-      reads, read_bits(reads.at.a, async_proxy_view()), read_bits(reads.at.b, async_proxy_view()),
+      reads, async_proxy_view(),
       "which holds a write that no fence.proxy.async and barrier after it handed to the "
       "tensor cores: they may read what it held before");
   HAM_CHECK(unfenced.empty(), unfenced);

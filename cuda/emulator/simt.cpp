@@ -374,15 +374,23 @@ class BlockRunner {
 
   void async_copy_commit() { ++current().async_groups; }
 
+  // A wait_group: completes, in issue order, the operations of every committed group but
+  // the `pending` most recent (of `groups` committed), and drops them.
+  template <class Operation, class Complete>
+  static void complete_groups(std::vector<Operation>& in_flight, int groups, int pending,
+                              Complete complete) {
+    const int complete_below = groups - pending;
+    for (const Operation& op : in_flight) {
+      if (op.group < complete_below) complete(op);
+    }
+    std::erase_if(in_flight, [&](const Operation& op) { return op.group < complete_below; });
+  }
+
   void async_copy_wait(int pending) {
     Fiber& f = current();
-    const int complete_below = f.async_groups - pending;
-    auto landed = [&](const Fiber::AsyncCopy& c) { return c.group < complete_below; };
-    auto& copies = f.async_copies;
-    for (const Fiber::AsyncCopy& c : copies) {
-      if (landed(c)) std::memcpy(c.destination, c.source, 16);
-    }
-    copies.erase(std::remove_if(copies.begin(), copies.end(), landed), copies.end());
+    complete_groups(f.async_copies, f.async_groups, pending, [](const Fiber::AsyncCopy& c) {
+      std::memcpy(c.destination, c.source, 16);
+    });
   }
 
   // From a combine, which runs on the warp's last lane to arrive: the check is lane 0's.
@@ -395,16 +403,11 @@ class BlockRunner {
 
   void wgmma_wait(int pending) {
     Fiber& f = current();
-    const int complete_below = f.wgmma_groups - pending;
-    auto complete = [&](const Fiber::WgmmaInFlight& w) { return w.group < complete_below; };
-    auto& in_flight = f.wgmmas_in_flight;
-    for (const Fiber::WgmmaInFlight& w : in_flight) {
-      if (!complete(w)) continue;
-      const std::string changed = w.check();
-      if (!changed.empty()) fail_in(f, changed);
-    }
-    in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), complete),
-                    in_flight.end());
+    complete_groups(f.wgmmas_in_flight, f.wgmma_groups, pending,
+                    [&](const Fiber::WgmmaInFlight& w) {
+                      const std::string changed = w.check();
+                      if (!changed.empty()) fail_in(f, changed);
+                    });
   }
 
   [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
