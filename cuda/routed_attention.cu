@@ -54,6 +54,7 @@
 #include "core/ops/routed_attention.h"
 #include "cuda/routed_attention.h"
 #include "cuda/async_copy.cuh"
+#include "cuda/block_timeline.h"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
 #include "cuda/wgmma.cuh"
@@ -366,6 +367,8 @@ struct AttentionArgs {
   T *dq, *dk, *dv;
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
   const QueryTileRange* query_tiles;  // [B, ceil(T / kQueryTileRows)]
+  // The launch's block stamps while recording (cuda/block_timeline.h), else null.
+  BlockStamps* timeline = nullptr;
 
   __device__ int64_t group() const { return q_heads / kv_heads; }
   __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
@@ -1341,6 +1344,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   auto issue_query = [&](int64_t row, int64_t head, int64_t first) {
     issue_rows<DK, LDK, BQ>(sQ, HeadRows(a.q, row, a.seq_len, a.q_heads, head, DK),
@@ -1370,6 +1374,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
 
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q) have landed
+    if (t == 0) mark_block(a.timeline, BlockMark::FirstTile, (hi - k0 + BK - 1) / BK);
     const bf16 *sK = keys.k(t), *sV = keys.v(t);
 
     // S = Q K^T for the warp's kM row tiles (each K fragment loaded once).
@@ -1394,7 +1399,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     }
     mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
   }
+  mark_block(a.timeline, BlockMark::TilesDone);
   store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
+  mark_block(a.timeline, BlockMark::End);
 }
 
 // Backward on the tensor cores, deterministic like the tiled one (no float atomics):
@@ -1995,13 +2002,17 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
   __shared__ float s_pscale[BK];
   __shared__ __align__(16) float2 s_stats[3][BQ];
+  mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
   const int64_t key_at = key_position_ahead<BK>(a, b, k0);
   const int count = int(a.counts[b]);
-  if (k0 >= count) return;  // past this row's keys (the whole block)
+  if (k0 >= count) {  // past this row's keys (the whole block)
+    mark_block(a.timeline, BlockMark::End);
+    return;
+  }
   const int k_end = min(k0 + BK, count);
 
   load_key_block<BK>(k0, k_end, key_at, s_pos, first_query);
@@ -2053,6 +2064,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     wgmma::fence_proxy_async();
     const QueryTileVisibility now = vis;
     vis = publish_and_issue(i + 1);
+    if (i == 0) mark_block(a.timeline, BlockMark::FirstTile, queries.count);
     if (!now.sees) continue;  // no row of this tile sees these keys
     const int slot = int(i % 3);
     const uint32_t q_tile = wgmma::shared_address(slot_q(i));
@@ -2090,7 +2102,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     wgmma::wait<0>();
   }
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
+  mark_block(a.timeline, BlockMark::TilesDone);
   store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+  mark_block(a.timeline, BlockMark::End);
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
@@ -2153,6 +2167,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   bf16* key_slots = sO + BQ * DV;               // 2 x K [BK][DK], then 2 x V [BK][DV]
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kThreads>(
@@ -2193,6 +2208,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   zero(dq);
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q, dO) have landed, fenced for the tensor cores
+    if (t == 0) mark_block(a.timeline, BlockMark::FirstTile, (hi - k0 + BK - 1) / BK);
     const uint32_t k_tile = wgmma::shared_address(keys.k(t));
     const uint32_t v_tile = wgmma::shared_address(keys.v(t));
 
@@ -2223,17 +2239,19 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     wgmma::commit();
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
+  mark_block(a.timeline, BlockMark::TilesDone);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int64_t t = q0 + r0[0] + 8 * i;
-    if (t >= a.seq_len) continue;
-    const int64_t row = a.q_index(b, t, h);
+    const int64_t token = q0 + r0[0] + 8 * i;
+    if (token >= a.seq_len) continue;
+    const int64_t row = a.q_index(b, token, h);
 #pragma unroll
     for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
       *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
           mma::pack_bf16(a.scale * dq[nb][2 * i], a.scale * dq[nb][2 * i + 1]);
     }
   }
+  mark_block(a.timeline, BlockMark::End);
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
@@ -2268,6 +2286,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   bf16* key_slots = sQ + BQ * DK;  // 2 x K [BK][DK], then 2 x V [BK][DV], swizzled
   __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
   __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const QueryBlock qb = query_block<BQ, kThreads>(
       a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
@@ -2291,6 +2310,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q) have landed, fenced for the tensor cores
+    if (t == 0) mark_block(a.timeline, BlockMark::FirstTile, (hi - k0 + BK - 1) / BK);
     const uint32_t k_tile = wgmma::shared_address(keys.k(t));
     const uint32_t v_tile = wgmma::shared_address(keys.v(t));
 
@@ -2313,8 +2333,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
     wgmma::commit();
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
-
+  mark_block(a.timeline, BlockMark::TilesDone);
   store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
+  mark_block(a.timeline, BlockMark::End);
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
 #endif
@@ -2662,13 +2683,17 @@ bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
 }
 
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
-// the device; returns whether it launched.
+// the device; returns whether it launched. A kernel that stamps its blocks names itself
+// (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h).
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
-                  const AttentionArgs<T>& args, int threads = kTileThreads) {
+                  const AttentionArgs<T>& args, int threads = kTileThreads,
+                  const KernelName* stamped = nullptr) {
   if (!tiled_fits(kernel, bytes)) return false;
   allow_dynamic_shared(kOp, kernel, bytes);
-  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args);
+  AttentionArgs<T> launched = args;
+  if (stamped != nullptr) launched.timeline = block_timeline_for_launch(*stamped, grid.x);
+  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(launched);
   HAM_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -2732,8 +2757,9 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
           if (tensor_core_ready(q, k, v)) {
             auto launch_mma = [&]<int kM, int kKeyTile = 0>() {
               using Shape = MmaShape<DK, DV, kM, kKeyTile>;
+              const KernelName name{"forward_mma", {DK, DV, kM, kKeyTile}, 4};
               return launch_tiled(&forward_mma<DK, DV, kM, kKeyTile>, grid_of_rows(Shape::kRows),
-                                  Shape::forward_bytes, a, kMmaThreads);
+                                  Shape::forward_bytes, a, kMmaThreads, &name);
             };
             if constexpr (kWgmmaHeads<DK, DV>) {
               const int groups = wgmma_groups(g_forward_wgmma.load(), "forward",
@@ -2742,9 +2768,10 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
               if (groups != 0) {
                 auto launch_wgmma = [&]<int kGroups>() {
                   using Wgmma = WgmmaForwardShape<DK, DV, kGroups>;
+                  const KernelName name{"forward_wgmma", {DK, DV, kGroups}, 3};
                   return launch_tiled(&forward_wgmma<DK, DV, kGroups>,
                                       grid_of_rows(Wgmma::kRows), Wgmma::bytes, a,
-                                      Wgmma::kThreads);
+                                      Wgmma::kThreads, &name);
                 };
                 tiled = groups == 2 ? launch_wgmma.template operator()<2>()
                                     : launch_wgmma.template operator()<1>();
@@ -2888,16 +2915,21 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                   using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                   // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
                   const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
+                  const KernelName dq_name{"backward_dq_wgmma", {DK, DV, kGroups, dq_pass.keys},
+                                           4};
                   tiled_dq = launch_tiled(dq_pass.kernel,
                                           block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                          dq_pass.bytes, a, Wgmma::kThreads);
+                                          dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
                   HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                             ": the wgmma dQ kernel that was to form D did not launch");
                   if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
                   const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                   auto launch_dkdv = [&]<KeyGrads kPart>() {
+                    // KeyGrads: 0 both, 1 keys, 2 values
+                    const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
+                                          4};
                     return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
-                                        Wgmma::bytes(kPart), a, Wgmma::kThreads);
+                                        Wgmma::bytes(kPart), a, Wgmma::kThreads, &name);
                   };
                   if constexpr (kWgmmaSplitKeyGrads<DK, DV>) {
                     tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Keys>() &&

@@ -14,6 +14,7 @@
 #include "nn/view.h"
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
+#include "cuda/block_timeline.h"
 #include "cuda/routed_attention.h"
 #endif
 
@@ -1141,6 +1142,84 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
   EXPECT_EQ(max_abs_diff(first.dk, second.dk), 0.0);
   EXPECT_EQ(max_abs_diff(first.dv, second.dv), 0.0);
   EXPECT_EQ(max_abs_diff(first.dvalue_scale, second.dvalue_scale), 0.0);
+}
+
+// While recording (cuda/block_timeline.h), every block of the kernels the bf16 defaults run
+// leaves its stamps with the tiles it visited. One causal row of 256 tokens, two heads of 64
+// (each pass on wgmma), four 64-row query tiles a head:
+// - every token selected: four 64-key tiles, so the forward's and dQ's blocks visit 1, 2, 3
+//   and 4 key tiles, the dK/dV blocks 4, 3, 2 and 1 query tiles;
+// - every other token: 128 keys, so the query blocks visit 1, 1, 2 and 2 key tiles; the
+//   first key block (tokens 0 .. 126) is seen by all four query tiles, the second (128 ..
+//   254) by the last two, and the last two key blocks have no keys (they return at once,
+//   stamped).
+// Recording changes no output, and stopping it stops the stamps.
+TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting automatic_forward(&cuda::set_attention_forward_wgmma,
+                                                 cuda::kAttentionWgmmaAutomatic);
+  const testing::ScopedSetting automatic_backward(&cuda::set_attention_backward_wgmma,
+                                                  cuda::kAttentionWgmmaAutomatic);
+  const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 64);
+  const Device gpu = Device::cuda();
+  const int64_t seq_len = 256, heads = 2, dim = 64;
+  Tensor q = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 11);
+  Tensor k = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 12);
+  Tensor v = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 13);
+  Tensor p = uniform64({1, seq_len}, 14, 0.2, 1.5, false).to(DType::BF16).to(gpu);
+  Tensor dout = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 15);
+  const std::vector<std::string> kernels = {"forward_wgmma<64, 64, 1>",
+                                            "backward_dq_wgmma<64, 64, 1, 64>",
+                                            "backward_dkdv_wgmma<64, 64, 1, 0>"};
+  using Tiles = std::vector<uint32_t>;  // each block's, sorted
+  struct Case {
+    int64_t every;  // tokens selected: t % every == 0
+    Tiles query_blocks, key_blocks;
+    int64_t working_key_blocks;
+  };
+  for (const Case& c : {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {1, 1, 2, 2, 3, 3, 4, 4}, 8},
+                        Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {0, 0, 0, 0, 2, 2, 4, 4}, 4}}) {
+    SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected");
+    std::vector<uint8_t> select(static_cast<size_t>(seq_len));
+    for (int64_t t = 0; t < seq_len; ++t) select[size_t(t)] = t % c.every == 0;
+    const CompactSelection sel =
+        ops::compact_selection(Tensor::from_vector(select, {1, seq_len}).to(gpu));
+    auto run = [&] {
+      ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+      ops::RoutedAttentionGrads g =
+          ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+      return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
+    };
+    const std::vector<Tensor> unrecorded = run();
+    cuda::record_block_timelines(true);
+    const std::vector<Tensor> recorded = run();
+    cuda::record_block_timelines(false);
+    for (size_t i = 0; i < recorded.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(recorded[i], unrecorded[i]), 0.0) << "output " << i;
+    }
+
+    const std::vector<cuda::KernelTimeline> timelines = cuda::take_block_timelines();
+    ASSERT_EQ(timelines.size(), kernels.size());
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const cuda::KernelTimeline& launch = timelines[i];
+      SCOPED_TRACE(launch.kernel);
+      EXPECT_EQ(launch.kernel, kernels[i]);
+      Tiles tiles;
+      for (const cuda::BlockStamps& block : launch.blocks) tiles.push_back(block.tiles);
+      std::sort(tiles.begin(), tiles.end());
+      const bool key_blocks = i == 2;
+      EXPECT_EQ(tiles, key_blocks ? c.key_blocks : c.query_blocks);
+      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+      EXPECT_EQ(summary.working_blocks, key_blocks ? c.working_key_blocks : 8);
+    }
+    run();  // not recording: nothing more to take
+    EXPECT_TRUE(cuda::take_block_timelines().empty());
+  }
+#endif
 }
 
 TEST(RoutedAttentionGpu, AutogradOnGpuMatchesCpu) {

@@ -1,0 +1,171 @@
+#pragma once
+// Where a kernel's blocks spend their time. While a run records (record_block_timelines),
+// thread 0 of each block of an instrumented kernel stores its SM's cycle counter at four
+// points (start; its first tile landed, so the prologue is over; its tiles done; end), the
+// global nanosecond timer at start and end, its SM and how many tiles it visited, in one
+// BlockStamps. summarize_block_timeline turns a launch's stamps into what an event time
+// cannot tell apart: the prologue, the time a tile, the epilogue, the gaps between blocks
+// on an SM and the SMs left idle at the end.
+//
+// Not recording, a kernel's timeline pointer is null and each mark is one untaken branch.
+// Each mark reads its thread and block anew and stores its stamp at once, so that little
+// stays live across a kernel's tile loop: on sm_90a (nvcc 13.0) the instrumented kernels
+// take -2 to +6 registers, and none of the instances the defaults run spills.
+//
+// Instrumented: the routed attention kernels the bf16 defaults run (forward_mma,
+// forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma; cuda/routed_attention.cu).
+// bench_routed_attention_cuda --timeline prints their summaries.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__) || defined(HAM_CUDA_EMULATOR)
+#include <cuda_runtime.h>
+#endif
+#ifdef HAM_CUDA_EMULATOR
+#include <atomic>
+#endif
+
+namespace ham::cuda {
+
+struct BlockStamps {
+  // The block's SM's cycle counter (clock64) at each mark; 0 where the block did not reach
+  // it (no tile: first_tile stays 0).
+  uint64_t start, first_tile, tiles_done, end;
+  uint64_t start_ns, end_ns;  // %globaltimer: comparable across SMs
+  uint32_t sm, tiles;
+};
+static_assert(sizeof(BlockStamps) == 56, "seven 8-byte words a block");
+
+enum class BlockMark { Start, FirstTile, TilesDone, End };
+
+#if defined(__CUDACC__) || defined(HAM_CUDA_EMULATOR)
+
+#ifdef HAM_CUDA_EMULATOR
+// The emulator runs one block at a time: one counter, advanced by every read, stands for
+// both clocks, so a block's marks come out in program order and blocks one after another.
+inline uint64_t emulated_clock() {
+  static std::atomic<uint64_t> ticks{0};
+  return ++ticks;
+}
+inline uint64_t block_cycle_clock() { return emulated_clock(); }
+inline uint64_t global_timer_ns() { return emulated_clock(); }
+inline uint32_t block_sm_id() { return 0; }
+inline uint32_t stamping_thread() { return threadIdx.x; }
+inline uint32_t stamped_block() { return blockIdx.x; }
+#else
+__device__ __forceinline__ uint64_t block_cycle_clock() { return uint64_t(clock64()); }
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+__device__ __forceinline__ uint32_t block_sm_id() {
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  return sm;
+}
+// threadIdx.x and blockIdx.x read anew at each mark (volatile): read as plain built-ins,
+// ptxas kept the block's stamp address from the first mark to the last, two registers
+// across the tile loop, and the 128 x 128 forward spilled.
+__device__ __forceinline__ uint32_t stamping_thread() {
+  uint32_t thread;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+  return thread;
+}
+__device__ __forceinline__ uint32_t stamped_block() {
+  uint32_t block;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
+  return block;
+}
+#endif
+
+// Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per blockIdx.x of a
+// one-dimensional grid); `tiles`, the tiles the block will visit, goes with FirstTile (a
+// block that visits none keeps 0). Nothing when not recording (null).
+__device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark,
+                                           int64_t tiles = 0) {
+  if (timeline == nullptr || stamping_thread() != 0) return;
+  BlockStamps& stamps = timeline[stamped_block()];
+  const uint64_t now = block_cycle_clock();
+  switch (mark) {
+    case BlockMark::Start:
+      stamps.start = now;
+      stamps.start_ns = global_timer_ns();
+      stamps.sm = block_sm_id();
+      break;
+    case BlockMark::FirstTile:
+      stamps.first_tile = now;
+      stamps.tiles = uint32_t(tiles);
+      break;
+    case BlockMark::TilesDone:
+      stamps.tiles_done = now;
+      break;
+    case BlockMark::End:
+      stamps.end = now;
+      stamps.end_ns = global_timer_ns();
+      break;
+  }
+}
+
+#endif
+
+// ---- Host ----------------------------------------------------------------------------
+
+// A kernel's name with up to four template arguments, formatted only when recording:
+// {"forward_wgmma", {128, 128, 1}, 3} reads "forward_wgmma<128, 128, 1>".
+struct KernelName {
+  const char* base;
+  int arguments[4];
+  int count;
+  std::string text() const;
+};
+
+// Starts recording (dropping earlier records) or stops it.
+void record_block_timelines(bool on);
+bool recording_block_timelines();
+
+// A zeroed buffer of `blocks` stamps on the current device for a launch of `kernel`, kept
+// until taken; null when not recording.
+BlockStamps* block_timeline_for_launch(const KernelName& kernel, int64_t blocks);
+
+struct KernelTimeline {
+  std::string kernel;
+  std::vector<BlockStamps> blocks;  // by blockIdx.x
+};
+// The launches recorded since recording began, in launch order, and forgets them (waits
+// for the device).
+std::vector<KernelTimeline> take_block_timelines();
+
+// p10, median and p90 of a set of values (0 for an empty set).
+struct Quantiles {
+  double p10 = 0, median = 0, p90 = 0;
+};
+
+struct TimelineSummary {
+  int64_t blocks = 0;
+  int64_t working_blocks = 0;  // that visited a tile
+  int64_t tiles = 0;           // over all blocks
+  int sms = 0;                 // that ran a block
+  int most_resident = 0;       // blocks at once on one SM, at most
+  double cycles_per_ns = 0;    // the SMs' clock against the global timer, over all blocks
+  double span_us = 0;          // the first block's start to the last one's end
+  // Of the working blocks, in us: start to first tile landed, the tiles' time divided by
+  // their count, tiles done to end, and start to end.
+  Quantiles prologue_us, tile_us, epilogue_us, block_us;
+  // Least squares over all blocks: a block's time = fixed_us + tile_fit_us * its tiles.
+  double fixed_us = 0, tile_fit_us = 0;
+  // Per SM, the time inside its own first start .. last end with no block of the launch
+  // resident (between blocks), and the time from its last end to the launch's last end
+  // (idle at the tail), each as a share of the span, averaged over the SMs that ran.
+  double between_blocks_share = 0, tail_share = 0;
+};
+// Throws on stamps no kernel could have left (an end before its start, a block not
+// stamped at all).
+TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks);
+
+// Column heads and one row per summary, for a table of launches.
+std::string timeline_summary_header();
+std::string timeline_summary_row(const std::string& label, const TimelineSummary& summary);
+
+}  // namespace ham::cuda
