@@ -5,6 +5,7 @@
 //
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_routed_attention_cuda --csv routed_ham.csv [--reps 10] [--filter T4096]
+//   ./build/bench/bench_routed_attention_cuda --timeline [--filter docs20]
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 //
 // The masks are a pure function of (b, t) that the Python script recomputes bit for bit:
@@ -21,7 +22,15 @@
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256), and the
 // last the wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys).
+//
+// --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
+// forward and one backward spend their time (cuda/block_timeline.h: per kernel launch the
+// prologue, the time a tile and the epilogue at p10 / median / p90, a least-squares fixed
+// cost and cost a tile, the SMs' idle share between blocks and at the tail), beside the
+// event time of each pass and the host's time to issue it (when that is near the event
+// time, the pass waits on the host, not the GPU).
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +42,7 @@
 #include "core/ops/routed_attention.h"
 #include "core/tensor.h"
 #include "bench/cuda_bench.h"
+#include "cuda/block_timeline.h"
 #include "cuda/check.h"
 #include "cuda/routed_attention.h"
 #include "cuda/stream.h"
@@ -250,15 +260,79 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
   }
 }
 
+// Microseconds the host takes to issue one call of `step` (the mean of `reps` calls issued
+// back to back, the device's queue drained after them).
+double host_issue_us(int reps, const std::function<void()>& step) {
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) step();
+  const auto issued = std::chrono::steady_clock::now();
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  return std::chrono::duration<double, std::micro>(issued - start).count() / reps;
+}
+
+// --timeline: each case's forward and backward, timed by events and by the host's issue,
+// then once more with the kernels' block stamps recorded, one row per kernel launch.
+void timeline_tables(const std::string& filter, int reps) {
+  std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
+              "blocks that visited a tile;\nfixed and a tile: least squares over all blocks; "
+              "gaps and tail: the SMs' idle shares of the span\n");
+  for (const BenchCase& c : bench_cases()) {
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    ops::RoutedAttentionOutput forward;
+    auto run_forward = [&] {
+      forward = ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+    };
+    auto run_backward = [&] {
+      ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                     forward.lse, in.p);
+    };
+    const bench::Spread forward_ms = time_ms(reps, run_forward);
+    const bench::Spread backward_ms = time_ms(reps, run_backward);
+    const double forward_host = host_issue_us(reps, run_forward);
+    const double backward_host = host_issue_us(reps, run_backward);
+    std::printf("\n%s: forward %.1f us (host issue %.1f), backward %.1f us (host issue %.1f), "
+                "event medians\n%s\n",
+                c.name().c_str(), forward_ms.median * 1e3, forward_host,
+                backward_ms.median * 1e3, backward_host, cuda::timeline_summary_header().c_str());
+    cuda::record_block_timelines(true);
+    run_forward();
+    run_backward();
+    cuda::record_block_timelines(false);
+    for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
+      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+      std::printf("%s\n", cuda::timeline_summary_row(launch.kernel, summary).c_str());
+    }
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 10);
+  // --timeline is this program's own; the rest are parse_cuda_bench_args'.
+  std::vector<char*> shared_args;
+  bool timeline = false;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--timeline") {
+      timeline = true;
+    } else {
+      shared_args.push_back(argv[i]);
+    }
+  }
+  const bench::CudaBenchArgs args =
+      bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 10);
   const int reps = args.reps;
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
     if (!bench::gpu_available("bench_routed_attention_cuda")) return 1;
+    if (timeline) {
+      timeline_tables(filter, reps);
+      return 0;
+    }
     std::ofstream csv = bench::open_csv(
         csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
                   "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"

@@ -26,8 +26,8 @@
 #                    the script fails. Its CTest files name the source
 #                    tree and build directory it was made in; the script links those paths
 #                    here when they are free.
-#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed profile
-#                    sanitize diagnose
+#   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed timeline
+#                    profile sanitize diagnose
 #                    (default: all but fla and sanitize; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
 #                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
@@ -39,8 +39,10 @@
 #                    diagnose = ncu's speed-of-light, occupancy, warp-stall and source
 #                    (the stalls' top SASS lines) sections of one launch of each of the
 #                    slowest hand-written kernels, or of those HAM_GPU_DIAGNOSE names
-#                    (e.g. "gdr_prepare_mma gdr_state_mma"); lce times bf16 only unless
-#                    HAM_GPU_LCE_ALL=1)
+#                    (e.g. "gdr_prepare_mma gdr_state_mma"); timeline = where the routed
+#                    attention kernels' blocks spend their time, from their own clock
+#                    stamps (bench_routed_attention_cuda --timeline), into
+#                    routed_timeline.txt; lce times bf16 only unless HAM_GPU_LCE_ALL=1)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -352,6 +354,12 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     # 20 packed documents at rho 0.25, where the backward falls short of FlexAttention's
     # (flex/ham 2.22 against the goal of 3, twentieth session): which of its kernels weigh
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho25_docs20
+  fi
+  if [[ $benches == *" timeline "* ]]; then
+    echo "== [$(date +%T)] routed attention: block timelines (bench_routed_attention_cuda --timeline)"
+    "$build/bench/bench_routed_attention_cuda" --timeline 2>&1 | tee "$out/routed_timeline.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] ||
+      { echo "gpu_check: bench_routed_attention_cuda --timeline failed" >&2; status=1; }
   fi
   [[ $benches == *" routed "* ]] &&
     bench "routed attention: ham vs SDPA flash and FlexAttention" bench_routed_attention_cuda \
