@@ -5,7 +5,7 @@
 //
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_routed_attention_cuda --csv routed_ham.csv [--reps 10] [--filter T4096]
-//   ./build/bench/bench_routed_attention_cuda --timeline [--filter docs20]
+//   ./build/bench/bench_routed_attention_cuda --timeline [--filter docs20] [--csv blocks.csv]
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 //
 // The masks are a pure function of (b, t) that the Python script recomputes bit for bit:
@@ -28,7 +28,10 @@
 // prologue, the time a tile and the epilogue at p10 / median / p90, a least-squares fixed
 // cost and cost a tile, the SMs' idle share between blocks and at the tail), beside the
 // event time of each pass and the host's time to issue it (when that is near the event
-// time, the pass waits on the host, not the GPU).
+// time, the pass waits on the host, not the GPU). With --csv, every block's stamps go to
+// the file as well: case, kernel, block, SM, tiles, its start cycle, its first tile, tiles
+// done and end as cycles after its start (-1 where not stamped), and its start and end in
+// ns after the launch's first start.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -271,9 +274,31 @@ double host_issue_us(int reps, const std::function<void()>& step) {
   return std::chrono::duration<double, std::micro>(issued - start).count() / reps;
 }
 
+// Each block of a recorded launch as a CSV row (the columns at the top of this file; the
+// kernel's name, which holds commas, quoted).
+void write_block_rows(std::ofstream& csv, const std::string& case_name,
+                      const cuda::KernelTimeline& launch) {
+  uint64_t first_ns = UINT64_MAX;
+  for (const cuda::BlockStamps& s : launch.blocks) first_ns = std::min(first_ns, s.start_ns);
+  auto after_start = [](const cuda::BlockStamps& s, uint64_t stamp) {
+    return stamp == 0 ? int64_t(-1) : int64_t(stamp - s.start);
+  };
+  for (size_t i = 0; i < launch.blocks.size(); ++i) {
+    const cuda::BlockStamps& s = launch.blocks[i];
+    csv << case_name << ",\"" << launch.kernel << "\"," << i << ',' << s.sm << ','
+        << s.tiles << ',' << s.start << ',' << after_start(s, s.first_tile) << ','
+        << after_start(s, s.tiles_done) << ',' << after_start(s, s.end) << ','
+        << int64_t(s.start_ns - first_ns) << ',' << int64_t(s.end_ns - first_ns) << '\n';
+  }
+}
+
 // --timeline: each case's forward and backward, timed by events and by the host's issue,
-// then once more with the kernels' block stamps recorded, one row per kernel launch.
-void timeline_tables(const std::string& filter, int reps) {
+// then once more with the kernels' block stamps recorded, one row per kernel launch (and,
+// with a CSV, one row per block there).
+void timeline_tables(const std::string& filter, int reps, const std::string& csv_path) {
+  std::ofstream csv = bench::open_csv(csv_path, "case,kernel,block,sm,tiles,start_cycle,"
+                                                "first_tile_after,tiles_done_after,end_after,"
+                                                "start_ns,end_ns");
   std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
               "blocks that visited a tile;\nfixed and a tile: least squares over all blocks; "
               "gaps and tail: the SMs' idle shares of the span\n");
@@ -304,6 +329,7 @@ void timeline_tables(const std::string& filter, int reps) {
     for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
       const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
       std::printf("%s\n", cuda::timeline_summary_row(launch.kernel, summary).c_str());
+      if (csv.is_open()) write_block_rows(csv, c.name(), launch);
     }
     std::fflush(stdout);
   }
@@ -330,7 +356,7 @@ int main(int argc, char** argv) {
   try {
     if (!bench::gpu_available("bench_routed_attention_cuda")) return 1;
     if (timeline) {
-      timeline_tables(filter, reps);
+      timeline_tables(filter, reps, csv_path);
       return 0;
     }
     std::ofstream csv = bench::open_csv(

@@ -62,7 +62,8 @@ std::vector<KernelTimeline> take_block_timelines() {
   for (const RecordedLaunch& launch : launches) {
     const Tensor host = launch.stamps.to(Device::cpu());  // waits for the launch's stream
     KernelTimeline timeline{launch.kernel, std::vector<BlockStamps>(size_t(launch.blocks))};
-    std::memcpy(timeline.blocks.data(), host.raw_data(), timeline.blocks.size() * sizeof(BlockStamps));
+    std::memcpy(timeline.blocks.data(), host.raw_data(),
+                timeline.blocks.size() * sizeof(BlockStamps));
     timelines.push_back(std::move(timeline));
   }
   return timelines;

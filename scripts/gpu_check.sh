@@ -42,7 +42,9 @@
 #                    (e.g. "gdr_prepare_mma gdr_state_mma"); timeline = where the routed
 #                    attention kernels' blocks spend their time, from their own clock
 #                    stamps (bench_routed_attention_cuda --timeline), into
-#                    routed_timeline.txt; lce times bf16 only unless HAM_GPU_LCE_ALL=1)
+#                    routed_timeline.txt, and every block's stamps into
+#                    routed_timeline_blocks.csv; lce times bf16 only unless
+#                    HAM_GPU_LCE_ALL=1)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
 set -uo pipefail
@@ -356,8 +358,10 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     profile bench_routed_attention_cuda --reps 1 --filter T16384_B1_H16x16_D128_rho25_docs20
   fi
   if [[ $benches == *" timeline "* ]]; then
-    echo "== [$(date +%T)] routed attention: block timelines (bench_routed_attention_cuda --timeline)"
-    "$build/bench/bench_routed_attention_cuda" --timeline 2>&1 | tee "$out/routed_timeline.txt"
+    echo "== [$(date +%T)] routed attention: block timelines (bench_routed_attention_cuda" \
+      "--timeline)"
+    "$build/bench/bench_routed_attention_cuda" --timeline --csv "$out/routed_timeline_blocks.csv" \
+      2>&1 | tee "$out/routed_timeline.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] ||
       { echo "gpu_check: bench_routed_attention_cuda --timeline failed" >&2; status=1; }
   fi

@@ -8,7 +8,8 @@
 # Usage (on the GPU machine, from anywhere): scripts/gpu_session.sh OUT [STAGE...]
 #   STAGE: tests, or one of gpu_check's benchmarks (fla gdr routed timeline decode memory
 #   lce gemm profile sanitize diagnose). Default: tests timeline fla routed lce profile
-#   memory decode diagnose, most wanted first. tests runs every GPU test once; the benchmark stages run no tests.
+#   memory decode diagnose, most wanted first. tests runs every GPU test once; the
+#   benchmark stages run no tests.
 #   OUT receives gpu_session.tgz (STAGE.log and STAGE/ for each stage) and summary.txt.
 # Environment:
 #   HAM_GPU_SESSION_SECONDS  the deadline for all stages (default 560)

@@ -52,8 +52,8 @@ TEST(BlockTimeline, SummaryOfHandMadeStamps) {
 }
 
 TEST(BlockTimeline, TableRowNamesTheLaunch) {
-  const std::string row =
-      timeline_summary_row("forward_wgmma<64, 64, 1>", summarize_block_timeline(hand_made_launch()));
+  const std::string row = timeline_summary_row("forward_wgmma<64, 64, 1>",
+                                               summarize_block_timeline(hand_made_launch()));
   EXPECT_EQ(row.rfind("forward_wgmma<64, 64, 1>", 0), 0u) << row;
   EXPECT_NE(row.find(" 1.2 "), std::string::npos) << row;  // the span, 0.1 us
   EXPECT_EQ(row.substr(row.size() - 10), "0.04  0.42") << row;  // gaps and tail
