@@ -28,7 +28,7 @@
 #                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed timeline
 #                    profile sanitize diagnose
-#                    (default: all but fla and sanitize; fla = gdr's bf16 cases with
+#                    (default: all but fla, sanitize and diagnose; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
 #                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
 #                    HAM_GPU_TESTS=NONE; profile = per-kernel
@@ -295,8 +295,8 @@ sanitize() {
   done
 }
 
-# HAM_GPU_BENCH (see the top): default all but fla and sanitize.
-benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed profile} "
+# HAM_GPU_BENCH (see the top): default all but fla, sanitize and diagnose.
+benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed timeline profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" sanitize "* ]] && sanitize
   if [[ $benches == *" diagnose "* ]]; then
