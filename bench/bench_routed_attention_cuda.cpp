@@ -327,8 +327,14 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     run_backward();
     cuda::record_block_timelines(false);
     for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
-      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
-      std::printf("%s\n", cuda::timeline_summary_row(launch.kernel, summary).c_str());
+      // Stamps no kernel should leave end this launch's row, not the run: the CSV keeps
+      // them for a look.
+      try {
+        const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+        std::printf("%s\n", cuda::timeline_summary_row(launch.kernel, summary).c_str());
+      } catch (const Error& e) {
+        std::printf("%-44s error: %s\n", launch.kernel.c_str(), e.what());
+      }
       if (csv.is_open()) write_block_rows(csv, c.name(), launch);
     }
     std::fflush(stdout);
