@@ -46,8 +46,9 @@ work=$(mktemp -d)
 # 104; fla stopped at 210 after ham's tables and FLA's first two shapes (one compile each,
 # with its autotuning results carried), decode at 75 before the PyTorch reference ran: 330
 # and 120. routed has since gained a table of the dQ kernel's key tiles (12 cases): 330.
-# timeline (never run): 23 cases of 2 x 3 x 10 timed calls and one recorded, most of it
-# making each case's inputs on the host: 90, a guess.
+# timeline (never run): 23 cases, each a forward and a backward 13 times for the events,
+# 10 for the host's issue and once recorded, most of it making each case's inputs on the
+# host: 90, a guess.
 declare -A limit=([tests]=150 [fla]=330 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=90 [gemm]=90 [profile]=120 [sanitize]=580
                   [diagnose]=300)
