@@ -1195,7 +1195,9 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
       return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
     };
     const std::vector<Tensor> unrecorded = run();
+    EXPECT_FALSE(cuda::recording_block_timelines());
     cuda::record_block_timelines(true);
+    EXPECT_TRUE(cuda::recording_block_timelines());
     const std::vector<Tensor> recorded = run();
     cuda::record_block_timelines(false);
     for (size_t i = 0; i < recorded.size(); ++i) {
