@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -21,8 +22,9 @@ struct RecordedLaunch {
   Tensor stamps;  // blocks x 7 int64 words on the launch's device
 };
 
-std::mutex g_mutex;
-bool g_recording = false;
+std::mutex g_mutex;  // guards g_launches
+// Read without the lock by every launch of an instrumented kernel, recording or not.
+std::atomic<bool> g_recording{false};
 std::vector<RecordedLaunch> g_launches;
 
 }  // namespace
@@ -33,14 +35,12 @@ void record_block_timelines(bool on) {
   if (on) g_launches.clear();
 }
 
-bool recording_block_timelines() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_recording;
-}
+bool recording_block_timelines() { return g_recording.load(); }
 
 BlockStamps* block_timeline_for_launch(const KernelName& kernel, int64_t blocks) {
+  if (!g_recording.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_recording) return nullptr;
+  if (!g_recording.load()) return nullptr;  // stopped since the check above
   constexpr int64_t kWords = sizeof(BlockStamps) / 8;
   int device = 0;
   HAM_CUDA_CHECK(cudaGetDevice(&device));
