@@ -20,8 +20,10 @@
 // (cuda/routed_attention.h; not in the CSV), and the next 64 against 128 rows for value
 // heads of 192.
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
-// against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256), and the
-// last the wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys).
+// against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256); then the
+// wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys), and last
+// the backward with its first pass in order against beside the others on a second stream
+// (set_attention_backward_overlap).
 //
 // --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
 // forward and one backward spend their time (cuda/block_timeline.h: per kernel launch the
@@ -219,6 +221,19 @@ bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentio
   const int previous_keys = cuda::set_attention_backward_dq_keys(keys);
   const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
   cuda::set_attention_backward_dq_keys(previous_keys);
+  return ms;
+}
+
+// The backward's ms (min, median, max) on its default kernels with its first pass in order
+// or beside the others on a second stream (set_attention_backward_overlap).
+bench::Spread backward_ms_with_overlap(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                                       bool overlap, int reps) {
+  const bool previous = cuda::set_attention_backward_overlap(overlap);
+  const bench::Spread ms = time_ms(reps, [&] {
+    ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                   forward.lse, in.p);
+  });
+  cuda::set_attention_backward_overlap(previous);
   return ms;
 }
 
@@ -450,6 +465,30 @@ int main(int argc, char** argv) {
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
         print_spread_pair(c.name(), backward_ms_with_dq_keys(in, forward, 64, reps),
                           backward_ms_with_dq_keys(in, forward, 32, reps));
+      }
+      // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
+      // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
+      // under the latency-bound tensor-core passes.
+      std::printf("\nbackward, its first pass (zeroing the unselected rows) in order vs beside "
+                  "the others on a second stream\n(ms at min / median / max; the ratios in "
+                  "order / beside at each, above 1: beside faster)\n");
+      std::printf("%-40s %26s %26s %18s\n", "case", "in order", "beside", "ratio");
+      for (const BenchCase& c : bench_cases()) {
+        if (c.density == 1.0) continue;  // nothing to zero
+        if (c.docs == 1 && c.density != 0.25) continue;  // short blocks, and rho 0.25
+        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+        CaseInputs in(c);
+        in.selection = ops::compact_selection(in.select, in.docs);
+        const ops::RoutedAttentionOutput forward =
+            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+        const int64_t beside_before = cuda::attention_overlapped_prologues();
+        const bench::Spread beside = backward_ms_with_overlap(in, forward, true, reps);
+        if (cuda::attention_overlapped_prologues() == beside_before) {
+          std::printf("%-40s (the first pass forms D here: it stays in order)\n",
+                      c.name().c_str());
+          continue;
+        }
+        print_spread_pair(c.name(), backward_ms_with_overlap(in, forward, false, reps), beside);
       }
     }
   } catch (const std::exception& e) {

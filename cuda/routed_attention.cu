@@ -50,6 +50,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "core/ops/routed_attention.h"
 #include "cuda/routed_attention.h"
@@ -57,6 +58,7 @@
 #include "cuda/block_timeline.h"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
+#include "cuda/stream.h"
 #include "cuda/wgmma.cuh"
 
 namespace ham::cuda {
@@ -2707,6 +2709,9 @@ std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 // set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key tiles.
 std::atomic<int> g_backward_dq_keys{64};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
+// set_attention_backward_overlap, and the calls whose zeroing pass ran beside the others.
+std::atomic<bool> g_backward_overlap{false};
+std::atomic<int64_t> g_overlapped_prologues{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
 // automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
@@ -2874,9 +2879,23 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         rows_packable<T>(a.value_dim, {prologue.dout, prologue.out, prologue.dk, prologue.dv});
     void (*prologue_kernel)(BackwardPrologue<T>) =
         packable ? &backward_prologue<T, kPackWidth<T>> : &backward_prologue<T, 1>;
-    HAM_LAUNCH(unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock)), kThreads, 0, stream,
-               prologue_kernel)(prologue);
-    HAM_CUDA_CHECK_LAUNCH();
+    auto launch_prologue = [&] {
+      HAM_LAUNCH(unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock)), kThreads, 0,
+                 launch_stream(), prologue_kernel)(prologue);
+      HAM_CUDA_CHECK_LAUNCH();
+    };
+    // Where the dQ kernel forms D, the prologue only zeroes the rows of dk, dv and dp that
+    // no later kernel writes (the tokens not selected), so with set_attention_backward_overlap
+    // it runs on the second stream beside them: its stores, bound by HBM, under the short
+    // blocks of the tensor-core passes, bound by latency. Joined before the backward returns.
+    std::optional<ForkedStream> beside;
+    if (dq_forms_delta && g_backward_overlap.load()) {
+      beside.emplace(q.device().index);
+      beside->run(launch_prologue);
+      g_overlapped_prologues.fetch_add(1);
+    } else {
+      launch_prologue();
+    }
     Tensor dp_partial;
     if (value_scale.defined()) {
       dp_partial = Tensor::empty(Shape{a.batch, a.kv_heads, a.seq_len}, compute_dtype<T>(), q.device());
@@ -2983,6 +3002,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
           a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads, ptr<T>(dvalue_scale));
       HAM_CUDA_CHECK_LAUNCH();
     }
+    if (beside) beside->join();
   });
 }
 
@@ -3019,6 +3039,10 @@ int set_attention_backward_dq_keys(int keys) {
 int64_t attention_backward_dq_32_key_launches() {
   return g_backward_dq_32_key_launches.load();
 }
+
+bool set_attention_backward_overlap(bool overlap) { return g_backward_overlap.exchange(overlap); }
+
+int64_t attention_overlapped_prologues() { return g_overlapped_prologues.load(); }
 
 int set_attention_forward_wgmma(int kernels) {
   HAM_CHECK(kernels >= kAttentionWgmmaAutomatic && kernels <= 2, "set_attention_forward_wgmma: ",

@@ -48,6 +48,16 @@ int set_attention_backward_dq_keys(int keys);
 // How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles.
 int64_t attention_backward_dq_32_key_launches();
 
+// Whether the backward's first pass runs on a second stream of the device beside its other
+// kernels where the wgmma dQ kernel forms D, so that the pass only zeroes dk, dv and dp at
+// the tokens not selected, rows no other kernel of the backward writes: its stores, bound
+// by HBM, then run under the tensor-core passes' short blocks (cuda::ForkedStream; joined
+// before the backward returns). Off (the default) until timed. Returns the previous setting.
+bool set_attention_backward_overlap(bool overlap);
+
+// How many backward calls of this process ran their first pass beside the others.
+int64_t attention_overlapped_prologues();
+
 // Whether this build and the current GPU run the wgmma kernels (both passes): the build has
 // sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0;
 // always in the SIMT emulator.

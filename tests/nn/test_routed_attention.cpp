@@ -1019,6 +1019,38 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu) {
 #endif
 }
 
+// The backward's first pass on the second stream (set_attention_backward_overlap), where the
+// wgmma dQ kernel forms D so that the pass only zeroes the unselected rows: the gradients
+// into poisoned buffers, their exact zeros included, against the CPU. It runs beside the
+// other kernels only there, on one warpgroup and on two; with mma.sync it stays in order.
+// (The emulator runs streams in order: that the second stream overlaps is the GPU's to show.)
+TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, true);
+  const std::vector<GpuCase> cases = {
+      GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
+      GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
+      GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}};
+  for (int kernels : {1, 2}) {
+    const testing::ScopedSetting groups(&cuda::set_attention_backward_wgmma, kernels);
+    const int64_t before = cuda::attention_overlapped_prologues();
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(kernels) + " warpgroups a block");
+      expect_gpu_matches_cpu(c, DType::BF16);
+    }
+    EXPECT_EQ(cuda::attention_overlapped_prologues() - before, int64_t(cases.size()));
+  }
+  const testing::ScopedSetting mma_sync(&cuda::set_attention_backward_wgmma, 0);
+  const int64_t before = cuda::attention_overlapped_prologues();
+  expect_gpu_matches_cpu(cases[0], DType::BF16);
+  EXPECT_EQ(cuda::attention_overlapped_prologues(), before) << "mma.sync: D from the prologue";
+#endif
+}
+
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuOnALongSequence) {
   HAM_SKIP_UNLESS_CUDA();
   HAM_SKIP_LONG_SEQUENCE_ON_SIMT_EMULATOR(4096);
