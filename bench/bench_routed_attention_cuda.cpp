@@ -26,11 +26,13 @@
 // (set_attention_backward_overlap).
 //
 // --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
-// forward and one backward spend their time (cuda/block_timeline.h: per kernel launch the
-// prologue, the time a tile and the epilogue at p10 / median / p90, a least-squares fixed
-// cost and cost a tile, the SMs' idle share between blocks and at the tail), beside the
-// event time of each pass and the host's time to issue it (when that is near the event
-// time, the pass waits on the host, not the GPU). With --csv, every block's stamps go to
+// forward and one backward spend their time (cuda/block_timeline.h: per kernel launch its
+// first start and last end after the pass's first block start, so that the gaps between
+// kernels show; the prologue, the time a tile and the epilogue at p10 / median / p90, a
+// least-squares fixed cost and cost a tile, the SMs' idle share between blocks and at the
+// tail), beside the event time of each pass and the host's time to issue it (when that is
+// near the event time, the pass waits on the host, not the GPU); then the backward once
+// more with its first pass on a second stream (set_attention_backward_overlap). With --csv, every block's stamps go to
 // the file as well: case, kernel, block, SM, tiles, its start cycle, its first tile, tiles
 // done and end as cycles after its start (-1 where not stamped), and its start and end in
 // ns after the launch's first start.
@@ -307,6 +309,44 @@ void write_block_rows(std::ofstream& csv, const std::string& case_name,
   }
 }
 
+// One pass (`run`) once more with the kernels' block stamps recorded: a row per kernel
+// launch, its first block start and last end set against the pass's first block start
+// (with a CSV, a row per block there too).
+template <class Run>
+void timeline_rows(const char* pass, const std::string& case_name, Run run, std::ofstream& csv) {
+  std::printf("%s:\n", pass);
+  cuda::record_block_timelines(true);
+  run();
+  cuda::record_block_timelines(false);
+  const std::vector<cuda::KernelTimeline> launches = cuda::take_block_timelines();
+  // Summaries first, so that the pass's first start is known before any row is printed.
+  std::vector<cuda::TimelineSummary> summaries(launches.size());
+  std::vector<std::string> errors(launches.size());
+  uint64_t pass_start_ns = UINT64_MAX;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    // Stamps no kernel should leave end this launch's row, not the run: the CSV keeps them
+    // for a look.
+    try {
+      summaries[i] = cuda::summarize_block_timeline(launches[i].blocks);
+      if (summaries[i].blocks > 0) {
+        pass_start_ns = std::min(pass_start_ns, summaries[i].first_start_ns);
+      }
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (errors[i].empty()) {
+      std::printf("%s\n",
+                  cuda::timeline_summary_row(launches[i].kernel, summaries[i], pass_start_ns)
+                      .c_str());
+    } else {
+      std::printf("%-44s error: %s\n", launches[i].kernel.c_str(), errors[i].c_str());
+    }
+    if (csv.is_open()) write_block_rows(csv, case_name, launches[i]);
+  }
+}
+
 // --timeline: each case's forward and backward, timed by events and by the host's issue,
 // then once more with the kernels' block stamps recorded, one row per kernel launch (and,
 // with a CSV, one row per block there).
@@ -337,21 +377,18 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                 "event medians\n%s\n",
                 c.name().c_str(), forward_ms.median * 1e3, forward_host,
                 backward_ms.median * 1e3, backward_host, cuda::timeline_summary_header().c_str());
-    cuda::record_block_timelines(true);
-    run_forward();
-    run_backward();
-    cuda::record_block_timelines(false);
-    for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
-      // Stamps no kernel should leave end this launch's row, not the run: the CSV keeps
-      // them for a look.
-      try {
-        const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
-        std::printf("%s\n", cuda::timeline_summary_row(launch.kernel, summary).c_str());
-      } catch (const Error& e) {
-        std::printf("%-44s error: %s\n", launch.kernel.c_str(), e.what());
-      }
-      if (csv.is_open()) write_block_rows(csv, c.name(), launch);
+    timeline_rows("forward", c.name(), run_forward, csv);
+    timeline_rows("backward", c.name(), run_backward, csv);
+    // The backward again with its first pass on the second stream, where it may run there
+    // (set_attention_backward_overlap): whether its blocks run under the others'.
+    const bool previous = cuda::set_attention_backward_overlap(true);
+    const int64_t beside_before = cuda::attention_overlapped_prologues();
+    timeline_rows("backward, its first pass beside the others", c.name() + " beside",
+                  run_backward, csv);
+    if (cuda::attention_overlapped_prologues() == beside_before) {
+      std::printf("(the first pass forms D here: it ran in order)\n");
     }
+    cuda::set_attention_backward_overlap(previous);
     std::fflush(stdout);
   }
 }

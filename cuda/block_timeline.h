@@ -13,8 +13,10 @@
 // take -2 to +6 registers, and none of the instances the defaults run spills.
 //
 // Instrumented: the routed attention kernels the bf16 defaults run (forward_mma,
-// forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma; cuda/routed_attention.cu).
-// bench_routed_attention_cuda --timeline prints their summaries.
+// forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma, and the backward's small kernels
+// backward_prologue, summarize_query_tiles and gather_value_scale_grad, which visit no
+// tiles; cuda/routed_attention.cu). bench_routed_attention_cuda --timeline prints their
+// summaries, each launch's window set against its pass's first block.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -150,6 +152,8 @@ struct TimelineSummary {
   int most_resident = 0;       // blocks at once on one SM, at most
   double cycles_per_ns = 0;    // the SMs' clock against the global timer, over all blocks
   double span_us = 0;          // the first block's start to the last one's end
+  // Those two on the global timer, to set launches against each other (timeline_summary_row).
+  uint64_t first_start_ns = 0, last_end_ns = 0;
   // Of the working blocks, in us: start to first tile landed, the tiles' time divided by
   // their count, tiles done to end, and start to end.
   Quantiles prologue_us, tile_us, epilogue_us, block_us;
@@ -164,8 +168,12 @@ struct TimelineSummary {
 // stamped at all).
 TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks);
 
-// Column heads and one row per summary, for a table of launches.
+// Column heads and one row per summary, for a table of the launches of one pass: each row
+// begins with the launch's first block start and last block end in us after pass_start_ns
+// (the pass's first block start, on the global timer), so that the gaps between kernels,
+// and kernels that overlap (a second stream), show.
 std::string timeline_summary_header();
-std::string timeline_summary_row(const std::string& label, const TimelineSummary& summary);
+std::string timeline_summary_row(const std::string& label, const TimelineSummary& summary,
+                                 uint64_t pass_start_ns);
 
 }  // namespace ham::cuda

@@ -57,6 +57,8 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
   summary.cycles_per_ns = ns > 0 ? cycles / ns : 1.0;
   const double us_per_cycle = 1e-3 / summary.cycles_per_ns;
   summary.span_us = double(last_ns - first_ns) * 1e-3;
+  summary.first_start_ns = first_ns;
+  summary.last_end_ns = last_ns;
 
   std::vector<double> prologue, tile, epilogue, block;
   // Least squares of a block's cycles on its tiles, over all blocks.
@@ -121,25 +123,31 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
 std::string timeline_summary_header() {
   char text[512];
   std::snprintf(text, sizeof text,
-                "%-44s %6s %6s %7s %4s %3s %8s  %-17s %-17s %-17s %-17s %7s %7s %5s %5s",
-                "launch", "blocks", "work", "tiles", "SMs", "res", "span us",
+                "%-44s %8s %8s %6s %6s %7s %4s %3s %8s  %-17s %-17s %-17s %-17s %7s %7s %5s "
+                "%5s",
+                "launch", "from us", "to us", "blocks", "work", "tiles", "SMs", "res", "span us",
                 "prologue us", "tile us", "epilogue us", "block us", "fixed", "a tile",
                 "gaps", "tail");
   return text;
 }
 
-std::string timeline_summary_row(const std::string& label, const TimelineSummary& s) {
+std::string timeline_summary_row(const std::string& label, const TimelineSummary& s,
+                                 uint64_t pass_start_ns) {
   auto spread = [](const Quantiles& q) {
     char text[64];
     std::snprintf(text, sizeof text, "%5.2f %5.2f %5.2f", q.p10, q.median, q.p90);
     return std::string(text);
   };
+  // Signed: a launch's first block may start before pass_start_ns when that is not the
+  // pass's earliest.
+  auto after = [&](uint64_t ns) { return double(int64_t(ns - pass_start_ns)) * 1e-3; };
   char text[512];
   std::snprintf(text, sizeof text,
-                "%-44s %6lld %6lld %7lld %4d %3d %8.1f  %-17s %-17s %-17s %-17s %7.2f %7.2f "
-                "%5.2f %5.2f",
-                label.c_str(), (long long)s.blocks, (long long)s.working_blocks,
-                (long long)s.tiles, s.sms, s.most_resident, s.span_us,
+                "%-44s %8.1f %8.1f %6lld %6lld %7lld %4d %3d %8.1f  %-17s %-17s %-17s %-17s "
+                "%7.2f %7.2f %5.2f %5.2f",
+                label.c_str(), after(s.first_start_ns), after(s.last_end_ns),
+                (long long)s.blocks, (long long)s.working_blocks, (long long)s.tiles, s.sms,
+                s.most_resident, s.span_us,
                 spread(s.prologue_us).c_str(), spread(s.tile_us).c_str(),
                 spread(s.epilogue_us).c_str(), spread(s.block_us).c_str(), s.fixed_us,
                 s.tile_fit_us, s.between_blocks_share, s.tail_share);

@@ -2527,6 +2527,7 @@ struct BackwardPrologue {
   T *dk, *dv, *dp;      // [B, T, Hkv, Dk], [B, T, Hkv, Dv], [B, T] (dp may be null)
   const int64_t *positions, *begin, *end;
   int64_t tokens, seq_len, q_heads, kv_heads, key_dim, value_dim;
+  BlockStamps* timeline = nullptr;  // while recording (cuda/block_timeline.h)
 };
 
 template <class T, int kPack>
@@ -2539,6 +2540,7 @@ template <class T, int kPack>
 __global__ void __launch_bounds__(kThreads) backward_prologue(BackwardPrologue<T> a) {
   using C = compute_t<T>;
   using P = Pack<T, kPack>;
+  mark_block(a.timeline, BlockMark::Start);  // thread 0's token is always one: it stamps End
   const int64_t token = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
   if (token >= a.tokens) return;
   const int lane = int(threadIdx.x % 32), group = lane / kDotLanes, member = lane % kDotLanes;
@@ -2568,15 +2570,20 @@ __global__ void __launch_bounds__(kThreads) backward_prologue(BackwardPrologue<T
   }
   const int64_t t = token % a.seq_len, row_start = token - t;
   const bool selected = seen_end > seen_begin && a.positions[row_start + seen_end - 1] == t;
-  if (selected) return;
-  zero_span<T, kPack>(a.dk + token * a.kv_heads * a.key_dim, a.kv_heads * a.key_dim, lane);
-  zero_span<T, kPack>(a.dv + token * a.kv_heads * a.value_dim, a.kv_heads * a.value_dim, lane);
-  if (a.dp && lane == 0) a.dp[token] = store<T>(C(0));
+  if (!selected) {
+    zero_span<T, kPack>(a.dk + token * a.kv_heads * a.key_dim, a.kv_heads * a.key_dim, lane);
+    zero_span<T, kPack>(a.dv + token * a.kv_heads * a.value_dim, a.kv_heads * a.value_dim,
+                        lane);
+    if (a.dp && lane == 0) a.dp[token] = store<T>(C(0));
+  }
+  mark_block(a.timeline, BlockMark::End);
 }
 
 // tiles[b, j] = the QueryTileRange of rows [64 j, 64 j + 64) of batch row b, one warp each.
 __global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end, int64_t batch,
-                                      int64_t seq_len, QueryTileRange* tiles) {
+                                      int64_t seq_len, QueryTileRange* tiles,
+                                      BlockStamps* timeline) {
+  mark_block(timeline, BlockMark::Start);  // thread 0's tile is always one: it stamps End
   const int64_t tiles_per_row = (seq_len + kQueryTileRows - 1) / kQueryTileRows;
   const int64_t n = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
   if (n >= batch * tiles_per_row) return;
@@ -2592,14 +2599,16 @@ __global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end, 
   least_begin = -warp_max(-least_begin);
   greatest_end = warp_max(greatest_end);
   if (threadIdx.x % 32 == 0) tiles[n] = QueryTileRange{least_begin, greatest_end};
+  mark_block(timeline, BlockMark::End);
 }
 
 // dp[b, pos_kj] = sum over kv heads g, in order, of dp_partial[b, g, kj].
 template <class T>
 __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
                                         const int64_t* counts, int64_t batch, int64_t seq_len,
-                                        int64_t kv_heads, T* dp) {
+                                        int64_t kv_heads, T* dp, BlockStamps* timeline) {
   using C = compute_t<T>;
+  mark_block(timeline, BlockMark::Start);
   HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
     const int64_t b = n / seq_len, kj = n % seq_len;
     if (kj >= counts[b]) continue;
@@ -2607,6 +2616,7 @@ __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64
     for (int64_t g = 0; g < kv_heads; ++g) total += partial[(b * kv_heads + g) * seq_len + kj];
     dp[b * seq_len + positions[n]] = store<T>(total);
   }
+  mark_block(timeline, BlockMark::End);
 }
 
 // ---- Host side -------------------------------------------------------------------------
@@ -2880,8 +2890,10 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     void (*prologue_kernel)(BackwardPrologue<T>) =
         packable ? &backward_prologue<T, kPackWidth<T>> : &backward_prologue<T, 1>;
     auto launch_prologue = [&] {
-      HAM_LAUNCH(unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock)), kThreads, 0,
-                 launch_stream(), prologue_kernel)(prologue);
+      const unsigned blocks = unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock));
+      prologue.timeline = block_timeline_for_launch(
+          KernelName{"backward_prologue", {packable ? kPackWidth<T> : 1}, 1}, blocks);
+      HAM_LAUNCH(blocks, kThreads, 0, launch_stream(), prologue_kernel)(prologue);
       HAM_CUDA_CHECK_LAUNCH();
     };
     // Where the dQ kernel forms D, the prologue only zeroes the rows of dk, dv and dp that
@@ -2915,10 +2927,12 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
       const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
       Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
-      HAM_LAUNCH(unsigned(ceil_div(query_tiles, kWarpRowsPerBlock)), kThreads, 0, stream,
-                 summarize_query_tiles)(a.begin, a.end, a.batch, a.seq_len,
-                                        reinterpret_cast<QueryTileRange*>(
-                                            query_tile_ranges.raw_data()));
+      const unsigned summary_blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
+      HAM_LAUNCH(summary_blocks, kThreads, 0, stream, summarize_query_tiles)(
+          a.begin, a.end, a.batch, a.seq_len,
+          reinterpret_cast<QueryTileRange*>(query_tile_ranges.raw_data()),
+          block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0},
+                                    summary_blocks));
       HAM_CUDA_CHECK_LAUNCH();
       a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
       const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
@@ -2998,8 +3012,12 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     if (!tiled_dkdv) launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
     if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
     if (dvalue_scale.defined()) {
-      HAM_LAUNCH(grid_for(a.batch * a.seq_len), kThreads, 0, stream, gather_value_scale_grad<T>)(
-          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads, ptr<T>(dvalue_scale));
+      const unsigned gather_blocks = grid_for(a.batch * a.seq_len);
+      HAM_LAUNCH(gather_blocks, kThreads, 0, stream, gather_value_scale_grad<T>)(
+          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
+          ptr<T>(dvalue_scale),
+          block_timeline_for_launch(KernelName{"gather_value_scale_grad", {}, 0},
+                                    gather_blocks));
       HAM_CUDA_CHECK_LAUNCH();
     }
     if (beside) beside->join();

@@ -3,6 +3,9 @@
 // their tiles in tests/nn/test_routed_attention.cpp.
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/block_timeline.h"
@@ -36,6 +39,8 @@ TEST(BlockTimeline, SummaryOfHandMadeStamps) {
   EXPECT_EQ(s.most_resident, 2);
   EXPECT_DOUBLE_EQ(s.cycles_per_ns, 2.0);
   EXPECT_DOUBLE_EQ(s.span_us, 1.25);
+  EXPECT_EQ(s.first_start_ns, 500u);
+  EXPECT_EQ(s.last_end_ns, 1750u);
   // Working blocks A and B: 200 cycles = 0.1 us before the first tile and after the last,
   // 250 cycles = 0.125 us a tile; blocks of 0.7 and 0.45 us.
   EXPECT_DOUBLE_EQ(s.prologue_us.median, 0.1);
@@ -51,10 +56,24 @@ TEST(BlockTimeline, SummaryOfHandMadeStamps) {
   EXPECT_NEAR(s.tail_share, (0 + 1.05 / 1.25) / 2, 1e-12);
 }
 
+// The launch's start and end after the pass's first start: the two numbers after the label.
+std::pair<double, double> window_of(const std::string& row, const std::string& label) {
+  std::istringstream fields(row.substr(label.size()));
+  double from = 0, to = 0;
+  fields >> from >> to;
+  return {from, to};
+}
+
 TEST(BlockTimeline, TableRowNamesTheLaunch) {
-  const std::string row = timeline_summary_row("forward_wgmma<64, 64, 1>",
-                                               summarize_block_timeline(hand_made_launch()));
-  EXPECT_EQ(row.rfind("forward_wgmma<64, 64, 1>", 0), 0u) << row;
+  const std::string label = "forward_wgmma<64, 64, 1>";
+  const TimelineSummary summary = summarize_block_timeline(hand_made_launch());
+  const std::string row = timeline_summary_row(label, summary, 300);
+  EXPECT_EQ(row.rfind(label, 0), 0u) << row;
+  // Its blocks run from 500 to 1750 ns: 0.2 and 1.45 us after a pass start at 300 ns, and
+  // from before a pass start at 700 ns (another launch of the pass began first).
+  EXPECT_NEAR(window_of(row, label).first, 0.2, 1e-9) << row;
+  EXPECT_NEAR(window_of(row, label).second, 1.4, 1e-9) << row;  // 1.45 at one decimal
+  EXPECT_NEAR(window_of(timeline_summary_row(label, summary, 700), label).first, -0.2, 1e-9);
   EXPECT_NE(row.find(" 1.2 "), std::string::npos) << row;  // the span, 0.1 us
   EXPECT_EQ(row.substr(row.size() - 10), "0.04  0.42") << row;  // gaps and tail
   EXPECT_EQ(timeline_summary_header().rfind("launch", 0), 0u);

@@ -1177,7 +1177,7 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
 }
 
 // While recording (cuda/block_timeline.h), every block of the kernels the bf16 defaults run
-// leaves its stamps with the tiles it visited. One causal row of 256 tokens, two heads of 64
+// leaves its stamps, the tiled ones with the tiles they visited. One causal row of 256 tokens, two heads of 64
 // (each pass on wgmma), four 64-row query tiles a head:
 // - every token selected: four 64-key tiles, so the forward's and dQ's blocks visit 1, 2, 3
 //   and 4 key tiles, the dK/dV blocks 4, 3, 2 and 1 query tiles;
@@ -1204,9 +1204,16 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   Tensor v = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 13);
   Tensor p = uniform64({1, seq_len}, 14, 0.2, 1.5, false).to(DType::BF16).to(gpu);
   Tensor dout = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 15);
-  const std::vector<std::string> kernels = {"forward_wgmma<64, 64, 1>",
-                                            "backward_dq_wgmma<64, 64, 1, 64>",
-                                            "backward_dkdv_wgmma<64, 64, 1, 0>"};
+  // The forward's kernel, then the backward's: its first pass (16-byte packs), the query
+  // tiles' summary, dQ, dK/dV and the router's gather. The three small kernels visit no
+  // tiles; each of their blocks must be stamped (summarize_block_timeline checks it).
+  const std::vector<std::string> kernels = {
+      "forward_wgmma<64, 64, 1>",         "backward_prologue<8>",
+      "summarize_query_tiles",            "backward_dq_wgmma<64, 64, 1, 64>",
+      "backward_dkdv_wgmma<64, 64, 1, 0>", "gather_value_scale_grad"};
+  // Their blocks: 4 query tiles x 2 heads; 256 tokens, 8 a block; 4 query tiles of 64, 8 a
+  // block; as the forward; 4 key tiles x 2 heads; one block of 256 threads for 256 tokens.
+  const std::vector<size_t> blocks = {8, 32, 1, 8, 8, 1};
   using Tiles = std::vector<uint32_t>;  // each block's, sorted
   struct Case {
     int64_t every;  // tokens selected: t % every == 0
@@ -1242,12 +1249,17 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
       const cuda::KernelTimeline& launch = timelines[i];
       SCOPED_TRACE(launch.kernel);
       EXPECT_EQ(launch.kernel, kernels[i]);
+      EXPECT_EQ(launch.blocks.size(), blocks[i]);
+      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+      const bool tiled = i == 0 || i == 3 || i == 4, key_blocks = i == 4;
+      if (!tiled) {
+        EXPECT_EQ(summary.tiles, 0);
+        continue;
+      }
       Tiles tiles;
       for (const cuda::BlockStamps& block : launch.blocks) tiles.push_back(block.tiles);
       std::sort(tiles.begin(), tiles.end());
-      const bool key_blocks = i == 2;
       EXPECT_EQ(tiles, key_blocks ? c.key_blocks : c.query_blocks);
-      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
       EXPECT_EQ(summary.working_blocks, key_blocks ? c.working_key_blocks : 8);
     }
     run();  // not recording: nothing more to take
