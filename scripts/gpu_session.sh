@@ -47,10 +47,11 @@ work=$(mktemp -d)
 # with its autotuning results carried), decode at 75 before the PyTorch reference ran: 330
 # and 120. routed has since gained a table of the dQ kernel's key tiles (12 cases): 330.
 # timeline (never run): 23 cases, each a forward and a backward 13 times for the events,
-# 10 for the host's issue and once recorded, most of it making each case's inputs on the
-# host: 90, a guess.
+# 10 for the host's issue, then the forward once and the backward twice recorded, most of
+# it making each case's inputs on the host; then the 8 B4 T4096 cases again for the
+# blocks' CSV: 120, a guess.
 declare -A limit=([tests]=150 [fla]=330 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
-                  [routed]=330 [timeline]=90 [gemm]=90 [profile]=120 [sanitize]=580
+                  [routed]=330 [timeline]=120 [gemm]=90 [profile]=120 [sanitize]=580
                   [diagnose]=300)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
   [[ $pair =~ ^([a-z]+)=([0-9]+)$ ]] ||
