@@ -203,39 +203,34 @@ bench::Spread forward_ms_set(CaseInputs& in, int (*set)(int), int value, int rep
   return ms;
 }
 
-// The backward's ms (min, median, max) with its kernels set to mma.sync (0) or wgmma with
-// 1 or 2 warpgroups a block (cuda/routed_attention.h).
-bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                               int wgmma, int reps) {
-  const int previous = cuda::set_attention_backward_wgmma(wgmma);
+// The backward's ms (min, median, max) with a tuning setter of cuda/routed_attention.h set
+// to `value`, restored after.
+template <class Value>
+bench::Spread backward_ms_set(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                              Value (*set)(Value), Value value, int reps) {
+  const Value previous = set(value);
   const bench::Spread ms = time_ms(reps, [&] {
     ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
                                    forward.lse, in.p);
   });
-  cuda::set_attention_backward_wgmma(previous);
+  set(previous);
   return ms;
 }
 
-// The backward's ms (min, median, max) on one warpgroup a block with the wgmma dQ kernel's
-// key tiles of `keys` (set_attention_backward_dq_keys: 64 or 32).
+// The backward's ms with its kernels set to mma.sync (0) or wgmma with 1 or 2 warpgroups a
+// block.
+bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                               int wgmma, int reps) {
+  return backward_ms_set(in, forward, &cuda::set_attention_backward_wgmma, wgmma, reps);
+}
+
+// The backward's ms on one warpgroup a block with the wgmma dQ kernel's key tiles of `keys`
+// (set_attention_backward_dq_keys: 64 or 32).
 bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
                                        int keys, int reps) {
   const int previous_keys = cuda::set_attention_backward_dq_keys(keys);
   const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
   cuda::set_attention_backward_dq_keys(previous_keys);
-  return ms;
-}
-
-// The backward's ms (min, median, max) on its default kernels with its first pass in order
-// or beside the others on a second stream (set_attention_backward_overlap).
-bench::Spread backward_ms_with_overlap(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                                       bool overlap, int reps) {
-  const bool previous = cuda::set_attention_backward_overlap(overlap);
-  const bench::Spread ms = time_ms(reps, [&] {
-    ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
-                                   forward.lse, in.p);
-  });
-  cuda::set_attention_backward_overlap(previous);
   return ms;
 }
 
@@ -519,13 +514,17 @@ int main(int argc, char** argv) {
         const ops::RoutedAttentionOutput forward =
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
         const int64_t beside_before = cuda::attention_overlapped_prologues();
-        const bench::Spread beside = backward_ms_with_overlap(in, forward, true, reps);
+        const bench::Spread beside =
+            backward_ms_set(in, forward, &cuda::set_attention_backward_overlap, true, reps);
         if (cuda::attention_overlapped_prologues() == beside_before) {
           std::printf("%-40s (the first pass forms D here: it stays in order)\n",
                       c.name().c_str());
           continue;
         }
-        print_spread_pair(c.name(), backward_ms_with_overlap(in, forward, false, reps), beside);
+        print_spread_pair(
+            c.name(),
+            backward_ms_set(in, forward, &cuda::set_attention_backward_overlap, false, reps),
+            beside);
       }
     }
   } catch (const std::exception& e) {
