@@ -32,10 +32,10 @@
 // least-squares fixed cost and cost a tile, the SMs' idle share between blocks and at the
 // tail), beside the event time of each pass and the host's time to issue it (when that is
 // near the event time, the pass waits on the host, not the GPU); then the backward once
-// more with its first pass on a second stream (set_attention_backward_overlap). With --csv, every block's stamps go to
-// the file as well: case, kernel, block, SM, tiles, its start cycle, its first tile, tiles
-// done and end as cycles after its start (-1 where not stamped), and its start and end in
-// ns after the launch's first start.
+// more with its first pass on a second stream (set_attention_backward_overlap). With
+// --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
+// start cycle, its first tile, tiles done and end as cycles after its start (-1 where not
+// stamped), and its start and end in ns after the launch's first start.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

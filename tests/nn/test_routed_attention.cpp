@@ -1177,8 +1177,8 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
 }
 
 // While recording (cuda/block_timeline.h), every block of the kernels the bf16 defaults run
-// leaves its stamps, the tiled ones with the tiles they visited. One causal row of 256 tokens, two heads of 64
-// (each pass on wgmma), four 64-row query tiles a head:
+// leaves its stamps, the tiled ones with the tiles they visited. One causal row of 256
+// tokens, two heads of 64 (each pass on wgmma), four 64-row query tiles a head:
 // - every token selected: four 64-key tiles, so the forward's and dQ's blocks visit 1, 2, 3
 //   and 4 key tiles, the dK/dV blocks 4, 3, 2 and 1 query tiles;
 // - every other token: 128 keys, so the query blocks visit 1, 1, 2 and 2 key tiles; the
