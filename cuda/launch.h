@@ -24,12 +24,13 @@
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), spelled so that the same source
 // also compiles as C++ for the SIMT emulator (cuda/emulator/, HAM_CUDA_EMULATOR), which runs
 // the kernel's threads as fibers on the CPU. The kernel comes last: its template arguments
-// may hold commas.
+// may hold commas. The emulator's call copies what it names ([=]): in its late stream order
+// the kernel runs after the launching function has returned.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...)                                    \
   ::ham::cuda::emulator::KernelLaunch({#__VA_ARGS__, __FILE__, __LINE__}, grid, block,       \
                                       shared_bytes, stream,                                  \
-                                      [&](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); })
+                                      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); })
 #else
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...) \
   __VA_ARGS__<<<grid, block, shared_bytes, stream>>>

@@ -311,7 +311,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void* b, cublasLtMatrixLayout_t b_layout, const void* beta,
                               const void* c, cublasLtMatrixLayout_t c_layout, void* d,
                               cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo,
-                              void* workspace, size_t workspace_bytes, cudaStream_t) {
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (!handle || !desc || !alpha || !beta || !a || !b || !c || !d || !a_layout || !b_layout ||
       !c_layout || !d_layout || !algo) {
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -354,15 +354,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       return CUBLAS_STATUS_INVALID_VALUE;
     }
   }
-  if (workspace) std::memset(workspace, 0xff, workspace_bytes);  // scratch, as a GPU leaves it
-  for (int64_t i = 0; i < batch; ++i) {
-    if (f64) {
-      gemm_one<double>(*desc, *static_cast<const double*>(alpha), *static_cast<const double*>(beta),
-                       a, la, b, lb, c, lc, d, ld, m, n, k, i);
-    } else {
-      gemm_one<float>(*desc, *static_cast<const float*>(alpha), *static_cast<const float*>(beta), a,
-                      la, b, lb, c, lc, d, ld, m, n, k, i);
+  // Runs on `stream` (later, in the emulator's late stream order): the descriptors and the
+  // host scalars are copied now, as the library reads them at the call.
+  auto scalar = [f64](const void* p) {
+    return f64 ? *static_cast<const double*>(p) : double(*static_cast<const float*>(p));
+  };
+  const double alpha_value = scalar(alpha), beta_value = scalar(beta);
+  const cublasLtMatmulDescOpaque op = *desc;
+  const cudaError_t issued = ham::cuda::emulator::issue(stream, [=] {
+    if (workspace) std::memset(workspace, 0xff, workspace_bytes);  // scratch, as a GPU leaves it
+    for (int64_t i = 0; i < batch; ++i) {
+      if (f64) {
+        gemm_one<double>(op, alpha_value, beta_value, a, la, b, lb, c, lc, d, ld, m, n, k, i);
+      } else {
+        gemm_one<float>(op, float(alpha_value), float(beta_value), a, la, b, lb, c, lc, d, ld, m,
+                        n, k, i);
+      }
     }
-  }
-  return CUBLAS_STATUS_SUCCESS;
+  });
+  return issued == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

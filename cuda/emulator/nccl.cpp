@@ -1,8 +1,9 @@
 // The NCCL stand-in of the SIMT emulator (include/nccl.h). A communicator is an MPI
 // communicator: ncclCommInitRank splits MPI_COMM_WORLD by the unique id (every rank that
 // passes the same id joins the same communicator), ncclCommSplit is MPI_Comm_split. A
-// collective runs when issued (the emulator's streams are synchronous) and moves bytes
-// only: every rank gathers every rank's input and reduces it itself, in rank order, in f64
+// collective runs when issued (after its stream's held work, in the late stream order:
+// held, it could block one rank in a call its peers make elsewhere) and moves bytes only:
+// every rank gathers every rank's input and reduces it itself, in rank order, in f64
 // (exact integers in i64), so all ranks get the same bits and no MPI type is needed for
 // bf16. A one-rank communicator needs no MPI at all. Errors are returned as NCCL would and
 // described by ncclGetLastError.
@@ -37,6 +38,14 @@ thread_local std::string last_error;
 ncclResult_t fail(ncclResult_t result, std::string why) {
   last_error = std::move(why);
   return result;
+}
+
+// A collective runs when issued, after what its stream holds (the late stream order).
+ncclResult_t run_stream_before(cudaStream_t stream, const char* collective) {
+  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+    return fail(ncclUnhandledCudaError, std::string(collective) + ": its stream failed");
+  }
+  return ncclSuccess;
 }
 
 size_t type_size(ncclDataType_t type) {
@@ -300,7 +309,8 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
+  if (ncclResult_t r = run_stream_before(stream, "ncclAllReduce"); r != ncclSuccess) return r;
   if (ncclResult_t r = check_args(comm, datatype, op, "ncclAllReduce"); r != ncclSuccess) {
     return r;
   }
@@ -316,7 +326,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t) {
+                               cudaStream_t stream) {
+  if (ncclResult_t r = run_stream_before(stream, "ncclReduceScatter"); r != ncclSuccess) return r;
   if (ncclResult_t r = check_args(comm, datatype, op, "ncclReduceScatter"); r != ncclSuccess) {
     return r;
   }
@@ -333,7 +344,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t) {
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  if (ncclResult_t r = run_stream_before(stream, "ncclAllGather"); r != ncclSuccess) return r;
   if (ncclResult_t r = check_args(comm, datatype, ncclSum, "ncclAllGather"); r != ncclSuccess) {
     return r;
   }
@@ -348,7 +360,9 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
+                           ncclDataType_t datatype, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  if (ncclResult_t r = run_stream_before(stream, "ncclBroadcast"); r != ncclSuccess) return r;
   if (ncclResult_t r = check_args(comm, datatype, ncclSum, "ncclBroadcast"); r != ncclSuccess) {
     return r;
   }

@@ -1,33 +1,56 @@
 // The CUDA runtime API of the SIMT emulator. "Device" memory is host memory filled with 0xff
 // bytes when allocated (NaN as floats, -1 as integers), so reading what no kernel or copy
-// wrote shows up in a test. Work runs when it is issued, on the calling thread: every stream
-// is therefore always idle, events complete when recorded and time the host.
+// wrote shows up in a test. Work runs on the calling thread. In the default stream order
+// (HAM_EMULATOR_STREAMS=in_order) it runs when issued: every stream is always idle and
+// events complete when recorded. In the late order, work issued to a created stream waits
+// in that stream's queue until something must see it (stream_order in cuda_runtime.h), so
+// a missing wait between streams leaves the reader with what was there before.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <functional>
+#include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
+// A created stream's held work (late order), oldest first; `issued` numbers each item.
 struct CUstream_st {
-  int device;
-  unsigned flags;
+  struct Held {
+    uint64_t number;
+    std::function<void()> work;
+  };
+  int device = 0;
+  unsigned flags = 0;
+  std::deque<Held> held;
+  uint64_t issued = 0;
+};
+
+// What one record of an event marks: done once the work before it on its stream is.
+struct EventMark {
+  std::atomic<bool> done{false};
+  std::chrono::steady_clock::time_point when;
 };
 
 struct CUevent_st {
-  int device;
-  unsigned flags;
-  bool recorded;
-  std::chrono::steady_clock::time_point when;
+  int device = 0;
+  unsigned flags = 0;
+  std::shared_ptr<EventMark> mark;  // the latest record's; null before the first
+  cudaStream_t stream = nullptr;    // where that record waits (late order), and its number
+  uint64_t number = 0;
 };
 
 namespace ham::cuda::emulator {
@@ -85,6 +108,108 @@ bool valid_stream(cudaStream_t stream) {
   return state().streams.count(stream) > 0;
 }
 
+StreamOrder stream_order_from_environment() {
+  const char* value = std::getenv("HAM_EMULATOR_STREAMS");
+  if (!value || !*value || std::string(value) == "in_order") return StreamOrder::InOrder;
+  if (std::string(value) == "late") return StreamOrder::Late;
+  HAM_FAIL("HAM_EMULATOR_STREAMS=", value, ": expected in_order or late");
+}
+
+std::atomic<StreamOrder>& stream_order_setting() {
+  static std::atomic<StreamOrder> order{stream_order_from_environment()};
+  return order;
+}
+
+bool late() { return stream_order_setting().load() == StreamOrder::Late; }
+
+// The streams whose work runs when issued: the legacy and per-thread default streams.
+bool default_stream(cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+}
+
+std::mutex& held_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+
+// Holds `work` on created stream `stream` (late order); returns its number there.
+uint64_t hold(cudaStream_t stream, std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(held_mutex());
+  stream->held.push_back({++stream->issued, std::move(work)});
+  return stream->issued;
+}
+
+// Runs `stream`'s held work through item `through`, oldest first, outside the lock (an
+// item may run other streams' work it waits for). A failure is reported here, as a GPU
+// reports an asynchronous one at the next call that waits for it.
+cudaError_t run_held(cudaStream_t stream, uint64_t through) {
+  for (;;) {
+    std::function<void()> work;
+    {
+      std::lock_guard<std::mutex> lock(held_mutex());
+      if (stream->held.empty() || stream->held.front().number > through) return cudaSuccess;
+      work = std::move(stream->held.front().work);
+      stream->held.pop_front();
+    }
+    try {
+      work();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "SIMT emulator: work held on a stream failed when it ran: %s\n",
+                   e.what());
+      return fail(cudaErrorLaunchFailure);
+    }
+  }
+}
+
+cudaError_t run_all_held(cudaStream_t stream) {
+  return run_held(stream, std::numeric_limits<uint64_t>::max());
+}
+
+// Runs the held work of every created stream of `device`, or of its blocking ones only
+// (those the legacy stream waits for before its own work).
+cudaError_t run_device_held(int device, bool blocking_only) {
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    for (cudaStream_t stream : state().streams) {
+      const bool blocking = !(stream->flags & cudaStreamNonBlocking);
+      if (stream->device == device && (blocking || !blocking_only)) streams.push_back(stream);
+    }
+  }
+  cudaError_t status = cudaSuccess;
+  for (cudaStream_t stream : streams) {
+    const cudaError_t ran = run_all_held(stream);
+    if (ran != cudaSuccess) status = ran;
+  }
+  return status;
+}
+
+// Before work on the legacy stream (late order): what it waits for.
+cudaError_t before_default_stream_work() {
+  return late() ? run_device_held(current_device, /*blocking_only=*/true) : cudaSuccess;
+}
+
+bool device_memory(const void* p) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto it = state().allocations.upper_bound(p);
+  if (it == state().allocations.begin()) return false;
+  --it;
+  return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second.first;
+}
+
+// A copy on `stream`: held where both sides are device memory (late order, created stream);
+// where either is host memory it runs now, after the stream's held work, as a copy from or
+// to pageable host memory does not return before its bytes are taken or delivered.
+cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
+                       std::function<void()> copy) {
+  if (!default_stream(stream) && late() && !(device_memory(dst) && device_memory(src))) {
+    const cudaError_t ran = run_all_held(stream);
+    copy();
+    return ran;
+  }
+  return issue(stream, std::move(copy));
+}
+
 }  // namespace
 
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value) {
@@ -137,6 +262,29 @@ bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStrea
     return false;
   }
   return true;
+}
+
+StreamOrder stream_order() { return stream_order_setting().load(); }
+
+void set_stream_order(StreamOrder order) {
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    streams.assign(state().streams.begin(), state().streams.end());
+  }
+  for (cudaStream_t stream : streams) run_all_held(stream);
+  stream_order_setting().store(order);
+}
+
+cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (default_stream(stream) || !late()) {
+    const cudaError_t waited = before_default_stream_work();
+    work();
+    return waited;
+  }
+  hold(stream, std::move(work));
+  return cudaSuccess;
 }
 
 }  // namespace ham::cuda::emulator
@@ -194,7 +342,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return run_device_held(current_device, false); }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   if (!free || !total) return fail(cudaErrorInvalidValue);
@@ -238,14 +386,19 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (!dst || !src || kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return fail(cudaErrorInvalidValue);
   }
+  const cudaError_t waited = before_default_stream_work();
   std::memmove(dst, src, bytes);
-  return cudaSuccess;
+  return waited;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return cudaMemcpy(dst, src, bytes, kind);
+  if (bytes == 0) return cudaSuccess;
+  if (!dst || !src || kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
+    return fail(cudaErrorInvalidValue);
+  }
+  return issue_copy(stream, dst, src, [=] { std::memmove(dst, src, bytes); });
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
@@ -257,23 +410,27 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size
       kind > cudaMemcpyDefault) {
     return fail(cudaErrorInvalidValue);
   }
-  for (size_t row = 0; row < height; ++row) {
-    std::memmove(static_cast<char*>(dst) + row * dst_pitch,
-                 static_cast<const char*>(src) + row * src_pitch, width);
-  }
-  return cudaSuccess;
+  return issue_copy(stream, dst, src, [=] {
+    for (size_t row = 0; row < height; ++row) {
+      std::memmove(static_cast<char*>(dst) + row * dst_pitch,
+                   static_cast<const char*>(src) + row * src_pitch, width);
+    }
+  });
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return fail(cudaErrorInvalidValue);
+  const cudaError_t waited = before_default_stream_work();
   std::memset(dst, value, bytes);
-  return cudaSuccess;
+  return waited;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return cudaMemset(dst, value, bytes);
+  if (bytes == 0) return cudaSuccess;
+  if (!dst) return fail(cudaErrorInvalidValue);
+  return issue(stream, [=] { std::memset(dst, value, bytes); });
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -282,27 +439,52 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   if (!stream) return fail(cudaErrorInvalidValue);
-  *stream = new CUstream_st{current_device, flags};
+  *stream = new CUstream_st;
+  (*stream)->device = current_device;
+  (*stream)->flags = flags;
   std::lock_guard<std::mutex> lock(state().mutex);
   state().streams.insert(*stream);
   return cudaSuccess;
 }
 
+// A stream destroyed with work held on it runs that work first (a GPU finishes it).
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (default_stream(stream) || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  const cudaError_t ran = run_all_held(stream);
   std::lock_guard<std::mutex> lock(state().mutex);
-  if (state().streams.erase(stream) == 0) return fail(cudaErrorInvalidResourceHandle);
+  state().streams.erase(stream);
   delete stream;
-  return cudaSuccess;
+  return ran;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return default_stream(stream) ? cudaSuccess : run_all_held(stream);
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (default_stream(stream)) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(held_mutex());
+  return stream->held.empty() ? cudaSuccess : cudaErrorNotReady;
+}
 
+// Later work on `stream` waits for the event's latest record: on the default stream the
+// work before that record runs now; on a created stream, when the stream gets there.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (!valid_stream(stream) || !event) return fail(cudaErrorInvalidResourceHandle);
+  const std::shared_ptr<EventMark> mark = event->mark;
+  if (!mark || mark->done) return cudaSuccess;
+  cudaStream_t source = event->stream;
+  const uint64_t through = event->number;
+  if (default_stream(stream)) return run_held(source, through);
+  hold(stream, [mark, source, through] {
+    // The source's held work through `through` has run where the mark is done (a destroyed
+    // stream runs all of its work first).
+    if (!mark->done && run_held(source, through) != cudaSuccess) {
+      HAM_FAIL("a stream this stream waited for failed");
+    }
+  });
   return cudaSuccess;
 }
 
@@ -312,7 +494,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
   if (!event) return fail(cudaErrorInvalidValue);
-  *event = new CUevent_st{current_device, flags, false, {}};
+  *event = new CUevent_st;
+  (*event)->device = current_device;
+  (*event)->flags = flags;
   return cudaSuccess;
 }
 
@@ -322,18 +506,35 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
+// Each record makes a new mark (an event re-recorded while an earlier record is held
+// leaves that record's waiters waiting for the earlier work only, as on a GPU).
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  event->recorded = true;
-  event->when = std::chrono::steady_clock::now();
+  auto mark = std::make_shared<EventMark>();
+  auto complete = [mark] {
+    mark->when = std::chrono::steady_clock::now();
+    mark->done = true;
+  };
+  event->mark = mark;
+  event->stream = nullptr;
+  event->number = 0;
+  if (default_stream(stream) || !late()) return issue(stream, complete);
+  event->number = hold(stream, complete);
+  event->stream = stream;
   return cudaSuccess;
 }
 
+// cudaErrorNotReady is an answer, not an error: it is not left for cudaGetLastError.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return event ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  return !event->mark || event->mark->done ? cudaSuccess : cudaErrorNotReady;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (!event->mark || event->mark->done) return cudaSuccess;
+  return run_held(event->stream, event->number);
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms) return fail(cudaErrorInvalidValue);
@@ -341,8 +542,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming) {
     return fail(cudaErrorInvalidResourceHandle);
   }
-  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  if (!start->mark || !end->mark) return fail(cudaErrorInvalidResourceHandle);
+  if (!start->mark->done || !end->mark->done) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->mark->when - start->mark->when).count();
   return cudaSuccess;
 }
 

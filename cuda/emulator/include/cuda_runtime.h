@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 #include "cuda/emulator/simt.h"
@@ -154,6 +155,23 @@ cudaError_t max_active_blocks(int* blocks, const void* function, int block_threa
 // Checks a launch configuration as the GPU would: on failure records the error for
 // cudaGetLastError and returns false.
 bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream);
+
+// When work issued to a stream runs (HAM_EMULATOR_STREAMS, in_order when unset):
+// - InOrder: when issued, whatever the stream.
+// - Late: work on a created stream is held in that stream's queue and runs as late as a
+//   GPU could run it: when a host call waits for it (cudaStreamSynchronize,
+//   cudaEventSynchronize, cudaDeviceSynchronize, a copy to or from host memory on that
+//   stream, the stream's destruction), when the default stream waits for one of its
+//   events, or when a stream that waits for one gets there. The legacy stream runs its
+//   work when issued, after the held work of the blocking streams (created without
+//   cudaStreamNonBlocking). So a reader on one stream that does not wait for a writer on
+//   another sees what was there before, as it may on a GPU.
+enum class StreamOrder { InOrder, Late };
+StreamOrder stream_order();
+// Runs every stream's held work, then switches (for tests).
+void set_stream_order(StreamOrder order);
+// Runs `work` on `stream` in the current order; returns an error held work left, if any.
+cudaError_t issue(cudaStream_t stream, std::function<void()> work);
 }  // namespace ham::cuda::emulator
 
 template <class Function>
@@ -199,7 +217,10 @@ struct KernelLaunch {
   template <class... Args>
   void operator()(Args... args) {
     if (!accept_launch(grid, block, shared_bytes, stream)) return;
-    run_kernel(site, grid, block, shared_bytes, [&] { call(args...); });
+    issue(stream, [site = site, grid = grid, block = block, shared_bytes = shared_bytes,
+                   call = call, args...] {
+      run_kernel(site, grid, block, shared_bytes, [&] { call(args...); });
+    });
   }
 };
 

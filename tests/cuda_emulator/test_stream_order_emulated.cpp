@@ -1,0 +1,229 @@
+// The SIMT emulator's late stream order (HAM_EMULATOR_STREAMS=late): work on a created
+// stream runs only once something must see it, so a reader that does not wait for a writer
+// on another stream reads the old bytes, as it may on a GPU. Each test works out by hand
+// what each read sees.
+#include <gtest/gtest.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/launch.h"
+
+namespace ham::cuda {
+namespace {
+
+using emulator::StreamOrder;
+
+constexpr int kUnwritten = -1;  // fresh emulated memory is 0xff bytes
+
+struct StreamOrderGuard {
+  StreamOrder saved = emulator::stream_order();
+  explicit StreamOrderGuard(StreamOrder order) { emulator::set_stream_order(order); }
+  ~StreamOrderGuard() { emulator::set_stream_order(saved); }
+};
+
+struct OwnedStream {
+  cudaStream_t handle = nullptr;
+  explicit OwnedStream(unsigned flags = cudaStreamNonBlocking) {
+    HAM_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, flags));
+  }
+  ~OwnedStream() { cudaStreamDestroy(handle); }
+};
+
+struct OwnedEvent {
+  cudaEvent_t handle = nullptr;
+  explicit OwnedEvent(unsigned flags = cudaEventDisableTiming) {
+    HAM_CUDA_CHECK(cudaEventCreateWithFlags(&handle, flags));
+  }
+  ~OwnedEvent() { cudaEventDestroy(handle); }
+};
+
+struct DeviceInt {
+  int* data = nullptr;
+  DeviceInt() { HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), sizeof(int))); }
+  ~DeviceInt() { cudaFree(data); }
+  int read() const {  // on the legacy stream, which waits for no non-blocking stream
+    int value = 0;
+    HAM_CUDA_CHECK(cudaMemcpy(&value, data, sizeof value, cudaMemcpyDeviceToHost));
+    return value;
+  }
+};
+
+__global__ void store_value(int* out, int value) { *out = value; }
+__global__ void copy_value(const int* in, int* out) { *out = *in; }
+__global__ void trap_now() { __trap(); }
+
+void store(cudaStream_t stream, const DeviceInt& out, int value) {
+  HAM_LAUNCH(1, 1, 0, stream, store_value)(out.data, value);
+  HAM_CUDA_CHECK_LAUNCH();
+}
+
+TEST(SimtEmulatorStreams, InOrderRunsWorkWhenIssued) {
+  StreamOrderGuard order(StreamOrder::InOrder);
+  OwnedStream stream;
+  DeviceInt value;
+  store(stream.handle, value, 7);
+  EXPECT_EQ(value.read(), 7);
+  EXPECT_EQ(cudaStreamQuery(stream.handle), cudaSuccess);
+}
+
+TEST(SimtEmulatorStreams, LateOrderHoldsAStreamsWorkUntilSomethingWaitsForIt) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  OwnedEvent stored;
+  DeviceInt value;
+  store(stream.handle, value, 7);
+  HAM_CUDA_CHECK(cudaEventRecord(stored.handle, stream.handle));
+  EXPECT_EQ(value.read(), kUnwritten) << "the legacy stream waited for a non-blocking one";
+  EXPECT_EQ(cudaStreamQuery(stream.handle), cudaErrorNotReady);
+  EXPECT_EQ(cudaEventQuery(stored.handle), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not ready is an answer, not an error";
+  HAM_CUDA_CHECK(cudaEventSynchronize(stored.handle));
+  EXPECT_EQ(cudaEventQuery(stored.handle), cudaSuccess);
+  EXPECT_EQ(value.read(), 7);
+  EXPECT_EQ(cudaStreamQuery(stream.handle), cudaSuccess);
+}
+
+TEST(SimtEmulatorStreams, TheLegacyStreamWaitingForAnEventRunsOnlyTheWorkBeforeIt) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  OwnedEvent first_done;
+  DeviceInt first, second;
+  store(stream.handle, first, 1);
+  HAM_CUDA_CHECK(cudaEventRecord(first_done.handle, stream.handle));
+  store(stream.handle, second, 2);
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(nullptr, first_done.handle, 0));
+  EXPECT_EQ(first.read(), 1);
+  EXPECT_EQ(second.read(), kUnwritten);
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
+  EXPECT_EQ(second.read(), 2);
+}
+
+TEST(SimtEmulatorStreams, AStreamWaitingForAnotherRunsItsWorkWhenItGetsThere) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream producer, consumer;
+  OwnedEvent produced;
+  DeviceInt made, copied, unwaited_copy;
+  store(producer.handle, made, 5);
+  HAM_CUDA_CHECK(cudaEventRecord(produced.handle, producer.handle));
+  HAM_LAUNCH(1, 1, 0, consumer.handle, copy_value)(made.data, unwaited_copy.data);
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(consumer.handle, produced.handle, 0));
+  HAM_CUDA_CHECK(cudaMemcpyAsync(copied.data, made.data, sizeof(int), cudaMemcpyDeviceToDevice,
+                                 consumer.handle));
+  EXPECT_EQ(made.read(), kUnwritten);
+  HAM_CUDA_CHECK(cudaStreamSynchronize(consumer.handle));
+  EXPECT_EQ(copied.read(), 5);
+  EXPECT_EQ(unwaited_copy.read(), kUnwritten) << "a copy issued before the wait saw the write";
+  EXPECT_EQ(cudaStreamQuery(producer.handle), cudaSuccess);
+}
+
+TEST(SimtEmulatorStreams, AnEventRecordedAgainLeavesEarlierWaitersOnTheEarlierWork) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  OwnedEvent mark;
+  DeviceInt first, second;
+  store(stream.handle, first, 1);
+  HAM_CUDA_CHECK(cudaEventRecord(mark.handle, stream.handle));
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(nullptr, mark.handle, 0));
+  store(stream.handle, second, 2);
+  HAM_CUDA_CHECK(cudaEventRecord(mark.handle, stream.handle));
+  EXPECT_EQ(first.read(), 1);
+  EXPECT_EQ(second.read(), kUnwritten);
+  EXPECT_EQ(cudaEventQuery(mark.handle), cudaErrorNotReady);
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(nullptr, mark.handle, 0));
+  EXPECT_EQ(second.read(), 2);
+}
+
+TEST(SimtEmulatorStreams, TheLegacyStreamWaitsForBlockingStreams) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream blocking(cudaStreamDefault);
+  DeviceInt value, copied;
+  HAM_CUDA_CHECK(cudaMemsetAsync(value.data, 0, sizeof(int), blocking.handle));
+  HAM_LAUNCH(1, 1, 0, nullptr, copy_value)(value.data, copied.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(copied.read(), 0);
+}
+
+TEST(SimtEmulatorStreams, CopiesFromOrToHostMemoryRunAtTheCallAfterTheStreamsWork) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  DeviceInt value, later;
+  int host = 3;
+  store(stream.handle, value, 9);
+  int read_back = 0;
+  HAM_CUDA_CHECK(cudaMemcpyAsync(&read_back, value.data, sizeof(int), cudaMemcpyDeviceToHost,
+                                 stream.handle));
+  EXPECT_EQ(read_back, 9);
+  HAM_CUDA_CHECK(cudaMemcpyAsync(later.data, &host, sizeof(int), cudaMemcpyHostToDevice,
+                                 stream.handle));
+  host = 4;  // the copy took its bytes at the call
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
+  EXPECT_EQ(later.read(), 3);
+}
+
+TEST(SimtEmulatorStreams, DeviceSynchronizeAndDestroyingAStreamRunItsWork) {
+  StreamOrderGuard order(StreamOrder::Late);
+  DeviceInt synced, destroyed;
+  OwnedStream stream;
+  store(stream.handle, synced, 1);
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(synced.read(), 1);
+  {
+    OwnedStream short_lived;
+    store(short_lived.handle, destroyed, 2);
+  }
+  EXPECT_EQ(destroyed.read(), 2);
+}
+
+TEST(SimtEmulatorStreams, TimingAnUnfinishedEventIsNotReady) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  OwnedEvent start(cudaEventDefault), stop(cudaEventDefault);
+  DeviceInt value;
+  HAM_CUDA_CHECK(cudaEventRecord(start.handle, stream.handle));
+  store(stream.handle, value, 1);
+  HAM_CUDA_CHECK(cudaEventRecord(stop.handle, stream.handle));
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start.handle, stop.handle), cudaErrorNotReady);
+  HAM_CUDA_CHECK(cudaEventSynchronize(stop.handle));
+  HAM_CUDA_CHECK(cudaEventElapsedTime(&ms, start.handle, stop.handle));
+  EXPECT_GE(ms, 0.f);
+}
+
+TEST(SimtEmulatorStreams, HeldWorkThatFailsIsReportedByTheCallThatRunsIt) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  HAM_LAUNCH(1, 1, 0, stream.handle, trap_now)();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the launch itself was well formed";
+  EXPECT_EQ(cudaStreamSynchronize(stream.handle), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+}
+
+TEST(SimtEmulatorStreams, LibraryCallsRunOnTheirStream) {
+  StreamOrderGuard order(StreamOrder::Late);
+  OwnedStream stream;
+  const std::vector<int> keys = {3, 1, 2}, values = {30, 10, 20};
+  int *buffers = nullptr, *scratch = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buffers), 12 * sizeof(int)));
+  HAM_CUDA_CHECK(cudaMemcpy(buffers, keys.data(), 3 * sizeof(int), cudaMemcpyHostToDevice));
+  HAM_CUDA_CHECK(cudaMemcpy(buffers + 3, values.data(), 3 * sizeof(int), cudaMemcpyHostToDevice));
+  size_t scratch_bytes = 0;
+  HAM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch_bytes, buffers, buffers + 6,
+                                                 buffers + 3, buffers + 9, 3));
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), scratch_bytes));
+  HAM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch, scratch_bytes, buffers, buffers + 6,
+                                                 buffers + 3, buffers + 9, 3, 0, 32,
+                                                 stream.handle));
+  std::vector<int> sorted(6);
+  HAM_CUDA_CHECK(cudaMemcpy(sorted.data(), buffers + 6, 6 * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(sorted, std::vector<int>(6, kUnwritten));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
+  HAM_CUDA_CHECK(cudaMemcpy(sorted.data(), buffers + 6, 6 * sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(sorted, (std::vector<int>{1, 2, 3, 10, 20, 30}));
+  cudaFree(scratch);
+  cudaFree(buffers);
+}
+
+}  // namespace
+}  // namespace ham::cuda
