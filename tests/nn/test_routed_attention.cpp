@@ -1023,7 +1023,8 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu) {
 // wgmma dQ kernel forms D so that the pass only zeroes the unselected rows: the gradients
 // into poisoned buffers, their exact zeros included, against the CPU. It runs beside the
 // other kernels only there, on one warpgroup and on two; with mma.sync it stays in order.
-// (The emulator runs streams in order: that the second stream overlaps is the GPU's to show.)
+// (On the emulator, HAM_EMULATOR_STREAMS=late holds the second stream's work until the join
+// waits for it; that the streams overlap is the GPU's to show.)
 TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
