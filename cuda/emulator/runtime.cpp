@@ -2,12 +2,14 @@
 // bytes when allocated (NaN as floats, -1 as integers), so reading what no kernel or copy
 // wrote shows up in a test. Work runs on the calling thread. In the default stream order
 // (HAM_EMULATOR_STREAMS=in_order) it runs when issued: every stream is always idle and
-// events complete when recorded. In the late order, work issued to a created stream waits
-// in that stream's queue until something must see it (stream_order in cuda_runtime.h), so
-// a missing wait between streams leaves the reader with what was there before.
+// events complete when recorded. The other orders hold one side's work in a queue until
+// something must see it (created streams' in `late`, the default stream's in
+// `default_late`; StreamOrder in cuda_runtime.h), so a missing wait between streams leaves
+// a reader with what was there before, or lets a held writer overwrite what was read.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,7 +29,8 @@
 
 #include "core/error.h"
 
-// A created stream's held work (late order), oldest first; `issued` numbers each item.
+// A stream's held work (a created stream's, or a device's default stream's), oldest first;
+// `issued` numbers each item.
 struct CUstream_st {
   struct Held {
     uint64_t number;
@@ -49,7 +52,7 @@ struct CUevent_st {
   int device = 0;
   unsigned flags = 0;
   std::shared_ptr<EventMark> mark;  // the latest record's; null before the first
-  cudaStream_t stream = nullptr;    // where that record waits (late order), and its number
+  CUstream_st* stream = nullptr;    // the queue where that record is held, and its number
   uint64_t number = 0;
 };
 
@@ -112,7 +115,8 @@ StreamOrder stream_order_from_environment() {
   const char* value = std::getenv("HAM_EMULATOR_STREAMS");
   if (!value || !*value || std::string(value) == "in_order") return StreamOrder::InOrder;
   if (std::string(value) == "late") return StreamOrder::Late;
-  HAM_FAIL("HAM_EMULATOR_STREAMS=", value, ": expected in_order or late");
+  if (std::string(value) == "default_late") return StreamOrder::DefaultLate;
+  HAM_FAIL("HAM_EMULATOR_STREAMS=", value, ": expected in_order, late or default_late");
 }
 
 std::atomic<StreamOrder>& stream_order_setting() {
@@ -120,11 +124,35 @@ std::atomic<StreamOrder>& stream_order_setting() {
   return order;
 }
 
-bool late() { return stream_order_setting().load() == StreamOrder::Late; }
-
-// The streams whose work runs when issued: the legacy and per-thread default streams.
+// The legacy and per-thread default streams (one queue a device: they are one stream here).
 bool default_stream(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+}
+
+bool blocking(cudaStream_t created) { return !(created->flags & cudaStreamNonBlocking); }
+
+CUstream_st* default_queue(int device) {
+  static auto* queues = [] {
+    auto* made = new std::array<CUstream_st, 64>;
+    for (size_t i = 0; i < made->size(); ++i) (*made)[i].device = int(i);
+    return made;
+  }();
+  return &(*queues)[size_t(device)];
+}
+
+// Where work issued to `stream` waits when it is held.
+CUstream_st* queue_of(cudaStream_t stream) {
+  return default_stream(stream) ? default_queue(current_device) : stream;
+}
+
+// Whether work issued to `stream` is held in the current order.
+bool holds(cudaStream_t stream) {
+  switch (stream_order_setting().load()) {
+    case StreamOrder::InOrder: return false;
+    case StreamOrder::Late: return !default_stream(stream);
+    case StreamOrder::DefaultLate: return default_stream(stream);
+  }
+  return false;
 }
 
 std::mutex& held_mutex() {
@@ -132,24 +160,24 @@ std::mutex& held_mutex() {
   return *mutex;
 }
 
-// Holds `work` on created stream `stream` (late order); returns its number there.
-uint64_t hold(cudaStream_t stream, std::function<void()> work) {
+// Holds `work` in `queue`; returns its number there.
+uint64_t hold(CUstream_st* queue, std::function<void()> work) {
   std::lock_guard<std::mutex> lock(held_mutex());
-  stream->held.push_back({++stream->issued, std::move(work)});
-  return stream->issued;
+  queue->held.push_back({++queue->issued, std::move(work)});
+  return queue->issued;
 }
 
-// Runs `stream`'s held work through item `through`, oldest first, outside the lock (an
-// item may run other streams' work it waits for). A failure is reported here, as a GPU
-// reports an asynchronous one at the next call that waits for it.
-cudaError_t run_held(cudaStream_t stream, uint64_t through) {
+// Runs `queue`'s held work through item `through`, oldest first, outside the lock (an item
+// may run other streams' work it waits for). A failure is reported here, as a GPU reports
+// an asynchronous one at the next call that waits for it.
+cudaError_t run_held(CUstream_st* queue, uint64_t through) {
   for (;;) {
     std::function<void()> work;
     {
       std::lock_guard<std::mutex> lock(held_mutex());
-      if (stream->held.empty() || stream->held.front().number > through) return cudaSuccess;
-      work = std::move(stream->held.front().work);
-      stream->held.pop_front();
+      if (queue->held.empty() || queue->held.front().number > through) return cudaSuccess;
+      work = std::move(queue->held.front().work);
+      queue->held.pop_front();
     }
     try {
       work();
@@ -161,32 +189,51 @@ cudaError_t run_held(cudaStream_t stream, uint64_t through) {
   }
 }
 
-cudaError_t run_all_held(cudaStream_t stream) {
-  return run_held(stream, std::numeric_limits<uint64_t>::max());
+cudaError_t run_all_held(CUstream_st* queue) {
+  return run_held(queue, std::numeric_limits<uint64_t>::max());
 }
 
-// Runs the held work of every created stream of `device`, or of its blocking ones only
-// (those the legacy stream waits for before its own work).
+// Runs the held work of `device`'s default stream and created streams (all of them, or the
+// blocking ones only: those the legacy stream waits for before its own work).
 cudaError_t run_device_held(int device, bool blocking_only) {
-  std::vector<cudaStream_t> streams;
+  std::vector<CUstream_st*> queues;
+  if (!blocking_only) queues.push_back(default_queue(device));
   {
     std::lock_guard<std::mutex> lock(state().mutex);
     for (cudaStream_t stream : state().streams) {
-      const bool blocking = !(stream->flags & cudaStreamNonBlocking);
-      if (stream->device == device && (blocking || !blocking_only)) streams.push_back(stream);
+      if (stream->device == device && (blocking(stream) || !blocking_only)) {
+        queues.push_back(stream);
+      }
     }
   }
   cudaError_t status = cudaSuccess;
-  for (cudaStream_t stream : streams) {
-    const cudaError_t ran = run_all_held(stream);
+  for (CUstream_st* queue : queues) {
+    const cudaError_t ran = run_all_held(queue);
     if (ran != cudaSuccess) status = ran;
   }
   return status;
 }
 
-// Before work on the legacy stream (late order): what it waits for.
-cudaError_t before_default_stream_work() {
-  return late() ? run_device_held(current_device, /*blocking_only=*/true) : cudaSuccess;
+cudaError_t run_everything_held() {
+  cudaError_t status = cudaSuccess;
+  for (int device = 0; device < device_count(); ++device) {
+    const cudaError_t ran = run_device_held(device, /*blocking_only=*/false);
+    if (ran != cudaSuccess) status = ran;
+  }
+  return status;
+}
+
+// Before work that runs now on `stream`, what it waits for that may be held: a blocking
+// stream and the legacy stream wait for each other's earlier work.
+cudaError_t before_work(cudaStream_t stream) {
+  const StreamOrder order = stream_order_setting().load();
+  if (order == StreamOrder::Late && default_stream(stream)) {
+    return run_device_held(current_device, /*blocking_only=*/true);
+  }
+  if (order == StreamOrder::DefaultLate && !default_stream(stream) && blocking(stream)) {
+    return run_all_held(default_queue(stream->device));
+  }
+  return cudaSuccess;
 }
 
 bool device_memory(const void* p) {
@@ -197,13 +244,13 @@ bool device_memory(const void* p) {
   return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second.first;
 }
 
-// A copy on `stream`: held where both sides are device memory (late order, created stream);
+// A copy on `stream`: held with the stream's other work where both sides are device memory;
 // where either is host memory it runs now, after the stream's held work, as a copy from or
 // to pageable host memory does not return before its bytes are taken or delivered.
 cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
                        std::function<void()> copy) {
-  if (!default_stream(stream) && late() && !(device_memory(dst) && device_memory(src))) {
-    const cudaError_t ran = run_all_held(stream);
+  if (holds(stream) && !(device_memory(dst) && device_memory(src))) {
+    const cudaError_t ran = run_all_held(queue_of(stream));
     copy();
     return ran;
   }
@@ -267,24 +314,19 @@ bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStrea
 StreamOrder stream_order() { return stream_order_setting().load(); }
 
 void set_stream_order(StreamOrder order) {
-  std::vector<cudaStream_t> streams;
-  {
-    std::lock_guard<std::mutex> lock(state().mutex);
-    streams.assign(state().streams.begin(), state().streams.end());
-  }
-  for (cudaStream_t stream : streams) run_all_held(stream);
+  run_everything_held();
   stream_order_setting().store(order);
 }
 
 cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  if (default_stream(stream) || !late()) {
-    const cudaError_t waited = before_default_stream_work();
-    work();
-    return waited;
+  if (holds(stream)) {
+    hold(queue_of(stream), std::move(work));
+    return cudaSuccess;
   }
-  hold(stream, std::move(work));
-  return cudaSuccess;
+  const cudaError_t waited = before_work(stream);
+  work();
+  return waited;
 }
 
 }  // namespace ham::cuda::emulator
@@ -370,8 +412,10 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   return cudaSuccess;
 }
 
+// As on a GPU, cudaFree waits for all work first: held work may still use the memory.
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
+  run_everything_held();
   std::lock_guard<std::mutex> lock(state().mutex);
   auto it = state().allocations.find(ptr);
   if (it == state().allocations.end()) return fail(cudaErrorInvalidValue);
@@ -386,9 +430,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (!dst || !src || kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return fail(cudaErrorInvalidValue);
   }
-  const cudaError_t waited = before_default_stream_work();
-  std::memmove(dst, src, bytes);
-  return waited;
+  return issue_copy(nullptr, dst, src, [=] { std::memmove(dst, src, bytes); });
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -421,9 +463,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return fail(cudaErrorInvalidValue);
-  const cudaError_t waited = before_default_stream_work();
-  std::memset(dst, value, bytes);
-  return waited;
+  return issue(nullptr, [=] { std::memset(dst, value, bytes); });
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -459,26 +499,27 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return default_stream(stream) ? cudaSuccess : run_all_held(stream);
+  return run_all_held(queue_of(stream));
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  if (default_stream(stream)) return cudaSuccess;
+  CUstream_st* queue = queue_of(stream);
   std::lock_guard<std::mutex> lock(held_mutex());
-  return stream->held.empty() ? cudaSuccess : cudaErrorNotReady;
+  return queue->held.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
-// Later work on `stream` waits for the event's latest record: on the default stream the
-// work before that record runs now; on a created stream, when the stream gets there.
+// Later work on `stream` waits for the event's latest record: where `stream`'s work runs
+// when issued, the held work before that record runs now; where it is held, when the
+// stream gets there.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (!valid_stream(stream) || !event) return fail(cudaErrorInvalidResourceHandle);
   const std::shared_ptr<EventMark> mark = event->mark;
   if (!mark || mark->done) return cudaSuccess;
-  cudaStream_t source = event->stream;
+  CUstream_st* source = event->stream;
   const uint64_t through = event->number;
-  if (default_stream(stream)) return run_held(source, through);
-  hold(stream, [mark, source, through] {
+  if (!holds(stream)) return run_held(source, through);
+  hold(queue_of(stream), [mark, source, through] {
     // The source's held work through `through` has run where the mark is done (a destroyed
     // stream runs all of its work first).
     if (!mark->done && run_held(source, through) != cudaSuccess) {
@@ -518,9 +559,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->mark = mark;
   event->stream = nullptr;
   event->number = 0;
-  if (default_stream(stream) || !late()) return issue(stream, complete);
-  event->number = hold(stream, complete);
-  event->stream = stream;
+  if (!holds(stream)) return issue(stream, complete);
+  event->stream = queue_of(stream);
+  event->number = hold(event->stream, complete);
   return cudaSuccess;
 }
 

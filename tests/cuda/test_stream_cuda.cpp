@@ -99,12 +99,14 @@ TEST(CudaStreams, AStreamWaitsForAnotherStreamsEvent) {
 }
 
 // ForkedStream: run() issues its work on the device's second stream (the same one each
-// fork) while the current stream stays current outside it, and after join() the current
-// stream's work sees what the second stream wrote into memory allocated before the fork.
+// fork) while the current stream stays current outside it; that work comes after the
+// current stream's earlier work (here a device copy into the same memory), and after join()
+// the current stream's work sees what it wrote.
 TEST(CudaStreams, ForkedWorkRunsOnTheSecondStreamAndJoins) {
   HAM_SKIP_UNLESS_CUDA();
   const int64_t n = 1 << 22;
-  Tensor written = Tensor::full({n}, 1.0, DType::F32, Device::cuda());
+  Tensor written = Tensor::empty({n}, DType::F32, Device::cuda());
+  written.copy_(Tensor::full({n}, 1.0, DType::F32, Device::cuda()));
   cudaStream_t second = nullptr;
   {
     ForkedStream forked(0);

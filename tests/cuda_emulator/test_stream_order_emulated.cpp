@@ -1,7 +1,8 @@
-// The SIMT emulator's late stream order (HAM_EMULATOR_STREAMS=late): work on a created
-// stream runs only once something must see it, so a reader that does not wait for a writer
-// on another stream reads the old bytes, as it may on a GPU. Each test works out by hand
-// what each read sees.
+// The SIMT emulator's stream orders (HAM_EMULATOR_STREAMS): in the late order work on a
+// created stream runs only once something must see it, so a reader that does not wait for
+// a writer on another stream reads the old bytes, as it may on a GPU; default_late holds the
+// default stream's work instead, so work forked onto a created stream without waiting for
+// the default stream runs before it. Each test works out by hand what each read sees.
 #include <gtest/gtest.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -44,6 +45,7 @@ struct DeviceInt {
   DeviceInt() { HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), sizeof(int))); }
   ~DeviceInt() { cudaFree(data); }
   int read() const {  // on the legacy stream, which waits for no non-blocking stream
+    // (a host-blocking copy: in default_late it runs the default stream's held work first)
     int value = 0;
     HAM_CUDA_CHECK(cudaMemcpy(&value, data, sizeof value, cudaMemcpyDeviceToHost));
     return value;
@@ -223,6 +225,60 @@ TEST(SimtEmulatorStreams, LibraryCallsRunOnTheirStream) {
   EXPECT_EQ(sorted, (std::vector<int>{1, 2, 3, 10, 20, 30}));
   cudaFree(scratch);
   cudaFree(buffers);
+}
+
+TEST(SimtEmulatorStreams, DefaultLateHoldsTheDefaultStreamsWorkUntilSomethingWaitsForIt) {
+  StreamOrderGuard order(StreamOrder::DefaultLate);
+  OwnedStream forked;
+  DeviceInt value, copied;
+  store(nullptr, value, 7);
+  EXPECT_EQ(cudaStreamQuery(nullptr), cudaErrorNotReady);
+  HAM_LAUNCH(1, 1, 0, forked.handle, copy_value)(value.data, copied.data);  // runs now
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(cudaStreamQuery(forked.handle), cudaSuccess);
+  EXPECT_EQ(value.read(), 7);
+  EXPECT_EQ(cudaStreamQuery(nullptr), cudaSuccess);
+  EXPECT_EQ(copied.read(), kUnwritten) << "the forked copy waited for the default stream";
+}
+
+TEST(SimtEmulatorStreams, DefaultLateAStreamWaitingForTheDefaultStreamRunsItsWorkFirst) {
+  StreamOrderGuard order(StreamOrder::DefaultLate);
+  OwnedStream forked;
+  OwnedEvent forked_here;
+  DeviceInt value, copied, later;
+  store(nullptr, value, 5);
+  HAM_CUDA_CHECK(cudaEventRecord(forked_here.handle, nullptr));
+  store(nullptr, later, 6);
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(forked.handle, forked_here.handle, 0));
+  EXPECT_EQ(cudaStreamQuery(nullptr), cudaErrorNotReady) << "the wait ran past its record";
+  HAM_LAUNCH(1, 1, 0, forked.handle, copy_value)(value.data, copied.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(copied.read(), 5);
+  EXPECT_EQ(later.read(), 6);
+}
+
+TEST(SimtEmulatorStreams, DefaultLateBlockingStreamsWaitForTheDefaultStream) {
+  StreamOrderGuard order(StreamOrder::DefaultLate);
+  OwnedStream blocking(cudaStreamDefault);
+  DeviceInt value, copied;
+  store(nullptr, value, 3);
+  HAM_LAUNCH(1, 1, 0, blocking.handle, copy_value)(value.data, copied.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(copied.read(), 3);
+}
+
+TEST(SimtEmulatorStreams, FreeingMemoryRunsTheHeldWorkFirst) {
+  for (StreamOrder held : {StreamOrder::Late, StreamOrder::DefaultLate}) {
+    StreamOrderGuard order(held);
+    OwnedStream stream;
+    DeviceInt value;
+    auto* freed = new DeviceInt;
+    store(stream.handle, value, 1);
+    store(nullptr, value, 2);
+    delete freed;  // cudaFree
+    EXPECT_EQ(cudaStreamQuery(stream.handle), cudaSuccess);
+    EXPECT_EQ(cudaStreamQuery(nullptr), cudaSuccess);
+  }
 }
 
 }  // namespace

@@ -735,6 +735,16 @@ CompactSelection expect_gpu_compaction_matches_cpu(const Tensor& select, const T
   return sel;
 }
 
+// A poisoned gradient buffer whose NaNs a device-to-device copy writes, on the current
+// stream: where that work is still in flight (held, in the emulator's default_late stream
+// order) when the backward starts, a kernel of it that does not wait for the stream has its
+// stores overwritten by the NaNs.
+Tensor poisoned_on_the_stream(const Shape& shape, DType dtype, Device device) {
+  Tensor buffer = Tensor::empty(shape, dtype, device);
+  buffer.copy_(testing::poisoned(shape, dtype, device));
+  return buffer;
+}
+
 void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   const Device gpu = Device::cuda();
   const std::string what = gpu_case_name(c) + " " + dtype_name(dtype);
@@ -769,10 +779,10 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   Tensor dout = testing::random_tensor(out.shape(), dtype, gpu, seed++);
   ops::RoutedAttentionGrads want_g = ops::routed_attention_backward(
       testing::cpu_reference(dout), q_ref, k_ref, v_ref, want_sel, want.out, want.lse, p_ref, scale);
-  Tensor dq = testing::poisoned(q.shape(), dtype, gpu);
-  Tensor dk = testing::poisoned(k.shape(), dtype, gpu);
-  Tensor dv = testing::poisoned(v.shape(), dtype, gpu);
-  Tensor dp = c.value_scale ? testing::poisoned(p.shape(), dtype, gpu) : Tensor();
+  Tensor dq = poisoned_on_the_stream(q.shape(), dtype, gpu);
+  Tensor dk = poisoned_on_the_stream(k.shape(), dtype, gpu);
+  Tensor dv = poisoned_on_the_stream(v.shape(), dtype, gpu);
+  Tensor dp = c.value_scale ? poisoned_on_the_stream(p.shape(), dtype, gpu) : Tensor();
   routed_attention_backward_kernels()(gpu, dout, q, k, v, p, sel, out, lse, scale, dq, dk, dv, dp);
   testing::expect_matches_reference(dv, want_g.dv, dtype, what + " dv");
   if (c.seq_len == 1) {

@@ -157,16 +157,20 @@ cudaError_t max_active_blocks(int* blocks, const void* function, int block_threa
 bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream);
 
 // When work issued to a stream runs (HAM_EMULATOR_STREAMS, in_order when unset):
-// - InOrder: when issued, whatever the stream.
-// - Late: work on a created stream is held in that stream's queue and runs as late as a
-//   GPU could run it: when a host call waits for it (cudaStreamSynchronize,
-//   cudaEventSynchronize, cudaDeviceSynchronize, a copy to or from host memory on that
-//   stream, the stream's destruction), when the default stream waits for one of its
-//   events, or when a stream that waits for one gets there. The legacy stream runs its
-//   work when issued, after the held work of the blocking streams (created without
-//   cudaStreamNonBlocking). So a reader on one stream that does not wait for a writer on
-//   another sees what was there before, as it may on a GPU.
-enum class StreamOrder { InOrder, Late };
+// - InOrder (in_order): when issued, whatever the stream.
+// - Late (late): work on a created stream is held in that stream's queue and runs as late
+//   as a GPU could run it: when a host call waits for it (cudaStreamSynchronize,
+//   cudaEventSynchronize, cudaDeviceSynchronize, cudaFree, a copy to or from host memory
+//   on that stream, the stream's destruction), when a stream whose work runs when issued
+//   waits for one of its events, or when a stream that waits for one gets there. The
+//   default stream runs its work when issued, after the held work of the blocking streams
+//   (created without cudaStreamNonBlocking). So a reader on one stream that does not wait
+//   for a writer on another sees what was there before, as it may on a GPU.
+// - DefaultLate (default_late): the mirror image. The default stream's work is held (one
+//   queue a device) and created streams run theirs when issued, after the held work they
+//   wait for (a blocking stream: all of the default stream's). So work forked onto a
+//   created stream without waiting for the default stream's earlier work runs before it.
+enum class StreamOrder { InOrder, Late, DefaultLate };
 StreamOrder stream_order();
 // Runs every stream's held work, then switches (for tests).
 void set_stream_order(StreamOrder order);
