@@ -19,20 +19,24 @@ CachingAllocator::~CachingAllocator() {
 
 namespace {
 
-// [ptr, ptr + n) unowned (poisoned) or owned again, where ASan runs and the raw memory is
-// the host's.
-void mark_unowned(const RawDeviceMemory& raw, const void* ptr, size_t n) {
+// [ptr, ptr + n) unowned (poisoned) or owned again, in `stream`'s order, where ASan runs
+// and the raw memory is the host's.
+void mark_unowned(RawDeviceMemory& raw, const void* ptr, size_t n, StreamKey stream) {
 #if HAM_ADDRESS_SANITIZER
-  if (raw.host_addressable()) __asan_poison_memory_region(ptr, n);
+  if (raw.host_addressable()) {
+    raw.in_stream_order(stream, [ptr, n] { __asan_poison_memory_region(ptr, n); });
+  }
 #else
-  (void)raw, (void)ptr, (void)n;
+  (void)raw, (void)ptr, (void)n, (void)stream;
 #endif
 }
-void mark_owned(const RawDeviceMemory& raw, const void* ptr, size_t n) {
+void mark_owned(RawDeviceMemory& raw, const void* ptr, size_t n, StreamKey stream) {
 #if HAM_ADDRESS_SANITIZER
-  if (raw.host_addressable()) __asan_unpoison_memory_region(ptr, n);
+  if (raw.host_addressable()) {
+    raw.in_stream_order(stream, [ptr, n] { __asan_unpoison_memory_region(ptr, n); });
+  }
 #else
-  (void)raw, (void)ptr, (void)n;
+  (void)raw, (void)ptr, (void)n, (void)stream;
 #endif
 }
 
@@ -78,7 +82,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(StreamKey stream, bool sm
     ptr = raw_.try_allocate(segment);
     if (!ptr) return nullptr;
   }
-  mark_unowned(raw_, ptr, segment);
+  mark_unowned(raw_, ptr, segment, stream);
   auto* block = new Block;
   block->ptr = static_cast<char*>(ptr);
   block->size = segment;
@@ -124,7 +128,7 @@ void* CachingAllocator::allocate(size_t nbytes, StreamKey stream) {
     if (!block) fail_out_of_memory(nbytes, rounded, segment_size_for(rounded));
   }
   split(block, rounded);
-  mark_owned(raw_, block->ptr, nbytes);
+  mark_owned(raw_, block->ptr, nbytes, stream);
   block->in_use = true;
   block->requested = nbytes;
   active_.emplace(block->ptr, block);
@@ -143,7 +147,7 @@ void CachingAllocator::free(void* ptr) {
             ", which it did not hand out (or already freed)");
   Block* block = it->second;
   active_.erase(it);
-  mark_unowned(raw_, block->ptr, block->requested);
+  mark_unowned(raw_, block->ptr, block->requested, block->stream);
   stats_.allocated_bytes -= block->size;
   stats_.requested_bytes -= block->requested;
   --stats_.active_blocks;
@@ -178,7 +182,7 @@ void CachingAllocator::release_unused_segments() {
       }
       for (Block* block : whole_segments) {
         list->erase(block);
-        mark_owned(raw_, block->ptr, block->size);  // the raw memory's own again
+        mark_owned(raw_, block->ptr, block->size, stream);  // the raw memory's own again
         raw_.release(block->ptr, block->size);
         stats_.reserved_bytes -= block->size;
         --stats_.segments;

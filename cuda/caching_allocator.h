@@ -25,6 +25,7 @@
 // fails there, as under compute-sanitizer's memcheck, instead of landing in a neighbour.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,6 +33,9 @@
 #include <unordered_map>
 
 namespace ham::cuda {
+
+// A stream as the pool sees it: an opaque handle (a cudaStream_t's value).
+using StreamKey = uintptr_t;
 
 // Raw device memory: whole segments from the device and back.
 class RawDeviceMemory {
@@ -45,10 +49,12 @@ class RawDeviceMemory {
   // Whether the segments are host memory that this process may address (AddressSanitizer
   // then watches the pool's unowned bytes); device memory and fake address ranges: false.
   virtual bool host_addressable() const { return false; }
+  // Runs `mark` (a change of the bytes AddressSanitizer counts as a tensor's) in the order
+  // of `stream`'s work: where the emulator holds a stream's work (HAM_EMULATOR_STREAMS), a
+  // kernel issued before a free runs after it, and the free's poison must wait for it.
+  // By default at once.
+  virtual void in_stream_order(StreamKey, const std::function<void()>& mark) { mark(); }
 };
-
-// A stream as the pool sees it: an opaque handle (a cudaStream_t's value).
-using StreamKey = uintptr_t;
 
 struct AllocatorStats {
   size_t allocated_bytes = 0;       // in blocks handed out (rounded sizes)

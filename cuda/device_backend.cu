@@ -69,6 +69,9 @@ class CudaRawMemory final : public RawDeviceMemory {
 
 #if HAM_CUDA_EMULATOR
   bool host_addressable() const override { return true; }  // the emulator's "device"
+  void in_stream_order(StreamKey stream, const std::function<void()>& mark) override {
+    HAM_CUDA_CHECK(emulator::issue(reinterpret_cast<cudaStream_t>(stream), mark));
+  }
 #endif
 
  private:

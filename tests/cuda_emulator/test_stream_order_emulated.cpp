@@ -8,8 +8,11 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <vector>
 
+#include "core/tensor.h"
+#include "cuda/address_sanitizer.h"
 #include "cuda/check.h"
 #include "cuda/launch.h"
+#include "cuda/stream.h"
 
 namespace ham::cuda {
 namespace {
@@ -279,6 +282,31 @@ TEST(SimtEmulatorStreams, FreeingMemoryRunsTheHeldWorkFirst) {
     EXPECT_EQ(cudaStreamQuery(stream.handle), cudaSuccess);
     EXPECT_EQ(cudaStreamQuery(nullptr), cudaSuccess);
   }
+}
+
+// Under AddressSanitizer the caching allocator poisons a freed tensor's bytes; in a held
+// order it does so in the stream's order, after the kernels issued before the free, which
+// may still write them (as on a GPU, where the next allocation from that stream's pool
+// comes after them too).
+TEST(SimtEmulatorStreams, AFreedTensorIsPoisonedAfterTheWorkIssuedBeforeItsFree) {
+#if HAM_ADDRESS_SANITIZER
+  for (StreamOrder held : {StreamOrder::Late, StreamOrder::DefaultLate}) {
+    StreamOrderGuard order(held);
+    OwnedStream created;
+    StreamGuard current(0, held == StreamOrder::Late ? created.handle : nullptr);
+    int* freed = nullptr;
+    {
+      Tensor tensor = Tensor::empty({64}, DType::I32, Device::cuda());
+      freed = static_cast<int*>(tensor.raw_data());
+      HAM_LAUNCH(1, 1, 0, current_stream(0), store_value)(freed, 1);
+    }
+    EXPECT_FALSE(__asan_address_is_poisoned(freed)) << "poisoned before the kernel ran";
+    HAM_CUDA_CHECK(cudaStreamSynchronize(current_stream(0)));  // the kernel, then the poison
+    EXPECT_TRUE(__asan_address_is_poisoned(freed));
+  }
+#else
+  GTEST_SKIP() << "built without AddressSanitizer (scripts/sanitize.sh builds with it)";
+#endif
 }
 
 }  // namespace
