@@ -23,6 +23,7 @@
 // every byte no tensor asked for is poisoned: a block's rounding past its request and
 // every free block. A kernel on the emulator that reads or writes past its tensor then
 // fails there, as under compute-sanitizer's memcheck, instead of landing in a neighbour.
+// Poison and unpoison run in the block's stream order (RawDeviceMemory::in_stream_order).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
