@@ -24,7 +24,7 @@
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), spelled so that the same source
 // also compiles as C++ for the SIMT emulator (cuda/emulator/, HAM_CUDA_EMULATOR), which runs
 // the kernel's threads as fibers on the CPU. The kernel comes last: its template arguments
-// may hold commas. The emulator's call copies what it names ([=]): in its late stream order
+// may hold commas. The emulator's call copies what it names ([=]): in its held stream orders
 // the kernel runs after the launching function has returned.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...)                                    \

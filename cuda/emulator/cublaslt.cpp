@@ -354,7 +354,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       return CUBLAS_STATUS_INVALID_VALUE;
     }
   }
-  // Runs on `stream` (later, in the emulator's late stream order): the descriptors and the
+  // Runs on `stream` (later, in the emulator's held stream orders): the descriptors and the
   // host scalars are copied now, as the library reads them at the call.
   auto scalar = [f64](const void* p) {
     return f64 ? *static_cast<const double*>(p) : double(*static_cast<const float*>(p));

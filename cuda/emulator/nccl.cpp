@@ -1,7 +1,7 @@
 // The NCCL stand-in of the SIMT emulator (include/nccl.h). A communicator is an MPI
 // communicator: ncclCommInitRank splits MPI_COMM_WORLD by the unique id (every rank that
 // passes the same id joins the same communicator), ncclCommSplit is MPI_Comm_split. A
-// collective runs when issued (after its stream's held work, in the late stream order:
+// collective runs when issued (after its stream's held work, in the held stream orders:
 // held, it could block one rank in a call its peers make elsewhere) and moves bytes only:
 // every rank gathers every rank's input and reduces it itself, in rank order, in f64
 // (exact integers in i64), so all ranks get the same bits and no MPI type is needed for
@@ -40,7 +40,7 @@ ncclResult_t fail(ncclResult_t result, std::string why) {
   return result;
 }
 
-// A collective runs when issued, after what its stream holds (the late stream order).
+// A collective runs when issued, after what its stream holds (the held stream orders).
 ncclResult_t run_stream_before(cudaStream_t stream, const char* collective) {
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return fail(ncclUnhandledCudaError, std::string(collective) + ": its stream failed");

@@ -26,7 +26,7 @@ struct DeviceRadixSort {
     if (count < 0 || begin_bit < 0 || end_bit > int(sizeof(Key) * 8) || begin_bit > end_bit) {
       return cudaErrorInvalidValue;
     }
-    // Runs on `stream` (later, in the emulator's late stream order).
+    // Runs on `stream` (later, in the emulator's held stream orders).
     return ham::cuda::emulator::issue(stream, [=] {
       using Bits = std::make_unsigned_t<Key>;
       auto digits = [&](Key key) -> Bits {
