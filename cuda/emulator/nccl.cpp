@@ -1,9 +1,12 @@
 // The NCCL stand-in of the SIMT emulator (include/nccl.h). A communicator is an MPI
 // communicator: ncclCommInitRank splits MPI_COMM_WORLD by the unique id (every rank that
 // passes the same id joins the same communicator), ncclCommSplit is MPI_Comm_split. A
-// collective runs when issued (after its stream's held work, in the held stream orders:
-// held, it could block one rank in a call its peers make elsewhere) and moves bytes only:
-// every rank gathers every rank's input and reduces it itself, in rank order, in f64
+// collective reads its input and exchanges when issued (after its stream's held work, in the
+// held stream orders: held, the exchange could block one rank in a call its peers make
+// elsewhere); its result lands in the output in stream order, like a kernel's, so in the
+// held orders a reader that does not wait for the collective's end reads what was there
+// before. It moves bytes only: every rank gathers every rank's input and reduces it itself,
+// in rank order, in f64
 // (exact integers in i64), so all ranks get the same bits and no MPI type is needed for
 // bf16. A one-rank communicator needs no MPI at all. Errors are returned as NCCL would and
 // described by ncclGetLastError.
@@ -11,8 +14,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -44,6 +49,22 @@ ncclResult_t fail(ncclResult_t result, std::string why) {
 ncclResult_t run_stream_before(cudaStream_t stream, const char* collective) {
   if (cudaStreamSynchronize(stream) != cudaSuccess) {
     return fail(ncclUnhandledCudaError, std::string(collective) + ": its stream failed");
+  }
+  return ncclSuccess;
+}
+
+// Writes a collective's `result` to `recvbuff` as work issued to `stream`: held where the
+// stream's work is held, so only a wait for the collective's end orders a reader after it.
+ncclResult_t land_in_stream_order(cudaStream_t stream, void* recvbuff, std::vector<char> result,
+                                  const char* collective) {
+  if (result.empty()) return ncclSuccess;
+  auto bytes = std::make_shared<const std::vector<char>>(std::move(result));
+  const cudaError_t issued = ham::cuda::emulator::issue(stream, [recvbuff, bytes] {
+    std::memcpy(recvbuff, bytes->data(), bytes->size());
+  });
+  if (issued != cudaSuccess) {
+    return fail(ncclUnhandledCudaError,
+                std::string(collective) + ": writing its result on its stream failed");
   }
   return ncclSuccess;
 }
@@ -291,7 +312,7 @@ ncclResult_t ncclCommAbort(ncclComm_t) { return ncclSuccess; }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm || !async_error) return ncclInvalidArgument;
-  *async_error = ncclSuccess;  // collectives finish when issued
+  *async_error = ncclSuccess;  // collectives exchange when issued and cannot fail later
   return ncclSuccess;
 }
 
@@ -320,8 +341,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
       r != ncclSuccess) {
     return r;
   }
-  reduce_blocks(all, comm->size, count, 0, count, datatype, op, static_cast<char*>(recvbuff));
-  return ncclSuccess;
+  std::vector<char> result(count * type_size(datatype));
+  reduce_blocks(all, comm->size, count, 0, count, datatype, op, result.data());
+  return land_in_stream_order(stream, recvbuff, std::move(result), "ncclAllReduce");
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
@@ -338,9 +360,10 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
       r != ncclSuccess) {
     return r;
   }
+  std::vector<char> result(recvcount * type_size(datatype));
   reduce_blocks(all, comm->size, count, recvcount * size_t(comm->rank), recvcount, datatype, op,
-                static_cast<char*>(recvbuff));
-  return ncclSuccess;
+                result.data());
+  return land_in_stream_order(stream, recvbuff, std::move(result), "ncclReduceScatter");
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -355,8 +378,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
       r != ncclSuccess) {
     return r;
   }
-  if (!all.empty()) std::memcpy(recvbuff, all.data(), all.size());
-  return ncclSuccess;
+  return land_in_stream_order(stream, recvbuff, std::move(all), "ncclAllGather");
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -376,8 +398,9 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   if (ncclResult_t r = gather_all(comm, mine, bytes, all, "ncclBroadcast"); r != ncclSuccess) {
     return r;
   }
-  if (bytes) std::memcpy(recvbuff, all.data() + size_t(root) * bytes, bytes);
-  return ncclSuccess;
+  all.erase(all.begin(), all.begin() + std::ptrdiff_t(size_t(root) * bytes));
+  all.resize(bytes);
+  return land_in_stream_order(stream, recvbuff, std::move(all), "ncclBroadcast");
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <nccl.h>
 #include <vector>
 
 #include "core/tensor.h"
@@ -282,6 +283,35 @@ TEST(SimtEmulatorStreams, FreeingMemoryRunsTheHeldWorkFirst) {
     EXPECT_EQ(cudaStreamQuery(stream.handle), cudaSuccess);
     EXPECT_EQ(cudaStreamQuery(nullptr), cudaSuccess);
   }
+}
+
+// The NCCL stand-in exchanges at the call, after its stream's held work (its input), and
+// writes the result in its stream's order: a reader that does not wait for the collective's
+// end reads the output's old bytes.
+TEST(SimtEmulatorStreams, ACollectiveReadsAfterItsStreamsWorkAndLandsInItsOrder) {
+  StreamOrderGuard order(StreamOrder::Late);
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  OwnedStream stream;
+  OwnedEvent reduced;
+  DeviceInt input, output;
+  store(stream.handle, input, 5);  // held until the collective's stream gets to it
+  ASSERT_EQ(ncclAllReduce(input.data, output.data, 1, ncclInt32, ncclSum, comm, stream.handle),
+            ncclSuccess);
+  HAM_CUDA_CHECK(cudaEventRecord(reduced.handle, stream.handle));
+  EXPECT_EQ(input.read(), 5) << "the collective ran before its stream's earlier work";
+  EXPECT_EQ(output.read(), kUnwritten) << "the result landed before its stream got there";
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(nullptr, reduced.handle, 0));
+  EXPECT_EQ(output.read(), 5);
+  DeviceInt gathered;
+  ASSERT_EQ(ncclAllGather(input.data, gathered.data, 1, ncclInt32, comm, stream.handle),
+            ncclSuccess);
+  EXPECT_EQ(gathered.read(), kUnwritten);
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
+  EXPECT_EQ(gathered.read(), 5);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 // Under AddressSanitizer the caching allocator poisons a freed tensor's bytes; in a held
