@@ -120,8 +120,10 @@ __global__ void __launch_bounds__(kTableThreads)
                        int32_t* chunk_doc_start, int32_t* doc_chunk, int32_t* chunk_count,
                        int32_t* doc_count) {
   using Scan = cub::BlockScan<int, kTableThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int carry_doc_start, carry_count, carry_docs;
+  HAM_STATIC_SHARED(typename Scan::TempStorage, scan_storage);
+  HAM_STATIC_SHARED(int, carry_doc_start);
+  HAM_STATIC_SHARED(int, carry_count);
+  HAM_STATIC_SHARED(int, carry_docs);
   const int64_t b = blockIdx.x;
   const Index* doc = doc_ids ? doc_ids + b * seq_len : nullptr;
   int32_t* begins = chunk_begin + b * (seq_len + 1);
@@ -1386,7 +1388,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* sAf = sM + kChunk * LDF;                                  // A (f32)
   bf16* sV2 = reinterpret_cast<bf16*>(sM);  // once A is formed: the odd V tiles
   static_assert(size_t(kChunk) * LDV * 2 <= L::f_bytes, "a V tile fits in M's space");
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_e[kChunk];  // G, beta, e^G
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);     // G
+  HAM_STATIC_SHARED(float, s_beta, [kChunk]);  // beta
+  HAM_STATIC_SHARED(float, s_e, [kChunk]);     // e^G
   const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32);
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
@@ -1681,7 +1685,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto slot_w = [&](int chunk) { return slots + (chunk % 2) * kSlotElements; };
   auto slot_k = [&](int chunk) { return slot_w(chunk) + kChunk * LDK; };
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
-  __shared__ float s_g[2][kChunk];
+  HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
   const StateTile st(pr, VT);
   if (st.first_chunk == st.end_chunk) return;  // past the row's documents
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
@@ -1892,7 +1896,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   auto slot_s = [&](int tile) { return slot0 + (tile % slots) * L::slot_elements; };  // [K][vt]
   auto slot_vn = [&](int tile) { return slot_s(tile) + KD * LDS; };  // v_new [64][vt]
   auto slot_v = [&](int tile) { return slot_vn(tile) + kChunk * LDS; };  // v [64][vt]
-  __shared__ float s_g[kChunk];
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = pr.tiles;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
@@ -2161,7 +2165,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
   auto slot_do = [&](int tile) { return sK + kChunk * LDK + (tile % slots) * kChunk * LDV; };
-  __shared__ float s_g[kChunk];
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = int((V + kMmaVt - 1) / kMmaVt);
   const int warp = int(threadIdx.x / 32);
@@ -2294,7 +2298,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto slot_dvl = [&](int chunk) {
     return reinterpret_cast<float*>(slot(chunk) + 3 * L::k_bytes + L::v_bytes);
   };
-  __shared__ float s_g[2][kChunk];
+  HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
   const StateTile st(pr, VT);
   if (st.first_chunk == st.end_chunk) return;  // past the row's documents
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
@@ -2529,7 +2533,8 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
   auto slot_u = [&](int tile) { return slot_do(tile) + kChunk * LDV; };  // u = v_new
   auto slot_du = [&](int tile) { return slot_u(tile) + kChunk * LDV; };
   auto slot_vb = [&](int tile) { return slot_du(tile) + kChunk * LDV; };
-  __shared__ float s_g[kChunk], s_beta[kChunk];
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);
+  HAM_STATIC_SHARED(float, s_beta, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
@@ -2707,8 +2712,10 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   auto slot_s0 = [&](int step) { return slot_u(step) + kChunk * LDV; };  // [KB][VT]
   auto slot_ds = [&](int step) { return slot_s0(step) + KB * LDV; };     // [KB][VT]
   using Eight = Pack<bf16, 8>;
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_beta_e[kChunk];  // s_beta_e: beta E
-  __shared__ float s_row_part[2][kChunk];  // the second column part's row sums
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);
+  HAM_STATIC_SHARED(float, s_beta, [kChunk]);
+  HAM_STATIC_SHARED(float, s_beta_e, [kChunk]);  // s_beta_e: beta E
+  HAM_STATIC_SHARED(float, s_row_part, [2][kChunk]);  // the second column part's row sums
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
   const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, part = warp / 4;
@@ -3032,8 +3039,11 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   bf16* sDA = sA + kChunk * LDA;   // dA in bf16, as the keys kernel rounded it
   bf16* sdW = sDA + kChunk * LDA;  // [64][KB]: the key block of dW
   constexpr int kRowParts = kThreads / kChunk;  // threads that share a row's Z sums
-  __shared__ float s_g[kChunk], s_beta[kChunk], s_dg[kParts][kChunk],
-      s_part[kRowParts][2][kChunk], s_upper_total;
+  HAM_STATIC_SHARED(float, s_g, [kChunk]);
+  HAM_STATIC_SHARED(float, s_beta, [kChunk]);
+  HAM_STATIC_SHARED(float, s_dg, [kParts][kChunk]);
+  HAM_STATIC_SHARED(float, s_part, [kRowParts][2][kChunk]);
+  HAM_STATIC_SHARED(float, s_upper_total);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block

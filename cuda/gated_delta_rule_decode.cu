@@ -47,8 +47,10 @@ struct DecodeArgs {
 template <class T, int kRows>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(DecodeArgs<T> a) {
   using C = compute_t<T>;
-  __shared__ C s_k[kRows * kRowGroups], s_q[kRows * kRowGroups];
-  __shared__ C s_p[kRowGroups][kColumns], s_o[kRowGroups][kColumns];
+  HAM_STATIC_SHARED(C, s_k, [kRows * kRowGroups]);
+  HAM_STATIC_SHARED(C, s_q, [kRows * kRowGroups]);
+  HAM_STATIC_SHARED(C, s_p, [kRowGroups][kColumns]);
+  HAM_STATIC_SHARED(C, s_o, [kRowGroups][kColumns]);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int tile = int(blockIdx.x);
   const int64_t h = blockIdx.y, b = blockIdx.z;

@@ -44,6 +44,20 @@
 #define HAM_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
+// A static shared variable: HAM_STATIC_SHARED(float, s_g, [kChunk]) is
+// `__shared__ float s_g[kChunk]` (the array bounds, if any, come last). On the emulator it
+// is a static, and every block starts with its bytes 0xff: on a GPU each block's copy starts
+// undefined, so a read of what this block never wrote must not find the previous block's
+// value there. (The emulator's cuda_runtime.h poisons a bare __shared__.)
+#ifdef HAM_CUDA_EMULATOR
+#define HAM_STATIC_SHARED(type, name, ...)                                               \
+  static type name __VA_ARGS__;                                                         \
+  [[maybe_unused]] static const bool name##_undefined_at_each_block =                   \
+      ::ham::cuda::emulator::undefined_at_each_block(&name, sizeof name)
+#else
+#define HAM_STATIC_SHARED(type, name, ...) __shared__ type name __VA_ARGS__
+#endif
+
 namespace ham::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -209,7 +223,7 @@ __device__ __forceinline__ C warp_max(C v) {
 // of 32 and at most 1024; every thread of the block must call it.
 template <class C>
 __device__ C block_sum(C v) {
-  __shared__ C partial[32];
+  HAM_STATIC_SHARED(C, partial, [32]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();  // `partial` may still be read by a previous call
@@ -221,7 +235,7 @@ __device__ C block_sum(C v) {
 
 template <class C>
 __device__ C block_max(C v, C lowest) {
-  __shared__ C partial[32];
+  HAM_STATIC_SHARED(C, partial, [32]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_max(v);
   __syncthreads();

@@ -54,7 +54,7 @@ __global__ void row_sums(int64_t outer, int64_t len, int64_t splits, Value value
 template <class C, class Value, class Store>
 __global__ void column_sums(int64_t outer, int64_t len, int64_t inner, int64_t splits,
                             Value value, Store store, Acc* partial) {
-  __shared__ Acc tile[kColumnRows][kColumnWidth + 1];
+  HAM_STATIC_SHARED(Acc, tile, [kColumnRows][kColumnWidth + 1]);
   const int64_t tiles = (inner + kColumnWidth - 1) / kColumnWidth;
   const int64_t o = int64_t(blockIdx.x) / tiles;
   const int64_t i = (int64_t(blockIdx.x) % tiles) * kColumnWidth + threadIdx.x;

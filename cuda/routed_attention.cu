@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(kCompactThreads)
                  int* counter_scratch, int64_t* positions, int64_t* counts, int64_t* begin,
                  int64_t* end) {
   HAM_DYNAMIC_SHARED(int, shared_counter);
-  __shared__ int warp_prefix[32];
-  __shared__ int carry;
+  HAM_STATIC_SHARED(int, warp_prefix, [32]);
+  HAM_STATIC_SHARED(int, carry);
   const int64_t b = blockIdx.x, row = b * seq_len;
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   // counter[f]: indexed by a document's first position f.
@@ -390,7 +390,7 @@ struct AttentionArgs {
 template <class T>
 __device__ int64_t visible_rows_end(const AttentionArgs<T>& a, int64_t b, int k0, int k_end,
                                     int first_query) {
-  __shared__ int last_tile;
+  HAM_STATIC_SHARED(int, last_tile);
   const int64_t tiles = (a.seq_len + kQueryTileRows - 1) / kQueryTileRows;
   const QueryTileRange* row_tiles = a.query_tiles + b * tiles;
   int last = -1;
@@ -613,8 +613,11 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
   float* sK = sQ + BQ * (DK + 1);   // [BK][DK + 1]
   float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
   float* sP = sV + BK * (DV + 1);   // [BQ][BK + 1]
-  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
-  __shared__ float s_pscale[BK];
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
   const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
   const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
@@ -708,8 +711,13 @@ __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<
   float* sK = sO + BQ * (DV + 1);   // [BK][DK + 1]
   float* sV = sK + BK * (DK + 1);   // [BK][DV + 1], v' = p v
   float* sS = sV + BK * (DV + 1);   // scale * dS [BQ][BK + 1]
-  __shared__ int s_begin[BQ], s_end[BQ], s_pos[BK], bounds[4];
-  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
+  HAM_STATIC_SHARED(float, s_lse, [BQ]);
+  HAM_STATIC_SHARED(float, s_delta, [BQ]);
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
   const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
   const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
@@ -788,8 +796,13 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
   float* sO = sQ + BQ * (DK + 1);   // dO [BQ][DV + 1]
   float* sP = sO + BQ * (DV + 1);   // P [BK][BQ + 1]
   float* sS = sP + BK * (BQ + 1);   // scale * dS [BK][BQ + 1]
-  __shared__ int s_pos[BK], s_begin[BQ], s_end[BQ], first_query;
-  __shared__ float s_pscale[BK], s_lse[BQ], s_delta[BQ];
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, first_query);
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
+  HAM_STATIC_SHARED(float, s_lse, [BQ]);
+  HAM_STATIC_SHARED(float, s_delta, [BQ]);
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
   const int64_t b = block.batch, g = block.head;
@@ -1344,8 +1357,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   constexpr int NB = BK / 8, VB = DV / 8;  // 8-column blocks of S and of O
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
-  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   auto issue_query = [&](int64_t row, int64_t head, int64_t first) {
@@ -1476,8 +1492,11 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [BQ][LDK]
   bf16* sO = sQ + BQ * LDK;                      // dO [BQ][LDV]
-  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kMmaThreads>(
@@ -1815,11 +1834,14 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * LDK; };
   // The query tiles' rows (visible ranges, lse, D) in three slots: tile i + 1's are
   // published while tile i - 1's products may still read theirs.
-  __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, s_begin, [3][BQ]);
+  HAM_STATIC_SHARED(int, s_end, [3][BQ]);
+  HAM_STATIC_SHARED(int, first_query);
   // s_stats: {lse log2 e, D} per row, so that a lane's two adjacent query columns come in
   // one 16-byte load (32 4-byte loads a tile before, a tenth of its shared-memory reads).
-  __shared__ float s_pscale[BK];
-  __shared__ __align__(16) float2 s_stats[3][BQ];
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
+  HAM_STATIC_SHARED(__align__(16) float2, s_stats, [3][BQ]);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
@@ -2001,9 +2023,12 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   bf16* query_slots = kDk ? sV + BK * DV : sV;     // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
-  __shared__ int s_pos[BK], s_begin[3][BQ], s_end[3][BQ], first_query;
-  __shared__ float s_pscale[BK];
-  __shared__ __align__(16) float2 s_stats[3][BQ];
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, s_begin, [3][BQ]);
+  HAM_STATIC_SHARED(int, s_end, [3][BQ]);
+  HAM_STATIC_SHARED(int, first_query);
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
+  HAM_STATIC_SHARED(__align__(16) float2, s_stats, [3][BQ]);
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
@@ -2167,8 +2192,11 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
   bf16* sO = sQ + BQ * DK;                      // dO [BQ][DV] swizzled
   bf16* key_slots = sO + BQ * DV;               // 2 x K [BK][DK], then 2 x V [BK][DV]
-  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
@@ -2189,7 +2217,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
   }
   if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
-    __shared__ float s_delta[BQ];
+    HAM_STATIC_SHARED(float, s_delta, [BQ]);
     row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
     __syncthreads();
 #pragma unroll
@@ -2286,8 +2314,11 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
   bf16* key_slots = sQ + BQ * DK;  // 2 x K [BK][DK], then 2 x V [BK][DV], swizzled
-  __shared__ int s_begin[BQ], s_end[BQ], bounds[4], s_pos[2 * BK];
-  __shared__ __align__(8) float s_pscale[3 * BK];  // 8-byte aligned: scale_key_columns
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, bounds, [4]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const QueryBlock qb = query_block<BQ, kThreads>(

@@ -15,6 +15,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
@@ -197,6 +198,30 @@ std::string hex(unsigned mask) {
 }
 
 // The fibers of one block and their scheduling, on the launching OS thread.
+// The static shared variables declared so far (HAM_STATIC_SHARED): each block starts with
+// them 0xff, whichever kernel they belong to (a kernel's own are among them).
+struct StaticSharedVariable {
+  void* bytes;
+  size_t size;
+};
+
+std::mutex& static_shared_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+
+std::vector<StaticSharedVariable>& static_shared_variables() {
+  static auto* variables = new std::vector<StaticSharedVariable>;
+  return *variables;
+}
+
+void fill_static_shared_variables() {
+  std::lock_guard<std::mutex> lock(static_shared_mutex());
+  for (const StaticSharedVariable& v : static_shared_variables()) {
+    std::memset(v.bytes, 0xff, v.size);
+  }
+}
+
 class BlockRunner {
  public:
   BlockRunner(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
@@ -216,6 +241,7 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
+    fill_static_shared_variables();
     async_proxy_view_ = shared_;
     async_proxy_fenced_ = false;
     ready_.clear();
@@ -740,6 +766,13 @@ void BlockRunner::fiber_main(Fiber* f) {
 }  // namespace
 
 const ThreadPlace& place() { return runner().current().place; }
+
+bool undefined_at_each_block(void* variable, size_t bytes) {
+  std::lock_guard<std::mutex> lock(static_shared_mutex());
+  static_shared_variables().push_back({variable, bytes});
+  std::memset(variable, 0xff, bytes);
+  return true;
+}
 
 void* dynamic_shared_memory() { return runner().shared(); }
 const void* async_proxy_view() { return runner().async_proxy_view(); }

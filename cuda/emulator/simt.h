@@ -14,12 +14,12 @@
 // site, the block and the thread: a barrier some threads of the block never reach
 // (deadlock), lanes of a warp meeting in different collectives or with different masks, a
 // shuffle reading a lane outside the mask, a mask naming a lane that has exited, __trap(),
-// a bad launch configuration. Dynamic shared memory and fresh device memory are filled
-// with 0xff bytes (NaN as floats), so a read of something never written shows.
+// a bad launch configuration. Shared memory (dynamic, and each block's static variables)
+// and fresh device memory are filled with 0xff bytes (NaN as floats), so a read of
+// something never written shows.
 //
 // Not emulated: timing, occupancy, registers, the memory model beyond "a barrier orders
-// everything", races between blocks, and a __shared__ variable keeps its value from one
-// block to the next (on a GPU it starts undefined).
+// everything", races between blocks.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -76,6 +76,11 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
 // The block's dynamic shared memory (extern __shared__) and its size in bytes.
 void* dynamic_shared_memory();
 size_t dynamic_shared_size();
+
+// A static shared variable (HAM_STATIC_SHARED, cuda/launch.h), a static here: from now on
+// every block starts with its `bytes` bytes 0xff, as each block's copy on a GPU starts
+// undefined. Fills them at once (the first block to declare it); returns true.
+bool undefined_at_each_block(void* variable, size_t bytes);
 
 // __syncthreads and its counting forms: waits for every thread of the block that has not
 // exited; returns how many of them met there and how many passed a non-zero predicate.

@@ -79,7 +79,7 @@ TEST(SimtEmulator, TheReverseScheduleRunsTheBlocksLastFirst) {
 
 // Thread i writes i + 1 to shared memory; after the barrier thread 0 sums all of it.
 __global__ void sum_through_shared(int* out) {
-  __shared__ int values[256];
+  HAM_STATIC_SHARED(int, values, [256]);
   values[threadIdx.x] = int(threadIdx.x) + 1;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -102,15 +102,13 @@ TEST(SimtEmulator, ABarrierMakesEveryWriteBeforeItVisible) {
 
 // The same without the barrier: a race. Thread 0 sees every value only when it runs last.
 __global__ void sum_without_barrier(int* out) {
-  __shared__ int values[64];
+  HAM_STATIC_SHARED(int, values, [64]);
   values[threadIdx.x] = 1;
   if (threadIdx.x == 0) {
     int sum = 0;
     for (unsigned i = 0; i < blockDim.x; ++i) sum += values[i];
     out[0] = sum;
   }
-  __syncthreads();
-  values[threadIdx.x] = 0;  // so that the next launch starts from zeros again
 }
 
 TEST(SimtEmulator, SchedulesExposeAMissingBarrier) {
@@ -123,9 +121,10 @@ TEST(SimtEmulator, SchedulesExposeAMissingBarrier) {
     HAM_CUDA_CHECK_LAUNCH();
     sums.push_back(out.read()[0]);
   }
-  // Forward: thread 0 runs first and sees only its own write (the statics start at 0 or
-  // hold the previous launch's zeros); reverse: it runs last and sees all 64.
-  EXPECT_EQ(sums[0], 1);
+  // Forward: thread 0 runs first and sees only its own write, beside 63 unwritten -1s (each
+  // block starts with its static shared variables 0xff); reverse: it runs last and sees
+  // all 64.
+  EXPECT_EQ(sums[0], 1 - 63);
   EXPECT_EQ(sums[1], 64);
 }
 
@@ -286,6 +285,40 @@ TEST(SimtEmulator, UnwrittenMemoryReadsAsNaN) {
   for (int i = 1; i < 4; ++i) EXPECT_TRUE(std::isnan(got[size_t(i)])) << i;  // never written
 }
 
+// Block b writes slot b of a static shared array, then each thread reads a slot: on a GPU
+// the other slots are undefined, never what an earlier block wrote there.
+__global__ void read_static_shared(float* out) {
+  HAM_STATIC_SHARED(float, slots, [3]);
+  if (threadIdx.x == 0) slots[blockIdx.x] = 1.5f + float(blockIdx.x);
+  __syncthreads();
+  out[blockIdx.x * 3 + threadIdx.x] = slots[threadIdx.x];
+}
+
+TEST(SimtEmulator, EveryBlockStartsWithItsStaticSharedVariablesUnwritten) {
+  ScheduleGuard guard;
+  for (Schedule s : {Schedule::Forward, Schedule::Reverse}) {
+    emulator::set_schedule(s);
+    float* out = nullptr;
+    HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 9 * sizeof(float)));
+    HAM_LAUNCH(3, 3, 0, nullptr, read_static_shared)(out);
+    HAM_CUDA_CHECK_LAUNCH();
+    std::vector<float> got(9);
+    HAM_CUDA_CHECK(cudaMemcpy(got.data(), out, sizeof(float) * 9, cudaMemcpyDeviceToHost));
+    cudaFree(out);
+    for (int block = 0; block < 3; ++block) {
+      for (int slot = 0; slot < 3; ++slot) {
+        const float x = got[size_t(block * 3 + slot)];
+        if (slot == block) {
+          EXPECT_EQ(x, 1.5f + float(block));
+        } else {
+          EXPECT_TRUE(std::isnan(x)) << "block " << block << " read " << x << " in slot " << slot
+                                     << ", schedule " << int(s);
+        }
+      }
+    }
+  }
+}
+
 TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {
   DeviceInts out(1);
   HAM_LAUNCH(1, 1025, 0, nullptr, write_coordinates)(out.data);
@@ -304,7 +337,9 @@ TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {
 // One 16 x 8 x 16 product through ldmatrix and mma.sync, B read both from [n][k] rows and,
 // transposed, from [k][n] rows; D written out in the accumulator layout of cuda/mma.cuh.
 __global__ void mma_tile(const uint16_t* a_in, const uint16_t* b_kn, float* d_out) {
-  __shared__ __align__(16) uint16_t A[16][16], B_nk[8][16], B_kn[16][8];
+  HAM_STATIC_SHARED(__align__(16) uint16_t, A, [16][16]);
+  HAM_STATIC_SHARED(__align__(16) uint16_t, B_nk, [8][16]);
+  HAM_STATIC_SHARED(__align__(16) uint16_t, B_kn, [16][8]);
   const int lane = int(threadIdx.x);
   for (int i = lane; i < 256; i += 32) A[i / 16][i % 16] = a_in[i];
   for (int i = lane; i < 128; i += 32) {
@@ -361,7 +396,7 @@ TEST(SimtEmulator, MmaAndLdmatrixFollowThePtxFragmentLayouts) {
 }
 
 __global__ void ldmatrix_on_a_misaligned_row(float* out) {
-  __shared__ __align__(16) uint16_t rows[8][16];
+  HAM_STATIC_SHARED(__align__(16) uint16_t, rows, [8][16]);
   uint32_t r[1];
   mma::ldmatrix<1, false>(r, &rows[threadIdx.x % 8][1]);
   out[threadIdx.x] = float(r[0]);
@@ -443,7 +478,7 @@ TEST(SimtEmulator, AsyncCopiesLandAtIssueInTheReverseSchedule) {
 // the reverse schedule the last warp runs through both shuffles to the barrier before the
 // other warp passes its first; in the forward schedule the warps pass each shuffle in turn.
 __global__ void warp_progress(int* out) {
-  __shared__ int order;
+  HAM_STATIC_SHARED(int, order);
   if (threadIdx.x == 0) order = 0;
   __syncthreads();
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
@@ -471,7 +506,7 @@ TEST(SimtEmulator, InTheReverseScheduleAWarpRunsAheadToTheBarrier) {
 }
 
 __global__ void async_copy_to(int* src, int where) {
-  __shared__ __align__(16) int static_tile[8];
+  HAM_STATIC_SHARED(__align__(16) int, static_tile, [8]);
   HAM_DYNAMIC_SHARED(int, tile);
   if (where == 0) async_copy_16(static_tile, src);  // not dynamic shared memory
   if (where == 1) async_copy_16(tile + 1, src);     // misaligned

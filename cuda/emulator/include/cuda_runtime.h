@@ -19,8 +19,10 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
-// Blocks run one after another on one OS thread, so a static is the block's shared copy.
-#define __shared__ static
+// Static shared variables are declared with HAM_STATIC_SHARED (cuda/launch.h): a static, as
+// blocks run one after another on one OS thread, that each block starts undefined. A bare
+// __shared__ would keep the previous block's value, hiding a read of what was never written.
+#pragma GCC poison __shared__
 #define __constant__ static
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
