@@ -197,7 +197,6 @@ std::string hex(unsigned mask) {
   return text;
 }
 
-// The fibers of one block and their scheduling, on the launching OS thread.
 // The static shared variables declared so far (HAM_STATIC_SHARED): each block starts with
 // them 0xff, whichever kernel they belong to (a kernel's own are among them).
 struct StaticSharedVariable {
@@ -222,6 +221,7 @@ void fill_static_shared_variables() {
   }
 }
 
+// The fibers of one block and their scheduling, on the launching OS thread.
 class BlockRunner {
  public:
   BlockRunner(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
