@@ -50,10 +50,9 @@
 // undefined, so a read of what this block never wrote must not find the previous block's
 // value there. (The emulator's cuda_runtime.h poisons a bare __shared__.)
 #ifdef HAM_CUDA_EMULATOR
-#define HAM_STATIC_SHARED(type, name, ...)                                               \
-  static type name __VA_ARGS__;                                                         \
-  [[maybe_unused]] static const bool name##_undefined_at_each_block =                   \
-      ::ham::cuda::emulator::undefined_at_each_block(&name, sizeof name)
+#define HAM_STATIC_SHARED(type, name, ...) \
+  static type name __VA_ARGS__;            \
+  ::ham::cuda::emulator::static_shared_variable(&name, sizeof name)
 #else
 #define HAM_STATIC_SHARED(type, name, ...) __shared__ type name __VA_ARGS__
 #endif

@@ -15,7 +15,6 @@
 #include <deque>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
@@ -197,30 +196,6 @@ std::string hex(unsigned mask) {
   return text;
 }
 
-// The static shared variables declared so far (HAM_STATIC_SHARED): each block starts with
-// them 0xff, whichever kernel they belong to (a kernel's own are among them).
-struct StaticSharedVariable {
-  void* bytes;
-  size_t size;
-};
-
-std::mutex& static_shared_mutex() {
-  static auto* mutex = new std::mutex;
-  return *mutex;
-}
-
-std::vector<StaticSharedVariable>& static_shared_variables() {
-  static auto* variables = new std::vector<StaticSharedVariable>;
-  return *variables;
-}
-
-void fill_static_shared_variables() {
-  std::lock_guard<std::mutex> lock(static_shared_mutex());
-  for (const StaticSharedVariable& v : static_shared_variables()) {
-    std::memset(v.bytes, 0xff, v.size);
-  }
-}
-
 // The fibers of one block and their scheduling, on the launching OS thread.
 class BlockRunner {
  public:
@@ -241,7 +216,7 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
-    fill_static_shared_variables();
+    static_shared_filled_.clear();
     async_proxy_view_ = shared_;
     async_proxy_fenced_ = false;
     ready_.clear();
@@ -288,6 +263,17 @@ class BlockRunner {
   const void* async_proxy_view() const { return async_proxy_view_.data(); }
   void async_proxy_fence() { async_proxy_fenced_ = true; }
   size_t shared_size() const { return shared_.size(); }
+
+  // The first thread of the block to reach a static shared variable's declaration fills it
+  // with 0xff; the block's other threads, and later calls, find it filled.
+  void static_shared(void* variable, size_t bytes) {
+    if (std::find(static_shared_filled_.begin(), static_shared_filled_.end(), variable) !=
+        static_shared_filled_.end()) {
+      return;
+    }
+    static_shared_filled_.push_back(variable);
+    std::memset(variable, 0xff, bytes);
+  }
 
   BarrierCount block_barrier(int predicate) {
     Fiber& f = current();
@@ -668,6 +654,7 @@ class BlockRunner {
   std::mt19937 rng_{12345};
   std::vector<Fiber> fibers_;
   std::vector<unsigned char> shared_;
+  std::vector<const void*> static_shared_filled_;  // this block's, filled (static_shared)
   // Dynamic shared memory as the async proxy (the wgmma tensor cores) may see it: taken at
   // each barrier that some fence.proxy.async preceded (simt.h, async_proxy_fence).
   std::vector<unsigned char> async_proxy_view_;
@@ -767,11 +754,8 @@ void BlockRunner::fiber_main(Fiber* f) {
 
 const ThreadPlace& place() { return runner().current().place; }
 
-bool undefined_at_each_block(void* variable, size_t bytes) {
-  std::lock_guard<std::mutex> lock(static_shared_mutex());
-  static_shared_variables().push_back({variable, bytes});
-  std::memset(variable, 0xff, bytes);
-  return true;
+void static_shared_variable(void* variable, size_t bytes) {
+  runner().static_shared(variable, bytes);
 }
 
 void* dynamic_shared_memory() { return runner().shared(); }

@@ -77,10 +77,11 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
 void* dynamic_shared_memory();
 size_t dynamic_shared_size();
 
-// A static shared variable (HAM_STATIC_SHARED, cuda/launch.h), a static here: from now on
-// every block starts with its `bytes` bytes 0xff, as each block's copy on a GPU starts
-// undefined. Fills them at once (the first block to declare it); returns true.
-bool undefined_at_each_block(void* variable, size_t bytes);
+// A static shared variable's declaration (HAM_STATIC_SHARED, cuda/launch.h), a static
+// here, reached by the current thread: the first of the block's threads to reach it fills
+// its `bytes` bytes with 0xff, as each block's copy on a GPU starts undefined, so a read of
+// what this block never wrote does not find an earlier block's value.
+void static_shared_variable(void* variable, size_t bytes);
 
 // __syncthreads and its counting forms: waits for every thread of the block that has not
 // exited; returns how many of them met there and how many passed a non-zero predicate.
