@@ -6,10 +6,9 @@
 // elsewhere); its result lands in the output in stream order, like a kernel's, so in the
 // held orders a reader that does not wait for the collective's end reads what was there
 // before. It moves bytes only: every rank gathers every rank's input and reduces it itself,
-// in rank order, in f64
-// (exact integers in i64), so all ranks get the same bits and no MPI type is needed for
-// bf16. A one-rank communicator needs no MPI at all. Errors are returned as NCCL would and
-// described by ncclGetLastError.
+// in rank order, in f64 (exact integers in i64), so all ranks get the same bits and no MPI
+// type is needed for bf16. A one-rank communicator needs no MPI at all. Errors are returned
+// as NCCL would and described by ncclGetLastError.
 #include <nccl.h>
 
 #include <chrono>
@@ -398,9 +397,10 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   if (ncclResult_t r = gather_all(comm, mine, bytes, all, "ncclBroadcast"); r != ncclSuccess) {
     return r;
   }
-  all.erase(all.begin(), all.begin() + std::ptrdiff_t(size_t(root) * bytes));
-  all.resize(bytes);
-  return land_in_stream_order(stream, recvbuff, std::move(all), "ncclBroadcast");
+  const auto roots = all.begin() + std::ptrdiff_t(size_t(root) * bytes);
+  return land_in_stream_order(stream, recvbuff,
+                              std::vector<char>(roots, roots + std::ptrdiff_t(bytes)),
+                              "ncclBroadcast");
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
