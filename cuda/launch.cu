@@ -74,7 +74,7 @@ void check_index_range(const char* op, const char* what, const Tensor& index, in
   HAM_CUDA_CHECK(cudaMemcpyAsync(first_bad.raw_data(), &none, sizeof none,
                                  cudaMemcpyHostToDevice, launch_stream()));
   dispatch_index(op, index.dtype(), [&]<class I>() {
-    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), find_first_out_of_range)(
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), find_first_out_of_range<I>)(
         ptr<I>(index), n, limit, ptr<unsigned long long>(first_bad));
     HAM_CUDA_CHECK_LAUNCH();
   });

@@ -28,9 +28,12 @@
 // the kernel runs after the launching function has returned.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...)                                    \
-  ::ham::cuda::emulator::KernelLaunch({#__VA_ARGS__, __FILE__, __LINE__}, grid, block,       \
-                                      shared_bytes, stream,                                  \
-                                      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); })
+  ::ham::cuda::emulator::KernelLaunch(                                                        \
+      {#__VA_ARGS__, __FILE__, __LINE__}, grid, block, shared_bytes, stream,                  \
+      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); },                                \
+      [=](const auto&... ham_args_) {                                                         \
+        return ::ham::cuda::emulator::kernel_address(0, __VA_ARGS__, ham_args_...);           \
+      })
 #else
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...) \
   __VA_ARGS__<<<grid, block, shared_bytes, stream>>>

@@ -124,7 +124,7 @@ void reduce_middle(Device device, int64_t outer, int64_t len, int64_t inner, Val
   }
   HAM_CUDA_CHECK_LAUNCH();
   if (splits > 1) {
-    HAM_LAUNCH(grid_for(count), kThreads, 0, launch_stream(), add_splits<C>)(
+    HAM_LAUNCH(grid_for(count), kThreads, 0, launch_stream(), add_splits<C, Store>)(
         count, splits, partial, store);
     HAM_CUDA_CHECK_LAUNCH();
   }

@@ -84,12 +84,52 @@ int device_count() {
   return count;
 }
 
+// What the runtime knows of one kernel's shared memory. On a GPU the static size is the
+// compiler's; here it is the sum of the static shared variables the kernel's blocks have
+// reached so far, so the checks below are never stricter than the GPU's.
+struct KernelShared {
+  int max_dynamic = -1;  // its MaxDynamicSharedMemorySize; -1: never set
+  std::vector<const void*> statics;
+  size_t static_bytes = 0;
+
+  // The dynamic bytes a launch may ask for: the attribute, or else what the 48 KiB a block
+  // gets without opting in leaves beside the static variables.
+  size_t dynamic_limit() const {
+    if (max_dynamic >= 0) return size_t(max_dynamic);
+    return static_bytes < size_t(kSharedPerBlock) ? size_t(kSharedPerBlock) - static_bytes : 0;
+  }
+
+  // Why a GPU would refuse a launch with `dynamic` bytes of dynamic shared memory, or "".
+  std::string refusal(size_t dynamic) const {
+    using ::ham::detail::concat;
+    if (static_bytes > size_t(kSharedPerBlock)) {
+      return concat(static_bytes, " bytes of static shared memory, past the ", kSharedPerBlock,
+                    " nvcc allows a kernel");
+    }
+    if (max_dynamic >= 0 && size_t(max_dynamic) + static_bytes > size_t(kSharedPerBlockOptin)) {
+      return concat("its MaxDynamicSharedMemorySize of ", max_dynamic, " bytes and its ",
+                    static_bytes, " of static shared memory exceed the ", kSharedPerBlockOptin,
+                    " a block may opt into, so cudaFuncSetAttribute fails on a GPU");
+    }
+    if (dynamic > dynamic_limit()) {
+      const std::string limit =
+          max_dynamic >= 0
+              ? std::string("its MaxDynamicSharedMemorySize")
+              : concat("48 KiB less its ", static_bytes, " bytes of static shared memory; past "
+                       "that a launch must opt in with cudaFuncSetAttribute");
+      return concat(dynamic, " bytes of dynamic shared memory exceed the kernel's limit of ",
+                    dynamic_limit(), " (", limit, "), so a GPU refuses the launch");
+    }
+    return "";
+  }
+};
+
 struct State {
   std::mutex mutex;
   std::map<const void*, std::pair<size_t, int>> allocations;  // pointer -> bytes, device
   size_t used[64] = {};
   std::set<cudaStream_t> streams;  // created and not destroyed
-  std::map<const void*, int> max_dynamic_shared;  // kernel -> its MaxDynamicSharedMemorySize
+  std::map<const void*, KernelShared> kernels;  // by the kernel's address
 };
 
 State& state() {
@@ -262,9 +302,12 @@ cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value) {
   if (!function) return fail(cudaErrorInvalidValue);
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > kSharedPerBlockOptin) return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> lock(state().mutex);
-    state().max_dynamic_shared[function] = value;
+    KernelShared& kernel = state().kernels[function];
+    if (value < 0 || size_t(value) + kernel.static_bytes > size_t(kSharedPerBlockOptin)) {
+      return fail(cudaErrorInvalidValue);
+    }
+    kernel.max_dynamic = value;
   }
   return cudaSuccess;
 }
@@ -276,10 +319,10 @@ cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* 
   attributes->ptxVersion = 90;
   attributes->binaryVersion = 90;
   std::lock_guard<std::mutex> lock(state().mutex);
-  auto it = state().max_dynamic_shared.find(function);
-  attributes->maxDynamicSharedSizeBytes = it == state().max_dynamic_shared.end() ? kSharedPerBlock
-                                                                                 : it->second;
-  // Static __shared__ sizes are not known here (a static is not measured): 0.
+  const KernelShared& kernel = state().kernels[function];
+  attributes->maxDynamicSharedSizeBytes = int(kernel.dynamic_limit());
+  // What its blocks have reached so far: 0 before the kernel's first launch.
+  attributes->sharedSizeBytes = kernel.static_bytes;
   return cudaSuccess;
 }
 
@@ -289,13 +332,20 @@ cudaError_t max_active_blocks(int* blocks, const void* function, int block_threa
     return fail(cudaErrorInvalidValue);
   }
   // Threads and shared memory only: the emulator does not know a kernel's registers.
+  size_t static_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    static_bytes = state().kernels[function].static_bytes;
+  }
   const int by_threads = kThreadsPerMultiprocessor / block_threads;
-  const int by_shared = int(kSharedPerMultiprocessor / (dynamic_shared_bytes + 1024));
+  const int by_shared =
+      int(kSharedPerMultiprocessor / (dynamic_shared_bytes + static_bytes + 1024));
   *blocks = std::min({32, by_threads, by_shared});
   return cudaSuccess;
 }
 
-bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream) {
+bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                   cudaStream_t stream) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const bool ok = threads >= 1 && threads <= 1024 && block.z <= 64 && grid.x >= 1 &&
                   grid.y >= 1 && grid.z >= 1 && grid.x <= 2147483647u && grid.y <= 65535 &&
@@ -308,7 +358,26 @@ bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStrea
     fail(cudaErrorInvalidResourceHandle);
     return false;
   }
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    refused = state().kernels[site.function].refusal(dynamic_shared_bytes);
+  }
+  HAM_CHECK(refused.empty(), "cuda emulator: kernel ", site.kernel, " launched at ", site.file,
+            ":", site.line, ": ", refused);
   return true;
+}
+
+std::string static_shared_reached(const LaunchSite& site, size_t dynamic_shared_bytes,
+                                  const void* variable, size_t bytes) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  KernelShared& kernel = state().kernels[site.function];
+  if (std::find(kernel.statics.begin(), kernel.statics.end(), variable) != kernel.statics.end()) {
+    return "";
+  }
+  kernel.statics.push_back(variable);
+  kernel.static_bytes += bytes;
+  return kernel.refusal(dynamic_shared_bytes);
 }
 
 StreamOrder stream_order() { return stream_order_setting().load(); }

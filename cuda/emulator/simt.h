@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 
 struct uint3 {
   unsigned x, y, z;
@@ -61,11 +62,27 @@ struct ThreadPlace {
 const ThreadPlace& place();
 
 // A launch site, for messages: "gdr_forward_kernel<T> at cuda/gated_delta_rule.cu:978".
+// `function` is the kernel's address, under which the runtime keeps its attributes and the
+// static shared memory its blocks have reached (static_shared_reached).
 struct LaunchSite {
   const char* kernel;
   const char* file;
   int line;
+  const void* function = nullptr;
 };
+
+// The address of the kernel a launch (HAM_LAUNCH) names and calls with `args`:
+// kernel_address(0, kernel, args...). The kernel is a pointer, a function, or a template
+// whose remaining arguments the call deduces; for that last the arguments' types must be
+// its parameters' exactly.
+template <class... Params, class... Args>
+const void* kernel_address(int, void (*kernel)(Params...), const Args&...) {
+  return reinterpret_cast<const void*>(kernel);
+}
+template <class... Args>
+const void* kernel_address(long, void (*kernel)(std::decay_t<Args>...), const Args&...) {
+  return reinterpret_cast<const void*>(kernel);
+}
 
 // Runs `body` once per thread of every block of `grid` x `block`, with `dynamic_shared_bytes`
 // of dynamic shared memory per block. Throws (ham::Error) on a bad configuration or when the
@@ -82,6 +99,13 @@ size_t dynamic_shared_size();
 // its `bytes` bytes with 0xff, as each block's copy on a GPU starts undefined, so a read of
 // what this block never wrote does not find an earlier block's value.
 void static_shared_variable(void* variable, size_t bytes);
+
+// The runtime's side of that first reach (runtime.cpp): adds `variable` to the static shared
+// memory known for `site.function` and returns why a GPU would refuse the launch with
+// `dynamic_shared_bytes` now that this is known (static and dynamic together past the
+// kernel's limit), or "" where it would not.
+std::string static_shared_reached(const LaunchSite& site, size_t dynamic_shared_bytes,
+                                  const void* variable, size_t bytes);
 
 // __syncthreads and its counting forms: waits for every thread of the block that has not
 // exited; returns how many of them met there and how many passed a non-zero predicate.

@@ -319,6 +319,67 @@ TEST(SimtEmulator, EveryBlockStartsWithItsStaticSharedVariablesUnwritten) {
   }
 }
 
+// 16 KiB of static shared memory beside the dynamic: a block has 48 KiB of the two together
+// unless the kernel opts in to more (cudaFuncSetAttribute), and at most 227 KiB then.
+__global__ void static_and_dynamic_shared(int* out) {
+  HAM_STATIC_SHARED(int, table, [4096]);
+  HAM_DYNAMIC_SHARED(int, scratch);
+  table[threadIdx.x] = 2;
+  scratch[threadIdx.x] = 3;
+  __syncthreads();
+  out[threadIdx.x] = table[threadIdx.x] * scratch[threadIdx.x];
+}
+
+TEST(SimtEmulator, ALaunchPastItsKernelsSharedMemoryLimitFailsLikeOnAGpu) {
+  auto* kernel = static_and_dynamic_shared;
+  DeviceInts out(32);
+  cudaFuncAttributes attributes{};
+  HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  EXPECT_EQ(attributes.sharedSizeBytes, 0u);  // not launched yet: nothing known
+  HAM_LAUNCH(1, 32, 32 * 1024, nullptr, static_and_dynamic_shared)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();  // 32 + 16 KiB: fits the 48 without opting in
+  HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  EXPECT_EQ(attributes.sharedSizeBytes, 16u * 1024);
+  EXPECT_EQ(attributes.maxDynamicSharedSizeBytes, 32 * 1024);
+  // A kilobyte more needs the opt-in, known here from the first launch on.
+  testing::expect_error(
+      [&] { HAM_LAUNCH(1, 32, 33 * 1024, nullptr, static_and_dynamic_shared)(out.data); },
+      {"static_and_dynamic_shared", "test_simt_emulator.cpp", "33792 bytes of dynamic",
+       "limit of 32768", "16384 bytes of static", "cudaFuncSetAttribute"});
+  HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      200 * 1024));
+  HAM_LAUNCH(1, 32, 200 * 1024, nullptr, static_and_dynamic_shared)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  for (int x : out.read()) EXPECT_EQ(x, 6);
+  testing::expect_error(
+      [&] { HAM_LAUNCH(1, 32, 201 * 1024, nullptr, static_and_dynamic_shared)(out.data); },
+      {"205824 bytes of dynamic", "limit of 204800", "its MaxDynamicSharedMemorySize"});
+  // 212 + 16 KiB is past the 227 a block may have.
+  EXPECT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 212 * 1024),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      211 * 1024));
+}
+
+// The same kernel shape met for the first time at a launch: the static variables become
+// known inside the block, and the launch fails there.
+__global__ void static_shared_past_the_default(int* out) {
+  HAM_STATIC_SHARED(int, table, [4096]);
+  HAM_DYNAMIC_SHARED(int, scratch);
+  table[threadIdx.x] = 1;
+  scratch[threadIdx.x] = 1;
+  out[threadIdx.x] = table[threadIdx.x] + scratch[threadIdx.x];
+}
+
+TEST(SimtEmulator, StaticSharedMemoryFirstMetInAKernelCountsAgainstItsLimit) {
+  DeviceInts out(32);
+  testing::expect_error(
+      [&] { HAM_LAUNCH(1, 32, 40 * 1024, nullptr, static_shared_past_the_default)(out.data); },
+      {"static_shared_past_the_default", "block (0,0,0) thread (0,0,0)", "40960 bytes of dynamic",
+       "limit of 32768", "a GPU refuses the launch"});
+}
+
 TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {
   DeviceInts out(1);
   HAM_LAUNCH(1, 1025, 0, nullptr, write_coordinates)(out.data);

@@ -155,8 +155,11 @@ cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* 
 cudaError_t max_active_blocks(int* blocks, const void* function, int block_threads,
                               size_t dynamic_shared_bytes);
 // Checks a launch configuration as the GPU would: on failure records the error for
-// cudaGetLastError and returns false.
-bool accept_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream);
+// cudaGetLastError and returns false. A launch whose shared memory the GPU would refuse
+// given what is known of the kernel (its MaxDynamicSharedMemorySize and the static shared
+// memory its blocks have reached) throws, saying why.
+bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                   cudaStream_t stream);
 
 // When work issued to a stream runs (HAM_EMULATOR_STREAMS, in_order when unset):
 // - InOrder (in_order): when issued, whatever the stream.
@@ -204,25 +207,28 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Function*
 namespace ham::cuda::emulator {
 
 // What HAM_LAUNCH (cuda/launch.h) builds: a launch configuration and a call of the kernel,
-// run for every thread when the arguments come.
-template <class Call>
+// run for every thread when the arguments come, and the kernel's address given those
+// arguments (`address`: the call may deduce which specialization it is).
+template <class Call, class Address>
 struct KernelLaunch {
   LaunchSite site;
   dim3 grid, block;
   size_t shared_bytes;
   cudaStream_t stream;
   Call call;
+  Address address;
 
   KernelLaunch(LaunchSite site_, dim3 grid_, dim3 block_, size_t shared_bytes_,
-               cudaStream_t stream_, Call call_)
+               cudaStream_t stream_, Call call_, Address address_)
       : site(site_), grid(grid_), block(block_), shared_bytes(shared_bytes_), stream(stream_),
-        call(call_) {}
+        call(call_), address(address_) {}
 
   // Arguments are taken by value, as a kernel launch copies them; each thread's call copies
   // them again into the kernel's parameters.
   template <class... Args>
   void operator()(Args... args) {
-    if (!accept_launch(grid, block, shared_bytes, stream)) return;
+    site.function = address(args...);
+    if (!accept_launch(site, grid, block, shared_bytes, stream)) return;
     issue(stream, [site = site, grid = grid, block = block, shared_bytes = shared_bytes,
                    call = call, args...] {
       run_kernel(site, grid, block, shared_bytes, [&] { call(args...); });
