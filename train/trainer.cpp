@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -143,7 +144,46 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   } catch (const Error& e) {
     HAM_FAIL(source, ": ", e.what());
   }
+  o.validate(source);
   *this = o;
+}
+
+void TrainOptions::validate(const std::string& source) const {
+  // name: the JSON key and, where `ham train` has one, its flag.
+  const std::string from = source.empty() ? "" : source + ": ";
+  auto check = [&](bool ok, const char* name, const auto& value, const char* range) {
+    HAM_CHECK(ok, from, "train option ", name, " must be ", range, ", got ", value);
+  };
+  auto finite = [](double x) { return std::isfinite(x); };
+  check(steps > 0, "'steps' (--steps)", steps, "> 0");
+  check(batch_size > 0, "'batch_size' (--batch-size)", batch_size, "> 0");
+  check(seq_len > 0, "'seq_len' (--seq-len)", seq_len, "> 0");
+  check(grad_accum > 0, "'grad_accum' (--grad-accum)", grad_accum, "> 0");
+  check(finite(lr) && lr > 0, "'lr' (--lr)", lr, "finite and > 0");
+  check(min_lr_ratio >= 0 && min_lr_ratio <= 1, "'min_lr_ratio'", min_lr_ratio, "in [0, 1]");
+  check(warmup_steps >= 0, "'warmup_steps' (--warmup)", warmup_steps, ">= 0");
+  check(finite(weight_decay) && weight_decay >= 0, "'weight_decay' (--weight-decay)",
+        weight_decay, "finite and >= 0");
+  check(beta1 >= 0 && beta1 < 1, "'beta1'", beta1, "in [0, 1)");
+  check(beta2 >= 0 && beta2 < 1, "'beta2'", beta2, "in [0, 1)");
+  check(finite(eps) && eps > 0, "'eps'", eps, "finite and > 0");
+  check(finite(clip) && clip >= 0, "'clip' (--clip)", clip, "finite and >= 0 (0: no clipping)");
+  check(log_every > 0, "'log_every' (--log-every)", log_every, "> 0");
+  check(eval_every >= 0, "'eval_every' (--eval-every)", eval_every, ">= 0 (0: only at the end)");
+  check(eval_batches > 0, "'eval_batches'", eval_batches, "> 0");
+  check(checkpoint_every >= 0, "'checkpoint_every' (--checkpoint-every)", checkpoint_every,
+        ">= 0 (0: only at the end)");
+  check(keep_checkpoints >= 0, "'keep_checkpoints' (--keep)", keep_checkpoints, ">= 0 (0: all)");
+  check(mix_mqar >= 0 && mix_mqar <= 1, "'mix_mqar' (--mix-mqar)", mix_mqar, "in [0, 1]");
+  check(mix_niah >= 0 && mix_niah <= 1, "'mix_niah' (--mix-niah)", mix_niah, "in [0, 1]");
+  check(mix_mqar + mix_niah <= 1, "'mix_mqar' + 'mix_niah'", mix_mqar + mix_niah, "<= 1");
+  check(mqar_pairs > 0, "'mqar_pairs' (--mqar-pairs)", mqar_pairs, "> 0");
+  check(finite(peak_gflops) && peak_gflops >= 0, "'peak_gflops' (--peak-gflops)", peak_gflops,
+        "finite and >= 0 (0: measure this CPU)");
+  check(grad_norms_every >= 0, "'grad_norms_every' (--grad-norms-every)", grad_norms_every,
+        ">= 0 (0: never)");
+  check(shard_group_size >= 0, "'shard_group_size' (--shard-group-size)", shard_group_size,
+        ">= 0 (0: all ranks)");
 }
 
 void TrainOptions::update_from_file(const std::string& path) {
@@ -278,8 +318,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   const TokenSource& val_data, const TrainOptions& opt, std::ostream& log_to,
                   const CheckpointContents* resume,
                   const std::shared_ptr<dist::Communicator>& world_or_null) {
-  HAM_CHECK(opt.steps > 0 && opt.batch_size > 0 && opt.seq_len > 0 && opt.grad_accum > 0,
-            "train: steps, batch size, sequence length and grad accumulation must be positive");
+  opt.validate("");
   std::shared_ptr<dist::Communicator> world =
       world_or_null ? world_or_null : std::make_shared<dist::SingleProcessCommunicator>();
   const int rank = world->rank(), world_size = world->size();
@@ -567,13 +606,15 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     }
     gradient_monitor.end_step(step + 1, log, metrics.get());
     double grad_norm = 0;
+    // clip 0: no bound, the norm still measured for the progress line.
+    const double max_norm = opt.clip > 0 ? opt.clip : std::numeric_limits<double>::infinity();
     if (sharded_run) {
       for (const auto& [name, p] : model.named_parameters()) clear_grad(p);
-      grad_norm = sharded->clip_gradient_norm(opt.clip);
+      grad_norm = sharded->clip_gradient_norm(max_norm);
       sharded_optimizer->step(lr);
       sharded->zero_gradients();
     } else {
-      grad_norm = clip_grad_norm(params, opt.clip);
+      grad_norm = clip_grad_norm(params, max_norm);
       optimizer->step(lr);
       optimizer->zero_grad();
     }
@@ -638,7 +679,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       window_tokens = 0;
       window_start = std::chrono::steady_clock::now();
     }
-    if (has_val && ((step + 1) % opt.eval_every == 0 || last)) {
+    if (has_val && ((opt.eval_every > 0 && (step + 1) % opt.eval_every == 0) || last)) {
       result.final_val_loss =
           sharded_run ? evaluate_distributed(model, val_data, opt, *world)
                       : evaluate(model, val_data, opt.batch_size, opt.seq_len, opt.eval_batches);

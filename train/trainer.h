@@ -28,9 +28,9 @@ struct TrainOptions {
   int64_t warmup_steps = 20;  // the paper uses 1,024
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip = 1.0;
+  double clip = 1.0;           // global gradient-norm bound (0: no clipping)
   int64_t log_every = 20;
-  int64_t eval_every = 100;
+  int64_t eval_every = 100;    // steps between validation losses (0: only at the end)
   int64_t eval_batches = 8;
   uint64_t seed = 0;
   bool skip_nonfinite = false;  // skip a step with a NaN/Inf loss or gradient (default: stop)
@@ -68,8 +68,13 @@ struct TrainOptions {
   std::string precision = "f32";
 
   nlohmann::json to_json() const;
-  // Overrides fields present in `j`; unknown keys are errors naming `source` and the key.
+  // Overrides fields present in `j`; unknown keys and values out of range (validate) are
+  // errors naming `source` and the key.
   void update_from_json(const nlohmann::json& j, const std::string& source);
+  // Checks that every number lies in its range (a learning rate finite and positive, betas
+  // in [0, 1), ...): a one-line error naming `source` (if any), the key, its flag and the
+  // value.
+  void validate(const std::string& source) const;
   // update_from_json with a JSON file's contents.
   void update_from_file(const std::string& path);
 };

@@ -8,6 +8,7 @@
 
 #include "autograd/node.h"
 #include "models/transformer.h"
+#include "tests/error_testing.h"
 
 namespace ham {
 namespace {
@@ -82,6 +83,86 @@ TEST(Trainer, SkipNonFiniteKeepsGoing) {
   EXPECT_EQ(r.skipped_steps, 1);
   EXPECT_EQ(r.steps, 4);
   EXPECT_NE(log.str().find("skipped"), std::string::npos);
+}
+
+TEST(TrainOptions, ValuesOutOfRangeAreOneLineErrorsNamingTheKeyAndFlag) {
+  struct Case {
+    nlohmann::json value;
+    std::vector<std::string> named;
+  };
+  const std::vector<Case> cases = {
+      {{{"lr", -1}}, {"run.json", "'lr' (--lr)", "finite and > 0", "got -1"}},
+      {{{"lr", 0}}, {"'lr' (--lr)"}},
+      {{{"min_lr_ratio", 2}}, {"'min_lr_ratio'", "in [0, 1]", "got 2"}},
+      {{{"warmup_steps", -5}}, {"'warmup_steps' (--warmup)", ">= 0"}},
+      {{{"weight_decay", -0.1}}, {"'weight_decay' (--weight-decay)"}},
+      {{{"beta1", 1.5}}, {"'beta1'", "in [0, 1)", "got 1.5"}},
+      {{{"beta2", 1}}, {"'beta2'", "in [0, 1)"}},
+      {{{"eps", 0}}, {"'eps'", "finite and > 0"}},
+      {{{"clip", -1}}, {"'clip' (--clip)", "0: no clipping"}},
+      {{{"log_every", 0}}, {"'log_every' (--log-every)", "> 0", "got 0"}},
+      {{{"eval_every", -1}}, {"'eval_every' (--eval-every)", "0: only at the end"}},
+      {{{"eval_batches", 0}}, {"'eval_batches'"}},
+      {{{"checkpoint_every", -2}}, {"'checkpoint_every' (--checkpoint-every)"}},
+      {{{"keep_checkpoints", -1}}, {"'keep_checkpoints' (--keep)"}},
+      {{{"mix_mqar", 0.7}, {"mix_niah", 0.5}}, {"'mix_mqar' + 'mix_niah'", "<= 1", "got 1.2"}},
+      {{{"mqar_pairs", 0}}, {"'mqar_pairs' (--mqar-pairs)"}},
+      {{{"peak_gflops", -5}}, {"'peak_gflops' (--peak-gflops)"}},
+      {{{"grad_norms_every", -1}}, {"'grad_norms_every' (--grad-norms-every)"}},
+      {{{"shard_group_size", -1}}, {"'shard_group_size' (--shard-group-size)"}},
+      {{{"steps", 0}}, {"'steps' (--steps)", "> 0"}},
+      {{{"grad_accum", -1}}, {"'grad_accum' (--grad-accum)"}},
+  };
+  for (const Case& c : cases) {
+    TrainOptions o;
+    const TrainOptions before = o;
+    testing::expect_error([&] { o.update_from_json(c.value, "run.json"); }, c.named);
+    EXPECT_EQ(o.to_json(), before.to_json()) << "a rejected file changed the options";
+  }
+  // Values no JSON file can hold, set by a program or a flag, fail where training starts.
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  Transformer model(small_config());
+  for (double bad : {double(NAN), double(INFINITY)}) {
+    TrainOptions o;
+    o.lr = bad;
+    std::ostringstream log;
+    testing::expect_error([&] { train(model, train_data, val_data, o, log); },
+                          {"train option 'lr' (--lr)", "finite and > 0"});
+    EXPECT_EQ(log.str(), "") << "no work before the check";
+  }
+}
+
+// clip 0 trains without a bound, as an unreachable bound does; eval_every 0 evaluates after
+// the last step only (and, as always, before the first).
+TEST(Trainer, ClipZeroMeansNoClippingAndEvalEveryZeroOnlyTheLastStep) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  auto run = [&](double clip, int64_t eval_every, std::string* log_text) {
+    Transformer model(small_config());
+    TrainOptions opt;
+    opt.steps = 3;
+    opt.batch_size = 2;
+    opt.seq_len = 16;
+    opt.log_every = 1;
+    opt.eval_every = eval_every;
+    opt.eval_batches = 1;
+    opt.clip = clip;
+    std::ostringstream log;
+    train(model, train_data, val_data, opt, log);
+    if (log_text) *log_text = log.str();
+    return model.parameter("layers.0.mlp.up.weight").to_vector<float>();
+  };
+  std::string log;
+  const std::vector<float> unclipped = run(0, 0, &log);
+  EXPECT_EQ(unclipped, run(1e30, 1, nullptr));
+  EXPECT_NE(unclipped, run(1e-3, 1, nullptr)) << "the bound must bite at 1e-3";
+  size_t evaluations = 0;
+  for (size_t at = log.find("val loss"); at != std::string::npos;
+       at = log.find("val loss", at + 1)) {
+    ++evaluations;
+  }
+  EXPECT_EQ(evaluations, 2u) << log;  // before the first step and after the last
+  EXPECT_NE(log.find("step     0/3 | val loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("step     3/3 | val loss"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // with checkpoints, exact resume and a weights-only export.
 #include <omp.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -115,6 +116,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
     config = ModelConfig::from_json(
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
+  options.validate("");  // before the data is read and the model built
   TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
   out << fmt::format("{} model: {} parameters\n", family_name(config.family),
@@ -126,8 +128,8 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
                            omp_get_max_threads());
   TrainResult r = train(*model, *data.train, *data.val, options, out, resume.get(), world);
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
-  out << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% lower)", r.first_loss,
-                           r.final_loss, drop);
+  out << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% {})", r.first_loss,
+                     r.final_loss, std::abs(drop), drop >= 0 ? "lower" : "higher");
   if (r.initial_val_loss > 0) {
     out << fmt::format(", validation loss {:.4f} -> {:.4f}", r.initial_val_loss,
                              r.final_val_loss);
@@ -183,9 +185,9 @@ Command add_train_command(CLI::App& root) {
   add("--lr", &TrainOptions::lr, "Peak learning rate");
   add("--warmup", &TrainOptions::warmup_steps, "Linear warmup steps");
   add("--weight-decay", &TrainOptions::weight_decay, "AdamW weight decay (matrices only)");
-  add("--clip", &TrainOptions::clip, "Global gradient-norm clip");
+  add("--clip", &TrainOptions::clip, "Global gradient-norm clip (0: no clipping)");
   add("--log-every", &TrainOptions::log_every, "Steps between progress lines");
-  add("--eval-every", &TrainOptions::eval_every, "Steps between validation losses");
+  add("--eval-every", &TrainOptions::eval_every, "Steps between validation losses (0: only at the end)");
   add("--seed", &TrainOptions::seed, "Data sampling seed");
   add("--out", &TrainOptions::out_dir, "Checkpoint directory (checkpoints are written only when set)");
   add("--log-dir", &TrainOptions::log_dir, "metrics.jsonl and TensorBoard events go here (default: --out)");
