@@ -228,7 +228,11 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
     // Rows come only from synthetic tasks when the mixture leaves no share for the data.
     TrainingData data;
     if (data_rows) {
-      data = open_training_data(options, run.config);
+      try {
+        data = open_training_data(options, run.config);
+      } catch (const Error& e) {
+        HAM_FAIL("compare run '", run.name, "': ", e.what());
+      }
     } else {
       data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
       data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});

@@ -51,8 +51,9 @@ TrainingData open_training_data(const TrainOptions& options, const ModelConfig& 
   std::string text = options.data_path.empty() ? std::string(default_corpus())
                                                : read_text_file(options.data_path);
   auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
-  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, "model config: key 'vocab_size' must "
-            "be at least ", ByteTokenizer::kVocabSize, " for byte-level text, got ", config.vocab_size);
+  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, source, " is byte-level text: the "
+            "model config's key 'vocab_size' must be at least ", ByteTokenizer::kVocabSize,
+            ", got ", config.vocab_size);
   data.train = std::make_unique<TokenStream>(std::move(train_stream));
   data.val = std::make_unique<TokenStream>(std::move(val_stream));
   data.description = source;

@@ -107,6 +107,22 @@ TEST(Comparison, InfeasibleEvaluationFailsBeforeTraining) {
   fs::remove_all(out);
 }
 
+TEST(Comparison, ARunWhoseVocabularyCannotHoldTheTextNamesTheRunAndTheData) {
+  nlohmann::json small = nlohmann::json::parse(std::ifstream(kTiny + "gdn.json"));
+  small["vocab_size"] = 128;
+  nlohmann::json j = tiny_spec();
+  j["runs"] = {{"small", small}};
+  j["train"]["mix_mqar"] = 0;  // rows from the embedded text
+  CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  std::string out = (fs::temp_directory_path() / "ham_test_comparison_vocab").string();
+  fs::remove_all(out);
+  std::ostringstream log;
+  expect_error([&] { run_comparison(spec, out, log); },
+               {"compare run 'small'", "<embedded corpus> is byte-level text", "'vocab_size'",
+                "at least 257", "got 128"});
+  fs::remove_all(out);
+}
+
 // Same data, same budget: two runs of the same config give identical losses; the report
 // has a row per run and both plots.
 TEST(Comparison, RunsShareDataAndWriteTheReport) {
