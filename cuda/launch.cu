@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "core/ops/shape.h"
 #include "cuda/launch.h"
@@ -41,6 +42,19 @@ int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
   std::lock_guard<std::mutex> lock(mutex);
   cache[key] = blocks;
   return blocks;
+}
+
+void raise_dynamic_shared_limit(const void* kernel, size_t bytes,
+                                const std::function<void()>& raise) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, size_t> raised;
+  int device = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& limit = raised[{kernel, device}];
+  if (bytes <= limit) return;
+  raise();
+  limit = bytes;
 }
 
 size_t max_shared_per_block() {

@@ -169,22 +169,29 @@ int multiprocessor_count();
 int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
                          const std::function<int()>& query);
 
-// Raises `kernel`'s dynamic shared-memory limit to `bytes` where they exceed the default
-// 48 KiB (a launch above the limit fails); `op` names the caller in an error.
+// Calls `raise` when `bytes` exceed what this process has raised `kernel`'s dynamic
+// shared-memory limit to on the current device, then records them; the limit only rises.
+void raise_dynamic_shared_limit(const void* kernel, size_t bytes,
+                                const std::function<void()>& raise);
+
+// Raises `kernel`'s dynamic shared-memory limit (MaxDynamicSharedMemorySize) to `bytes`, once
+// per kernel, device and larger size. Below 48 KiB too: without it a block has 48 KiB for its
+// static and dynamic shared memory together, so a launch asking for less still fails where
+// the kernel's static arrays take the rest. `op` names the caller in an error.
 template <class Kernel>
 void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  HAM_CUDA_CHECK_CTX(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), op,
-      ": ", bytes, " bytes of dynamic shared memory");
+  if (bytes == 0) return;
+  raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, [&] {
+    HAM_CUDA_CHECK_CTX(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+        op, ": ", bytes, " bytes of dynamic shared memory");
+  });
 }
 
 // Blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory, which the query
-// opts in where above 48 KB) that one SM of the current device holds at once, by the
-// runtime's occupancy calculator. Cached per kernel, configuration and device, since
-// launches on hot paths (rms_norm, decoding) size their grids by it. A launch still opts
-// in its own bytes: a later query may have set the kernel's limit lower. `op` names the
-// caller in an error.
+// opts in) that one SM of the current device holds at once, by the runtime's occupancy
+// calculator. Cached per kernel, configuration and device, since launches on hot paths
+// (rms_norm, decoding) size their grids by it. `op` names the caller in an error.
 template <class Kernel>
 int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t bytes) {
   return cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, bytes, [&] {
