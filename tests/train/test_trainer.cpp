@@ -138,14 +138,8 @@ TEST(Trainer, ClipZeroMeansNoClippingAndEvalEveryZeroOnlyTheLastStep) {
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
   auto run = [&](double clip, int64_t eval_every, std::string* log_text) {
     Transformer model(small_config());
-    TrainOptions opt;
-    opt.steps = 3;
-    opt.batch_size = 2;
-    opt.seq_len = 16;
-    opt.log_every = 1;
-    opt.eval_every = eval_every;
-    opt.eval_batches = 1;
-    opt.clip = clip;
+    const TrainOptions opt{.steps = 3, .batch_size = 2, .seq_len = 16, .clip = clip,
+                           .log_every = 1, .eval_every = eval_every, .eval_batches = 1};
     std::ostringstream log;
     train(model, train_data, val_data, opt, log);
     if (log_text) *log_text = log.str();
