@@ -88,37 +88,45 @@ int device_count() {
 // compiler's; here it is the sum of the static shared variables the kernel's blocks have
 // reached so far, so the checks below are never stricter than the GPU's.
 struct KernelShared {
-  int max_dynamic = -1;  // its MaxDynamicSharedMemorySize; -1: never set
+  std::map<int, int> max_dynamic;  // by device: its MaxDynamicSharedMemorySize, where set
   std::vector<const void*> statics;
   size_t static_bytes = 0;
 
-  // The dynamic bytes a launch may ask for: the attribute, or else what the 48 KiB a block
-  // gets without opting in leaves beside the static variables.
-  size_t dynamic_limit() const {
-    if (max_dynamic >= 0) return size_t(max_dynamic);
+  // The attribute on `device`; -1 where never set.
+  int attribute(int device) const {
+    const auto it = max_dynamic.find(device);
+    return it == max_dynamic.end() ? -1 : it->second;
+  }
+
+  // The dynamic bytes a launch on `device` may ask for: the attribute, or else what the
+  // 48 KiB a block gets without opting in leaves beside the static variables.
+  size_t dynamic_limit(int device) const {
+    if (attribute(device) >= 0) return size_t(attribute(device));
     return static_bytes < size_t(kSharedPerBlock) ? size_t(kSharedPerBlock) - static_bytes : 0;
   }
 
-  // Why a GPU would refuse a launch with `dynamic` bytes of dynamic shared memory, or "".
-  std::string refusal(size_t dynamic) const {
+  // Why a GPU would refuse a launch on `device` with `dynamic` bytes of dynamic shared
+  // memory, or "".
+  std::string refusal(size_t dynamic, int device) const {
     using ::ham::detail::concat;
+    const int opted_in = attribute(device);
     if (static_bytes > size_t(kSharedPerBlock)) {
       return concat(static_bytes, " bytes of static shared memory, past the ", kSharedPerBlock,
                     " nvcc allows a kernel");
     }
-    if (max_dynamic >= 0 && size_t(max_dynamic) + static_bytes > size_t(kSharedPerBlockOptin)) {
-      return concat("its MaxDynamicSharedMemorySize of ", max_dynamic, " bytes and its ",
+    if (opted_in >= 0 && size_t(opted_in) + static_bytes > size_t(kSharedPerBlockOptin)) {
+      return concat("its MaxDynamicSharedMemorySize of ", opted_in, " bytes and its ",
                     static_bytes, " of static shared memory exceed the ", kSharedPerBlockOptin,
                     " a block may opt into, so cudaFuncSetAttribute fails on a GPU");
     }
-    if (dynamic > dynamic_limit()) {
+    if (dynamic > dynamic_limit(device)) {
       const std::string limit =
-          max_dynamic >= 0
+          opted_in >= 0
               ? std::string("its MaxDynamicSharedMemorySize")
               : concat("48 KiB less its ", static_bytes, " bytes of static shared memory; past "
                        "that a launch must opt in with cudaFuncSetAttribute");
       return concat(dynamic, " bytes of dynamic shared memory exceed the kernel's limit of ",
-                    dynamic_limit(), " (", limit, "), so a GPU refuses the launch");
+                    dynamic_limit(device), " (", limit, "), so a GPU refuses the launch");
     }
     return "";
   }
@@ -307,7 +315,7 @@ cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attri
     if (value < 0 || size_t(value) + kernel.static_bytes > size_t(kSharedPerBlockOptin)) {
       return fail(cudaErrorInvalidValue);
     }
-    kernel.max_dynamic = value;
+    kernel.max_dynamic[current_device] = value;
   }
   return cudaSuccess;
 }
@@ -320,7 +328,7 @@ cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* 
   attributes->binaryVersion = 90;
   std::lock_guard<std::mutex> lock(state().mutex);
   const KernelShared& kernel = state().kernels[function];
-  attributes->maxDynamicSharedSizeBytes = int(kernel.dynamic_limit());
+  attributes->maxDynamicSharedSizeBytes = int(kernel.dynamic_limit(current_device));
   // What its blocks have reached so far: 0 before the kernel's first launch.
   attributes->sharedSizeBytes = kernel.static_bytes;
   return cudaSuccess;
@@ -361,7 +369,7 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
   std::string refused;
   {
     std::lock_guard<std::mutex> lock(state().mutex);
-    refused = state().kernels[site.function].refusal(dynamic_shared_bytes);
+    refused = state().kernels[site.function].refusal(dynamic_shared_bytes, site.device);
   }
   HAM_CHECK(refused.empty(), "cuda emulator: kernel ", site.kernel, " launched at ", site.file,
             ":", site.line, ": ", refused);
@@ -377,7 +385,7 @@ std::string static_shared_reached(const LaunchSite& site, size_t dynamic_shared_
   }
   kernel.statics.push_back(variable);
   kernel.static_bytes += bytes;
-  return kernel.refusal(dynamic_shared_bytes);
+  return kernel.refusal(dynamic_shared_bytes, site.device);
 }
 
 StreamOrder stream_order() { return stream_order_setting().load(); }

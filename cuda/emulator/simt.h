@@ -63,12 +63,14 @@ const ThreadPlace& place();
 
 // A launch site, for messages: "gdr_forward_kernel<T> at cuda/gated_delta_rule.cu:978".
 // `function` is the kernel's address, under which the runtime keeps its attributes and the
-// static shared memory its blocks have reached (static_shared_reached).
+// static shared memory its blocks have reached (static_shared_reached), and `device` the
+// device current at the launch.
 struct LaunchSite {
   const char* kernel;
   const char* file;
   int line;
   const void* function = nullptr;
+  int device = 0;
 };
 
 // The address of the kernel a launch (HAM_LAUNCH) names and calls with `args`:

@@ -228,6 +228,7 @@ struct KernelLaunch {
   template <class... Args>
   void operator()(Args... args) {
     site.function = address(args...);
+    cudaGetDevice(&site.device);  // never fails on the emulator
     if (!accept_launch(site, grid, block, shared_bytes, stream)) return;
     issue(stream, [site = site, grid = grid, block = block, shared_bytes = shared_bytes,
                    call = call, args...] {
