@@ -138,8 +138,10 @@ TEST(Trainer, ClipZeroMeansNoClippingAndEvalEveryZeroOnlyTheLastStep) {
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
   auto run = [&](double clip, int64_t eval_every, std::string* log_text) {
     Transformer model(small_config());
-    const TrainOptions opt{.steps = 3, .batch_size = 2, .seq_len = 16, .clip = clip,
-                           .log_every = 1, .eval_every = eval_every, .eval_batches = 1};
+    TrainOptions opt;
+    opt.update_from_json({{"steps", 3}, {"batch_size", 2}, {"seq_len", 16}, {"clip", clip},
+                          {"log_every", 1}, {"eval_every", eval_every}, {"eval_batches", 1}},
+                         "run.json");
     std::ostringstream log;
     train(model, train_data, val_data, opt, log);
     if (log_text) *log_text = log.str();
