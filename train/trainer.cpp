@@ -224,10 +224,7 @@ std::function<TokenBatch(int64_t, int64_t, Generator&)> make_row_sampler(
   auto from_data = [&data](int64_t rows, int64_t seq_len, Generator& gen) {
     return data.sample(rows, seq_len, gen);
   };
-  if (opt.mix_mqar <= 0 && opt.mix_niah <= 0) return from_data;
-  HAM_CHECK(opt.mix_mqar >= 0 && opt.mix_niah >= 0 && opt.mix_mqar + opt.mix_niah <= 1,
-            "train options: mix_mqar + mix_niah must lie in [0, 1], got ", opt.mix_mqar, " + ",
-            opt.mix_niah);
+  if (opt.mix_mqar <= 0 && opt.mix_niah <= 0) return from_data;  // ranges: validate()
   // With mix_mqar + mix_niah = 1 every row is synthetic and the data is never read.
   std::vector<MixtureSource> sources;
   double data_weight = 1 - opt.mix_mqar - opt.mix_niah;
