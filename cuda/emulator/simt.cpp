@@ -273,12 +273,8 @@ class BlockRunner {
     }
     static_shared_filled_.push_back(variable);
     std::memset(variable, 0xff, bytes);
-    if (std::find(static_shared_reported_.begin(), static_shared_reported_.end(), variable) ==
-        static_shared_reported_.end()) {
-      static_shared_reported_.push_back(variable);
-      const std::string refused = static_shared_reached(site_, shared_.size(), variable, bytes);
-      if (!refused.empty()) fail_in(current(), refused);
-    }
+    const std::string refused = static_shared_reached(site_, shared_.size(), variable, bytes);
+    if (!refused.empty()) fail_in(current(), refused);
   }
 
   BarrierCount block_barrier(int predicate) {
@@ -661,7 +657,6 @@ class BlockRunner {
   std::vector<Fiber> fibers_;
   std::vector<unsigned char> shared_;
   std::vector<const void*> static_shared_filled_;  // this block's, filled (static_shared)
-  std::vector<const void*> static_shared_reported_;  // this launch's, told to the runtime
   // Dynamic shared memory as the async proxy (the wgmma tensor cores) may see it: taken at
   // each barrier that some fence.proxy.async preceded (simt.h, async_proxy_fence).
   std::vector<unsigned char> async_proxy_view_;

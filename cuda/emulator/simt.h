@@ -102,10 +102,10 @@ size_t dynamic_shared_size();
 // what this block never wrote does not find an earlier block's value.
 void static_shared_variable(void* variable, size_t bytes);
 
-// The runtime's side of that first reach (runtime.cpp): adds `variable` to the static shared
-// memory known for `site.function` and returns why a GPU would refuse the launch with
-// `dynamic_shared_bytes` now that this is known (static and dynamic together past the
-// kernel's limit), or "" where it would not.
+// The runtime's side of a block's first reach (runtime.cpp): adds `variable`, if new, to the
+// static shared memory known for `site.function` and returns why a GPU would refuse the
+// launch with `dynamic_shared_bytes` now that it is known (static and dynamic together past
+// the kernel's limit), or "" where it would not or the launch was checked with it already.
 std::string static_shared_reached(const LaunchSite& site, size_t dynamic_shared_bytes,
                                   const void* variable, size_t bytes);
 
