@@ -8,13 +8,21 @@
 // a reader with what was there before, or lets a held writer overwrite what was read.
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -84,13 +92,23 @@ int device_count() {
   return count;
 }
 
-// What the runtime knows of one kernel's shared memory. On a GPU the static size is the
-// compiler's; here it is the sum of the static shared variables the kernel's blocks have
-// reached so far, so the checks below are never stricter than the GPU's.
-struct KernelShared {
+// What the runtime knows of one kernel: its shared memory, and the largest launches made of
+// it (for HAM_EMULATOR_LAUNCH_LOG). On a GPU the static size is the compiler's; here it is
+// the sum of the static shared variables the kernel's blocks have reached so far (one nvcc
+// drops as unused counts here too; scripts/kernel_resources.py checks nvcc's numbers).
+struct KernelRecord {
   std::map<int, int> max_dynamic;  // by device: its MaxDynamicSharedMemorySize, where set
   std::vector<const void*> statics;
   size_t static_bytes = 0;
+  uint64_t most_threads = 0;      // a block, over its launches
+  size_t most_dynamic_bytes = 0;  // over its launches
+  LaunchSite first_site{nullptr, nullptr, 0};  // where it was first launched
+  // The binary holding the kernel (as dladdr finds it at the first launch), when that
+  // binary was last modified (ns since the epoch: a rebuild since makes the offset stale),
+  // and the kernel's offset in it.
+  std::string binary = "?";
+  int64_t binary_modified_ns = 0;
+  uintptr_t offset = 0;
 
   // The attribute on `device`; -1 where never set.
   int attribute(int device) const {
@@ -137,7 +155,7 @@ struct State {
   std::map<const void*, std::pair<size_t, int>> allocations;  // pointer -> bytes, device
   size_t used[64] = {};
   std::set<cudaStream_t> streams;  // created and not destroyed
-  std::map<const void*, KernelShared> kernels;  // by the kernel's address
+  std::map<const void*, KernelRecord> kernels;  // by the kernel's address
 };
 
 State& state() {
@@ -311,7 +329,7 @@ cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attri
   if (!function) return fail(cudaErrorInvalidValue);
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     std::lock_guard<std::mutex> lock(state().mutex);
-    KernelShared& kernel = state().kernels[function];
+    KernelRecord& kernel = state().kernels[function];
     if (value < 0 || size_t(value) + kernel.static_bytes > size_t(kSharedPerBlockOptin)) {
       return fail(cudaErrorInvalidValue);
     }
@@ -327,7 +345,7 @@ cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* 
   attributes->ptxVersion = 90;
   attributes->binaryVersion = 90;
   std::lock_guard<std::mutex> lock(state().mutex);
-  const KernelShared& kernel = state().kernels[function];
+  const KernelRecord& kernel = state().kernels[function];
   attributes->maxDynamicSharedSizeBytes = int(kernel.dynamic_limit(current_device));
   // What its blocks have reached so far: 0 before the kernel's first launch.
   attributes->sharedSizeBytes = kernel.static_bytes;
@@ -352,6 +370,77 @@ cudaError_t max_active_blocks(int* blocks, const void* function, int block_threa
   return cudaSuccess;
 }
 
+namespace {
+
+std::string to_hex(uintptr_t value) {
+  char text[2 + 2 * sizeof(value) + 1];
+  std::snprintf(text, sizeof(text), "0x%jx", uintmax_t(value));
+  return text;
+}
+
+// Fills in where `function` lies: its binary, that binary's modification time and the
+// offset of `function` in it.
+void locate(const void* function, KernelRecord& kernel) {
+  Dl_info where{};
+  if (dladdr(function, &where) == 0 || !where.dli_fname) return;
+  // dladdr names the main program as it was run, which may be relative to the directory it
+  // was run from.
+  char absolute[PATH_MAX];
+  kernel.binary = ::realpath(where.dli_fname, absolute) ? absolute : where.dli_fname;
+  kernel.offset = reinterpret_cast<uintptr_t>(function) -
+                  reinterpret_cast<uintptr_t>(where.dli_fbase);
+  struct stat status{};
+  if (::stat(where.dli_fname, &status) == 0) {
+    kernel.binary_modified_ns = int64_t(status.st_mtim.tv_sec) * 1000000000 +
+                                status.st_mtim.tv_nsec;
+  }
+}
+
+int launch_log_descriptor = -1;
+
+// Appends launch_log_text() to HAM_EMULATOR_LAUNCH_LOG at exit, in one write() to a file
+// opened O_APPEND, so processes run side by side (ctest -j) do not interleave their lines.
+void write_launch_log() {
+  const std::string text = launch_log_text();
+  if (::write(launch_log_descriptor, text.data(), text.size()) != ssize_t(text.size())) {
+    std::fprintf(stderr, "cuda emulator: HAM_EMULATOR_LAUNCH_LOG: writing %zu bytes failed\n",
+                 text.size());
+  }
+  ::close(launch_log_descriptor);
+}
+
+// Opens HAM_EMULATOR_LAUNCH_LOG, where set, on the first accepted launch, so a path that
+// cannot be written fails the process there, in one line, rather than silently at exit.
+// Called with the state locked.
+void open_launch_log_once() {
+  static const bool opened = [] {
+    const char* path = std::getenv("HAM_EMULATOR_LAUNCH_LOG");
+    if (!path || !*path) return false;
+    launch_log_descriptor = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    HAM_CHECK(launch_log_descriptor >= 0, "HAM_EMULATOR_LAUNCH_LOG=", path,
+              ": cannot open for appending: ", std::strerror(errno));
+    std::atexit(write_launch_log);
+    return true;
+  }();
+  (void)opened;
+}
+
+}  // namespace
+
+std::string launch_log_text() {
+  std::string text;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  for (const auto& [function, kernel] : state().kernels) {
+    if (!kernel.first_site.kernel) continue;
+    text += ::ham::detail::concat(
+        kernel.binary, '\t', kernel.binary_modified_ns, '\t', to_hex(kernel.offset), '\t',
+        to_hex(reinterpret_cast<uintptr_t>(function)), '\t', kernel.most_threads, '\t',
+        kernel.most_dynamic_bytes, '\t', kernel.static_bytes, '\t', kernel.first_site.kernel,
+        '\t', kernel.first_site.file, ':', kernel.first_site.line, '\n');
+  }
+  return text;
+}
+
 bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                    cudaStream_t stream) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -369,7 +458,17 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
   std::string refused;
   {
     std::lock_guard<std::mutex> lock(state().mutex);
-    refused = state().kernels[site.function].refusal(dynamic_shared_bytes, site.device);
+    KernelRecord& kernel = state().kernels[site.function];
+    refused = kernel.refusal(dynamic_shared_bytes, site.device);
+    if (refused.empty()) {
+      if (!kernel.first_site.kernel) {
+        kernel.first_site = site;
+        locate(site.function, kernel);
+      }
+      kernel.most_threads = std::max(kernel.most_threads, threads);
+      kernel.most_dynamic_bytes = std::max(kernel.most_dynamic_bytes, dynamic_shared_bytes);
+      open_launch_log_once();
+    }
   }
   HAM_CHECK(refused.empty(), "cuda emulator: kernel ", site.kernel, " launched at ", site.file,
             ":", site.line, ": ", refused);
@@ -379,7 +478,7 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
 std::string static_shared_reached(const LaunchSite& site, size_t dynamic_shared_bytes,
                                   const void* variable, size_t bytes) {
   std::lock_guard<std::mutex> lock(state().mutex);
-  KernelShared& kernel = state().kernels[site.function];
+  KernelRecord& kernel = state().kernels[site.function];
   if (std::find(kernel.statics.begin(), kernel.statics.end(), variable) != kernel.statics.end()) {
     return "";
   }

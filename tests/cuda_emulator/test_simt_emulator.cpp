@@ -1,8 +1,12 @@
 // The SIMT emulator itself (cuda/emulator/): small kernels in CUDA syntax whose results are
 // worked out by hand, and the mistakes a GPU would punish, which the emulator must report.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -378,6 +382,79 @@ TEST(SimtEmulator, StaticSharedMemoryFirstMetInAKernelCountsAgainstItsLimit) {
       [&] { HAM_LAUNCH(1, 32, 40 * 1024, nullptr, static_shared_past_the_default)(out.data); },
       {"static_shared_past_the_default", "block (0,0,0) thread (0,0,0)", "40960 bytes of dynamic",
        "limit of 32768", "a GPU refuses the launch"});
+}
+
+__global__ void recorded_in_the_launch_log(int* out) {
+  HAM_DYNAMIC_SHARED(int, scratch);
+  const unsigned thread = threadIdx.y * blockDim.x + threadIdx.x;
+  scratch[thread] = int(thread);
+  out[thread] = scratch[thread];
+}
+
+// The fields of launch_log_text()'s line for the kernel at `address`; empty if none.
+std::vector<std::string> launch_log_fields(const void* address) {
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "0x%jx", uintmax_t(reinterpret_cast<uintptr_t>(address)));
+  std::istringstream lines(emulator::launch_log_text());
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> fields;
+    std::istringstream split(line);
+    for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
+    if (fields.size() == 9 && fields[3] == hex) return fields;
+  }
+  return {};
+}
+
+// The name nm gives the function at `offset` in `binary`, or "".
+std::string symbol_at(const std::string& binary, uint64_t offset) {
+  const std::string command = "nm --defined-only '" + binary + "'";
+  FILE* listing = popen(command.c_str(), "r");
+  if (!listing) return "";
+  std::string found;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), listing)) {
+    char type = 0;
+    unsigned long long at = 0;
+    char name[4000];
+    if (std::sscanf(line, "%llx %c %3999s", &at, &type, name) == 3 && at == offset) found = name;
+  }
+  pclose(listing);
+  return found;
+}
+
+// scripts/kernel_resources.py holds each kernel's largest launch against what nvcc gave it;
+// the emulator's log says which kernel (by its offset in the binary) and what launch.
+TEST(SimtEmulator, TheLaunchLogNamesEachKernelAndItsLargestLaunch) {
+  DeviceInts out(96);
+  HAM_LAUNCH(1, dim3(32, 3), 1000, nullptr, recorded_in_the_launch_log)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  HAM_LAUNCH(2, 64, 2000, nullptr, recorded_in_the_launch_log)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  HAM_LAUNCH(1, 1025, 8000, nullptr, recorded_in_the_launch_log)(out.data);  // refused
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  const auto* kernel = reinterpret_cast<const void*>(&recorded_in_the_launch_log);
+  const std::vector<std::string> fields = launch_log_fields(kernel);
+  ASSERT_EQ(fields.size(), 9u) << emulator::launch_log_text();
+  struct stat binary_status{};
+  ASSERT_EQ(::stat(fields[0].c_str(), &binary_status), 0) << fields[0];
+  EXPECT_EQ(fields[1], std::to_string(int64_t(binary_status.st_mtim.tv_sec) * 1000000000 +
+                                      binary_status.st_mtim.tv_nsec));
+  EXPECT_EQ(fields[4], "96");    // threads of the larger block
+  EXPECT_EQ(fields[5], "2000");  // dynamic bytes of the larger request
+  EXPECT_EQ(fields[6], "0");     // no static shared variables
+  EXPECT_EQ(fields[7], "recorded_in_the_launch_log");
+  EXPECT_NE(fields[8].find("test_simt_emulator.cpp:"), std::string::npos) << fields[8];
+  // The binary's symbol table names the kernel where the script looks: at the offset in a
+  // position-independent binary (ELF type 3), at the address in another.
+  FILE* binary = std::fopen(fields[0].c_str(), "rb");
+  ASSERT_NE(binary, nullptr) << fields[0];
+  unsigned char header[18] = {};
+  EXPECT_EQ(std::fread(header, 1, sizeof(header), binary), sizeof(header));
+  std::fclose(binary);
+  const bool position_independent = header[16] == 3 && header[17] == 0;
+  const uint64_t lookup = std::stoull(fields[position_independent ? 2 : 3], nullptr, 16);
+  EXPECT_NE(symbol_at(fields[0], lookup).find("recorded_in_the_launch_log"), std::string::npos)
+      << fields[0] << " at " << fields[2] << " / " << fields[3];
 }
 
 TEST(SimtEmulator, BadLaunchConfigurationsFailLikeOnAGpu) {

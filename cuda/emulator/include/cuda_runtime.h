@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <type_traits>
 
 #include "cuda/emulator/simt.h"
@@ -154,6 +155,16 @@ cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attri
 cudaError_t get_function_attributes(cudaFuncAttributes* attributes, const void* function);
 cudaError_t max_active_blocks(int* blocks, const void* function, int block_threads,
                               size_t dynamic_shared_bytes);
+// One line per kernel launched so far, for scripts/kernel_resources.py, which finds the
+// kernel in its binary and holds its largest launch against what nvcc gave it (registers,
+// __launch_bounds__, static shared memory) and the H200's limits. Tab-separated: the
+// binary (dladdr's at the first launch), its modification time then (ns since the epoch),
+// the kernel's offset in it and its address (hex), the most threads a block and dynamic
+// shared bytes a launch asked for, the static shared bytes its blocks reached, the kernel
+// as its first launch site names it, and that site (file:line).
+// HAM_EMULATOR_LAUNCH_LOG=FILE appends it to FILE at exit.
+std::string launch_log_text();
+
 // Checks a launch configuration as the GPU would: on failure records the error for
 // cudaGetLastError and returns false. A launch whose shared memory the GPU would refuse
 // given what is known of the kernel (its MaxDynamicSharedMemorySize and the static shared
