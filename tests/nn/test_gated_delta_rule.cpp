@@ -720,6 +720,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{2, 300, 2, 16, 12, false, 7}, GpuCase{1, 300, 2, 64, 96, true, 0},
                       GpuCase{1, 130, 5, 256, 384, true, 3}, GpuCase{1, 70, 2, 256, 256, false, 0},
                       GpuCase{1, 65, 1, 128, 512, true, 2},
+                      // a key dim the tensor-core kernels do not take (16 to 256, powers of
+                      // 2): bf16 runs the generic kernels too
+                      GpuCase{2, 130, 2, 48, 40, true, 3},
                       // the paper's heads at the lengths it trains on (GPU only)
                       GpuCase{1, 4096, 5, 256, 384, true, 0},
                       GpuCase{1, 16384, 5, 256, 384, false, 20}));
@@ -1059,9 +1062,14 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
-  // K = 64 (4-warp state passes) and K = 128 (8-warp state passes)
+  // K = 16 and 32 (narrow keys), 64 (4-warp state passes), 128 (8-warp state passes) and
+  // the paper's 256, where the forward's 64-column pass is the default at B = 4 (5 heads of
+  // 384 values: 240 blocks of 32 columns, past the H200's 132 SMs) and the backward's tiles
+  // are 32 columns either way.
   for (const GpuCase& c :
-       {GpuCase{2, 150, 3, 64, 80, true, 5}, GpuCase{1, 140, 2, 128, 72, true, 3}}) {
+       {GpuCase{1, 90, 3, 16, 40, true, 2}, GpuCase{2, 100, 2, 32, 72, true, 0},
+        GpuCase{2, 150, 3, 64, 80, true, 5}, GpuCase{1, 140, 2, 128, 72, true, 3},
+        GpuCase{1, 130, 1, 256, 96, true, 2}}) {
     SCOPED_TRACE(c.key_dim);
     expect_settings_agree_bitwise(c, 61, {32, 64}, [](int columns) {
       cuda::set_gated_delta_rule_state_columns(columns);

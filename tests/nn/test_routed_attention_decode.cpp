@@ -175,6 +175,9 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{1, 2, 3, 1, 36, 20, 150, 1.0, false},     // 3 heads a group; unpacked rows
         DecodeCase{1, 1, 16, 1, 256, 256, 300, 0.5, true},   // 16 heads a group, wide heads
         DecodeCase{3, 1, 8, 2, 64, 512, 100, 0.3, false},    // widest values
+        DecodeCase{2, 1, 16, 2, 128, 128, 260, 0.5, true},   // 8 heads a group, as in Llama
+        DecodeCase{1, 2, 8, 2, 64, 96, 180, 0.25, false},    // 4 heads a group, narrow values
+        DecodeCase{2, 1, 2, 2, 64, 384, 120, 0.5, true},     // no grouping, wide values
         DecodeCase{5, 16, 2, 2, 32, 32, 50, 0.5, false}));   // 80 rows: counts copied to the GPU
 
 // f64, whose P values move in two 16-byte loads per four keys: heads of 64 (32-key tiles)
