@@ -212,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GpuDecodeCase{1, 1, 2, 16, 12}, GpuDecodeCase{2, 1, 3, 32, 48},
                       GpuDecodeCase{2, 4, 2, 64, 64}, GpuDecodeCase{1, 1, 5, 256, 384},  // the paper's
                       GpuDecodeCase{1, 3, 2, 100, 40}, GpuDecodeCase{3, 1, 4, 128, 128},
-                      GpuDecodeCase{1, 2, 1, 512, 33}));
+                      GpuDecodeCase{1, 2, 1, 512, 33},
+                      GpuDecodeCase{2, 2, 3, 8, 20}));  // K <= 8: one register of state a thread
 
 // The decode kernel, one token per call from h0, equals the GPU's chunked kernel over the
 // whole sequence: o, fit_error and the final state (rounded to the dtype by the chunked

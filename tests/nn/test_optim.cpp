@@ -298,8 +298,10 @@ TEST(AdamW, MultiTensorGpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   const AdamWHyper hyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 7};
+  // Every param/grad pair the CUDA kernel takes (dispatch_adamw_dtypes).
   const std::vector<std::pair<DType, DType>> combos = {
-      {DType::F32, DType::F32}, {DType::F32, DType::BF16}, {DType::BF16, DType::BF16}};
+      {DType::F32, DType::F32}, {DType::F32, DType::BF16}, {DType::BF16, DType::BF16},
+      {DType::BF16, DType::F32}, {DType::F64, DType::F64}};
   uint64_t seed = 7000;
   // Fresh tensors take the 16-byte pack kernel; views one element in take the
   // element-by-element one.
