@@ -286,8 +286,9 @@ TEST(CrossEntropy, GpuMatchesCpu) {
   const Device gpu = Device::cuda();
   for (DType dtype : testing::kGpuDtypes) {
     uint64_t seed = 50;
-    // warp and block rows, as 16-byte packs (5000; 100 in f32) and element by element
-    for (int64_t vocab : {100, 5000, 2051}) {
+    // warp rows as 16-byte packs (100 in f32, 104) and element by element (101; 100 in
+    // bf16), block rows as packs (5000) and element by element (2051)
+    for (int64_t vocab : {100, 101, 104, 5000, 2051}) {
       for (DType index_dtype : {DType::I32, DType::I64}) {
         const int64_t rows = 37;
         const std::string what = "cross_entropy V=" + std::to_string(vocab) + " " +
@@ -329,10 +330,12 @@ TEST(CrossEntropy, GpuMatchesCpu) {
 // The forward and backward in one call (the linear cross-entropy's chunk kernel), on
 // `device`, against the two CPU kernels: loss, the gradient written over the logits, and
 // the tally of kept rows and the first bad row (offset by row_offset). Row 5 is bad.
-void expect_with_grad_matches_cpu(Device device, DType dtype, int64_t vocab, uint64_t seed) {
+void expect_with_grad_matches_cpu(Device device, DType dtype, int64_t vocab, uint64_t seed,
+                                  DType index_dtype = DType::I64) {
   const int64_t rows = 9, row_offset = 1000;
   const std::string what = std::string("cross_entropy_with_grad on ") + device.str() + " " +
-                           dtype_name(dtype) + " V=" + std::to_string(vocab);
+                           dtype_name(dtype) + " V=" + std::to_string(vocab) + " " +
+                           dtype_name(index_dtype) + " targets";
   std::vector<int64_t> t = testing::random_indices({rows}, DType::I64, Device::cpu(), seed, 0,
                                                    vocab).to_vector<int64_t>();
   t[2] = -100;  // ignored
@@ -343,7 +346,7 @@ void expect_with_grad_matches_cpu(Device device, DType dtype, int64_t vocab, uin
   for (bool with_bad_row : {false, true}) {
     std::vector<int64_t> targets_now = t;
     if (with_bad_row) targets_now[5] = vocab;
-    Tensor targets = Tensor::from_vector(targets_now, {rows}).to(device);
+    Tensor targets = Tensor::from_vector(targets_now, {rows}).to(index_dtype).to(device);
     Tensor targets_cpu = targets.to(Device::cpu());
     Tensor got = logits.clone();
     Tensor loss = testing::poisoned({}, stats, device);
@@ -373,15 +376,18 @@ TEST(CrossEntropy, WithGradMatchesTheTwoKernelsCpu) {
   }
 }
 
-// Warp rows (100), block rows with the whole row kept in shared memory between the
-// passes (5000), unpacked rows (2051), and rows longer than that cache (60000: 240 KB in
-// f32, 120 KB in bf16), whose tail is read twice.
+// Warp rows (100; 101 and 104 packed or not as in GpuMatchesCpu), block rows with the
+// whole row kept in shared memory between the passes (5000), unpacked rows (2051), and
+// rows longer than that cache (60000: 240 KB in f32, 120 KB in bf16), whose tail is read
+// twice; with i64 and i32 targets.
 TEST(CrossEntropy, WithGradGpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   uint64_t seed = 90;
   for (DType dtype : testing::kGpuDtypes) {
-    for (int64_t vocab : {100, 5000, 2051, 60000}) {
-      expect_with_grad_matches_cpu(Device::cuda(), dtype, vocab, seed += 2);
+    for (int64_t vocab : {100, 101, 104, 5000, 2051, 60000}) {
+      for (DType index_dtype : {DType::I64, DType::I32}) {
+        expect_with_grad_matches_cpu(Device::cuda(), dtype, vocab, seed += 2, index_dtype);
+      }
     }
   }
 }
