@@ -208,8 +208,8 @@ TEST(CausalConv1d, BadShapesNameOpAndShapes) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, packed documents
-// (ids that change, including A B A), with and without bias, NaN-poisoned outputs and
-// gradients, f32 and bf16. Skips without a GPU.
+// (ids that change, including A B A; i64 and i32), with and without bias, NaN-poisoned
+// outputs and gradients, f32 and bf16. Skips without a GPU.
 TEST(CausalConv1d, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
@@ -221,11 +221,17 @@ TEST(CausalConv1d, GpuMatchesCpu) {
   }
   for (DType dtype : testing::kGpuDtypes) {
     uint64_t seed = 80;
-    for (bool with_docs : {false, true}) {
+    // no documents, then i64 and i32 document ids
+    for (int docs = 0; docs < 3; ++docs) {
+      const bool with_docs = docs > 0;
+      const DType ids_dtype = docs == 1 ? DType::I64 : DType::I32;
       for (bool with_bias : {false, true}) {
-        const std::string what = std::string("causal_conv1d") + (with_docs ? " docs" : "") +
-                                 (with_bias ? " bias" : "");
-        Tensor doc_ids = with_docs ? Tensor::from_vector(ids, {batch, seq}).to(gpu) : Tensor();
+        const std::string what =
+            std::string("causal_conv1d") +
+            (with_docs ? std::string(" ") + dtype_name(ids_dtype) + " docs" : "") +
+            (with_bias ? " bias" : "");
+        Tensor doc_ids =
+            with_docs ? Tensor::from_vector(ids, {batch, seq}).to(ids_dtype).to(gpu) : Tensor();
         Tensor doc_ids_cpu = with_docs ? doc_ids.to(Device::cpu()) : Tensor();
         Tensor x = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
         Tensor weight = testing::random_tensor({channels, width}, dtype, gpu, seed++);
