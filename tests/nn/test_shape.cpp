@@ -365,29 +365,32 @@ TEST(Shape, GpuMatchesCpu) {
 
     Tensor src = testing::random_tensor({2, 5, 4}, dtype, gpu, seed++);
     Tensor src_cpu = testing::cpu_reference(src);
-    Tensor index = testing::random_indices({2, 6, 3}, DType::I64, gpu, seed++, 0, 5);
-    Tensor index_cpu = index.to(Device::cpu());
-    Tensor want_g = ops::gather(src_cpu, 1, index_cpu);
-    Tensor gathered = testing::poisoned({2, 6, 3}, dtype, gpu);
-    gather_kernels()(gpu, src, 1, index, gathered);
-    testing::expect_matches_reference(gathered, want_g, dtype, "gather");
-    Tensor dy = testing::random_tensor({2, 6, 3}, dtype, gpu, seed++);
-    testing::expect_matches_reference(ops::gather_backward(dy, 1, index, src.shape()),
-                                      ops::gather_backward(testing::cpu_reference(dy), 1, index_cpu,
-                                                           src.shape()),
-                                      dtype, "gather_backward");
+    for (DType index_dtype : {DType::I64, DType::I32}) {
+      const std::string what = std::string(dtype_name(index_dtype)) + " indices: ";
+      Tensor index = testing::random_indices({2, 6, 3}, index_dtype, gpu, seed++, 0, 5);
+      Tensor index_cpu = index.to(Device::cpu());
+      Tensor want_g = ops::gather(src_cpu, 1, index_cpu);
+      Tensor gathered = testing::poisoned({2, 6, 3}, dtype, gpu);
+      gather_kernels()(gpu, src, 1, index, gathered);
+      testing::expect_matches_reference(gathered, want_g, dtype, what + "gather");
+      Tensor dy = testing::random_tensor({2, 6, 3}, dtype, gpu, seed++);
+      testing::expect_matches_reference(
+          ops::gather_backward(dy, 1, index, src.shape()),
+          ops::gather_backward(testing::cpu_reference(dy), 1, index_cpu, src.shape()), dtype,
+          what + "gather_backward");
 
-    Tensor rows = testing::random_indices({9}, DType::I32, gpu, seed++, 0, 5);
-    Tensor rows_cpu = rows.to(Device::cpu());
-    Tensor want_s = ops::index_select(src_cpu, 1, rows_cpu);
-    Tensor selected = testing::poisoned(want_s.shape(), dtype, gpu);
-    index_select_kernels()(gpu, src, 1, rows, selected);
-    testing::expect_matches_reference(selected, want_s, dtype, "index_select");
-    Tensor dsel = testing::random_tensor(want_s.shape(), dtype, gpu, seed++);
-    testing::expect_matches_reference(ops::index_select_backward(dsel, 1, rows, src.shape()),
-                                      ops::index_select_backward(testing::cpu_reference(dsel), 1,
-                                                                 rows_cpu, src.shape()),
-                                      dtype, "index_select_backward");
+      Tensor rows = testing::random_indices({9}, index_dtype, gpu, seed++, 0, 5);
+      Tensor rows_cpu = rows.to(Device::cpu());
+      Tensor want_s = ops::index_select(src_cpu, 1, rows_cpu);
+      Tensor selected = testing::poisoned(want_s.shape(), dtype, gpu);
+      index_select_kernels()(gpu, src, 1, rows, selected);
+      testing::expect_matches_reference(selected, want_s, dtype, what + "index_select");
+      Tensor dsel = testing::random_tensor(want_s.shape(), dtype, gpu, seed++);
+      testing::expect_matches_reference(ops::index_select_backward(dsel, 1, rows, src.shape()),
+                                        ops::index_select_backward(testing::cpu_reference(dsel), 1,
+                                                                   rows_cpu, src.shape()),
+                                        dtype, what + "index_select_backward");
+    }
   }
 }
 
