@@ -745,9 +745,20 @@ Tensor poisoned_on_the_stream(const Shape& shape, DType dtype, Device device) {
   return buffer;
 }
 
-void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
+// `t`'s values in a view one element into a buffer of its own: for bf16, off every 16-byte
+// boundary.
+Tensor one_element_in(const Tensor& t) {
+  Tensor buffer = Tensor::empty({t.numel() + 1}, t.dtype(), t.device());
+  Tensor view = buffer.slice(1, t.numel() + 1).reshape(t.shape());
+  view.copy_(t);
+  return view;
+}
+
+// With offset_views, q, k, v and p are views one element into their buffers.
+void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = false) {
   const Device gpu = Device::cuda();
-  const std::string what = gpu_case_name(c) + " " + dtype_name(dtype);
+  const std::string what =
+      gpu_case_name(c) + " " + dtype_name(dtype) + (offset_views ? " offset views" : "");
   const DType lse_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
   uint64_t seed = 1000 + uint64_t(c.seq_len) * 7 + uint64_t(c.key_dim);
   Tensor q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
@@ -756,6 +767,12 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype) {
   Tensor p = c.value_scale
                  ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
                  : Tensor();
+  if (offset_views) {
+    q = one_element_in(q);
+    k = one_element_in(k);
+    v = one_element_in(v);
+    if (p.defined()) p = one_element_in(p);
+  }
   Tensor select_cpu = gpu_case_select(c, seed++);
   Tensor docs_cpu = gpu_case_docs(c, seed++);
 
@@ -1157,6 +1174,26 @@ TEST(RoutedAttentionGpu, Bf16PassesTakeWgmmaByDefaultWhereFaster) {
     EXPECT_EQ(wgmma_launches_by_default(kWgmmaForward, c), available * e.forward);
     EXPECT_EQ(wgmma_launches_by_default(kWgmmaBackward, c), available * e.backward);
   }
+#endif
+}
+
+// bf16 q, k and v that do not start on a 16-byte boundary cannot be read 16 bytes at a
+// time, so neither tensor-core kernel takes them and the tiled kernels (as f32 runs them)
+// do, at every head dim the op takes.
+TEST(RoutedAttentionGpu, Bf16ViewsOffA16ByteBoundaryRunTheTiledKernels) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const int64_t forward = cuda::attention_forward_wgmma_launches();
+  const int64_t backward = cuda::attention_backward_wgmma_launches();
+  for (int64_t key_dim : {32, 64, 128, 256}) {
+    for (int64_t value_dim : {32, 64, 128, 192, 256}) {
+      expect_gpu_matches_cpu(
+          GpuCase{1, 70, 2, 1, key_dim, value_dim, 0.5, true, GpuDocs::Runs, false},
+          DType::BF16, true);
+    }
+  }
+  EXPECT_EQ(cuda::attention_forward_wgmma_launches(), forward);
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches(), backward);
 #endif
 }
 
