@@ -877,6 +877,13 @@ INSTANTIATE_TEST_SUITE_P(
         // head dim 32 (the default configs' heads), tiled
         GpuCase{2, 200, 4, 2, 32, 32, 0.5, true, GpuDocs::Runs, true},
         GpuCase{1, 130, 2, 1, 32, 64, 0.25, false, GpuDocs::Packed20, false},
+        // head dim 32 beside the others: the 64-row mma.sync and the tiled kernels
+        GpuCase{1, 120, 2, 1, 32, 128, 0.5, true, GpuDocs::Runs, false},
+        GpuCase{1, 110, 2, 2, 128, 32, 0.5, false, GpuDocs::None, true},
+        GpuCase{1, 100, 2, 1, 64, 32, 0.25, true, GpuDocs::Packed20, false},
+        GpuCase{1, 90, 2, 1, 32, 192, 0.5, true, GpuDocs::Runs, true},
+        GpuCase{1, 90, 2, 1, 32, 256, 0.5, false, GpuDocs::None, false},
+        GpuCase{1, 90, 2, 1, 256, 32, 0.5, true, GpuDocs::Runs, false},
         // generic kernels: head dims with no tiled instance
         GpuCase{2, 90, 4, 2, 40, 24, 0.5, true, GpuDocs::Runs, true},
         GpuCase{1, 70, 3, 1, 300, 20, 0.5, false, GpuDocs::None, false},
@@ -948,7 +955,10 @@ TEST(RoutedAttentionGpu, Bf16ForwardWith64RowBlocksMatchesCpu) {
       &cuda::set_attention_forward_rows, "set_attention_forward_rows", 64, 96, "64 or 128",
       {GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
        GpuCase{1, 333, 4, 1, 128, 128, 1.0, false, GpuDocs::None, false},
-       GpuCase{1, 260, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}});
+       GpuCase{1, 260, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true},
+       GpuCase{1, 200, 2, 1, 64, 128, 0.5, true, GpuDocs::Runs, false},
+       GpuCase{1, 180, 2, 1, 64, 192, 0.25, false, GpuDocs::None, true},
+       GpuCase{1, 150, 2, 1, 128, 64, 0.5, true, GpuDocs::Runs, false}});
 #endif
 }
 
