@@ -214,6 +214,16 @@ inline Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   return Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dtype, device);
 }
 
+// `t`'s values in a contiguous view one element into a buffer of its own: for bf16 and f32,
+// off every 16-byte boundary, so kernels that read 16 bytes at a time where aligned take
+// their element-by-element path.
+inline Tensor one_element_in(const Tensor& t) {
+  Tensor buffer = Tensor::empty({t.numel() + 1}, t.dtype(), t.device());
+  Tensor view = buffer.slice(1, t.numel() + 1).reshape(t.shape());
+  view.copy_(t);
+  return view;
+}
+
 // A kernel tuning setting (a setter that returns the previous value, as the cuda/*.h
 // ones do) set to `value` for a scope and restored at its end, failed test or not.
 template <class Value>

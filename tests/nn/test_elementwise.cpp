@@ -92,16 +92,29 @@ TEST(Elementwise, GpuMatchesCpu) {
             out, want, dtype, std::string(binary_op_name(op)) + shape_str(sa) + shape_str(sb));
       }
     }
-    Tensor src = testing::random_tensor({5000}, dtype, gpu, seed++);
-    Tensor dst = testing::random_tensor({5000}, dtype, gpu, seed++);
-    Tensor want = testing::cpu_reference(dst).clone();
-    ops::axpy_(0.75, testing::cpu_reference(src), want);
-    Tensor got = dst.clone();
-    ops::axpy_(0.75, src, got);
-    testing::expect_matches_reference(got, want, dtype, "axpy_");
-    ops::scale_(want, -1.5);
-    ops::scale_(got, -1.5);
-    testing::expect_matches_reference(got, want, dtype, "scale_");
+    // Same shapes in 16-byte vectors, then in views off a 16-byte boundary (element by
+    // element): binary ops, axpy_ and scale_.
+    for (bool offset_views : {false, true}) {
+      auto place = [&](const Tensor& t) { return offset_views ? testing::one_element_in(t) : t; };
+      const std::string where = offset_views ? " (offset views)" : "";
+      for (BinaryOp op : {BinaryOp::Add, BinaryOp::Mul}) {
+        Tensor a = place(testing::random_tensor({3, 1001}, dtype, gpu, seed++));
+        Tensor b = place(testing::random_tensor({3, 1001}, dtype, gpu, seed++));
+        Tensor want = ops::binary(op, testing::cpu_reference(a), testing::cpu_reference(b));
+        Tensor out = place(testing::poisoned(want.shape(), dtype, gpu));
+        binary_kernels()(gpu, op, a, b, out);
+        testing::expect_matches_reference(out, want, dtype, binary_op_name(op) + where);
+      }
+      Tensor src = place(testing::random_tensor({5000}, dtype, gpu, seed++));
+      Tensor dst = place(testing::random_tensor({5000}, dtype, gpu, seed++));
+      Tensor want = testing::cpu_reference(dst).clone();
+      ops::axpy_(0.75, testing::cpu_reference(src), want);
+      ops::axpy_(0.75, src, dst);
+      testing::expect_matches_reference(dst, want, dtype, "axpy_" + where);
+      ops::scale_(want, -1.5);
+      ops::scale_(dst, -1.5);
+      testing::expect_matches_reference(dst, want, dtype, "scale_" + where);
+    }
 
     Tensor x = testing::random_tensor({4, 333, 20}, dtype, gpu, seed++, 1.0, 0.5);
     for (const Shape& target : std::vector<Shape>{{20}, {4, 1, 20}, {333, 1}, {4, 333, 1}, {1}, {}}) {

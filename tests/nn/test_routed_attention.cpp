@@ -745,15 +745,6 @@ Tensor poisoned_on_the_stream(const Shape& shape, DType dtype, Device device) {
   return buffer;
 }
 
-// `t`'s values in a view one element into a buffer of its own: for bf16, off every 16-byte
-// boundary.
-Tensor one_element_in(const Tensor& t) {
-  Tensor buffer = Tensor::empty({t.numel() + 1}, t.dtype(), t.device());
-  Tensor view = buffer.slice(1, t.numel() + 1).reshape(t.shape());
-  view.copy_(t);
-  return view;
-}
-
 // With offset_views, q, k, v and p are views one element into their buffers.
 void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = false) {
   const Device gpu = Device::cuda();
@@ -768,10 +759,10 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = f
                  ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
                  : Tensor();
   if (offset_views) {
-    q = one_element_in(q);
-    k = one_element_in(k);
-    v = one_element_in(v);
-    if (p.defined()) p = one_element_in(p);
+    q = testing::one_element_in(q);
+    k = testing::one_element_in(k);
+    v = testing::one_element_in(v);
+    if (p.defined()) p = testing::one_element_in(p);
   }
   Tensor select_cpu = gpu_case_select(c, seed++);
   Tensor docs_cpu = gpu_case_docs(c, seed++);

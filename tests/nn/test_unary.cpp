@@ -167,23 +167,33 @@ TEST(Unary, GpuMatchesCpu) {
                              UnaryOp::Square, UnaryOp::Sqrt, UnaryOp::Relu};
   for (DType dtype : testing::kGpuDtypes) {
     uint64_t seed = 10;
+    // 16-byte vectors, then views off a 16-byte boundary: element by element
+    for (bool offset_views : {false, true}) {
     for (UnaryOp op : all_ops) {
-      const std::string name = unary_op_name(op);
+      const std::string name =
+          std::string(unary_op_name(op)) + (offset_views ? " (offset views)" : "");
       const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt;
       Tensor x = positive ? testing::random_tensor({7, 301}, dtype, gpu, seed++, 0.4, 2.0)
                           : testing::random_tensor({7, 301}, dtype, gpu, seed++, 1.5);
       Tensor dy = testing::random_tensor({7, 301}, dtype, gpu, seed++);
+      if (offset_views) {
+        x = testing::one_element_in(x);
+        dy = testing::one_element_in(dy);
+      }
       Tensor x_cpu = testing::cpu_reference(x), dy_cpu = testing::cpu_reference(dy);
       Tensor want_y = ops::unary(op, x_cpu);
       Tensor y = testing::poisoned(x.shape(), dtype, gpu);
+      if (offset_views) y = testing::one_element_in(y);
       unary_kernels()(gpu, op, x, y);
       testing::expect_matches_reference(y, want_y, dtype, name);
 
       const bool reads_output = unary_saves(op) == UnarySaved::Output;
       Tensor want_dx = ops::unary_backward(op, dy_cpu, reads_output ? want_y : x_cpu);
       Tensor dx = testing::poisoned(x.shape(), dtype, gpu);
+      if (offset_views) dx = testing::one_element_in(dx);
       unary_backward_kernels()(gpu, op, dy, reads_output ? y : x, dx);
       testing::expect_matches_reference(dx, want_dx, dtype, name + " backward");
+    }
     }
   }
 }
