@@ -720,8 +720,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GpuCase{2, 300, 2, 16, 12, false, 7}, GpuCase{1, 300, 2, 64, 96, true, 0},
                       GpuCase{1, 130, 5, 256, 384, true, 3}, GpuCase{1, 70, 2, 256, 256, false, 0},
                       GpuCase{1, 65, 1, 128, 512, true, 2},
-                      // a key dim the tensor-core kernels do not take (16 to 256, powers of
-                      // 2): bf16 runs the generic kernels too
+                      // a key dim the tensor-core kernels do not take (they take powers of
+                      // 2 from 16 to 256): bf16 runs the generic kernels too
                       GpuCase{2, 130, 2, 48, 40, true, 3},
                       // the paper's heads at the lengths it trains on (GPU only)
                       GpuCase{1, 4096, 5, 256, 384, true, 0},
