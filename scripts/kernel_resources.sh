@@ -9,9 +9,10 @@
 #      build-resources/emulated_launches.log;
 #   3. prints each launched kernel's resources and occupancy; exit 1 if a launch would fail.
 # Usage: scripts/kernel_resources.sh [LAUNCH_LOG ...]
-# Environment: HAM_GPU_ARCH (default 90a). Give the logs of runs at the paper's lengths
-# (HAM_EMULATOR_LONGEST_SEQUENCE=16384 HAM_EMULATOR_LAUNCH_LOG=FILE ...) to check their
-# launches too.
+# Environment: HAM_GPU_ARCH (default 90a, the H200's; for another, the wgmma kernels the
+# emulator runs are not compiled, and their launches fail the join). Give the logs of runs
+# at the paper's lengths (HAM_EMULATOR_LONGEST_SEQUENCE=16384 HAM_EMULATOR_LAUNCH_LOG=FILE
+# ...) to check their launches too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
