@@ -244,7 +244,8 @@ def refusals(kernel, launch):
 
 def short(demangled):
     """The kernel's name and template arguments, without namespaces or parameters."""
-    text = re.sub(r"^void ", "", demangled).replace("ham::cuda::", "").replace("(anonymous namespace)::", "")
+    text = re.sub(r"^void ", "", demangled).replace("ham::cuda::", "")
+    text = text.replace("(anonymous namespace)::", "")
     depth = 0
     for index, char in enumerate(text):
         depth += char == "<"

@@ -29,7 +29,8 @@ cmake --build "$build" -j "$(nproc)" --target ham_cuda
 logs=("$@")
 if [[ ${#logs[@]} -eq 0 ]]; then
   emulated=build/tests/test_emulated_gpu
-  [[ -x $emulated ]] || { echo "kernel_resources: $emulated missing; run ./scripts/build.sh" >&2; exit 1; }
+  [[ -x $emulated ]] ||
+    { echo "kernel_resources: $emulated missing; run ./scripts/build.sh" >&2; exit 1; }
   log=$build/emulated_launches.log  # kept, for scripts/kernel_resources.py $build $log --all
   rm -f "$log"
   echo "kernel_resources: running $emulated to record its launches in $log"
