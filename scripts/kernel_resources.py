@@ -12,8 +12,10 @@ GPU would refuse, before a GPU runs them:
   - static shared memory past 48 KiB, or static and the largest dynamic past the 227 KiB a
     block may opt into (nvcc counts every static variable, aligned; the emulator counts
     only those its blocks reached);
-and prints, per kernel, the blocks an SM can hold (the occupancy calculator's rule) and what
-limits it, spills and stack. Exit status 1 when a launch would be refused, a launched
+A kernel's "largest launch" is the most threads a block and the most dynamic shared bytes
+any of its launches asked for, taken together: a bound on each launch, which may be
+stricter than any one of them. It prints, per kernel, the blocks an SM can hold (the
+occupancy calculator's rule) and what limits it, spills and stack. Exit status 1 when a launch would be refused, a launched
 kernel of cuda/ has no nvcc entry, or a log's kernel cannot be found in its binary (rebuilt
 since the log was written, say).
 
