@@ -27,6 +27,7 @@ the kernels nvcc compiled that no launch in the logs reached.
 import argparse
 import collections
 import glob
+import math
 import os
 import re
 import subprocess
@@ -102,11 +103,8 @@ def parse_ptx(path):
                 continue
             for index, directive in enumerate((".maxntid", ".reqntid")):
                 if line.strip().startswith(directive):
-                    dims = [int(d) for d in re.findall(r"\d+", line.strip()[len(directive):])]
-                    product = 1
-                    for d in dims:
-                        product *= d
-                    bounds[entry][index] = product
+                    dims = re.findall(r"\d+", line.strip()[len(directive):])
+                    bounds[entry][index] = math.prod(int(d) for d in dims)
     return bounds
 
 

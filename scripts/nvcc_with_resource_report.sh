@@ -14,5 +14,6 @@ done
 rm -rf "$object.keep" && mkdir -p "$object.keep"
 "$@" -Xptxas=-v -keep -keep-dir "$object.keep" 2>"$object.ptxas"
 status=$?
+find "$object.keep" -type f ! -name '*.ptx' -delete  # -keep leaves every intermediate
 grep -v '^ptxas info\|^    [0-9]* bytes stack frame' "$object.ptxas" >&2
 exit $status
