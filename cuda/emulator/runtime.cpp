@@ -390,7 +390,7 @@ void locate(const void* function, KernelRecord& kernel) {
   kernel.offset = reinterpret_cast<uintptr_t>(function) -
                   reinterpret_cast<uintptr_t>(where.dli_fbase);
   struct stat status{};
-  if (::stat(where.dli_fname, &status) == 0) {
+  if (::stat(kernel.binary.c_str(), &status) == 0) {
     kernel.binary_modified_ns = int64_t(status.st_mtim.tv_sec) * 1000000000 +
                                 status.st_mtim.tv_nsec;
   }
