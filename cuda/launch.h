@@ -55,7 +55,7 @@
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_STATIC_SHARED(type, name, ...) \
   static type name __VA_ARGS__;            \
-  ::ham::cuda::emulator::static_shared_variable(&name, sizeof name)
+  ::ham::cuda::emulator::static_shared_variable(&name, sizeof name, #name)
 #else
 #define HAM_STATIC_SHARED(type, name, ...) __shared__ type name __VA_ARGS__
 #endif

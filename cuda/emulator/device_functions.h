@@ -92,9 +92,10 @@ unsigned __match_any_sync(unsigned mask, T value) {
 
 // ---- Atomics ------------------------------------------------------------------------------
 namespace ham::cuda::emulator {
-// *address = f(old), returning old.
+// *address = f(old), returning old. Not instrumented for the racecheck (racecheck.h):
+// atomics do not race with each other.
 template <class T, class F>
-T atomic_update(T* address, F f) {
+__attribute__((no_sanitize_thread)) T atomic_update(T* address, F f) {
   const T old = *address;
   *address = f(old);
   return old;

@@ -63,9 +63,11 @@ void ldmatrix_combine(void* const* lanes, unsigned mask) {
   uint16_t M[N][8][8];
   for (int j = 0; j < N; ++j) {
     for (int i = 0; i < 8; ++i) {
-      const void* row = static_cast<const LdmatrixLane*>(lanes[8 * j + i])->row;
+      const auto* lane = static_cast<const LdmatrixLane*>(lanes[8 * j + i]);
+      const void* row = lane->row;
       HAM_CHECK(reinterpret_cast<uintptr_t>(row) % 16 == 0, "ldmatrix row ", i,
                 " of matrix ", j, " (lane ", 8 * j + i, ") is not 16-byte aligned");
+      shared_read_for_lane(8 * j + i, row, 16, lane->pc);
       std::memcpy(M[j][i], row, 16);
     }
   }

@@ -15,6 +15,7 @@ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2
 struct LdmatrixLane {
   const void* row;
   uint32_t* out;
+  const void* pc;  // the lane's ldmatrix, for the racecheck's messages
 };
 void ldmatrix_combine_x1(void* const* lanes, unsigned mask);
 void ldmatrix_combine_x2(void* const* lanes, unsigned mask);
@@ -27,7 +28,7 @@ void ldmatrix_combine_x4_trans(void* const* lanes, unsigned mask);
 template <int N, bool kTranspose>
 void ldmatrix(uint32_t (&r)[N], const void* row) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
-  LdmatrixLane lane{row, r};
+  LdmatrixLane lane{row, r, code_address_here()};
   WarpCombine combine = nullptr;
   if constexpr (kTranspose) {
     combine = N == 1 ? &ldmatrix_combine_x1_trans

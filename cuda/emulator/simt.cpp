@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "cuda/address_sanitizer.h"
+#include "cuda/emulator/racecheck.h"
 
 #if !defined(__x86_64__)
 #error "the SIMT emulator switches fibers with x86-64 code; port ham_emulator_switch first"
@@ -140,6 +141,7 @@ struct Fiber {
     void* destination;
     const void* source;
     int group;
+    bool landed;  // at issue (the reverse schedule); else at the wait
   };
   std::vector<AsyncCopy> async_copies;
   int async_groups = 0;
@@ -190,6 +192,13 @@ const char* collective_name(WarpCollective kind, const char* name) {
   return kind == WarpCollective::Exchange && name ? name : collective_name(kind);
 }
 
+// The shared-memory accesses of this OS thread's kernels (racecheck.h); its clock runs on
+// from launch to launch, so what an earlier launch did is older than any later block.
+SharedMemoryRacecheck& racecheck() {
+  thread_local SharedMemoryRacecheck check;
+  return check;
+}
+
 std::string hex(unsigned mask) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08x", mask);
@@ -216,6 +225,8 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
+    racecheck().begin_block(shared_.data(), shared_.size(), threads_);
+    racecheck().set_thread_name(&thread_name, this);
     static_shared_filled_.clear();
     async_proxy_view_ = shared_;
     async_proxy_fenced_ = false;
@@ -266,13 +277,14 @@ class BlockRunner {
 
   // The first thread of the block to reach a static shared variable's declaration fills it
   // with 0xff; the block's other threads, and later calls, find it filled.
-  void static_shared(void* variable, size_t bytes) {
+  void static_shared(void* variable, size_t bytes, const char* name) {
     if (std::find(static_shared_filled_.begin(), static_shared_filled_.end(), variable) !=
         static_shared_filled_.end()) {
       return;
     }
     static_shared_filled_.push_back(variable);
     std::memset(variable, 0xff, bytes);
+    racecheck().add_static(variable, bytes, name);
     const std::string refused = static_shared_reached(site_, shared_.size(), variable, bytes);
     if (!refused.empty()) fail_in(current(), refused);
   }
@@ -353,8 +365,7 @@ class BlockRunner {
     }
     if (!at_barrier_.empty() && int(at_barrier_.size()) == live_) release_block_barrier();
     // A copy no wait covered has no point at which it has landed: a kernel waits for all
-    // of its own before it ends. (The reverse schedule lands copies at issue and cannot
-    // tell.)
+    // of its own before it ends.
     if (!f.async_copies.empty()) {
       fail_in(f, "ended with " + std::to_string(f.async_copies.size()) +
                      " cp.async copies that no cp.async.wait_group covered");
@@ -365,7 +376,7 @@ class BlockRunner {
     }
   }
 
-  void async_copy_16(void* destination, const void* source) {
+  void async_copy_16(void* destination, const void* source, const void* pc) {
     Fiber& f = current();
     const auto at = reinterpret_cast<uintptr_t>(destination);
     const auto base = reinterpret_cast<uintptr_t>(shared_.data());
@@ -375,15 +386,15 @@ class BlockRunner {
     if (at % 16 != 0 || reinterpret_cast<uintptr_t>(source) % 16 != 0) {
       fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
     }
+    const std::string race = racecheck().async_copy_issued(f.linear, destination, pc);
+    if (!race.empty()) fail_in(f, race);
     // In the reverse schedule a copy lands at once, the earliest the hardware may land it:
     // a thread that issues copies into a buffer other threads still read (no barrier in
     // between) then overwrites it under them. The other schedules land it as late as the
     // hardware may, at the issuing thread's wait, so an early read sees the old bytes.
-    if (schedule_ == Schedule::Reverse) {
-      std::memcpy(destination, source, 16);
-      return;
-    }
-    f.async_copies.push_back({destination, source, f.async_groups});
+    const bool land_now = schedule_ == Schedule::Reverse;
+    if (land_now) std::memcpy(destination, source, 16);
+    f.async_copies.push_back({destination, source, f.async_groups, land_now});
   }
 
   void async_copy_commit() { ++current().async_groups; }
@@ -402,8 +413,9 @@ class BlockRunner {
 
   void async_copy_wait(int pending) {
     Fiber& f = current();
-    complete_groups(f.async_copies, f.async_groups, pending, [](const Fiber::AsyncCopy& c) {
-      std::memcpy(c.destination, c.source, 16);
+    complete_groups(f.async_copies, f.async_groups, pending, [&](const Fiber::AsyncCopy& c) {
+      if (!c.landed) std::memcpy(c.destination, c.source, 16);
+      racecheck().async_copy_completed(f.linear, c.destination);
     });
   }
 
@@ -422,6 +434,29 @@ class BlockRunner {
                       const std::string changed = w.check();
                       if (!changed.empty()) fail_in(f, changed);
                     });
+  }
+
+  // An access of the running thread's kernel code (instrumented_access), or one that a
+  // warp-wide instruction makes for lane `lane` of the running thread's warp.
+  void shared_access(const void* address, size_t bytes, SharedAccess kind, const void* pc,
+                     int lane = -1) {
+    Fiber& f = current();
+    const int thread = lane < 0 ? f.linear : f.linear / kWarpSize * kWarpSize + lane;
+    const std::string race = racecheck().access(thread, address, bytes, kind, pc);
+    if (race.empty()) return;
+    if (lane >= 0) HAM_FAIL(race);  // from a combine, which names the kernel and thread
+    // GCC declares its instrumentation's hooks nothrow, so no exception may leave them: the
+    // fiber stops here, as a failed block's other fibers stop wherever they are.
+    record_error(std::make_exception_ptr(
+        Error(detail::concat("cuda emulator: ", where(f), ": ", race))));
+    switch_stacks(&f.sp, scheduler_sp_, scheduler_stack_);
+    std::abort();  // a block that failed never runs its fibers again
+  }
+
+  static std::string thread_name(int thread, const void* runner) {
+    const dim3 b = static_cast<const BlockRunner*>(runner)->block_;
+    const auto t = unsigned(thread);
+    return detail::concat("thread (", t % b.x, ",", t / b.x % b.y, ",", t / (b.x * b.y), ")");
   }
 
   [[noreturn]] void fail_in(Fiber& f, const std::string& what) {
@@ -543,6 +578,7 @@ class BlockRunner {
     released.swap(at_barrier_);
     std::sort(released.begin(), released.end());
     make_ready(std::move(released));
+    racecheck().barrier();
     // What the fences before this barrier handed to the async proxy is now what it sees.
     if (async_proxy_fenced_ && !shared_.empty()) {
       std::memcpy(async_proxy_view_.data(), shared_.data(), shared_.size());
@@ -552,6 +588,9 @@ class BlockRunner {
 
   void complete_collective(int warp, const PendingCollective& p) {
     Fiber* lanes = &fibers_[size_t(warp * kWarpSize)];
+    // Of the collectives only __syncwarp orders the lanes' memory accesses (PTX's
+    // bar.warp.sync; a shuffle or an mma.sync does not).
+    if (p.kind == WarpCollective::Sync) racecheck().warp_sync(warp);
     if (p.kind == WarpCollective::Exchange) {
       void* data[kWarpSize] = {};
       for (int lane = 0; lane < kWarpSize; ++lane) {
@@ -756,8 +795,8 @@ void BlockRunner::fiber_main(Fiber* f) {
 
 const ThreadPlace& place() { return runner().current().place; }
 
-void static_shared_variable(void* variable, size_t bytes) {
-  runner().static_shared(variable, bytes);
+void static_shared_variable(void* variable, size_t bytes, const char* name) {
+  runner().static_shared(variable, bytes, name);
 }
 
 void* dynamic_shared_memory() { return runner().shared(); }
@@ -779,7 +818,7 @@ void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const ch
 }
 
 void async_copy_16(void* shared_destination, const void* global_source) {
-  runner().async_copy_16(shared_destination, global_source);
+  runner().async_copy_16(shared_destination, global_source, __builtin_return_address(0));
 }
 void async_copy_commit() { runner().async_copy_commit(); }
 void async_copy_wait(int pending) { runner().async_copy_wait(pending); }
@@ -794,6 +833,18 @@ void trap(const char* why) {
 }
 
 bool in_kernel() { return running != nullptr; }
+
+void instrumented_access(const void* address, size_t bytes, bool write, const void* pc) {
+  BlockRunner* r = running;
+  if (!r || !r->current_or_null()) return;  // host code, or the scheduler between fibers
+  r->shared_access(address, bytes, write ? SharedAccess::Write : SharedAccess::Read, pc);
+}
+
+void shared_read_for_lane(int lane, const void* address, size_t bytes, const void* pc) {
+  runner().shared_access(address, bytes, SharedAccess::Read, pc, lane);
+}
+
+const void* code_address_here() { return __builtin_return_address(0); }
 
 Schedule schedule() { return schedule_setting(); }
 

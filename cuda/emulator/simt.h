@@ -18,6 +18,9 @@
 // and fresh device memory are filled with 0xff bytes (NaN as floats), so a read of
 // something never written shows.
 //
+// Shared memory races are also found directly, access by access, in code compiled for it
+// (racecheck.h).
+//
 // Not emulated: timing, occupancy, registers, the memory model beyond "a barrier orders
 // everything", races between blocks.
 #include <cstddef>
@@ -99,8 +102,9 @@ size_t dynamic_shared_size();
 // A static shared variable's declaration (HAM_STATIC_SHARED, cuda/launch.h), a static
 // here, reached by the current thread: the first of the block's threads to reach it fills
 // its `bytes` bytes with 0xff, as each block's copy on a GPU starts undefined, so a read of
-// what this block never wrote does not find an earlier block's value.
-void static_shared_variable(void* variable, size_t bytes);
+// what this block never wrote does not find an earlier block's value. `name` is its name in
+// the source, for messages.
+void static_shared_variable(void* variable, size_t bytes, const char* name);
 
 // The runtime's side of a block's first reach (runtime.cpp): adds `variable`, if new, to the
 // static shared memory known for `site.function` and returns why a GPU would refuse the
@@ -191,6 +195,15 @@ void wgmma_wait(int pending);
 // pass); a wgmma that reads a byte where the copy and the memory differ fails the kernel.
 void async_proxy_fence();
 const void* async_proxy_view();
+
+// The racecheck (racecheck.h). instrumented_access is where the -fsanitize=thread hooks
+// (tsan_entry_points.cpp) send every load and store of instrumented code: outside a kernel,
+// or outside shared memory, it returns at once; a race fails the kernel. A warp-wide
+// instruction (ldmatrix) reads shared memory for each lane with shared_read_for_lane.
+// code_address_here() is its caller's address, for messages.
+void instrumented_access(const void* address, size_t bytes, bool write, const void* pc);
+void shared_read_for_lane(int lane, const void* address, size_t bytes, const void* pc);
+[[gnu::noinline]] const void* code_address_here();
 
 // __trap(): the kernel fails with this message.
 [[noreturn]] void trap(const char* why);

@@ -648,7 +648,7 @@ __global__ void async_copy_to(int* src, int where) {
   HAM_DYNAMIC_SHARED(int, tile);
   if (where == 0) async_copy_16(static_tile, src);  // not dynamic shared memory
   if (where == 1) async_copy_16(tile + 1, src);     // misaligned
-  if (where >= 2) async_copy_16(tile, src);         // fine, but...
+  if (where >= 2 && threadIdx.x == 0) async_copy_16(tile, src);  // fine, but...
   if (where != 3) async_copy_commit();              // 3: ...never committed, or
   if (where != 2) async_copy_wait<0>();             // 2: ...never waited for
 }
