@@ -54,56 +54,48 @@ extern "C" void __tsan_func_entry(void*) {}
 extern "C" void __tsan_func_exit() {}
 
 // The atomics, by size: what the instrumented code asked for, done in full order.
-#define HAM_TSAN_ATOMIC(bits, type)                                                         \
-  extern "C" type __tsan_atomic##bits##_load(const volatile type* a, int) {                 \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                            \
-  }                                                                                         \
-  extern "C" void __tsan_atomic##bits##_store(volatile type* a, type v, int) {              \
-    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                               \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_exchange(volatile type* a, type v, int) {           \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                     \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_add(volatile type* a, type v, int) {          \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_sub(volatile type* a, type v, int) {          \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_and(volatile type* a, type v, int) {          \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_or(volatile type* a, type v, int) {           \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_xor(volatile type* a, type v, int) {          \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_fetch_nand(volatile type* a, type v, int) {         \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                     \
-  }                                                                                         \
-  extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile type* a,            \
-                                                               type* expected, type v, int, \
-                                                               int) {                       \
-    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST,             \
-                                       __ATOMIC_SEQ_CST);                                   \
-  }                                                                                         \
-  extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile type* a,              \
-                                                             type* expected, type v, int,   \
-                                                             int) {                         \
-    return __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST,              \
-                                       __ATOMIC_SEQ_CST);                                   \
-  }                                                                                         \
-  extern "C" type __tsan_atomic##bits##_compare_exchange_val(volatile type* a, type expected, \
-                                                             type v, int, int) {            \
-    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
-    return expected;                                                                        \
+#define HAM_TSAN_FETCH(bits, type, op)                                                   \
+  extern "C" type __tsan_atomic##bits##_fetch_##op(volatile type* a, type v, int) {      \
+    return __atomic_fetch_##op(a, v, __ATOMIC_SEQ_CST);                                  \
+  }
+#define HAM_TSAN_COMPARE_EXCHANGE(bits, type, kind, weak)                                \
+  extern "C" int __tsan_atomic##bits##_compare_exchange_##kind(                          \
+      volatile type* a, type* expected, type v, int, int) {                              \
+    return __atomic_compare_exchange_n(a, expected, v, weak, __ATOMIC_SEQ_CST,           \
+                                       __ATOMIC_SEQ_CST);                                \
+  }
+#define HAM_TSAN_ATOMIC(bits, type)                                                      \
+  extern "C" type __tsan_atomic##bits##_load(const volatile type* a, int) {              \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                         \
+  }                                                                                      \
+  extern "C" void __tsan_atomic##bits##_store(volatile type* a, type v, int) {           \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                            \
+  }                                                                                      \
+  extern "C" type __tsan_atomic##bits##_exchange(volatile type* a, type v, int) {        \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                  \
+  }                                                                                      \
+  HAM_TSAN_FETCH(bits, type, add)                                                        \
+  HAM_TSAN_FETCH(bits, type, sub)                                                        \
+  HAM_TSAN_FETCH(bits, type, and)                                                        \
+  HAM_TSAN_FETCH(bits, type, or)                                                         \
+  HAM_TSAN_FETCH(bits, type, xor)                                                        \
+  HAM_TSAN_FETCH(bits, type, nand)                                                       \
+  HAM_TSAN_COMPARE_EXCHANGE(bits, type, strong, false)                                   \
+  HAM_TSAN_COMPARE_EXCHANGE(bits, type, weak, true)                                      \
+  extern "C" type __tsan_atomic##bits##_compare_exchange_val(volatile type* a,           \
+                                                             type expected, type v, int, \
+                                                             int) {                      \
+    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST,                \
+                                __ATOMIC_SEQ_CST);                                       \
+    return expected;                                                                     \
   }
 HAM_TSAN_ATOMIC(8, int8_t)
 HAM_TSAN_ATOMIC(16, int16_t)
 HAM_TSAN_ATOMIC(32, int32_t)
 HAM_TSAN_ATOMIC(64, int64_t)
 #undef HAM_TSAN_ATOMIC
+#undef HAM_TSAN_COMPARE_EXCHANGE
+#undef HAM_TSAN_FETCH
 
 extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
