@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <memory>
 
 #include "core/error.h"
 
@@ -78,7 +77,7 @@ bool SharedMemoryRacecheck::ordered(int earlier, uint32_t clock, int thread) con
 std::string SharedMemoryRacecheck::race(const char* what_now, int thread, const void* pc,
                                         const char* what_then, int earlier,
                                         const void* earlier_pc, const Region& region,
-                                        size_t offset) const {
+                                        size_t offset, const char* why) const {
   auto name = [&](int t) {
     return thread_name_ ? thread_name_(t, name_context_) : "thread " + std::to_string(t);
   };
@@ -87,8 +86,7 @@ std::string SharedMemoryRacecheck::race(const char* what_now, int thread, const 
                   : detail::concat("dynamic shared byte ", offset);
   return detail::concat("shared memory race: ", name(thread), " ", what_now, " ", byte, " at ",
                         describe_code_address(pc), ", which ", name(earlier), " ", what_then,
-                        " at ", describe_code_address(earlier_pc),
-                        ", with no barrier between them");
+                        " at ", describe_code_address(earlier_pc), ", ", why);
 }
 
 std::string SharedMemoryRacecheck::access(int thread, const void* address, size_t bytes,
@@ -108,8 +106,8 @@ std::string SharedMemoryRacecheck::access(int thread, const void* address, size_
     const bool in_flight = h.write_in_flight && h.write_clock >= block_start_;
     if (in_flight) {
       return race(kind == SharedAccess::Read ? "reads" : "writes", thread, pc,
-                  "is still copying into with cp.async (no wait_group has covered it)",
-                  h.writer, h.write_pc, *region, first + i);
+                  "is still copying into with cp.async", h.writer, h.write_pc, *region, first + i,
+                  "which no cp.async.wait_group has completed yet");
     }
     if (!ordered(h.writer, h.write_clock, thread)) {
       return race(kind == SharedAccess::Read ? "reads" : "writes", thread, pc, "wrote",

@@ -83,8 +83,8 @@ class SharedMemoryRacecheck {
   // An access recorded at `clock` by `earlier` is ordered before one now by `thread`.
   bool ordered(int earlier, uint32_t clock, int thread) const;
   std::string race(const char* what_now, int thread, const void* pc, const char* what_then,
-                   int earlier, const void* earlier_pc, const Region& region,
-                   size_t offset) const;
+                   int earlier, const void* earlier_pc, const Region& region, size_t offset,
+                   const char* why = "with no barrier between them") const;
   uint32_t tick();
 
   uint32_t clock_ = 0;

@@ -226,7 +226,8 @@ TEST_F(Racecheck, CpAsyncWritesFromItsIssueToItsWait) {
   testing::expect_error(
       [&] { RUN(1, 64, 64 * 16, copy_then_read, source.data, out.data, 0); },
       {"shared memory race: thread (0,0,0) reads dynamic shared byte 0",
-       "which thread (0,0,0) is still copying into with cp.async"});
+       "which thread (0,0,0) is still copying into with cp.async at",
+       "which no cp.async.wait_group has completed yet"});
   // Forward: thread 0 runs to its end first and reads slot 1 before thread 1 copies into
   // it. Reverse (copies land at issue there): thread 62 reads slot 63 after thread 63's
   // wait, with no barrier.
