@@ -4,8 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <string>
-#include <vector>
 
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
@@ -44,11 +42,11 @@ struct DeviceInts {
 };
 
 // Launches and waits; the error, if the kernel failed, comes out as ham::Error.
-#define RUN(grid, block, shared_bytes, kernel, ...)                 \
-  do {                                                              \
+#define RUN(grid, block, shared_bytes, kernel, ...)                    \
+  do {                                                                 \
     HAM_LAUNCH(grid, block, shared_bytes, nullptr, kernel)(__VA_ARGS__); \
-    HAM_CUDA_CHECK_LAUNCH();                                        \
-    HAM_CUDA_CHECK(cudaDeviceSynchronize());                        \
+    HAM_CUDA_CHECK_LAUNCH();                                           \
+    HAM_CUDA_CHECK(cudaDeviceSynchronize());                           \
   } while (0)
 
 // Each thread writes its slot, then reads the slot of the thread one warp on.
@@ -98,8 +96,8 @@ TEST_F(Racecheck, LanesOfAWarpAreOrderedBySyncwarpNotByShuffles) {
                         {"shared memory race: thread", "reads byte", "which thread", "wrote"});
 }
 
-// Every thread writes one byte, or one 16-bit half of a shared word each; then thread 0
-// reads them after a barrier.
+// Every thread writes the first 16-bit half-word, or (`distinct`) a half-word of its own,
+// two to a 4-byte word; then thread 0 reads after a barrier.
 __global__ void write_one_place(int* out, int distinct) {
   HAM_DYNAMIC_SHARED(uint16_t, halves);
   const unsigned t = threadIdx.x;
