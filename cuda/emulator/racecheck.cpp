@@ -16,7 +16,11 @@ namespace ham::cuda::emulator {
 
 namespace {
 constexpr int kWarpSize = 32;
-}
+bool turned_on = false;  // set before main, by the instrumented code's constructors
+}  // namespace
+
+void turn_racecheck_on() { turned_on = true; }
+bool racecheck_on() { return turned_on; }
 
 uint32_t SharedMemoryRacecheck::tick() {
   // Long before the clock wraps, every history is forgotten (all of it is older than any

@@ -99,6 +99,12 @@ class SharedMemoryRacecheck {
   const void* name_context_ = nullptr;
 };
 
+// Whether the racecheck runs in this process: only where some code was built with the
+// instrumentation (its constructors call __tsan_init, which turns it on), so that the
+// emulated suites of the default build pay nothing for it.
+void turn_racecheck_on();
+bool racecheck_on();
+
 // Where `pc` lies: "function (file:line)" from addr2line when it can say, else the binary
 // and offset.
 std::string describe_code_address(const void* pc);

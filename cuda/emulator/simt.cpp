@@ -194,9 +194,10 @@ const char* collective_name(WarpCollective kind, const char* name) {
 
 // The shared-memory accesses of this OS thread's kernels (racecheck.h); its clock runs on
 // from launch to launch, so what an earlier launch did is older than any later block.
-SharedMemoryRacecheck& racecheck() {
+// Null where the racecheck is off (racecheck_on).
+SharedMemoryRacecheck* racecheck() {
   thread_local SharedMemoryRacecheck check;
-  return check;
+  return racecheck_on() ? &check : nullptr;
 }
 
 std::string hex(unsigned mask) {
@@ -225,8 +226,10 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
-    racecheck().begin_block(shared_.data(), shared_.size(), threads_);
-    racecheck().set_thread_name(&thread_name, this);
+    if (SharedMemoryRacecheck* check = racecheck()) {
+      check->begin_block(shared_.data(), shared_.size(), threads_);
+      check->set_thread_name(&thread_name, this);
+    }
     static_shared_filled_.clear();
     async_proxy_view_ = shared_;
     async_proxy_fenced_ = false;
@@ -284,7 +287,7 @@ class BlockRunner {
     }
     static_shared_filled_.push_back(variable);
     std::memset(variable, 0xff, bytes);
-    racecheck().add_static(variable, bytes, name);
+    if (SharedMemoryRacecheck* check = racecheck()) check->add_static(variable, bytes, name);
     const std::string refused = static_shared_reached(site_, shared_.size(), variable, bytes);
     if (!refused.empty()) fail_in(current(), refused);
   }
@@ -386,8 +389,10 @@ class BlockRunner {
     if (at % 16 != 0 || reinterpret_cast<uintptr_t>(source) % 16 != 0) {
       fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
     }
-    const std::string race = racecheck().async_copy_issued(f.linear, destination, pc);
-    if (!race.empty()) fail_in(f, race);
+    if (SharedMemoryRacecheck* check = racecheck()) {
+      const std::string race = check->async_copy_issued(f.linear, destination, pc);
+      if (!race.empty()) fail_in(f, race);
+    }
     // In the reverse schedule a copy lands at once, the earliest the hardware may land it:
     // a thread that issues copies into a buffer other threads still read (no barrier in
     // between) then overwrites it under them. The other schedules land it as late as the
@@ -415,7 +420,9 @@ class BlockRunner {
     Fiber& f = current();
     complete_groups(f.async_copies, f.async_groups, pending, [&](const Fiber::AsyncCopy& c) {
       if (!c.landed) std::memcpy(c.destination, c.source, 16);
-      racecheck().async_copy_completed(f.linear, c.destination);
+      if (SharedMemoryRacecheck* check = racecheck()) {
+        check->async_copy_completed(f.linear, c.destination);
+      }
     });
   }
 
@@ -440,9 +447,11 @@ class BlockRunner {
   // warp-wide instruction makes for lane `lane` of the running thread's warp.
   void shared_access(const void* address, size_t bytes, SharedAccess kind, const void* pc,
                      int lane = -1) {
+    SharedMemoryRacecheck* check = racecheck();
+    if (!check) return;
     Fiber& f = current();
     const int thread = lane < 0 ? f.linear : f.linear / kWarpSize * kWarpSize + lane;
-    const std::string race = racecheck().access(thread, address, bytes, kind, pc);
+    const std::string race = check->access(thread, address, bytes, kind, pc);
     if (race.empty()) return;
     if (lane >= 0) HAM_FAIL(race);  // from a combine, which names the kernel and thread
     // GCC declares its instrumentation's hooks nothrow, so no exception may leave them: the
@@ -578,7 +587,7 @@ class BlockRunner {
     released.swap(at_barrier_);
     std::sort(released.begin(), released.end());
     make_ready(std::move(released));
-    racecheck().barrier();
+    if (SharedMemoryRacecheck* check = racecheck()) check->barrier();
     // What the fences before this barrier handed to the async proxy is now what it sees.
     if (async_proxy_fenced_ && !shared_.empty()) {
       std::memcpy(async_proxy_view_.data(), shared_.data(), shared_.size());
@@ -590,7 +599,9 @@ class BlockRunner {
     Fiber* lanes = &fibers_[size_t(warp * kWarpSize)];
     // Of the collectives only __syncwarp orders the lanes' memory accesses (PTX's
     // bar.warp.sync; a shuffle or an mma.sync does not).
-    if (p.kind == WarpCollective::Sync) racecheck().warp_sync(warp);
+    if (SharedMemoryRacecheck* check = racecheck(); check && p.kind == WarpCollective::Sync) {
+      check->warp_sync(warp);
+    }
     if (p.kind == WarpCollective::Exchange) {
       void* data[kWarpSize] = {};
       for (int lane = 0; lane < kWarpSize; ++lane) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/emulator/racecheck.h"
 #include "cuda/emulator/simt.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -49,7 +50,8 @@ extern "C" void __tsan_vptr_update(void** vptr, void*) {
 extern "C" void __tsan_vptr_read(void** vptr) {
   instrumented_access(vptr, sizeof *vptr, false, __builtin_return_address(0));
 }
-extern "C" void __tsan_init() {}
+// Each instrumented object's constructor calls this: the racecheck has something to check.
+extern "C" void __tsan_init() { ham::cuda::emulator::turn_racecheck_on(); }
 extern "C" void __tsan_func_entry(void*) {}
 extern "C" void __tsan_func_exit() {}
 
