@@ -15,9 +15,9 @@ GPU would refuse, before a GPU runs them:
 A kernel's "largest launch" is the most threads a block and the most dynamic shared bytes
 any of its launches asked for, taken together: a bound on each launch, which may be
 stricter than any one of them. It prints, per kernel, the blocks an SM can hold (the
-occupancy calculator's rule) and what limits it, spills and stack. Exit status 1 when a launch would be refused, a launched
-kernel of cuda/ has no nvcc entry, or a log's kernel cannot be found in its binary (rebuilt
-since the log was written, say).
+occupancy calculator's rule) and what limits it, spills and stack. Exit status 1 when a
+launch would be refused, a launched kernel of cuda/ has no nvcc entry, or a log's kernel
+cannot be found in its binary (rebuilt since the log was written, say).
 
 Usage: scripts/kernel_resources.py BUILD LAUNCH_LOG [LAUNCH_LOG ...] [--all]
 BUILD was built with scripts/nvcc_with_resource_report.sh as its CUDA compiler launcher

@@ -94,7 +94,7 @@ std::string SharedMemoryRacecheck::race(const char* what_now, int thread, const 
 }
 
 std::string SharedMemoryRacecheck::access(int thread, const void* address, size_t bytes,
-                                          SharedAccess kind, const void* pc) {
+                                          SharedAccess kind, const void* pc, bool in_flight) {
   const Region* region = find(address);
   if (!region) return {};
   const size_t first = size_t(static_cast<const char*>(address) - region->begin);
@@ -107,8 +107,7 @@ std::string SharedMemoryRacecheck::access(int thread, const void* address, size_
   const auto me = uint16_t(thread);
   for (size_t i = 0; i < bytes; ++i) {
     ByteHistory& h = history[i];
-    const bool in_flight = h.write_in_flight && h.write_clock >= block_start_;
-    if (in_flight) {
+    if (h.write_in_flight && h.write_clock >= block_start_) {
       return race(kind == SharedAccess::Read ? "reads" : "writes", thread, pc,
                   "is still copying into with cp.async", h.writer, h.write_pc, *region, first + i,
                   "which no cp.async.wait_group has completed yet");
@@ -143,6 +142,7 @@ std::string SharedMemoryRacecheck::access(int thread, const void* address, size_
     h.writer = me;
     h.write_clock = clock_;
     h.write_pc = pc;
+    h.write_in_flight = in_flight;
     h.read_clock[0] = h.read_clock[1] = 0;
   }
   return {};
@@ -150,14 +150,7 @@ std::string SharedMemoryRacecheck::access(int thread, const void* address, size_
 
 std::string SharedMemoryRacecheck::async_copy_issued(int thread, const void* destination,
                                                      const void* pc) {
-  std::string why = access(thread, destination, 16, SharedAccess::Write, pc);
-  if (!why.empty()) return why;
-  const Region* region = find(destination);
-  if (!region) return {};
-  ByteHistory* history =
-      region->history->data() + (static_cast<const char*>(destination) - region->begin);
-  for (int i = 0; i < 16; ++i) history[i].write_in_flight = true;
-  return {};
+  return access(thread, destination, 16, SharedAccess::Write, pc, /*in_flight=*/true);
 }
 
 void SharedMemoryRacecheck::async_copy_completed(int thread, const void* destination) {

@@ -42,16 +42,14 @@ class SharedMemoryRacecheck {
   // `thread` (linear in the block) reads or writes `bytes` bytes at `address`, from the
   // code at `pc`. Returns why that races, or runs past the end of shared memory (empty if
   // neither, or if it is not shared memory).
+  // `in_flight`: the write is a cp.async's, whose bytes land at any time until its wait.
   std::string access(int thread, const void* address, size_t bytes, SharedAccess kind,
-                     const void* pc);
+                     const void* pc, bool in_flight = false);
   // cp.async by `thread` into 16 bytes of dynamic shared memory: issued (races with what
   // other threads did to them since the last barrier, and marks them in flight) and
   // completed by its wait (written now, by `thread`).
   std::string async_copy_issued(int thread, const void* destination, const void* pc);
   void async_copy_completed(int thread, const void* destination);
-
-  // Whether `address` lies in shared memory this block knows of.
-  bool is_shared(const void* address) const { return find(address) != nullptr; }
 
   // How to name a thread and a byte in messages: set by the runner.
   using ThreadName = std::string (*)(int thread, const void* context);

@@ -599,8 +599,8 @@ class BlockRunner {
     Fiber* lanes = &fibers_[size_t(warp * kWarpSize)];
     // Of the collectives only __syncwarp orders the lanes' memory accesses (PTX's
     // bar.warp.sync; a shuffle or an mma.sync does not).
-    if (SharedMemoryRacecheck* check = racecheck(); check && p.kind == WarpCollective::Sync) {
-      check->warp_sync(warp);
+    if (p.kind == WarpCollective::Sync) {
+      if (SharedMemoryRacecheck* check = racecheck()) check->warp_sync(warp);
     }
     if (p.kind == WarpCollective::Exchange) {
       void* data[kWarpSize] = {};
