@@ -92,10 +92,12 @@ unsigned __match_any_sync(unsigned mask, T value) {
 
 // ---- Atomics ------------------------------------------------------------------------------
 namespace ham::cuda::emulator {
-// *address = f(old), returning old. Not instrumented for the racecheck (racecheck.h):
-// atomics do not race with each other.
+// *address = f(old), returning old. Not instrumented: it tells the racecheck (racecheck.h)
+// itself, as an atomic, which races only with plain loads and stores. Never inlined, so
+// that its return address is the kernel's line.
 template <class T, class F>
-__attribute__((no_sanitize_thread)) T atomic_update(T* address, F f) {
+[[gnu::noinline]] __attribute__((no_sanitize_thread)) T atomic_update(T* address, F f) {
+  instrumented_atomic(address, sizeof(T), __builtin_return_address(0));
   const T old = *address;
   *address = f(old);
   return old;

@@ -1,5 +1,5 @@
-// The SIMT emulator's racecheck (racecheck.h): a history per byte of shared memory, and a
-// clock that barriers and __syncwarp advance.
+// The SIMT emulator's racecheck (racecheck.h): a history per byte of shared and device
+// memory, and a clock that barriers and __syncwarp advance.
 #include "cuda/emulator/racecheck.h"
 
 #include <dlfcn.h>
@@ -22,23 +22,48 @@ bool turned_on = false;  // set before main, by the instrumented code's construc
 void turn_racecheck_on() { turned_on = true; }
 bool racecheck_on() { return turned_on; }
 
-uint32_t SharedMemoryRacecheck::tick() {
+uint32_t Racecheck::tick() {
   // Long before the clock wraps, every history is forgotten (all of it is older than any
-  // block that runs after this one starts).
+  // block that runs after this one starts; so are the running launch's device memory
+  // histories, whose races with its earlier blocks may then be missed, once in 2^32 ticks).
   if (clock_ >= std::numeric_limits<uint32_t>::max() - 2) {
     std::fill(dynamic_history_.begin(), dynamic_history_.end(), ByteHistory{});
     for (auto& [variable, history] : static_history_) {
       std::fill(history.begin(), history.end(), ByteHistory{});
     }
+    forget_device_histories();
+    spare_pages_.clear();  // their clocks would be newer than the next launch's
     clock_ = 0;
-    block_start_ = block_epoch_ = 0;
+    launch_start_ = block_start_ = block_epoch_ = 0;
+    std::fill(block_starts_.begin(), block_starts_.end(), 0u);
     std::fill(warp_epoch_.begin(), warp_epoch_.end(), 0u);
   }
   return ++clock_;
 }
 
-void SharedMemoryRacecheck::begin_block(const void* dynamic, size_t dynamic_bytes, int threads) {
+void Racecheck::forget_device_histories() {
+  for (auto& [number, page] : pages_) spare_pages_.push_back(std::move(page));
+  pages_.clear();
+  last_page_ = nullptr;
+}
+
+void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocations) {
+  launch_start_ = tick();
+  forget_device_histories();
+  allocations_.clear();
+  for (const auto& [begin, bytes] : allocations) {
+    allocations_.push_back({begin, bytes, nullptr, nullptr});
+  }
+  last_allocation_ = nullptr;
+  block_starts_.clear();
+  block_index_.clear();
+}
+
+void Racecheck::begin_block(const void* dynamic, size_t dynamic_bytes, int threads,
+                            std::array<unsigned, 3> block_index) {
   block_start_ = block_epoch_ = tick();
+  block_starts_.push_back(block_start_);
+  block_index_.push_back(block_index);
   warp_epoch_.assign(size_t((threads + kWarpSize - 1) / kWarpSize), 0u);
   if (dynamic_history_.size() < dynamic_bytes) dynamic_history_.resize(dynamic_bytes);
   regions_.clear();
@@ -48,7 +73,7 @@ void SharedMemoryRacecheck::begin_block(const void* dynamic, size_t dynamic_byte
   }
 }
 
-void SharedMemoryRacecheck::add_static(const void* variable, size_t bytes, const char* name) {
+void Racecheck::add_static(const void* variable, size_t bytes, const char* name) {
   auto it = std::find_if(static_history_.begin(), static_history_.end(),
                          [&](const auto& entry) { return entry.first == variable; });
   if (it == static_history_.end()) {
@@ -60,102 +85,206 @@ void SharedMemoryRacecheck::add_static(const void* variable, size_t bytes, const
   regions_.push_back({static_cast<const char*>(variable), bytes, &it->second, name});
 }
 
-void SharedMemoryRacecheck::barrier() { block_epoch_ = tick(); }
+void Racecheck::barrier() { block_epoch_ = tick(); }
 
-void SharedMemoryRacecheck::warp_sync(int warp) { warp_epoch_.at(size_t(warp)) = tick(); }
+void Racecheck::warp_sync(int warp) { warp_epoch_.at(size_t(warp)) = tick(); }
 
-const SharedMemoryRacecheck::Region* SharedMemoryRacecheck::find(const void* address) const {
+const Racecheck::Region* Racecheck::find(const void* address) {
   const char* at = static_cast<const char*>(address);
   for (const Region& r : regions_) {
     if (at >= r.begin && at < r.begin + r.bytes) return &r;
   }
-  return nullptr;
+  const Region* r = last_allocation_;
+  if (r && at >= r->begin && at < r->begin + r->bytes) return r;
+  auto after = std::upper_bound(allocations_.begin(), allocations_.end(), at,
+                                [](const char* a, const Region& b) { return a < b.begin; });
+  if (after == allocations_.begin()) return nullptr;
+  r = &*(after - 1);
+  if (at >= r->begin + r->bytes) return nullptr;
+  return last_allocation_ = r;
 }
 
-bool SharedMemoryRacecheck::ordered(int earlier, uint32_t clock, int thread) const {
+Racecheck::ByteHistory* Racecheck::device_history(const char* byte) {
+  const uintptr_t number = uintptr_t(byte) / kPageBytes;
+  if (!last_page_ || number != last_page_number_) {
+    std::unique_ptr<ByteHistory[]>& page = pages_[number];
+    if (!page) {
+      if (spare_pages_.empty()) {
+        page = std::make_unique<ByteHistory[]>(kPageBytes);
+      } else {
+        page = std::move(spare_pages_.back());
+        spare_pages_.pop_back();
+      }
+    }
+    last_page_number_ = number;
+    last_page_ = page.get();
+  }
+  return last_page_ + uintptr_t(byte) % kPageBytes;
+}
+
+uint32_t Racecheck::code_id(const void* pc) {
+  auto [it, added] = code_ids_.try_emplace(pc, uint32_t(code_.size()));
+  if (added) code_.push_back(pc);
+  return it->second;
+}
+
+namespace {
+// The thread that stands for several: the atomics of more than one, unordered.
+constexpr uint16_t kSeveralThreads = std::numeric_limits<uint16_t>::max();
+}  // namespace
+
+bool Racecheck::ordered(const Region& region, uint32_t clock, int earlier, int thread,
+                        bool several_blocks) const {
+  // Shared memory is the block's own; in device memory nothing orders two blocks of a
+  // launch, and the launch is ordered after the earlier ones.
+  if (!region.shared()) {
+    if (clock < launch_start_) return true;
+    if (clock < block_start_ || several_blocks) return false;
+  }
   if (clock < block_epoch_ || earlier == thread) return true;
   const int warp = thread / kWarpSize;
   return earlier / kWarpSize == warp && clock < warp_epoch_[size_t(warp)];
 }
 
-std::string SharedMemoryRacecheck::race(const char* what_now, int thread, const void* pc,
-                                        const char* what_then, int earlier,
-                                        const void* earlier_pc, const Region& region,
-                                        size_t offset, const char* why) const {
-  auto name = [&](int t) {
-    return thread_name_ ? thread_name_(t, name_context_) : "thread " + std::to_string(t);
-  };
-  const std::string byte =
-      region.name ? detail::concat("byte ", offset, " of the static shared variable ", region.name)
-                  : detail::concat("dynamic shared byte ", offset);
-  return detail::concat("shared memory race: ", name(thread), " ", what_now, " ", byte, " at ",
-                        describe_code_address(pc), ", which ", name(earlier), " ", what_then,
-                        " at ", describe_code_address(earlier_pc), ", ", why);
+std::string Racecheck::thread_name(uint32_t clock, int thread, bool several_blocks,
+                                   const Region& region) const {
+  if (several_blocks) return "threads of several blocks";
+  if (thread == kSeveralThreads) return "several threads";
+  std::string name =
+      thread_name_ ? thread_name_(thread, name_context_) : "thread " + std::to_string(thread);
+  if (region.shared() || clock < launch_start_) return name;
+  const auto after = std::upper_bound(block_starts_.begin(), block_starts_.end(), clock);
+  if (after == block_starts_.begin()) return name;
+  const auto& b = block_index_[size_t(after - block_starts_.begin()) - 1];
+  return detail::concat(name, " of block (", b[0], ",", b[1], ",", b[2], ")");
 }
 
-std::string SharedMemoryRacecheck::access(int thread, const void* address, size_t bytes,
-                                          SharedAccess kind, const void* pc, bool in_flight) {
+std::string Racecheck::race(const char* what_now, int thread, uint32_t code,
+                            const char* what_then, uint32_t earlier_clock, int earlier,
+                            bool several_blocks, uint32_t earlier_code, const Region& region,
+                            size_t offset, const char* why) const {
+  std::string byte;
+  if (!region.shared()) {
+    byte = detail::concat("byte ", offset, " of a ", region.bytes, "-byte device allocation");
+  } else if (region.name) {
+    byte = detail::concat("byte ", offset, " of the static shared variable ", region.name);
+  } else {
+    byte = detail::concat("dynamic shared byte ", offset);
+  }
+  return detail::concat(region.shared() ? "shared" : "device", " memory race: ",
+                        thread_name(clock_, thread, false, region), " ", what_now, " ", byte,
+                        " at ", describe_code_address(code_[code]), ", which ",
+                        thread_name(earlier_clock, earlier, several_blocks, region), " ",
+                        what_then, " at ", describe_code_address(code_[earlier_code]), ", ",
+                        why);
+}
+
+std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t offset,
+                                  int thread, MemoryAccess kind, uint32_t code,
+                                  bool in_flight) {
+  const char* what_now = kind == MemoryAccess::Read    ? "reads"
+                         : kind == MemoryAccess::Write ? "writes"
+                                                       : "atomically updates";
+  // Why an unordered access of `clock` races with this one.
+  auto why = [&](uint32_t clock, bool several_blocks) {
+    return region.shared() || (clock >= block_start_ && !several_blocks)
+               ? "with no barrier between them"
+               : "and nothing orders two blocks of one launch";
+  };
+  if (h.write_in_flight && h.write_clock >= block_start_) {
+    return race(what_now, thread, code, "is still copying into with cp.async", h.write_clock,
+                h.writer, false, h.write_code, region, offset,
+                "which no cp.async.wait_group has completed yet");
+  }
+  const bool write_ordered =
+      ordered(region, h.write_clock, h.writer, thread, h.several_blocks);
+  const bool atomics_only = kind == MemoryAccess::Atomic && h.write_atomic;
+  if (!write_ordered && !atomics_only) {
+    return race(what_now, thread, code, h.write_atomic ? "updated atomically" : "wrote",
+                h.write_clock, h.writer, h.several_blocks, h.write_code, region, offset,
+                why(h.write_clock, h.several_blocks));
+  }
+  const auto me = uint16_t(thread);
+  if (kind == MemoryAccess::Read) {
+    // Keep two readers: this one in a slot of its own thread or a stale one; else in the
+    // second, where two readers of one warp would hide one of another. (An earlier block's
+    // read is never stale, but one is enough: every later write is another block's.)
+    auto stale = [&](int s) {
+      if (!region.shared() && h.read_clock[s] < block_start_) {
+        return h.read_clock[s] < launch_start_;
+      }
+      return h.reader[s] == me || h.read_clock[s] < block_epoch_;
+    };
+    auto this_blocks = [&](int s) { return region.shared() || h.read_clock[s] >= block_start_; };
+    int slot = stale(0) ? 0 : stale(1) ? 1 : -1;
+    if (slot < 0 && this_blocks(0) && this_blocks(1) &&
+        h.reader[0] / kWarpSize == h.reader[1] / kWarpSize &&
+        h.reader[0] / kWarpSize != thread / kWarpSize) {
+      slot = 1;
+    }
+    if (slot >= 0) {
+      h.reader[slot] = me;
+      h.read_clock[slot] = clock_;
+      h.read_code[slot] = code;
+    }
+    return {};
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (!ordered(region, h.read_clock[s], h.reader[s], thread)) {
+      return race(what_now, thread, code, "read", h.read_clock[s], h.reader[s], false,
+                  h.read_code[s], region, offset, why(h.read_clock[s], false));
+    }
+  }
+  if (atomics_only && !write_ordered) {
+    // Atomics of threads no barrier orders: a later plain access must be ordered after
+    // all of them, which it is only after a barrier, within one block.
+    h.several_blocks = h.several_blocks || (!region.shared() && h.write_clock < block_start_);
+    h.writer = kSeveralThreads;
+  } else {
+    h.several_blocks = false;
+    h.writer = me;
+  }
+  h.write_clock = clock_;
+  h.write_code = code;
+  h.write_in_flight = in_flight;
+  h.write_atomic = kind == MemoryAccess::Atomic;
+  h.read_clock[0] = h.read_clock[1] = 0;
+  return {};
+}
+
+std::string Racecheck::access(int thread, const void* address, size_t bytes, MemoryAccess kind,
+                              const void* pc, bool in_flight) {
   const Region* region = find(address);
   if (!region) return {};
   const size_t first = size_t(static_cast<const char*>(address) - region->begin);
   if (first + bytes > region->bytes) {  // returned, not thrown: the hooks may not throw
-    return detail::concat("a shared memory access of ", bytes, " bytes at byte ", first,
-                          " runs past the ", region->bytes, " bytes of ",
-                          region->name ? region->name : "the dynamic shared memory");
+    return detail::concat(
+        region->shared() ? "a shared" : "a device", " memory access of ", bytes,
+        " bytes at byte ", first, " runs past the ", region->bytes, " bytes of ",
+        !region->shared() ? "its allocation"
+        : region->name    ? region->name
+                          : "the dynamic shared memory");
   }
-  ByteHistory* history = region->history->data() + first;
-  const auto me = uint16_t(thread);
+  const uint32_t code = code_id(pc);
   for (size_t i = 0; i < bytes; ++i) {
-    ByteHistory& h = history[i];
-    if (h.write_in_flight && h.write_clock >= block_start_) {
-      return race(kind == SharedAccess::Read ? "reads" : "writes", thread, pc,
-                  "is still copying into with cp.async", h.writer, h.write_pc, *region, first + i,
-                  "which no cp.async.wait_group has completed yet");
-    }
-    if (!ordered(h.writer, h.write_clock, thread)) {
-      return race(kind == SharedAccess::Read ? "reads" : "writes", thread, pc, "wrote",
-                  h.writer, h.write_pc, *region, first + i);
-    }
-    if (kind == SharedAccess::Read) {
-      // Keep two readers: this one in a slot of its own thread or a stale one; else in the
-      // second, where two readers of one warp would hide one of another.
-      int slot = -1;
-      for (int s = 0; s < 2 && slot < 0; ++s) {
-        if (h.reader[s] == me || h.read_clock[s] < block_epoch_) slot = s;
-      }
-      if (slot < 0 && h.reader[0] / kWarpSize == h.reader[1] / kWarpSize &&
-          h.reader[0] / kWarpSize != thread / kWarpSize) {
-        slot = 1;
-      }
-      if (slot >= 0) {
-        h.reader[slot] = me;
-        h.read_clock[slot] = clock_;
-        h.read_pc[slot] = pc;
-      }
-      continue;
-    }
-    for (int s = 0; s < 2; ++s) {
-      if (!ordered(h.reader[s], h.read_clock[s], thread)) {
-        return race("writes", thread, pc, "read", h.reader[s], h.read_pc[s], *region, first + i);
-      }
-    }
-    h.writer = me;
-    h.write_clock = clock_;
-    h.write_pc = pc;
-    h.write_in_flight = in_flight;
-    h.read_clock[0] = h.read_clock[1] = 0;
+    ByteHistory& h = region->shared() ? (*region->history)[first + i]
+                                      : *device_history(region->begin + first + i);
+    std::string race = check_byte(h, *region, first + i, thread, kind, code, in_flight);
+    if (!race.empty()) return race;
   }
   return {};
 }
 
-std::string SharedMemoryRacecheck::async_copy_issued(int thread, const void* destination,
-                                                     const void* pc) {
-  return access(thread, destination, 16, SharedAccess::Write, pc, /*in_flight=*/true);
+std::string Racecheck::async_copy_issued(int thread, const void* destination,
+                                         const void* source, const void* pc) {
+  std::string race = access(thread, source, 16, MemoryAccess::Read, pc);
+  if (!race.empty()) return race;
+  return access(thread, destination, 16, MemoryAccess::Write, pc, /*in_flight=*/true);
 }
 
-void SharedMemoryRacecheck::async_copy_completed(int thread, const void* destination) {
+void Racecheck::async_copy_completed(int thread, const void* destination) {
   const Region* region = find(destination);
-  if (!region) return;
+  if (!region || !region->shared()) return;
   ByteHistory* history =
       region->history->data() + (static_cast<const char*>(destination) - region->begin);
   for (int i = 0; i < 16; ++i) {

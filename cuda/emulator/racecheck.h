@@ -1,37 +1,52 @@
 #pragma once
 // The SIMT emulator's racecheck: every access to a block's shared memory (the dynamic buffer
-// and each static variable), by every CUDA thread, held against the others since the last
-// barrier, as compute-sanitizer's racecheck does on a GPU (docs/cuda_emulator.md).
+// and each static variable) and to device memory, by every CUDA thread, held against the
+// others', as compute-sanitizer's racecheck does for shared memory on a GPU
+// (docs/cuda_emulator.md).
 //
 // Two accesses to one byte by different threads, at least one a write, race unless a
-// __syncthreads lies between them, or a __syncwarp for two lanes of one warp. The
-// schedules (simt.h) find a race only where it changes a result; this finds it where it
-// does not, whatever order the fibers ran in. A cp.async copy (async_copy.cuh) writes its
-// 16 bytes at any time from its issue to the wait_group that covers it: a read or write of
-// them in between races with it, by any thread, its issuer included, and a read by another
-// thread after that wait needs a barrier too. ldmatrix reads each row for the lane that
-// gave its address.
+// __syncthreads lies between them, or a __syncwarp for two lanes of one warp. In device
+// memory two blocks of one launch are never ordered (nothing in this project's kernels
+// orders them: no fences, no flags), so there a byte one block writes may not be read or
+// written by another block of the same launch; a launch is ordered after the earlier ones
+// (HAM_EMULATOR_STREAMS checks the order between streams). Atomics do not race with each
+// other, only with plain loads and stores. The schedules (simt.h) find a race only where
+// it changes a result; this finds it where it does not, whatever order the fibers and
+// blocks ran in. A cp.async copy (async_copy.cuh) writes its 16 bytes at any time from its
+// issue to the wait_group that covers it: a read or write of them in between races with
+// it, by any thread, its issuer included, and a read by another thread after that wait
+// needs a barrier too; it reads its source at issue. ldmatrix reads each row for the lane
+// that gave its address.
 //
 // The accesses come from code compiled with -fsanitize=thread (GCC's instrumentation
 // only: tsan_entry_points.cpp takes its calls, no ThreadSanitizer runtime is linked), so
 // only such code is checked: the kernels where HAM_EMULATOR_RACECHECK builds them so, and
-// the emulator's own tests. Atomics and memcpy calls are not seen.
+// the emulator's own tests. The atomics (device_functions.h) report themselves; memcpy
+// calls are not seen.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace ham::cuda::emulator {
 
-enum class SharedAccess { Read, Write };
+enum class MemoryAccess { Read, Write, Atomic };
 
-class SharedMemoryRacecheck {
+class Racecheck {
  public:
-  // A block starts: nothing before it orders or races with what it does. `dynamic` is the
-  // block's dynamic shared memory.
-  void begin_block(const void* dynamic, size_t dynamic_bytes, int threads);
+  // A kernel launch starts: everything before it is ordered before it. `allocations`: the
+  // device memory its kernel may reach, as (first byte, bytes), sorted by address.
+  void begin_launch(std::vector<std::pair<const char*, size_t>> allocations);
+  // A block of the launch starts: nothing before it orders or races with what it does in
+  // shared memory, and nothing orders it against the launch's other blocks in device
+  // memory. `dynamic` is the block's dynamic shared memory.
+  void begin_block(const void* dynamic, size_t dynamic_bytes, int threads,
+                   std::array<unsigned, 3> block_index);
   // A static shared variable the block has reached, and its name in the source.
   void add_static(const void* variable, size_t bytes, const char* name);
   // __syncthreads completed: it orders everything before it against everything after.
@@ -39,19 +54,22 @@ class SharedMemoryRacecheck {
   // __syncwarp completed in `warp` (the kernels' are all full-warp).
   void warp_sync(int warp);
 
-  // `thread` (linear in the block) reads or writes `bytes` bytes at `address`, from the
-  // code at `pc`. Returns why that races, or runs past the end of shared memory (empty if
-  // neither, or if it is not shared memory).
+  // `thread` (linear in the block) reads, writes or atomically updates `bytes` bytes at
+  // `address`, from the code at `pc`. Returns why that races, or runs past the end of its
+  // shared memory or allocation (empty if neither, or if it is neither shared nor device
+  // memory: a fiber's stack, the host's).
   // `in_flight`: the write is a cp.async's, whose bytes land at any time until its wait.
-  std::string access(int thread, const void* address, size_t bytes, SharedAccess kind,
+  std::string access(int thread, const void* address, size_t bytes, MemoryAccess kind,
                      const void* pc, bool in_flight = false);
-  // cp.async by `thread` into 16 bytes of dynamic shared memory: issued (races with what
-  // other threads did to them since the last barrier, and marks them in flight) and
-  // completed by its wait (written now, by `thread`).
-  std::string async_copy_issued(int thread, const void* destination, const void* pc);
+  // cp.async by `thread` from 16 bytes of device memory into 16 bytes of dynamic shared
+  // memory: issued (reads the source; races with what other threads did to the
+  // destination since the last barrier, and marks it in flight) and completed by its wait
+  // (written now, by `thread`).
+  std::string async_copy_issued(int thread, const void* destination, const void* source,
+                                const void* pc);
   void async_copy_completed(int thread, const void* destination);
 
-  // How to name a thread and a byte in messages: set by the runner.
+  // How to name a thread (linear in its block) in messages: set by the runner.
   using ThreadName = std::string (*)(int thread, const void* context);
   void set_thread_name(ThreadName name, const void* context) {
     thread_name_ = name;
@@ -59,40 +77,73 @@ class SharedMemoryRacecheck {
   }
 
  private:
-  // One byte's last write and up to two reads since, each with the thread, the clock at
-  // the access and the code that made it.
+  // One byte's last write and up to two reads since, each with its thread (linear in its
+  // block), the clock at the access (which also says which block made it: blocks and
+  // launches each start with a tick of their own) and the code that made it (code_).
   struct ByteHistory {
     uint32_t write_clock = 0;
     uint32_t read_clock[2] = {0, 0};
+    uint32_t write_code = 0;
+    uint32_t read_code[2] = {0, 0};
     uint16_t writer = 0;
     uint16_t reader[2] = {0, 0};
     bool write_in_flight = false;  // a cp.async between its issue and its wait
-    const void* write_pc = nullptr;
-    const void* read_pc[2] = {nullptr, nullptr};
+    bool write_atomic = false;     // by atomics only, since the last plain write
+    bool several_blocks = false;   // those atomics: of more than one block
   };
+  // A stretch of memory whose bytes have histories: shared (`history` covers it) or a
+  // device allocation (`history` null: its bytes' histories are in pages_).
   struct Region {
     const char* begin;
     size_t bytes;
     std::vector<ByteHistory>* history;
     const char* name;  // a static variable's; null for the dynamic shared memory
+    bool shared() const { return history != nullptr; }
   };
+  static constexpr size_t kPageBytes = 4096;
 
-  const Region* find(const void* address) const;
-  // An access recorded at `clock` by `earlier` is ordered before one now by `thread`.
-  bool ordered(int earlier, uint32_t clock, int thread) const;
-  std::string race(const char* what_now, int thread, const void* pc, const char* what_then,
-                   int earlier, const void* earlier_pc, const Region& region, size_t offset,
-                   const char* why = "with no barrier between them") const;
+  const Region* find(const void* address);
+  ByteHistory* device_history(const char* byte);
+  uint32_t code_id(const void* pc);
+  // Whether an access recorded at `clock` by thread `earlier` (of several blocks, for
+  // `several_blocks`) is ordered before one now by `thread` of the running block.
+  bool ordered(const Region& region, uint32_t clock, int earlier, int thread,
+               bool several_blocks = false) const;
+  std::string check_byte(ByteHistory& h, const Region& region, size_t offset, int thread,
+                         MemoryAccess kind, uint32_t code, bool in_flight);
+  std::string race(const char* what_now, int thread, uint32_t code, const char* what_then,
+                   uint32_t earlier_clock, int earlier, bool several_blocks,
+                   uint32_t earlier_code, const Region& region, size_t offset,
+                   const char* why) const;
+  std::string thread_name(uint32_t clock, int thread, bool several_blocks,
+                          const Region& region) const;
   uint32_t tick();
+  void forget_device_histories();
 
   uint32_t clock_ = 0;
-  uint32_t block_start_ = 0;  // the clock at the block's start
-  uint32_t block_epoch_ = 0;  // the clock at the last barrier (or the block's start)
+  uint32_t launch_start_ = 0;  // the clock at the launch's start
+  uint32_t block_start_ = 0;   // the clock at the block's start
+  uint32_t block_epoch_ = 0;   // the clock at the last barrier (or the block's start)
+  // The launch's blocks so far, in the order they ran: each one's start and blockIdx.
+  std::vector<uint32_t> block_starts_;
+  std::vector<std::array<unsigned, 3>> block_index_;
   std::vector<uint32_t> warp_epoch_;  // the clock at each warp's last __syncwarp
   std::vector<ByteHistory> dynamic_history_;
   // A deque: regions_ points into it, and adding a variable must not move the others.
   std::deque<std::pair<const void*, std::vector<ByteHistory>>> static_history_;
-  std::vector<Region> regions_;
+  std::vector<Region> regions_;  // the block's shared memory
+  std::vector<Region> allocations_;  // the launch's device memory, sorted
+  const Region* last_allocation_ = nullptr;
+  // The launch's device memory histories, a page of kPageBytes bytes at a time, by
+  // address / kPageBytes. Pages of earlier launches are kept for reuse as they are: every
+  // clock in them is older than the launch.
+  std::unordered_map<uintptr_t, std::unique_ptr<ByteHistory[]>> pages_;
+  std::vector<std::unique_ptr<ByteHistory[]>> spare_pages_;
+  uintptr_t last_page_number_ = 0;
+  ByteHistory* last_page_ = nullptr;
+  // The code that made each access, by a number of 32 bits (0: unknown).
+  std::unordered_map<const void*, uint32_t> code_ids_;
+  std::vector<const void*> code_ = {nullptr};
   ThreadName thread_name_ = nullptr;
   const void* name_context_ = nullptr;
 };

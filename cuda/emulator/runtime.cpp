@@ -325,6 +325,16 @@ cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
 
 }  // namespace
 
+std::vector<std::pair<const char*, size_t>> device_allocations() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  std::vector<std::pair<const char*, size_t>> all;
+  all.reserve(state().allocations.size());
+  for (const auto& [p, size_and_device] : state().allocations) {
+    all.emplace_back(static_cast<const char*>(p), size_and_device.first);
+  }
+  return all;
+}
+
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value) {
   if (!function) return fail(cudaErrorInvalidValue);
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {

@@ -192,11 +192,11 @@ const char* collective_name(WarpCollective kind, const char* name) {
   return kind == WarpCollective::Exchange && name ? name : collective_name(kind);
 }
 
-// The shared-memory accesses of this OS thread's kernels (racecheck.h); its clock runs on
-// from launch to launch, so what an earlier launch did is older than any later block.
+// The shared and device memory accesses of this OS thread's kernels (racecheck.h); its clock
+// runs on from launch to launch, so what an earlier launch did is older than any later block.
 // Null where the racecheck is off (racecheck_on).
-SharedMemoryRacecheck* racecheck() {
-  thread_local SharedMemoryRacecheck check;
+Racecheck* racecheck() {
+  thread_local Racecheck check;
   return racecheck_on() ? &check : nullptr;
 }
 
@@ -226,8 +226,9 @@ class BlockRunner {
   void run_block(uint3 block_idx) {
     block_idx_ = block_idx;
     if (!shared_.empty()) std::memset(shared_.data(), 0xff, shared_.size());  // null if empty
-    if (SharedMemoryRacecheck* check = racecheck()) {
-      check->begin_block(shared_.data(), shared_.size(), threads_);
+    if (Racecheck* check = racecheck()) {
+      check->begin_block(shared_.data(), shared_.size(), threads_,
+                         {block_idx.x, block_idx.y, block_idx.z});
       check->set_thread_name(&thread_name, this);
     }
     static_shared_filled_.clear();
@@ -287,7 +288,7 @@ class BlockRunner {
     }
     static_shared_filled_.push_back(variable);
     std::memset(variable, 0xff, bytes);
-    if (SharedMemoryRacecheck* check = racecheck()) check->add_static(variable, bytes, name);
+    if (Racecheck* check = racecheck()) check->add_static(variable, bytes, name);
     const std::string refused = static_shared_reached(site_, shared_.size(), variable, bytes);
     if (!refused.empty()) fail_in(current(), refused);
   }
@@ -389,8 +390,8 @@ class BlockRunner {
     if (at % 16 != 0 || reinterpret_cast<uintptr_t>(source) % 16 != 0) {
       fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
     }
-    if (SharedMemoryRacecheck* check = racecheck()) {
-      const std::string race = check->async_copy_issued(f.linear, destination, pc);
+    if (Racecheck* check = racecheck()) {
+      const std::string race = check->async_copy_issued(f.linear, destination, source, pc);
       if (!race.empty()) fail_in(f, race);
     }
     // In the reverse schedule a copy lands at once, the earliest the hardware may land it:
@@ -420,7 +421,7 @@ class BlockRunner {
     Fiber& f = current();
     complete_groups(f.async_copies, f.async_groups, pending, [&](const Fiber::AsyncCopy& c) {
       if (!c.landed) std::memcpy(c.destination, c.source, 16);
-      if (SharedMemoryRacecheck* check = racecheck()) {
+      if (Racecheck* check = racecheck()) {
         check->async_copy_completed(f.linear, c.destination);
       }
     });
@@ -445,9 +446,9 @@ class BlockRunner {
 
   // An access of the running thread's kernel code (instrumented_access), or one that a
   // warp-wide instruction makes for lane `lane` of the running thread's warp.
-  void shared_access(const void* address, size_t bytes, SharedAccess kind, const void* pc,
+  void memory_access(const void* address, size_t bytes, MemoryAccess kind, const void* pc,
                      int lane = -1) {
-    SharedMemoryRacecheck* check = racecheck();
+    Racecheck* check = racecheck();
     if (!check) return;
     Fiber& f = current();
     const int thread = lane < 0 ? f.linear : f.linear / kWarpSize * kWarpSize + lane;
@@ -587,7 +588,7 @@ class BlockRunner {
     released.swap(at_barrier_);
     std::sort(released.begin(), released.end());
     make_ready(std::move(released));
-    if (SharedMemoryRacecheck* check = racecheck()) check->barrier();
+    if (Racecheck* check = racecheck()) check->barrier();
     // What the fences before this barrier handed to the async proxy is now what it sees.
     if (async_proxy_fenced_ && !shared_.empty()) {
       std::memcpy(async_proxy_view_.data(), shared_.data(), shared_.size());
@@ -600,7 +601,7 @@ class BlockRunner {
     // Of the collectives only __syncwarp orders the lanes' memory accesses (PTX's
     // bar.warp.sync; a shuffle or an mma.sync does not).
     if (p.kind == WarpCollective::Sync) {
-      if (SharedMemoryRacecheck* check = racecheck()) check->warp_sync(warp);
+      if (Racecheck* check = racecheck()) check->warp_sync(warp);
     }
     if (p.kind == WarpCollective::Exchange) {
       void* data[kWarpSize] = {};
@@ -848,11 +849,17 @@ bool in_kernel() { return running != nullptr; }
 void instrumented_access(const void* address, size_t bytes, bool write, const void* pc) {
   BlockRunner* r = running;
   if (!r || !r->current_or_null()) return;  // host code, or the scheduler between fibers
-  r->shared_access(address, bytes, write ? SharedAccess::Write : SharedAccess::Read, pc);
+  r->memory_access(address, bytes, write ? MemoryAccess::Write : MemoryAccess::Read, pc);
+}
+
+void instrumented_atomic(const void* address, size_t bytes, const void* pc) {
+  BlockRunner* r = running;
+  if (!r || !r->current_or_null()) return;
+  r->memory_access(address, bytes, MemoryAccess::Atomic, pc);
 }
 
 void shared_read_for_lane(int lane, const void* address, size_t bytes, const void* pc) {
-  runner().shared_access(address, bytes, SharedAccess::Read, pc, lane);
+  runner().memory_access(address, bytes, MemoryAccess::Read, pc, lane);
 }
 
 const void* code_address_here() { return __builtin_return_address(0); }
@@ -871,6 +878,7 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
             " with ", threads, " threads per block");
   install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
+  if (Racecheck* check = racecheck()) check->begin_launch(device_allocations());
   running = &block_runner;
   struct Reset {
     ~Reset() { running = nullptr; }

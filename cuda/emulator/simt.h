@@ -18,16 +18,18 @@
 // and fresh device memory are filled with 0xff bytes (NaN as floats), so a read of
 // something never written shows.
 //
-// Shared memory races are also found directly, access by access, in code compiled for it
-// (racecheck.h).
+// Shared and device memory races, those between blocks of one launch included, are also
+// found directly, access by access, in code compiled for it (racecheck.h).
 //
 // Not emulated: timing, occupancy, registers, the memory model beyond "a barrier orders
-// everything", races between blocks.
+// everything".
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 struct uint3 {
   unsigned x, y, z;
@@ -198,10 +200,12 @@ const void* async_proxy_view();
 
 // The racecheck (racecheck.h). instrumented_access is where the -fsanitize=thread hooks
 // (tsan_entry_points.cpp) send every load and store of instrumented code: outside a kernel,
-// or outside shared memory, it returns at once; a race fails the kernel. A warp-wide
-// instruction (ldmatrix) reads shared memory for each lane with shared_read_for_lane.
+// or outside shared and device memory, it returns at once; a race fails the kernel. The
+// atomics (device_functions.h) report to instrumented_atomic. A warp-wide instruction
+// (ldmatrix) reads shared memory for each lane with shared_read_for_lane.
 // code_address_here() is its caller's address, for messages.
 void instrumented_access(const void* address, size_t bytes, bool write, const void* pc);
+void instrumented_atomic(const void* address, size_t bytes, const void* pc);
 void shared_read_for_lane(int lane, const void* address, size_t bytes, const void* pc);
 [[gnu::noinline]] const void* code_address_here();
 
@@ -211,5 +215,7 @@ void shared_read_for_lane(int lane, const void* address, size_t bytes, const voi
 // Host-side bookkeeping the runtime shares with the scheduler.
 // True while the calling OS thread runs a kernel's fibers.
 bool in_kernel();
+// Every device allocation (runtime.cpp), as (first byte, bytes), sorted by address.
+std::vector<std::pair<const char*, size_t>> device_allocations();
 
 }  // namespace ham::cuda::emulator

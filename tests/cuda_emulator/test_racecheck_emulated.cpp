@@ -1,5 +1,5 @@
-// The emulator's racecheck (cuda/emulator/racecheck.h): small kernels whose shared memory
-// accesses race or are ordered, by hand. This file is compiled with the instrumentation the
+// The emulator's racecheck (cuda/emulator/racecheck.h): small kernels whose shared and
+// device memory accesses race or are ordered, by hand. This file is compiled with the instrumentation the
 // racecheck build gives the kernels (tests/CMakeLists.txt), so its accesses are checked.
 #include <gtest/gtest.h>
 
@@ -96,6 +96,28 @@ TEST_F(Racecheck, LanesOfAWarpAreOrderedBySyncwarpNotByShuffles) {
                         {"shared memory race: thread", "reads byte", "which thread", "wrote"});
 }
 
+// Lanes 0 and 1 of warp 0 and thread 32 read one value; then lane 1 overwrites it after a
+// __syncwarp, which orders it after lane 0's read and not after thread 32's. In the forward
+// schedule thread 32 reads while warp 0 waits in the __syncwarp.
+__global__ void overwrite_after_three_reads(int* out) {
+  HAM_STATIC_SHARED(int, value, [1]);
+  const unsigned t = threadIdx.x;
+  if (t == 0) value[0] = 1;
+  __syncthreads();
+  if (t == 0 || t == 1 || t == 32) out[t] = value[0];
+  __syncwarp();
+  if (t == 1) value[0] = 2;
+}
+
+TEST_F(Racecheck, AReaderOfAnotherWarpIsKeptBesideTwoOfOneWarp) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts out(64);
+  testing::expect_error([&] { RUN(1, 64, 0, overwrite_after_three_reads, out.data); },
+                        {"shared memory race: thread (1,0,0) writes byte 0 of the static "
+                         "shared variable value",
+                         "which thread (32,0,0) read"});
+}
+
 // Every thread writes the first 16-bit half-word, or (`distinct`) a half-word of its own,
 // two to a 4-byte word; then thread 0 reads after a barrier.
 __global__ void write_one_place(int* out, int distinct) {
@@ -158,23 +180,201 @@ TEST_F(Racecheck, AnAccessPastTheEndOfSharedMemoryFails) {
                          "of the dynamic shared memory"});
 }
 
-// Atomics on shared memory: not seen, as racecheck's own on a GPU ignores them.
-__global__ void count_in_shared(int* out) {
+// Atomics on shared memory, then, by `read`:
+//   0 every thread reads the count at once, while other threads may still add to it;
+//   1 every thread reads it after a barrier;
+//   2 the last thread reads it at once, after every other thread's atomic in the forward
+//     schedule, but with no barrier to order them.
+__global__ void count_in_shared(int* out, int read) {
   HAM_STATIC_SHARED(int, count, [1]);
   if (threadIdx.x == 0) count[0] = 0;
   __syncthreads();
   atomicAdd(&count[0], 1);
-  __syncthreads();
-  out[threadIdx.x] = count[0];
+  if (read == 1) __syncthreads();
+  if (read != 2 || threadIdx.x == blockDim.x - 1) out[threadIdx.x] = count[0];
 }
 
-TEST_F(Racecheck, AtomicsDoNotRace) {
+TEST_F(Racecheck, AtomicsDoNotRaceWithEachOtherButWithPlainAccesses) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts out(64);
-  RUN(1, 64, 0, count_in_shared, out.data);
+  RUN(1, 64, 0, count_in_shared, out.data, 1);
   int got = 0;
   HAM_CUDA_CHECK(cudaMemcpy(&got, out.data + 63, sizeof got, cudaMemcpyDeviceToHost));
   EXPECT_EQ(got, 64);
+  testing::expect_error([&] { RUN(1, 64, 0, count_in_shared, out.data, 0); },
+                        {"shared memory race: thread (1,0,0) atomically updates byte 0 of the "
+                         "static shared variable count",
+                         "which thread (0,0,0) read", "with no barrier between them"});
+  testing::expect_error([&] { RUN(1, 64, 0, count_in_shared, out.data, 2); },
+                        {"shared memory race: thread (63,0,0) reads byte 0 of the static "
+                         "shared variable count",
+                         "which several threads updated atomically"});
+}
+
+// Device memory. Thread 0 of each block writes one element: its own, or (`same`) the
+// first.
+__global__ void write_an_element(int* out, int same) {
+  if (threadIdx.x == 0) out[same ? 0 : blockIdx.x] = int(blockIdx.x);
+}
+
+TEST_F(Racecheck, TwoBlocksWritingOneElementRace) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts out(2);
+  RUN(2, 32, 0, write_an_element, out.data, 0);
+  testing::expect_error([&] { RUN(2, 32, 0, write_an_element, out.data, 1); },
+                        {"kernel write_an_element", "block (1,0,0) thread (0,0,0)",
+                         "device memory race: thread (0,0,0) of block (1,0,0) writes byte 0 "
+                         "of a 8-byte device allocation",
+                         "which thread (0,0,0) of block (0,0,0) wrote",
+                         "and nothing orders two blocks of one launch"});
+}
+
+// Thread 0 of each block writes its element, then (`read_previous`) adds the previous
+// block's to it. The blocks of one launch are not ordered; launches are.
+__global__ void add_the_previous_blocks_element(int* data, int read_previous) {
+  if (threadIdx.x != 0) return;
+  data[blockIdx.x] = 1;
+  if (read_previous && blockIdx.x > 0) data[blockIdx.x] += data[blockIdx.x - 1];
+}
+
+TEST_F(Racecheck, ABlockMayNotReadWhatAnotherBlockOfTheLaunchWrote) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(4);
+  RUN(4, 32, 0, add_the_previous_blocks_element, data.data, 0);
+  testing::expect_error([&] { RUN(4, 32, 0, add_the_previous_blocks_element, data.data, 1); },
+                        {"device memory race: thread (0,0,0) of block (1,0,0) reads byte 0 of "
+                         "a 16-byte device allocation",
+                         "which thread (0,0,0) of block (0,0,0) wrote"});
+  // Last block first: block 3 reads element 2 before block 2 writes it.
+  emulator::set_schedule(Schedule::Reverse);
+  testing::expect_error([&] { RUN(4, 32, 0, add_the_previous_blocks_element, data.data, 1); },
+                        {"device memory race: thread (0,0,0) of block (2,0,0) writes byte 8 of "
+                         "a 16-byte device allocation",
+                         "which thread (0,0,0) of block (3,0,0) read"});
+}
+
+// Thread 0 of each of two blocks reads the element of the other block.
+__global__ void read_the_other_blocks_element(const int* data, int* out) {
+  if (threadIdx.x == 0) out[blockIdx.x] = data[1 - blockIdx.x];
+}
+
+TEST_F(Racecheck, ALaunchIsOrderedAfterTheEarlierOnes) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(2), out(2);
+  RUN(2, 32, 0, write_an_element, data.data, 0);
+  RUN(2, 32, 0, read_the_other_blocks_element, data.data, out.data);
+  int got[2] = {};
+  HAM_CUDA_CHECK(cudaMemcpy(got, out.data, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got[0], 1);
+  EXPECT_EQ(got[1], 0);
+}
+
+// Thread 0 of each block reads the first element; block 1's then writes it.
+__global__ void read_then_block_one_writes(int* data, int* out) {
+  if (threadIdx.x != 0) return;
+  const int value = data[0];
+  if (blockIdx.x == 1) data[0] = value + 1;
+  out[blockIdx.x] = value;
+}
+
+TEST_F(Racecheck, AWriteRacesWithAnotherBlocksEarlierRead) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(2);
+  testing::expect_error([&] { RUN(2, 32, 0, read_then_block_one_writes, data.data, out.data); },
+                        {"device memory race: thread (0,0,0) of block (1,0,0) writes byte 0 of "
+                         "a 4-byte device allocation",
+                         "which thread (0,0,0) of block (0,0,0) read",
+                         "and nothing orders two blocks of one launch"});
+}
+
+// Each thread writes its element of `data`, then reads the element of the thread one warp
+// on, across a barrier or not: within a block, device memory is ordered as shared memory.
+__global__ void read_the_next_warps_element(int* data, int* out, int barrier) {
+  const unsigned t = threadIdx.x;
+  data[t] = int(t);
+  if (barrier) __syncthreads();
+  out[t] = data[(t + 32) % 64];
+}
+
+TEST_F(Racecheck, WithinABlockABarrierOrdersDeviceMemory) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(64), out(64);
+  RUN(1, 64, 0, read_the_next_warps_element, data.data, out.data, 1);
+  testing::expect_error(
+      [&] { RUN(1, 64, 0, read_the_next_warps_element, data.data, out.data, 0); },
+      {"device memory race: thread (32,0,0) of block (0,0,0) writes byte 128 of a 256-byte "
+       "device allocation",
+       "which thread (0,0,0) of block (0,0,0) read", "with no barrier between them"});
+}
+
+// Thread 0 of each block adds one to a count in device memory, and (`read_back`) the
+// last block's reads it, while other blocks may still add to it.
+__global__ void count_blocks(int* count, int* out, int read_back) {
+  if (threadIdx.x != 0) return;
+  atomicAdd(count, 1);
+  if (read_back && blockIdx.x == gridDim.x - 1) out[0] = *count;
+}
+
+TEST_F(Racecheck, AtomicsOfManyBlocksDoNotRaceButAReadOfTheirCountDoes) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts count(1), out(1);
+  RUN(3, 32, 0, count_blocks, count.data, out.data, 0);
+  int got = 0;
+  HAM_CUDA_CHECK(cudaMemcpy(&got, count.data, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, 3);
+  testing::expect_error([&] { RUN(3, 32, 0, count_blocks, count.data, out.data, 1); },
+                        {"device memory race: thread (0,0,0) of block (2,0,0) reads byte 0 of "
+                         "a 4-byte device allocation",
+                         "which threads of several blocks updated atomically",
+                         "and nothing orders two blocks of one launch"});
+  // Last block first: its read comes before the other blocks' atomics.
+  emulator::set_schedule(Schedule::Reverse);
+  testing::expect_error([&] { RUN(3, 32, 0, count_blocks, count.data, out.data, 1); },
+                        {"device memory race: thread (0,0,0) of block (1,0,0) atomically "
+                         "updates byte 0",
+                         "which thread (0,0,0) of block (2,0,0) read"});
+}
+
+// Block 0's threads write 16 bytes of `source`; block 1's thread 0 copies them into shared
+// memory with cp.async, which reads them at its issue, unordered with block 0.
+__global__ void copy_what_block_zero_wrote(int* source, int* out) {
+  HAM_DYNAMIC_SHARED(int, tile);
+  if (blockIdx.x == 0) {
+    source[threadIdx.x] = int(threadIdx.x);
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  async_copy_16(tile, source);
+  async_copy_commit();
+  async_copy_wait<0>();
+  out[0] = tile[0];
+}
+
+TEST_F(Racecheck, CpAsyncReadsItsSourceAtIssue) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts source(4), out(1);
+  testing::expect_error([&] { RUN(2, 4, 16, copy_what_block_zero_wrote, source.data, out.data); },
+                        {"device memory race: thread (0,0,0) of block (1,0,0) reads byte 0 of "
+                         "a 16-byte device allocation",
+                         "which thread (0,0,0) of block (0,0,0) wrote"});
+}
+
+// An 8-byte load from byte 4 of an 8-byte allocation.
+__global__ void load_past_the_end_of_an_allocation(const char* bytes, int* out) {
+  long long v = 0;
+  __builtin_memcpy(&v, bytes + 4, sizeof v);
+  out[threadIdx.x] = int(v);
+}
+
+TEST_F(Racecheck, AnAccessPastTheEndOfAnAllocationFails) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts bytes(2), out(1);
+  testing::expect_error(
+      [&] {
+        RUN(1, 1, 0, load_past_the_end_of_an_allocation,
+            reinterpret_cast<const char*>(bytes.data), out.data);
+      },
+      {"a device memory access of 8 bytes at byte 4 runs past the 8 bytes of its allocation"});
 }
 
 // Two blocks, each: thread 0 writes, a barrier, everyone reads. One block's reads do not
