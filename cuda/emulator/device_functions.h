@@ -105,22 +105,37 @@ template <class T, class F>
 }  // namespace ham::cuda::emulator
 using ham::cuda::emulator::atomic_update;
 
+// Inlined into the kernel, so that atomic_update's return address is the kernel's line.
 template <class T>
-T atomicAdd(T* a, T v) { return atomic_update(a, [v](T x) { return T(x + v); }); }
+[[gnu::always_inline]] inline T atomicAdd(T* a, T v) {
+  return atomic_update(a, [v](T x) { return T(x + v); });
+}
 template <class T>
-T atomicSub(T* a, T v) { return atomic_update(a, [v](T x) { return T(x - v); }); }
+[[gnu::always_inline]] inline T atomicSub(T* a, T v) {
+  return atomic_update(a, [v](T x) { return T(x - v); });
+}
 template <class T>
-T atomicMin(T* a, T v) { return atomic_update(a, [v](T x) { return v < x ? v : x; }); }
+[[gnu::always_inline]] inline T atomicMin(T* a, T v) {
+  return atomic_update(a, [v](T x) { return v < x ? v : x; });
+}
 template <class T>
-T atomicMax(T* a, T v) { return atomic_update(a, [v](T x) { return v > x ? v : x; }); }
+[[gnu::always_inline]] inline T atomicMax(T* a, T v) {
+  return atomic_update(a, [v](T x) { return v > x ? v : x; });
+}
 template <class T>
-T atomicExch(T* a, T v) { return atomic_update(a, [v](T) { return v; }); }
+[[gnu::always_inline]] inline T atomicExch(T* a, T v) {
+  return atomic_update(a, [v](T) { return v; });
+}
 template <class T>
-T atomicOr(T* a, T v) { return atomic_update(a, [v](T x) { return T(x | v); }); }
+[[gnu::always_inline]] inline T atomicOr(T* a, T v) {
+  return atomic_update(a, [v](T x) { return T(x | v); });
+}
 template <class T>
-T atomicAnd(T* a, T v) { return atomic_update(a, [v](T x) { return T(x & v); }); }
+[[gnu::always_inline]] inline T atomicAnd(T* a, T v) {
+  return atomic_update(a, [v](T x) { return T(x & v); });
+}
 template <class T>
-T atomicCAS(T* a, T compare, T v) {
+[[gnu::always_inline]] inline T atomicCAS(T* a, T compare, T v) {
   return atomic_update(a, [=](T x) { return x == compare ? v : x; });
 }
 

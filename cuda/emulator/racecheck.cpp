@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -316,17 +317,24 @@ std::string describe_code_address(const void* pc) {
       pclose(pipe);
     }
   }
-  // addr2line -f -i: function, file:line, then the functions it was inlined into; the
-  // first two name the innermost code.
-  std::string function, where;
-  if (!lines.empty()) {
-    const size_t end_of_function = lines.find('\n');
-    function = lines.substr(0, end_of_function);
-    if (end_of_function != std::string::npos) {
-      where = lines.substr(end_of_function + 1, lines.find('\n', end_of_function + 1) -
-                                                    end_of_function - 1);
-    }
+  // addr2line -f -i: function, file:line, then each function it was inlined into with the
+  // line of the call. The innermost frame outside the emulator's own headers names the
+  // code (an atomic's is the kernel line that calls atomicAdd, not atomicAdd).
+  std::vector<std::pair<std::string, std::string>> frames;  // (function, file:line)
+  for (size_t at = 0; at < lines.size();) {
+    const size_t function_end = std::min(lines.find('\n', at), lines.size());
+    const size_t where_end = std::min(lines.find('\n', function_end + 1), lines.size());
+    if (function_end >= lines.size()) break;
+    frames.emplace_back(lines.substr(at, function_end - at),
+                        lines.substr(function_end + 1, where_end - function_end - 1));
+    at = where_end + 1;
   }
+  auto chosen = std::find_if(frames.begin(), frames.end(), [](const auto& frame) {
+    return frame.second.find("/cuda/emulator/") == std::string::npos;
+  });
+  if (chosen == frames.end()) chosen = frames.begin();
+  std::string function, where;
+  if (chosen != frames.end()) std::tie(function, where) = *chosen;
   char fallback[64];
   std::snprintf(fallback, sizeof fallback, "+0x%zx", size_t(offset));
   const std::string binary = std::string(info.dli_fname) + fallback;
