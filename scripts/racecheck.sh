@@ -9,8 +9,10 @@
 # its test, naming both threads, the byte and both places in the source.
 # Not part of scripts/test.sh: a build of its own, and the tests run slower instrumented.
 # Usage: ./scripts/racecheck.sh [test_emulated_gpu arguments], e.g. --gtest_filter=*Routed*
-# Environment: HAM_RACECHECK_BUILD (default build-racecheck); HAM_EMULATOR_SCHEDULE and the
-# rest of the emulator's settings as usual.
+# Environment: HAM_RACECHECK_BUILD (default build-racecheck); HAM_EMULATOR_RACECHECK_MEMORY
+# (all, the default, or shared: device memory's histories need 36 bytes a byte a launch
+# touches, past 23 GB at the paper's lengths); HAM_EMULATOR_SCHEDULE and the rest of the
+# emulator's settings as usual.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

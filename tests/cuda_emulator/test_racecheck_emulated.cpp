@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
@@ -227,6 +229,29 @@ TEST_F(Racecheck, TwoBlocksWritingOneElementRace) {
                          "of a 8-byte device allocation",
                          "which thread (0,0,0) of block (0,0,0) wrote",
                          "and nothing orders two blocks of one launch"});
+}
+
+// HAM_EMULATOR_RACECHECK_MEMORY=shared leaves device memory out; `all` is the default.
+TEST_F(Racecheck, DeviceMemoryIsLeftOutWhereAsked) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  constexpr const char* kName = "HAM_EMULATOR_RACECHECK_MEMORY";
+  const char* before = std::getenv(kName);
+  struct Restore {
+    std::string value;
+    bool was_set;
+    ~Restore() { was_set ? setenv(kName, value.c_str(), 1) : unsetenv(kName); }
+  } restore{before ? before : "", before != nullptr};
+  DeviceInts out(2);
+  setenv(kName, "shared", 1);
+  RUN(2, 32, 0, write_an_element, out.data, 1);
+  setenv(kName, "device", 1);
+  testing::expect_error([&] { RUN(2, 32, 0, write_an_element, out.data, 1); },
+                        {"HAM_EMULATOR_RACECHECK_MEMORY=device: expected all or shared"});
+  for (const char* value : {"all", ""}) {
+    setenv(kName, value, 1);
+    testing::expect_error([&] { RUN(2, 32, 0, write_an_element, out.data, 1); },
+                          {"device memory race"});
+  }
 }
 
 // Thread 0 of each block writes its element, then (`read_previous`) adds the previous
