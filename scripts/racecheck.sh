@@ -11,7 +11,7 @@
 # Usage: ./scripts/racecheck.sh [test_emulated_gpu arguments], e.g. --gtest_filter=*Routed*
 # Environment: HAM_RACECHECK_BUILD (default build-racecheck); HAM_EMULATOR_RACECHECK_MEMORY
 # (all, the default, or shared: device memory's histories need 36 bytes a byte a launch
-# touches, past 23 GB at the paper's lengths); HAM_EMULATOR_SCHEDULE and the rest of the
+# touches, 23 GiB and more at the paper's lengths); HAM_EMULATOR_SCHEDULE and the rest of the
 # emulator's settings as usual.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -52,7 +52,7 @@ void Racecheck::forget_device_histories() {
 namespace {
 // HAM_EMULATOR_RACECHECK_MEMORY: all (the default) or shared, which leaves device memory
 // out. Its histories take 36 bytes for each byte a launch touches: the gated delta rule's
-// backward at the paper's 4K tokens passed 23 GB.
+// backward at the paper's 4K tokens reached 23.3 GiB.
 bool device_memory_checked() {
   const char* value = std::getenv("HAM_EMULATOR_RACECHECK_MEMORY");
   if (!value || !*value || std::string(value) == "all") return true;

@@ -1,6 +1,7 @@
 // The emulator's racecheck (cuda/emulator/racecheck.h): small kernels whose shared and
-// device memory accesses race or are ordered, by hand. This file is compiled with the instrumentation the
-// racecheck build gives the kernels (tests/CMakeLists.txt), so its accesses are checked.
+// device memory accesses race or are ordered, by hand. This file is compiled with the
+// instrumentation the racecheck build gives the kernels (tests/CMakeLists.txt), so its
+// accesses are checked.
 #include <gtest/gtest.h>
 
 #include <cstdint>
