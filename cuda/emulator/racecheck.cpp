@@ -35,9 +35,9 @@ uint32_t Racecheck::tick() {
     }
     forget_device_histories();
     spare_pages_.clear();  // their clocks would be newer than the next launch's
-    clock_ = 0;
-    launch_start_ = block_start_ = block_epoch_ = 0;
-    std::fill(block_starts_.begin(), block_starts_.end(), 0u);
+    // The running launch and block go on from clock 1, after every history (all 0 now).
+    clock_ = launch_start_ = block_start_ = block_epoch_ = 1;
+    std::fill(block_starts_.begin(), block_starts_.end(), 1u);
     std::fill(warp_epoch_.begin(), warp_epoch_.end(), 0u);
   }
   return ++clock_;
