@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "cuda/async_copy.cuh"
@@ -27,12 +28,27 @@ using emulator::Schedule;
 #endif
 
 // Runs each test in the forward schedule, where the fibers' order, and so which of two
-// racing accesses comes second, is known.
+// racing accesses comes second, is known, and with device memory checked whatever
+// HAM_EMULATOR_RACECHECK_MEMORY says for the GPU tests.
+constexpr const char* kMemorySetting = "HAM_EMULATOR_RACECHECK_MEMORY";
 class Racecheck : public ::testing::Test {
  protected:
-  void SetUp() override { emulator::set_schedule(Schedule::Forward); }
-  void TearDown() override { emulator::set_schedule(saved_); }
-  Schedule saved_ = emulator::schedule();
+  void SetUp() override {
+    emulator::set_schedule(Schedule::Forward);
+    unsetenv(kMemorySetting);
+  }
+  void TearDown() override {
+    emulator::set_schedule(saved_schedule_);
+    if (saved_memory_setting_) {
+      setenv(kMemorySetting, saved_memory_setting_->c_str(), 1);
+    } else {
+      unsetenv(kMemorySetting);
+    }
+  }
+  Schedule saved_schedule_ = emulator::schedule();
+  std::optional<std::string> saved_memory_setting_ =
+      std::getenv(kMemorySetting) ? std::optional<std::string>(std::getenv(kMemorySetting))
+                                  : std::nullopt;
 };
 
 struct DeviceInts {
@@ -235,21 +251,14 @@ TEST_F(Racecheck, TwoBlocksWritingOneElementRace) {
 // HAM_EMULATOR_RACECHECK_MEMORY=shared leaves device memory out; `all` is the default.
 TEST_F(Racecheck, DeviceMemoryIsLeftOutWhereAsked) {
   HAM_SKIP_WITHOUT_RACECHECK();
-  constexpr const char* kName = "HAM_EMULATOR_RACECHECK_MEMORY";
-  const char* before = std::getenv(kName);
-  struct Restore {
-    std::string value;
-    bool was_set;
-    ~Restore() { was_set ? setenv(kName, value.c_str(), 1) : unsetenv(kName); }
-  } restore{before ? before : "", before != nullptr};
   DeviceInts out(2);
-  setenv(kName, "shared", 1);
+  setenv(kMemorySetting, "shared", 1);
   RUN(2, 32, 0, write_an_element, out.data, 1);
-  setenv(kName, "device", 1);
+  setenv(kMemorySetting, "device", 1);
   testing::expect_error([&] { RUN(2, 32, 0, write_an_element, out.data, 1); },
                         {"HAM_EMULATOR_RACECHECK_MEMORY=device: expected all or shared"});
   for (const char* value : {"all", ""}) {
-    setenv(kName, value, 1);
+    setenv(kMemorySetting, value, 1);
     testing::expect_error([&] { RUN(2, 32, 0, write_an_element, out.data, 1); },
                           {"device memory race"});
   }
