@@ -14,6 +14,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/emulator/racecheck.h"
+
 struct cublasLtContext {
   int device;
 };
@@ -101,6 +103,20 @@ C epilogue_value(C x, cublasLtEpilogue_t epilogue) {
     return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
   }
   return x;
+}
+
+// The bytes of every column of every batch of the matrix at `x` (the racecheck's view).
+void add_matrix_accesses(std::vector<ham::cuda::emulator::WorkAccess>& accesses, const void* x,
+                         const cublasLtMatrixLayoutOpaque& l, int32_t batch,
+                         ham::cuda::emulator::MemoryAccess kind) {
+  const size_t bytes = element_size(l.type);
+  for (int32_t i = 0; i < (l.stride == 0 ? 1 : batch); ++i) {
+    for (uint64_t j = 0; j < l.cols; ++j) {
+      const int64_t first = int64_t(i) * l.stride + int64_t(j) * l.ld;
+      accesses.push_back({static_cast<const char*>(x) + first * int64_t(bytes),
+                          l.rows * bytes, kind});
+    }
+  }
 }
 
 bool has_bias(cublasLtEpilogue_t epilogue) {
@@ -362,6 +378,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const double alpha_value = scalar(alpha), beta_value = scalar(beta);
   const cublasLtMatmulDescOpaque op = *desc;
   const cudaError_t issued = ham::cuda::emulator::issue(stream, [=] {
+    if (ham::cuda::emulator::racecheck_on()) {
+      using ham::cuda::emulator::MemoryAccess;
+      std::vector<ham::cuda::emulator::WorkAccess> accesses;
+      add_matrix_accesses(accesses, a, la, batch, MemoryAccess::Read);
+      add_matrix_accesses(accesses, b, lb, batch, MemoryAccess::Read);
+      if (beta_value != 0) add_matrix_accesses(accesses, c, lc, batch, MemoryAccess::Read);
+      if (has_bias(op.epilogue)) {
+        accesses.push_back({op.bias, ld.rows * element_size(ld.type), MemoryAccess::Read});
+      }
+      if (workspace) accesses.push_back({workspace, workspace_bytes, MemoryAccess::Write});
+      add_matrix_accesses(accesses, d, ld, batch, MemoryAccess::Write);
+      ham::cuda::emulator::racecheck_work_accesses("cublasLtMatmul", accesses);
+    }
     if (workspace) std::memset(workspace, 0xff, workspace_bytes);  // scratch, as a GPU leaves it
     for (int64_t i = 0; i < batch; ++i) {
       if (f64) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "cuda/emulator/racecheck.h"
 
 #ifdef HAM_WITH_MPI
 #include <mpi.h>
@@ -44,9 +45,10 @@ ncclResult_t fail(ncclResult_t result, std::string why) {
   return result;
 }
 
-// A collective runs when issued, after what its stream holds (the held stream orders).
+// A collective runs when issued, after what its stream holds (the held stream orders); the
+// host is not ordered after it, as it is by cudaStreamSynchronize (for the racecheck).
 ncclResult_t run_stream_before(cudaStream_t stream, const char* collective) {
-  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+  if (ham::cuda::emulator::run_held_work(stream) != cudaSuccess) {
     return fail(ncclUnhandledCudaError, std::string(collective) + ": its stream failed");
   }
   return ncclSuccess;
@@ -54,11 +56,20 @@ ncclResult_t run_stream_before(cudaStream_t stream, const char* collective) {
 
 // Writes a collective's `result` to `recvbuff` as work issued to `stream`: held where the
 // stream's work is held, so only a wait for the collective's end orders a reader after it.
-ncclResult_t land_in_stream_order(cudaStream_t stream, void* recvbuff, std::vector<char> result,
+// For the racecheck, that work also reads the `sent` bytes at `sendbuff`.
+ncclResult_t land_in_stream_order(cudaStream_t stream, const void* sendbuff, size_t sent,
+                                  void* recvbuff, std::vector<char> result,
                                   const char* collective) {
   if (result.empty()) return ncclSuccess;
   auto bytes = std::make_shared<const std::vector<char>>(std::move(result));
-  const cudaError_t issued = ham::cuda::emulator::issue(stream, [recvbuff, bytes] {
+  const cudaError_t issued =
+      ham::cuda::emulator::issue(stream, [sendbuff, sent, recvbuff, bytes, collective] {
+    using ham::cuda::emulator::MemoryAccess;
+    if (ham::cuda::emulator::racecheck_on()) {
+      ham::cuda::emulator::racecheck_work_accesses(
+          collective, {{sendbuff, sent, MemoryAccess::Read},
+                       {recvbuff, bytes->size(), MemoryAccess::Write}});
+    }
     std::memcpy(recvbuff, bytes->data(), bytes->size());
   });
   if (issued != cudaSuccess) {
@@ -342,7 +353,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   }
   std::vector<char> result(count * type_size(datatype));
   reduce_blocks(all, comm->size, count, 0, count, datatype, op, result.data());
-  return land_in_stream_order(stream, recvbuff, std::move(result), "ncclAllReduce");
+  return land_in_stream_order(stream, sendbuff, count * type_size(datatype), recvbuff,
+                              std::move(result), "ncclAllReduce");
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
@@ -362,7 +374,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   std::vector<char> result(recvcount * type_size(datatype));
   reduce_blocks(all, comm->size, count, recvcount * size_t(comm->rank), recvcount, datatype, op,
                 result.data());
-  return land_in_stream_order(stream, recvbuff, std::move(result), "ncclReduceScatter");
+  return land_in_stream_order(stream, sendbuff, count * type_size(datatype), recvbuff,
+                              std::move(result), "ncclReduceScatter");
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
@@ -377,7 +390,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
       r != ncclSuccess) {
     return r;
   }
-  return land_in_stream_order(stream, recvbuff, std::move(all), "ncclAllGather");
+  return land_in_stream_order(stream, sendbuff, sendcount * type_size(datatype), recvbuff,
+                              std::move(all), "ncclAllGather");
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -398,7 +412,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     return r;
   }
   const auto roots = all.begin() + std::ptrdiff_t(size_t(root) * bytes);
-  return land_in_stream_order(stream, recvbuff,
+  return land_in_stream_order(stream, comm->rank == root ? sendbuff : nullptr,
+                              comm->rank == root ? bytes : 0, recvbuff,
                               std::vector<char>(roots, roots + std::ptrdiff_t(bytes)),
                               "ncclBroadcast");
 }

@@ -34,9 +34,10 @@ uint32_t Racecheck::tick() {
       std::fill(history.begin(), history.end(), ByteHistory{});
     }
     forget_device_histories();
+    launches_.clear();
     spare_pages_.clear();  // their clocks would be newer than the next launch's
     // The running launch and block go on from clock 1, after every history (all 0 now).
-    clock_ = launch_start_ = block_start_ = block_epoch_ = 1;
+    clock_ = launch_start_ = block_start_ = block_epoch_ = ordered_below_ = 1;
     std::fill(block_starts_.begin(), block_starts_.end(), 1u);
     std::fill(warp_epoch_.begin(), warp_epoch_.end(), 0u);
   }
@@ -61,9 +62,39 @@ bool device_memory_checked() {
 }
 }  // namespace
 
-void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocations) {
+void Racecheck::set_stream_work(StreamWork work) {
+  next_work_ = std::move(work);
+  next_work_set_ = true;
+}
+
+void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocations,
+                             const char* kernel) {
   launch_start_ = tick();
-  forget_device_histories();
+  StreamWork work = next_work_set_ ? std::move(next_work_) : StreamWork{};
+  next_work_set_ = false;
+  // Where every later work is ordered after every launch kept, their histories are
+  // forgotten (all at once: the pages hold them together).
+  bool after_all = true, all_later_after_all = true;
+  for (EarlierLaunch& earlier : launches_) {
+    earlier.ordered = work.stream == 0 || work.ordered_after(earlier.work);
+    after_all = after_all && earlier.ordered;
+    all_later_after_all = all_later_after_all &&
+                          (work.stream == 0 || StreamWork::covers(work.all_later_after,
+                                                                  earlier.work));
+  }
+  if (all_later_after_all) {
+    forget_device_histories();
+    launches_.clear();
+  }
+  if (after_all) {
+    ordered_below_ = launch_start_;
+  } else {
+    ordered_below_ = std::find_if(launches_.begin(), launches_.end(), [](const auto& e) {
+                       return !e.ordered;
+                     })->start;
+  }
+  launches_.push_back({launch_start_, std::move(work), kernel, false, false});
+  threadless_ = false;
   allocations_.clear();
   if (device_memory_checked()) {
     for (const auto& [begin, bytes] : allocations) {
@@ -73,6 +104,30 @@ void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocat
   last_allocation_ = nullptr;
   block_starts_.clear();
   block_index_.clear();
+}
+
+std::string Racecheck::work_accesses(std::vector<std::pair<const char*, size_t>> allocations,
+                                     const char* what, const std::vector<WorkAccess>& accesses) {
+  begin_launch(std::move(allocations), what);
+  begin_block(nullptr, 0, 1, {0, 0, 0});
+  threadless_ = launches_.back().threadless = true;
+  for (const WorkAccess& a : accesses) {
+    std::string race = access_by_code(0, a.begin, a.bytes, a.kind, code_id(what, true), false);
+    if (!race.empty()) return race;
+  }
+  return {};
+}
+
+const Racecheck::EarlierLaunch* Racecheck::earlier_launch(uint32_t clock) const {
+  const auto after = std::upper_bound(launches_.begin(), launches_.end(), clock,
+                                      [](uint32_t c, const EarlierLaunch& e) { return c < e.start; });
+  return after == launches_.begin() ? nullptr : &*(after - 1);
+}
+
+bool Racecheck::earlier_launch_ordered(uint32_t clock) const {
+  if (clock < ordered_below_) return true;
+  const EarlierLaunch* earlier = earlier_launch(clock);
+  return !earlier || earlier->ordered;
 }
 
 void Racecheck::begin_block(const void* dynamic, size_t dynamic_bytes, int threads,
@@ -138,10 +193,18 @@ Racecheck::ByteHistory* Racecheck::device_history(const char* byte) {
   return last_page_ + uintptr_t(byte) % kPageBytes;
 }
 
-uint32_t Racecheck::code_id(const void* pc) {
+uint32_t Racecheck::code_id(const void* pc, bool name) {
   auto [it, added] = code_ids_.try_emplace(pc, uint32_t(code_.size()));
-  if (added) code_.push_back(pc);
+  if (added) {
+    code_.push_back(pc);
+    code_is_name_.push_back(name);
+  }
   return it->second;
+}
+
+std::string Racecheck::describe_code(uint32_t code) const {
+  if (code_is_name_[code]) return static_cast<const char*>(code_[code]);
+  return describe_code_address(code_[code]);
 }
 
 namespace {
@@ -152,9 +215,9 @@ constexpr uint16_t kSeveralThreads = std::numeric_limits<uint16_t>::max();
 bool Racecheck::ordered(const Region& region, uint32_t clock, int earlier, int thread,
                         bool several_blocks) const {
   // Shared memory is the block's own; in device memory nothing orders two blocks of a
-  // launch, and the launch is ordered after the earlier ones.
+  // launch, and an earlier launch is ordered before this one as their stream work is.
   if (!region.shared()) {
-    if (clock < launch_start_) return true;
+    if (clock < launch_start_) return earlier_launch_ordered(clock);
     if (clock < block_start_ || several_blocks) return false;
   }
   if (clock < block_epoch_ || earlier == thread) return true;
@@ -164,11 +227,18 @@ bool Racecheck::ordered(const Region& region, uint32_t clock, int earlier, int t
 
 std::string Racecheck::thread_name(uint32_t clock, int thread, bool several_blocks,
                                    const Region& region) const {
+  if (!region.shared() && clock < launch_start_) {
+    const EarlierLaunch* earlier = earlier_launch(clock);
+    if (!earlier) return "an earlier launch";
+    return detail::concat(earlier->threadless ? "" : "kernel ", earlier->what, " (work ",
+                          earlier->work.number, " on ", earlier->work.where, ")");
+  }
+  if (threadless_) return launches_.back().what;
   if (several_blocks) return "threads of several blocks";
   if (thread == kSeveralThreads) return "several threads";
   std::string name =
       thread_name_ ? thread_name_(thread, name_context_) : "thread " + std::to_string(thread);
-  if (region.shared() || clock < launch_start_) return name;
+  if (region.shared()) return name;
   const auto after = std::upper_bound(block_starts_.begin(), block_starts_.end(), clock);
   if (after == block_starts_.begin()) return name;
   const auto& b = block_index_[size_t(after - block_starts_.begin()) - 1];
@@ -178,7 +248,7 @@ std::string Racecheck::thread_name(uint32_t clock, int thread, bool several_bloc
 std::string Racecheck::race(const char* what_now, int thread, uint32_t code,
                             const char* what_then, uint32_t earlier_clock, int earlier,
                             bool several_blocks, uint32_t earlier_code, const Region& region,
-                            size_t offset, const char* why) const {
+                            size_t offset, const std::string& why) const {
   std::string byte;
   if (!region.shared()) {
     byte = detail::concat("byte ", offset, " of a ", region.bytes, "-byte device allocation");
@@ -189,9 +259,9 @@ std::string Racecheck::race(const char* what_now, int thread, uint32_t code,
   }
   return detail::concat(region.shared() ? "shared" : "device", " memory race: ",
                         thread_name(clock_, thread, false, region), " ", what_now, " ", byte,
-                        " at ", describe_code_address(code_[code]), ", which ",
+                        " at ", describe_code(code), ", which ",
                         thread_name(earlier_clock, earlier, several_blocks, region), " ",
-                        what_then, " at ", describe_code_address(code_[earlier_code]), ", ",
+                        what_then, " at ", describe_code(earlier_code), ", ",
                         why);
 }
 
@@ -202,10 +272,15 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
                          : kind == MemoryAccess::Write ? "writes"
                                                        : "atomically updates";
   // Why an unordered access of `clock` races with this one.
-  auto why = [&](uint32_t clock, bool several_blocks) {
-    return region.shared() || (clock >= block_start_ && !several_blocks)
-               ? "with no barrier between them"
-               : "and nothing orders two blocks of one launch";
+  auto why = [&](uint32_t clock, bool several_blocks) -> std::string {
+    if (region.shared() || (clock >= block_start_ && !several_blocks)) {
+      return "with no barrier between them";
+    }
+    if (clock >= launch_start_) return "and nothing orders two blocks of one launch";
+    const StreamWork& now = launches_.back().work;
+    return detail::concat("and nothing orders that work before this one (work ", now.number,
+                          " on ", now.where, "): no wait for an event recorded after it, "
+                          "and no synchronization between them");
   };
   if (h.write_in_flight && h.write_clock >= block_start_) {
     return race(what_now, thread, code, "is still copying into with cp.async", h.write_clock,
@@ -227,7 +302,7 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
     // read is never stale, but one is enough: every later write is another block's.)
     auto stale = [&](int s) {
       if (!region.shared() && h.read_clock[s] < block_start_) {
-        return h.read_clock[s] < launch_start_;
+        return h.read_clock[s] < launch_start_ && earlier_launch_ordered(h.read_clock[s]);
       }
       return h.reader[s] == me || h.read_clock[s] < block_epoch_;
     };
@@ -270,6 +345,11 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
 
 std::string Racecheck::access(int thread, const void* address, size_t bytes, MemoryAccess kind,
                               const void* pc, bool in_flight) {
+  return access_by_code(thread, address, bytes, kind, code_id(pc), in_flight);
+}
+
+std::string Racecheck::access_by_code(int thread, const void* address, size_t bytes,
+                                      MemoryAccess kind, uint32_t code, bool in_flight) {
   const Region* region = find(address);
   if (!region) return {};
   const size_t first = size_t(static_cast<const char*>(address) - region->begin);
@@ -281,7 +361,6 @@ std::string Racecheck::access(int thread, const void* address, size_t bytes, Mem
         : region->name    ? region->name
                           : "the dynamic shared memory");
   }
-  const uint32_t code = code_id(pc);
   for (size_t i = 0; i < bytes; ++i) {
     ByteHistory& h = region->shared() ? (*region->history)[first + i]
                                       : *device_history(region->begin + first + i);

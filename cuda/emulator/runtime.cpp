@@ -36,9 +36,12 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/emulator/racecheck.h"
 
 // A stream's held work (a created stream's, or a device's default stream's), oldest first;
-// `issued` numbers each item.
+// `issued` numbers each item. Where the racecheck runs, `order` numbers the stream and
+// `clock` says how many works of each stream its next work is ordered after (its own so
+// far included: StreamWork in racecheck.h).
 struct CUstream_st {
   struct Held {
     uint64_t number;
@@ -46,8 +49,11 @@ struct CUstream_st {
   };
   int device = 0;
   unsigned flags = 0;
+  bool is_default = false;
   std::deque<Held> held;
   uint64_t issued = 0;
+  uint32_t order = 0;
+  std::vector<uint64_t> clock;
 };
 
 // What one record of an event marks: done once the work before it on its stream is.
@@ -62,6 +68,7 @@ struct CUevent_st {
   std::shared_ptr<EventMark> mark;  // the latest record's; null before the first
   CUstream_st* stream = nullptr;    // the queue where that record is held, and its number
   uint64_t number = 0;
+  std::vector<uint64_t> clock;      // the record's stream's clock at the record (racecheck)
 };
 
 namespace ham::cuda::emulator {
@@ -200,7 +207,10 @@ bool blocking(cudaStream_t created) { return !(created->flags & cudaStreamNonBlo
 CUstream_st* default_queue(int device) {
   static auto* queues = [] {
     auto* made = new std::array<CUstream_st, 64>;
-    for (size_t i = 0; i < made->size(); ++i) (*made)[i].device = int(i);
+    for (size_t i = 0; i < made->size(); ++i) {
+      (*made)[i].device = int(i);
+      (*made)[i].is_default = true;
+    }
     return made;
   }();
   return &(*queues)[size_t(device)];
@@ -302,6 +312,133 @@ cudaError_t before_work(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// The order a GPU gives the streams' work, kept where the racecheck runs (racecheck.h,
+// StreamWork): each stream's clock, and the host's, which every work issued later is
+// ordered after (what the host has synchronized with).
+struct WorkOrder {
+  std::mutex mutex;
+  uint32_t streams = 0;
+  std::vector<uint64_t> host;
+  std::vector<CUstream_st*> numbered;  // the live queues with an order number
+};
+
+WorkOrder& work_order() {
+  static auto* order = new WorkOrder;
+  return *order;
+}
+
+void merge(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
+  if (into.size() < from.size()) into.resize(from.size());
+  for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+// With the order locked: numbers `queue`, and orders what it does next after what the host
+// has synchronized with and, between the legacy default stream and the blocking streams of
+// its device, after each other's work so far.
+void order_implicitly(CUstream_st* queue) {
+  WorkOrder& order = work_order();
+  if (queue->order == 0) {
+    queue->order = ++order.streams;
+    order.numbered.push_back(queue);
+  }
+  if (queue->clock.size() <= queue->order) queue->clock.resize(queue->order + 1);
+  merge(queue->clock, order.host);
+  for (CUstream_st* other : order.numbered) {
+    if (other == queue || other->device != queue->device) continue;
+    if ((queue->is_default && !other->is_default && blocking(other)) ||
+        (other->is_default && !queue->is_default && blocking(queue))) {
+      merge(queue->clock, other->clock);
+    }
+  }
+}
+
+// The order of the next work issued to `stream` (racecheck on).
+StreamWork next_stream_work(cudaStream_t stream) {
+  CUstream_st* queue = queue_of(stream);
+  WorkOrder& order = work_order();
+  std::lock_guard<std::mutex> lock(order.mutex);
+  order_implicitly(queue);
+  StreamWork work;
+  work.stream = queue->order;
+  work.number = ++queue->clock[queue->order];
+  work.after = queue->clock;
+  // What the next work of every numbered stream is ordered after: at least its clock and
+  // the host's.
+  for (size_t i = 0; i < order.numbered.size(); ++i) {
+    std::vector<uint64_t> next = order.numbered[i]->clock;
+    merge(next, order.host);
+    if (i == 0) {
+      work.all_later_after = std::move(next);
+      continue;
+    }
+    next.resize(std::max(next.size(), work.all_later_after.size()));
+    work.all_later_after.resize(next.size());
+    for (size_t s = 0; s < next.size(); ++s) {
+      work.all_later_after[s] = std::min(work.all_later_after[s], next[s]);
+    }
+  }
+  work.where = queue->is_default
+                   ? ::ham::detail::concat("the default stream of device ", queue->device)
+                   : ::ham::detail::concat("stream ", queue->order, " of device ", queue->device);
+  return work;
+}
+
+// `work`, to run as the next work of `stream`: the racecheck learns its order first.
+std::function<void()> as_stream_work(cudaStream_t stream, std::function<void()> work) {
+  if (!racecheck_on()) return work;
+  return [order = next_stream_work(stream), work = std::move(work)] {
+    racecheck_stream_work(order);
+    struct Done {
+      ~Done() { racecheck_stream_work_done(); }
+    } done;
+    work();
+  };
+}
+
+void order_event_record(cudaEvent_t event, cudaStream_t stream) {
+  if (!racecheck_on()) return;
+  std::lock_guard<std::mutex> lock(work_order().mutex);
+  CUstream_st* queue = queue_of(stream);
+  order_implicitly(queue);
+  event->clock = queue->clock;
+}
+
+void order_event_wait(cudaStream_t stream, cudaEvent_t event) {
+  if (!racecheck_on()) return;
+  std::lock_guard<std::mutex> lock(work_order().mutex);
+  CUstream_st* queue = queue_of(stream);
+  order_implicitly(queue);
+  merge(queue->clock, event->clock);
+}
+
+// The host has seen the work so far of `queue` complete (null: of every stream of `device`;
+// device -1: of every stream).
+void host_waits_for(CUstream_st* queue, int device = -1) {
+  if (!racecheck_on()) return;
+  WorkOrder& order = work_order();
+  std::lock_guard<std::mutex> lock(order.mutex);
+  if (queue) {
+    merge(order.host, queue->clock);
+    return;
+  }
+  for (CUstream_st* numbered : order.numbered) {
+    if (device < 0 || numbered->device == device) merge(order.host, numbered->clock);
+  }
+}
+
+void host_waits_for_event(cudaEvent_t event) {
+  if (!racecheck_on()) return;
+  std::lock_guard<std::mutex> lock(work_order().mutex);
+  merge(work_order().host, event->clock);
+}
+
+// The racecheck's view of a copy or memset: the ranges it reads and writes.
+void check_copy(const char* what, void* dst, const void* src, size_t bytes) {
+  if (!racecheck_on()) return;
+  racecheck_work_accesses(what, {{src, bytes, MemoryAccess::Read},
+                                 {dst, bytes, MemoryAccess::Write}});
+}
+
 bool device_memory(const void* p) {
   std::lock_guard<std::mutex> lock(state().mutex);
   auto it = state().allocations.upper_bound(p);
@@ -313,14 +450,19 @@ bool device_memory(const void* p) {
 // A copy on `stream`: held with the stream's other work where both sides are device memory;
 // where either is host memory it runs now, after the stream's held work, as a copy from or
 // to pageable host memory does not return before its bytes are taken or delivered.
+// A copy into host memory has completed when it returns: the host is ordered after it.
 cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
                        std::function<void()> copy) {
+  const bool to_host = device_memory(src) && !device_memory(dst);
+  cudaError_t status = cudaSuccess;
   if (holds(stream) && !(device_memory(dst) && device_memory(src))) {
-    const cudaError_t ran = run_all_held(queue_of(stream));
-    copy();
-    return ran;
+    status = run_all_held(queue_of(stream));
+    as_stream_work(stream, std::move(copy))();
+  } else {
+    status = issue(stream, std::move(copy));
   }
-  return issue(stream, std::move(copy));
+  if (to_host) host_waits_for(queue_of(stream));
+  return status;
 }
 
 }  // namespace
@@ -504,8 +646,14 @@ void set_stream_order(StreamOrder order) {
   stream_order_setting().store(order);
 }
 
+cudaError_t run_held_work(cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return run_all_held(queue_of(stream));
+}
+
 cudaError_t issue(cudaStream_t stream, std::function<void()> work) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  work = as_stream_work(stream, std::move(work));
   if (holds(stream)) {
     hold(queue_of(stream), std::move(work));
     return cudaSuccess;
@@ -570,7 +718,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return run_device_held(current_device, false); }
+cudaError_t cudaDeviceSynchronize() {
+  const cudaError_t ran = run_device_held(current_device, false);
+  host_waits_for(nullptr, current_device);
+  return ran;
+}
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   if (!free || !total) return fail(cudaErrorInvalidValue);
@@ -602,6 +754,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   run_everything_held();
+  host_waits_for(nullptr);
   std::lock_guard<std::mutex> lock(state().mutex);
   auto it = state().allocations.find(ptr);
   if (it == state().allocations.end()) return fail(cudaErrorInvalidValue);
@@ -616,7 +769,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (!dst || !src || kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return fail(cudaErrorInvalidValue);
   }
-  return issue_copy(nullptr, dst, src, [=] { std::memmove(dst, src, bytes); });
+  return issue_copy(nullptr, dst, src, [=] {
+    check_copy("cudaMemcpy", dst, src, bytes);
+    std::memmove(dst, src, bytes);
+  });
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -626,7 +782,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!dst || !src || kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return fail(cudaErrorInvalidValue);
   }
-  return issue_copy(stream, dst, src, [=] { std::memmove(dst, src, bytes); });
+  return issue_copy(stream, dst, src, [=] {
+    check_copy("cudaMemcpyAsync", dst, src, bytes);
+    std::memmove(dst, src, bytes);
+  });
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
@@ -639,6 +798,15 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size
     return fail(cudaErrorInvalidValue);
   }
   return issue_copy(stream, dst, src, [=] {
+    if (racecheck_on()) {
+      std::vector<WorkAccess> rows;
+      for (size_t row = 0; row < height; ++row) {
+        rows.push_back({static_cast<const char*>(src) + row * src_pitch, width,
+                        MemoryAccess::Read});
+        rows.push_back({static_cast<char*>(dst) + row * dst_pitch, width, MemoryAccess::Write});
+      }
+      racecheck_work_accesses("cudaMemcpy2DAsync", rows);
+    }
     for (size_t row = 0; row < height; ++row) {
       std::memmove(static_cast<char*>(dst) + row * dst_pitch,
                    static_cast<const char*>(src) + row * src_pitch, width);
@@ -649,14 +817,22 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return fail(cudaErrorInvalidValue);
-  return issue(nullptr, [=] { std::memset(dst, value, bytes); });
+  return issue(nullptr, [=] {
+    if (racecheck_on()) racecheck_work_accesses("cudaMemset", {{dst, bytes, MemoryAccess::Write}});
+    std::memset(dst, value, bytes);
+  });
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (!dst) return fail(cudaErrorInvalidValue);
-  return issue(stream, [=] { std::memset(dst, value, bytes); });
+  return issue(stream, [=] {
+    if (racecheck_on()) {
+      racecheck_work_accesses("cudaMemsetAsync", {{dst, bytes, MemoryAccess::Write}});
+    }
+    std::memset(dst, value, bytes);
+  });
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
@@ -677,6 +853,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (default_stream(stream) || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   const cudaError_t ran = run_all_held(stream);
+  if (racecheck_on()) {
+    std::lock_guard<std::mutex> lock(work_order().mutex);
+    std::erase(work_order().numbered, stream);
+  }
   std::lock_guard<std::mutex> lock(state().mutex);
   state().streams.erase(stream);
   delete stream;
@@ -685,14 +865,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return run_all_held(queue_of(stream));
+  const cudaError_t ran = run_all_held(queue_of(stream));
+  host_waits_for(queue_of(stream));
+  return ran;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   CUstream_st* queue = queue_of(stream);
-  std::lock_guard<std::mutex> lock(held_mutex());
-  return queue->held.empty() ? cudaSuccess : cudaErrorNotReady;
+  {
+    std::lock_guard<std::mutex> lock(held_mutex());
+    if (!queue->held.empty()) return cudaErrorNotReady;
+  }
+  host_waits_for(queue);
+  return cudaSuccess;
 }
 
 // Later work on `stream` waits for the event's latest record: where `stream`'s work runs
@@ -700,6 +886,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 // stream gets there.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (!valid_stream(stream) || !event) return fail(cudaErrorInvalidResourceHandle);
+  order_event_wait(stream, event);
   const std::shared_ptr<EventMark> mark = event->mark;
   if (!mark || mark->done) return cudaSuccess;
   CUstream_st* source = event->stream;
@@ -745,7 +932,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->mark = mark;
   event->stream = nullptr;
   event->number = 0;
-  if (!holds(stream)) return issue(stream, complete);
+  order_event_record(event, stream);
+  if (!holds(stream)) {  // not issue(): a record is no work of its own for the racecheck
+    const cudaError_t waited = before_work(stream);
+    complete();
+    return waited;
+  }
   event->stream = queue_of(stream);
   event->number = hold(event->stream, complete);
   return cudaSuccess;
@@ -754,13 +946,18 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 // cudaErrorNotReady is an answer, not an error: it is not left for cudaGetLastError.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  return !event->mark || event->mark->done ? cudaSuccess : cudaErrorNotReady;
+  if (event->mark && !event->mark->done) return cudaErrorNotReady;
+  host_waits_for_event(event);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
-  if (!event->mark || event->mark->done) return cudaSuccess;
-  return run_held(event->stream, event->number);
+  const cudaError_t ran = !event->mark || event->mark->done
+                              ? cudaSuccess
+                              : run_held(event->stream, event->number);
+  host_waits_for_event(event);
+  return ran;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

@@ -864,6 +864,21 @@ void shared_read_for_lane(int lane, const void* address, size_t bytes, const voi
 
 const void* code_address_here() { return __builtin_return_address(0); }
 
+void racecheck_stream_work(StreamWork work) {
+  if (Racecheck* check = racecheck()) check->set_stream_work(std::move(work));
+}
+
+void racecheck_stream_work_done() {
+  if (Racecheck* check = racecheck()) check->clear_stream_work();
+}
+
+void racecheck_work_accesses(const char* what, const std::vector<WorkAccess>& accesses) {
+  Racecheck* check = racecheck();
+  if (!check) return;
+  const std::string race = check->work_accesses(device_allocations(), what, accesses);
+  HAM_CHECK(race.empty(), "cuda emulator: ", what, ": ", race);
+}
+
 Schedule schedule() { return schedule_setting(); }
 
 void set_schedule(Schedule s) { schedule_setting() = s; }
@@ -878,7 +893,7 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
             " with ", threads, " threads per block");
   install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
-  if (Racecheck* check = racecheck()) check->begin_launch(device_allocations());
+  if (Racecheck* check = racecheck()) check->begin_launch(device_allocations(), site.kernel);
   running = &block_runner;
   struct Reset {
     ~Reset() { running = nullptr; }

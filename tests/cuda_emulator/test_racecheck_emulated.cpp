@@ -2,6 +2,7 @@
 // device memory accesses race or are ordered, by hand. This file is compiled with the
 // instrumentation the racecheck build gives the kernels (tests/CMakeLists.txt), so its
 // accesses are checked.
+#include <cublasLt.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -28,17 +29,20 @@ using emulator::Schedule;
 #endif
 
 // Runs each test in the forward schedule, where the fibers' order, and so which of two
-// racing accesses comes second, is known, and with device memory checked whatever
-// HAM_EMULATOR_RACECHECK_MEMORY says for the GPU tests.
+// racing accesses comes second, is known, with each stream's work run when issued (where
+// the race shows), and with device memory checked whatever HAM_EMULATOR_RACECHECK_MEMORY
+// says for the GPU tests.
 constexpr const char* kMemorySetting = "HAM_EMULATOR_RACECHECK_MEMORY";
 class Racecheck : public ::testing::Test {
  protected:
   void SetUp() override {
     emulator::set_schedule(Schedule::Forward);
+    emulator::set_stream_order(emulator::StreamOrder::InOrder);
     unsetenv(kMemorySetting);
   }
   void TearDown() override {
     emulator::set_schedule(saved_schedule_);
+    emulator::set_stream_order(saved_stream_order_);
     if (saved_memory_setting_) {
       setenv(kMemorySetting, saved_memory_setting_->c_str(), 1);
     } else {
@@ -46,6 +50,7 @@ class Racecheck : public ::testing::Test {
     }
   }
   Schedule saved_schedule_ = emulator::schedule();
+  emulator::StreamOrder saved_stream_order_ = emulator::stream_order();
   std::optional<std::string> saved_memory_setting_ =
       std::getenv(kMemorySetting) ? std::optional<std::string>(std::getenv(kMemorySetting))
                                   : std::nullopt;
@@ -500,6 +505,206 @@ TEST_F(Racecheck, LdmatrixReadsEachRowForTheLaneThatGaveIt) {
   testing::expect_error([&] { RUN(1, 32, 32 * 16, ldmatrix_rows, out.data, 1, 0); },
                         {"ldmatrix", "shared memory race: thread (0,0,0) reads dynamic shared "
                                      "byte 16", "which thread (1,0,0) wrote"});
+}
+
+// Streams. A launch is ordered after an earlier one only as a GPU orders their streams'
+// work: each test's streams start with the host synchronized, so that what the fixture's
+// cudaMemset wrote on the legacy stream is behind every stream.
+struct DeviceStream {
+  cudaStream_t handle = nullptr;
+  explicit DeviceStream(unsigned flags = cudaStreamNonBlocking) {
+    HAM_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, flags));
+  }
+  ~DeviceStream() { cudaStreamDestroy(handle); }
+};
+
+struct DeviceEvent {
+  cudaEvent_t handle = nullptr;
+  DeviceEvent() { HAM_CUDA_CHECK(cudaEventCreateWithFlags(&handle, cudaEventDisableTiming)); }
+  ~DeviceEvent() { cudaEventDestroy(handle); }
+};
+
+// Launches on `stream` without waiting.
+#define LAUNCH_ON(stream, kernel, ...)                  \
+  do {                                                  \
+    HAM_LAUNCH(1, 32, 0, stream, kernel)(__VA_ARGS__);  \
+    HAM_CUDA_CHECK_LAUNCH();                            \
+  } while (0)
+
+// Thread 0 stores `value` in data[0], or copies data[0] to out[0].
+__global__ void store_value(int* data, int value) {
+  if (threadIdx.x == 0) data[0] = value;
+}
+__global__ void load_value(const int* data, int* out) {
+  if (threadIdx.x == 0) out[0] = data[0];
+}
+
+TEST_F(Racecheck, WorkOnTwoStreamsIsOrderedOnlyByAnEventOrTheHost) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(1);
+  DeviceStream a, b;
+  DeviceEvent stored;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, store_value, data.data, 1);
+  testing::expect_error([&] { LAUNCH_ON(b.handle, load_value, data.data, out.data); },
+                        {"device memory race: thread (0,0,0) of block (0,0,0) reads byte 0 of "
+                         "a 4-byte device allocation",
+                         "which kernel store_value (work 1 on stream ", "wrote at ",
+                         "and nothing orders that work before this one (work 1 on stream ",
+                         "no wait for an event recorded after it"});
+
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, store_value, data.data, 2);
+  HAM_CUDA_CHECK(cudaEventRecord(stored.handle, a.handle));
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(b.handle, stored.handle, 0));
+  LAUNCH_ON(b.handle, load_value, data.data, out.data);
+  // The store after it on a is not ordered after that load.
+  testing::expect_error([&] { LAUNCH_ON(a.handle, store_value, data.data, 3); },
+                        {"device memory race: thread (0,0,0) of block (0,0,0) writes byte 0",
+                         "which kernel load_value (work 2 on stream ", "read at "});
+
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, store_value, data.data, 3);
+  HAM_CUDA_CHECK(cudaStreamSynchronize(a.handle));
+  LAUNCH_ON(b.handle, load_value, data.data, out.data);
+
+  // An event recorded before the store orders nothing after it.
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  HAM_CUDA_CHECK(cudaEventRecord(stored.handle, a.handle));
+  LAUNCH_ON(a.handle, store_value, data.data, 4);
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(b.handle, stored.handle, 0));
+  testing::expect_error([&] { LAUNCH_ON(b.handle, load_value, data.data, out.data); },
+                        {"device memory race", "which kernel store_value (work "});
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  int got = 0;
+  HAM_CUDA_CHECK(cudaMemcpy(&got, out.data, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, 3);  // the failed launch wrote nothing
+}
+
+TEST_F(Racecheck, ReadsOnTwoStreamsDoNotRaceButALaterWriteDoes) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out_a(1), out_b(1);
+  DeviceStream a, b;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, load_value, data.data, out_a.data);
+  LAUNCH_ON(b.handle, load_value, data.data, out_b.data);
+  testing::expect_error([&] { LAUNCH_ON(b.handle, store_value, data.data, 1); },
+                        {"device memory race: thread (0,0,0) of block (0,0,0) writes byte 0",
+                         "which kernel load_value (work 1 on stream "});
+}
+
+TEST_F(Racecheck, TheLegacyStreamAndBlockingStreamsWaitForEachOther) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(1), other(1);
+  DeviceStream blocking(cudaStreamDefault), non_blocking;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(blocking.handle, store_value, data.data, 1);
+  LAUNCH_ON(nullptr, load_value, data.data, out.data);
+  LAUNCH_ON(blocking.handle, store_value, data.data, 2);
+  LAUNCH_ON(non_blocking.handle, store_value, other.data, 3);  // another allocation
+  testing::expect_error([&] { LAUNCH_ON(non_blocking.handle, load_value, data.data, out.data); },
+                        {"device memory race", "which kernel store_value (work 2 on stream "});
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(non_blocking.handle, store_value, data.data, 4);
+  testing::expect_error([&] { LAUNCH_ON(nullptr, load_value, data.data, out.data); },
+                        {"device memory race", "which kernel store_value (work ",
+                         "(work ", " on the default stream of device 0)"});
+}
+
+// Stream a writes in a fork-join with a third stream that waits for both a and b; b, which
+// does not wait for a, still races with a's write after that.
+TEST_F(Racecheck, AJoinOnAThirdStreamOrdersNothingOnTheOthers) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(1), joined(1);
+  DeviceStream a, b, c;
+  DeviceEvent a_done, b_done;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, store_value, data.data, 1);
+  LAUNCH_ON(b.handle, store_value, out.data, 2);
+  HAM_CUDA_CHECK(cudaEventRecord(a_done.handle, a.handle));
+  HAM_CUDA_CHECK(cudaEventRecord(b_done.handle, b.handle));
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(c.handle, a_done.handle, 0));
+  HAM_CUDA_CHECK(cudaStreamWaitEvent(c.handle, b_done.handle, 0));
+  LAUNCH_ON(c.handle, load_value, data.data, joined.data);
+  testing::expect_error([&] { LAUNCH_ON(b.handle, load_value, data.data, out.data); },
+                        {"device memory race", "which kernel store_value (work 1 on stream "});
+}
+
+TEST_F(Racecheck, CopiesAndMemsetsAreStreamWork) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(4), copy(4), out(1);
+  DeviceStream a, b;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  HAM_CUDA_CHECK(cudaMemcpyAsync(copy.data, data.data, 4 * sizeof(int), cudaMemcpyDeviceToDevice,
+                                 a.handle));
+  testing::expect_error([&] { LAUNCH_ON(b.handle, load_value, copy.data, out.data); },
+                        {"device memory race: thread (0,0,0) of block (0,0,0) reads byte 0",
+                         "which cudaMemcpyAsync (work 1 on stream ", "wrote at cudaMemcpyAsync"});
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, load_value, data.data + 3, out.data);
+  testing::expect_error(
+      [&] { HAM_CUDA_CHECK(cudaMemsetAsync(data.data + 2, 0, 2 * sizeof(int), b.handle)); },
+      {"cudaMemsetAsync: device memory race: cudaMemsetAsync writes byte 12 of a 16-byte "
+       "device allocation at cudaMemsetAsync",
+       "which kernel load_value (work 2 on stream "});
+  // Bytes the memset leaves alone do not race.
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(a.handle, load_value, data.data + 3, out.data);
+  HAM_CUDA_CHECK(cudaMemsetAsync(data.data, 0, 3 * sizeof(int), b.handle));
+}
+
+TEST_F(Racecheck, ACopyToTheHostOrdersTheHostACopyFromItDoesNot) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(1);
+  DeviceStream a, b;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  int host = 7;
+  LAUNCH_ON(a.handle, store_value, data.data, 1);
+  HAM_CUDA_CHECK(cudaMemcpyAsync(&host, data.data, sizeof host, cudaMemcpyDeviceToHost, a.handle));
+  EXPECT_EQ(host, 1);
+  LAUNCH_ON(b.handle, store_value, data.data, 2);
+  HAM_CUDA_CHECK(cudaMemcpyAsync(data.data, &host, sizeof host, cudaMemcpyHostToDevice, b.handle));
+  testing::expect_error([&] { LAUNCH_ON(a.handle, load_value, data.data, out.data); },
+                        {"device memory race", "which cudaMemcpyAsync (work 2 on stream "});
+}
+
+// D = A B with D a 4 x 2 view (leading dimension 8) of an 8 x 2 matrix: the GEMM writes
+// rows 0-3 of each column, not rows 4-7.
+TEST_F(Racecheck, AGemmIsStreamWorkThatWritesOnlyItsOutputsColumns) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts a_matrix(4 * 3), b_matrix(3 * 2), d_matrix(8 * 2), out(1);
+  DeviceStream a, b;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
+  ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&a_layout, CUDA_R_32F, 4, 3, 4), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&b_layout, CUDA_R_32F, 3, 2, 3), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&d_layout, CUDA_R_32F, 4, 2, 8), CUBLAS_STATUS_SUCCESS);
+  const float one = 1, zero = 0;
+  cublasLtMatmulAlgo_t algo{};
+  ASSERT_EQ(cublasLtMatmul(handle, desc, &one, a_matrix.data, a_layout, b_matrix.data, b_layout,
+                           &zero, d_matrix.data, d_layout, d_matrix.data, d_layout, &algo,
+                           nullptr, 0, a.handle),
+            CUBLAS_STATUS_SUCCESS);
+  LAUNCH_ON(b.handle, store_value, d_matrix.data + 4, 1);      // row 4 of column 0
+  LAUNCH_ON(b.handle, store_value, d_matrix.data + 8 + 7, 1);  // row 7 of column 1
+  LAUNCH_ON(b.handle, load_value, a_matrix.data + 11, out.data);  // reads, as the GEMM does
+  testing::expect_error([&] { LAUNCH_ON(b.handle, store_value, d_matrix.data + 8 + 3, 1); },
+                        {"device memory race: thread (0,0,0) of block (0,0,0) writes byte 44 of "
+                         "a 64-byte device allocation",
+                         "which cublasLtMatmul (work 1 on stream ", "wrote at cublasLtMatmul"});
+  testing::expect_error([&] { LAUNCH_ON(b.handle, store_value, b_matrix.data + 5, 1); },
+                        {"which cublasLtMatmul (work 1 on stream ", "read at cublasLtMatmul"});
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  cublasLtMatrixLayoutDestroy(a_layout);
+  cublasLtMatrixLayoutDestroy(b_layout);
+  cublasLtMatrixLayoutDestroy(d_layout);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(handle);
 }
 
 }  // namespace

@@ -192,6 +192,10 @@ StreamOrder stream_order();
 void set_stream_order(StreamOrder order);
 // Runs `work` on `stream` in the current order; returns an error held work left, if any.
 cudaError_t issue(cudaStream_t stream, std::function<void()> work);
+// Runs `stream`'s held work now. Unlike cudaStreamSynchronize, the host is not ordered
+// after it for the racecheck: for the emulated NCCL, whose collectives read their inputs on
+// the host but are stream work on a GPU.
+cudaError_t run_held_work(cudaStream_t stream);
 }  // namespace ham::cuda::emulator
 
 template <class Function>
