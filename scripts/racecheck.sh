@@ -5,8 +5,10 @@
 # ThreadSanitizer runtime is linked) and runs test_cuda_emulator and test_emulated_gpu
 # there. Every load and store of shared and device memory is held against the other threads'
 # since the last barrier (or __syncwarp, within a warp), in device memory against the
-# launch's other blocks' too, and cp.async writes from its issue to its wait: a race fails
-# its test, naming both threads, the byte and both places in the source.
+# launch's other blocks' too and against earlier stream work (kernels, copies, memsets,
+# GEMMs) no stream order, event or synchronization orders before it, and cp.async writes
+# from its issue to its wait: a race fails its test, naming both sides, the byte and both
+# places in the source.
 # Not part of scripts/test.sh: a build of its own, and the tests run slower instrumented.
 # Usage: ./scripts/racecheck.sh [test_emulated_gpu arguments], e.g. --gtest_filter=*Routed*
 # Environment: HAM_RACECHECK_BUILD (default build-racecheck); HAM_EMULATOR_RACECHECK_MEMORY

@@ -313,14 +313,15 @@ cudaError_t before_work(cudaStream_t stream) {
 }
 
 // The order a GPU gives the streams' work, kept where the racecheck runs (racecheck.h,
-// StreamWork): each stream's clock, and the host's, which every work issued later is
-// ordered after (what the host has synchronized with).
+// StreamWork): each stream's clock, and each host thread's, which every work the thread
+// issues later is ordered after (what the thread has synchronized with; a watchdog that
+// sees an event complete orders nothing for the thread that issues the work).
 struct WorkOrder {
   std::mutex mutex;
   uint32_t streams = 0;
-  std::vector<uint64_t> host;
   std::vector<CUstream_st*> numbered;  // the live queues with an order number
 };
+thread_local std::vector<uint64_t> host_clock;
 
 WorkOrder& work_order() {
   static auto* order = new WorkOrder;
@@ -342,7 +343,7 @@ void order_implicitly(CUstream_st* queue) {
     order.numbered.push_back(queue);
   }
   if (queue->clock.size() <= queue->order) queue->clock.resize(queue->order + 1);
-  merge(queue->clock, order.host);
+  merge(queue->clock, host_clock);
   for (CUstream_st* other : order.numbered) {
     if (other == queue || other->device != queue->device) continue;
     if ((queue->is_default && !other->is_default && blocking(other)) ||
@@ -363,10 +364,10 @@ StreamWork next_stream_work(cudaStream_t stream) {
   work.number = ++queue->clock[queue->order];
   work.after = queue->clock;
   // What the next work of every numbered stream is ordered after: at least its clock and
-  // the host's.
+  // the host's (this thread's, taken for every thread's).
   for (size_t i = 0; i < order.numbered.size(); ++i) {
     std::vector<uint64_t> next = order.numbered[i]->clock;
-    merge(next, order.host);
+    merge(next, host_clock);
     if (i == 0) {
       work.all_later_after = std::move(next);
       continue;
@@ -411,25 +412,25 @@ void order_event_wait(cudaStream_t stream, cudaEvent_t event) {
   merge(queue->clock, event->clock);
 }
 
-// The host has seen the work so far of `queue` complete (null: of every stream of `device`;
-// device -1: of every stream).
+// The calling host thread has seen the work so far of `queue` complete (null: of every
+// stream of `device`; device -1: of every stream).
 void host_waits_for(CUstream_st* queue, int device = -1) {
   if (!racecheck_on()) return;
   WorkOrder& order = work_order();
   std::lock_guard<std::mutex> lock(order.mutex);
   if (queue) {
-    merge(order.host, queue->clock);
+    merge(host_clock, queue->clock);
     return;
   }
   for (CUstream_st* numbered : order.numbered) {
-    if (device < 0 || numbered->device == device) merge(order.host, numbered->clock);
+    if (device < 0 || numbered->device == device) merge(host_clock, numbered->clock);
   }
 }
 
 void host_waits_for_event(cudaEvent_t event) {
   if (!racecheck_on()) return;
   std::lock_guard<std::mutex> lock(work_order().mutex);
-  merge(work_order().host, event->clock);
+  merge(host_clock, event->clock);
 }
 
 // The racecheck's view of a copy or memset: the ranges it reads and writes.
