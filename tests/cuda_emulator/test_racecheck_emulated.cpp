@@ -13,6 +13,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
+#include "tests/cuda_emulator/owned_stream.h"
 #include "tests/error_testing.h"
 
 namespace ham::cuda {
@@ -510,19 +511,6 @@ TEST_F(Racecheck, LdmatrixReadsEachRowForTheLaneThatGaveIt) {
 // Streams. A launch is ordered after an earlier one only as a GPU orders their streams'
 // work: each test's streams start with the host synchronized, so that what the fixture's
 // cudaMemset wrote on the legacy stream is behind every stream.
-struct DeviceStream {
-  cudaStream_t handle = nullptr;
-  explicit DeviceStream(unsigned flags = cudaStreamNonBlocking) {
-    HAM_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, flags));
-  }
-  ~DeviceStream() { cudaStreamDestroy(handle); }
-};
-
-struct DeviceEvent {
-  cudaEvent_t handle = nullptr;
-  DeviceEvent() { HAM_CUDA_CHECK(cudaEventCreateWithFlags(&handle, cudaEventDisableTiming)); }
-  ~DeviceEvent() { cudaEventDestroy(handle); }
-};
 
 // Launches on `stream` without waiting.
 #define LAUNCH_ON(stream, kernel, ...)                  \
@@ -542,8 +530,8 @@ __global__ void load_value(const int* data, int* out) {
 TEST_F(Racecheck, WorkOnTwoStreamsIsOrderedOnlyByAnEventOrTheHost) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(1), out(1);
-  DeviceStream a, b;
-  DeviceEvent stored;
+  OwnedStream a, b;
+  OwnedEvent stored;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   LAUNCH_ON(a.handle, store_value, data.data, 1);
   testing::expect_error([&] { LAUNCH_ON(b.handle, load_value, data.data, out.data); },
@@ -584,7 +572,7 @@ TEST_F(Racecheck, WorkOnTwoStreamsIsOrderedOnlyByAnEventOrTheHost) {
 TEST_F(Racecheck, ReadsOnTwoStreamsDoNotRaceButALaterWriteDoes) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(1), out_a(1), out_b(1);
-  DeviceStream a, b;
+  OwnedStream a, b;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   LAUNCH_ON(a.handle, load_value, data.data, out_a.data);
   LAUNCH_ON(b.handle, load_value, data.data, out_b.data);
@@ -596,7 +584,7 @@ TEST_F(Racecheck, ReadsOnTwoStreamsDoNotRaceButALaterWriteDoes) {
 TEST_F(Racecheck, TheLegacyStreamAndBlockingStreamsWaitForEachOther) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(1), out(1), other(1);
-  DeviceStream blocking(cudaStreamDefault), non_blocking;
+  OwnedStream blocking(cudaStreamDefault), non_blocking;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   LAUNCH_ON(blocking.handle, store_value, data.data, 1);
   LAUNCH_ON(nullptr, load_value, data.data, out.data);
@@ -616,8 +604,8 @@ TEST_F(Racecheck, TheLegacyStreamAndBlockingStreamsWaitForEachOther) {
 TEST_F(Racecheck, AJoinOnAThirdStreamOrdersNothingOnTheOthers) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(1), out(1), joined(1);
-  DeviceStream a, b, c;
-  DeviceEvent a_done, b_done;
+  OwnedStream a, b, c;
+  OwnedEvent a_done, b_done;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   LAUNCH_ON(a.handle, store_value, data.data, 1);
   LAUNCH_ON(b.handle, store_value, out.data, 2);
@@ -633,7 +621,7 @@ TEST_F(Racecheck, AJoinOnAThirdStreamOrdersNothingOnTheOthers) {
 TEST_F(Racecheck, CopiesAndMemsetsAreStreamWork) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(4), copy(4), out(1);
-  DeviceStream a, b;
+  OwnedStream a, b;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   HAM_CUDA_CHECK(cudaMemcpyAsync(copy.data, data.data, 4 * sizeof(int), cudaMemcpyDeviceToDevice,
                                  a.handle));
@@ -656,7 +644,7 @@ TEST_F(Racecheck, CopiesAndMemsetsAreStreamWork) {
 TEST_F(Racecheck, ACopyToTheHostOrdersTheHostACopyFromItDoesNot) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts data(1), out(1);
-  DeviceStream a, b;
+  OwnedStream a, b;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   int host = 7;
   LAUNCH_ON(a.handle, store_value, data.data, 1);
@@ -673,7 +661,7 @@ TEST_F(Racecheck, ACopyToTheHostOrdersTheHostACopyFromItDoesNot) {
 TEST_F(Racecheck, AGemmIsStreamWorkThatWritesOnlyItsOutputsColumns) {
   HAM_SKIP_WITHOUT_RACECHECK();
   DeviceInts a_matrix(4 * 3), b_matrix(3 * 2), d_matrix(8 * 2), out(1);
-  DeviceStream a, b;
+  OwnedStream a, b;
   HAM_CUDA_CHECK(cudaDeviceSynchronize());
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;

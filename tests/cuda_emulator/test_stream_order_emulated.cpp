@@ -14,6 +14,7 @@
 #include "cuda/check.h"
 #include "cuda/launch.h"
 #include "cuda/stream.h"
+#include "tests/cuda_emulator/owned_stream.h"
 
 namespace ham::cuda {
 namespace {
@@ -26,22 +27,6 @@ struct StreamOrderGuard {
   StreamOrder saved = emulator::stream_order();
   explicit StreamOrderGuard(StreamOrder order) { emulator::set_stream_order(order); }
   ~StreamOrderGuard() { emulator::set_stream_order(saved); }
-};
-
-struct OwnedStream {
-  cudaStream_t handle = nullptr;
-  explicit OwnedStream(unsigned flags = cudaStreamNonBlocking) {
-    HAM_CUDA_CHECK(cudaStreamCreateWithFlags(&handle, flags));
-  }
-  ~OwnedStream() { cudaStreamDestroy(handle); }
-};
-
-struct OwnedEvent {
-  cudaEvent_t handle = nullptr;
-  explicit OwnedEvent(unsigned flags = cudaEventDisableTiming) {
-    HAM_CUDA_CHECK(cudaEventCreateWithFlags(&handle, flags));
-  }
-  ~OwnedEvent() { cudaEventDestroy(handle); }
 };
 
 struct DeviceInt {
