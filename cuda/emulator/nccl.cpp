@@ -62,16 +62,16 @@ ncclResult_t land_in_stream_order(cudaStream_t stream, const void* sendbuff, siz
                                   const char* collective) {
   if (result.empty()) return ncclSuccess;
   auto bytes = std::make_shared<const std::vector<char>>(std::move(result));
-  const cudaError_t issued =
-      ham::cuda::emulator::issue(stream, [sendbuff, sent, recvbuff, bytes, collective] {
-    using ham::cuda::emulator::MemoryAccess;
-    if (ham::cuda::emulator::racecheck_on()) {
-      ham::cuda::emulator::racecheck_work_accesses(
-          collective, {{sendbuff, sent, MemoryAccess::Read},
-                       {recvbuff, bytes->size(), MemoryAccess::Write}});
+  auto land = [sendbuff, sent, recvbuff, bytes, collective] {
+    namespace emulator = ham::cuda::emulator;
+    if (emulator::racecheck_on()) {
+      emulator::racecheck_work_accesses(
+          collective, {{sendbuff, sent, emulator::MemoryAccess::Read},
+                       {recvbuff, bytes->size(), emulator::MemoryAccess::Write}});
     }
     std::memcpy(recvbuff, bytes->data(), bytes->size());
-  });
+  };
+  const cudaError_t issued = ham::cuda::emulator::issue(stream, land);
   if (issued != cudaSuccess) {
     return fail(ncclUnhandledCudaError,
                 std::string(collective) + ": writing its result on its stream failed");

@@ -119,8 +119,9 @@ std::string Racecheck::work_accesses(std::vector<std::pair<const char*, size_t>>
 }
 
 const Racecheck::EarlierLaunch* Racecheck::earlier_launch(uint32_t clock) const {
-  const auto after = std::upper_bound(launches_.begin(), launches_.end(), clock,
-                                      [](uint32_t c, const EarlierLaunch& e) { return c < e.start; });
+  const auto after =
+      std::upper_bound(launches_.begin(), launches_.end(), clock,
+                       [](uint32_t c, const EarlierLaunch& e) { return c < e.start; });
   return after == launches_.begin() ? nullptr : &*(after - 1);
 }
 

@@ -178,7 +178,7 @@ class Racecheck {
   uint32_t clock_ = 0;
   uint32_t launch_start_ = 0;  // the clock at the launch's start
   // The launches whose device memory histories are kept, by start: every launch since the
-  // last one that was ordered after all before it (whose start forgot the histories).
+  // histories were last forgotten (when every stream's later work was ordered after all).
   std::vector<EarlierLaunch> launches_;
   uint32_t ordered_below_ = 0;  // clocks below it are of launches ordered before this one
   StreamWork next_work_;        // set_stream_work's, for the next launch
