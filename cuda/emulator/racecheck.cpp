@@ -94,7 +94,6 @@ void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocat
                      })->start;
   }
   launches_.push_back({launch_start_, std::move(work), kernel, false, false});
-  threadless_ = false;
   allocations_.clear();
   if (device_memory_checked()) {
     for (const auto& [begin, bytes] : allocations) {
@@ -110,9 +109,10 @@ std::string Racecheck::work_accesses(std::vector<std::pair<const char*, size_t>>
                                      const char* what, const std::vector<WorkAccess>& accesses) {
   begin_launch(std::move(allocations), what);
   begin_block(nullptr, 0, 1, {0, 0, 0});
-  threadless_ = launches_.back().threadless = true;
+  launches_.back().threadless = true;
+  const uint32_t code = code_id(what, /*name=*/true);
   for (const WorkAccess& a : accesses) {
-    std::string race = access_by_code(0, a.begin, a.bytes, a.kind, code_id(what, true), false);
+    std::string race = access_by_code(0, a.begin, a.bytes, a.kind, code, false);
     if (!race.empty()) return race;
   }
   return {};
@@ -234,7 +234,7 @@ std::string Racecheck::thread_name(uint32_t clock, int thread, bool several_bloc
     return detail::concat(earlier->threadless ? "" : "kernel ", earlier->what, " (work ",
                           earlier->work.number, " on ", earlier->work.where, ")");
   }
-  if (threadless_) return launches_.back().what;
+  if (launches_.back().threadless) return launches_.back().what;
   if (several_blocks) return "threads of several blocks";
   if (thread == kSeveralThreads) return "several threads";
   std::string name =

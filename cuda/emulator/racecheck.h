@@ -183,7 +183,6 @@ class Racecheck {
   uint32_t ordered_below_ = 0;  // clocks below it are of launches ordered before this one
   StreamWork next_work_;        // set_stream_work's, for the next launch
   bool next_work_set_ = false;
-  bool threadless_ = false;     // the running launch is work_accesses' (one thread, no kernel)
   uint32_t block_start_ = 0;   // the clock at the block's start
   uint32_t block_epoch_ = 0;   // the clock at the last barrier (or the block's start)
   // The launch's blocks so far, in the order they ran: each one's start and blockIdx.

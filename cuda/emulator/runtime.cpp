@@ -454,15 +454,15 @@ bool device_memory(const void* p) {
 // A copy into host memory has completed when it returns: the host is ordered after it.
 cudaError_t issue_copy(cudaStream_t stream, const void* dst, const void* src,
                        std::function<void()> copy) {
-  const bool to_host = device_memory(src) && !device_memory(dst);
+  const bool from_device = device_memory(src), to_device = device_memory(dst);
   cudaError_t status = cudaSuccess;
-  if (holds(stream) && !(device_memory(dst) && device_memory(src))) {
+  if (holds(stream) && !(from_device && to_device)) {
     status = run_all_held(queue_of(stream));
     as_stream_work(stream, std::move(copy))();
   } else {
     status = issue(stream, std::move(copy));
   }
-  if (to_host) host_waits_for(queue_of(stream));
+  if (from_device && !to_device) host_waits_for(queue_of(stream));
   return status;
 }
 
