@@ -34,9 +34,11 @@ uint32_t Racecheck::tick() {
       std::fill(history.begin(), history.end(), ByteHistory{});
     }
     forget_device_histories();
-    launches_.clear();
     spare_pages_.clear();  // their clocks would be newer than the next launch's
-    // The running launch and block go on from clock 1, after every history (all 0 now).
+    // The running launch and block go on from clock 1, after every history (all 0 now);
+    // the last launch stays kept (the running one, whose race messages read it).
+    if (!launches_.empty()) launches_.erase(launches_.begin(), launches_.end() - 1);
+    for (EarlierLaunch& running : launches_) running.start = 1;
     clock_ = launch_start_ = block_start_ = block_epoch_ = ordered_below_ = 1;
     std::fill(block_starts_.begin(), block_starts_.end(), 1u);
     std::fill(warp_epoch_.begin(), warp_epoch_.end(), 0u);
