@@ -23,6 +23,17 @@ import inspect
 import sys
 
 
+CHUNK = 64
+
+
+def forward_flops(tokens, heads, key_dim, value_dim):
+    """The chunked forward's FLOPs (docs/gpu_results.md, first session), per token and head:
+    6CK (K K^T, W, the intra-chunk scores) + 4CV (U, P v_new) + 6KV (W S, the state update,
+    Q S) + (2/3)C^2 (the triangular inverse), C = 64. The backward counts as twice this."""
+    C, K, V = CHUNK, key_dim, value_dim
+    return tokens * heads * (6 * C * K + 4 * C * V + 6 * K * V + 2 * C * C / 3)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ham_csv")
@@ -141,6 +152,13 @@ def main():
               f"{fwd_ratio[0]:5.2f} {fwd_ratio[1]:5.2f} {fwd_ratio[2]:5.2f} "
               f"{ham_bwd[1]:9.3f} {fla_bwd[1]:9.3f} "
               f"{bwd_ratio[0]:5.2f} {bwd_ratio[1]:5.2f} {bwd_ratio[2]:5.2f}", flush=True)
+        flops = forward_flops(B * T, H, K, V)
+        tflops = [flops * scale / (ms * 1e-3) / 1e12
+                  for scale, ms in ((1, ham_fwd[1]), (1, fla_fwd[1]), (2, ham_bwd[1]),
+                                    (2, fla_bwd[1]))]
+        print(f"{'':22s} TFLOP/s at the medians: ham fwd {tflops[0]:.1f}, FLA fwd {tflops[1]:.1f}, "
+              f"ham bwd {tflops[2]:.1f}, FLA bwd {tflops[3]:.1f} (forward {flops / 1e9:.1f} GFLOP)",
+              flush=True)
         for (fwd_key, bwd_key), lines in pairs.items():
             if not row.get(f"{bwd_key}_ms_median"):
                 continue

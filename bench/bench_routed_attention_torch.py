@@ -176,6 +176,10 @@ FLEX_SMALL_BACKWARD = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 6
                        "bwd_BLOCK_N2": 32, "bwd_num_stages": 2}
 
 
+def spread(ratios):
+    return "/".join(f"{r:.2f}" for r in ratios)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ham_csv")
@@ -213,6 +217,10 @@ def main():
         print(f"{row['name']:<40} {ham[0][1]:8.3f} {ham[1][1]:8.3f}  {flash[0][1]:8.3f} "
               f"{flash[1][1]:8.3f}  {flex[0][1]:8.3f} {flex[1][1]:8.3f}  {r_flash[0][1]:5.2f} "
               f"{r_flash[1][1]:5.2f} {r_flex[0][1]:5.2f} {r_flex[1][1]:5.2f}", flush=True)
+        # the spread at once too, so that a run cut short keeps it for the cases it finished
+        print(f"{'':<40} min/median/max: flash/ham fwd {spread(r_flash[0])} bwd "
+              f"{spread(r_flash[1])}, flex/ham fwd {spread(r_flex[0])} bwd {spread(r_flex[1])}",
+              flush=True)
         out = {"name": row["name"]}
         for label, times in (("ham", ham), ("flash", flash), ("flex", flex)):
             for i, step in enumerate(("forward", "backward")):
@@ -234,7 +242,8 @@ def main():
               " ".join(f"{v:6.2f}" for v in values))
     if args.out:
         with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(out_rows[0].keys()) if out_rows else ["name"])
+            fields = list(out_rows[0].keys()) if out_rows else ["name"]
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(out_rows)
     return 0
