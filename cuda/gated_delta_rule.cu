@@ -3423,7 +3423,7 @@ const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& 
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
-std::atomic<bool> g_backward_overlap{false};    // set_gated_delta_rule_backward_overlap
+std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
 
 // Whether a state pass's blocks of 32 columns number no more than the SMs, one block each.

@@ -18,8 +18,9 @@ int64_t gated_delta_rule_kept_inverse_reads();
 
 // Whether the bf16 backward, where it recomputes the forward's state pass, runs its P^T dO
 // kernel (gdr_bwd_local_mma) on a second stream beside that pass (cuda/stream.h,
-// ForkedStream) instead of after it. Off by default until timed. Returns the previous
-// setting; the gradients are the same to the bit either way.
+// ForkedStream) instead of after it. On by default: 1.00-1.04x faster at the five shapes
+// timed on the H200 (thirty-sixth session), never slower. Returns the previous setting;
+// the gradients are the same to the bit either way.
 bool set_gated_delta_rule_backward_overlap(bool overlap);
 
 // How many backward calls of this process ran that kernel beside the state pass.

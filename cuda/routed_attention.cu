@@ -2174,8 +2174,8 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
 // from the registers and K, MN-major, from the tile S read. The K and V tiles are
 // double-buffered as in the other kernels (KeyTiles, swizzled).
-// kKeyTile: the shape's tile, or 32 at head dims up to 128 on one warpgroup where set
-// (set_attention_backward_dq_keys): S and dS take half the registers and the key slots
+// kKeyTile: the shape's tile, or 32 at head dims up to 128 on one warpgroup (the default;
+// set_attention_backward_dq_keys): S and dS take half the registers and the key slots
 // half the shared memory, so that three blocks may share an SM where two do, for blocks
 // that see few keys (packed documents), at twice the tiles' bookkeeping.
 template <int DK, int DV, int kGroups>
@@ -2748,10 +2748,10 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 // set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key tiles.
-std::atomic<int> g_backward_dq_keys{64};
+std::atomic<int> g_backward_dq_keys{32};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
 // set_attention_backward_overlap, and the calls whose zeroing pass ran beside the others.
-std::atomic<bool> g_backward_overlap{false};
+std::atomic<bool> g_backward_overlap{true};
 std::atomic<int64_t> g_overlapped_prologues{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the

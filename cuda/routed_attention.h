@@ -39,10 +39,12 @@ int64_t attention_forward_wgmma_launches();
 int64_t attention_backward_wgmma_launches();
 
 // Keys a tile of the backward's wgmma dQ kernel at head dims of 64 and 128 on one
-// warpgroup a block (elsewhere the kernel keeps its own tile): 64 (the default) or 32,
-// which halves its score registers and key slots so that three blocks may share an SM
-// where two do (for blocks that see few keys, as with packed documents; untimed). Returns
-// the previous setting; any other value is an error.
+// warpgroup a block (elsewhere the kernel keeps its own tile): 32 (the default) or 64.
+// 32 halves its score registers and key slots so that three blocks may share an SM where
+// two do. On the H200 (docs/gpu_results.md, thirty-sixth session) the backward took
+// 1.00-1.10x as long with 64 as with 32 in the 12 cases timed (rho 0.25 in one document,
+// 20 packed documents at every rho), the most with packed documents, whose blocks see few
+// keys. Returns the previous setting; any other value is an error.
 int set_attention_backward_dq_keys(int keys);
 
 // How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles.
@@ -52,7 +54,8 @@ int64_t attention_backward_dq_32_key_launches();
 // kernels where the wgmma dQ kernel forms D, so that the pass only zeroes dk, dv and dp at
 // the tokens not selected, rows no other kernel of the backward writes: its stores, bound
 // by HBM, then run under the tensor-core passes' short blocks (cuda::ForkedStream; joined
-// before the backward returns). Off (the default) until timed. Returns the previous setting.
+// before the backward returns). On by default: 1.00-1.02x faster in the 12 cases timed on
+// the H200 (thirty-sixth session), never slower. Returns the previous setting.
 bool set_attention_backward_overlap(bool overlap);
 
 // How many backward calls of this process ran their first pass beside the others.

@@ -885,6 +885,26 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOneAtPape
   expect_kept_backward_equals_recomputing_one({{1, 4096, 5, 256, 384, true, 20}});
 }
 
+// By default the bf16 backward that recomputes the state pass runs its P^T dO kernel beside
+// it, the faster on the H200 (docs/gpu_results.md, thirty-sixth session).
+TEST(GatedDeltaRule, GpuBackwardRunsBesideTheStatePassByDefault) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const GpuCase c{1, 130, 2, 64, 48, false, 0};
+  GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 4700), DType::BF16);
+  gpu.keep = GatedDeltaRuleKeep::Nothing;
+  GatedDeltaRuleResult out = poisoned_result(gpu);
+  const Device device = Device::cuda();
+  gated_delta_rule_chunked_kernels()(device, gpu, out);
+  const Tensor grad_o = randn64(out.o.shape(), 4701, 1.0, false).to(DType::BF16).to(device);
+  const Tensor grad_h = randn64(out.h_final.shape(), 4702, 1.0, false).to(DType::BF16).to(device);
+  GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+  const int64_t overlapped = cuda::gated_delta_rule_overlapped_local_passes();
+  gated_delta_rule_backward_kernels()(device, gpu, grad_o, grad_h, out.saved.get(), grads);
+  EXPECT_EQ(cuda::gated_delta_rule_overlapped_local_passes() - overlapped, 1);
+#endif
+}
+
 // set_gated_delta_rule_backward_overlap: the P^T dO kernel on a second stream beside the
 // recomputed state pass gives the gradients of the serial order, to the bit, whether the
 // forward kept nothing or each chunk's A; where it kept every chunk state nothing is

@@ -1029,49 +1029,57 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
 #endif
 }
 
-// The wgmma dQ kernel in 32-key tiles (one warpgroup a block, head dims of 64 and 128),
-// which it takes only when set so; each case must run on it.
-TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32KeyTilesMatchesCpu) {
+// The wgmma dQ kernel (one warpgroup a block, head dims of 64 and 128) in key tiles of 32
+// and of 64, each set so; each case must run on the tiles set.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32And64KeyTilesMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << kNoWgmmaHere;
   }
   const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
-  const int64_t before = cuda::attention_backward_dq_32_key_launches();
-  expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_dq_keys,
-                                  "set_attention_backward_dq_keys", 32, 48, "32 or 64",
-                                  kWgmmaHeadCases);
-  EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - before,
-            int64_t(kWgmmaHeadCases.size()));
+  for (int keys : {32, 64}) {
+    SCOPED_TRACE(std::to_string(keys) + " keys a tile");
+    const int64_t before = cuda::attention_backward_dq_32_key_launches();
+    expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_dq_keys,
+                                    "set_attention_backward_dq_keys", keys, 48, "32 or 64",
+                                    kWgmmaHeadCases);
+    EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - before,
+              keys == 32 ? int64_t(kWgmmaHeadCases.size()) : 0);
+  }
 #endif
 }
 
-// The backward's first pass on the second stream (set_attention_backward_overlap), where the
-// wgmma dQ kernel forms D so that the pass only zeroes the unselected rows: the gradients
-// into poisoned buffers, their exact zeros included, against the CPU. It runs beside the
-// other kernels only there, on one warpgroup and on two; with mma.sync it stays in order.
-// (On the emulator, HAM_EMULATOR_STREAMS=late holds the second stream's work until the join
-// waits for it; that the streams overlap is the GPU's to show.)
-TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesMatchesCpu) {
+// The backward's first pass on the second stream (set_attention_backward_overlap, the
+// default), where the wgmma dQ kernel forms D so that the pass only zeroes the unselected
+// rows, and in order (set so): the gradients into poisoned buffers, their exact zeros
+// included, against the CPU. It runs beside the other kernels only there, on one warpgroup
+// and on two; with mma.sync it stays in order. (On the emulator, HAM_EMULATOR_STREAMS=late
+// holds the second stream's work until the join waits for it; that the streams overlap is
+// the GPU's to show.)
+TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesOrInOrderMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << kNoWgmmaHere;
   }
-  const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, true);
   const std::vector<GpuCase> cases = {
       GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
       GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}};
-  for (int kernels : {1, 2}) {
-    const testing::ScopedSetting groups(&cuda::set_attention_backward_wgmma, kernels);
-    const int64_t before = cuda::attention_overlapped_prologues();
-    for (const GpuCase& c : cases) {
-      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(kernels) + " warpgroups a block");
-      expect_gpu_matches_cpu(c, DType::BF16);
+  for (bool beside : {true, false}) {
+    const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, beside);
+    for (int kernels : {1, 2}) {
+      const testing::ScopedSetting groups(&cuda::set_attention_backward_wgmma, kernels);
+      const int64_t before = cuda::attention_overlapped_prologues();
+      for (const GpuCase& c : cases) {
+        SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(kernels) +
+                     " warpgroups a block, " + (beside ? "beside" : "in order"));
+        expect_gpu_matches_cpu(c, DType::BF16);
+      }
+      EXPECT_EQ(cuda::attention_overlapped_prologues() - before,
+                beside ? int64_t(cases.size()) : 0);
     }
-    EXPECT_EQ(cuda::attention_overlapped_prologues() - before, int64_t(cases.size()));
   }
   const testing::ScopedSetting mma_sync(&cuda::set_attention_backward_wgmma, 0);
   const int64_t before = cuda::attention_overlapped_prologues();
@@ -1174,6 +1182,31 @@ TEST(RoutedAttentionGpu, Bf16PassesTakeWgmmaByDefaultWhereFaster) {
     SCOPED_TRACE(gpu_case_name(c));
     EXPECT_EQ(wgmma_launches_by_default(kWgmmaForward, c), available * e.forward);
     EXPECT_EQ(wgmma_launches_by_default(kWgmmaBackward, c), available * e.backward);
+  }
+#endif
+}
+
+// By default, where the backward runs on wgmma (its dQ kernel then forming D), that kernel
+// takes 32-key tiles at head dims of 64 and 128 (one warpgroup a block) and the first pass
+// runs beside the others on the second stream: each was the faster on the H200
+// (docs/gpu_results.md, thirty-sixth session). At the wider heads (two warpgroups) the dQ
+// kernel's own tile is 32 keys either way.
+TEST(RoutedAttentionGpu, Bf16BackwardTakesThe32KeyDqAndItsZeroingBesideByDefault) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting automatic(&cuda::set_attention_backward_wgmma,
+                                         cuda::kAttentionWgmmaAutomatic);
+  for (auto [key_dim, value_dim] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{128, 192}}) {
+    const GpuCase c{1, 100, 2, 1, key_dim, value_dim, 0.5, true, GpuDocs::Runs, true};
+    SCOPED_TRACE(gpu_case_name(c));
+    const int64_t dq_32 = cuda::attention_backward_dq_32_key_launches();
+    const int64_t beside = cuda::attention_overlapped_prologues();
+    expect_gpu_matches_cpu(c, DType::BF16);
+    EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - dq_32, 1);
+    EXPECT_EQ(cuda::attention_overlapped_prologues() - beside, 1);
   }
 #endif
 }
