@@ -346,6 +346,9 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   if [[ $benches == *" profile "* ]]; then
     profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H16_D128_bf16
     profile bench_gated_delta_rule_cuda --reps 1 --filter T4096_H5_K256_V384_bf16
+    # the paper's heads at 16384 tokens: 1.10x FLA's forward, 1.07x its backward (thirty-sixth
+    # session), where the state passes have 60 blocks of 32 columns for 132 SMs
+    profile bench_gated_delta_rule_cuda --reps 1 --filter T16384_H5_K256_V384_bf16
     # the case furthest from FLA in the ninth session (1.19x forward, 1.55x backward)
     profile bench_gated_delta_rule_cuda --reps 1 --filter T16384_H16_D128_bf16
     # 20 packed documents (1.49x FLA's backward in the ninth session; not profiled since)
