@@ -320,6 +320,10 @@ struct WorkOrder {
   std::mutex mutex;
   uint32_t streams = 0;
   std::vector<CUstream_st*> numbered;  // the live queues with an order number
+  // The clocks of destroyed streams by device, all and the blocking ones: their work still
+  // runs on the GPU, so a synchronization with the device, and the legacy stream (after
+  // blocking streams' work), are ordered after it.
+  std::map<int, std::vector<uint64_t>> retired, retired_blocking;
 };
 thread_local std::vector<uint64_t> host_clock;
 
@@ -344,6 +348,7 @@ void order_implicitly(CUstream_st* queue) {
   }
   if (queue->clock.size() <= queue->order) queue->clock.resize(queue->order + 1);
   merge(queue->clock, host_clock);
+  if (queue->is_default) merge(queue->clock, order.retired_blocking[queue->device]);
   for (CUstream_st* other : order.numbered) {
     if (other == queue || other->device != queue->device) continue;
     if ((queue->is_default && !other->is_default && blocking(other)) ||
@@ -424,6 +429,9 @@ void host_waits_for(CUstream_st* queue, int device = -1) {
   }
   for (CUstream_st* numbered : order.numbered) {
     if (device < 0 || numbered->device == device) merge(host_clock, numbered->clock);
+  }
+  for (const auto& [retired_on, clock] : order.retired) {
+    if (device < 0 || retired_on == device) merge(host_clock, clock);
   }
 }
 
@@ -855,8 +863,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (default_stream(stream) || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   const cudaError_t ran = run_all_held(stream);
   if (racecheck_on()) {
-    std::lock_guard<std::mutex> lock(work_order().mutex);
-    std::erase(work_order().numbered, stream);
+    WorkOrder& order = work_order();
+    std::lock_guard<std::mutex> lock(order.mutex);
+    std::erase(order.numbered, stream);
+    merge(order.retired[stream->device], stream->clock);
+    if (blocking(stream)) merge(order.retired_blocking[stream->device], stream->clock);
   }
   std::lock_guard<std::mutex> lock(state().mutex);
   state().streams.erase(stream);

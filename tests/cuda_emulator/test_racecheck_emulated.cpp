@@ -599,6 +599,31 @@ TEST_F(Racecheck, TheLegacyStreamAndBlockingStreamsWaitForEachOther) {
                          "(work ", " on the default stream of device 0)"});
 }
 
+// A destroyed stream's work still runs on the GPU, so what orders work after a stream's
+// work orders it after a destroyed one's too: the legacy stream after a blocking stream, a
+// synchronization with the device. A non-blocking stream with nothing between still races
+// with it. (Without this, a test's stale history could race with the next test's memory.)
+TEST_F(Racecheck, ADestroyedStreamsWorkStaysOrderedAsALiveOnes) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(1), out(1);
+  OwnedStream non_blocking;
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    OwnedStream blocking(cudaStreamDefault);
+    LAUNCH_ON(blocking.handle, store_value, data.data, 1);
+  }
+  LAUNCH_ON(nullptr, load_value, data.data, out.data);  // the legacy stream waits for it
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    OwnedStream other;
+    LAUNCH_ON(other.handle, store_value, data.data, 2);
+  }
+  testing::expect_error([&] { LAUNCH_ON(non_blocking.handle, load_value, data.data, out.data); },
+                        {"device memory race", "which kernel store_value (work 1 on stream "});
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  LAUNCH_ON(non_blocking.handle, load_value, data.data, out.data);
+}
+
 // Stream a writes in a fork-join with a third stream that waits for both a and b; b, which
 // does not wait for a, still races with a's write after that.
 TEST_F(Racecheck, AJoinOnAThirdStreamOrdersNothingOnTheOthers) {
