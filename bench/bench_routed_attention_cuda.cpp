@@ -374,13 +374,12 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                 c.name().c_str(), forward_ms.median * 1e3, forward_host,
                 backward_ms.median * 1e3, backward_host, cuda::timeline_summary_header().c_str());
     timeline_rows("forward", c.name(), run_forward, csv);
+    const int64_t beside_before = cuda::attention_overlapped_prologues();
     timeline_rows("backward", c.name(), run_backward, csv);
+    const bool ran_beside = cuda::attention_overlapped_prologues() != beside_before;
     // The backward again with its first pass in order, where by default it runs on the
     // second stream (set_attention_backward_overlap): what its blocks cost when they run
     // under no others'.
-    const int64_t beside_before = cuda::attention_overlapped_prologues();
-    run_backward();
-    const bool ran_beside = cuda::attention_overlapped_prologues() != beside_before;
     const bool previous = cuda::set_attention_backward_overlap(false);
     if (ran_beside) {
       timeline_rows("backward, its first pass in order", c.name() + " in order", run_backward,
