@@ -39,7 +39,8 @@
 #                    diagnose = ncu's speed-of-light, occupancy, warp-stall and source
 #                    (the stalls' top SASS lines) sections of one launch of each of the
 #                    slowest hand-written kernels, or of those HAM_GPU_DIAGNOSE names
-#                    (e.g. "gdr_prepare_mma gdr_state_mma"); timeline = where the routed
+#                    (e.g. "gdr_prepare_mma gdr_state_mma", or KERNEL:FILTER for one
+#                    of a kernel's cases); timeline = where the routed
 #                    attention kernels' blocks spend their time, from their own clock
 #                    stamps (bench_routed_attention_cuda --timeline), into
 #                    routed_timeline.txt, and every block's stamps of the B4 T4096
@@ -220,12 +221,14 @@ PY
 # a kernel its warps wait on.
 diagnose() {
   local name="$1" kernel="$2"; shift 2
-  [[ -z ${HAM_GPU_DIAGNOSE:-} || " $HAM_GPU_DIAGNOSE " == *" $kernel "* ]] || return 0
-  local stem="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}" arg previous=""
+  local stem="$out/diagnose_${kernel//[^A-Za-z0-9_]/_}" arg previous="" filter=""
   for arg in "$@"; do
-    [[ $previous == --filter ]] && stem+="_${arg//[^A-Za-z0-9_]/_}"
+    [[ $previous == --filter ]] && stem+="_${arg//[^A-Za-z0-9_]/_}" && filter=$arg
     previous=$arg
   done
+  # HAM_GPU_DIAGNOSE names a kernel (all its cases) or KERNEL:FILTER (that case alone)
+  [[ -z ${HAM_GPU_DIAGNOSE:-} || " $HAM_GPU_DIAGNOSE " == *" $kernel "* ||
+     " $HAM_GPU_DIAGNOSE " == *" $kernel:$filter "* ]] || return 0
   local file="$stem.txt"
   echo "== [$(date +%T)] ncu sections of $kernel in $name $*"
   if ! command -v ncu >/dev/null; then
@@ -317,6 +320,12 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     # the state passes where they weigh most: B = 2, T = 16384, 32 columns (#7's unmet case)
     diagnose bench_gated_delta_rule_cuda gdr_bwd_state_mma --reps 1 --filter T16384_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_state_mma --reps 1 --filter T16384_H16_D128_bf16
+    # the paper's heads at 16384 tokens (1.10x FLA's forward, thirty-sixth session): 60 blocks
+    # of 32 columns, one an SM
+    diagnose bench_gated_delta_rule_cuda gdr_state_mma --reps 1 --filter T16384_H5_K256_V384_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_output_mma --reps 1 --filter T16384_H5_K256_V384_bf16
+    diagnose bench_gated_delta_rule_cuda gdr_prepare_mma --reps 1 \
+      --filter T16384_H5_K256_V384_bf16
     diagnose bench_gated_delta_rule_cuda gdr_output_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_prepare_mma --reps 1 --filter T4096_H16_D128_bf16
     diagnose bench_gated_delta_rule_cuda gdr_bwd_values_mma --reps 1 --filter T4096_H16_D128_bf16
@@ -333,6 +342,12 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     # the stall samples say where its blocks wait.
     diagnose bench_routed_attention_cuda forward_mma --reps 1 \
       --filter T4096_B4_H16x16_D128_rho50_docs20
+    # 20 documents at rho 0.25, where the dQ kernel's prologue is about 60% of it (block
+    # timelines, thirty-sixth session): which of its reads its warps wait on
+    diagnose bench_routed_attention_cuda backward_dq_wgmma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho25_docs20
+    diagnose bench_routed_attention_cuda backward_dkdv_wgmma --reps 1 \
+      --filter T16384_B1_H16x16_D128_rho25_docs20
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
