@@ -2197,19 +2197,13 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   HAM_STATIC_SHARED(int, bounds, [4]);
   HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
-  HAM_STATIC_SHARED(float, s_delta, [BQ]);
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  // D is formed (where this kernel forms it) while the visible ranges load: its loads of
-  // dO and O had waited behind the ranges, the key positions and two barriers, and ncu
-  // found about 13% of the kernel's stall samples on them with 20 packed documents
-  // (thirty-seventh session). load_query_ranges' barrier publishes s_delta.
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kThreads>(
       a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
         issue_query_rows_to<DK, DV, BQ, kThreads>(a, row, head, first, SwizzledTile<BQ>{sQ},
                                                   SwizzledTile<BQ>{sO});
-        if (a.delta_out) row_deltas<DV, BQ, kThreads>(a, row, head, first, s_delta);
       });
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
@@ -2222,7 +2216,10 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     const int64_t t = q0 + r0[0] + 8 * i;
     lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
   }
-  if (a.delta_out) {  // D formed above
+  if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
+    HAM_STATIC_SHARED(float, s_delta, [BQ]);
+    row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; ++i) delta[i] = s_delta[r0[0] + 8 * i];
   } else {
