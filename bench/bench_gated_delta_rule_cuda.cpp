@@ -16,12 +16,10 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// The last tables time the bf16 forward and backward with their state passes forced to 32-
-// and to 64-column tiles (cuda/gated_delta_rule.h), the backward with its P^T dO kernel
+// Two last tables time the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles (cuda/gated_delta_rule.h), and the backward with its P^T dO kernel
 // after the recomputed state pass against beside it on a second stream (the default;
-// set_gated_delta_rule_backward_overlap), and, at K >= 128, both with the state passes in
-// 8- against 16-warp blocks (set_gated_delta_rule_state_warps), in the same run; the CSV
-// has the defaults. For
+// set_gated_delta_rule_backward_overlap), in the same run; the CSV has the defaults. For
 // bf16 the CSV also has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping
 // nothing and "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every
 // chunk state and "bwd_kept" reading them.
@@ -85,9 +83,6 @@ struct Timing {
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
   // bf16 only: the backward with P^T dO after the recomputed state pass, and beside it
   Spread bwd_in_order, bwd_beside;
-  // bf16 at K >= 128 only: forward and backward with the state passes in 8- and 16-warp blocks
-  Spread fwd_warps_8, fwd_warps_16, bwd_warps_8, bwd_warps_16;
-  bool warps_timed = false;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -134,19 +129,8 @@ Timing run_case(const BenchCase& c, int reps) {
     at_64 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(previous);
   };
-  // fn's times with the state passes in 8- and in 16-warp blocks (bf16, K >= 128 only).
-  auto at_both_warp_counts = [&](auto&& fn, Spread& at_8, Spread& at_16) {
-    if (dtype != DType::BF16 || K < 128) return;
-    const int previous = cuda::set_gated_delta_rule_state_warps(8);
-    at_8 = time_ms(reps, fn);
-    cuda::set_gated_delta_rule_state_warps(16);
-    at_16 = time_ms(reps, fn);
-    cuda::set_gated_delta_rule_state_warps(previous);
-    t.warps_timed = true;
-  };
   t.fwd = time_ms(reps, forward);
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
-  at_both_warp_counts(forward, t.fwd_warps_8, t.fwd_warps_16);
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -162,7 +146,6 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.bwd = time_ms(reps, backward);
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
-  at_both_warp_counts(backward, t.bwd_warps_8, t.bwd_warps_16);
   if (dtype == DType::BF16) {
     const bool previous = cuda::set_gated_delta_rule_backward_overlap(false);
     t.bwd_in_order = time_ms(reps, backward);
@@ -256,20 +239,6 @@ int main(int argc, char** argv) {
       std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), in_order.median,
                   t.bwd_beside.median, in_order.min / t.bwd_beside.min,
                   in_order.median / t.bwd_beside.median, in_order.max / t.bwd_beside.max);
-    }
-    std::printf("\nbf16 at K >= 128, state passes in 8- / 16-warp blocks "
-                "(set_gated_delta_rule_state_warps; 8/16 above 1: 16 is faster)\n"
-                "%-22s %-4s %12s %12s %18s\n", "case", "pass", "8 med ms", "16 med ms",
-                "8/16 min/med/max");
-    for (const auto& [name, t] : bf16_timings) {
-      if (!t.warps_timed) continue;  // K < 128
-      for (const auto& [pass, s8, s16] :
-           {std::tuple{"fwd", t.fwd_warps_8, t.fwd_warps_16},
-            std::tuple{"bwd", t.bwd_warps_8, t.bwd_warps_16}}) {
-        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
-                    s8.median, s16.median, s8.min / s16.min, s8.median / s16.median,
-                    s8.max / s16.max);
-      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

@@ -1009,17 +1009,13 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
 // the tiles of one layout share one stream. usable() says whether a source suits the
 // short path (uniform over the block); callers take issue_tile where it does not, or
 // where a tile is not whole.
-// A tile of fewer groups than threads (the 16-warp state pass's U tiles) leaves the threads
-// past its last row idle.
 template <int kThreads, int kRows, int kWidth, int LD, class E = bf16>
 struct TileStream {
   static constexpr int kGroup = 16 / int(sizeof(E));
   static constexpr int kPerRow = kWidth / kGroup, kStep = kThreads / kPerRow;
-  static constexpr bool kFewGroups = kRows * kPerRow < kThreads;
-  static constexpr int kPasses = kFewGroups ? 1 : kRows * kPerRow / kThreads;
-  static constexpr bool kShapeFits =
-      kWidth % kGroup == 0 && kThreads % kPerRow == 0 && LD % kGroup == 0 &&
-      (kFewGroups ? kThreads % (kRows * kPerRow) == 0 : kRows * kPerRow % kThreads == 0);
+  static constexpr int kPasses = kRows * kPerRow / kThreads;
+  static constexpr bool kShapeFits = kWidth % kGroup == 0 && kThreads % kPerRow == 0 &&
+                                     kRows * kPerRow % kThreads == 0 && LD % kGroup == 0;
 
   int64_t first;        // the element of the thread's first group, at offset 0
   uint32_t pass_bytes;  // from one of the thread's rows to the next (kStep rows)
@@ -1040,9 +1036,6 @@ struct TileStream {
   // dst[r][c] = base[origin + r stride + offset + c] for r < n, 0 for r >= n (r < kRows,
   // c < kWidth).
   __device__ __forceinline__ void issue(E* dst, const E* base, int64_t offset, int n) const {
-    if constexpr (kFewGroups) {
-      if (r0 >= kRows) return;
-    }
     const char* at = reinterpret_cast<const char*>(base + (first + offset));
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -1660,13 +1653,6 @@ struct LaneRows {
 // its columns of v_new, its copies) and double the warps that hide each other's waits.
 template <int KD>
 constexpr int kStateWarps = KD >= 128 ? 8 : 4;
-// Both passes may also run 16 warps a block at K >= 128 (state_warps, the default at
-// K = 256): one block an SM gives each scheduler 2 warps at 8, and ncu found the forward's
-// at the paper's K = 256 latency-bound there (7.3 cycles a warp between issues, 5,600
-// cycles and 750 instructions a warp a chunk step, thirty-seventh session); 16 halve each
-// warp's share of a step and give a scheduler 4 warps to issue from.
-template <int KD, int kWarps>
-constexpr bool kStateWarpsSupported = kWarps == kStateWarps<KD> || (KD >= 128 && kWarps == 16);
 
 // The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
 // document's chunks in order (StateTile). Per chunk, with S the state at its start (h0 or
@@ -1678,16 +1664,16 @@ constexpr bool kStateWarpsSupported = kWarps == kStateWarps<KD> || (KD >= 128 &&
 // rows arrive by cp.async into one of two slots, issued a chunk ahead; its G (from the
 // prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
 // more ahead, so no step waits on global memory.
-template <int KD, int VT, int kWarps = kStateWarps<KD>>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int KD, int VT>
+__global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
-  static_assert(kStateWarpsSupported<KD, kWarps>, "8 or 16 warps at K >= 128, else 4");
   using L = MmaStateLayout<KD, VT>;
+  constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
-  // v_new's product: warp w takes the 16 rows 16 (w % 4) and part w / 4 of kWarps / 4 parts
-  // of the columns, NBP blocks of 8
+  // v_new's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
+  // columns (w / 4), NBP blocks of 8
   constexpr int kColumnParts = kWarps / 4, NBP = VT / 8 / kColumnParts;
   static_assert(kWarps % 4 == 0 && NBP >= 1, "4 warps cover a chunk's 64 rows");
   constexpr int LDK = L::ldk, LDS = L::lds, NB = VT / 8;
@@ -2288,17 +2274,16 @@ struct BwdStateLayout {
 // chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
 // H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
 // table are read into registers ahead of use.
-// kWarps: as the forward's (set_gated_delta_rule_state_warps).
-template <int KD, int VT, int kSlots, int kWarps = kStateWarps<KD>>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int KD, int VT, int kSlots>
+__global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
   static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
-  static_assert(kStateWarpsSupported<KD, kWarps>, "8 or 16 warps at K >= 128, else 4");
   using L = BwdStateLayout<KD, VT, kSlots>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
+  constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
-  // du's product: warp w takes the 16 rows 16 (w % 4) and part w / 4 of kWarps / 4 parts
-  // of the columns, NBP blocks of 8 (as the forward's v_new)
+  // du's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
+  // columns (w / 4), NBP blocks of 8 (as the forward's v_new)
   constexpr int kColumnParts = kWarps / 4, NBP = VT / 8 / kColumnParts;
   static_assert(kWarps % 4 == 0 && NBP >= 1, "4 warps cover a chunk's 64 rows");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -3437,9 +3422,6 @@ const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& 
 }
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
-std::atomic<int> g_state_warps{0};    // set_gated_delta_rule_state_warps
-// gated_delta_rule_16_warp_state_passes
-std::atomic<int64_t> g_sixteen_warp_state_passes{0};
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
 std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
@@ -3461,17 +3443,6 @@ template <int KD>
 int state_columns(const Dims& d) {
   if (const int forced = g_state_columns.load(); forced != 0) return forced;
   return narrow_state_pass_has_sms(d) ? 32 : 64;
-}
-
-// Warps per block of the state passes (gdr_state_mma, gdr_bwd_state_mma) unless
-// set_gated_delta_rule_state_warps forces 8 or 16 (K >= 128; below, kStateWarps): 16 at
-// K = 256, where the passes run one block an SM (their shared memory) and ncu found the
-// forward's latency-bound with 8 (kStateWarpsSupported), else kStateWarps. Chosen before
-// it was timed (thirty-seventh session); the benchmark times both counts.
-template <int KD>
-int state_warps() {
-  const int forced = g_state_warps.load();
-  return forced != 0 ? forced : KD >= 256 ? 16 : kStateWarps<KD>;
 }
 
 // Value columns per block of the backward's sequential pass (gdr_bwd_state_mma), chosen as
@@ -3535,22 +3506,15 @@ MmaChunkStates chunk_states_mma(
              keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
   if (after_prepare) after_prepare(c);
-  auto state_pass = [&]<int VT, int kWarps>() {
+  auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    launch_kernel(&gdr_state_mma<KD, VT, kWarps>, state_pass_grid(op, d, tiles, c.max_docs),
-                  kWarps * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
+    launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
+                  kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
                   ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
-    if (kWarps == 16) g_sixteen_warp_state_passes.fetch_add(1);
   };
-  auto at_width = [&]<int VT>() {
-    if constexpr (KD >= 128) {
-      if (state_warps<KD>() == 16) return state_pass.template operator()<VT, 16>();
-    }
-    state_pass.template operator()<VT, kStateWarps<KD>>();
-  };
-  if (state_columns<KD>(d) == 32) at_width.template operator()<32>();
-  else at_width.template operator()<64>();
+  if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
+  else state_pass.template operator()<64>();
   return c;
 }
 
@@ -3761,28 +3725,21 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
 
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
     // chunk's copies in flight) where they fit.
-    auto state_pass = [&]<int SVT, int kWarps>() {
+    auto state_pass = [&]<int SVT>() {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
-      if (kWarps == 16) g_sixteen_warp_state_passes.fetch_add(1);
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
-            shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2, kWarps>)) {
-          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2, kWarps>, grid, kWarps * 32,
+            shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
+          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2>, grid, kStateWarps<KD> * 32,
                         BwdStateLayout<KD, SVT, 2>::bytes, pr, bw);
           return;
         }
       }
-      launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1, kWarps>, grid, kWarps * 32,
+      launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1>, grid, kStateWarps<KD> * 32,
                     BwdStateLayout<KD, SVT, 1>::bytes, pr, bw);
     };
-    auto at_width = [&]<int SVT>() {
-      if constexpr (KD >= 128) {
-        if (state_warps<KD>() == 16) return state_pass.template operator()<SVT, 16>();
-      }
-      state_pass.template operator()<SVT, kStateWarps<KD>>();
-    };
-    if (backward_state_columns<KD, VT>(d) == 32) at_width.template operator()<32>();
-    else at_width.template operator()<VT>();
+    if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>();
+    else state_pass.template operator()<VT>();
     const dim3 per_chunk(chunk_blocks, 1, bh);
     constexpr int kValuesVt = kBackwardValuesVt<KD>;
     launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
@@ -3888,15 +3845,6 @@ int set_gated_delta_rule_state_columns(int columns) {
             " value columns per block; the state pass takes 32 or 64 (0: chosen per call)");
   return g_state_columns.exchange(columns);
 }
-
-int set_gated_delta_rule_state_warps(int warps) {
-  HAM_CHECK(warps == 0 || warps == 8 || warps == 16, "set_gated_delta_rule_state_warps: ", warps,
-            " warps per block; the state passes take 8 or 16 at K >= 128 (0: their own"
-            " choice, 4 below K = 128)");
-  return g_state_warps.exchange(warps);
-}
-
-int64_t gated_delta_rule_16_warp_state_passes() { return g_sixteen_warp_state_passes.load(); }
 
 int64_t gated_delta_rule_kept_inverse_reads() { return g_kept_inverse_reads.load(); }
 

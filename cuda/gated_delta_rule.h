@@ -12,17 +12,6 @@ namespace ham::cuda {
 // 32 or 64 force that width. Returns the previous setting; any other value is an error.
 int set_gated_delta_rule_state_columns(int columns);
 
-// Warps per block of the bf16 sequential state passes, the forward's (gdr_state_mma, also run
-// by the backward where it recomputes the forward) and the backward's (gdr_bwd_state_mma):
-// 0 (the default) takes 16 at K = 256, 8 at K = 128 and 4 below; 8 or 16 force that count
-// at K >= 128 (below, the passes keep their 4). The results are the same to the bit either
-// way.
-// Returns the previous setting; any other value is an error.
-int set_gated_delta_rule_state_warps(int warps);
-
-// How many 16-warp state passes (forward or backward) this process launched.
-int64_t gated_delta_rule_16_warp_state_passes();
-
 // How many bf16 prepare kernels of this process read each chunk's A as the forward kept it
 // (GatedDeltaRuleKeep::Inverses) instead of forming it: a backward's recompute each.
 int64_t gated_delta_rule_kept_inverse_reads();

@@ -1100,53 +1100,5 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 #endif
 }
 
-// The bf16 forward's state pass in 8- and in 16-warp blocks (set_gated_delta_rule_state_warps)
-// at K = 128 and the paper's 256, at both tile widths: each matches the CPU, forward and
-// backward (which recomputes the pass), and the two agree bit for bit (a warp's share of a
-// step changes, not the sums). The value widths leave part tiles (72) and whole ones (96,
-// 128), with packed documents and a last chunk cut short.
-TEST(GatedDeltaRule, GpuStatePassWarpCountsAgree) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
-  const testing::ScopedSetting warps_guard(&cuda::set_gated_delta_rule_state_warps, 0);
-  for (int columns : {32, 64}) {
-    cuda::set_gated_delta_rule_state_columns(columns);
-    for (const GpuCase& c : {GpuCase{1, 140, 2, 128, 72, true, 3},
-                             GpuCase{2, 100, 1, 256, 96, true, 0},
-                             GpuCase{1, 130, 1, 256, 128, true, 2}}) {
-      SCOPED_TRACE("columns " + std::to_string(columns) + ", K " + std::to_string(c.key_dim) +
-                   ", V " + std::to_string(c.value_dim));
-      const int64_t before = cuda::gated_delta_rule_16_warp_state_passes();
-      expect_settings_agree_bitwise(c, 67, {8, 16}, [](int warps) {
-        cuda::set_gated_delta_rule_state_warps(warps);
-      });
-      // 16 warps ran in every pass: two forwards and two backwards (the CPU check's and the
-      // comparison's), each backward recomputing the forward's pass before its own
-      EXPECT_EQ(cuda::gated_delta_rule_16_warp_state_passes() - before, 6);
-    }
-  }
-  testing::expect_error([] { cuda::set_gated_delta_rule_state_warps(12); },
-                        {"set_gated_delta_rule_state_warps", "12", "8 or 16"});
-#endif
-}
-
-// By default the state passes run 16 warps a block at K = 256 (the paper's) and 8 at K = 128.
-TEST(GatedDeltaRule, GpuStatePassTakes16WarpsAtK256ByDefault) {
-  HAM_SKIP_UNLESS_CUDA();
-#ifdef HAM_WITH_CUDA
-  const testing::ScopedSetting warps_guard(&cuda::set_gated_delta_rule_state_warps, 0);
-  for (const auto& [key_dim, sixteen] : {std::pair{int64_t(256), true}, {int64_t(128), false}}) {
-    SCOPED_TRACE(key_dim);
-    const GatedDeltaRuleArgs gpu =
-        on_gpu(gpu_case_inputs(GpuCase{1, 70, 1, key_dim, 64, true, 0}, 71), DType::BF16);
-    GatedDeltaRuleResult result = poisoned_result(gpu);
-    const int64_t before = cuda::gated_delta_rule_16_warp_state_passes();
-    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, result);
-    EXPECT_EQ(cuda::gated_delta_rule_16_warp_state_passes() - before, sixteen ? 1 : 0);
-  }
-#endif
-}
-
 }  // namespace
 }  // namespace ham
