@@ -16,11 +16,12 @@
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
-// Two last tables time the bf16 forward and backward with their state passes forced to 32-
-// and to 64-column tiles (cuda/gated_delta_rule.h), and the backward with its P^T dO kernel
+// The last tables time the bf16 forward and backward with their state passes forced to 32-
+// and to 64-column tiles (cuda/gated_delta_rule.h), the backward with its P^T dO kernel
 // after the recomputed state pass against beside it on a second stream (the default;
-// set_gated_delta_rule_backward_overlap), in the same run; the CSV has the defaults. For
-// bf16 the CSV also has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping
+// set_gated_delta_rule_backward_overlap) and, at K = 256, the backward's state pass with one
+// slot against K and dvl a chunk ahead (set_gated_delta_rule_backward_keys_ahead), in the
+// same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping
 // nothing and "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every
 // chunk state and "bwd_kept" reading them.
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -83,6 +85,9 @@ struct Timing {
   Spread fwd_state_32, fwd_state_64, bwd_state_32, bwd_state_64;
   // bf16 only: the backward with P^T dO after the recomputed state pass, and beside it
   Spread bwd_in_order, bwd_beside;
+  // bf16 at K = 256 only: the backward's state pass with one slot, and with the keys ahead
+  Spread bwd_one_slot, bwd_keys_ahead;
+  bool keys_ahead_timed = false;
 };
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
@@ -152,6 +157,18 @@ Timing run_case(const BenchCase& c, int reps) {
     cuda::set_gated_delta_rule_backward_overlap(true);
     t.bwd_beside = time_ms(reps, backward);
     cuda::set_gated_delta_rule_backward_overlap(previous);
+  }
+  if (dtype == DType::BF16 && K == 256) {  // where two slots of chunk tiles do not fit
+    const bool previous = cuda::set_gated_delta_rule_backward_keys_ahead(false);
+    t.bwd_one_slot = time_ms(reps, backward);
+    const int64_t before = cuda::gated_delta_rule_keys_ahead_passes();
+    cuda::set_gated_delta_rule_backward_keys_ahead(true);
+    t.bwd_keys_ahead = time_ms(reps, backward);
+    cuda::set_gated_delta_rule_backward_keys_ahead(previous);
+    if (cuda::gated_delta_rule_keys_ahead_passes() == before) {
+      throw std::runtime_error(c.name + ": the backward never copied the keys ahead");
+    }
+    t.keys_ahead_timed = true;
   }
 
   // bf16: the other pairs. f32 keeps nothing.
@@ -239,6 +256,17 @@ int main(int argc, char** argv) {
       std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), in_order.median,
                   t.bwd_beside.median, in_order.min / t.bwd_beside.min,
                   in_order.median / t.bwd_beside.median, in_order.max / t.bwd_beside.max);
+    }
+    std::printf("\nbf16 backward at K = 256, its state pass with one slot against K and dvl a "
+                "chunk ahead (set_gated_delta_rule_backward_keys_ahead; one / ahead above 1: "
+                "ahead is faster)\n%-22s %12s %12s %18s\n", "case", "one med ms",
+                "ahead med ms", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      if (!t.keys_ahead_timed) continue;
+      const Spread &one = t.bwd_one_slot, &ahead = t.bwd_keys_ahead;
+      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), one.median,
+                  ahead.median, one.min / ahead.min, one.median / ahead.median,
+                  one.max / ahead.max);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

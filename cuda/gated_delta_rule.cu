@@ -2254,6 +2254,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// kSlots of gdr_bwd_state_mma beside 1 and 2: K and dvl, which a step's first product
+// reads, in two slots and copied a chunk ahead; Q, W and dO, which its second reads, in
+// one, copied at the step's start to land during the first product
+// (set_gated_delta_rule_backward_keys_ahead). Where two whole slots do not fit (K = 256:
+// 251 KB), this does (180 KB), where one slot waits for all five tiles every step.
+constexpr int kKeysAheadSlots = 3;
+
 template <int KD, int VT, int kSlots>
 struct BwdStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8, ldf = VT + 4;
@@ -2262,7 +2269,12 @@ struct BwdStateLayout {
       f_bytes = size_t(kChunk) * ldf * 4,                      // dvl columns (f32)
       s_bytes = size_t(KD) * lds * 2;                          // dS_end in bf16
   static constexpr size_t slot_bytes = 3 * k_bytes + v_bytes + f_bytes;
-  static constexpr size_t bytes = s_bytes + kSlots * slot_bytes + v_bytes;
+  // kKeysAheadSlots: two of (K, dvl), then one of (Q, W, dO)
+  static constexpr size_t keys_slot_bytes = k_bytes + f_bytes;
+  static constexpr size_t bytes =
+      s_bytes + v_bytes +
+      (kSlots == kKeysAheadSlots ? 2 * keys_slot_bytes + 2 * k_bytes + v_bytes
+                                 : kSlots * slot_bytes);
 };
 
 // The backward's sequential pass, one block per (V tile, document, h, b) over the
@@ -2273,11 +2285,13 @@ struct BwdStateLayout {
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
 // chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
 // H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
-// table are read into registers ahead of use.
+// table are read into registers ahead of use. kSlots: 1, 2 or kKeysAheadSlots.
 template <int KD, int VT, int kSlots>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
-  static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
+  static_assert(kSlots == 1 || kSlots == 2 || kSlots == kKeysAheadSlots,
+                "one or two slots of chunk tiles, or the keys ahead");
+  constexpr bool kKeysAhead = kSlots == kKeysAheadSlots;
   using L = BwdStateLayout<KD, VT, kSlots>;
   constexpr int LDK = L::ldk, LDS = L::lds, LDF = L::ldf, NB = VT / 8;
   constexpr int kWarps = kStateWarps<KD>;
@@ -2289,14 +2303,26 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
   unsigned char* slots = smem_raw + L::s_bytes;
-  bf16* sDu = reinterpret_cast<bf16*>(slots + kSlots * L::slot_bytes);
+  bf16* sDu = reinterpret_cast<bf16*>(smem_raw + L::bytes - L::v_bytes);
   auto slot = [&](int chunk) { return slots + (kSlots == 2 ? chunk % 2 : 0) * L::slot_bytes; };
-  auto slot_q = [&](int chunk) { return reinterpret_cast<bf16*>(slot(chunk)); };
-  auto slot_k = [&](int chunk) { return slot_q(chunk) + kChunk * LDK; };
-  auto slot_w = [&](int chunk) { return slot_q(chunk) + 2 * kChunk * LDK; };
-  auto slot_do = [&](int chunk) { return slot_q(chunk) + 3 * kChunk * LDK; };
+  // With the keys ahead: (K, dvl) of chunk c in slot c % 2, then Q, W and dO's one slot.
+  auto keys_slot = [&](int chunk) { return slots + chunk % 2 * L::keys_slot_bytes; };
+  bf16* const rest_slot = reinterpret_cast<bf16*>(slots + 2 * L::keys_slot_bytes);
+  auto slot_q = [&](int chunk) {
+    return kKeysAhead ? rest_slot : reinterpret_cast<bf16*>(slot(chunk));
+  };
+  auto slot_k = [&](int chunk) {
+    return kKeysAhead ? reinterpret_cast<bf16*>(keys_slot(chunk)) : slot_q(chunk) + kChunk * LDK;
+  };
+  auto slot_w = [&](int chunk) {
+    return kKeysAhead ? rest_slot + kChunk * LDK : slot_q(chunk) + 2 * kChunk * LDK;
+  };
+  auto slot_do = [&](int chunk) {
+    return kKeysAhead ? rest_slot + 2 * kChunk * LDK : slot_q(chunk) + 3 * kChunk * LDK;
+  };
   auto slot_dvl = [&](int chunk) {
-    return reinterpret_cast<float*>(slot(chunk) + 3 * L::k_bytes + L::v_bytes);
+    return reinterpret_cast<float*>(kKeysAhead ? keys_slot(chunk) + L::k_bytes
+                                               : slot(chunk) + 3 * L::k_bytes + L::v_bytes);
   };
   HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
   const StateTile st(pr, VT);
@@ -2328,24 +2354,34 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const LocalTiles dvl_tiles(v_origin, v_stride);
   const bool whole_tiles = V % VT == 0 && (reinterpret_cast<uintptr_t>(bw.du) & 3) == 0;
   const bool whole_states = V % VT == 0 && aligned_16(bw.dstates);
-  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end) {
+  // keys: K and dvl (the du product's); rest: Q, W and dO (the dS update's)
+  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end, bool keys = true,
+                         bool rest = true) {
     const int n = int(end - begin);
     if (streamed) {
       const int64_t rows_in = (begin - stream_begin) * pr.heads;  // rows of width 1
-      key_tiles.issue(slot_q(chunk), pr.q, rows_in * KD, n);
-      key_tiles.issue(slot_k(chunk), pr.k, rows_in * KD, n);
-      key_tiles.issue(slot_w(chunk), bw.w, rows_in * KD, n);
-      do_tiles.issue(slot_do(chunk), bw.grad_o, rows_in * V, n);
-      dvl_tiles.issue(slot_dvl(chunk), dvl, rows_in * V, n);
+      if (rest) key_tiles.issue(slot_q(chunk), pr.q, rows_in * KD, n);
+      if (keys) key_tiles.issue(slot_k(chunk), pr.k, rows_in * KD, n);
+      if (rest) key_tiles.issue(slot_w(chunk), bw.w, rows_in * KD, n);
+      if (rest) do_tiles.issue(slot_do(chunk), bw.grad_o, rows_in * V, n);
+      if (keys) dvl_tiles.issue(slot_dvl(chunk), dvl, rows_in * V, n);
       return;
     }
     const ChunkRows rows_of(pr, b, h, begin);
-    issue_tile<kWarps * 32>(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
-    issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
-    issue_tile<kWarps * 32>(slot_do(chunk), LDS, kChunk, VT, n, cols,
-                            rows_of(bw.grad_o, V, col0));
-    issue_tile<kWarps * 32>(slot_dvl(chunk), LDF, kChunk, VT, n, cols, rows_of(dvl, V, col0));
+    if (rest) {
+      issue_tile<kWarps * 32>(slot_q(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
+    }
+    if (keys) {
+      issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    }
+    if (rest) {
+      issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(bw.w, KD, 0));
+      issue_tile<kWarps * 32>(slot_do(chunk), LDS, kChunk, VT, n, cols,
+                              rows_of(bw.grad_o, V, col0));
+    }
+    if (keys) {
+      issue_tile<kWarps * 32>(slot_dvl(chunk), LDF, kChunk, VT, n, cols, rows_of(dvl, V, col0));
+    }
   };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
@@ -2367,8 +2403,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   float g_next = 0.f;
   if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
   g_next = g_of(begin_p1, begin);
-  if (kSlots == 2) {
-    issue_chunk(last, begin, end);
+  if (kSlots == 2 || kKeysAhead) {
+    issue_chunk(last, begin, end, true, !kKeysAhead);
     async_copy_commit();
   }
   dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
@@ -2377,16 +2413,20 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   // With two slots, two barriers a chunk: the one below publishes the chunk's tiles (their
   // copies issued a chunk ahead) with dS_end (written at the end of the step before), and
   // the one between the products publishes du. One slot takes a third, between the
-  // chunk's copies and their use.
+  // chunk's copies and their use. With the keys ahead, two: the one below publishes K and
+  // dvl (copied a chunk ahead), the second Q, W and dO (copied after the first) with du.
   for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
     const float* g = s_g[chunk % 2];  // written before the last step's second barrier
     bf16* sdO = slot_do(chunk);
-    auto scale_do = [&] {  // diag(E) dO, on this thread's own copies once they land
-      async_copy_wait<0>();
+    // diag(E) dO, on this thread's own copies once they land (kPending: the copy groups
+    // committed after dO's that may still be in flight)
+    auto scale_do = [&]<int kPending = 0>() {
+      async_copy_wait<kPending>();
       scale_tile(sdO, LDS, kChunk, VT, [&](int r) { return expf(g[r]); });
     };
     if (kSlots == 2) scale_do();  // this chunk's tiles (the only copies in flight)
+    if (kKeysAhead) async_copy_wait<0>();  // this chunk's K and dvl (the only copies in flight)
     __syncthreads();  // also: the next chunk's tiles, du and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;  // chunk - 1's G (slot (chunk - 1) % 2)
@@ -2394,6 +2434,11 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     }
     if (kSlots == 2) {
       if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
+      async_copy_commit();
+    } else if (kKeysAhead) {
+      issue_chunk(chunk, begin, end, false, true);  // Q, W, dO: their slot's readers are done
+      async_copy_commit();
+      if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin, true, false);
       async_copy_commit();
     } else {
       issue_chunk(chunk, begin, end);
@@ -2457,6 +2502,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     // dS_end to memory here, where a warp done with its rows would wait for the others
     save_state<KD, VT, LDS, kThreads>(st, whole_states, dSb,
                                       bw.dstates + state_offset(pr, b, h, chunk, bw.max_chunks));
+    // With the keys ahead: this chunk's Q, W and dO (the next chunk's K and dvl may fly on)
+    if constexpr (kKeysAhead) scale_do.template operator()<1>();
     __syncthreads();  // du written; dS_end and the chunk's K and dvl no longer read
     // dS0 = lambda dS_end + Q^T (diag(E) dO) - W^T du, each warp on its own key rows.
     const float lambda = expf(g_last);
@@ -3422,6 +3469,8 @@ const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& 
 }
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
+std::atomic<bool> g_backward_keys_ahead{false};  // set_gated_delta_rule_backward_keys_ahead
+std::atomic<int64_t> g_keys_ahead_passes{0};     // gated_delta_rule_keys_ahead_passes
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
 std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
@@ -3724,7 +3773,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     bw.dg_f32 = grads.dg.defined() && grads.dg.dtype() == DType::F32;
 
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
-    // chunk's copies in flight) where they fit.
+    // chunk's copies in flight) where they fit; else, with
+    // set_gated_delta_rule_backward_keys_ahead, K and dvl a chunk ahead (kKeysAheadSlots).
     auto state_pass = [&]<int SVT>() {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
@@ -3732,6 +3782,15 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
           launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2>, grid, kStateWarps<KD> * 32,
                         BwdStateLayout<KD, SVT, 2>::bytes, pr, bw);
+          return;
+        }
+      } else if constexpr (BwdStateLayout<KD, SVT, kKeysAheadSlots>::bytes <= 227 * 1024) {
+        using Ahead = BwdStateLayout<KD, SVT, kKeysAheadSlots>;
+        if (g_backward_keys_ahead.load() &&
+            Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
+          launch_kernel(&gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>, grid,
+                        kStateWarps<KD> * 32, Ahead::bytes, pr, bw);
+          g_keys_ahead_passes.fetch_add(1);
           return;
         }
       }
@@ -3847,6 +3906,12 @@ int set_gated_delta_rule_state_columns(int columns) {
 }
 
 int64_t gated_delta_rule_kept_inverse_reads() { return g_kept_inverse_reads.load(); }
+
+bool set_gated_delta_rule_backward_keys_ahead(bool ahead) {
+  return g_backward_keys_ahead.exchange(ahead);
+}
+
+int64_t gated_delta_rule_keys_ahead_passes() { return g_keys_ahead_passes.load(); }
 
 bool set_gated_delta_rule_backward_overlap(bool overlap) {
   return g_backward_overlap.exchange(overlap);

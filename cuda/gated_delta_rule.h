@@ -16,6 +16,19 @@ int set_gated_delta_rule_state_columns(int columns);
 // (GatedDeltaRuleKeep::Inverses) instead of forming it: a backward's recompute each.
 int64_t gated_delta_rule_kept_inverse_reads();
 
+// Whether the bf16 backward's sequential pass, where two slots of chunk tiles do not fit a
+// block's shared memory (K = 256), copies each chunk's K and dvl a chunk ahead in two slots
+// and its Q, W and dO at the step's start, to land during the step's first product
+// (kKeysAheadSlots in cuda/gated_delta_rule.cu), instead of all five tiles at the step's
+// start, waited for before the first product (one slot). Off by default: untimed on a GPU
+// (written in the thirty-seventh session, after ncu put that pass at 38% of the paper's
+// backward at 16,384 tokens, 5.0 us a chunk step). The gradients are the same to the bit
+// either way. Returns the previous setting.
+bool set_gated_delta_rule_backward_keys_ahead(bool ahead);
+
+// How many backward passes of this process copied the keys ahead.
+int64_t gated_delta_rule_keys_ahead_passes();
+
 // Whether the bf16 backward, where it recomputes the forward's state pass, runs its P^T dO
 // kernel (gdr_bwd_local_mma) on a second stream beside that pass (cuda/stream.h,
 // ForkedStream) instead of after it. On by default: 1.00-1.04x faster at the five shapes

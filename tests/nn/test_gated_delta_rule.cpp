@@ -1100,5 +1100,28 @@ TEST(GatedDeltaRule, GpuStatePassTileWidthsAgree) {
 #endif
 }
 
+// The bf16 backward's sequential pass at K = 256, where two slots of chunk tiles do not fit:
+// with K and dvl copied a chunk ahead (set_gated_delta_rule_backward_keys_ahead) and with
+// one slot, each matches the CPU and the two agree bit for bit. Whole value tiles (96, the
+// streamed copies) and part ones (72, issue_tile), packed documents, a last chunk cut short.
+TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting ahead_guard(&cuda::set_gated_delta_rule_backward_keys_ahead,
+                                           false);
+  for (const GpuCase& c : {GpuCase{1, 200, 2, 256, 96, true, 2},
+                           GpuCase{2, 150, 1, 256, 72, true, 0}}) {
+    SCOPED_TRACE(c.value_dim);
+    const int64_t before = cuda::gated_delta_rule_keys_ahead_passes();
+    expect_settings_agree_bitwise(c, 73, {0, 1}, [](int ahead) {
+      cuda::set_gated_delta_rule_backward_keys_ahead(ahead != 0);
+    });
+    // the keys ahead in both backwards of the second setting (the CPU check's, the
+    // comparison's), none in the first
+    EXPECT_EQ(cuda::gated_delta_rule_keys_ahead_passes() - before, 2);
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace ham
