@@ -21,9 +21,9 @@
 // after the recomputed state pass against beside it on a second stream (the default;
 // set_gated_delta_rule_backward_overlap) and, at K = 256, the backward's state pass with one
 // slot against K and dvl a chunk ahead (set_gated_delta_rule_backward_keys_ahead), in the
-// same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping
-// nothing and "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every
-// chunk state and "bwd_kept" reading them.
+// same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32
+// keeps nothing: empty): "fwd_bare" keeping nothing and "bwd_recompute" recomputing every
+// chunk term, and "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
