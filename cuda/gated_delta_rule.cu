@@ -2354,10 +2354,12 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const LocalTiles dvl_tiles(v_origin, v_stride);
   const bool whole_tiles = V % VT == 0 && (reinterpret_cast<uintptr_t>(bw.du) & 3) == 0;
   const bool whole_states = V % VT == 0 && aligned_16(bw.dstates);
-  // keys: K and dvl (the du product's); rest: Q, W and dO (the dS update's)
-  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end, bool keys = true,
-                         bool rest = true) {
+  // Which of a chunk's tiles to copy: Keys, K and dvl (the du product's); Rest, Q, W and dO
+  // (the dS update's); All.
+  enum class Tiles { All, Keys, Rest };
+  auto issue_chunk = [&](int chunk, int64_t begin, int64_t end, Tiles tiles = Tiles::All) {
     const int n = int(end - begin);
+    const bool keys = tiles != Tiles::Rest, rest = tiles != Tiles::Keys;
     if (streamed) {
       const int64_t rows_in = (begin - stream_begin) * pr.heads;  // rows of width 1
       if (rest) key_tiles.issue(slot_q(chunk), pr.q, rows_in * KD, n);
@@ -2404,7 +2406,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
   g_next = g_of(begin_p1, begin);
   if (kSlots == 2 || kKeysAhead) {
-    issue_chunk(last, begin, end, true, !kKeysAhead);
+    issue_chunk(last, begin, end, kKeysAhead ? Tiles::Keys : Tiles::All);
     async_copy_commit();
   }
   dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });
@@ -2436,9 +2438,9 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin);
       async_copy_commit();
     } else if (kKeysAhead) {
-      issue_chunk(chunk, begin, end, false, true);  // Q, W, dO: their slot's readers are done
+      issue_chunk(chunk, begin, end, Tiles::Rest);  // their slot's readers are done
       async_copy_commit();
-      if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin, true, false);
+      if (chunk > first) issue_chunk(chunk - 1, begin_p1, begin, Tiles::Keys);
       async_copy_commit();
     } else {
       issue_chunk(chunk, begin, end);

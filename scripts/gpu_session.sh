@@ -46,7 +46,7 @@ work=$(mktemp -d)
 # 104; fla stopped at 210 after ham's tables and FLA's first two shapes (one compile each,
 # with its autotuning results carried), decode at 75 before the PyTorch reference ran: 330
 # and 120. routed has since gained a table of the dQ kernel's key tiles (12 cases): 330.
-# timeline (never run): 23 cases, each a forward and a backward 13 times for the events,
+# timeline (before its first run): 23 cases, each a forward and a backward 13 times for the events,
 # 10 for the host's issue, then the forward once and the backward twice recorded, most of
 # it making each case's inputs on the host; then the 8 B4 T4096 cases again for the
 # blocks' CSV: 120, a guess. On 2026-11-29 (thirty-sixth session): tests 95, routed 264,
