@@ -2929,129 +2929,145 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     };
     // Where the dQ kernel forms D, the prologue only zeroes the rows of dk, dv and dp that
     // no later kernel writes (the tokens not selected), so with set_attention_backward_overlap
-    // it runs on the second stream beside them: its stores, bound by HBM, under the short
-    // blocks of the tensor-core passes, bound by latency. Joined before the backward returns.
-    std::optional<ForkedStream> beside;
+    // it runs beside the other passes: its stores, bound by HBM, under the short blocks of
+    // the tensor-core passes, bound by latency. The passes go on the device's high-priority
+    // second stream, forked before the prologue, so that the block scheduler places their
+    // blocks first and the prologue's (on the current stream, of the lowest priority) in
+    // what they leave; with equal priorities the prologue's blocks, launched first, held
+    // the SMs until they were done (the H200's block timelines, thirty-sixth session).
+    // Joined before the backward returns.
+    std::optional<ForkedStream> passes_beside;
     if (dq_forms_delta && g_backward_overlap.load()) {
-      beside.emplace(q.device().index);
-      beside->run(launch_prologue);
-      g_overlapped_prologues.fetch_add(1);
-    } else {
-      launch_prologue();
+      passes_beside.emplace(q.device().index, StreamPriority::High);
     }
-    Tensor dp_partial;
-    if (value_scale.defined()) {
-      dp_partial = Tensor::empty(Shape{a.batch, a.kv_heads, a.seq_len}, compute_dtype<T>(), q.device());
-    }
-    a.lse = const_cast<C*>(ptr<const C>(lse));
-    a.dout = ptr<const T>(dout);
-    a.delta = ptr<const C>(delta);
-    a.delta_out = dq_forms_delta ? ptr<C>(delta) : nullptr;
-    a.out = const_cast<T*>(ptr<const T>(out));  // read: row_deltas
-    a.dq = ptr<T>(dq);
-    a.dk = ptr<T>(dk);
-    a.dv = ptr<T>(dv);
-    a.dp_partial = dp_partial.defined() ? ptr<C>(dp_partial) : nullptr;
+    launch_prologue();
+    auto launch_passes = [&] {
+      // Counted by the stream the passes take, not by the setting.
+      if (passes_beside && has_greatest_priority(launch_stream())) {
+        g_overlapped_prologues.fetch_add(1);
+      }
+      Tensor dp_partial;
+      if (value_scale.defined()) {
+        dp_partial = Tensor::empty(Shape{a.batch, a.kv_heads, a.seq_len}, compute_dtype<T>(),
+                                   q.device());
+      }
+      a.lse = const_cast<C*>(ptr<const C>(lse));
+      a.dout = ptr<const T>(dout);
+      a.delta = ptr<const C>(delta);
+      a.delta_out = dq_forms_delta ? ptr<C>(delta) : nullptr;
+      a.out = const_cast<T*>(ptr<const T>(out));  // read: row_deltas
+      a.dq = ptr<T>(dq);
+      a.dk = ptr<T>(dk);
+      a.dv = ptr<T>(dv);
+      a.dp_partial = dp_partial.defined() ? ptr<C>(dp_partial) : nullptr;
 
-    bool tiled_dkdv = false, tiled_dq = false;
-    if constexpr (!std::is_same_v<T, double>) {
-      // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
-      const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
-      Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
-      const unsigned summary_blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
-      HAM_LAUNCH(summary_blocks, kThreads, 0, stream, summarize_query_tiles)(
-          a.begin, a.end, a.batch, a.seq_len,
-          reinterpret_cast<QueryTileRange*>(query_tile_ranges.raw_data()),
-          block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0},
-                                    summary_blocks));
-      HAM_CUDA_CHECK_LAUNCH();
-      a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
-      const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
-      const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
-      dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
-        if constexpr (std::is_same_v<T, bf16>) {
-          if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
-            using Shape = MmaBackwardShape<DK, DV>;
-            if constexpr (kWgmmaHeads<DK, DV>) {
-              const int groups = wgmma_groups_backward;
-              if (groups != 0) {
-                auto launch_wgmma = [&]<int kGroups>() {
-                  using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
-                  // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
-                  const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
-                  const KernelName dq_name{"backward_dq_wgmma", {DK, DV, kGroups, dq_pass.keys},
-                                           4};
-                  tiled_dq = launch_tiled(dq_pass.kernel,
-                                          block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                          dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
-                  HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
-                            ": the wgmma dQ kernel that was to form D did not launch");
-                  if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
-                  const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
-                  auto launch_dkdv = [&]<KeyGrads kPart>() {
-                    // KeyGrads: 0 both, 1 keys, 2 values
-                    const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
-                                          4};
-                    return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
-                                        Wgmma::bytes(kPart), a, Wgmma::kThreads, &name);
+      bool tiled_dkdv = false, tiled_dq = false;
+      if constexpr (!std::is_same_v<T, double>) {
+        // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
+        const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
+        Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
+        const unsigned summary_blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
+        HAM_LAUNCH(summary_blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
+            a.begin, a.end, a.batch, a.seq_len,
+            reinterpret_cast<QueryTileRange*>(query_tile_ranges.raw_data()),
+            block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0},
+                                      summary_blocks));
+        HAM_CUDA_CHECK_LAUNCH();
+        a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
+        const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
+        const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
+        dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
+          if constexpr (std::is_same_v<T, bf16>) {
+            if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
+              using Shape = MmaBackwardShape<DK, DV>;
+              if constexpr (kWgmmaHeads<DK, DV>) {
+                const int groups = wgmma_groups_backward;
+                if (groups != 0) {
+                  auto launch_wgmma = [&]<int kGroups>() {
+                    using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
+                    // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
+                    const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
+                    const KernelName dq_name{"backward_dq_wgmma", {DK, DV, kGroups, dq_pass.keys},
+                                             4};
+                    tiled_dq = launch_tiled(dq_pass.kernel,
+                                            block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
+                                            dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
+                    HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
+                              ": the wgmma dQ kernel that was to form D did not launch");
+                    if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
+                    const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
+                    auto launch_dkdv = [&]<KeyGrads kPart>() {
+                      // KeyGrads: 0 both, 1 keys, 2 values
+                      const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
+                                            4};
+                      return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
+                                          Wgmma::bytes(kPart), a, Wgmma::kThreads, &name);
+                    };
+                    if constexpr (kWgmmaSplitKeyGrads<DK, DV>) {
+                      tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Keys>() &&
+                                   launch_dkdv.template operator()<KeyGrads::Values>();
+                    } else {
+                      tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Both>();
+                    }
                   };
-                  if constexpr (kWgmmaSplitKeyGrads<DK, DV>) {
-                    tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Keys>() &&
-                                 launch_dkdv.template operator()<KeyGrads::Values>();
+                  if (groups == 2) {
+                    launch_wgmma.template operator()<2>();
                   } else {
-                    tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Both>();
+                    launch_wgmma.template operator()<1>();
                   }
-                };
-                if (groups == 2) {
-                  launch_wgmma.template operator()<2>();
-                } else {
-                  launch_wgmma.template operator()<1>();
+                  if (tiled_dkdv && tiled_dq) g_backward_wgmma_launches.fetch_add(1);
                 }
-                if (tiled_dkdv && tiled_dq) g_backward_wgmma_launches.fetch_add(1);
               }
-            }
-            if (!tiled_dkdv) {
-              if constexpr (Shape::kSplitKeyGrads) {
-                // dk, then dv and the router's share (when the first fits, so does the second)
-                tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Keys>, key_grid,
-                                          Shape::dkdv_bytes(KeyGrads::Keys), a, kMmaThreads) &&
-                             launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Values>, key_grid,
-                                          Shape::dkdv_bytes(KeyGrads::Values), a,
-                                          kMmaThreads);
-              } else {
-                tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid,
-                                          Shape::dkdv_bytes(), a, kMmaThreads);
+              if (!tiled_dkdv) {
+                if constexpr (Shape::kSplitKeyGrads) {
+                  // dk, then dv and the router's share (when the first fits, so does the second)
+                  tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Keys>, key_grid,
+                                            Shape::dkdv_bytes(KeyGrads::Keys), a, kMmaThreads) &&
+                               launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Values>, key_grid,
+                                            Shape::dkdv_bytes(KeyGrads::Values), a,
+                                            kMmaThreads);
+                } else {
+                  tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV>, key_grid,
+                                            Shape::dkdv_bytes(), a, kMmaThreads);
+                }
               }
-            }
-            if (!tiled_dq) {
-              tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
-                                      block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
-                                      Shape::dq_bytes, a, kMmaThreads);
+              if (!tiled_dq) {
+                tiled_dq = launch_tiled(&backward_dq_mma<DK, DV>,
+                                        block_grid(a.seq_len, Shape::kDqRows, a.q_heads, a.batch),
+                                        Shape::dq_bytes, a, kMmaThreads);
+              }
             }
           }
-        }
-        if (!tiled_dkdv) {
-          tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
-                                    TileShape<DK, DV>::dkdv_bytes, a);
-        }
-        if (!tiled_dq) {
-          tiled_dq = launch_tiled(&backward_dq_tiled<T, DK, DV>, query_grid,
-                                  TileShape<DK, DV>::dq_bytes, a);
-        }
-      });
+          if (!tiled_dkdv) {
+            tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
+                                      TileShape<DK, DV>::dkdv_bytes, a);
+          }
+          if (!tiled_dq) {
+            tiled_dq = launch_tiled(&backward_dq_tiled<T, DK, DV>, query_grid,
+                                    TileShape<DK, DV>::dq_bytes, a);
+          }
+        });
+      }
+      if (!tiled_dkdv) {
+        launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
+      }
+      if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
+      if (dvalue_scale.defined()) {
+        const unsigned gather_blocks = grid_for(a.batch * a.seq_len);
+        HAM_LAUNCH(gather_blocks, kThreads, 0, launch_stream(), gather_value_scale_grad<T>)(
+            a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
+            ptr<T>(dvalue_scale),
+            block_timeline_for_launch(KernelName{"gather_value_scale_grad", {}, 0},
+                                      gather_blocks));
+        HAM_CUDA_CHECK_LAUNCH();
+      }
+    };
+    if (passes_beside) {
+      passes_beside->run(launch_passes);
+      passes_beside->join();
+    } else {
+      launch_passes();
     }
-    if (!tiled_dkdv) launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
-    if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
-    if (dvalue_scale.defined()) {
-      const unsigned gather_blocks = grid_for(a.batch * a.seq_len);
-      HAM_LAUNCH(gather_blocks, kThreads, 0, stream, gather_value_scale_grad<T>)(
-          a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
-          ptr<T>(dvalue_scale),
-          block_timeline_for_launch(KernelName{"gather_value_scale_grad", {}, 0},
-                                    gather_blocks));
-      HAM_CUDA_CHECK_LAUNCH();
-    }
-    if (beside) beside->join();
   });
 }
 

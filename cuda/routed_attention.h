@@ -50,15 +50,19 @@ int set_attention_backward_dq_keys(int keys);
 // How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles.
 int64_t attention_backward_dq_32_key_launches();
 
-// Whether the backward's first pass runs on a second stream of the device beside its other
-// kernels where the wgmma dQ kernel forms D, so that the pass only zeroes dk, dv and dp at
-// the tokens not selected, rows no other kernel of the backward writes: its stores, bound
-// by HBM, then run under the tensor-core passes' short blocks (cuda::ForkedStream; joined
-// before the backward returns). On by default: 1.00-1.02x faster in the 12 cases timed on
-// the H200 (thirty-sixth session), never slower. Returns the previous setting.
+// Whether the backward's first pass runs beside its other kernels where the wgmma dQ kernel
+// forms D, so that the pass only zeroes dk, dv and dp at the tokens not selected, rows no
+// other kernel of the backward writes: its stores, bound by HBM, then run under the
+// tensor-core passes' short blocks. The other kernels go on a second stream of the
+// device's greatest priority (cuda::ForkedStream, joined before the backward returns), so
+// their blocks take the SMs first and the first pass's fill what they leave. On by
+// default: 1.00-1.02x faster in the 12 cases timed on the H200 (thirty-sixth session),
+// never slower, with the first pass on the second stream at equal priorities; untimed as
+// the priorities have it now. Returns the previous setting.
 bool set_attention_backward_overlap(bool overlap);
 
-// How many backward calls of this process ran their first pass beside the others.
+// How many backward calls of this process ran their first pass beside the others, with
+// those on a stream of the device's greatest priority.
 int64_t attention_overlapped_prologues();
 
 // Whether this build and the current GPU run the wgmma kernels (both passes): the build has

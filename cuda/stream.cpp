@@ -21,10 +21,15 @@ thread_local std::array<cudaStream_t, kMaxDevices> current_streams{};
 
 }  // namespace
 
-Stream::Stream(int device, bool non_blocking) : device_(device) {
+Stream::Stream(int device, bool non_blocking, StreamPriority priority) : device_(device) {
   DeviceGuard guard(device);
+  int least = 0, greatest = 0;
+  HAM_CUDA_CHECK_CTX(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                     "the stream priorities of cuda:", device);
   HAM_CUDA_CHECK_CTX(
-      cudaStreamCreateWithFlags(&stream_, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault),
+      cudaStreamCreateWithPriority(&stream_,
+                                   non_blocking ? cudaStreamNonBlocking : cudaStreamDefault,
+                                   priority == StreamPriority::High ? greatest : least),
       "creating a stream on cuda:", device);
 }
 
@@ -39,6 +44,12 @@ Stream::~Stream() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+}
+
+int Stream::priority() const {
+  int priority = 0;
+  HAM_CUDA_CHECK_CTX(cudaStreamGetPriority(stream_, &priority), "stream on cuda:", device_);
+  return priority;
 }
 
 void Stream::synchronize() const {
@@ -90,6 +101,13 @@ cudaStream_t current_stream(int device) {
   return current_streams[size_t(device)];
 }
 
+bool has_greatest_priority(cudaStream_t stream) {
+  int least = 0, greatest = 0, priority = 0;
+  HAM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  HAM_CUDA_CHECK(cudaStreamGetPriority(stream, &priority));
+  return priority == greatest;
+}
+
 StreamGuard::StreamGuard(const Stream& stream) : StreamGuard(stream.device(), stream.handle()) {}
 
 StreamGuard::StreamGuard(int device, cudaStream_t stream) : device_(device) {
@@ -102,21 +120,21 @@ StreamGuard::~StreamGuard() { current_streams[size_t(device_)] = previous_; }
 
 namespace {
 
-// The second stream of each device (ForkedStream), never destroyed: kernels may still run
-// on it while the process exits.
-cudaStream_t second_stream(int device) {
+// The second streams of each device (ForkedStream), one a priority, never destroyed:
+// kernels may still run on them while the process exits.
+cudaStream_t second_stream(int device, StreamPriority priority) {
   static std::mutex mutex;
-  static std::array<Stream*, kMaxDevices> streams{};
+  static std::array<std::array<Stream*, 2>, kMaxDevices> streams{};
   std::lock_guard<std::mutex> lock(mutex);
-  Stream*& stream = streams[size_t(device)];
-  if (!stream) stream = new Stream(device);
+  Stream*& stream = streams[size_t(device)][priority == StreamPriority::High ? 1 : 0];
+  if (!stream) stream = new Stream(device, /*non_blocking=*/true, priority);
   return stream->handle();
 }
 
 }  // namespace
 
-ForkedStream::ForkedStream(int device)
-    : device_(device), origin_(current_stream(device)), side_(second_stream(device)) {
+ForkedStream::ForkedStream(int device, StreamPriority priority)
+    : device_(device), origin_(current_stream(device)), side_(second_stream(device, priority)) {
   Event forked(device);
   forked.record(origin_);
   HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(side_, forked.handle(), 0), "stream on cuda:", device);

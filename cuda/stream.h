@@ -14,10 +14,16 @@ namespace ham::cuda {
 
 class Event;
 
+// A stream's priority with the block scheduler, which places the pending blocks of a
+// higher-priority stream's kernels first as SMs free up. Every stream, the legacy one
+// included, has the lowest (Default) unless made High (the device's greatest).
+enum class StreamPriority { Default, High };
+
 // An owned stream on one device (non-blocking: it does not wait on the legacy stream).
 class Stream {
  public:
-  explicit Stream(int device, bool non_blocking = true);
+  explicit Stream(int device, bool non_blocking = true,
+                  StreamPriority priority = StreamPriority::Default);
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&&) = delete;
@@ -26,6 +32,8 @@ class Stream {
 
   cudaStream_t handle() const { return stream_; }
   int device() const { return device_; }
+  // CUDA's number for the stream's priority (lower is higher; cudaStreamGetPriority).
+  int priority() const;
   void synchronize() const;
   // Later work on this stream waits for `event` (no host wait).
   void wait(const Event& event) const;
@@ -59,6 +67,8 @@ class Event {
 
 // The stream this thread issues work for `device` to.
 cudaStream_t current_stream(int device);
+// Whether `stream` (of the current device) has the device's greatest priority.
+bool has_greatest_priority(cudaStream_t stream);
 inline StreamKey stream_key(cudaStream_t stream) { return reinterpret_cast<StreamKey>(stream); }
 
 // Makes `stream` current for its device in this thread until destroyed.
@@ -75,16 +85,19 @@ class StreamGuard {
   cudaStream_t previous_;
 };
 
-// Work forked from the current stream of `device` onto a second stream (one per device,
-// made on first use and kept), for kernels that may run beside what the current stream
-// does next: the second stream waits for the work issued so far; run(f) issues f's work
-// there (the second stream current while f runs); join() makes the current stream wait for
-// all of it. Memory allocated before the fork belongs to the current stream and may be used
-// by that work until join(). The destructor joins where join() was not called (a throw on
-// its way: errors are then dropped).
+// Work forked from the current stream of `device` onto a second stream (one per device and
+// priority, made on first use and kept), for kernels that may run beside what the current
+// stream does next: the second stream waits for the work issued so far; run(f) issues f's
+// work there (the second stream current while f runs); join() makes the current stream
+// wait for all of it. With StreamPriority::High the forked work's blocks go before the
+// current stream's where both have blocks waiting for an SM: a critical path forked so
+// runs first, and the current stream's work fills what it leaves. Memory allocated before
+// the fork belongs to the current stream and may be used by that work until join(); memory
+// allocated inside run() belongs to the second stream. The destructor joins where join()
+// was not called (a throw on its way: errors are then dropped).
 class ForkedStream {
  public:
-  explicit ForkedStream(int device);
+  explicit ForkedStream(int device, StreamPriority priority = StreamPriority::Default);
   ~ForkedStream();
   ForkedStream(const ForkedStream&) = delete;
   ForkedStream& operator=(const ForkedStream&) = delete;

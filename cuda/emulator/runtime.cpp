@@ -49,6 +49,7 @@ struct CUstream_st {
   };
   int device = 0;
   unsigned flags = 0;
+  int priority = 0;  // cudaStreamCreateWithPriority's, clamped
   bool is_default = false;
   std::deque<Held> held;
   uint64_t issued = 0;
@@ -83,6 +84,7 @@ constexpr int kSharedPerBlockOptin = 227 * 1024;
 constexpr int kSharedPerMultiprocessor = 228 * 1024;  // a Hopper SM's, 1 KB reserved per block
 constexpr int kThreadsPerMultiprocessor = 2048;
 constexpr size_t kMemoryBytes = size_t(16) << 30;
+constexpr int kLeastStreamPriority = 0, kGreatestStreamPriority = -5;  // the H100's range
 
 int device_count_from_environment() {
   const char* value = std::getenv("HAM_EMULATED_GPUS");
@@ -849,12 +851,30 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+  return cudaStreamCreateWithPriority(stream, flags, kLeastStreamPriority);
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority) {
   if (!stream) return fail(cudaErrorInvalidValue);
   *stream = new CUstream_st;
   (*stream)->device = current_device;
   (*stream)->flags = flags;
+  (*stream)->priority = std::clamp(priority, kGreatestStreamPriority, kLeastStreamPriority);
   std::lock_guard<std::mutex> lock(state().mutex);
   state().streams.insert(*stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (!priority) return fail(cudaErrorInvalidValue);
+  *priority = default_stream(stream) ? kLeastStreamPriority : stream->priority;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = kLeastStreamPriority;
+  if (greatest) *greatest = kGreatestStreamPriority;
   return cudaSuccess;
 }
 

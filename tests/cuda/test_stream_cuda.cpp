@@ -127,6 +127,43 @@ TEST(CudaStreams, ForkedWorkRunsOnTheSecondStreamAndJoins) {
   EXPECT_EQ(again, second);
 }
 
+// StreamPriority::High: a stream of the device's greatest priority (a plain one has the
+// least), and ForkedStream's high-priority second stream is another stream than its default
+// one, ordered and joined the same way.
+TEST(CudaStreams, HighPriorityStreamsAndForksTakeTheDevicesGreatestPriority) {
+  HAM_SKIP_UNLESS_CUDA();
+  int least = 0, greatest = 0;
+  HAM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  ASSERT_LT(greatest, least) << "this device has one stream priority";
+  const Stream plain(0), high(0, /*non_blocking=*/true, StreamPriority::High);
+  EXPECT_EQ(plain.priority(), least);
+  EXPECT_EQ(high.priority(), greatest);
+  EXPECT_TRUE(has_greatest_priority(high.handle()));
+  EXPECT_FALSE(has_greatest_priority(plain.handle()));
+  EXPECT_FALSE(has_greatest_priority(nullptr)) << "the legacy stream";
+
+  const int64_t n = 1 << 22;
+  Tensor written = Tensor::empty({n}, DType::F32, Device::cuda());
+  written.copy_(Tensor::full({n}, 1.0, DType::F32, Device::cuda()));
+  cudaStream_t second = nullptr, second_high = nullptr;
+  ForkedStream(0).run([&] { second = current_stream(0); });
+  {
+    ForkedStream forked(0, StreamPriority::High);
+    forked.run([&] {
+      second_high = current_stream(0);
+      written.copy_(Tensor::full({n}, 7.0, DType::F32, Device::cuda()));
+    });
+    EXPECT_EQ(current_stream(0), nullptr) << "run() left the second stream current";
+    forked.join();
+  }
+  EXPECT_NE(second_high, second);
+  EXPECT_TRUE(has_greatest_priority(second_high));
+  EXPECT_FALSE(has_greatest_priority(second));
+  const std::vector<float> values = written.clone().to_vector<float>();
+  EXPECT_EQ(values.front(), 7.0f);
+  EXPECT_EQ(values.back(), 7.0f);
+}
+
 TEST(CudaStreams, CheckMacrosNameFileLineAndStatus) {
   HAM_SKIP_UNLESS_CUDA();
   testing::expect_error([] { HAM_CUDA_CHECK(cudaSetDevice(9999)); },
