@@ -3516,13 +3516,15 @@ int backward_state_columns(const Dims& d) {
 // With keep_inverse (the backward, and the forwards that keep A), the prepare kernel also
 // stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
 // table and A from there instead of forming them.
-// after_prepare (where given) runs between the two kernels' launches, with the chunk table
-// and G formed.
+// run_state_pass (where given) issues the state pass, a function it is handed, after the
+// prepare kernel's launch, with the chunk table and G formed: where and beside what.
+using StatePassRunner =
+    std::function<void(const MmaChunkStates&, const std::function<void()>& state_pass)>;
 template <int KD>
-MmaChunkStates chunk_states_mma(
-    const char* op, const GatedDeltaRuleArgs& a, const Dims& d, Tensor& h_end,
-    bool keep_inverse, const MmaSavedInverses* inverses = nullptr,
-    const std::function<void(const MmaChunkStates&)>& after_prepare = nullptr) {
+MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
+                                Tensor& h_end, bool keep_inverse,
+                                const MmaSavedInverses* inverses = nullptr,
+                                const StatePassRunner& run_state_pass = nullptr) {
   HAM_CHECK(d.heads * d.batch < 65536, op, ": B * H = ", d.heads * d.batch, " exceeds the grid");
   MmaChunkStates c;
   if (inverses) {
@@ -3556,7 +3558,6 @@ MmaChunkStates chunk_states_mma(
              ptr<bf16>(c.u), ptr<float>(c.gcum),
              keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
-  if (after_prepare) after_prepare(c);
   auto state_pass = [&]<int VT>() {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
@@ -3564,8 +3565,12 @@ MmaChunkStates chunk_states_mma(
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
                   ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
   };
-  if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
-  else state_pass.template operator()<64>();
+  const std::function<void()> launch_state_pass = [&] {
+    if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
+    else state_pass.template operator()<64>();
+  };
+  if (run_state_pass) run_state_pass(c, launch_state_pass);
+  else launch_state_pass();
   return c;
 }
 
@@ -3710,22 +3715,32 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                  BwdLocalLayout<KD>::bytes(local_slots), make_problem<bf16>(a, d, chunks.table, VT),
                  local, local_slots);
     };
-    // With set_gated_delta_rule_backward_overlap, the local pass runs on a second stream
-    // beside the recompute's state pass, whose blocks (one per document, head and value
-    // tile: about the SMs or fewer at the shapes timed) leave each SM room for two more.
+    // With set_gated_delta_rule_backward_overlap, the local pass runs beside the recompute's
+    // state pass, whose blocks (one per document, head and value tile: about the SMs or
+    // fewer at the shapes timed) leave each SM room for two more. The state pass, the
+    // backward's critical path, goes on the device's high-priority second stream, forked
+    // after the prepare kernel, and the local pass stays on the current stream (the lowest
+    // priority), so that the block scheduler places the state pass's blocks first and the
+    // local pass's in what they leave; with equal priorities the blocks of the kernel
+    // launched first take the SMs first.
     std::optional<ForkedStream> beside;
     auto recomputed = [&] {
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
-      std::function<void(const MmaChunkStates&)> fork_local_pass;
+      StatePassRunner state_pass_beside;
       if (g_backward_overlap.load()) {
-        fork_local_pass = [&](const MmaChunkStates& chunks) {
-          beside.emplace(device.index);
-          beside->run([&] { local_pass(chunks); });
-          g_overlapped_local_passes.fetch_add(1);
+        state_pass_beside = [&](const MmaChunkStates& chunks,
+                                const std::function<void()>& state_pass) {
+          beside.emplace(device.index, StreamPriority::High);
+          local_pass(chunks);
+          beside->run([&] {
+            // Counted by the stream the state pass takes, not by the setting.
+            if (has_greatest_priority(launch_stream())) g_overlapped_local_passes.fetch_add(1);
+            state_pass();
+          });
         };
       }
       return chunk_states_mma<KD>(op, a, d, h_end, true,
-                                  dynamic_cast<const MmaSavedInverses*>(kept), fork_local_pass);
+                                  dynamic_cast<const MmaSavedInverses*>(kept), state_pass_beside);
     };
     const MmaChunkStates c = states ? states->chunk : recomputed();
     if (beside) {

@@ -30,13 +30,17 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead);
 int64_t gated_delta_rule_keys_ahead_passes();
 
 // Whether the bf16 backward, where it recomputes the forward's state pass, runs its P^T dO
-// kernel (gdr_bwd_local_mma) on a second stream beside that pass (cuda/stream.h,
-// ForkedStream) instead of after it. On by default: 1.00-1.04x faster at the five shapes
-// timed on the H200 (thirty-sixth session), never slower. Returns the previous setting;
-// the gradients are the same to the bit either way.
+// kernel (gdr_bwd_local_mma) beside that pass instead of after it: the state pass on a
+// second stream of the device's greatest priority (cuda/stream.h, ForkedStream), so that
+// its blocks take their SMs first, and the P^T dO kernel on the current stream. On by
+// default: 1.00-1.04x faster at the five shapes timed on the H200 (thirty-sixth session),
+// never slower, with the P^T dO kernel on the second stream at equal priorities; untimed
+// as the priorities have it now. Returns the previous setting; the gradients are the same
+// to the bit either way.
 bool set_gated_delta_rule_backward_overlap(bool overlap);
 
-// How many backward calls of this process ran that kernel beside the state pass.
+// How many backward calls of this process ran that kernel beside the state pass, with the
+// state pass on a stream of the device's greatest priority.
 int64_t gated_delta_rule_overlapped_local_passes();
 
 }  // namespace ham::cuda

@@ -886,7 +886,8 @@ TEST(GatedDeltaRule, GpuBackwardFromKeptChunkStatesEqualsTheRecomputingOneAtPape
 }
 
 // By default the bf16 backward that recomputes the state pass runs its P^T dO kernel beside
-// it, the faster on the H200 (docs/gpu_results.md, thirty-sixth session).
+// it, the faster on the H200 (docs/gpu_results.md, thirty-sixth session), with the state
+// pass on a stream of the device's greatest priority (the count says so).
 TEST(GatedDeltaRule, GpuBackwardRunsBesideTheStatePassByDefault) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -905,10 +906,10 @@ TEST(GatedDeltaRule, GpuBackwardRunsBesideTheStatePassByDefault) {
 #endif
 }
 
-// set_gated_delta_rule_backward_overlap: the P^T dO kernel on a second stream beside the
-// recomputed state pass gives the gradients of the serial order, to the bit, whether the
-// forward kept nothing or each chunk's A; where it kept every chunk state nothing is
-// recomputed, and the kernel runs in order.
+// set_gated_delta_rule_backward_overlap: the P^T dO kernel beside the recomputed state pass
+// (that pass on a high-priority second stream) gives the gradients of the serial order, to
+// the bit, whether the forward kept nothing or each chunk's A; where it kept every chunk
+// state nothing is recomputed, and the kernel runs in order.
 TEST(GatedDeltaRule, GpuBackwardBesideTheStatePassEqualsTheSerialOne) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
