@@ -18,10 +18,13 @@
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
 // The last tables time the bf16 forward and backward with their state passes forced to 32-
 // and to 64-column tiles (cuda/gated_delta_rule.h), the backward with its P^T dO kernel
-// after the recomputed state pass against beside it on a second stream (the default;
-// set_gated_delta_rule_backward_overlap) and, at K = 256, the backward's state pass with one
-// slot against K and dvl a chunk ahead (set_gated_delta_rule_backward_keys_ahead), in the
-// same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32
+// after the recomputed state pass against beside it (the default; the state pass on a
+// high-priority second stream: set_gated_delta_rule_backward_overlap), at K = 256 the
+// backward's state pass with one slot against K and dvl a chunk ahead
+// (set_gated_delta_rule_backward_keys_ahead), and the forward and the backward with their
+// state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
+// the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
+// ..._backward_windows), in the same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32
 // keeps nothing: empty): "fwd_bare" keeping nothing and "bwd_recompute" recomputing every
 // chunk term, and "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
 #include <algorithm>
@@ -88,7 +91,11 @@ struct Timing {
   // bf16 at K = 256 only: the backward's state pass with one slot, and with the keys ahead
   Spread bwd_one_slot, bwd_keys_ahead;
   bool keys_ahead_timed = false;
+  // bf16 only: the forward and the backward with their state passes in kWindowCounts windows
+  std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows;
 };
+
+constexpr int kWindowCounts[] = {1, 2, 4, 8};
 
 // Milliseconds of `reps` calls of fn (after one untimed call).
 template <class Fn>
@@ -136,6 +143,17 @@ Timing run_case(const BenchCase& c, int reps) {
   };
   t.fwd = time_ms(reps, forward);
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
+  if (dtype == DType::BF16) {
+    for (int windows : kWindowCounts) {
+      const int previous = cuda::set_gated_delta_rule_forward_windows(windows);
+      const int64_t before = cuda::gated_delta_rule_windowed_forwards();
+      t.fwd_windows.emplace_back(windows, time_ms(reps, forward));
+      cuda::set_gated_delta_rule_forward_windows(previous);
+      if (windows > 1 && cuda::gated_delta_rule_windowed_forwards() == before) {
+        throw std::runtime_error(c.name + ": the forward never ran its state pass in windows");
+      }
+    }
+  }
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -157,6 +175,17 @@ Timing run_case(const BenchCase& c, int reps) {
     cuda::set_gated_delta_rule_backward_overlap(true);
     t.bwd_beside = time_ms(reps, backward);
     cuda::set_gated_delta_rule_backward_overlap(previous);
+  }
+  if (dtype == DType::BF16) {
+    for (int windows : kWindowCounts) {
+      const int previous = cuda::set_gated_delta_rule_backward_windows(windows);
+      const int64_t before = cuda::gated_delta_rule_windowed_backwards();
+      t.bwd_windows.emplace_back(windows, time_ms(reps, backward));
+      cuda::set_gated_delta_rule_backward_windows(previous);
+      if (windows > 1 && cuda::gated_delta_rule_windowed_backwards() == before) {
+        throw std::runtime_error(c.name + ": the backward never ran its state pass in windows");
+      }
+    }
   }
   if (dtype == DType::BF16 && K == 256) {  // where two slots of chunk tiles do not fit
     const bool previous = cuda::set_gated_delta_rule_backward_keys_ahead(false);
@@ -267,6 +296,22 @@ int main(int argc, char** argv) {
       std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), one.median,
                   ahead.median, one.min / ahead.min, one.median / ahead.median,
                   one.max / ahead.max);
+    }
+    std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
+                "window beside the pass over the next (set_gated_delta_rule_forward_windows, "
+                "..._backward_windows; one launch / windows above 1: the windows are faster)"
+                "\n%-22s %-4s %8s %12s %18s\n", "case", "pass", "windows", "med ms",
+                "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      for (const auto& [pass, timed] :
+           {std::pair{"fwd", &t.fwd_windows}, std::pair{"bwd", &t.bwd_windows}}) {
+        if (timed->empty()) continue;
+        const Spread& one = timed->front().second;
+        for (const auto& [windows, s] : *timed) {
+          std::printf("%-22s %-4s %8d %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass, windows,
+                      s.median, one.min / s.min, one.median / s.median, one.max / s.max);
+        }
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gated_delta_rule_cuda: %s\n", e.what());

@@ -72,6 +72,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -908,6 +909,8 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 registers)
 //   3. gdr_output_mma, one block per (chunk, h, b) over the V tiles, 8 warps:
 //        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
+//      (with set_gated_delta_rule_forward_windows, 2 and 3 run by windows of chunks, the
+//      output kernel of one window beside the state pass of the next: StateWindow)
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
@@ -1555,6 +1558,22 @@ struct StateTile {
   }
 };
 
+// The window of chunk indices [begin, end) of each row that one launch of a state pass
+// covers (the whole row by default). In the forward's pass, a document that starts before
+// `begin` takes its state there from carry_in, and one that goes on past `end` leaves its
+// state there in carry_out, both f32 [B, H, K, V]; in the backward's reverse pass, dS comes
+// from carry_in at `end` and goes to carry_out at `begin`. So consecutive windows give the
+// one launch's results to the bit. Launched in windows, a pass lets the kernels that read
+// its results per chunk run on the windows already done beside the pass over the next
+// (set_gated_delta_rule_forward_windows, ..._backward_windows). carry_in and carry_out
+// differ: a launch may read one document's carry and write another's, of the same row and
+// head.
+struct StateWindow {
+  int begin = 0, end = INT_MAX;
+  const float* carry_in = nullptr;
+  float* carry_out = nullptr;
+};
+
 template <int KD, int VT>
 struct MmaStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8;
@@ -1655,8 +1674,8 @@ template <int KD>
 constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 
 // The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
-// document's chunks in order (StateTile). Per chunk, with S the state at its start (h0 or
-// zero at the document's start):
+// document's chunks in order (StateTile), those of `window` (StateWindow). Per
+// chunk, with S the state at its start (h0 or zero at the document's start):
 //   S0 = bf16(S) -> states (the output kernel and the backward read it)
 //   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
 //   S <- e^{G_last} S + K^T sVn
@@ -1668,7 +1687,8 @@ template <int KD, int VT>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
-                  bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final) {
+                  bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final,
+                  StateWindow window) {
   using L = MmaStateLayout<KD, VT>;
   constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
@@ -1687,10 +1707,12 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
   HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
   const StateTile st(pr, VT);
-  if (st.first_chunk == st.end_chunk) return;  // past the row's documents
+  // The document's chunks in the window (none past the row's documents)
+  const int first = max(st.first_chunk, window.begin), end_chunk = min(st.end_chunk, window.end);
+  if (first >= end_chunk) return;
+  const bool carried_in = st.first_chunk < window.begin, carried_on = st.end_chunk > window.end;
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
-  const int first = st.first_chunk, end_chunk = st.end_chunk;
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t* begins = st.begins;
 
@@ -1731,10 +1753,14 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
   };
 
-  Registers S;  // h0 seeds the document at t = 0; the others start from 0
+  Registers S;  // h0 seeds the document at t = 0; the others start from 0, or the carry
   S.each([&](float& x, int a, int c) {
-    x = pr.h0 && st.first_document && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)])
-                                               : 0.f;
+    if (carried_in) {
+      x = c < cols ? window.carry_in[st.state_base + st.offset(a, c)] : 0.f;
+    } else {
+      x = pr.h0 && st.first_document && c < cols ? load(pr.h0[st.state_base + st.offset(a, c)])
+                                                 : 0.f;
+    }
   });
   // Registers ahead of chunk c: its tokens [begin, end), the starts of chunks c + 2, c + 3,
   // c + 4 (end_next, end_after, end_later), chunk c + 1's G.
@@ -1844,6 +1870,12 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     end_after = end_later;
     end_later = begin_of(min(chunk + 5, count));
   }
+  if (carried_on) {  // the state at the window's end, for the next window's launch
+    S.each([&](float& x, int a, int c) {
+      if (c < cols) window.carry_out[st.state_base + st.offset(a, c)] = x;
+    });
+    return;
+  }
   if (!st.last_document) return;
   // The state after token T - 1.
   S.each([&](float& x, int a, int c) {
@@ -1883,10 +1915,13 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 // one of two slots, the next tile's copies in flight during this one's products (one block
 // per tile had staged Q and K again for every tile, V / 64 times). The prediction warps
 // write fit_part[row][tile] = (<pred, v>, <pred, pred>, <v, v>) over the tile's columns.
+// The chunks [chunk_begin, chunk_end) of each row: all of them, or a window the state pass
+// has finished (StateWindow).
 template <int KD>
 __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
-                   int64_t max_chunks, int slots, bf16* o, float* fit_part) {
+                   int64_t max_chunks, int slots, bf16* o, float* fit_part, int chunk_begin,
+                   int chunk_end) {
   using L = MmaOutputLayout<KD>;
   constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1904,8 +1939,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   const int r0 = (warp % 4) * 16;     // the warp's first row of the chunk
   const bf16* warp_rows = (predicting ? sK : sQ) + r0 * LDK;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+  const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
+  for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     const ChunkRows rows_of(pr, b, h, begin);
@@ -2090,6 +2125,10 @@ struct MmaBackward {
   bf16 *dq, *dk, *dv, *dbeta, *dh0;  // outputs; null when not wanted
   void* dg;                          // f32 when the gates are f32, else bf16; may be null
   bool dg_f32;
+  // The chunks of each row the reverse state pass and the values, keys and WY kernels
+  // cover (all by default; set_gated_delta_rule_backward_windows), and the reverse pass's
+  // carried dS: carry_in from the window after, carry_out to the window before.
+  StateWindow window;
 };
 
 // A-fragment of the 16 x 16 block (rows m0.., columns k0..) of an f32 matrix in shared
@@ -2326,9 +2365,14 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   };
   HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
   const StateTile st(pr, VT);
-  if (st.first_chunk == st.end_chunk) return;  // past the row's documents
+  // The document's chunks in the window (none past the row's documents)
+  const StateWindow& window = bw.window;
+  const int first = max(st.first_chunk, window.begin), last = min(st.end_chunk, window.end) - 1;
+  if (first > last) return;
+  // dS from the window after (the document goes on past this one), to the window before
+  const bool carried_in = st.end_chunk > window.end, carried_on = st.first_chunk < window.begin;
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
-  const int cols = st.cols, first = st.first_chunk, warp = int(threadIdx.x / 32);
+  const int cols = st.cols, warp = int(threadIdx.x / 32);
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const int32_t* begins = st.begins;
 
@@ -2393,13 +2437,16 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
 
   Registers dS;  // the gradient of the document's end state: grad_h_final after token T - 1
   dS.each([&](float& x, int a, int c) {
-    x = bw.grad_h_final && st.last_document && c < cols
-            ? load(bw.grad_h_final[st.state_base + st.offset(a, c)])
-            : 0.f;
+    if (carried_in) {
+      x = c < cols ? window.carry_in[st.state_base + st.offset(a, c)] : 0.f;
+    } else {
+      x = bw.grad_h_final && st.last_document && c < cols
+              ? load(bw.grad_h_final[st.state_base + st.offset(a, c)])
+              : 0.f;
+    }
   });
   // Registers ahead of chunk c = [begin, end): the starts of chunks c - 1, c - 2, c - 3 and
   // chunk c - 1's G.
-  const int last = st.end_chunk - 1;
   int64_t end = begins[last + 1], begin = begin_of(last), begin_p1 = begin_of(last - 1);
   int64_t begin_p2 = begin_of(last - 2), begin_p3 = begin_of(last - 3);
   float g_next = 0.f;
@@ -2536,6 +2583,12 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     begin_p2 = begin_p3;
     begin_p3 = begin_of(chunk - 4);
   }
+  if (carried_on) {  // dS at the window's first chunk, for the window before
+    dS.each([&](float& x, int a, int c) {
+      if (c < cols) window.carry_out[st.state_base + st.offset(a, c)] = x;
+    });
+    return;
+  }
   if (bw.dh0 && st.first_document) {  // dS0 of the document at t = 0
     dS.each([&](float& x, int a, int c) {
       if (c < cols) bw.dh0[st.state_base + st.offset(a, c)] = store<bf16>(x);
@@ -2587,8 +2640,8 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
@@ -2770,8 +2823,8 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, part = warp / 4;
   const int part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
@@ -3098,8 +3151,8 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
   const int row0 = warp % 4 * 16, part = warp / 4, part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
-  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
@@ -3474,6 +3527,10 @@ std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
 std::atomic<bool> g_backward_keys_ahead{false};  // set_gated_delta_rule_backward_keys_ahead
 std::atomic<int64_t> g_keys_ahead_passes{0};     // gated_delta_rule_keys_ahead_passes
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
+std::atomic<int> g_forward_windows{1};        // set_gated_delta_rule_forward_windows
+std::atomic<int64_t> g_windowed_forwards{0};   // gated_delta_rule_windowed_forwards
+std::atomic<int> g_backward_windows{1};       // set_gated_delta_rule_backward_windows
+std::atomic<int64_t> g_windowed_backwards{0};  // gated_delta_rule_windowed_backwards
 std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
 
@@ -3517,9 +3574,10 @@ int backward_state_columns(const Dims& d) {
 // stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
 // table and A from there instead of forming them.
 // run_state_pass (where given) issues the state pass, a function it is handed, after the
-// prepare kernel's launch, with the chunk table and G formed: where and beside what.
-using StatePassRunner =
-    std::function<void(const MmaChunkStates&, const std::function<void()>& state_pass)>;
+// prepare kernel's launch, with the chunk table and G formed: where, beside what, and in
+// which windows of chunks (StateWindow{} for the whole rows).
+using StatePass = std::function<void(const StateWindow&)>;
+using StatePassRunner = std::function<void(const MmaChunkStates&, const StatePass& state_pass)>;
 template <int KD>
 MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
                                 Tensor& h_end, bool keep_inverse,
@@ -3558,19 +3616,19 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
              ptr<bf16>(c.u), ptr<float>(c.gcum),
              keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
-  auto state_pass = [&]<int VT>() {
+  auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
                   kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
-                  ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end));
+                  ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end), window);
   };
-  const std::function<void()> launch_state_pass = [&] {
-    if (state_columns<KD>(d) == 32) state_pass.template operator()<32>();
-    else state_pass.template operator()<64>();
+  const StatePass launch_state_pass = [&](const StateWindow& window) {
+    if (state_columns<KD>(d) == 32) state_pass.template operator()<32>(window);
+    else state_pass.template operator()<64>(window);
   };
   if (run_state_pass) run_state_pass(c, launch_state_pass);
-  else launch_state_pass();
+  else launch_state_pass(StateWindow{});
   return c;
 }
 
@@ -3587,7 +3645,56 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
   auto run = [&]<int KD>() {
     const char* op = "gated_delta_rule (cuda, tensor cores)";
     const bool keeps = a.keep != GatedDeltaRuleKeep::Nothing;
-    const MmaChunkStates c = chunk_states_mma<KD>(op, a, d, out.h_final, keeps);
+    const Device device = a.q.device();
+    const int64_t rows = d.batch * d.seq_len * d.heads;
+    Tensor fit_part;
+    // The output kernel on the chunks [chunk_begin, chunk_end) of each row.
+    auto output_pass = [&](const MmaChunkStates& chunks, int chunk_begin, int chunk_end) {
+      if (!fit_part.defined()) {
+        fit_part = Tensor::empty(Shape{rows * chunks.pr.tiles * 3}, DType::F32, device);
+      }
+      const int slots = chunks.pr.tiles > 1 ? 2 : 1;
+      const int64_t window = std::min<int64_t>(chunk_end, chunks.max_chunks) - chunk_begin;
+      launch_kernel(&gdr_output_mma<KD>, dim3(unsigned(window), 1, unsigned(d.batch * d.heads)),
+                    kOutputThreads, MmaOutputLayout<KD>::bytes(slots), chunks.pr,
+                    ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
+                    ptr<const float>(chunks.gcum), chunks.max_chunks, slots, ptr<bf16>(out.o),
+                    ptr<float>(fit_part), chunk_begin, chunk_end);
+    };
+    // set_gated_delta_rule_forward_windows: the state pass in windows of chunks on a
+    // high-priority fork, the output kernel of each window on the current stream once that
+    // window's pass is done, beside the next window's (the state pass alone leaves SMs idle:
+    // 60 blocks at the paper's heads, one row). The state of a document that crosses a
+    // window's end goes through `carry` in f32, so the results are the same to the bit.
+    const int windows_asked = g_forward_windows.load();
+    StatePassRunner in_windows;
+    if (windows_asked > 1) {
+      in_windows = [&](const MmaChunkStates& chunks, const StatePass& state_pass) {
+        const int windows = int(std::min<int64_t>(windows_asked, chunks.max_chunks));
+        const int64_t state_elements = d.batch * d.heads * d.key_dim * d.value_dim;
+        Tensor carry = Tensor::empty(Shape{2 * state_elements}, DType::F32, device);
+        ForkedStream passes(device.index, StreamPriority::High);
+        for (int i = 0; i < windows; ++i) {
+          StateWindow window;
+          window.begin = int(chunks.max_chunks * i / windows);
+          window.end = i + 1 == windows ? INT_MAX : int(chunks.max_chunks * (i + 1) / windows);
+          window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
+          window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
+          passes.run([&] {
+            // Counted by the stream the state pass takes, not by the setting.
+            if (i == 0 && has_greatest_priority(launch_stream())) {
+              g_windowed_forwards.fetch_add(1);
+            }
+            state_pass(window);
+          });
+          passes.join_so_far();
+          output_pass(chunks, window.begin, window.end);
+        }
+        passes.join();
+      };
+    }
+    const MmaChunkStates c =
+        chunk_states_mma<KD>(op, a, d, out.h_final, keeps, nullptr, in_windows);
     auto kept_for = [&](auto kept) {
       kept->dims = d;
       kept->device = a.q.device();
@@ -3606,13 +3713,7 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       kept->a_inv = c.a_inv;
       kept_for(std::move(kept));
     }
-    const int64_t rows = d.batch * d.seq_len * d.heads;
-    Tensor fit_part = Tensor::empty(Shape{rows * c.pr.tiles * 3}, DType::F32, a.q.device());
-    const int slots = c.pr.tiles > 1 ? 2 : 1;
-    launch_kernel(&gdr_output_mma<KD>, dim3(mma_chunk_blocks(d), 1, unsigned(d.batch * d.heads)),
-                  kOutputThreads, MmaOutputLayout<KD>::bytes(slots), c.pr,
-                  ptr<const bf16>(c.v_new), ptr<const bf16>(c.states), ptr<const float>(c.gcum),
-                  c.max_chunks, slots, ptr<bf16>(out.o), ptr<float>(fit_part));
+    if (!in_windows) output_pass(c, 0, INT_MAX);
     finish_fit_error<bf16>(fit_part, d, c.pr.tiles, out.fit_error);
     return true;
   };
@@ -3728,14 +3829,13 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
       StatePassRunner state_pass_beside;
       if (g_backward_overlap.load()) {
-        state_pass_beside = [&](const MmaChunkStates& chunks,
-                                const std::function<void()>& state_pass) {
+        state_pass_beside = [&](const MmaChunkStates& chunks, const StatePass& state_pass) {
           beside.emplace(device.index, StreamPriority::High);
           local_pass(chunks);
           beside->run([&] {
             // Counted by the stream the state pass takes, not by the setting.
             if (has_greatest_priority(launch_stream())) g_overlapped_local_passes.fetch_add(1);
-            state_pass();
+            state_pass(StateWindow{});
           });
         };
       }
@@ -3792,7 +3892,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
     // chunk's copies in flight) where they fit; else, with
     // set_gated_delta_rule_backward_keys_ahead, K and dvl a chunk ahead (kKeysAheadSlots).
-    auto state_pass = [&]<int SVT>() {
+    // On the chunks of bw.window.
+    auto state_pass = [&]<int SVT>(const MmaBackward& bw) {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
@@ -3814,16 +3915,54 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1>, grid, kStateWarps<KD> * 32,
                     BwdStateLayout<KD, SVT, 1>::bytes, pr, bw);
     };
-    if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>();
-    else state_pass.template operator()<VT>();
-    const dim3 per_chunk(chunk_blocks, 1, bh);
-    constexpr int kValuesVt = kBackwardValuesVt<KD>;
-    launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
-               BwdValuesLayout<KD, kValuesVt>::bytes, pr, bw);
-    launch_kernel(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
-                  BwdKeysLayout<KD, kKeysVt>::bytes, pr, bw);
-    launch_kernel(&gdr_bwd_wy_mma<KD>, per_chunk, kWyWarps<KD> * 32, BwdWyLayout<KD>::bytes, pr,
-                  bw);
+    auto reverse_pass = [&](const MmaBackward& windowed) {
+      if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>(windowed);
+      else state_pass.template operator()<VT>(windowed);
+    };
+    // The values, keys and WY kernels on the chunks of windowed.window.
+    auto per_chunk_passes = [&](const MmaBackward& windowed) {
+      const int64_t window =
+          std::min<int64_t>(windowed.window.end, max_chunks) - windowed.window.begin;
+      const dim3 per_chunk(unsigned(std::min<int64_t>(chunk_blocks, window)), 1, bh);
+      constexpr int kValuesVt = kBackwardValuesVt<KD>;
+      launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
+                 BwdValuesLayout<KD, kValuesVt>::bytes, pr, windowed);
+      launch_kernel(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
+                    BwdKeysLayout<KD, kKeysVt>::bytes, pr, windowed);
+      launch_kernel(&gdr_bwd_wy_mma<KD>, per_chunk, kWyWarps<KD> * 32, BwdWyLayout<KD>::bytes,
+                    pr, windowed);
+    };
+    // set_gated_delta_rule_backward_windows: the reverse pass in windows of chunks, the
+    // last window first, on a high-priority fork; the per-chunk kernels of each window on
+    // the current stream once that window's pass is done, beside the pass over the window
+    // before. dS crosses a window's start through `carry` in f32: the same gradients.
+    const int windows = int(std::min<int64_t>(g_backward_windows.load(), max_chunks));
+    if (windows <= 1) {
+      reverse_pass(bw);
+      per_chunk_passes(bw);
+      return true;
+    }
+    const int64_t state_elements = d.batch * d.heads * K * V;
+    Tensor carry = scratch(2 * state_elements, DType::F32);
+    ForkedStream passes(device.index, StreamPriority::High);
+    for (int i = 0; i < windows; ++i) {
+      const int j = windows - 1 - i;  // the window's place in the rows, last first
+      MmaBackward windowed = bw;
+      windowed.window.begin = int(max_chunks * j / windows);
+      windowed.window.end = j + 1 == windows ? INT_MAX : int(max_chunks * (j + 1) / windows);
+      windowed.window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
+      windowed.window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
+      passes.run([&] {
+        // Counted by the stream the pass takes, not by the setting.
+        if (i == 0 && has_greatest_priority(launch_stream())) {
+          g_windowed_backwards.fetch_add(1);
+        }
+        reverse_pass(windowed);
+      });
+      passes.join_so_far();
+      per_chunk_passes(windowed);
+    }
+    passes.join();
     return true;
   };
   return dispatch_mma_key_dim(d.key_dim, run);
@@ -3929,6 +4068,24 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead) {
 }
 
 int64_t gated_delta_rule_keys_ahead_passes() { return g_keys_ahead_passes.load(); }
+
+int set_gated_delta_rule_forward_windows(int windows) {
+  HAM_CHECK(windows >= 1 && windows <= kMaxStatePassWindows,
+            "set_gated_delta_rule_forward_windows: ", windows, " windows; expected 1 to ",
+            kMaxStatePassWindows);
+  return g_forward_windows.exchange(windows);
+}
+
+int64_t gated_delta_rule_windowed_forwards() { return g_windowed_forwards.load(); }
+
+int set_gated_delta_rule_backward_windows(int windows) {
+  HAM_CHECK(windows >= 1 && windows <= kMaxStatePassWindows,
+            "set_gated_delta_rule_backward_windows: ", windows, " windows; expected 1 to ",
+            kMaxStatePassWindows);
+  return g_backward_windows.exchange(windows);
+}
+
+int64_t gated_delta_rule_windowed_backwards() { return g_windowed_backwards.load(); }
 
 bool set_gated_delta_rule_backward_overlap(bool overlap) {
   return g_backward_overlap.exchange(overlap);

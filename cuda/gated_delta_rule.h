@@ -29,6 +29,32 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead);
 // How many backward passes of this process copied the keys ahead.
 int64_t gated_delta_rule_keys_ahead_passes();
 
+// Windows of chunks the bf16 forward runs its state pass in (1, the default: one launch
+// over every chunk; at most kMaxStatePassWindows). With more, each window's state pass goes
+// on a second stream of the device's greatest priority and the output kernel of a window
+// runs on the current stream as soon as that window's pass is done, beside the next
+// window's pass: the state pass leaves SMs idle where its blocks (one per V tile of 32 or
+// 64 columns, head and document) are fewer than the SMs (60 at the paper's heads, one row,
+// on 132), and the output kernel's blocks can fill them. The state of a document crossing
+// a window's end passes to the next launch in f32, so the results are the same to the bit.
+// Untimed on a GPU. Returns the previous setting; any other count is an error.
+constexpr int kMaxStatePassWindows = 64;
+int set_gated_delta_rule_forward_windows(int windows);
+
+// How many forwards of this process ran their state pass in windows, on a stream of the
+// device's greatest priority.
+int64_t gated_delta_rule_windowed_forwards();
+
+// The same for the bf16 backward's reverse state pass (1, the default, to
+// kMaxStatePassWindows windows, the last first): the values, keys and WY kernels of a
+// window, which read its dS_end and du, run beside the pass over the window before. The
+// gradients are the same to the bit. Untimed on a GPU. Returns the previous setting.
+int set_gated_delta_rule_backward_windows(int windows);
+
+// How many backwards of this process ran their reverse pass in windows, on a stream of the
+// device's greatest priority.
+int64_t gated_delta_rule_windowed_backwards();
+
 // Whether the bf16 backward, where it recomputes the forward's state pass, runs its P^T dO
 // kernel (gdr_bwd_local_mma) beside that pass instead of after it: the state pass on a
 // second stream of the device's greatest priority (cuda/stream.h, ForkedStream), so that

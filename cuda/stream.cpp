@@ -140,12 +140,16 @@ ForkedStream::ForkedStream(int device, StreamPriority priority)
   HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(side_, forked.handle(), 0), "stream on cuda:", device);
 }
 
-void ForkedStream::join() {
-  if (joined_) return;
-  joined_ = true;
+void ForkedStream::join_so_far() {
   Event done(device_);
   done.record(side_);
   HAM_CUDA_CHECK_CTX(cudaStreamWaitEvent(origin_, done.handle(), 0), "stream on cuda:", device_);
+}
+
+void ForkedStream::join() {
+  if (joined_) return;
+  joined_ = true;
+  join_so_far();
 }
 
 ForkedStream::~ForkedStream() {

@@ -106,6 +106,8 @@ class ForkedStream {
     StreamGuard guard(device_, side_);
     f();
   }
+  // The current stream waits for the work run() issued so far; the fork stays open.
+  void join_so_far();
   void join();
 
  private:
