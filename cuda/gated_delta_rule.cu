@@ -1674,8 +1674,8 @@ template <int KD>
 constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 
 // The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
-// document's chunks in order (StateTile), those of `window` (StateWindow). Per
-// chunk, with S the state at its start (h0 or zero at the document's start):
+// document's chunks in order (StateTile), those in `window` (StateWindow). Per chunk,
+// with S the state at its start (h0 or zero at the document's start):
 //   S0 = bf16(S) -> states (the output kernel and the backward read it)
 //   v_new = U - W S0 -> v_new;  sVn = e^{G_last - G} v_new
 //   S <- e^{G_last} S + K^T sVn
@@ -3655,7 +3655,8 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       }
       const int slots = chunks.pr.tiles > 1 ? 2 : 1;
       const int64_t window = std::min<int64_t>(chunk_end, chunks.max_chunks) - chunk_begin;
-      launch_kernel(&gdr_output_mma<KD>, dim3(unsigned(window), 1, unsigned(d.batch * d.heads)),
+      const unsigned blocks = unsigned(std::min<int64_t>(mma_chunk_blocks(d), window));
+      launch_kernel(&gdr_output_mma<KD>, dim3(blocks, 1, unsigned(d.batch * d.heads)),
                     kOutputThreads, MmaOutputLayout<KD>::bytes(slots), chunks.pr,
                     ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
                     ptr<const float>(chunks.gcum), chunks.max_chunks, slots, ptr<bf16>(out.o),
@@ -3892,14 +3893,14 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // The sequential pass over SVT-column tiles, with two slots of chunk tiles (the next
     // chunk's copies in flight) where they fit; else, with
     // set_gated_delta_rule_backward_keys_ahead, K and dvl a chunk ahead (kKeysAheadSlots).
-    // On the chunks of bw.window.
-    auto state_pass = [&]<int SVT>(const MmaBackward& bw) {
+    // On the chunks of windowed.window.
+    auto state_pass = [&]<int SVT>(const MmaBackward& windowed) {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
           launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2>, grid, kStateWarps<KD> * 32,
-                        BwdStateLayout<KD, SVT, 2>::bytes, pr, bw);
+                        BwdStateLayout<KD, SVT, 2>::bytes, pr, windowed);
           return;
         }
       } else if constexpr (BwdStateLayout<KD, SVT, kKeysAheadSlots>::bytes <= 227 * 1024) {
@@ -3907,13 +3908,13 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
         if (g_backward_keys_ahead.load() &&
             Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
           launch_kernel(&gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>, grid,
-                        kStateWarps<KD> * 32, Ahead::bytes, pr, bw);
+                        kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
           g_keys_ahead_passes.fetch_add(1);
           return;
         }
       }
       launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1>, grid, kStateWarps<KD> * 32,
-                    BwdStateLayout<KD, SVT, 1>::bytes, pr, bw);
+                    BwdStateLayout<KD, SVT, 1>::bytes, pr, windowed);
     };
     auto reverse_pass = [&](const MmaBackward& windowed) {
       if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>(windowed);
