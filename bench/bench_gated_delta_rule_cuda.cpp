@@ -24,9 +24,10 @@
 // (set_gated_delta_rule_backward_keys_ahead), and the forward and the backward with their
 // state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
 // the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
-// ..._backward_windows), in the same run; the CSV has the defaults. For bf16 the CSV also has the two other pairs (f32
-// keeps nothing: empty): "fwd_bare" keeping nothing and "bwd_recompute" recomputing every
-// chunk term, and "fwd_keep" keeping every chunk state and "bwd_kept" reading them.
+// ..._backward_windows), in the same run; the CSV has the defaults. For bf16 the CSV also
+// has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping nothing and
+// "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every chunk state and
+// "bwd_kept" reading them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -141,19 +142,25 @@ Timing run_case(const BenchCase& c, int reps) {
     at_64 = time_ms(reps, fn);
     cuda::set_gated_delta_rule_state_columns(previous);
   };
-  t.fwd = time_ms(reps, forward);
-  at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
-  if (dtype == DType::BF16) {
+  // fn's times with its state pass in each of kWindowCounts windows (bf16 only; `set` the
+  // setting, `windowed` its count of calls that took it).
+  auto in_windows = [&](auto&& fn, int (*set)(int), int64_t (*windowed)(), const char* pass,
+                        std::vector<std::pair<int, Spread>>& times) {
+    if (dtype != DType::BF16) return;
     for (int windows : kWindowCounts) {
-      const int previous = cuda::set_gated_delta_rule_forward_windows(windows);
-      const int64_t before = cuda::gated_delta_rule_windowed_forwards();
-      t.fwd_windows.emplace_back(windows, time_ms(reps, forward));
-      cuda::set_gated_delta_rule_forward_windows(previous);
-      if (windows > 1 && cuda::gated_delta_rule_windowed_forwards() == before) {
-        throw std::runtime_error(c.name + ": the forward never ran its state pass in windows");
+      const int previous = set(windows);
+      const int64_t before = windowed();
+      times.emplace_back(windows, time_ms(reps, fn));
+      set(previous);
+      if (windows > 1 && windowed() == before) {
+        throw std::runtime_error(c.name + ": the " + pass + " never ran its state pass in windows");
       }
     }
-  }
+  };
+  t.fwd = time_ms(reps, forward);
+  at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
+  in_windows(forward, &cuda::set_gated_delta_rule_forward_windows,
+             &cuda::gated_delta_rule_windowed_forwards, "forward", t.fwd_windows);
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -176,17 +183,8 @@ Timing run_case(const BenchCase& c, int reps) {
     t.bwd_beside = time_ms(reps, backward);
     cuda::set_gated_delta_rule_backward_overlap(previous);
   }
-  if (dtype == DType::BF16) {
-    for (int windows : kWindowCounts) {
-      const int previous = cuda::set_gated_delta_rule_backward_windows(windows);
-      const int64_t before = cuda::gated_delta_rule_windowed_backwards();
-      t.bwd_windows.emplace_back(windows, time_ms(reps, backward));
-      cuda::set_gated_delta_rule_backward_windows(previous);
-      if (windows > 1 && cuda::gated_delta_rule_windowed_backwards() == before) {
-        throw std::runtime_error(c.name + ": the backward never ran its state pass in windows");
-      }
-    }
-  }
+  in_windows(backward, &cuda::set_gated_delta_rule_backward_windows,
+             &cuda::gated_delta_rule_windowed_backwards, "backward", t.bwd_windows);
   if (dtype == DType::BF16 && K == 256) {  // where two slots of chunk tiles do not fit
     const bool previous = cuda::set_gated_delta_rule_backward_keys_ahead(false);
     t.bwd_one_slot = time_ms(reps, backward);

@@ -4070,20 +4070,24 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead) {
 
 int64_t gated_delta_rule_keys_ahead_passes() { return g_keys_ahead_passes.load(); }
 
+namespace {
+int exchange_window_count(std::atomic<int>& setting, const char* setter, int windows) {
+  HAM_CHECK(windows >= 1 && windows <= kMaxStatePassWindows, setter, ": ", windows,
+            " windows; expected 1 to ", kMaxStatePassWindows);
+  return setting.exchange(windows);
+}
+}  // namespace
+
 int set_gated_delta_rule_forward_windows(int windows) {
-  HAM_CHECK(windows >= 1 && windows <= kMaxStatePassWindows,
-            "set_gated_delta_rule_forward_windows: ", windows, " windows; expected 1 to ",
-            kMaxStatePassWindows);
-  return g_forward_windows.exchange(windows);
+  return exchange_window_count(g_forward_windows, "set_gated_delta_rule_forward_windows",
+                               windows);
 }
 
 int64_t gated_delta_rule_windowed_forwards() { return g_windowed_forwards.load(); }
 
 int set_gated_delta_rule_backward_windows(int windows) {
-  HAM_CHECK(windows >= 1 && windows <= kMaxStatePassWindows,
-            "set_gated_delta_rule_backward_windows: ", windows, " windows; expected 1 to ",
-            kMaxStatePassWindows);
-  return g_backward_windows.exchange(windows);
+  return exchange_window_count(g_backward_windows, "set_gated_delta_rule_backward_windows",
+                               windows);
 }
 
 int64_t gated_delta_rule_windowed_backwards() { return g_windowed_backwards.load(); }

@@ -1124,29 +1124,35 @@ TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
 #endif
 }
 
-// The bf16 forward with its state pass in windows of chunks
-// (set_gated_delta_rule_forward_windows), each window's output kernel beside the next
-// window's pass: every window
-// count matches the CPU, and o, the final state and the fit error equal those of one
-// launch bit for bit. Packed documents that cross windows' ends (the state carried in f32)
-// and rows with two documents crossing in one window (one reading its carry while the
-// other writes its own), rows of different chunk counts, h0, part value tiles (72), a last
-// chunk cut short, more windows than chunks (7 on 5 and on 4), K of 64, 128 and 256.
-TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
-  HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows, 1);
+// A state pass in 1, 3 and 7 windows of chunks (`set`) on packed documents that cross
+// windows' ends (the state carried in f32), rows with two documents crossing in one
+// window (one reading its carry while the other writes its own), rows of different chunk
+// counts, h0, part value tiles (72), a last chunk cut short, more windows than chunks
+// (7 on 5 and on 4), K of 64, 128 and 256: expect_settings_agree_bitwise, and `windowed`
+// counts the two calls (the CPU check's, the comparison's) of each setting in windows.
+void expect_windows_agree(uint64_t seed, int (*set)(int), int64_t (*windowed)()) {
   for (const GpuCase& c :
        {GpuCase{2, 300, 2, 64, 72, true, 5}, GpuCase{1, 200, 1, 128, 64, true, 0},
         GpuCase{1, 200, 1, 256, 96, true, 3}}) {
     SCOPED_TRACE(::testing::PrintToString(c));
-    const int64_t before = cuda::gated_delta_rule_windowed_forwards();
-    expect_settings_agree_bitwise(c, 83, {1, 3, 7}, [](int windows) {
-      cuda::set_gated_delta_rule_forward_windows(windows);
-    });
-    // two forwards a setting (the CPU check's, the comparison's), two settings in windows
-    EXPECT_EQ(cuda::gated_delta_rule_windowed_forwards() - before, 4);
+    const int64_t before = windowed();
+    expect_settings_agree_bitwise(c, seed, {1, 3, 7}, [&](int windows) { set(windows); });
+    EXPECT_EQ(windowed() - before, 4);
   }
+}
+#endif
+
+// The bf16 forward with its state pass in windows of chunks
+// (set_gated_delta_rule_forward_windows), each window's output kernel beside the next
+// window's pass: every window count matches the CPU, and o, the final state and the fit
+// error equal those of one launch bit for bit.
+TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows, 1);
+  expect_windows_agree(83, &cuda::set_gated_delta_rule_forward_windows,
+                       &cuda::gated_delta_rule_windowed_forwards);
   testing::expect_error([] { cuda::set_gated_delta_rule_forward_windows(0); },
                         {"set_gated_delta_rule_forward_windows", "0 windows", "1 to 64"});
 #endif
@@ -1155,23 +1161,14 @@ TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
 // The bf16 backward with its reverse state pass in windows of chunks, the last first
 // (set_gated_delta_rule_backward_windows), the values, keys and WY kernels of each window
 // beside the pass over the window before: every window count matches the CPU, and the
-// gradients equal those of one launch bit for bit (dS carried across windows in f32; the
-// cases as above, dh0 through the first window).
+// gradients equal those of one launch bit for bit (dS carried across windows in f32, dh0
+// through the first window).
 TEST(GatedDeltaRule, GpuBackwardInWindowsAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_backward_windows, 1);
-  for (const GpuCase& c :
-       {GpuCase{2, 300, 2, 64, 72, true, 5}, GpuCase{1, 200, 1, 128, 64, true, 0},
-        GpuCase{1, 200, 1, 256, 96, true, 3}}) {
-    SCOPED_TRACE(::testing::PrintToString(c));
-    const int64_t before = cuda::gated_delta_rule_windowed_backwards();
-    expect_settings_agree_bitwise(c, 89, {1, 3, 7}, [](int windows) {
-      cuda::set_gated_delta_rule_backward_windows(windows);
-    });
-    // two backwards a setting (the CPU check's, the comparison's), two settings in windows
-    EXPECT_EQ(cuda::gated_delta_rule_windowed_backwards() - before, 4);
-  }
+  expect_windows_agree(89, &cuda::set_gated_delta_rule_backward_windows,
+                       &cuda::gated_delta_rule_windowed_backwards);
   testing::expect_error([] { cuda::set_gated_delta_rule_backward_windows(65); },
                         {"set_gated_delta_rule_backward_windows", "65 windows", "1 to 64"});
 #endif
