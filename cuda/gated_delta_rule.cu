@@ -3569,6 +3569,36 @@ int backward_state_columns(const Dims& d) {
   }
 }
 
+// A state pass in `windows` windows of the rows' max_chunks chunks (the last first where
+// `reverse`, as the backward's pass runs): pass(window) on the device's high-priority
+// second stream, then, once that window's pass is done, after(window) on the current
+// stream, beside the pass over the next window. The state crossing a window's edge goes
+// through two f32 [B, H, K, V] buffers of state_elements each, used in turn (StateWindow).
+// `windowed` counts the calls whose passes took a stream of the greatest priority.
+void run_in_windows(const Device& device, int windows, int64_t max_chunks,
+                    int64_t state_elements, bool reverse, std::atomic<int64_t>& windowed,
+                    const std::function<void(const StateWindow&)>& pass,
+                    const std::function<void(const StateWindow&)>& after) {
+  Tensor carry = Tensor::empty(Shape{2 * state_elements}, DType::F32, device);
+  ForkedStream passes(device.index, StreamPriority::High);
+  for (int i = 0; i < windows; ++i) {
+    const int j = reverse ? windows - 1 - i : i;  // the window's place in the rows
+    StateWindow window;
+    window.begin = int(max_chunks * j / windows);
+    window.end = j + 1 == windows ? INT_MAX : int(max_chunks * (j + 1) / windows);
+    window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
+    window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
+    passes.run([&] {
+      // Counted by the stream the pass takes, not by the setting.
+      if (i == 0 && has_greatest_priority(launch_stream())) windowed.fetch_add(1);
+      pass(window);
+    });
+    passes.join_so_far();
+    after(window);
+  }
+  passes.join();
+}
+
 // Runs gdr_prepare_mma and gdr_state_mma; the state after the last token goes to h_end.
 // With keep_inverse (the backward, and the forwards that keep A), the prepare kernel also
 // stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
@@ -3671,27 +3701,12 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     StatePassRunner in_windows;
     if (windows_asked > 1) {
       in_windows = [&](const MmaChunkStates& chunks, const StatePass& state_pass) {
-        const int windows = int(std::min<int64_t>(windows_asked, chunks.max_chunks));
-        const int64_t state_elements = d.batch * d.heads * d.key_dim * d.value_dim;
-        Tensor carry = Tensor::empty(Shape{2 * state_elements}, DType::F32, device);
-        ForkedStream passes(device.index, StreamPriority::High);
-        for (int i = 0; i < windows; ++i) {
-          StateWindow window;
-          window.begin = int(chunks.max_chunks * i / windows);
-          window.end = i + 1 == windows ? INT_MAX : int(chunks.max_chunks * (i + 1) / windows);
-          window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
-          window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
-          passes.run([&] {
-            // Counted by the stream the state pass takes, not by the setting.
-            if (i == 0 && has_greatest_priority(launch_stream())) {
-              g_windowed_forwards.fetch_add(1);
-            }
-            state_pass(window);
-          });
-          passes.join_so_far();
-          output_pass(chunks, window.begin, window.end);
-        }
-        passes.join();
+        run_in_windows(device, int(std::min<int64_t>(windows_asked, chunks.max_chunks)),
+                       chunks.max_chunks, d.batch * d.heads * d.key_dim * d.value_dim,
+                       /*reverse=*/false, g_windowed_forwards, state_pass,
+                       [&](const StateWindow& window) {
+                         output_pass(chunks, window.begin, window.end);
+                       });
       };
     }
     const MmaChunkStates c =
@@ -3943,27 +3958,15 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       per_chunk_passes(bw);
       return true;
     }
-    const int64_t state_elements = d.batch * d.heads * K * V;
-    Tensor carry = scratch(2 * state_elements, DType::F32);
-    ForkedStream passes(device.index, StreamPriority::High);
-    for (int i = 0; i < windows; ++i) {
-      const int j = windows - 1 - i;  // the window's place in the rows, last first
+    auto in_window = [&](const StateWindow& window) {
       MmaBackward windowed = bw;
-      windowed.window.begin = int(max_chunks * j / windows);
-      windowed.window.end = j + 1 == windows ? INT_MAX : int(max_chunks * (j + 1) / windows);
-      windowed.window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
-      windowed.window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
-      passes.run([&] {
-        // Counted by the stream the pass takes, not by the setting.
-        if (i == 0 && has_greatest_priority(launch_stream())) {
-          g_windowed_backwards.fetch_add(1);
-        }
-        reverse_pass(windowed);
-      });
-      passes.join_so_far();
-      per_chunk_passes(windowed);
-    }
-    passes.join();
+      windowed.window = window;
+      return windowed;
+    };
+    run_in_windows(
+        device, windows, max_chunks, d.batch * d.heads * K * V, /*reverse=*/true,
+        g_windowed_backwards, [&](const StateWindow& window) { reverse_pass(in_window(window)); },
+        [&](const StateWindow& window) { per_chunk_passes(in_window(window)); });
     return true;
   };
   return dispatch_mma_key_dim(d.key_dim, run);
