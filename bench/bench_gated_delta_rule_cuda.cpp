@@ -12,7 +12,8 @@
 // CUDA events after one warm-up call; the CSV has the min, median and max in milliseconds.
 // "fwd" and "bwd" are the pair a training step runs by default: the forward keeping each
 // chunk's A (GatedDeltaRuleKeep::Inverses, as FLA's forward keeps A) and the backward reading
-// it.
+// it. "fwd_no_fit" is that forward without the fit error (want_fit_error false: a GDN
+// layer's forward, and the outputs FLA's forward computes).
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
@@ -82,7 +83,7 @@ struct KeepPair {
 };
 
 struct Timing {
-  Spread fwd, bwd;
+  Spread fwd, bwd, fwd_no_fit;
   bool kept = false;  // bf16: the forward kept its chunk terms (the pairs below were timed)
   KeepPair bare, states;  // GatedDeltaRuleKeep::Nothing, ::ChunkStates
   // bf16 only: forward and backward with forced state-pass tiles
@@ -158,6 +159,13 @@ Timing run_case(const BenchCase& c, int reps) {
     }
   };
   t.fwd = time_ms(reps, forward);
+  {
+    GatedDeltaRuleArgs bare = training;
+    bare.want_fit_error = false;
+    GatedDeltaRuleResult no_fit{out.o, out.h_final, Tensor()};
+    t.fwd_no_fit = time_ms(
+        reps, [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), bare, no_fit); });
+  }
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
   in_windows(forward, &cuda::set_gated_delta_rule_forward_windows,
              &cuda::gated_delta_rule_windowed_forwards, "forward", t.fwd_windows);
@@ -229,7 +237,7 @@ int main(int argc, char** argv) {
                   "fwd_bare_ms_median,fwd_bare_ms_max,bwd_recompute_ms_min,"
                   "bwd_recompute_ms_median,bwd_recompute_ms_max,fwd_keep_ms_min,"
                   "fwd_keep_ms_median,fwd_keep_ms_max,bwd_kept_ms_min,bwd_kept_ms_median,"
-                  "bwd_kept_ms_max");
+                  "bwd_kept_ms_max,fwd_no_fit_ms_min,fwd_no_fit_ms_median,fwd_no_fit_ms_max");
     std::printf("%-22s %-5s %12s %12s %12s %12s %12s %12s %12s %12s\n", "case", "dtype",
                 "fwd min ms", "fwd med ms", "bwd min ms", "bwd med ms", "fwd bare med",
                 "bwd recomp", "fwd keep med", "bwd kept med");
@@ -259,8 +267,18 @@ int main(int argc, char** argv) {
         } else {
           csv << ",,,,,,,,,,,,";
         }
-        csv << '\n';
+        csv << ',' << t.fwd_no_fit.min << ',' << t.fwd_no_fit.median << ',' << t.fwd_no_fit.max
+            << '\n';
       }
+    }
+    std::printf("\nbf16 forward without the fit error (want_fit_error false: a GDN layer's "
+                "forward; with / without above 1: without is faster)\n%-22s %12s %12s %18s\n",
+                "case", "with med ms", "without med", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      const Spread &with = t.fwd, &without = t.fwd_no_fit;
+      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), with.median,
+                  without.median, with.min / without.min, with.median / without.median,
+                  with.max / without.max);
     }
     std::printf("\nbf16, state passes forced to 32 / 64 columns (ms; 64/32 above 1: 32 is "
                 "faster; K = 256 keeps 32 in the backward)\n%-22s %-4s %12s %12s %18s\n", "case",

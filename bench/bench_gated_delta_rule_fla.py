@@ -14,7 +14,8 @@ documents). "fwd" is the forward with the final state; "bwd" is torch.autograd.g
 (o, h_final) with grad_o normal and grad_h_final zero, timed alone (the forward's graph is
 built outside the timed region). Every call is timed with CUDA events after one warm-up;
 the min, median and max in ms are reported, and ham/FLA at each. ham's fit error is extra
-work FLA does not do.
+work FLA does not do; a last table puts ham's forward without it ("fwd_no_fit", a GDN
+layer's forward: the outputs FLA computes) against FLA's forward.
 Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
 """
 import argparse
@@ -93,6 +94,7 @@ def main():
     # bf16: ham's other pairs (bench_gated_delta_rule_cuda.cpp), each against FLA's pair:
     # keeping nothing (the backward recomputing every chunk term) and every chunk state.
     pairs = {("fwd_bare", "bwd_recompute"): [], ("fwd_keep", "bwd_kept"): []}
+    no_fit_lines = []
     for row in rows:
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
         B, T, H = int(row["batch"]), int(row["seq_len"]), int(row["heads"])
@@ -159,6 +161,12 @@ def main():
         print(f"{'':22s} TFLOP/s at the medians: ham fwd {tflops[0]:.1f}, FLA fwd {tflops[1]:.1f}, "
               f"ham bwd {tflops[2]:.1f}, FLA bwd {tflops[3]:.1f} (forward {flops / 1e9:.1f} GFLOP)",
               flush=True)
+        if row.get("fwd_no_fit_ms_median"):
+            no_fit = [float(row[f"fwd_no_fit_ms_{q}"]) for q in ("min", "median", "max")]
+            no_fit_lines.append(
+                f"{row['name']:22s} {row['dtype']:5s} {no_fit[1]:10.3f} {fla_fwd[1]:9.3f} "
+                + " ".join(f"{h / f:5.2f}" for h, f in zip(no_fit, fla_fwd))
+                + f"   {flops / (no_fit[1] * 1e-3) / 1e12:.1f} TFLOP/s")
         for (fwd_key, bwd_key), lines in pairs.items():
             if not row.get(f"{bwd_key}_ms_median"):
                 continue
@@ -190,6 +198,13 @@ def main():
         print(f"{'case':22s} {'dtype':5s} {fwd_key:>9s} {'ham/fla':>17s} {bwd_key:>9s} "
               f"{'ham/fla':>17s}")
         for line in lines:
+            print(line)
+
+    if no_fit_lines:
+        print("\nham's forward without the fit error (a GDN layer's forward; the outputs FLA's"
+              " forward computes)\nagainst FLA's forward (ms, medians; ham/fla at min/med/max)")
+        print(f"{'case':22s} {'dtype':5s} {'fwd_no_fit':>10s} {'fla fwd':>9s} {'ham/fla':>17s}")
+        for line in no_fit_lines:
             print(line)
 
     if args.out and results:

@@ -909,13 +909,15 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //        S <- e^{G_last} S + K^T diag(e^{G_last - G}) v_new    (S in f32 registers)
 //   3. gdr_output_mma, one block per (chunk, h, b) over the V tiles, 8 warps:
 //        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
+//      (pred only where the fit error is wanted: GatedDeltaRuleArgs::want_fit_error)
 //      (with set_gated_delta_rule_forward_windows, 2 and 3 run by windows of chunks, the
 //      output kernel of one window beside the state pass of the next: StateWindow)
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
 // 16 rows of each product; the 4 warps of a block cover a chunk's 64 (the output
-// kernel's 8 warps: 4 for each of its two products; the state passes' 8 warps from
+// kernel's 8 warps: 4 for each of its two products, or for each half of O's columns
+// without the fit error; the state passes' 8 warps from
 // K = 128, kStateWarps: two column halves of v_new or du, 16 key rows each of S). bf16
 // tiles arrive by cp.async (issue_tile; cuda/async_copy.cuh), every copy of a thread in
 // flight at once; the two state passes issue the next chunk's copies before the current
@@ -1883,21 +1885,24 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   });
 }
 
-// The output kernel's blocks: 8 warps, 16 rows each, warps 0-3 on the output rows and 4-7
-// on the prediction rows of one chunk (two independent products of the same shape: twice
-// the warps per SM of a block that ran both in turn).
+// The output kernel's blocks: 8 warps, 16 rows each. With the fit error, warps 0-3 on the
+// output rows and 4-7 on the prediction rows of one chunk (two independent products of the
+// same shape: twice the warps per SM of a block that ran both in turn); without it, warps
+// 0-3 on the left and 4-7 on the right half of each value tile's output columns.
 constexpr int kOutputThreads = 256;
 
-template <int KD>
+// kFit: with the fit error, whose prediction rows also read v.
+template <int KD, bool kFit>
 struct MmaOutputLayout {
   static constexpr int ldk = KD + 8, lds = kMmaVt + 8;
   static constexpr size_t k_bytes = size_t(kChunk) * ldk * 2,  // the Q or K rows
       s_bytes = size_t(KD) * lds * 2,                           // one S0 column tile
       v_bytes = size_t(kChunk) * lds * 2;                       // one v_new or v column tile
-  static constexpr int slot_elements = KD * lds + 2 * kChunk * lds;
+  static constexpr int value_tiles = kFit ? 2 : 1;              // v_new (and v)
+  static constexpr int slot_elements = KD * lds + value_tiles * kChunk * lds;
   // Q, K and `slots` slots of (S0, v_new, v) value tiles: two where V has more than one.
   static constexpr size_t bytes(int slots) {
-    return 2 * k_bytes + size_t(slots) * (s_bytes + 2 * v_bytes);
+    return 2 * k_bytes + size_t(slots) * (s_bytes + value_tiles * v_bytes);
   }
 };
 
@@ -1915,28 +1920,35 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 // one of two slots, the next tile's copies in flight during this one's products (one block
 // per tile had staged Q and K again for every tile, V / 64 times). The prediction warps
 // write fit_part[row][tile] = (<pred, v>, <pred, pred>, <v, v>) over the tile's columns.
+// Without the fit error (kFit false) every warp forms O: warps w and w + 4 the same 16
+// rows, each forming those rows of P itself (the same product, repeated so that neither
+// waits for the other), and the left and the right 32 columns of each tile; v is not
+// copied. Each element of O takes the same products in the same order either way: the
+// same to the bit.
 // The chunks [chunk_begin, chunk_end) of each row: all of them, or a window the state pass
 // has finished (StateWindow).
-template <int KD>
+template <int KD, bool kFit>
 __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
                    int64_t max_chunks, int slots, bf16* o, float* fit_part, int chunk_begin,
                    int chunk_end) {
-  using L = MmaOutputLayout<KD>;
-  constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8;
+  using L = MmaOutputLayout<KD, kFit>;
+  // NB 8-column blocks of a warp's accumulator, from column col_part of each tile
+  constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8 / (kFit ? 1 : 2);
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
   bf16* slot0 = sK + kChunk * LDK;
   auto slot_s = [&](int tile) { return slot0 + (tile % slots) * L::slot_elements; };  // [K][vt]
   auto slot_vn = [&](int tile) { return slot_s(tile) + KD * LDS; };  // v_new [64][vt]
-  auto slot_v = [&](int tile) { return slot_vn(tile) + kChunk * LDS; };  // v [64][vt]
+  auto slot_v = [&](int tile) { return slot_vn(tile) + kChunk * LDS; };  // v [64][vt] (kFit)
   HAM_STATIC_SHARED(float, s_g, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = pr.tiles;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
-  const bool predicting = warp >= 4;  // else the output
-  const int r0 = (warp % 4) * 16;     // the warp's first row of the chunk
+  const bool predicting = kFit && warp >= 4;  // else the output
+  const int r0 = (warp % 4) * 16;             // the warp's first row of the chunk
+  const int col_part = kFit ? 0 : warp / 4 * (kMmaVt / 2);
   const bf16* warp_rows = (predicting ? sK : sQ) + r0 * LDK;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
@@ -1960,11 +1972,14 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
                            RowSource<bf16>{saved + col0, V});
       if (streamed) {
         token_tiles.issue(slot_vn(tile), v_new, col0, n);
-        token_tiles.issue(slot_v(tile), pr.v, col0, n);
+        if (kFit) token_tiles.issue(slot_v(tile), pr.v, col0, n);
       } else {
         issue_tile<kThreads>(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols,
                              rows_of(v_new, V, col0));
-        issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols, rows_of(pr.v, V, col0));
+        if (kFit) {
+          issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols,
+                               rows_of(pr.v, V, col0));
+        }
       }
       async_copy_commit();
     };
@@ -2009,7 +2024,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
       const bf16 *sS = slot_s(tile), *sVn = slot_vn(tile);
       float acc[NB][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, NB>(warp_rows, sS, acc);
+      mma::rows_times_matrix<KD, LDK, LDS, NB>(warp_rows, sS + col_part, acc);
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
@@ -2020,14 +2035,15 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           uint32_t bf[2];
-          mma::load_b_kn<LDS>(bf, sVn, j * 16, nb * 8);
+          mma::load_b_kn<LDS>(bf, sVn, j * 16, col_part + nb * 8);
           mma::mma_bf16_16816(acc[nb], x_frag[j], bf);
         }
       }
       if (!predicting) {
-        store_tile_bf16(acc, r0, n, cols,
-                        [&](int i) { return o + pr.row(b, begin + i, h) * V + col0; });
-      } else {
+        store_tile_bf16(acc, r0, n, cols - col_part, [&](int i) {
+          return o + pr.row(b, begin + i, h) * V + col0 + col_part;
+        });
+      } else if constexpr (kFit) {
         // The fit partial sums of this tile's columns per row (a row's 4 lanes add up); v
         // is zero past the chunk's rows and the tile's columns.
         const bf16* sV = slot_v(tile);
@@ -3394,9 +3410,10 @@ void check_sizes(const char* op, const Dims& d) {
   HAM_CHECK(d.seq_len < (int64_t(1) << 30), op, ": T = ", d.seq_len, " is too long");
 }
 
-// fit_error from the per-tile partial sums.
+// fit_error from the per-tile partial sums, where the caller wants it (defined).
 template <class T>
 void finish_fit_error(const Tensor& fit_part, const Dims& d, int tiles, Tensor& fit_error) {
+  if (!fit_error.defined()) return;  // not wanted (GatedDeltaRuleArgs::want_fit_error)
   launch_fit_error<T>(fit_part, d.batch * d.seq_len * d.heads, tiles, fit_error);
 }
 
@@ -3677,20 +3694,26 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const bool keeps = a.keep != GatedDeltaRuleKeep::Nothing;
     const Device device = a.q.device();
     const int64_t rows = d.batch * d.seq_len * d.heads;
+    const bool fit = out.fit_error.defined();
     Tensor fit_part;
     // The output kernel on the chunks [chunk_begin, chunk_end) of each row.
     auto output_pass = [&](const MmaChunkStates& chunks, int chunk_begin, int chunk_end) {
-      if (!fit_part.defined()) {
+      if (fit && !fit_part.defined()) {
         fit_part = Tensor::empty(Shape{rows * chunks.pr.tiles * 3}, DType::F32, device);
       }
       const int slots = chunks.pr.tiles > 1 ? 2 : 1;
       const int64_t window = std::min<int64_t>(chunk_end, chunks.max_chunks) - chunk_begin;
-      const unsigned blocks = unsigned(std::min<int64_t>(mma_chunk_blocks(d), window));
-      launch_kernel(&gdr_output_mma<KD>, dim3(blocks, 1, unsigned(d.batch * d.heads)),
-                    kOutputThreads, MmaOutputLayout<KD>::bytes(slots), chunks.pr,
-                    ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
-                    ptr<const float>(chunks.gcum), chunks.max_chunks, slots, ptr<bf16>(out.o),
-                    ptr<float>(fit_part), chunk_begin, chunk_end);
+      const dim3 grid(unsigned(std::min<int64_t>(mma_chunk_blocks(d), window)), 1,
+                      unsigned(d.batch * d.heads));
+      auto launch = [&]<bool kFit>() {
+        launch_kernel(&gdr_output_mma<KD, kFit>, grid, kOutputThreads,
+                      MmaOutputLayout<KD, kFit>::bytes(slots), chunks.pr,
+                      ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
+                      ptr<const float>(chunks.gcum), chunks.max_chunks, slots,
+                      ptr<bf16>(out.o), ptr_or_null<float>(fit_part), chunk_begin, chunk_end);
+      };
+      if (fit) launch.template operator()<true>();
+      else launch.template operator()<false>();
     };
     // set_gated_delta_rule_forward_windows: the state pass in windows of chunks on a
     // high-priority fork, the output kernel of each window on the current stream once that

@@ -105,8 +105,9 @@ Tensor GatedDeltaNet::forward(const Tensor& x, const TokenBatch& batch) const {
   // g = -A * dt <= 0 with A = exp(A_log) and dt = softplus(a_proj x + dt_bias): log decay.
   Tensor g = gdn_log_decay(a_proj->forward(x), A_log, dt_bias);
   GatedDeltaRuleResult recurrent =
-      gated_delta_rule(q, k, v, g, beta, Tensor(), docs, gdn_keep(keep_chunk_states_));
-  trace_ = {detach(g), detach(recurrent.fit_error)};
+      gated_delta_rule(q, k, v, g, beta, Tensor(), docs, gdn_keep(keep_chunk_states_),
+                       /*want_fit_error=*/trace_fit_error_);
+  trace_ = {detach(g), trace_fit_error_ ? detach(recurrent.fit_error) : Tensor()};
   Tensor o = recurrent.o;  // [B, T, h, V]
   Tensor gate = reshape(gate_proj->forward(x), {B, T, heads_, v_head_dim_});
   o = gated_rms_norm(o, gate, o_norm->weight, norm_eps_);

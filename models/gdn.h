@@ -46,16 +46,23 @@ class GatedDeltaNet : public Module {
   std::shared_ptr<RMSNorm> o_norm;  // weight [V], shared by all heads
 
   // What the last forward computed, for analysis (detached, [B, T, h] each): the log decay
-  // g_t (the gate is alpha_t = exp(g_t)) and the delta rule's per-head fit error.
+  // g_t (the gate is alpha_t = exp(g_t)) and the delta rule's per-head fit error, the
+  // latter only where trace_fit_error is on (else undefined).
   struct Trace {
     Tensor log_decay, fit_error;
   };
   const Trace& last_trace() const { return trace_; }
+  // Whether forward also computes the delta rule's fit error for last_trace(). Off by
+  // default: the layer's output does not read it (only HAM's router does), and the forward
+  // is cheaper without it. The analysis turns it on; a setting of the trace, hence const.
+  void trace_fit_error(bool on) const { trace_fit_error_ = on; }
+  bool traces_fit_error() const { return trace_fit_error_; }
 
  private:
   int64_t heads_, head_dim_, v_head_dim_;
   double norm_eps_;
   bool keep_chunk_states_;
+  mutable bool trace_fit_error_ = false;
   mutable Trace trace_;
 };
 

@@ -39,10 +39,11 @@ class GatedDeltaRuleBackward final : public Node {
 
 GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, const Tensor& beta, const Tensor& h0,
-                                      const Tensor& doc_ids, GatedDeltaRuleKeep keep) {
+                                      const Tensor& doc_ids, GatedDeltaRuleKeep keep,
+                                      bool want_fit_error) {
   const bool wants_grad = any_requires_grad({q, k, v, g, beta, h0});
   GatedDeltaRuleArgs args{q, k, v, g, beta, h0, doc_ids,
-                          wants_grad ? keep : GatedDeltaRuleKeep::Nothing};
+                          wants_grad ? keep : GatedDeltaRuleKeep::Nothing, want_fit_error};
   GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
   if (wants_grad) {
     auto node = std::make_shared<GatedDeltaRuleBackward>();

@@ -21,12 +21,14 @@ namespace ham {
 // keeps anything (the CUDA bf16 path), holding that memory until the backward runs: by
 // default each chunk's A, as flash-linear-attention does; Nothing for the least memory,
 // ChunkStates for the fastest backward. The result's `saved` stays empty (the graph node
-// holds it). Without a gradient nothing is kept.
+// holds it). Without a gradient nothing is kept. want_fit_error false: the result's
+// fit_error is undefined and the forward skips its work (GatedDeltaRuleArgs).
 GatedDeltaRuleResult gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& g, const Tensor& beta,
                                       const Tensor& h0 = Tensor(),
                                       const Tensor& doc_ids = Tensor(),
-                                      GatedDeltaRuleKeep keep = GatedDeltaRuleKeep::Inverses);
+                                      GatedDeltaRuleKeep keep = GatedDeltaRuleKeep::Inverses,
+                                      bool want_fit_error = true);
 
 // What a model keeps for its layers' backward: every chunk term where its key
 // gdn_keep_chunk_states is set, else each chunk's A (the default).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -114,14 +116,27 @@ LayerSequenceTrace layer_sequence_trace(int64_t layer, AnalyzedLayerKind kind, d
   return out;
 }
 
+namespace {
+
+// fn(layer, mixer) for each GDN mixer of a GDN or GDN-GSA model (none for the others).
+template <class Fn>
+void for_each_gdn_mixer(const LanguageModel& model, Fn&& fn) {
+  if (const auto* gdn_model = dynamic_cast<const GDNModel*>(&model)) {
+    for (size_t i = 0; i < gdn_model->layers.size(); ++i) {
+      fn(int64_t(i), *gdn_model->layers[i]->mixer);
+    }
+  } else if (const auto* hybrid = dynamic_cast<const GDNGSAModel*>(&model)) {
+    for (size_t i = 0; i < hybrid->gdn_layers.size(); ++i) {
+      if (hybrid->gdn_layers[i]) fn(int64_t(i), *hybrid->gdn_layers[i]->mixer);
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<LayerSequenceTrace> last_forward_traces(const LanguageModel& model, int64_t row,
                                                     double reset_threshold) {
   std::vector<LayerSequenceTrace> out;
-  auto add_gdn = [&](int64_t layer, const GatedDeltaNet& mixer) {
-    const GatedDeltaNet::Trace& trace = mixer.last_trace();
-    out.push_back(layer_sequence_trace(layer, AnalyzedLayerKind::GDN, kNaN, Tensor(), Tensor(),
-                                       trace.fit_error, trace.log_decay, row, reset_threshold));
-  };
   if (const auto* ham_model = dynamic_cast<const HAMModel*>(&model)) {
     for (size_t i = 0; i < ham_model->layers.size(); ++i) {
       const HAMLayer& mixer = *ham_model->layers[i]->mixer;
@@ -130,13 +145,15 @@ std::vector<LayerSequenceTrace> last_forward_traces(const LanguageModel& model, 
                                          trace.score, trace.select, trace.fit_error,
                                          trace.log_decay, row, reset_threshold));
     }
-  } else if (const auto* gdn_model = dynamic_cast<const GDNModel*>(&model)) {
-    for (size_t i = 0; i < gdn_model->layers.size(); ++i) add_gdn(int64_t(i), *gdn_model->layers[i]->mixer);
-  } else if (const auto* hybrid = dynamic_cast<const GDNGSAModel*>(&model)) {
-    for (size_t i = 0; i < hybrid->gdn_layers.size(); ++i) {
-      if (hybrid->gdn_layers[i]) add_gdn(int64_t(i), *hybrid->gdn_layers[i]->mixer);
-    }
   }
+  for_each_gdn_mixer(model, [&](int64_t layer, const GatedDeltaNet& mixer) {
+    const GatedDeltaNet::Trace& trace = mixer.last_trace();
+    HAM_CHECK(trace.fit_error.defined(), "analyze: GDN layer ", layer,
+              " did not trace its fit error in the last forward (GatedDeltaNet::trace_fit_error "
+              "was off)");
+    out.push_back(layer_sequence_trace(layer, AnalyzedLayerKind::GDN, kNaN, Tensor(), Tensor(),
+                                       trace.fit_error, trace.log_decay, row, reset_threshold));
+  });
   HAM_CHECK(!out.empty(), "analyze: the ", family_name(model.config().family),
             " model has no HAM or GDN layers to analyze");
   return out;
@@ -149,6 +166,18 @@ std::vector<SequenceAnalysis> analyze_sequences(const LanguageModel& model,
   const int64_t vocab = model.config().vocab_size;
   std::vector<SequenceAnalysis> out;
   NoGradGuard no_grad;
+  // The GDN layers' fit error for their traces, for these forwards only.
+  std::vector<std::pair<const GatedDeltaNet*, bool>> tracing;
+  for_each_gdn_mixer(model, [&](int64_t, const GatedDeltaNet& mixer) {
+    tracing.emplace_back(&mixer, mixer.traces_fit_error());
+    mixer.trace_fit_error(true);
+  });
+  struct Restore {
+    std::vector<std::pair<const GatedDeltaNet*, bool>>& tracing;
+    ~Restore() {
+      for (const auto& [mixer, was] : tracing) mixer->trace_fit_error(was);
+    }
+  } restore{tracing};
   for (size_t i = 0; i < inputs.size(); ++i) {
     const AnalysisInput& input = inputs[i];
     const int64_t T = int64_t(input.tokens.size());

@@ -183,11 +183,11 @@ Matrix<Scalar> chunk_end_state(const HeadInputs<Scalar>& in, const ChunkTerms<Sc
   return state;
 }
 
-// Chunked forward of one (b, h) pair: fills o [T, V], fit_error [T], final state [K, V].
+// Chunked forward of one (b, h) pair: fills o [T, V], fit_error [T] (where not null),
+// final state [K, V].
 template <class Scalar>
 void chunked_forward_head(const HeadInputs<Scalar>& in, const std::vector<Segment>& segments,
-                          Matrix<Scalar>& o, Vector<Scalar>& fit_error,
-                          Matrix<Scalar>& state) {
+                          Matrix<Scalar>& o, Vector<Scalar>* fit_error, Matrix<Scalar>& state) {
   ChunkTerms<Scalar> c;
   for (const auto& [seg_begin, seg_end] : segments) {
     if (seg_begin == 0) state = in.h0;
@@ -197,13 +197,17 @@ void chunked_forward_head(const HeadInputs<Scalar>& in, const std::vector<Segmen
       compute_chunk_terms(in, begin, size, state, c);
       // O = diag(E) Q S0 + P v_new
       o.middleRows(begin, size) = c.decay.asDiagonal() * c.q_state + c.qk_gamma * c.v_new;
+      if (fit_error == nullptr) {
+        state = chunk_end_state(in, c);
+        continue;
+      }
       // Predictions of the decayed pre-write state: p = diag(E) K S0 + M v_new.
       // (p = V - v_new / beta too, but that divides by beta, which may be 0.)
       Matrix<Scalar> prediction = c.decay.asDiagonal() * c.k_state + c.kk_gamma * c.v_new;
       for (int64_t i = 0; i < size; ++i) {
         const auto p = prediction.row(i);
         const auto v = in.v.row(begin + i);
-        fit_error(begin + i) =
+        (*fit_error)(begin + i) =
             Scalar(1) - p.dot(v) / (p.norm() * v.norm() + Scalar(kFitEpsilon));
       }
       state = chunk_end_state(in, c);
@@ -356,17 +360,18 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& args, GatedDeltaRuleResu
     const Dims d = dims_of(args);
     const std::vector<int64_t> doc_ids = doc_ids_of(args);
     Scalar* o_data = out.o.data<Scalar>();
-    Scalar* fit_data = out.fit_error.data<Scalar>();
+    Scalar* fit_data = out.fit_error.defined() ? out.fit_error.data<Scalar>() : nullptr;
     Scalar* state_data = out.h_final.data<Scalar>();
     parallel_for(d.batch * d.heads, pair_cost(d), [&](int64_t pair) {
       EigenOnThisThread single_threaded;
       const int64_t b = pair / d.heads, h = pair % d.heads;
       HeadInputs<Scalar> in(args, d, b, h);
       Matrix<Scalar> o(d.seq_len, d.value_dim), state(d.key_dim, d.value_dim);
-      Vector<Scalar> fit_error(d.seq_len);
-      chunked_forward_head(in, document_segments(doc_ids, b, d.seq_len), o, fit_error, state);
+      Vector<Scalar> fit_error(fit_data ? d.seq_len : 0);
+      chunked_forward_head(in, document_segments(doc_ids, b, d.seq_len), o,
+                           fit_data ? &fit_error : nullptr, state);
       scatter_head(o, o_data, d, b, h);
-      scatter_gate(fit_error, fit_data, d, b, h);
+      if (fit_data) scatter_gate(fit_error, fit_data, d, b, h);
       Eigen::Map<Matrix<Scalar>>(state_data + pair * d.key_dim * d.value_dim, d.key_dim,
                                  d.value_dim) = state;
     });
@@ -417,8 +422,8 @@ void gated_delta_rule_naive(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult
                  *v = args.v.data<Scalar>(), *g = args.g.data<Scalar>(),
                  *beta = args.beta.data<Scalar>();
     const Scalar* h0 = args.h0.defined() ? args.h0.data<Scalar>() : nullptr;
-    Scalar *o = out.o.data<Scalar>(), *fit = out.fit_error.data<Scalar>(),
-           *h_final = out.h_final.data<Scalar>();
+    Scalar *o = out.o.data<Scalar>(), *h_final = out.h_final.data<Scalar>();
+    Scalar* fit = out.fit_error.defined() ? out.fit_error.data<Scalar>() : nullptr;
     parallel_for(d.batch * d.heads, std::max<int64_t>(1, d.seq_len * K * V), [&](int64_t pair) {
       const int64_t b = pair / d.heads, h = pair % d.heads;
       std::vector<Scalar> S(static_cast<size_t>(K * V), Scalar(0));
@@ -432,8 +437,10 @@ void gated_delta_rule_naive(const GatedDeltaRuleArgs& args, GatedDeltaRuleResult
             doc_ids[size_t(b * d.seq_len + t)] != doc_ids[size_t(b * d.seq_len + t - 1)]) {
           std::fill(S.begin(), S.end(), Scalar(0));  // document start
         }
-        fit[row] = gated_delta_rule_token(S.data(), K, V, q + row * K, k + row * K, v + row * V,
-                                          g[row], beta[row], o + row * V, p.data(), r.data());
+        const Scalar fit_error =
+            gated_delta_rule_token(S.data(), K, V, q + row * K, k + row * K, v + row * V, g[row],
+                                   beta[row], o + row * V, p.data(), r.data());
+        if (fit) fit[row] = fit_error;
       }
       for (int64_t i = 0; i < K * V; ++i) h_final[pair * K * V + i] = S[size_t(i)];
     });

@@ -82,7 +82,7 @@ GatedDeltaRuleResult allocate_outputs(const GatedDeltaRuleArgs& a) {
   GatedDeltaRuleResult out;
   out.o = Tensor::empty({B, T, H, V}, q.dtype(), q.device());
   out.h_final = Tensor::empty({B, H, K, V}, q.dtype(), q.device());
-  out.fit_error = Tensor::empty({B, T, H}, q.dtype(), q.device());
+  if (a.want_fit_error) out.fit_error = Tensor::empty({B, T, H}, q.dtype(), q.device());
   return out;
 }
 

@@ -75,9 +75,13 @@ inline constexpr int64_t kGatedDeltaRuleChunkSize = 64;
 // bit whichever was kept (the same kernels make the same terms).
 enum class GatedDeltaRuleKeep { Nothing, Inverses, ChunkStates };
 
+// want_fit_error false: the forward leaves the result's fit_error undefined and skips its
+// work (a GDN layer's output does not read it; on the CUDA tensor-core path the output
+// kernel then forms O alone, with no prediction rows and no copies of v).
 struct GatedDeltaRuleArgs {
   Tensor q, k, v, g, beta, h0, doc_ids;
   GatedDeltaRuleKeep keep = GatedDeltaRuleKeep::Nothing;
+  bool want_fit_error = true;
 };
 
 // What a backend's chunked forward kept for its backward (GatedDeltaRuleKeep). Opaque
@@ -90,7 +94,7 @@ struct GatedDeltaRuleSaved {
 struct GatedDeltaRuleResult {
   Tensor o;          // [B, T, H, V]
   Tensor h_final;    // [B, H, K, V]
-  Tensor fit_error;  // [B, T, H]
+  Tensor fit_error;  // [B, T, H]; undefined where the args did not want it
   std::shared_ptr<const GatedDeltaRuleSaved> saved{};  // what `keep` asked for, or null
 };
 
@@ -114,7 +118,7 @@ void for_each_tensor(GatedDeltaRuleGrads& g, F&& f) {
 }
 
 // Chunked forward (training path) and the token-by-token recurrence (test reference and
-// decoding); both fill the preallocated outputs.
+// decoding); both fill the preallocated outputs, fit_error only where it is defined.
 HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_chunked,
                          void(const GatedDeltaRuleArgs&, GatedDeltaRuleResult& out));
 HAM_DECLARE_KERNEL_TABLE(gated_delta_rule_naive,

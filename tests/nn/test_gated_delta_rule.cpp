@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
 #include "cuda/gated_delta_rule.h"
@@ -347,6 +348,36 @@ TEST(GatedDeltaRule, FitErrorCarriesNoGradient) {
   EXPECT_TRUE(requires_grad(r.o));
   EXPECT_TRUE(requires_grad(r.h_final));
   EXPECT_FALSE(requires_grad(r.fit_error));
+}
+
+// want_fit_error false (a GDN layer's forward): the chunked and the naive forward leave
+// fit_error undefined and give the same o and final state to the bit; the layer's
+// gradients are those of the forward with the fit error.
+TEST(GatedDeltaRule, ForwardWithoutTheFitErrorLeavesItUndefined) {
+  GdnInputs in = make_inputs(2, 150, 2, 8, 12, 47, true, true);
+  in.doc_ids = doc_ids_from_starts<int64_t>(2, 150, doc_starts_for(150));
+  GatedDeltaRuleArgs bare = args_of(in);
+  bare.want_fit_error = false;
+  for (auto forward : {&ops::gated_delta_rule_chunked, &ops::gated_delta_rule_naive}) {
+    const GatedDeltaRuleResult with = forward(args_of(in)), without = forward(bare);
+    EXPECT_TRUE(with.fit_error.defined());
+    EXPECT_FALSE(without.fit_error.defined());
+    EXPECT_EQ(testing::max_abs_diff(with.o, without.o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(with.h_final, without.h_final), 0.0);
+  }
+  const Tensor grad_o = randn64({2, 150, 2, 12}, 48, 1.0, false);
+  const Tensor grad_h_final = randn64({2, 2, 8, 12}, 49, 1.0, false);
+  std::vector<Tensor> grads[2];
+  for (bool want : {true, false}) {
+    const GatedDeltaRuleResult r = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, in.h0,
+                                                    in.doc_ids, GatedDeltaRuleKeep::Inverses, want);
+    EXPECT_EQ(r.fit_error.defined(), want);
+    grads[want] = gradients({r.o, r.h_final}, {in.q, in.k, in.v, in.g, in.beta, in.h0},
+                            {grad_o, grad_h_final});
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(testing::max_abs_diff(grads[0][i], grads[1][i]), 0.0);
+  }
 }
 
 // ---- Gradients (f64 finite differences) ------------------------------------------------
@@ -1155,6 +1186,76 @@ TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
                        &cuda::gated_delta_rule_windowed_forwards);
   testing::expect_error([] { cuda::set_gated_delta_rule_forward_windows(0); },
                         {"set_gated_delta_rule_forward_windows", "0 windows", "1 to 64"});
+#endif
+}
+
+// The forward without the fit error (GatedDeltaRuleArgs::want_fit_error false; the bf16
+// output kernel then splits O's columns between its two halves of warps and copies no v):
+// fit_error stays undefined, o and the final state equal the forward's with the fit error
+// bit for bit, in bf16 (the tensor-core path) and f32; K from 16 to 256, value widths of
+// one part tile (40: the right half 8 columns), a whole and a part tile (72: the part tile
+// has no right half; 96: exactly the left half), two whole tiles (128, streamed copies);
+// one launch and 3 windows of chunks. The backward reading what each bf16 forward kept
+// gives the same gradients.
+TEST(GatedDeltaRule, GpuForwardWithoutTheFitErrorAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  // Equal values, element by element; a NaN (an element left poisoned) never equals.
+  auto expect_equal = [](const Tensor& a, const Tensor& b, const char* what) {
+    ASSERT_EQ(a.defined(), b.defined()) << what;
+    if (!a.defined()) return;
+    ASSERT_EQ(a.shape(), b.shape()) << what;
+    const std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
+    size_t unequal = 0;
+    for (size_t i = 0; i < va.size(); ++i) unequal += va[i] == vb[i] ? 0 : 1;
+    EXPECT_EQ(unequal, 0u) << what;
+  };
+  const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows, 1);
+  const GpuCase cases[] = {{1, 130, 2, 16, 40, true, 2},  {2, 100, 1, 32, 72, false, 0},
+                           {1, 150, 2, 64, 96, true, 3},  {1, 140, 1, 128, 128, true, 0},
+                           {1, 130, 1, 256, 72, true, 2}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const GdnInputs in = gpu_case_inputs(c, 97);
+    for (DType dtype : testing::kGpuDtypes) {
+      SCOPED_TRACE(dtype_name(dtype));
+      GatedDeltaRuleArgs with = on_gpu(in, dtype);
+      with.keep = GatedDeltaRuleKeep::Inverses;
+      GatedDeltaRuleArgs without = with;
+      without.want_fit_error = false;
+      const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(reference_args(with));
+      for (int windows : {1, 3}) {
+        SCOPED_TRACE(windows);
+        cuda::set_gated_delta_rule_forward_windows(windows);
+        GatedDeltaRuleResult a = poisoned_result(with), b = poisoned_result(without);
+        b.fit_error = Tensor();
+        gated_delta_rule_chunked_kernels()(Device::cuda(), with, a);
+        gated_delta_rule_chunked_kernels()(Device::cuda(), without, b);
+        EXPECT_FALSE(b.fit_error.defined());
+        expect_within(b.o, expected.o, gpu_bounds(dtype).forward, "o");
+        expect_within(b.h_final, expected.h_final, gpu_bounds(dtype).forward, "h_final");
+        expect_equal(a.o, b.o, "o");
+        expect_equal(a.h_final, b.h_final, "h_final");
+        if (dtype != DType::BF16) continue;
+        ASSERT_TRUE(a.saved && b.saved);
+        const Tensor grad_o = randn64(a.o.shape(), 98, 1.0, false).to(dtype).to(Device::cuda());
+        const Tensor grad_h_final =
+            randn64(a.h_final.shape(), 99, 1.0, false).to(dtype).to(Device::cuda());
+        GatedDeltaRuleGrads ga = poisoned_grads(with, {}), gb = poisoned_grads(with, {});
+        gated_delta_rule_backward_kernels()(Device::cuda(), with, grad_o, grad_h_final,
+                                            a.saved.get(), ga);
+        gated_delta_rule_backward_kernels()(Device::cuda(), with, grad_o, grad_h_final,
+                                            b.saved.get(), gb);
+        for (auto [field, what] :
+             {std::pair{&GatedDeltaRuleGrads::dq, "dq"}, std::pair{&GatedDeltaRuleGrads::dk, "dk"},
+              std::pair{&GatedDeltaRuleGrads::dv, "dv"}, std::pair{&GatedDeltaRuleGrads::dg, "dg"},
+              std::pair{&GatedDeltaRuleGrads::dbeta, "dbeta"},
+              std::pair{&GatedDeltaRuleGrads::dh0, "dh0"}}) {
+          expect_equal(ga.*field, gb.*field, what);
+        }
+      }
+    }
+  }
 #endif
 }
 

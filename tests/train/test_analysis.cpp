@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "autograd/grad_mode.h"
 #include "models/gdn.h"
 #include "models/ham.h"
 #include "tests/error_testing.h"
@@ -265,6 +267,35 @@ TEST(Analysis, GdnAndHybridModelsGiveGateTraces) {
   result = analyze_sequences(hybrid, {{pattern_tokens(16, 11), {}, {}, {}}});
   ASSERT_EQ(result[0].layers.size(), 1u);
   EXPECT_EQ(result[0].layers[0].layer, 0);
+}
+
+// A GDN layer computes its fit error only while trace_fit_error is on, which the analysis
+// turns on for its forwards and back off after: the traced fit error is the delta rule's
+// (in [0, 2], not constant), and a forward outside the analysis traces none, which
+// last_forward_traces names.
+TEST(Analysis, GdnLayersTraceTheirFitErrorOnlyForTheAnalysis) {
+  GDNModel gdn(tiny_config(ModelFamily::GDN));
+  const GatedDeltaNet& mixer = *gdn.layers[0]->mixer;
+  EXPECT_FALSE(mixer.traces_fit_error());
+  std::vector<SequenceAnalysis> result = analyze_sequences(gdn, {{pattern_tokens(16, 11), {}, {}, {}}});
+  EXPECT_FALSE(mixer.traces_fit_error());
+  const std::vector<double>& fit = result[0].layers[0].fit_error[0];
+  EXPECT_NE(*std::min_element(fit.begin(), fit.end()), *std::max_element(fit.begin(), fit.end()));
+  for (double e : fit) {
+    EXPECT_GE(e, 0.0);
+    EXPECT_LE(e, 2.0);
+  }
+  NoGradGuard no_grad;
+  gdn.forward(TokenBatch{Tensor::from_vector(pattern_tokens(16, 11), {1, 16}), Tensor(), Tensor(),
+                         Tensor()});
+  EXPECT_FALSE(mixer.last_trace().fit_error.defined());
+  expect_error([&] { last_forward_traces(gdn, 0); },
+               {"analyze", "GDN layer 0", "did not trace its fit error"});
+  for (const auto& layer : gdn.layers) layer->mixer->trace_fit_error(true);
+  gdn.forward(TokenBatch{Tensor::from_vector(pattern_tokens(16, 11), {1, 16}), Tensor(), Tensor(),
+                         Tensor()});
+  ASSERT_TRUE(mixer.last_trace().fit_error.defined());
+  EXPECT_EQ(last_forward_traces(gdn, 0)[0].fit_error, result[0].layers[0].fit_error);
 }
 
 TEST(Analysis, BadInputsAreNamed) {
