@@ -22,7 +22,9 @@
 // after the recomputed state pass against beside it (the default; the state pass on a
 // high-priority second stream: set_gated_delta_rule_backward_overlap), at K = 256 the
 // backward's state pass with one slot against K and dvl a chunk ahead
-// (set_gated_delta_rule_backward_keys_ahead), and the forward and the backward with their
+// (set_gated_delta_rule_backward_keys_ahead), where the default state passes take them,
+// v_new and du in one partial sum over K against two
+// (set_gated_delta_rule_state_partial_sums), and the forward and the backward with their
 // state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
 // the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
 // ..._backward_windows), in the same run; the CSV has the defaults. For bf16 the CSV also
@@ -93,6 +95,9 @@ struct Timing {
   // bf16 at K = 256 only: the backward's state pass with one slot, and with the keys ahead
   Spread bwd_one_slot, bwd_keys_ahead;
   bool keys_ahead_timed = false;
+  // bf16 where the default state passes take them: one partial sum against two
+  Spread fwd_one_sum, fwd_two_sums, bwd_one_sum, bwd_two_sums;
+  bool partial_sums_timed = false;
   // bf16 only: the forward and the backward with their state passes in kWindowCounts windows
   std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows;
 };
@@ -205,6 +210,22 @@ Timing run_case(const BenchCase& c, int reps) {
     }
     t.keys_ahead_timed = true;
   }
+  if (dtype == DType::BF16) {  // where the passes the defaults pick take two partial sums
+    const int previous = cuda::set_gated_delta_rule_state_partial_sums(2);
+    const int64_t before = cuda::gated_delta_rule_partial_sum_passes();
+    forward();
+    backward();
+    if (cuda::gated_delta_rule_partial_sum_passes() != before) {
+      cuda::set_gated_delta_rule_state_partial_sums(1);
+      t.fwd_one_sum = time_ms(reps, forward);
+      t.bwd_one_sum = time_ms(reps, backward);
+      cuda::set_gated_delta_rule_state_partial_sums(2);
+      t.fwd_two_sums = time_ms(reps, forward);
+      t.bwd_two_sums = time_ms(reps, backward);
+      t.partial_sums_timed = true;
+    }
+    cuda::set_gated_delta_rule_state_partial_sums(previous);
+  }
 
   // bf16: the other pairs. f32 keeps nothing.
   t.kept = out.saved != nullptr;
@@ -312,6 +333,20 @@ int main(int argc, char** argv) {
       std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), one.median,
                   ahead.median, one.min / ahead.min, one.median / ahead.median,
                   one.max / ahead.max);
+    }
+    std::printf("\nbf16 state passes, v_new and du in one partial sum over K against two "
+                "(set_gated_delta_rule_state_partial_sums; where the default passes take them: "
+                "32 columns, K >= 128; one / two above 1: two are faster)\n%-22s %-4s %12s "
+                "%12s %18s\n", "case", "pass", "one med ms", "two med ms", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      if (!t.partial_sums_timed) continue;
+      for (const auto& [pass, one, two] :
+           {std::tuple{"fwd", t.fwd_one_sum, t.fwd_two_sums},
+            std::tuple{"bwd", t.bwd_one_sum, t.bwd_two_sums}}) {
+        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
+                    one.median, two.median, one.min / two.min, one.median / two.median,
+                    one.max / two.max);
+      }
     }
     std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
                 "window beside the pass over the next (set_gated_delta_rule_forward_windows, "

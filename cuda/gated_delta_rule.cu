@@ -1675,6 +1675,13 @@ struct LaneRows {
 template <int KD>
 constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 
+// The state passes whose first product (v_new = U - W S0 forward, du = dvl + diag(tau)
+// K dS_end backward) can sum over K in two partial sums (set_gated_delta_rule_state_partial_
+// sums): 8 warps on 32 columns, where a warp holds two accumulator blocks and each block's
+// chain of mma is K / 16 long (16 at K = 256, a fifth of a forward step's issue under ncu).
+template <int KD, int VT>
+constexpr bool kStatePartialSums = KD >= 128 && VT == 32;
+
 // The forward's sequential pass, one block per (VT-column V tile, document, h, b) over the
 // document's chunks in order (StateTile), those in `window` (StateWindow). Per chunk,
 // with S the state at its start (h0 or zero at the document's start):
@@ -1684,8 +1691,9 @@ constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 // S stays in f32 registers (StateRegisters) for the whole sequence. The chunk's W, K and U
 // rows arrive by cp.async into one of two slots, issued a chunk ahead; its G (from the
 // prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
-// more ahead, so no step waits on global memory.
-template <int KD, int VT>
+// more ahead, so no step waits on global memory. kSums: v_new's sum over K in that many
+// partial sums (kStatePartialSums).
+template <int KD, int VT, int kSums = 1>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
@@ -1799,7 +1807,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       const int64_t* out_at = lane_rows.at;
       float acc[NBP][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part, acc);
+      mma::rows_times_matrix_in_sums<kSums, KD, LDK, LDS, NBP>(sW + row0 * LDK, sSb + col_part,
+                                                              acc);
       // A chunk of 64 rows on a whole value tile (every chunk but a document's last, where
       // VT divides V): no row or column checks, and a pair of columns moves as 4 bytes.
       if (whole_tiles && n == kChunk) {
@@ -2340,8 +2349,9 @@ struct BwdStateLayout {
 // dS stays in f32 registers; the chunk's Q, K, W, dO and dvl tiles arrive by cp.async, a
 // chunk ahead with two slots (where they fit the device's shared memory: K <= 128 on an
 // H100/H200), else at the chunk's start, all in flight at once; G (gcum) and the chunk
-// table are read into registers ahead of use. kSlots: 1, 2 or kKeysAheadSlots.
-template <int KD, int VT, int kSlots>
+// table are read into registers ahead of use. kSlots: 1, 2 or kKeysAheadSlots. kSums:
+// du's sum over K in that many partial sums (kStatePartialSums).
+template <int KD, int VT, int kSlots, int kSums = 1>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
   static_assert(kSlots == 1 || kSlots == 2 || kSlots == kKeysAheadSlots,
@@ -2521,8 +2531,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       const int64_t* out_at = lane_rows.at;
       float acc[NBP][4];
       mma::zero(acc);
-      mma::rows_times_matrix<KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK, dSb + col_part,
-                                                acc);
+      mma::rows_times_matrix_in_sums<kSums, KD, LDK, LDS, NBP>(slot_k(chunk) + row0 * LDK,
+                                                              dSb + col_part, acc);
       if (whole_tiles && n == kChunk) {  // as the forward's v_new: no checks, pairs at once
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // the lane's rows i and i + 8
@@ -3550,6 +3560,33 @@ std::atomic<int> g_backward_windows{1};       // set_gated_delta_rule_backward_w
 std::atomic<int64_t> g_windowed_backwards{0};  // gated_delta_rule_windowed_backwards
 std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
+std::atomic<int> g_state_partial_sums{1};      // set_gated_delta_rule_state_partial_sums
+std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_passes
+
+// The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
+// set and where they apply (kStatePartialSums; counted).
+template <int KD, int VT>
+auto forward_state_kernel() {
+  if constexpr (kStatePartialSums<KD, VT>) {
+    if (g_state_partial_sums.load() == 2) {
+      g_partial_sum_passes.fetch_add(1);
+      return &gdr_state_mma<KD, VT, 2>;
+    }
+  }
+  return &gdr_state_mma<KD, VT, 1>;
+}
+
+// The same for the backward's, with kSlots slots of chunk tiles, and du.
+template <int KD, int VT, int kSlots>
+auto backward_state_kernel() {
+  if constexpr (kStatePartialSums<KD, VT>) {
+    if (g_state_partial_sums.load() == 2) {
+      g_partial_sum_passes.fetch_add(1);
+      return &gdr_bwd_state_mma<KD, VT, kSlots, 2>;
+    }
+  }
+  return &gdr_bwd_state_mma<KD, VT, kSlots, 1>;
+}
 
 // Whether a state pass's blocks of 32 columns number no more than the SMs, one block each.
 // Its blocks run the chunks in sequence, so its time is about (chunks) x (time of a chunk
@@ -3665,7 +3702,7 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   if (a_in) g_kept_inverse_reads.fetch_add(1);
   auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    launch_kernel(&gdr_state_mma<KD, VT>, state_pass_grid(op, d, tiles, c.max_docs),
+    launch_kernel(forward_state_kernel<KD, VT>(), state_pass_grid(op, d, tiles, c.max_docs),
                   kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
                   ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end), window);
@@ -3937,7 +3974,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
-          launch_kernel(&gdr_bwd_state_mma<KD, SVT, 2>, grid, kStateWarps<KD> * 32,
+          launch_kernel(backward_state_kernel<KD, SVT, 2>(), grid, kStateWarps<KD> * 32,
                         BwdStateLayout<KD, SVT, 2>::bytes, pr, windowed);
           return;
         }
@@ -3945,13 +3982,13 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
         using Ahead = BwdStateLayout<KD, SVT, kKeysAheadSlots>;
         if (g_backward_keys_ahead.load() &&
             Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
-          launch_kernel(&gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>, grid,
+          launch_kernel(backward_state_kernel<KD, SVT, kKeysAheadSlots>(), grid,
                         kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
           g_keys_ahead_passes.fetch_add(1);
           return;
         }
       }
-      launch_kernel(&gdr_bwd_state_mma<KD, SVT, 1>, grid, kStateWarps<KD> * 32,
+      launch_kernel(backward_state_kernel<KD, SVT, 1>(), grid, kStateWarps<KD> * 32,
                     BwdStateLayout<KD, SVT, 1>::bytes, pr, windowed);
     };
     auto reverse_pass = [&](const MmaBackward& windowed) {
@@ -4095,6 +4132,14 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead) {
 }
 
 int64_t gated_delta_rule_keys_ahead_passes() { return g_keys_ahead_passes.load(); }
+
+int set_gated_delta_rule_state_partial_sums(int parts) {
+  HAM_CHECK(parts == 1 || parts == 2, "set_gated_delta_rule_state_partial_sums: ", parts,
+            " partial sums; the state passes take 1 or 2");
+  return g_state_partial_sums.exchange(parts);
+}
+
+int64_t gated_delta_rule_partial_sum_passes() { return g_partial_sum_passes.load(); }
 
 namespace {
 int exchange_window_count(std::atomic<int>& setting, const char* setter, int windows) {

@@ -29,6 +29,19 @@ bool set_gated_delta_rule_backward_keys_ahead(bool ahead);
 // How many backward passes of this process copied the keys ahead.
 int64_t gated_delta_rule_keys_ahead_passes();
 
+// Partial sums (1, the default, or 2) over K of the first product of each chunk step of
+// the bf16 state passes with 8 warps on 32 columns (K >= 128: v_new = U - W S0 forward,
+// du = dvl + diag(tau) K dS_end backward). A warp there holds two 8-column accumulator
+// blocks, each a chain of K / 16 dependent mma (16 at the paper's K = 256); with 2, every
+// other 16-key step goes to a second accumulator, added at the end: chains half as long,
+// for a step that ncu found a chain of latencies (thirty-seventh session). Untimed on a GPU;
+// the sums' order changes, so the results differ from 1's in the last bits. Returns the
+// previous setting; any other count is an error.
+int set_gated_delta_rule_state_partial_sums(int parts);
+
+// How many state passes of this process, forward or backward, took two partial sums.
+int64_t gated_delta_rule_partial_sum_passes();
+
 // Windows of chunks the bf16 forward runs its state pass in (1, the default: one launch
 // over every chunk; at most kMaxStatePassWindows). With more, each window's state pass goes
 // on a second stream of the device's greatest priority and the output kernel of a window

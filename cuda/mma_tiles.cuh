@@ -158,6 +158,44 @@ __device__ __forceinline__ void rows_times_matrix(const bf16_t* a_tile, const bf
   rows_times<false, D, LDA, LDB>(a_tile, b_tile, acc);
 }
 
+// rows_times_matrix with the sum over D in kSums partial sums, 16-row step s of D into
+// sum s % kSums, the sums then added to acc in order:
+//   acc += (sum_{s % kSums = 0} A_s B_s) + ... + (sum_{s % kSums = kSums - 1} A_s B_s).
+// Each block's mma chain is then D / 16 / kSums long instead of D / 16, for a warp with
+// few accumulator blocks, whose chains are a sequential pass's critical path (2 blocks of
+// 16 steps a warp in the gated delta rule's v_new at K = 256). The sums' order differs
+// from kSums = 1, so the results are not the same to the bit.
+template <int kSums, int D, int LDA, int LDB, int NB>
+__device__ __forceinline__ void rows_times_matrix_in_sums(const bf16_t* a_tile,
+                                                          const bf16_t* b_tile,
+                                                          float (&acc)[NB][4]) {
+  static_assert(kSums >= 1 && D % (16 * kSums) == 0, "whole 16-row steps in each sum");
+  if constexpr (kSums == 1) {
+    rows_times_matrix<D, LDA, LDB, NB>(a_tile, b_tile, acc);
+  } else {
+    float sums[kSums][NB][4];
+#pragma unroll
+    for (int p = 0; p < kSums; ++p) zero(sums[p]);
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t af[4];
+      load_a<LDA>(af, a_tile, kk);
+      float (&sum)[NB][4] = sums[kk / 16 % kSums];
+      each_b_fragment<false, LDB, NB, false>(b_tile, kk, [&](int nb, const uint32_t(&bf)[2]) {
+        mma_bf16_16816(sum[nb], af, bf);
+      });
+    }
+#pragma unroll
+    for (int p = 0; p < kSums; ++p) {
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nb][e] += sums[p][nb][e];
+      }
+    }
+  }
+}
+
 // acc (16 x 8 NB) += X^T B over D rows: X^T's 16 rows are the columns [m0, m0 + 16) of
 // `x` ([D][...] row-major), B the [D][8 NB] tile `b_tile` (as K^T v).
 template <int D, int LDX, int LDB, int NB>

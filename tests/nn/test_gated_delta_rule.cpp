@@ -1155,6 +1155,45 @@ TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
 #endif
 }
 
+// The bf16 state passes' first product (v_new forward, du backward) in two partial sums
+// over K (set_gated_delta_rule_state_partial_sums), where they apply (8 warps on 32
+// columns: K of 128 and 256): the forward and the backward match the CPU with one partial
+// sum and with two, on whole and part value tiles (64, 72), packed documents and h0, the
+// backward at K = 256 with one slot of chunk tiles and with the keys ahead; the count of
+// passes that took two grows by the forward's, the recomputed forward's and the
+// backward's pass of each call. At K = 64 (4 warps) the setting takes no effect.
+TEST(GatedDeltaRule, GpuStatePassesInPartialSumsMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting sums_guard(&cuda::set_gated_delta_rule_state_partial_sums, 1);
+  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 32);
+  const testing::ScopedSetting ahead_guard(&cuda::set_gated_delta_rule_backward_keys_ahead,
+                                           false);
+  struct Case {
+    GpuCase shape;
+    bool keys_ahead;
+    int64_t passes;  // state passes in two partial sums per forward and backward pair
+  };
+  for (const Case& c : {Case{{1, 200, 2, 128, 72, true, 2}, false, 3},
+                        Case{{2, 130, 1, 256, 64, true, 0}, false, 3},
+                        Case{{1, 150, 1, 256, 72, true, 3}, true, 3},
+                        Case{{1, 100, 2, 64, 64, true, 0}, false, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(c.shape));
+    cuda::set_gated_delta_rule_backward_keys_ahead(c.keys_ahead);
+    const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c.shape, 101), DType::BF16);
+    for (int parts : {1, 2}) {
+      SCOPED_TRACE(parts);
+      cuda::set_gated_delta_rule_state_partial_sums(parts);
+      const int64_t before = cuda::gated_delta_rule_partial_sum_passes();
+      expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 103);
+      EXPECT_EQ(cuda::gated_delta_rule_partial_sum_passes() - before, parts == 2 ? c.passes : 0);
+    }
+  }
+  testing::expect_error([] { cuda::set_gated_delta_rule_state_partial_sums(4); },
+                        {"set_gated_delta_rule_state_partial_sums", "4 partial sums", "1 or 2"});
+#endif
+}
+
 #ifdef HAM_WITH_CUDA
 // A state pass in 1, 3 and 7 windows of chunks (`set`) on packed documents that cross
 // windows' ends (the state carried in f32), rows with two documents crossing in one
