@@ -10,6 +10,7 @@
 //
 // Names: gdn_<what>_<dtype>/B=../T=../H=../K=../V=..; what is
 //   chunked_fwd      ops::gated_delta_rule_chunked (o, h_final, fit_error)
+//   chunked_fwd_no_fit  the same without the fit error (want_fit_error false: a GDN layer)
 //   chunked_fwd_bwd  the forward, then ops::gated_delta_rule_backward for all six inputs
 //   naive_fwd        ops::gated_delta_rule_naive (the reference recurrence)
 // Counters:
@@ -18,7 +19,7 @@
 //              counted in full, as Eigen computes them), per second. With chunk c and
 //              per head and token:
 //                naive forward    7 K V          (decay, S^T k, write, S^T q)
-//                chunked forward  4cK + 6KV + 5cV
+//                chunked forward  4cK + 6KV + 5cV   (3cV without the fit error's M v_new)
 //                chunked backward 10cK + 18KV + 8cV  (recomputed chunk terms included)
 //              so GFLOP/s compares how well each keeps the core busy, while tokens/s
 //              compares the algorithms.
@@ -81,9 +82,10 @@ double naive_forward_flops(const GdnShape& s) {
   return double(s.batch * s.seq_len * s.heads) * 7.0 * double(s.key_dim * s.value_dim);
 }
 
-double chunked_forward_flops(const GdnShape& s) {
+double chunked_forward_flops(const GdnShape& s, bool fit_error) {
   const double K = double(s.key_dim), V = double(s.value_dim);
-  return double(s.batch * s.seq_len * s.heads) * (4 * kChunk * K + 6 * K * V + 5 * kChunk * V);
+  return double(s.batch * s.seq_len * s.heads) *
+         (4 * kChunk * K + 6 * K * V + (fit_error ? 5 : 3) * kChunk * V);
 }
 
 double chunked_backward_flops(const GdnShape& s) {
@@ -91,11 +93,12 @@ double chunked_backward_flops(const GdnShape& s) {
   return double(s.batch * s.seq_len * s.heads) * (10 * kChunk * K + 18 * K * V + 8 * kChunk * V);
 }
 
-enum class Work { ChunkedForward, ChunkedForwardBackward, NaiveForward };
+enum class Work { ChunkedForward, ChunkedForwardNoFit, ChunkedForwardBackward, NaiveForward };
 
 template <class T>
 void BM_GatedDeltaRule(benchmark::State& state, GdnShape s, Work work) {
   GatedDeltaRuleArgs args = make_args<T>(s);
+  args.want_fit_error = work != Work::ChunkedForwardNoFit;
   Tensor grad_o = random_tensor<T>({s.batch, s.seq_len, s.heads, s.value_dim}, 6, -1, 1);
   Tensor grad_h_final = random_tensor<T>({s.batch, s.heads, s.key_dim, s.value_dim}, 7, -1, 1);
   auto run = [&] {
@@ -119,7 +122,8 @@ void BM_GatedDeltaRule(benchmark::State& state, GdnShape s, Work work) {
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  double flops = work == Work::NaiveForward ? naive_forward_flops(s) : chunked_forward_flops(s);
+  double flops = work == Work::NaiveForward ? naive_forward_flops(s)
+                                            : chunked_forward_flops(s, args.want_fit_error);
   if (work == Work::ChunkedForwardBackward) flops += chunked_backward_flops(s);
   const double iterations = double(state.iterations());
   state.counters["tokens/s"] = benchmark::Counter(double(s.batch * s.seq_len) * iterations,
@@ -134,6 +138,7 @@ void register_shape(const char* dtype, const GdnShape& s) {
                            "/H=" + std::to_string(s.heads) + "/K=" + std::to_string(s.key_dim) +
                            "/V=" + std::to_string(s.value_dim);
   const std::pair<const char*, Work> works[] = {{"chunked_fwd", Work::ChunkedForward},
+                                                {"chunked_fwd_no_fit", Work::ChunkedForwardNoFit},
                                                 {"chunked_fwd_bwd", Work::ChunkedForwardBackward},
                                                 {"naive_fwd", Work::NaiveForward}};
   for (const auto& [what, work] : works) {

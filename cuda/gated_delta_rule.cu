@@ -1676,9 +1676,10 @@ template <int KD>
 constexpr int kStateWarps = KD >= 128 ? 8 : 4;
 
 // The state passes whose first product (v_new = U - W S0 forward, du = dvl + diag(tau)
-// K dS_end backward) can sum over K in two partial sums (set_gated_delta_rule_state_partial_
-// sums): 8 warps on 32 columns, where a warp holds two accumulator blocks and each block's
-// chain of mma is K / 16 long (16 at K = 256, a fifth of a forward step's issue under ncu).
+// K dS_end backward) may sum over K in two partial sums, as
+// set_gated_delta_rule_state_partial_sums asks: 8 warps on 32 columns, where a warp holds
+// two accumulator blocks, each a chain of K / 16 dependent mma (16 at K = 256; v_new had
+// about a fifth of a forward step's stall samples under ncu).
 template <int KD, int VT>
 constexpr bool kStatePartialSums = KD >= 128 && VT == 32;
 
@@ -1909,7 +1910,8 @@ struct MmaOutputLayout {
       v_bytes = size_t(kChunk) * lds * 2;                       // one v_new or v column tile
   static constexpr int value_tiles = kFit ? 2 : 1;              // v_new (and v)
   static constexpr int slot_elements = KD * lds + value_tiles * kChunk * lds;
-  // Q, K and `slots` slots of (S0, v_new, v) value tiles: two where V has more than one.
+  // Q, K and `slots` slots of (S0, v_new and, with the fit error, v) value tiles: two
+  // where V has more than one.
   static constexpr size_t bytes(int slots) {
     return 2 * k_bytes + size_t(slots) * (s_bytes + value_tiles * v_bytes);
   }
