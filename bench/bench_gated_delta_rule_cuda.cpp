@@ -110,6 +110,15 @@ Spread time_ms(int reps, Fn&& fn) {
   return bench::spread_of(bench::sorted_event_times_ms(reps, 1, [&](int) { fn(); }));
 }
 
+// One row of a table of A against B: the case, the pass (where `pass` is not null), A's and
+// B's medians, then A / B at the min, median and max (above 1: B is faster).
+void print_against(const std::string& name, const char* pass, const Spread& a, const Spread& b) {
+  std::printf("%-22s ", name.c_str());
+  if (pass) std::printf("%-4s ", pass);
+  std::printf("%12.3f %12.3f %6.2f/%5.2f/%5.2f\n", a.median, b.median, a.min / b.min,
+              a.median / b.median, a.max / b.max);
+}
+
 Timing run_case(const BenchCase& c, int reps) {
   const DType dtype = c.dtype == "bf16" ? DType::BF16 : DType::F32;
   const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
@@ -295,44 +304,27 @@ int main(int argc, char** argv) {
     std::printf("\nbf16 forward without the fit error (want_fit_error false: a GDN layer's "
                 "forward; with / without above 1: without is faster)\n%-22s %12s %12s %18s\n",
                 "case", "with med ms", "without med", "min/med/max");
-    for (const auto& [name, t] : bf16_timings) {
-      const Spread &with = t.fwd, &without = t.fwd_no_fit;
-      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), with.median,
-                  without.median, with.min / without.min, with.median / without.median,
-                  with.max / without.max);
-    }
-    std::printf("\nbf16, state passes forced to 32 / 64 columns (ms; 64/32 above 1: 32 is "
+    for (const auto& [name, t] : bf16_timings) print_against(name, nullptr, t.fwd, t.fwd_no_fit);
+    std::printf("\nbf16, state passes forced to 64 / 32 columns (ms; 64/32 above 1: 32 is "
                 "faster; K = 256 keeps 32 in the backward)\n%-22s %-4s %12s %12s %18s\n", "case",
-                "pass", "32 med ms", "64 med ms", "64/32 min/med/max");
+                "pass", "64 med ms", "32 med ms", "64/32 min/med/max");
     for (const auto& [name, t] : bf16_timings) {
-      for (const auto& [pass, s32, s64] :
-           {std::tuple{"fwd", t.fwd_state_32, t.fwd_state_64},
-            std::tuple{"bwd", t.bwd_state_32, t.bwd_state_64}}) {
-        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
-                    s32.median, s64.median, s64.min / s32.min, s64.median / s32.median,
-                    s64.max / s32.max);
-      }
+      print_against(name, "fwd", t.fwd_state_64, t.fwd_state_32);
+      print_against(name, "bwd", t.bwd_state_64, t.bwd_state_32);
     }
     std::printf("\nbf16 backward, P^T dO beside the recomputed state pass against after it "
                 "(set_gated_delta_rule_backward_overlap; in order / beside above 1: beside is "
                 "faster)\n%-22s %12s %12s %18s\n", "case", "order med ms", "beside med ms",
                 "min/med/max");
     for (const auto& [name, t] : bf16_timings) {
-      const Spread& in_order = t.bwd_in_order;
-      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), in_order.median,
-                  t.bwd_beside.median, in_order.min / t.bwd_beside.min,
-                  in_order.median / t.bwd_beside.median, in_order.max / t.bwd_beside.max);
+      print_against(name, nullptr, t.bwd_in_order, t.bwd_beside);
     }
     std::printf("\nbf16 backward at K = 256, its state pass with one slot against K and dvl a "
                 "chunk ahead (set_gated_delta_rule_backward_keys_ahead; one / ahead above 1: "
                 "ahead is faster)\n%-22s %12s %12s %18s\n", "case", "one med ms",
                 "ahead med ms", "min/med/max");
     for (const auto& [name, t] : bf16_timings) {
-      if (!t.keys_ahead_timed) continue;
-      const Spread &one = t.bwd_one_slot, &ahead = t.bwd_keys_ahead;
-      std::printf("%-22s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), one.median,
-                  ahead.median, one.min / ahead.min, one.median / ahead.median,
-                  one.max / ahead.max);
+      if (t.keys_ahead_timed) print_against(name, nullptr, t.bwd_one_slot, t.bwd_keys_ahead);
     }
     std::printf("\nbf16 state passes, v_new and du in one partial sum over K against two "
                 "(set_gated_delta_rule_state_partial_sums; where the default passes take them: "
@@ -340,13 +332,8 @@ int main(int argc, char** argv) {
                 "%12s %18s\n", "case", "pass", "one med ms", "two med ms", "min/med/max");
     for (const auto& [name, t] : bf16_timings) {
       if (!t.partial_sums_timed) continue;
-      for (const auto& [pass, one, two] :
-           {std::tuple{"fwd", t.fwd_one_sum, t.fwd_two_sums},
-            std::tuple{"bwd", t.bwd_one_sum, t.bwd_two_sums}}) {
-        std::printf("%-22s %-4s %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass,
-                    one.median, two.median, one.min / two.min, one.median / two.median,
-                    one.max / two.max);
-      }
+      print_against(name, "fwd", t.fwd_one_sum, t.fwd_two_sums);
+      print_against(name, "bwd", t.bwd_one_sum, t.bwd_two_sums);
     }
     std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
                 "window beside the pass over the next (set_gated_delta_rule_forward_windows, "

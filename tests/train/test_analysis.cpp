@@ -277,7 +277,8 @@ TEST(Analysis, GdnLayersTraceTheirFitErrorOnlyForTheAnalysis) {
   GDNModel gdn(tiny_config(ModelFamily::GDN));
   const GatedDeltaNet& mixer = *gdn.layers[0]->mixer;
   EXPECT_FALSE(mixer.traces_fit_error());
-  std::vector<SequenceAnalysis> result = analyze_sequences(gdn, {{pattern_tokens(16, 11), {}, {}, {}}});
+  std::vector<SequenceAnalysis> result =
+      analyze_sequences(gdn, {{pattern_tokens(16, 11), {}, {}, {}}});
   EXPECT_FALSE(mixer.traces_fit_error());
   const std::vector<double>& fit = result[0].layers[0].fit_error[0];
   EXPECT_NE(*std::min_element(fit.begin(), fit.end()), *std::max_element(fit.begin(), fit.end()));
