@@ -1181,12 +1181,12 @@ TEST(GatedDeltaRule, GpuStatePassesInPartialSumsMatchCpu) {
     SCOPED_TRACE(::testing::PrintToString(c.shape));
     cuda::set_gated_delta_rule_backward_keys_ahead(c.keys_ahead);
     const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c.shape, 101), DType::BF16);
-    for (int parts : {1, 2}) {
-      SCOPED_TRACE(parts);
-      cuda::set_gated_delta_rule_state_partial_sums(parts);
+    for (int sums : {1, 2}) {
+      SCOPED_TRACE(sums);
+      cuda::set_gated_delta_rule_state_partial_sums(sums);
       const int64_t before = cuda::gated_delta_rule_partial_sum_passes();
       expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 103);
-      EXPECT_EQ(cuda::gated_delta_rule_partial_sum_passes() - before, parts == 2 ? c.passes : 0);
+      EXPECT_EQ(cuda::gated_delta_rule_partial_sum_passes() - before, sums == 2 ? c.passes : 0);
     }
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_partial_sums(4); },
