@@ -86,11 +86,14 @@ class DeltaRuleState {
 
   // One feed: a few tokens (a generated one) advance the state in place with the decode
   // kernel; a longer feed (a prompt) runs the chunked training algorithm from the state, so
-  // a prompt fed at position 0 is chunked exactly as in the full forward.
+  // a prompt fed at position 0 is chunked exactly as in the full forward. want_fit_error
+  // false (a GDN layer's): a prompt's fit error is left undefined, not computed (the decode
+  // kernel forms it anyway, from the residual it needs).
   ops::GatedDeltaRuleStep step(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                               const Tensor& beta) {
+                               const Tensor& beta, bool want_fit_error) {
     if (q.size(1) <= kDecodeFeed) return ops::gated_delta_rule_decode(state_, q, k, v, g, beta);
     GatedDeltaRuleArgs args{q, k, v, g, beta, state_.to(dtype_), Tensor()};
+    args.want_fit_error = want_fit_error;
     GatedDeltaRuleResult r = ops::gated_delta_rule_chunked(args);
     state_ = r.h_final.to(state_.dtype());
     return {r.o, r.fit_error};
@@ -324,7 +327,7 @@ class GDNLayerState final : public Decoder::LayerState {
     k = l2_norm(k);
     Tensor beta = sigmoid(m.b_proj->forward(h));
     Tensor g = gdn_log_decay(m.a_proj->forward(h), m.A_log, m.dt_bias);
-    Tensor o = state_.step(q, k, v, g, beta).o;
+    Tensor o = state_.step(q, k, v, g, beta, /*want_fit_error=*/false).o;
     Tensor gate = reshape(m.gate_proj->forward(h), {B, n, H, V});
     o = gated_rms_norm(o, gate, m.o_norm->weight, c_.norm_eps);
     Tensor mixed = add(x, m.o_proj->forward(reshape(o, {B, n, H * V})));
@@ -383,7 +386,8 @@ class HAMLayerState final : public Decoder::LayerState {
     rnn_v = reshape(rnn_v, {B, n, H, V});
     Tensor log_decay = gdn_log_decay(m.a_proj->forward(h), m.A_log, m.dt_bias);
     Tensor beta = sigmoid(m.b_proj->forward(h));
-    const ops::GatedDeltaRuleStep recurrent = state_.step(rnn_q, rnn_k, rnn_v, log_decay, beta);
+    const ops::GatedDeltaRuleStep recurrent =
+        state_.step(rnn_q, rnn_k, rnn_v, log_decay, beta, /*want_fit_error=*/true);
 
     // Routing score and selection m_t = [e_t >= tau].
     Tensor score;
