@@ -197,18 +197,16 @@ void chunked_forward_head(const HeadInputs<Scalar>& in, const std::vector<Segmen
       compute_chunk_terms(in, begin, size, state, c);
       // O = diag(E) Q S0 + P v_new
       o.middleRows(begin, size) = c.decay.asDiagonal() * c.q_state + c.qk_gamma * c.v_new;
-      if (fit_error == nullptr) {
-        state = chunk_end_state(in, c);
-        continue;
-      }
-      // Predictions of the decayed pre-write state: p = diag(E) K S0 + M v_new.
-      // (p = V - v_new / beta too, but that divides by beta, which may be 0.)
-      Matrix<Scalar> prediction = c.decay.asDiagonal() * c.k_state + c.kk_gamma * c.v_new;
-      for (int64_t i = 0; i < size; ++i) {
-        const auto p = prediction.row(i);
-        const auto v = in.v.row(begin + i);
-        (*fit_error)(begin + i) =
-            Scalar(1) - p.dot(v) / (p.norm() * v.norm() + Scalar(kFitEpsilon));
+      if (fit_error != nullptr) {
+        // Predictions of the decayed pre-write state: p = diag(E) K S0 + M v_new.
+        // (p = V - v_new / beta too, but that divides by beta, which may be 0.)
+        Matrix<Scalar> prediction = c.decay.asDiagonal() * c.k_state + c.kk_gamma * c.v_new;
+        for (int64_t i = 0; i < size; ++i) {
+          const auto p = prediction.row(i);
+          const auto v = in.v.row(begin + i);
+          (*fit_error)(begin + i) =
+              Scalar(1) - p.dot(v) / (p.norm() * v.norm() + Scalar(kFitEpsilon));
+        }
       }
       state = chunk_end_state(in, c);
     }
