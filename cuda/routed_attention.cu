@@ -1570,9 +1570,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
       if (t >= a.seq_len) continue;
       const int64_t row = a.q_index(b, t, h);
 #pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {
-        a.dq[row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dq[m][nb][2 * i]);
-        a.dq[row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dq[m][nb][2 * i + 1]);
+      for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
+        *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
+            mma::pack_bf16(a.scale * dq[m][nb][2 * i], a.scale * dq[m][nb][2 * i + 1]);
       }
     }
   }
@@ -1758,60 +1758,93 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
 }
 
 // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>, for the
-// warp's 16 keys (this lane's: key0 and key0 + 8 of the block); of these, those kPart
-// forms (the other's array is a placeholder of one block). The loads of v come before any
-// store (a load may not move above a store that could alias it, so interleaved, each
-// would wait a round trip).
-template <int DK, int DV, KeyGrads kPart = KeyGrads::Both, int NK, int NV>
+// block's BK keys (this lane's: key0 and key0 + 8 of the block); of these, those kPart
+// forms (the other's array is a placeholder of one block). The accumulators leave through
+// shared memory, `staging` (the block's tiles, whose products are done: see
+// key_gradient_staging_elements), so that each key row goes out in 16-byte stores: in the
+// accumulators' layout a warp's store puts 4 bytes a lane in 8 rows, two stores a lane per
+// 16 bytes of a row (the epilogue took 8.4 us of a block on the H200's timelines, 2.5 a
+// query tile; thirty-sixth session). The staged rows are padded by 8 elements, so that
+// the 8 rows of a warp's 4-byte writes and a row's 16-byte reads meet no bank twice.
+// <dv', v> reads this lane's two columns of v as one 4-byte load, only where the router
+// asks for it (a.dp_partial), before any store (a load may not move above a store that
+// could alias it).
+template <int DK, int DV, int BK, KeyGrads kPart>
+constexpr int key_gradient_staging_elements() {
+  return BK * ((kPart != KeyGrads::Values ? DK + 8 : 0) + (kPart != KeyGrads::Keys ? DV + 8 : 0));
+}
+
+template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both, int NK, int NV>
 __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a, int64_t b,
                                                     int64_t g, int k0, int key0,
                                                     const int* s_pos, const float* s_pscale,
                                                     const float (&dk)[NK][4],
-                                                    const float (&dv)[NV][4]) {
+                                                    const float (&dv)[NV][4], bf16* staging) {
   constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(NK == (kDk ? DK / 8 : 1) && NV == (kDv ? DV / 8 : 1), "accumulator blocks");
+  constexpr int LDK = DK + 8, LDV = DV + 8;
+  bf16* staged_dk = staging;
+  bf16* staged_dv = kDk ? staging + BK * LDK : staging;
   const int t4 = mma::lane_id() % 4;
+  if constexpr (kDv) {
+    if (a.dp_partial) {
+      using Pair = Pack<bf16, 2>;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = key0 + 8 * i;
-    const int pos = s_pos[key];  // the same for the 4 lanes of a quad
-    float dp_share = 0.f;
-    if (pos >= 0) {
-      const int64_t kv_row = a.kv_index(b, pos, g);
-      if constexpr (kDv) {
+      for (int i = 0; i < 2; ++i) {
+        const int key = key0 + 8 * i;
+        const int pos = s_pos[key];  // the same for the 4 lanes of a quad
+        float dp_share = 0.f;
+        if (pos >= 0) {
+          const bf16* v_row = a.v + a.kv_index(b, pos, g) * DV + 2 * t4;
 #pragma unroll
-        for (int nb = 0; nb < DV / 8; ++nb) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            dp_share += dv[nb][2 * i + c] * load(a.v[kv_row * DV + nb * 8 + 2 * t4 + c]);
+          for (int nb = 0; nb < DV / 8; ++nb) {
+            const Pair v = *reinterpret_cast<const Pair*>(v_row + nb * 8);
+            dp_share += dv[nb][2 * i] * load(v.v[0]) + dv[nb][2 * i + 1] * load(v.v[1]);
           }
         }
-      }
-      if constexpr (kDk) {
-#pragma unroll
-        for (int nb = 0; nb < DK / 8; ++nb) {
-          a.dk[kv_row * DK + nb * 8 + 2 * t4] = store<bf16>(a.scale * dk[nb][2 * i]);
-          a.dk[kv_row * DK + nb * 8 + 2 * t4 + 1] = store<bf16>(a.scale * dk[nb][2 * i + 1]);
+        dp_share = quad_sum(dp_share);
+        if (pos >= 0 && t4 == 0) {
+          a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
         }
-      }
-      if constexpr (kDv) {
-#pragma unroll
-        for (int nb = 0; nb < DV / 8; ++nb) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            a.dv[kv_row * DV + nb * 8 + 2 * t4 + c] =
-                store<bf16>(s_pscale[key] * dv[nb][2 * i + c]);
-          }
-        }
-      }
-    }
-    if constexpr (kDv) {
-      dp_share = quad_sum(dp_share);
-      if (a.dp_partial && pos >= 0 && t4 == 0) {
-        a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
       }
     }
   }
+  __syncthreads();  // every warp's products are done with the tiles the staging overwrites
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + 8 * i;
+    if constexpr (kDk) {
+#pragma unroll
+      for (int nb = 0; nb < DK / 8; ++nb) {
+        *reinterpret_cast<uint32_t*>(staged_dk + key * LDK + nb * 8 + 2 * t4) =
+            mma::pack_bf16(a.scale * dk[nb][2 * i], a.scale * dk[nb][2 * i + 1]);
+      }
+    }
+    if constexpr (kDv) {
+      const float key_scale = s_pscale[key];
+#pragma unroll
+      for (int nb = 0; nb < DV / 8; ++nb) {
+        *reinterpret_cast<uint32_t*>(staged_dv + key * LDV + nb * 8 + 2 * t4) =
+            mma::pack_bf16(key_scale * dv[nb][2 * i], key_scale * dv[nb][2 * i + 1]);
+      }
+    }
+  }
+  __syncthreads();
+  // Row r of a staged tile (D columns, stride LD) to row s_pos[r] of `to` (none past the
+  // block's keys: -1), D / 8 threads a row.
+  auto copy_rows = [&]<int D, int LD>(const bf16* staged, bf16* to) {
+    constexpr int kChunks = D / 8;
+#pragma unroll 1
+    for (int idx = int(threadIdx.x); idx < BK * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = idx % kChunks * 8;
+      const int pos = s_pos[r];
+      if (pos < 0) continue;
+      *reinterpret_cast<uint4*>(to + a.kv_index(b, pos, g) * D + c) =
+          *reinterpret_cast<const uint4*>(staged + r * LD + c);
+    }
+  };
+  if constexpr (kDk) copy_rows.template operator()<DK, LDK>(staged_dk, a.dk);
+  if constexpr (kDv) copy_rows.template operator()<DV, LDV>(staged_dv, a.dv);
 }
 
 // The query tiles are double-buffered: while tile i's products run, tile i + 1's Q and dO
@@ -1944,7 +1977,10 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
     }
   }
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
-  store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+  static_assert(key_gradient_staging_elements<DK, DV, BK, kPart>() * 2 <=
+                    Shape::dkdv_bytes(kPart), "the staged gradients fit the tiles");
+  store_key_gradients<DK, DV, BK, kMmaThreads, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv,
+                                                      sK);
 }
 
 // ---- The backward on warpgroup tensor cores (sm_90a: cuda/wgmma.cuh) -----------------
@@ -2130,7 +2166,10 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   }
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   mark_block(a.timeline, BlockMark::TilesDone);
-  store_key_gradients<DK, DV, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv);
+  static_assert(key_gradient_staging_elements<DK, DV, BK, kPart>() * 2 <=
+                    Shape::bytes(kPart) - wgmma::kSwizzleAtomBytes,
+                "the staged gradients fit the tiles");
+  store_key_gradients<DK, DV, BK, kThreads, kPart>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv, sK);
   mark_block(a.timeline, BlockMark::End);
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
@@ -2800,7 +2839,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
       const dim3 grid = grid_of_rows(64);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16>) {
-          if (tensor_core_ready(q, k, v)) {
+          // The tensor-core kernels write out 4 bytes at a time.
+          if (tensor_core_ready(q, k, v) && aligned_16(out.raw_data())) {
             auto launch_mma = [&]<int kM, int kKeyTile = 0>() {
               using Shape = MmaShape<DK, DV, kM, kKeyTile>;
               const KernelName name{"forward_mma", {DK, DV, kM, kKeyTile}, 4};
@@ -2874,6 +2914,11 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // backward_prologue forms D.
     int wgmma_groups_backward = 0;
     bool dq_forms_delta = false;
+    // The tensor-core kernels also read dO 16 bytes at a time and write dk and dv rows so
+    // (store_key_gradients), dq 4 bytes at a time.
+    const bool tensor_cores = tensor_core_ready(q, k, v) &&
+                              aligned_16(dout.raw_data()) && aligned_16(dq.raw_data()) &&
+                              aligned_16(dk.raw_data()) && aligned_16(dv.raw_data());
     const bool dq_in_32_keys = g_backward_dq_keys.load() == 32;
     // The wgmma dQ kernel for these head dims and warpgroups, its shared memory and its key
     // tile.
@@ -2893,7 +2938,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups>, Wgmma::bytes(), Wgmma::kTile};
     };
     if constexpr (std::is_same_v<T, bf16>) {
-      if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
+      if (tensor_cores) {
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
           if constexpr (kWgmmaHeads<DK, DV>) {
             wgmma_groups_backward = wgmma_groups(g_backward_wgmma.load(), "backward",
@@ -2978,7 +3023,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
           if constexpr (std::is_same_v<T, bf16>) {
-            if (tensor_core_ready(q, k, v) && aligned_16(dout.raw_data())) {
+            if (tensor_cores) {
               using Shape = MmaBackwardShape<DK, DV>;
               if constexpr (kWgmmaHeads<DK, DV>) {
                 const int groups = wgmma_groups_backward;

@@ -745,11 +745,14 @@ Tensor poisoned_on_the_stream(const Shape& shape, DType dtype, Device device) {
   return buffer;
 }
 
-// With offset_views, q, k, v and p are views one element into their buffers.
-void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = false) {
+// With offset_views, q, k, v and p are views one element into their buffers; with
+// offset_outputs, the forward's out and lse and the backward's dq, dk, dv and dp are.
+void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = false,
+                            bool offset_outputs = false) {
   const Device gpu = Device::cuda();
-  const std::string what =
-      gpu_case_name(c) + " " + dtype_name(dtype) + (offset_views ? " offset views" : "");
+  const std::string what = gpu_case_name(c) + " " + dtype_name(dtype) +
+                           (offset_views ? " offset views" : "") +
+                           (offset_outputs ? " offset outputs" : "");
   const DType lse_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
   uint64_t seed = 1000 + uint64_t(c.seq_len) * 7 + uint64_t(c.key_dim);
   Tensor q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
@@ -778,6 +781,10 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = f
       ops::routed_attention_forward(q_ref, k_ref, v_ref, want_sel, p_ref, scale);
   Tensor out = testing::poisoned({c.batch, c.seq_len, c.q_heads, c.value_dim}, dtype, gpu);
   Tensor lse = testing::poisoned({c.batch, c.seq_len, c.q_heads}, lse_dtype, gpu);
+  if (offset_outputs) {
+    out = testing::one_element_in(out);
+    lse = testing::one_element_in(lse);
+  }
   routed_attention_forward_kernels()(gpu, q, k, v, p, sel, scale, out, lse);
   testing::expect_matches_reference(out, want.out, dtype, what + " o");
   EXPECT_LE(testing::relative_rms_error(lse, want.lse), testing::gpu_tolerance(lse_dtype))
@@ -787,10 +794,14 @@ void expect_gpu_matches_cpu(const GpuCase& c, DType dtype, bool offset_views = f
   Tensor dout = testing::random_tensor(out.shape(), dtype, gpu, seed++);
   ops::RoutedAttentionGrads want_g = ops::routed_attention_backward(
       testing::cpu_reference(dout), q_ref, k_ref, v_ref, want_sel, want.out, want.lse, p_ref, scale);
-  Tensor dq = poisoned_on_the_stream(q.shape(), dtype, gpu);
-  Tensor dk = poisoned_on_the_stream(k.shape(), dtype, gpu);
-  Tensor dv = poisoned_on_the_stream(v.shape(), dtype, gpu);
-  Tensor dp = c.value_scale ? poisoned_on_the_stream(p.shape(), dtype, gpu) : Tensor();
+  auto gradient_buffer = [&](const Shape& shape) {
+    Tensor buffer = poisoned_on_the_stream(shape, dtype, gpu);
+    return offset_outputs ? testing::one_element_in(buffer) : buffer;
+  };
+  Tensor dq = gradient_buffer(q.shape());
+  Tensor dk = gradient_buffer(k.shape());
+  Tensor dv = gradient_buffer(v.shape());
+  Tensor dp = c.value_scale ? gradient_buffer(p.shape()) : Tensor();
   routed_attention_backward_kernels()(gpu, dout, q, k, v, p, sel, out, lse, scale, dq, dk, dv, dp);
   testing::expect_matches_reference(dv, want_g.dv, dtype, what + " dv");
   if (c.seq_len == 1) {
@@ -1225,6 +1236,23 @@ TEST(RoutedAttentionGpu, Bf16ViewsOffA16ByteBoundaryRunTheTiledKernels) {
           GpuCase{1, 70, 2, 1, key_dim, value_dim, 0.5, true, GpuDocs::Runs, false},
           DType::BF16, true);
     }
+  }
+  EXPECT_EQ(cuda::attention_forward_wgmma_launches(), forward);
+  EXPECT_EQ(cuda::attention_backward_wgmma_launches(), backward);
+#endif
+}
+
+// The tensor-core kernels write out, dq 4 bytes at a time and dk, dv rows 16 bytes at a
+// time, so outputs off a 16-byte boundary take the tiled kernels too.
+TEST(RoutedAttentionGpu, Bf16OutputsOffA16ByteBoundaryRunTheTiledKernels) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const int64_t forward = cuda::attention_forward_wgmma_launches();
+  const int64_t backward = cuda::attention_backward_wgmma_launches();
+  for (auto [key_dim, value_dim] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{128, 192}}) {
+    expect_gpu_matches_cpu(
+        GpuCase{1, 70, 2, 1, key_dim, value_dim, 0.5, true, GpuDocs::Runs, true}, DType::BF16,
+        false, true);
   }
   EXPECT_EQ(cuda::attention_forward_wgmma_launches(), forward);
   EXPECT_EQ(cuda::attention_backward_wgmma_launches(), backward);
