@@ -1314,36 +1314,126 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kM][NB][4], float
   }
 }
 
+// A block's output rows leave through shared memory, so that each goes out in 16-byte
+// stores, D / 8 threads a row: in the accumulators' layout a warp's store puts 4 bytes a
+// lane in 8 rows, 16 bytes of each (the dK/dV kernel's epilogue, which stored so, took
+// 8.4 us of a block on the H200's timelines against 2.5 a query tile; thirty-sixth
+// session). Staged rows are D + 8 elements apart, so that the 8 rows of a warp's 4-byte
+// writes and the 16-byte reads of a row meet no bank twice. The staging overwrites the
+// block's tiles once their products are done: a barrier before and after.
+
+// This lane's accumulator rows r0 and r0 + 8 (C layout, D / 8 blocks of 8 columns), times
+// scale[0] and scale[1], into the staged rows as bf16.
+template <int D>
+__device__ __forceinline__ void stage_accumulator_rows(bf16* staged, int r0,
+                                                       const float (&acc)[D / 8][4],
+                                                       const float (&scale)[2]) {
+  constexpr int LD = D + 8;
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      *reinterpret_cast<uint32_t*>(staged + (r0 + 8 * i) * LD + nb * 8 + 2 * t4) =
+          mma::pack_bf16(scale[i] * acc[nb][2 * i], scale[i] * acc[nb][2 * i + 1]);
+    }
+  }
+}
+
+// Staged rows [0, kRows) out, by the block's kThreads threads: row r to the D elements at
+// destination(r), none where that is null.
+template <int D, int kRows, int kThreads, class Destination>
+__device__ __forceinline__ void copy_out_staged_rows(const bf16* staged, Destination destination) {
+  constexpr int LD = D + 8, kChunks = D / 8;
+#pragma unroll 1
+  for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks * 8;
+    bf16* to = destination(r);
+    if (to == nullptr) continue;
+    *reinterpret_cast<uint4*>(to + c) = *reinterpret_cast<const uint4*>(staged + r * LD + c);
+  }
+}
+
+// Elements of shared memory that kRows staged rows of D take.
+template <int D, int kRows>
+constexpr int staged_elements() {
+  return kRows * (D + 8);
+}
+
+// The dQ kernels' end: dq = scale dQ for a warp's kM row tiles (this lane's rows r0[m]
+// and r0[m] + 8 of the block's kRows), staged in `staging` (the block's Q tile and on).
+template <int kRows, int kThreads, int kM, int NB>
+__device__ __forceinline__ void store_query_grads(const AttentionArgs<bf16>& a, int64_t b,
+                                                  int64_t h, int64_t q0, const int (&r0)[kM],
+                                                  const float (&dq)[kM][NB][4],
+                                                  bf16* staging) {
+  constexpr int DK = NB * 8;
+  const float scale[2] = {a.scale, a.scale};
+  __syncthreads();  // every warp's products are done with the tiles the staging overwrites
+#pragma unroll
+  for (int m = 0; m < kM; ++m) stage_accumulator_rows<DK>(staging, r0[m], dq[m], scale);
+  __syncthreads();
+  copy_out_staged_rows<DK, kRows, kThreads>(staging, [&](int r) {
+    const int64_t t = q0 + r;
+    return t < a.seq_len ? a.dq + a.q_index(b, t, h) * DK : nullptr;
+  });
+}
+
 // The forward's end for a warp's kM row tiles (this lane's rows r0[m] and r0[m] + 8 of the
-// block): out = O / l and lse = (m scale_log2 + log2 l) ln 2, with l summed over the quad.
-// A row with no visible key (l = 0) gets o = 0 and lse = -inf; a NaN score stays NaN in
-// both.
-template <int kM, int VB>
+// block's kRows): out = O / l, staged in `staging` (the block's tiles, kTileElements of
+// them), and lse = (m scale_log2 + log2 l) ln 2, with l summed over the quad. A row with no
+// visible key (l = 0) gets o = 0 and lse = -inf; a NaN score stays NaN in both. Device
+// code for sm_80 stores out from the accumulators instead, a lane's two adjacent columns in
+// one store: staged, ptxas spilled 9 instructions in the 128-row forward_mma's tile loop
+// there, not 3 (sm_90a: none either way).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kStageForwardRows = false;
+#else
+constexpr bool kStageForwardRows = true;
+#endif
+template <int kRows, int kThreads, int kTileElements, int kM, int VB>
 __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
                                                    const QueryBlock& qb, const int (&r0)[kM],
                                                    const float (&o)[kM][VB][4],
                                                    const float (&m_run)[kM][2],
-                                                   float (&l)[kM][2], float scale_log2) {
+                                                   float (&l)[kM][2], float scale_log2,
+                                                   bf16* staging) {
+  constexpr int DV = VB * 8;
+  static_assert(staged_elements<DV, kRows>() <= kTileElements, "the staged out fits the tiles");
   const int t4 = mma::lane_id() % 4;
+  if constexpr (kStageForwardRows) {
+    __syncthreads();  // every warp's products are done with the tiles the staging overwrites
+  }
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
+    float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l[m][i] = quad_sum(l[m][i]);
+      inv[i] = l[m][i] == 0.f ? 0.f : 1.f / l[m][i];
       const int64_t t = qb.q0 + r0[m] + 8 * i;
       if (t >= a.seq_len) continue;
       const int64_t row = a.q_index(qb.b, t, qb.h);
-      const float inv = l[m][i] == 0.f ? 0.f : 1.f / l[m][i];
-#pragma unroll
-      for (int vb = 0; vb < VB; ++vb) {  // a lane's two adjacent columns in one store
-        *reinterpret_cast<uint32_t*>(a.out + row * (VB * 8) + vb * 8 + 2 * t4) =
-            mma::pack_bf16(o[m][vb][2 * i] * inv, o[m][vb][2 * i + 1] * inv);
-      }
       if (t4 == 0) {
         a.lse[row] =
             l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
       }
+      if constexpr (!kStageForwardRows) {
+#pragma unroll
+        for (int vb = 0; vb < VB; ++vb) {
+          *reinterpret_cast<uint32_t*>(a.out + row * DV + vb * 8 + 2 * t4) =
+              mma::pack_bf16(o[m][vb][2 * i] * inv[i], o[m][vb][2 * i + 1] * inv[i]);
+        }
+      }
     }
+    if constexpr (kStageForwardRows) stage_accumulator_rows<DV>(staging, r0[m], o[m], inv);
+  }
+  if constexpr (kStageForwardRows) {
+    __syncthreads();
+    copy_out_staged_rows<DV, kRows, kThreads>(staging, [&](int r) {
+      const int64_t t = qb.q0 + r;
+      return t < a.seq_len ? a.out + a.q_index(qb.b, t, qb.h) * DV : nullptr;
+    });
   }
 }
 
@@ -1418,7 +1508,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
     mma::accumulators_times_matrix<kM, NB, LDV, VB>(s, sV, o);
   }
   mark_block(a.timeline, BlockMark::TilesDone);
-  store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
+  store_forward_rows<BQ, kMmaThreads, int(Shape::forward_bytes / 2)>(a, qb, r0, o, m_run, l,
+                                                                     scale_log2, sQ);
   mark_block(a.timeline, BlockMark::End);
 }
 
@@ -1498,7 +1589,6 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
   HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int t4 = lane % 4;
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kMmaThreads>(
       a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
         issue_query_rows<DK, DV, BQ>(a, row, head, first, sQ, sO);
@@ -1562,20 +1652,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
     }
     mma::accumulators_times_matrix<kM, NB, LDK, DK / 8>(ds, sK, dq);
   }
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t t = q0 + r0[m] + 8 * i;
-      if (t >= a.seq_len) continue;
-      const int64_t row = a.q_index(b, t, h);
-#pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
-        *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
-            mma::pack_bf16(a.scale * dq[m][nb][2 * i], a.scale * dq[m][nb][2 * i + 1]);
-      }
-    }
-  }
+  store_query_grads<BQ, kMmaThreads>(a, b, h, q0, r0, dq, sQ);  // sQ: [BQ][LDK], LDK = DK + 8
 }
 
 // first_tile_sees_the_keys: a dK/dV block's first query tile (its group's first head,
@@ -1759,19 +1836,14 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
 
 // Scatter to the original positions: dk, dv = p dv', and this kv head's <dv', v>, for the
 // block's BK keys (this lane's: key0 and key0 + 8 of the block); of these, those kPart
-// forms (the other's array is a placeholder of one block). The accumulators leave through
-// shared memory, `staging` (the block's tiles, whose products are done: see
-// key_gradient_staging_elements), so that each key row goes out in 16-byte stores: in the
-// accumulators' layout a warp's store puts 4 bytes a lane in 8 rows, two stores a lane per
-// 16 bytes of a row (the epilogue took 8.4 us of a block on the H200's timelines, 2.5 a
-// query tile; thirty-sixth session). The staged rows are padded by 8 elements, so that
-// the 8 rows of a warp's 4-byte writes and a row's 16-byte reads meet no bank twice.
-// <dv', v> reads this lane's two columns of v as one 4-byte load, only where the router
-// asks for it (a.dp_partial), before any store (a load may not move above a store that
-// could alias it).
+// forms (the other's array is a placeholder of one block), staged in `staging` (the
+// block's tiles: see key_gradient_staging_elements). <dv', v> reads this lane's two
+// columns of v in one 4-byte load, only where the router asks for it (a.dp_partial), and
+// before any store (a load may not move above a store that could alias it).
 template <int DK, int DV, int BK, KeyGrads kPart>
 constexpr int key_gradient_staging_elements() {
-  return BK * ((kPart != KeyGrads::Values ? DK + 8 : 0) + (kPart != KeyGrads::Keys ? DV + 8 : 0));
+  return (kPart != KeyGrads::Values ? staged_elements<DK, BK>() : 0) +
+         (kPart != KeyGrads::Keys ? staged_elements<DV, BK>() : 0);
 }
 
 template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both, int NK, int NV>
@@ -1782,13 +1854,12 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
                                                     const float (&dv)[NV][4], bf16* staging) {
   constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(NK == (kDk ? DK / 8 : 1) && NV == (kDv ? DV / 8 : 1), "accumulator blocks");
-  constexpr int LDK = DK + 8, LDV = DV + 8;
   bf16* staged_dk = staging;
-  bf16* staged_dv = kDk ? staging + BK * LDK : staging;
-  const int t4 = mma::lane_id() % 4;
+  bf16* staged_dv = kDk ? staging + staged_elements<DK, BK>() : staging;
   if constexpr (kDv) {
     if (a.dp_partial) {
       using Pair = Pack<bf16, 2>;
+      const int t4 = mma::lane_id() % 4;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int key = key0 + 8 * i;
@@ -1810,41 +1881,23 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
     }
   }
   __syncthreads();  // every warp's products are done with the tiles the staging overwrites
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = key0 + 8 * i;
-    if constexpr (kDk) {
-#pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {
-        *reinterpret_cast<uint32_t*>(staged_dk + key * LDK + nb * 8 + 2 * t4) =
-            mma::pack_bf16(a.scale * dk[nb][2 * i], a.scale * dk[nb][2 * i + 1]);
-      }
-    }
-    if constexpr (kDv) {
-      const float key_scale = s_pscale[key];
-#pragma unroll
-      for (int nb = 0; nb < DV / 8; ++nb) {
-        *reinterpret_cast<uint32_t*>(staged_dv + key * LDV + nb * 8 + 2 * t4) =
-            mma::pack_bf16(key_scale * dv[nb][2 * i], key_scale * dv[nb][2 * i + 1]);
-      }
-    }
+  if constexpr (kDk) {
+    const float scale[2] = {a.scale, a.scale};
+    stage_accumulator_rows<DK>(staged_dk, key0, dk, scale);
+  }
+  if constexpr (kDv) {
+    const float scale[2] = {s_pscale[key0], s_pscale[key0 + 8]};
+    stage_accumulator_rows<DV>(staged_dv, key0, dv, scale);
   }
   __syncthreads();
-  // Row r of a staged tile (D columns, stride LD) to row s_pos[r] of `to` (none past the
-  // block's keys: -1), D / 8 threads a row.
-  auto copy_rows = [&]<int D, int LD>(const bf16* staged, bf16* to) {
-    constexpr int kChunks = D / 8;
-#pragma unroll 1
-    for (int idx = int(threadIdx.x); idx < BK * kChunks; idx += kThreads) {
-      const int r = idx / kChunks, c = idx % kChunks * 8;
-      const int pos = s_pos[r];
-      if (pos < 0) continue;
-      *reinterpret_cast<uint4*>(to + a.kv_index(b, pos, g) * D + c) =
-          *reinterpret_cast<const uint4*>(staged + r * LD + c);
-    }
+  auto key_row = [&](bf16* grads, int D) {
+    return [=](int r) {
+      const int pos = s_pos[r];  // -1 past the block's keys
+      return pos < 0 ? nullptr : grads + a.kv_index(b, pos, g) * D;
+    };
   };
-  if constexpr (kDk) copy_rows.template operator()<DK, LDK>(staged_dk, a.dk);
-  if constexpr (kDv) copy_rows.template operator()<DV, LDV>(staged_dv, a.dv);
+  if constexpr (kDk) copy_out_staged_rows<DK, BK, kThreads>(staged_dk, key_row(a.dk, DK));
+  if constexpr (kDv) copy_out_staged_rows<DV, BK, kThreads>(staged_dv, key_row(a.dv, DV));
 }
 
 // The query tiles are double-buffered: while tile i's products run, tile i + 1's Q and dO
@@ -2238,7 +2291,6 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const int t4 = lane % 4;
   const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kThreads>(
       a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
         issue_query_rows_to<DK, DV, BQ, kThreads>(a, row, head, first, SwizzledTile<BQ>{sQ},
@@ -2273,8 +2325,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   const uint32_t q_tile = wgmma::shared_address(sQ) + group_rows;
   const uint32_t o_tile = wgmma::shared_address(sO) + group_rows;
   const float scale_log2 = a.scale * kLog2e;
-  float dq[DK / 8][4];
-  zero(dq);
+  float dq[1][DK / 8][4];  // one row tile (store_query_grads' shape)
+  zero(dq[0]);
   for (int t = 0, k0 = lo; k0 < hi; ++t, k0 += BK) {
     keys.advance(t);  // tile t (and Q, dO) have landed, fenced for the tensor cores
     if (t == 0) mark_block(a.timeline, BlockMark::FirstTile, (hi - k0 + BK - 1) / BK);
@@ -2304,20 +2356,28 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
 #pragma unroll
     for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(ds[0], j, ds_frags[j]);
     wgmma::fence();
-    wgmma::fragments_times_matrix<DK, BK, BK>(dq, ds_frags, k_tile);  // dQ += dS K
+    wgmma::fragments_times_matrix<DK, BK, BK>(dq[0], ds_frags, k_tile);  // dQ += dS K
     wgmma::commit();
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
   mark_block(a.timeline, BlockMark::TilesDone);
+  static_assert(staged_elements<DK, BQ>() <= BQ * (DK + DV), "the staged dq fits Q and dO");
+  if constexpr (kGroups == 1) {
+    store_query_grads<BQ, kThreads>(a, b, h, q0, r0, dq, sQ);
+  } else {
+    // Staged, the two warpgroups' instance at 128 x 192 moved its tile loop's descriptors
+    // out of the uniform registers (ptxas, sm_90a: 54 more instructions a tile).
+    const int t4 = lane % 4;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t token = q0 + r0[0] + 8 * i;
-    if (token >= a.seq_len) continue;
-    const int64_t row = a.q_index(b, token, h);
+    for (int i = 0; i < 2; ++i) {
+      const int64_t token = q0 + r0[0] + 8 * i;
+      if (token >= a.seq_len) continue;
+      const int64_t row = a.q_index(b, token, h);
 #pragma unroll
-    for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
-      *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
-          mma::pack_bf16(a.scale * dq[nb][2 * i], a.scale * dq[nb][2 * i + 1]);
+      for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
+        *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
+            mma::pack_bf16(a.scale * dq[0][nb][2 * i], a.scale * dq[0][nb][2 * i + 1]);
+      }
     }
   }
   mark_block(a.timeline, BlockMark::End);
@@ -2406,7 +2466,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
   mark_block(a.timeline, BlockMark::TilesDone);
-  store_forward_rows(a, qb, r0, o, m_run, l, scale_log2);
+  store_forward_rows<BQ, kThreads, int((Shape::bytes - wgmma::kSwizzleAtomBytes) / 2)>(
+      a, qb, r0, o, m_run, l, scale_log2, sQ);
   mark_block(a.timeline, BlockMark::End);
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
