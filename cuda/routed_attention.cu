@@ -2900,7 +2900,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
       const dim3 grid = grid_of_rows(64);
       dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
         if constexpr (std::is_same_v<T, bf16>) {
-          // The tensor-core kernels write out 4 bytes at a time.
+          // The tensor-core kernels write out's rows 16 bytes at a time (store_forward_rows).
           if (tensor_core_ready(q, k, v) && aligned_16(out.raw_data())) {
             auto launch_mma = [&]<int kM, int kKeyTile = 0>() {
               using Shape = MmaShape<DK, DV, kM, kKeyTile>;
@@ -2975,8 +2975,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // backward_prologue forms D.
     int wgmma_groups_backward = 0;
     bool dq_forms_delta = false;
-    // The tensor-core kernels also read dO 16 bytes at a time and write dk and dv rows so
-    // (store_key_gradients), dq 4 bytes at a time.
+    // The tensor-core kernels also read dO 16 bytes at a time and write the rows of dq, dk
+    // and dv so (store_query_grads, store_key_gradients).
     const bool tensor_cores = tensor_core_ready(q, k, v) &&
                               aligned_16(dout.raw_data()) && aligned_16(dq.raw_data()) &&
                               aligned_16(dk.raw_data()) && aligned_16(dv.raw_data());

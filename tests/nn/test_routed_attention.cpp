@@ -1242,8 +1242,8 @@ TEST(RoutedAttentionGpu, Bf16ViewsOffA16ByteBoundaryRunTheTiledKernels) {
 #endif
 }
 
-// The tensor-core kernels write out, dq 4 bytes at a time and dk, dv rows 16 bytes at a
-// time, so outputs off a 16-byte boundary take the tiled kernels too.
+// The tensor-core kernels write the rows of out, dq, dk and dv 16 bytes at a time, so
+// outputs off a 16-byte boundary take the tiled kernels too.
 TEST(RoutedAttentionGpu, Bf16OutputsOffA16ByteBoundaryRunTheTiledKernels) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
