@@ -1322,22 +1322,34 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kM][NB][4], float
 // writes and the 16-byte reads of a row meet no bank twice. The staging overwrites the
 // block's tiles once their products are done: a barrier before and after.
 
-// This lane's accumulator rows r0 and r0 + 8 (C layout, D / 8 blocks of 8 columns), times
-// scale[0] and scale[1], into the staged rows as bf16.
+// This lane's two accumulator rows (C layout, D / 8 blocks of 8 columns) as bf16: the
+// i-th times scale[i] to the row at to[i] (none where null), a lane's two adjacent columns
+// in one 4-byte store.
+template <int D>
+__device__ __forceinline__ void write_accumulator_rows(bf16* const (&to)[2],
+                                                       const float (&acc)[D / 8][4],
+                                                       const float (&scale)[2]) {
+  const int t4 = mma::lane_id() % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (to[i] == nullptr) continue;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      *reinterpret_cast<uint32_t*>(to[i] + nb * 8 + 2 * t4) =
+          mma::pack_bf16(scale[i] * acc[nb][2 * i], scale[i] * acc[nb][2 * i + 1]);
+    }
+  }
+}
+
+// This lane's accumulator rows r0 and r0 + 8, times scale[0] and scale[1], into the staged
+// rows.
 template <int D>
 __device__ __forceinline__ void stage_accumulator_rows(bf16* staged, int r0,
                                                        const float (&acc)[D / 8][4],
                                                        const float (&scale)[2]) {
   constexpr int LD = D + 8;
-  const int t4 = mma::lane_id() % 4;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb) {
-      *reinterpret_cast<uint32_t*>(staged + (r0 + 8 * i) * LD + nb * 8 + 2 * t4) =
-          mma::pack_bf16(scale[i] * acc[nb][2 * i], scale[i] * acc[nb][2 * i + 1]);
-    }
-  }
+  bf16* const rows[2] = {staged + r0 * LD, staged + (r0 + 8) * LD};
+  write_accumulator_rows<D>(rows, acc, scale);
 }
 
 // Staged rows [0, kRows) out, by the block's kThreads threads: row r to the D elements at
@@ -1407,6 +1419,7 @@ __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     float inv[2];
+    bf16* out_rows[2] = {nullptr, nullptr};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l[m][i] = quad_sum(l[m][i]);
@@ -1414,19 +1427,17 @@ __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
       const int64_t t = qb.q0 + r0[m] + 8 * i;
       if (t >= a.seq_len) continue;
       const int64_t row = a.q_index(qb.b, t, qb.h);
+      out_rows[i] = a.out + row * DV;
       if (t4 == 0) {
         a.lse[row] =
             l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
       }
-      if constexpr (!kStageForwardRows) {
-#pragma unroll
-        for (int vb = 0; vb < VB; ++vb) {
-          *reinterpret_cast<uint32_t*>(a.out + row * DV + vb * 8 + 2 * t4) =
-              mma::pack_bf16(o[m][vb][2 * i] * inv[i], o[m][vb][2 * i + 1] * inv[i]);
-        }
-      }
     }
-    if constexpr (kStageForwardRows) stage_accumulator_rows<DV>(staging, r0[m], o[m], inv);
+    if constexpr (kStageForwardRows) {
+      stage_accumulator_rows<DV>(staging, r0[m], o[m], inv);
+    } else {
+      write_accumulator_rows<DV>(out_rows, o[m], inv);
+    }
   }
   if constexpr (kStageForwardRows) {
     __syncthreads();
@@ -2361,24 +2372,20 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
     wgmma::wait<0>();  // before advance() refills this tile's slot
   }
   mark_block(a.timeline, BlockMark::TilesDone);
-  static_assert(staged_elements<DK, BQ>() <= BQ * (DK + DV), "the staged dq fits Q and dO");
   if constexpr (kGroups == 1) {
+    static_assert(staged_elements<DK, BQ>() <= BQ * (DK + DV), "the staged dq fits Q and dO");
     store_query_grads<BQ, kThreads>(a, b, h, q0, r0, dq, sQ);
   } else {
     // Staged, the two warpgroups' instance at 128 x 192 moved its tile loop's descriptors
     // out of the uniform registers (ptxas, sm_90a: 54 more instructions a tile).
-    const int t4 = lane % 4;
+    bf16* dq_rows[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t token = q0 + r0[0] + 8 * i;
-      if (token >= a.seq_len) continue;
-      const int64_t row = a.q_index(b, token, h);
-#pragma unroll
-      for (int nb = 0; nb < DK / 8; ++nb) {  // a lane's two adjacent columns in one store
-        *reinterpret_cast<uint32_t*>(a.dq + row * DK + nb * 8 + 2 * t4) =
-            mma::pack_bf16(a.scale * dq[0][nb][2 * i], a.scale * dq[0][nb][2 * i + 1]);
-      }
+      dq_rows[i] = token < a.seq_len ? a.dq + a.q_index(b, token, h) * DK : nullptr;
     }
+    const float scale[2] = {a.scale, a.scale};
+    write_accumulator_rows<DK>(dq_rows, dq[0], scale);
   }
   mark_block(a.timeline, BlockMark::End);
 #else
