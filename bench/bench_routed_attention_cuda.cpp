@@ -21,9 +21,10 @@
 // heads of 192.
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256); then the
-// wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys), and last
-// the backward with its first pass in order against beside the others on a second stream
-// (set_attention_backward_overlap).
+// wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys), its blocks
+// from their rows' ranges against from the query tiles' records
+// (set_attention_backward_dq_records), and last the backward with its first pass in order
+// against beside the others on a second stream (set_attention_backward_overlap).
 //
 // --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
 // forward and one backward spend their time (cuda/block_timeline.h: per kernel launch its
@@ -33,10 +34,11 @@
 // tail), beside the event time of each pass and the host's time to issue it (when that is
 // near the event time, the pass waits on the host, not the GPU); then the backward once
 // more with its first pass in order, not beside the others on a second stream (the
-// default; set_attention_backward_overlap). With
+// default; set_attention_backward_overlap), and once with the dQ kernel's blocks started
+// from the query tiles' records (set_attention_backward_dq_records). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
-// start cycle, its first tile, tiles done and end as cycles after its start (-1 where not
-// stamped), and its start and end in ns after the launch's first start.
+// start cycle, its first copies issued, first tile, tiles done and end as cycles after its
+// start (-1 where not stamped), and its start and end in ns after the launch's first start.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -225,6 +227,16 @@ bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput&
   return backward_ms_set(in, forward, &cuda::set_attention_backward_wgmma, wgmma, reps);
 }
 
+// The backward's ms on one warpgroup a block with the wgmma dQ kernel's blocks started from
+// their query tiles' records or not (set_attention_backward_dq_records).
+bench::Spread backward_ms_with_dq_records(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                                          bool records, int reps) {
+  const bool previous = cuda::set_attention_backward_dq_records(records);
+  const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
+  cuda::set_attention_backward_dq_records(previous);
+  return ms;
+}
+
 // The backward's ms on one warpgroup a block with the wgmma dQ kernel's key tiles of `keys`
 // (set_attention_backward_dq_keys: 64 or 32).
 bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
@@ -299,7 +311,8 @@ void write_block_rows(std::ofstream& csv, const std::string& case_name,
   for (size_t i = 0; i < launch.blocks.size(); ++i) {
     const cuda::BlockStamps& s = launch.blocks[i];
     csv << case_name << ",\"" << launch.kernel << "\"," << i << ',' << s.sm << ','
-        << s.tiles << ',' << s.start << ',' << after_start(s, s.first_tile) << ','
+        << s.tiles << ',' << s.start << ',' << after_start(s, s.copies_issued) << ','
+        << after_start(s, s.first_tile) << ','
         << after_start(s, s.tiles_done) << ',' << after_start(s, s.end) << ','
         << int64_t(s.start_ns - first_ns) << ',' << int64_t(s.end_ns - first_ns) << '\n';
   }
@@ -348,8 +361,8 @@ void timeline_rows(const char* pass, const std::string& case_name, Run run, std:
 // with a CSV, one row per block there).
 void timeline_tables(const std::string& filter, int reps, const std::string& csv_path) {
   std::ofstream csv = bench::open_csv(csv_path, "case,kernel,block,sm,tiles,start_cycle,"
-                                                "first_tile_after,tiles_done_after,end_after,"
-                                                "start_ns,end_ns");
+                                                "copies_issued_after,first_tile_after,"
+                                                "tiles_done_after,end_after,start_ns,end_ns");
   std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
               "blocks that visited a tile;\nfixed and a tile: least squares over all blocks; "
               "gaps and tail: the SMs' idle shares of the span\n");
@@ -388,6 +401,16 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
       std::printf("(the first pass forms D here: it runs in order)\n");
     }
     cuda::set_attention_backward_overlap(previous);
+    // And with the dQ kernel's blocks started from the query tiles' records
+    // (set_attention_backward_dq_records): its prologue, against the default's above.
+    const bool previous_records = cuda::set_attention_backward_dq_records(true);
+    const int64_t records_before = cuda::attention_backward_dq_record_launches();
+    timeline_rows("backward, the dQ blocks from the query tiles' records", c.name() + " records",
+                  run_backward, csv);
+    if (cuda::attention_backward_dq_record_launches() == records_before) {
+      std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: no records)\n");
+    }
+    cuda::set_attention_backward_dq_records(previous_records);
     std::fflush(stdout);
   }
 }
@@ -502,6 +525,22 @@ int main(int argc, char** argv) {
             ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
         print_spread_pair(c.name(), backward_ms_with_dq_keys(in, forward, 64, reps),
                           backward_ms_with_dq_keys(in, forward, 32, reps));
+      }
+      // The dQ blocks' prologue: from their own rows' ranges (two barriers, then the first
+      // key positions) or from the query tiles' records (one load before the first copies).
+      std::printf("\nbackward on one warpgroup a block, the wgmma dQ kernel's blocks from their "
+                  "rows' ranges vs from the query\ntiles' records (ms at min / median / max; "
+                  "the ratios ranges / records at each, above 1: records faster)\n");
+      std::printf("%-40s %26s %26s %18s\n", "case", "ranges", "records", "ratio");
+      for (const BenchCase& c : bench_cases()) {
+        if (c.key_dim > 128 || c.value_dim > 128) continue;
+        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+        CaseInputs in(c);
+        in.selection = ops::compact_selection(in.select, in.docs);
+        const ops::RoutedAttentionOutput forward =
+            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+        print_spread_pair(c.name(), backward_ms_with_dq_records(in, forward, false, reps),
+                          backward_ms_with_dq_records(in, forward, true, reps));
       }
       // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
       // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run

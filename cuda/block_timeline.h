@@ -1,11 +1,13 @@
 #pragma once
 // Where a kernel's blocks spend their time. While a run records (record_block_timelines),
-// thread 0 of each block of an instrumented kernel stores its SM's cycle counter at four
-// points (start; its first tile landed, so the prologue is over; its tiles done; end), the
-// global nanosecond timer at start and end, its SM and how many tiles it visited, in one
-// BlockStamps. summarize_block_timeline turns a launch's stamps into what an event time
-// cannot tell apart: the prologue, the time a tile, the epilogue, the gaps between blocks
-// on an SM and the SMs left idle at the end.
+// thread 0 of each block of an instrumented kernel stores its SM's cycle counter at five
+// points (start; its first tile's copies issued; that tile landed, so the prologue is over;
+// its tiles done; end), the global nanosecond timer at start and end, its SM and how many
+// tiles it visited, in one BlockStamps. summarize_block_timeline turns a launch's stamps
+// into what an event time cannot tell apart: the prologue, split where the first copies
+// go out (before: the chain of dependent loads that gives their addresses; after: the
+// copies landing), the time a tile, the epilogue, the gaps between blocks on an SM and the
+// SMs left idle at the end.
 //
 // Not recording, a kernel's timeline pointer is null and each mark is one untaken branch.
 // Each mark reads its thread and block anew and stores its stamp at once, so that little
@@ -32,14 +34,16 @@ namespace ham::cuda {
 
 struct BlockStamps {
   // The block's SM's cycle counter (clock64) at each mark; 0 where the block did not reach
-  // it (no tile: first_tile stays 0).
-  uint64_t start, first_tile, tiles_done, end;
+  // it (no tile: copies_issued and first_tile may stay 0).
+  uint64_t start, copies_issued, first_tile, tiles_done, end;
   uint64_t start_ns, end_ns;  // %globaltimer: comparable across SMs
   uint32_t sm, tiles;
 };
-static_assert(sizeof(BlockStamps) == 56, "seven 8-byte words a block");
+static_assert(sizeof(BlockStamps) == 64, "eight 8-byte words a block");
 
-enum class BlockMark { Start, FirstTile, TilesDone, End };
+// CopiesIssued: thread 0 has issued its copies of the block's first tile (and of its own
+// rows), so the loads their addresses wait for are done.
+enum class BlockMark { Start, CopiesIssued, FirstTile, TilesDone, End };
 
 #if defined(__CUDACC__) || defined(HAM_CUDA_EMULATOR)
 
@@ -96,6 +100,9 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
       stamps.start_ns = global_timer_ns();
       stamps.sm = block_sm_id();
       break;
+    case BlockMark::CopiesIssued:
+      stamps.copies_issued = now;
+      break;
     case BlockMark::FirstTile:
       stamps.first_tile = now;
       stamps.tiles = uint32_t(tiles);
@@ -114,11 +121,11 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
 
 // ---- Host ----------------------------------------------------------------------------
 
-// A kernel's name with up to four template arguments, formatted only when recording:
+// A kernel's name with up to five template arguments, formatted only when recording:
 // {"forward_wgmma", {128, 128, 1}, 3} reads "forward_wgmma<128, 128, 1>".
 struct KernelName {
   const char* base;
-  int arguments[4];
+  int arguments[5];
   int count;
   std::string text() const;
 };
@@ -155,8 +162,10 @@ struct TimelineSummary {
   // Those two on the global timer, to set launches against each other (timeline_summary_row).
   uint64_t first_start_ns = 0, last_end_ns = 0;
   // Of the working blocks, in us: start to first tile landed, the tiles' time divided by
-  // their count, tiles done to end, and start to end.
-  Quantiles prologue_us, tile_us, epilogue_us, block_us;
+  // their count, tiles done to end, and start to end; and of those that stamp
+  // CopiesIssued, start to their first copies issued (the rest of the prologue is the
+  // copies landing).
+  Quantiles prologue_us, tile_us, epilogue_us, block_us, issue_us;
   // Least squares over all blocks: a block's time = fixed_us + tile_fit_us * its tiles.
   double fixed_us = 0, tile_fit_us = 0;
   // Per SM, the time inside its own first start .. last end with no block of the launch

@@ -46,6 +46,10 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
     HAM_CHECK(s.tiles == 0 || (s.first_tile >= s.start && s.tiles_done >= s.first_tile &&
                                s.end >= s.tiles_done),
               "block timeline: block ", i, " has its tile stamps out of order");
+    HAM_CHECK(s.copies_issued == 0 ||
+                  (s.copies_issued >= s.start && s.copies_issued <= s.end &&
+                   (s.tiles == 0 || s.copies_issued <= s.first_tile)),
+              "block timeline: block ", i, " issued its first copies out of order");
     first_ns = std::min(first_ns, s.start_ns);
     last_ns = std::max(last_ns, s.end_ns);
     cycles += double(s.end - s.start);
@@ -60,7 +64,7 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
   summary.first_start_ns = first_ns;
   summary.last_end_ns = last_ns;
 
-  std::vector<double> prologue, tile, epilogue, block;
+  std::vector<double> prologue, tile, epilogue, block, issue;
   // Least squares of a block's cycles on its tiles, over all blocks.
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   std::map<uint32_t, std::vector<const BlockStamps*>> by_sm;
@@ -74,11 +78,13 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
     tile.push_back(double(s.tiles_done - s.first_tile) * us_per_cycle / s.tiles);
     epilogue.push_back(double(s.end - s.tiles_done) * us_per_cycle);
     block.push_back(y * us_per_cycle);
+    if (s.copies_issued != 0) issue.push_back(double(s.copies_issued - s.start) * us_per_cycle);
   }
   summary.prologue_us = quantiles_of(prologue);
   summary.tile_us = quantiles_of(tile);
   summary.epilogue_us = quantiles_of(epilogue);
   summary.block_us = quantiles_of(block);
+  summary.issue_us = quantiles_of(issue);
   const double denominator = n * sxx - sx * sx;
   if (denominator > 0) {
     const double slope = (n * sxy - sx * sy) / denominator;
@@ -123,11 +129,11 @@ TimelineSummary summarize_block_timeline(const std::vector<BlockStamps>& blocks)
 std::string timeline_summary_header() {
   char text[512];
   std::snprintf(text, sizeof text,
-                "%-44s %8s %8s %6s %6s %7s %4s %3s %8s  %-17s %-17s %-17s %-17s %7s %7s %5s "
-                "%5s",
+                "%-44s %8s %8s %6s %6s %7s %4s %3s %8s  %-17s %-17s %-17s %-17s %-17s %7s %7s "
+                "%5s %5s",
                 "launch", "from us", "to us", "blocks", "work", "tiles", "SMs", "res", "span us",
-                "prologue us", "tile us", "epilogue us", "block us", "fixed", "a tile",
-                "gaps", "tail");
+                "prologue us", "of it, issue us", "tile us", "epilogue us", "block us", "fixed",
+                "a tile", "gaps", "tail");
   return text;
 }
 
@@ -144,11 +150,11 @@ std::string timeline_summary_row(const std::string& label, const TimelineSummary
   char text[512];
   std::snprintf(text, sizeof text,
                 "%-44s %8.1f %8.1f %6lld %6lld %7lld %4d %3d %8.1f  %-17s %-17s %-17s %-17s "
-                "%7.2f %7.2f %5.2f %5.2f",
+                "%-17s %7.2f %7.2f %5.2f %5.2f",
                 label.c_str(), after(s.first_start_ns), after(s.last_end_ns),
                 (long long)s.blocks, (long long)s.working_blocks, (long long)s.tiles, s.sms,
-                s.most_resident, s.span_us,
-                spread(s.prologue_us).c_str(), spread(s.tile_us).c_str(),
+                s.most_resident, s.span_us, spread(s.prologue_us).c_str(),
+                spread(s.issue_us).c_str(), spread(s.tile_us).c_str(),
                 spread(s.epilogue_us).c_str(), spread(s.block_us).c_str(), s.fixed_us,
                 s.tile_fit_us, s.between_blocks_share, s.tail_share);
   return text;

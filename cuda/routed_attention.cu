@@ -351,6 +351,19 @@ struct alignas(8) QueryTileRange {
   int begin, end;
 };
 
+// A query tile's keys as a dQ block of kQueryTileRows rows starts on them, written by
+// summarize_query_tiles where set_attention_backward_dq_records asks: the union [lo, hi)
+// and the intersection [full_lo, full_hi) of its rows' visible ranges, as load_query_ranges
+// forms them (rows past T count as empty ranges at 0), and the positions of compacted keys
+// lo, lo + 1, ... (-1 at or past hi). From it a block issues its first key tile's copies
+// after one load, where from its rows it waits for their ranges, two barriers and then the
+// positions (query_block_from_record).
+constexpr int kRecordKeys = 64;
+struct alignas(16) QueryTileKeys {
+  int lo, hi, full_lo, full_hi;
+  int first_positions[kRecordKeys];
+};
+
 template <class T>
 struct AttentionArgs {
   using C = compute_t<T>;
@@ -369,6 +382,7 @@ struct AttentionArgs {
   T *dq, *dk, *dv;
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
   const QueryTileRange* query_tiles;  // [B, ceil(T / kQueryTileRows)]
+  const QueryTileKeys* query_tile_keys;  // the same tiles' keys, or null (not formed)
   // The launch's block stamps while recording (cuda/block_timeline.h), else null.
   BlockStamps* timeline = nullptr;
 
@@ -1181,6 +1195,31 @@ struct KeyTiles {
     }
   }
 
+  // begin() for a block whose tile 0 positions are first_positions (global memory: a
+  // QueryTileKeys record, -1 past hi): each thread reads its copies' positions there, so
+  // no barrier publishes them; slot 0 is next written for tile 2. Only when lo < hi;
+  // collective over the block.
+  __device__ void begin_from(const int* first_positions) {
+    const int j = int(threadIdx.x);
+    if (j < BK) {
+      next_position = key_position(a, b, first_key(1) + j, hi);
+      after_position = key_position(a, b, first_key(2) + j, hi);
+    }
+    const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+    const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
+    if constexpr (kSwizzled) {
+      issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{k(0)}, k_of, key_rows(first_positions));
+      issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{v(0)}, v_of, key_rows(first_positions));
+    } else {
+      issue_rows<DK, LDK, BK>(k(0), k_of, key_rows(first_positions));
+      issue_rows<DV, LDV, BK>(v(0), v_of, key_rows(first_positions));
+    }
+    if (j < BK) {
+      scales[j] = key_scale(a, b, first_positions[j]);
+      next_scale = key_scale(a, b, next_position);
+    }
+  }
+
   // At the top of tile t: tile t + 1's positions and scales into their slots (free: their
   // last readers, tile t - 1's copies and products, passed the barrier at the top of tile
   // t - 1), the lookahead moves on, this thread's copies of tile t (and at t = 0 of what
@@ -1215,9 +1254,17 @@ struct KeyTiles {
 // A forward or dQ block's start, after query_block: tile 0's copies issued (where some row
 // sees a key) and committed with the query rows'; where none does, those are waited for,
 // since no tile loop will.
+// With first_positions (a QueryTileKeys record's), tile 0's copies go out from them
+// (begin_from).
 template <class Keys>
-__device__ void begin_key_tiles(Keys& keys) {
-  if (keys.lo < keys.hi) keys.begin();  // the same in every thread
+__device__ void begin_key_tiles(Keys& keys, const int* first_positions = nullptr) {
+  if (keys.lo < keys.hi) {  // the same in every thread
+    if (first_positions) {
+      keys.begin_from(first_positions);
+    } else {
+      keys.begin();
+    }
+  }
   async_copy_commit();
   if (keys.lo >= keys.hi) async_copy_wait<0>();
 }
@@ -1258,6 +1305,41 @@ __device__ QueryBlock query_block(const AttentionArgs<bf16>& a, int* s_begin, in
   load_query_ranges<bf16, BQ, kThreads>(a, b, q0, s_begin, s_end, bounds,
                                         [&] { issue_query_copies(b, h, q0); });
   return {b, h, h / a.group(), q0, bounds[0], bounds[1], bounds[2], bounds[3]};
+}
+
+// query_block for a block of kQueryTileRows rows from its tile's QueryTileKeys record
+// (a.query_tile_keys): the bounds come in one load with the first positions, which
+// begin_key_tiles(keys, record->first_positions) then issues tile 0's copies from. The
+// rows' own ranges, which only the boundary tiles' masks read, load beside; the thread of
+// row r stores them to s_begin / s_end with store_query_ranges(range), once the key
+// copies are out (a barrier, advance()'s, publishes them).
+struct QueryRange {
+  int begin = 0, end = 0;  // [0, 0) where the thread has no row
+};
+template <int BQ, int kThreads, class IssueQueryCopies>
+__device__ QueryBlock query_block_from_record(const AttentionArgs<bf16>& a,
+                                              const QueryTileKeys*& record, QueryRange& range,
+                                              IssueQueryCopies issue_query_copies) {
+  static_assert(BQ == kQueryTileRows && BQ <= kThreads, "a record's tile, a thread a row");
+  const BlockTile block = block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true);
+  const int64_t b = block.batch, h = block.head, q0 = block.tile * BQ;
+  record = a.query_tile_keys + b * ((a.seq_len + BQ - 1) / BQ) + block.tile;
+  const uint4 bounds = *reinterpret_cast<const uint4*>(record);  // lo, hi, full_lo, full_hi
+  const int r = int(threadIdx.x);
+  if (r < BQ && q0 + r < a.seq_len) {
+    range.begin = int(a.begin[b * a.seq_len + q0 + r]);
+    range.end = int(a.end[b * a.seq_len + q0 + r]);
+  }
+  issue_query_copies(b, h, q0);
+  return {b, h, h / a.group(), q0, int(bounds.x), int(bounds.y), int(bounds.z), int(bounds.w)};
+}
+template <int BQ>
+__device__ void store_query_ranges(const QueryRange& range, int* s_begin, int* s_end) {
+  const int r = int(threadIdx.x);
+  if (r < BQ) {
+    s_begin[r] = range.begin;
+    s_end[r] = range.end;
+  }
 }
 
 // A key tile's step of the online softmax for a warp's kM row tiles, on the unscaled
@@ -1474,6 +1556,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16
   KeyTiles<DK, DV, BK> keys{
       a, b, g, lo, hi, sQ + BQ * LDK, sQ + BQ * LDK + 2 * BK * LDK, s_pos, s_pscale};
   begin_key_tiles(keys);
+  mark_block(a.timeline, BlockMark::CopiesIssued);
 
   // The warp's row tile m is rows 16 (4 m + warp) .. + 15 of the block; this lane's
   // accumulator rows in it are r0[m] and r0[m] + 8 (element e of a fragment is in row
@@ -2153,6 +2236,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.loaded_head, queries.loaded_row,
                                             SwizzledTile<BQ>{slot_q(0)},
                                             SwizzledTile<BQ>{slot_o(0)});
+  mark_block(a.timeline, BlockMark::CopiesIssued);
   queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
   auto publish_and_issue = [&](int64_t i) {
@@ -2281,15 +2365,22 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
 // set_attention_backward_dq_keys): S and dS take half the registers and the key slots
 // half the shared memory, so that three blocks may share an SM where two do, for blocks
 // that see few keys (packed documents), at twice the tiles' bookkeeping.
+// kFromRecords: in 32-key tiles, each block starts from its query tile's QueryTileKeys
+// (set_attention_backward_dq_records; query_block_from_record). An instance of its own, so
+// that the default's tile loop stays as it was: with both starts in one kernel, ptxas gave
+// the 128 x 128 loop 9 more instructions (sm_90a).
 template <int DK, int DV, int kGroups>
 constexpr bool kWgmmaDqTakes32Keys = kGroups == 1 && kWgmmaFits<DK, DV>;
-template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV, kGroups>::kTile>
+template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV, kGroups>::kTile,
+          bool kFromRecords = false>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BQ = Shape::kRows, BK = kKeyTile, NB = BK / 8, kThreads = Shape::kThreads;
   static_assert(BK == Shape::kTile || (BK == 32 && kWgmmaDqTakes32Keys<DK, DV, kGroups>),
                 "the shape's key tile, or 32 where kWgmmaDqTakes32Keys");
+  static_assert(!kFromRecords || (BK == 32 && kWgmmaDqTakes32Keys<DK, DV, kGroups>),
+                "records in the 32-key tiles of one warpgroup");
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
@@ -2302,14 +2393,32 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionA
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = query_block<BQ, kThreads>(
-      a, s_begin, s_end, bounds, [&](int64_t row, int64_t head, int64_t first) {
-        issue_query_rows_to<DK, DV, BQ, kThreads>(a, row, head, first, SwizzledTile<BQ>{sQ},
-                                                  SwizzledTile<BQ>{sO});
-      });
+  auto issue_own_rows = [&](int64_t row, int64_t head, int64_t first) {
+    issue_query_rows_to<DK, DV, BQ, kThreads>(a, row, head, first, SwizzledTile<BQ>{sQ},
+                                              SwizzledTile<BQ>{sO});
+  };
+  // One warpgroup's 64 rows are a query tile of the summary: kFromRecords starts from its
+  // record.
+  const QueryTileKeys* record = nullptr;
+  QueryRange own_range;
+  auto start_block = [&]() -> QueryBlock {
+    if constexpr (kFromRecords) {
+      return query_block_from_record<BQ, kThreads>(a, record, own_range, issue_own_rows);
+    } else {
+      return query_block<BQ, kThreads>(a, s_begin, s_end, bounds, issue_own_rows);
+    }
+  };
+  const auto [b, h, g, q0, lo, hi, full_lo, full_hi] = start_block();
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
-  begin_key_tiles(keys);
+  if constexpr (kFromRecords) {
+    begin_key_tiles(keys, record->first_positions);
+    mark_block(a.timeline, BlockMark::CopiesIssued);
+    store_query_ranges<BQ>(own_range, s_begin, s_end);  // advance(0)'s barrier publishes them
+  } else {
+    begin_key_tiles(keys);
+    mark_block(a.timeline, BlockMark::CopiesIssued);
+  }
   // This lane's rows: r0[0] and r0[0] + 8 of the block.
   const int r0[1] = {warp * 16 + lane / 4};
   float lse_log2[2], delta[2];
@@ -2437,6 +2546,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, b, g, lo, hi, key_slots,
                                             key_slots + 2 * BK * DK, s_pos, s_pscale};
   begin_key_tiles(keys);
+  mark_block(a.timeline, BlockMark::CopiesIssued);
   // This lane's rows: r0[0] and r0[0] + 8 of the block; its warpgroup's 64 rows start at
   // row 64 (warp / 4) of the Q tile.
   const int r0[1] = {warp * 16 + lane / 4};
@@ -2717,26 +2827,49 @@ __global__ void __launch_bounds__(kThreads) backward_prologue(BackwardPrologue<T
   mark_block(a.timeline, BlockMark::End);
 }
 
-// tiles[b, j] = the QueryTileRange of rows [64 j, 64 j + 64) of batch row b, one warp each.
-__global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end, int64_t batch,
-                                      int64_t seq_len, QueryTileRange* tiles,
+// tiles[b, j] = the QueryTileRange of rows [64 j, 64 j + 64) of batch row b, one warp each,
+// and keys[b, j] their QueryTileKeys where keys is not null.
+__global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end,
+                                      const int64_t* positions, int64_t batch, int64_t seq_len,
+                                      QueryTileRange* tiles, QueryTileKeys* keys,
                                       BlockStamps* timeline) {
   mark_block(timeline, BlockMark::Start);  // thread 0's tile is always one: it stamps End
   const int64_t tiles_per_row = (seq_len + kQueryTileRows - 1) / kQueryTileRows;
   const int64_t n = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
   if (n >= batch * tiles_per_row) return;
   const int64_t b = n / tiles_per_row, t0 = n % tiles_per_row * kQueryTileRows;
+  const int lane = int(threadIdx.x % 32);
   int least_begin = INT_MAX, greatest_end = 0;
-  for (int64_t t = t0 + threadIdx.x % 32; t < std::min(t0 + kQueryTileRows, seq_len); t += 32) {
+  // The intersection: rows past T have the empty range [0, 0).
+  int greatest_begin = 0, least_end = t0 + kQueryTileRows > seq_len ? 0 : INT_MAX;
+  for (int64_t t = t0 + lane; t < std::min(t0 + kQueryTileRows, seq_len); t += 32) {
     const int row_begin = int(begin[b * seq_len + t]), row_end = int(end[b * seq_len + t]);
     if (row_begin < row_end) {
       least_begin = std::min(least_begin, row_begin);
       greatest_end = std::max(greatest_end, row_end);
     }
+    greatest_begin = std::max(greatest_begin, row_begin);
+    least_end = std::min(least_end, row_end);
   }
   least_begin = -warp_max(-least_begin);
   greatest_end = warp_max(greatest_end);
-  if (threadIdx.x % 32 == 0) tiles[n] = QueryTileRange{least_begin, greatest_end};
+  if (lane == 0) tiles[n] = QueryTileRange{least_begin, greatest_end};
+  if (keys != nullptr) {
+    QueryTileKeys& record = keys[n];
+    greatest_begin = warp_max(greatest_begin);
+    least_end = -warp_max(-least_end);
+    if (lane == 0) {
+      record.lo = least_begin;
+      record.hi = greatest_end;
+      record.full_lo = greatest_begin;
+      record.full_hi = least_end;
+    }
+    for (int k = lane; k < kRecordKeys; k += 32) {
+      // least_begin is INT_MAX where no row sees a key: no position is read then.
+      const bool key = least_begin < greatest_end && k < greatest_end - least_begin;
+      record.first_positions[k] = key ? int(positions[b * seq_len + least_begin + k]) : -1;
+    }
+  }
   mark_block(timeline, BlockMark::End);
 }
 
@@ -2860,6 +2993,9 @@ std::atomic<int64_t> g_backward_dq_32_key_launches{0};
 // set_attention_backward_overlap, and the calls whose zeroing pass ran beside the others.
 std::atomic<bool> g_backward_overlap{true};
 std::atomic<int64_t> g_overlapped_prologues{0};
+// set_attention_backward_dq_records, and the calls whose dQ blocks started from them.
+std::atomic<bool> g_backward_dq_records{false};
+std::atomic<int64_t> g_backward_dq_record_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
 // automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
@@ -2988,23 +3124,32 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                               aligned_16(dout.raw_data()) && aligned_16(dq.raw_data()) &&
                               aligned_16(dk.raw_data()) && aligned_16(dv.raw_data());
     const bool dq_in_32_keys = g_backward_dq_keys.load() == 32;
-    // The wgmma dQ kernel for these head dims and warpgroups, its shared memory and its key
-    // tile.
+    // The wgmma dQ kernel in 32-key tiles starts from the query tiles' records where set
+    // (set_attention_backward_dq_records).
+    const bool dq_records_set = g_backward_dq_records.load();
+    // The wgmma dQ kernel for these head dims and warpgroups, its shared memory, its key
+    // tile and whether it reads the records.
     struct WgmmaDq {
       void (*kernel)(AttentionArgs<bf16>);
       size_t bytes;
       int keys;
+      bool from_records;
     };
     auto wgmma_dq = [&]<int DK, int DV, int kGroups>() {
       using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
       if constexpr (kWgmmaDqTakes32Keys<DK, DV, kGroups>) {
         if (dq_in_32_keys) {
-          return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32>,
-                         Wgmma::bytes(KeyGrads::Both, 32), 32};
+          const size_t bytes = Wgmma::bytes(KeyGrads::Both, 32);
+          return dq_records_set
+                     ? WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32, true>, bytes, 32, true}
+                     : WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32>, bytes, 32, false};
         }
       }
-      return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups>, Wgmma::bytes(), Wgmma::kTile};
+      return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups>, Wgmma::bytes(), Wgmma::kTile, false};
     };
+    // Whether the dQ kernel that is to run reads the records (the query tiles' summary then
+    // writes them).
+    bool dq_from_records = false;
     if constexpr (std::is_same_v<T, bf16>) {
       if (tensor_cores) {
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
@@ -3019,6 +3164,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
             dq_forms_delta = wgmma_groups_backward != 0 && aligned_16(out.raw_data()) &&
                              (wgmma_groups_backward == 2 ? dq_fits.template operator()<2>()
                                                          : dq_fits.template operator()<1>());
+            dq_from_records = wgmma_groups_backward == 1 &&
+                              wgmma_dq.template operator()<DK, DV, 1>().from_records;
           }
         });
       }
@@ -3077,16 +3224,32 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       bool tiled_dkdv = false, tiled_dq = false;
       if constexpr (!std::is_same_v<T, double>) {
         // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
+        // Where the dQ kernel reads them, also the tiles' QueryTileKeys (its blocks of one
+        // warpgroup are 64 rows: one tile each).
         const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
         Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
+        Tensor query_tile_keys;
+        if (dq_from_records) {
+          static_assert(sizeof(QueryTileKeys) % sizeof(int32_t) == 0);
+          query_tile_keys = Tensor::empty(
+              Shape{query_tiles, int64_t(sizeof(QueryTileKeys) / sizeof(int32_t))}, DType::I32,
+              q.device());
+        }
         const unsigned summary_blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
         HAM_LAUNCH(summary_blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
-            a.begin, a.end, a.batch, a.seq_len,
+            a.begin, a.end, a.positions, a.batch, a.seq_len,
             reinterpret_cast<QueryTileRange*>(query_tile_ranges.raw_data()),
+            query_tile_keys.defined()
+                ? reinterpret_cast<QueryTileKeys*>(query_tile_keys.raw_data())
+                : nullptr,
             block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0},
                                       summary_blocks));
         HAM_CUDA_CHECK_LAUNCH();
         a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
+        a.query_tile_keys =
+            query_tile_keys.defined()
+                ? reinterpret_cast<const QueryTileKeys*>(query_tile_keys.raw_data())
+                : nullptr;
         const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
         const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
@@ -3100,14 +3263,21 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                     using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
                     // dQ first: it forms D where dq_forms_delta, which dK/dV reads.
                     const WgmmaDq dq_pass = wgmma_dq.template operator()<DK, DV, kGroups>();
-                    const KernelName dq_name{"backward_dq_wgmma", {DK, DV, kGroups, dq_pass.keys},
-                                             4};
+                    HAM_CHECK(dq_pass.from_records == (a.query_tile_keys != nullptr), kOp,
+                              ": the dQ kernel and the query tiles' records disagree");
+                    const KernelName dq_name{
+                        "backward_dq_wgmma",
+                        {DK, DV, kGroups, dq_pass.keys, int(dq_pass.from_records)},
+                        dq_pass.from_records ? 5 : 4};
                     tiled_dq = launch_tiled(dq_pass.kernel,
                                             block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
                                             dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
                     HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                               ": the wgmma dQ kernel that was to form D did not launch");
                     if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
+                    if (tiled_dq && dq_pass.from_records) {
+                      g_backward_dq_record_launches.fetch_add(1);
+                    }
                     const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                     auto launch_dkdv = [&]<KeyGrads kPart>() {
                       // KeyGrads: 0 both, 1 keys, 2 values
@@ -3219,6 +3389,12 @@ int64_t attention_backward_dq_32_key_launches() {
 }
 
 bool set_attention_backward_overlap(bool overlap) { return g_backward_overlap.exchange(overlap); }
+
+bool set_attention_backward_dq_records(bool records) {
+  return g_backward_dq_records.exchange(records);
+}
+
+int64_t attention_backward_dq_record_launches() { return g_backward_dq_record_launches.load(); }
 
 int64_t attention_overlapped_prologues() { return g_overlapped_prologues.load(); }
 

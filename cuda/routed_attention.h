@@ -65,6 +65,18 @@ bool set_attention_backward_overlap(bool overlap);
 // those on a stream of the device's greatest priority.
 int64_t attention_overlapped_prologues();
 
+// Whether the backward's wgmma dQ kernel on one warpgroup a block, in 32-key tiles (the
+// default where it runs), starts its blocks from records of their query tiles (the visible
+// keys' bounds and the first key positions), which the query tiles' summary kernel,
+// launched before it anyway, then also writes: a block issues its first key tile's copies
+// after one load instead of a chain of three (its rows' ranges, two barriers, the
+// positions). The outputs are the same bit for bit. Off by default: untimed on a GPU
+// (forty-first session). Returns the previous setting.
+bool set_attention_backward_dq_records(bool records);
+
+// How many backward calls of this process ran the wgmma dQ kernel from those records.
+int64_t attention_backward_dq_record_launches();
+
 // Whether this build and the current GPU run the wgmma kernels (both passes): the build has
 // sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0;
 // always in the SIMT emulator.

@@ -52,7 +52,9 @@ work=$(mktemp -d)
 # blocks' CSV: 120, a guess. On 2026-11-29 (thirty-sixth session): tests 95, routed 264,
 # timeline 58; fla stopped at 330 after four of its five shapes, FLA autotuning afresh
 # (its results are now bench/fla_autotune.tgz). profile has since gained the paper's
-# heads at 16384 tokens: 150.
+# heads at 16384 tokens: 150. routed has since gained a table of the dQ blocks' start from
+# the query tiles' records (12 cases, as the key tiles' table), and timeline one more
+# recorded backward a case: 330 and 120 still, untimed.
 declare -A limit=([tests]=150 [fla]=330 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=150 [sanitize]=580
                   [diagnose]=300)

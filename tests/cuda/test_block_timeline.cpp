@@ -15,19 +15,20 @@ namespace ham::cuda {
 namespace {
 
 // Stamps with the SM clock at exactly 2 cycles a ns (start_ns = start / 2).
-BlockStamps block(uint32_t sm, uint64_t start, uint64_t first_tile, uint64_t tiles_done,
-                  uint64_t end, uint32_t tiles) {
-  return {start, first_tile, tiles_done, end, start / 2, end / 2, sm, tiles};
+BlockStamps block(uint32_t sm, uint64_t start, uint64_t copies_issued, uint64_t first_tile,
+                  uint64_t tiles_done, uint64_t end, uint32_t tiles) {
+  return {start, copies_issued, first_tile, tiles_done, end, start / 2, end / 2, sm, tiles};
 }
 
-// Every block takes 400 + 250 tiles cycles (prologue 200, epilogue 200 where it has tiles):
+// Every block takes 400 + 250 tiles cycles (prologue 200, epilogue 200 where it has tiles;
+// A issues its first copies 80 cycles after its start, B 100, C 50, D never):
 //   SM 0: A [1000, 2400] 4 tiles, D [1100, 1500] no tile (two resident), B [2600, 3500]
 //         2 tiles, after 200 cycles (100 ns) with none;
 //   SM 1: C [1000, 1400] no tile, then idle to the launch's end.
 // The span is 500 .. 1750 ns = 1.25 us.
 std::vector<BlockStamps> hand_made_launch() {
-  return {block(0, 1000, 1200, 2200, 2400, 4), block(0, 2600, 2800, 3300, 3500, 2),
-          block(1, 1000, 0, 1000, 1400, 0), block(0, 1100, 0, 1100, 1500, 0)};
+  return {block(0, 1000, 1080, 1200, 2200, 2400, 4), block(0, 2600, 2700, 2800, 3300, 3500, 2),
+          block(1, 1000, 1050, 0, 1000, 1400, 0), block(0, 1100, 0, 0, 1100, 1500, 0)};
 }
 
 TEST(BlockTimeline, SummaryOfHandMadeStamps) {
@@ -48,6 +49,10 @@ TEST(BlockTimeline, SummaryOfHandMadeStamps) {
   EXPECT_DOUBLE_EQ(s.tile_us.p10, 0.125);
   EXPECT_DOUBLE_EQ(s.block_us.p10, 0.45);
   EXPECT_DOUBLE_EQ(s.block_us.p90, 0.7);
+  // Of the prologue, the working blocks' copies went out after 0.04 and 0.05 us (C's, with
+  // no tile, count for nothing).
+  EXPECT_DOUBLE_EQ(s.issue_us.p10, 0.04);
+  EXPECT_DOUBLE_EQ(s.issue_us.p90, 0.05);
   // The line through all four blocks: 400 cycles fixed, 250 a tile.
   EXPECT_NEAR(s.fixed_us, 0.2, 1e-12);
   EXPECT_NEAR(s.tile_fit_us, 0.125, 1e-12);
@@ -79,6 +84,8 @@ TEST(BlockTimeline, TableRowNamesTheLaunch) {
   EXPECT_EQ(timeline_summary_header().rfind("launch", 0), 0u);
   const KernelName name{"backward_dq_wgmma", {128, 128, 1, 32}, 4};
   EXPECT_EQ(name.text(), "backward_dq_wgmma<128, 128, 1, 32>");
+  const KernelName from_records{"backward_dq_wgmma", {128, 128, 1, 32, 1}, 5};
+  EXPECT_EQ(from_records.text(), "backward_dq_wgmma<128, 128, 1, 32, 1>");
   EXPECT_EQ((KernelName{"plain", {}, 0}).text(), "plain");
 }
 
@@ -95,6 +102,14 @@ TEST(BlockTimeline, StampsNoKernelLeavesAreErrors) {
   tiles_first[0].first_tile = tiles_first[0].tiles_done + 1;
   testing::expect_error([&] { summarize_block_timeline(tiles_first); },
                         {"block timeline", "block 0", "out of order"});
+  std::vector<BlockStamps> copies_after_tile = hand_made_launch();
+  copies_after_tile[1].copies_issued = copies_after_tile[1].first_tile + 1;
+  testing::expect_error([&] { summarize_block_timeline(copies_after_tile); },
+                        {"block timeline", "block 1", "first copies out of order"});
+  std::vector<BlockStamps> copies_before_start = hand_made_launch();
+  copies_before_start[2].copies_issued = copies_before_start[2].start - 1;
+  testing::expect_error([&] { summarize_block_timeline(copies_before_start); },
+                        {"block timeline", "block 2", "first copies out of order"});
   EXPECT_EQ(summarize_block_timeline({}).blocks, 0);
 }
 

@@ -1061,6 +1061,69 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32And64KeyTilesMatchesCpu) {
 #endif
 }
 
+// The wgmma dQ kernel on one warpgroup a block started from its query tiles' records
+// (set_attention_backward_dq_records): against the CPU, exact zeros included, and bit for
+// bit the gradients its blocks give from their own rows' ranges. Besides the wgmma cases:
+// nothing selected, a last query tile of one row, and a long document whose tiles see more
+// keys than a record holds positions for. Each case runs from the records in key tiles of
+// 32; in tiles of 64 (set so) the setting leaves the kernel as it is.
+TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsOwnRanges) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
+  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
+  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 0.6, false, GpuDocs::None, false});
+  const Device gpu = Device::cuda();
+  auto gradients_with = [&](const GpuCase& c, bool records) {
+    const testing::ScopedSetting from_records(&cuda::set_attention_backward_dq_records, records);
+    uint64_t seed = 70 + uint64_t(c.seq_len);
+    Tensor q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16,
+                                      gpu, seed++);
+    Tensor k = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16,
+                                      gpu, seed++);
+    Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim},
+                                      DType::BF16, gpu, seed++);
+    Tensor p = c.value_scale ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false)
+                                   .to(DType::BF16)
+                                   .to(gpu)
+                             : Tensor();
+    Tensor docs = gpu_case_docs(c, seed++);
+    CompactSelection sel = ops::compact_selection(
+        gpu_case_select(c, seed++).to(gpu), docs.defined() ? docs.to(gpu) : Tensor());
+    ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+    Tensor dout = testing::random_tensor(r.out.shape(), DType::BF16, gpu, seed++);
+    return ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+  };
+  for (int keys : {32, 64}) {
+    const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, keys);
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(keys) + " keys a tile");
+      const int64_t before = cuda::attention_backward_dq_record_launches();
+      {
+        const testing::ScopedSetting from_records(&cuda::set_attention_backward_dq_records,
+                                                  true);
+        expect_gpu_matches_cpu(c, DType::BF16);
+      }
+      const ops::RoutedAttentionGrads own = gradients_with(c, false);
+      const ops::RoutedAttentionGrads recorded = gradients_with(c, true);
+      EXPECT_EQ(cuda::attention_backward_dq_record_launches() - before, keys == 32 ? 2 : 0);
+      EXPECT_EQ(max_abs_diff(recorded.dq, own.dq), 0.0);
+      EXPECT_EQ(max_abs_diff(recorded.dk, own.dk), 0.0);
+      EXPECT_EQ(max_abs_diff(recorded.dv, own.dv), 0.0);
+      if (c.value_scale) {
+        EXPECT_EQ(max_abs_diff(recorded.dvalue_scale, own.dvalue_scale), 0.0);
+      }
+    }
+  }
+  EXPECT_FALSE(cuda::set_attention_backward_dq_records(false)) << "off by default";
+#endif
+}
+
 // The backward's first pass on the second stream (set_attention_backward_overlap, the
 // default), where the wgmma dQ kernel forms D so that the pass only zeroes the unselected
 // rows, and in order (set so): the gradients into poisoned buffers, their exact zeros
@@ -1295,7 +1358,8 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
 //   first key block (tokens 0 .. 126) is seen by all four query tiles, the second (128 ..
 //   254) by the last two, and the last two key blocks have no keys (they return at once,
 //   stamped).
-// Recording changes no output, and stopping it stops the stamps.
+// A block that visits a tile stamps its first copies issued before it. Recording changes no
+// output, and stopping it stops the stamps.
 TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -1367,7 +1431,13 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
         continue;
       }
       Tiles tiles;
-      for (const cuda::BlockStamps& block : launch.blocks) tiles.push_back(block.tiles);
+      for (const cuda::BlockStamps& block : launch.blocks) {
+        tiles.push_back(block.tiles);
+        // A block with a tile issued its copies before it (the summary checks the order).
+        if (block.tiles > 0) {
+          EXPECT_NE(block.copies_issued, 0u);
+        }
+      }
       std::sort(tiles.begin(), tiles.end());
       EXPECT_EQ(tiles, key_blocks ? c.key_blocks : c.query_blocks);
       EXPECT_EQ(summary.working_blocks, key_blocks ? c.working_key_blocks : 8);
