@@ -260,6 +260,29 @@ void print_spread_pair(const std::string& name, const bench::Spread& first,
   std::fflush(stdout);
 }
 
+// A table of the backward on one warpgroup a block with its wgmma dQ kernel in two
+// settings (`what`: "first vs second"), over the cases (matching `filter`) with heads up to
+// 128: ms at min / median / max from backward_ms(inputs, forward, false) and (..., true),
+// and the ratios first / second at each (above 1: `second_faster`).
+template <class BackwardMs>
+void dq_setting_table(const char* what, const char* first, const char* second,
+                      const char* second_faster, const std::string& filter,
+                      BackwardMs backward_ms) {
+  std::printf("\nbackward on one warpgroup a block, %s\n(ms at min / median / max; the ratios "
+              "%s / %s at each, above 1: %s)\n",
+              what, first, second, second_faster);
+  std::printf("%-40s %26s %26s %18s\n", "case", first, second, "ratio");
+  for (const BenchCase& c : bench_cases()) {
+    if (c.key_dim > 128 || c.value_dim > 128) continue;
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    const ops::RoutedAttentionOutput forward =
+        ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+    print_spread_pair(c.name(), backward_ms(in, forward, false), backward_ms(in, forward, true));
+  }
+}
+
 // A table of `pass` on mma.sync and on wgmma with 1 and 2 warpgroups a block, over the
 // cases (matching `filter`) whose head dims the wgmma kernels have: ms at min / median / max
 // from ms_on(inputs, 0, 1 or 2), and the ratios mma / wgmma at each.
@@ -513,35 +536,21 @@ int main(int argc, char** argv) {
       // short blocks of packed documents, at twice the tiles' bookkeeping. 32 is the default
       // (timed faster at rho 0.25 and with packed documents); the one-document cases at
       // rho 0.5 and 1, whose blocks see the most keys, say whether it should stay so there.
-      std::printf("\nbackward on one warpgroup a block, the wgmma dQ kernel's key tiles 64 vs 32 "
-                  "(ms at min / median / max;\nthe ratios 64 / 32 at each, above 1: 32 faster)\n");
-      std::printf("%-40s %26s %26s %18s\n", "case", "64 keys", "32 keys", "ratio");
-      for (const BenchCase& c : bench_cases()) {
-        if (c.key_dim > 128 || c.value_dim > 128) continue;
-        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-        CaseInputs in(c);
-        in.selection = ops::compact_selection(in.select, in.docs);
-        const ops::RoutedAttentionOutput forward =
-            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        print_spread_pair(c.name(), backward_ms_with_dq_keys(in, forward, 64, reps),
-                          backward_ms_with_dq_keys(in, forward, 32, reps));
-      }
+      dq_setting_table("the wgmma dQ kernel's key tiles 64 vs 32", "64 keys", "32 keys",
+                       "32 faster", filter,
+                       [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                           bool second) {
+                         return backward_ms_with_dq_keys(in, forward, second ? 32 : 64, reps);
+                       });
       // The dQ blocks' prologue: from their own rows' ranges (two barriers, then the first
       // key positions) or from the query tiles' records (one load before the first copies).
-      std::printf("\nbackward on one warpgroup a block, the wgmma dQ kernel's blocks from their "
-                  "rows' ranges vs from the query\ntiles' records (ms at min / median / max; "
-                  "the ratios ranges / records at each, above 1: records faster)\n");
-      std::printf("%-40s %26s %26s %18s\n", "case", "ranges", "records", "ratio");
-      for (const BenchCase& c : bench_cases()) {
-        if (c.key_dim > 128 || c.value_dim > 128) continue;
-        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-        CaseInputs in(c);
-        in.selection = ops::compact_selection(in.select, in.docs);
-        const ops::RoutedAttentionOutput forward =
-            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        print_spread_pair(c.name(), backward_ms_with_dq_records(in, forward, false, reps),
-                          backward_ms_with_dq_records(in, forward, true, reps));
-      }
+      dq_setting_table("the wgmma dQ kernel's blocks from their rows' ranges vs from the "
+                       "query tiles' records",
+                       "ranges", "records", "records faster", filter,
+                       [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                           bool second) {
+                         return backward_ms_with_dq_records(in, forward, second, reps);
+                       });
       // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
       // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
       // under the latency-bound tensor-core passes.
