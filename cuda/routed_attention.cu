@@ -1159,8 +1159,10 @@ struct KeyTiles {
   __device__ int first_key(int t) const { return lo + t * BK; }
 
   // Issues the copies of tile t into its slot (its positions are in shared memory).
-  __device__ void issue(int t) const {
-    const int* pos = positions + (t % 2) * BK;
+  __device__ void issue(int t) const { issue_rows_at(t, positions + (t % 2) * BK); }
+
+  // The same with key j's row from pos[j] (shared or global memory; -1: none).
+  __device__ void issue_rows_at(int t, const int* pos) const {
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
     if constexpr (kSwizzled) {
@@ -1205,15 +1207,7 @@ struct KeyTiles {
       next_position = key_position(a, b, first_key(1) + j, hi);
       after_position = key_position(a, b, first_key(2) + j, hi);
     }
-    const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
-    const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-    if constexpr (kSwizzled) {
-      issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{k(0)}, k_of, key_rows(first_positions));
-      issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{v(0)}, v_of, key_rows(first_positions));
-    } else {
-      issue_rows<DK, LDK, BK>(k(0), k_of, key_rows(first_positions));
-      issue_rows<DV, LDV, BK>(v(0), v_of, key_rows(first_positions));
-    }
+    issue_rows_at(0, first_positions);
     if (j < BK) {
       scales[j] = key_scale(a, b, first_positions[j]);
       next_scale = key_scale(a, b, next_position);
