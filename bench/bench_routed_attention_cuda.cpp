@@ -227,23 +227,16 @@ bench::Spread backward_ms_with(CaseInputs& in, const ops::RoutedAttentionOutput&
   return backward_ms_set(in, forward, &cuda::set_attention_backward_wgmma, wgmma, reps);
 }
 
-// The backward's ms on one warpgroup a block with the wgmma dQ kernel's blocks started from
-// their query tiles' records or not (set_attention_backward_dq_records).
-bench::Spread backward_ms_with_dq_records(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                                          bool records, int reps) {
-  const bool previous = cuda::set_attention_backward_dq_records(records);
+// The backward's ms on one warpgroup a block with a setter of its wgmma dQ kernel
+// (set_attention_backward_dq_keys, set_attention_backward_dq_records) set to `value`,
+// restored after.
+template <class Value>
+bench::Spread backward_ms_on_one_warpgroup(CaseInputs& in,
+                                           const ops::RoutedAttentionOutput& forward,
+                                           Value (*set)(Value), Value value, int reps) {
+  const Value previous = set(value);
   const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
-  cuda::set_attention_backward_dq_records(previous);
-  return ms;
-}
-
-// The backward's ms on one warpgroup a block with the wgmma dQ kernel's key tiles of `keys`
-// (set_attention_backward_dq_keys: 64 or 32).
-bench::Spread backward_ms_with_dq_keys(CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                                       int keys, int reps) {
-  const int previous_keys = cuda::set_attention_backward_dq_keys(keys);
-  const bench::Spread ms = backward_ms_with(in, forward, 1, reps);
-  cuda::set_attention_backward_dq_keys(previous_keys);
+  set(previous);
   return ms;
 }
 
@@ -540,7 +533,9 @@ int main(int argc, char** argv) {
                        "32 faster", filter,
                        [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
                            bool second) {
-                         return backward_ms_with_dq_keys(in, forward, second ? 32 : 64, reps);
+                         return backward_ms_on_one_warpgroup(
+                             in, forward, &cuda::set_attention_backward_dq_keys,
+                             second ? 32 : 64, reps);
                        });
       // The dQ blocks' prologue: from their own rows' ranges (two barriers, then the first
       // key positions) or from the query tiles' records (one load before the first copies).
@@ -549,7 +544,9 @@ int main(int argc, char** argv) {
                        "ranges", "records", "records faster", filter,
                        [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
                            bool second) {
-                         return backward_ms_with_dq_records(in, forward, second, reps);
+                         return backward_ms_on_one_warpgroup(
+                             in, forward, &cuda::set_attention_backward_dq_records, second,
+                             reps);
                        });
       // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
       // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
