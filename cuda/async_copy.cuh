@@ -21,6 +21,10 @@ namespace ham::cuda {
 inline void async_copy_16(void* shared_destination, const void* global_source) {
   emulator::async_copy_16(shared_destination, global_source);
 }
+inline void async_copy_16_or_zeros(void* shared_destination, const void* global_source,
+                                   bool copy) {
+  emulator::async_copy_16_or_zeros(shared_destination, global_source, copy);
+}
 inline void async_copy_commit() { emulator::async_copy_commit(); }
 template <int kPending>
 void async_copy_wait() {
@@ -37,6 +41,20 @@ __device__ __forceinline__ void async_copy_16(void* shared_destination, const vo
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global_source)
                : "memory");
+}
+// The copy where `copy`, else 16 zero bytes, landing as the copy would (they join the
+// open group: read them after the wait, like the copies). The source is then not read
+// (ignore-src), but stays 16-byte aligned. One LDGSTS with a zero-fill predicate: the
+// alternative, a zero store where !copy, cost the store and the three never-executed
+// `LDS RZ` that ptxas places before each LDGSTS that follows a shared store (sm_90a).
+__device__ __forceinline__ void async_copy_16_or_zeros(void* shared_destination,
+                                                       const void* global_source, bool copy) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
+  asm volatile(
+      "{\n.reg .pred ignore;\nsetp.eq.u32 ignore, %2, 0;\n"
+      "cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}\n" ::"r"(to),
+      "l"(global_source), "r"(unsigned(copy))
+      : "memory");
 }
 __device__ __forceinline__ void async_copy_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

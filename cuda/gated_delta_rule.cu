@@ -942,15 +942,16 @@ constexpr bool kIsRowSource<RowSource<E>> = true;
 // Issues the copies of a tile (bf16 or f32): dst[r][c] (row stride ld) for r < rows,
 // c < width from source(r)[c] for r < n, c < cols, zeros elsewhere (padding rows and
 // columns). Whole 16-byte-aligned groups of columns go by cp.async, so a thread has all its
-// copies in flight at once (the caller commits and waits); the rest (ragged or unaligned
-// rows, padding) is stored directly. Group g of the tile is thread g % kThreads's, as in
+// copies in flight at once (the caller commits and waits; padding rows of the short path
+// below land zeros with them); the rest (ragged or unaligned rows, padding) is stored
+// directly. Group g of the tile is thread g % kThreads's, as in
 // map_tile.
 // A RowSource tile whose every row is whole and 16-byte aligned takes a short path: a
 // thread's groups then share a column and its pointers move by fixed steps. (The general
 // loop took about 60 instructions a group, half of all the state pass executed on the
 // H200, in ncu's SASS counts.) kThreads is the block's size: with it and the tile's shape
 // constants (the call sites' are) the short path is unrolled, a pass being one
-// multiply-add for the source, the copy (or a zero store) and the row test. (With
+// multiply-add for the source, the row test and the copy (of zeros past row n). (With
 // blockDim.x it had divided by the block size and looped, and sm_90a SASS took about 86
 // instructions for the one copy a thread makes of a 64 x 32 tile of the backward's keys
 // kernel, which issues 5 such tiles a step around 24 tensor-core products a warp; now 46.
@@ -976,12 +977,8 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
 #pragma unroll 4
       for (int pass = 0; pass < passes; ++pass) {
         const int r = r0 + pass * step;
-        if (r < n) {
-          async_copy_16(to + pass * step * ld,
-                        strided_address(column, uint32_t(r), uint32_t(row_bytes)));
-        } else {
-          *reinterpret_cast<uint4*>(to + pass * step * ld) = uint4{0u, 0u, 0u, 0u};
-        }
+        async_copy_16_or_zeros(to + pass * step * ld,
+                               strided_address(column, uint32_t(r), uint32_t(row_bytes)), r < n);
       }
       return;
     }
@@ -1007,8 +1004,8 @@ __device__ __forceinline__ void issue_tile(E* dst, int ld, int rows, int width, 
 // of [B, T, H, width] tensors of a chunk or document, or a chunk's states): tile row r,
 // column c at element origin + r stride + c of a source, plus the tile's offset (the next
 // value tile, key block or chunk). The thread's row, column group and first element are
-// formed once, and a tile is then an add and, per pass, a copy (or a zero store past row
-// n); issue_tile formed them, and checked the shape and alignment, for every tile: about 40
+// formed once, and a tile is then an add and, per pass, a copy (of zeros past row n);
+// issue_tile formed them, and checked the shape and alignment, for every tile: about 40
 // instructions a tile that a thread copies in one 16-byte copy, in the sm_90a SASS. The
 // sources' base pointers come with each tile (kernel parameters: no registers held), so
 // the tiles of one layout share one stream. usable() says whether a source suits the
@@ -1044,12 +1041,9 @@ struct TileStream {
     const char* at = reinterpret_cast<const char*>(base + (first + offset));
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      E* d = dst + to + pass * kStep * LD;
-      if (r0 + pass * kStep < n) {
-        async_copy_16(d, pass == 0 ? at : strided_address(at, uint32_t(pass), pass_bytes));
-      } else {
-        *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
-      }
+      async_copy_16_or_zeros(dst + to + pass * kStep * LD,
+                             pass == 0 ? at : strided_address(at, uint32_t(pass), pass_bytes),
+                             r0 + pass * kStep < n);
     }
   }
 };

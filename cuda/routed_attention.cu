@@ -1014,8 +1014,8 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory, element
 // (r, c) at place(r, c), from global rows of D elements: row r from token index(r) of
-// `rows`, zeroed directly where index(r) is -1. Chunk idx (16 bytes) of the tile is thread
-// idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
+// `rows`, zeros where index(r) is -1 (landing with the copies). Chunk idx (16 bytes) of
+// the tile is thread idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
 // head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
 // a thread's copies unroll with fixed steps from one column base, and each costs an
 // index, a multiply-add and the copy. (A general loop over row pointers had taken 35-45
@@ -1028,12 +1028,7 @@ __device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
   auto issue = [&](int r, int c, const char* column) {
     const int i = index(r);
-    bf16* to = place(r, c);
-    if (i >= 0) {
-      async_copy_16(to, rows.at(column, i));
-    } else {
-      *reinterpret_cast<uint4*>(to) = uint4{0u, 0u, 0u, 0u};
-    }
+    async_copy_16_or_zeros(place(r, c), rows.at(column, i), i >= 0);
   };
   if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
     constexpr int kStep = kThreads / kChunks, kCopies = kRows / kStep;

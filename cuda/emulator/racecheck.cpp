@@ -375,8 +375,10 @@ std::string Racecheck::access_by_code(int thread, const void* address, size_t by
 
 std::string Racecheck::async_copy_issued(int thread, const void* destination,
                                          const void* source, const void* pc) {
-  std::string race = access(thread, source, 16, MemoryAccess::Read, pc);
-  if (!race.empty()) return race;
+  if (source) {  // null: zeros land, nothing is read (ignore-src)
+    std::string race = access(thread, source, 16, MemoryAccess::Read, pc);
+    if (!race.empty()) return race;
+  }
   return access(thread, destination, 16, MemoryAccess::Write, pc, /*in_flight=*/true);
 }
 

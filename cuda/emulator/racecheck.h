@@ -100,9 +100,9 @@ class Racecheck {
   std::string access(int thread, const void* address, size_t bytes, MemoryAccess kind,
                      const void* pc, bool in_flight = false);
   // cp.async by `thread` from 16 bytes of device memory into 16 bytes of dynamic shared
-  // memory: issued (reads the source; races with what other threads did to the
-  // destination since the last barrier, and marks it in flight) and completed by its wait
-  // (written now, by `thread`).
+  // memory: issued (reads the source, unless it is null: zeros land, ignore-src; races
+  // with what other threads did to the destination since the last barrier, and marks it
+  // in flight) and completed by its wait (written now, by `thread`).
   std::string async_copy_issued(int thread, const void* destination, const void* source,
                                 const void* pc);
   void async_copy_completed(int thread, const void* destination);

@@ -139,7 +139,7 @@ struct Fiber {
   // groups committed before it was issued).
   struct AsyncCopy {
     void* destination;
-    const void* source;
+    const void* source;  // null: 16 zero bytes land (cp.async's ignore-src)
     int group;
     bool landed;  // at issue (the reverse schedule); else at the wait
   };
@@ -380,7 +380,8 @@ class BlockRunner {
     }
   }
 
-  void async_copy_16(void* destination, const void* source, const void* pc) {
+  // copy false: the source is not read, and 16 zero bytes land instead (ignore-src).
+  void async_copy_16(void* destination, const void* source, bool copy, const void* pc) {
     Fiber& f = current();
     const auto at = reinterpret_cast<uintptr_t>(destination);
     const auto base = reinterpret_cast<uintptr_t>(shared_.data());
@@ -391,7 +392,8 @@ class BlockRunner {
       fail_in(f, "cp.async of 16 bytes between addresses not 16-byte aligned");
     }
     if (Racecheck* check = racecheck()) {
-      const std::string race = check->async_copy_issued(f.linear, destination, source, pc);
+      const std::string race =
+          check->async_copy_issued(f.linear, destination, copy ? source : nullptr, pc);
       if (!race.empty()) fail_in(f, race);
     }
     // In the reverse schedule a copy lands at once, the earliest the hardware may land it:
@@ -399,8 +401,17 @@ class BlockRunner {
     // between) then overwrites it under them. The other schedules land it as late as the
     // hardware may, at the issuing thread's wait, so an early read sees the old bytes.
     const bool land_now = schedule_ == Schedule::Reverse;
-    if (land_now) std::memcpy(destination, source, 16);
-    f.async_copies.push_back({destination, source, f.async_groups, land_now});
+    const void* from = copy ? source : nullptr;
+    if (land_now) land_async_copy(destination, from);
+    f.async_copies.push_back({destination, from, f.async_groups, land_now});
+  }
+
+  static void land_async_copy(void* destination, const void* source) {
+    if (source) {
+      std::memcpy(destination, source, 16);
+    } else {
+      std::memset(destination, 0, 16);
+    }
   }
 
   void async_copy_commit() { ++current().async_groups; }
@@ -420,7 +431,7 @@ class BlockRunner {
   void async_copy_wait(int pending) {
     Fiber& f = current();
     complete_groups(f.async_copies, f.async_groups, pending, [&](const Fiber::AsyncCopy& c) {
-      if (!c.landed) std::memcpy(c.destination, c.source, 16);
+      if (!c.landed) land_async_copy(c.destination, c.source);
       if (Racecheck* check = racecheck()) {
         check->async_copy_completed(f.linear, c.destination);
       }
@@ -830,7 +841,10 @@ void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const ch
 }
 
 void async_copy_16(void* shared_destination, const void* global_source) {
-  runner().async_copy_16(shared_destination, global_source, __builtin_return_address(0));
+  runner().async_copy_16(shared_destination, global_source, true, __builtin_return_address(0));
+}
+void async_copy_16_or_zeros(void* shared_destination, const void* global_source, bool copy) {
+  runner().async_copy_16(shared_destination, global_source, copy, __builtin_return_address(0));
 }
 void async_copy_commit() { runner().async_copy_commit(); }
 void async_copy_wait(int pending) { runner().async_copy_wait(pending); }

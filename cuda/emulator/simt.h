@@ -168,6 +168,9 @@ void warp_exchange(unsigned mask, void* lane_data, WarpCombine combine, const ch
 // other threads have not yet been fenced off from reading (a missing barrier before a
 // double buffer's reuse) overwrites it under them and fails.
 void async_copy_16(void* shared_destination, const void* global_source);
+// The same, or where !copy 16 zero bytes that land as a copy would, the source not read
+// (ignore-src; it must still be 16-byte aligned).
+void async_copy_16_or_zeros(void* shared_destination, const void* global_source, bool copy);
 // Closes the calling thread's open group of copies (cp.async.commit_group).
 void async_copy_commit();
 // Completes every committed group but the `pending` most recent (cp.async.wait_group).

@@ -400,6 +400,37 @@ TEST_F(Racecheck, CpAsyncReadsItsSourceAtIssue) {
                          "which thread (0,0,0) of block (0,0,0) wrote"});
 }
 
+// As copy_what_block_zero_wrote, but block 1 lands zeros in place of the copy
+// (async_copy_16_or_zeros, ignore-src): it reads nothing, so nothing races with block 0,
+// and its zeros are in flight until the wait like a copy's bytes (read_early: read before).
+__global__ void zeros_beside_what_block_zero_wrote(int* source, int* out, int read_early) {
+  HAM_DYNAMIC_SHARED(int, tile);
+  if (blockIdx.x == 0) {
+    source[threadIdx.x] = int(threadIdx.x);
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  tile[0] = -1;
+  async_copy_16_or_zeros(tile, source, false);
+  async_copy_commit();
+  if (read_early) out[1] = tile[0];
+  async_copy_wait<0>();
+  out[0] = tile[0];
+}
+
+TEST_F(Racecheck, CpAsyncOfZerosReadsNoSourceAndWritesUntilItsWait) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts source(4), out(2);
+  RUN(2, 4, 16, zeros_beside_what_block_zero_wrote, source.data, out.data, 0);
+  int landed = -2;
+  HAM_CUDA_CHECK(cudaMemcpy(&landed, out.data, sizeof landed, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(landed, 0);
+  testing::expect_error(
+      [&] { RUN(2, 4, 16, zeros_beside_what_block_zero_wrote, source.data, out.data, 1); },
+      {"shared memory race: thread (0,0,0) reads dynamic shared byte 0",
+       "which no cp.async.wait_group has completed yet"});
+}
+
 // An 8-byte load from byte 4 of an 8-byte allocation.
 __global__ void load_past_the_end_of_an_allocation(const char* bytes, int* out) {
   long long v = 0;

@@ -612,6 +612,52 @@ TEST(SimtEmulator, AsyncCopiesLandAtIssueInTheReverseSchedule) {
   }
 }
 
+// Even threads copy 16 bytes of src; odd threads land 16 zero bytes instead, "from" an
+// address nothing may read (async_copy_16_or_zeros, ignore-src: reading it would fault).
+// Each thread records its slot's first element before the wait, and its first and last
+// after it.
+__global__ void async_copies_or_zeros(const int* src, int* out) {
+  HAM_DYNAMIC_SHARED(int, tile);  // [threads][4]
+  const int i = int(threadIdx.x);
+  for (int e = 0; e < 4; ++e) tile[i * 4 + e] = -1;
+  const bool copy = i % 2 == 0;
+  const void* from = copy ? static_cast<const void*>(&src[i * 4])
+                          : reinterpret_cast<const void*>(uintptr_t{16});
+  async_copy_16_or_zeros(&tile[i * 4], from, copy);
+  async_copy_commit();
+  out[i * 2 + 0] = tile[i * 4];
+  async_copy_wait<0>();
+  out[i * 2 + 1] = tile[i * 4] + tile[i * 4 + 3];
+}
+
+// async_copies_or_zeros on `threads` threads in `schedule`, over src[j] = j + 1; its `out`.
+std::vector<int> async_copies_or_zeros_in(Schedule schedule, int threads) {
+  ScheduleGuard guard;
+  emulator::set_schedule(schedule);
+  DeviceInts src(size_t(threads) * 4), out(size_t(threads) * 2);
+  std::vector<int> values(src.n);
+  for (size_t j = 0; j < values.size(); ++j) values[j] = int(j) + 1;
+  HAM_CUDA_CHECK(cudaMemcpy(src.data, values.data(), src.n * sizeof(int), cudaMemcpyHostToDevice));
+  HAM_LAUNCH(1, threads, threads * 16, nullptr, async_copies_or_zeros)(src.data, out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  return out.read();
+}
+
+TEST(SimtEmulator, AsyncZerosLandLikeCopiesAndReadNothing) {
+  constexpr int kThreads = 8;
+  for (Schedule schedule : {Schedule::Forward, Schedule::Reverse}) {
+    const std::vector<int> got = async_copies_or_zeros_in(schedule, kThreads);
+    for (int i = 0; i < kThreads; ++i) {
+      const int landed = i % 2 == 0 ? (i * 4 + 1) + (i * 4 + 4) : 0;
+      const int first_landed = i % 2 == 0 ? i * 4 + 1 : 0;
+      // forward: in flight until the wait; reverse: landed at issue
+      EXPECT_EQ(got[size_t(i * 2)], schedule == Schedule::Forward ? -1 : first_landed)
+          << "thread " << i << " before the wait, schedule " << int(schedule);
+      EXPECT_EQ(got[size_t(i * 2 + 1)], landed) << "thread " << i << " after the wait";
+    }
+  }
+}
+
 // Lane 0 of each warp records when its warp has passed a first and a second shuffle. In
 // the reverse schedule the last warp runs through both shuffles to the barrier before the
 // other warp passes its first; in the forward schedule the warps pass each shuffle in turn.
