@@ -1000,10 +1000,17 @@ struct HeadRows {
   }
 };
 
-// Row indices for issue_rows: compacted key j's position (-1: none).
-__device__ __forceinline__ auto key_rows(const int* positions) {
-  return [=](int j) { return positions[j]; };
-}
+// Row indices for issue_rows: compacted key j's position (-1: none), a shared-memory load
+// (kLoads: issue_rows_to reads them all before its copies).
+struct KeyRows {
+  const int* positions;
+  __device__ int operator()(int j) const { return positions[j]; }
+};
+__device__ __forceinline__ KeyRows key_rows(const int* positions) { return {positions}; }
+template <class Index>
+constexpr bool kIndexLoads = false;
+template <>
+constexpr bool kIndexLoads<KeyRows> = true;
 
 // Row indices for issue_rows: query q0 + r (-1 past T), in 32 bits (T < 2^30: check_grid;
 // in 64 bits the compare and its operands had taken 3 instructions a copy).
@@ -1015,33 +1022,53 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
 // Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory, element
 // (r, c) at place(r, c), from global rows of D elements: row r from token index(r) of
 // `rows`, zeros where index(r) is -1 (landing with the copies). Chunk idx (16 bytes) of
-// the tile is thread idx % kThreads's (the block's threads). Where a row's chunks divide the block (every
-// head dim but 192), that is chunk column threadIdx.x % kChunks of every kStep-th row, so
-// a thread's copies unroll with fixed steps from one column base, and each costs an
-// index, a multiply-add and the copy. (A general loop over row pointers had taken 35-45
-// instructions a copy in the forward's SASS, nearly half of what its key-tile loop
-// executed: 64-bit index arithmetic, and the kernel arguments read again after each copy,
-// whose asm clobbers memory. Element addresses turned to bytes per copy had still taken
-// 16.)
+// the tile is thread idx % kThreads's (the block's threads). Where a row's chunks divide
+// the block (every head dim but 192), that is chunk column threadIdx.x % kChunks of every
+// (kThreads / kChunks)-th row, so a thread's copies unroll with fixed steps from one
+// column base, and each costs an index, a multiply-add and the copy. (A general loop over
+// row pointers had taken 35-45 instructions a copy in the forward's SASS, nearly half of
+// what its key-tile loop executed: 64-bit index arithmetic, and the kernel arguments read
+// again after each copy, whose asm clobbers memory. Element addresses turned to bytes per
+// copy had still taken 16.) Where the indices are loads (kIndexLoads), a thread reads all of them before
+// its first copy: read between copies (the asm's clobber keeps each after the copy before
+// it), every index's shared load put an LDS before an LDGSTS, and ptxas three
+// never-executed LDS before each copy. (Computed indices stay beside their copies, and a
+// 192-wide tile's in a loop unrolled by 4: its 12 copies a thread unrolled whole made the
+// dK/dV kernels spill.)
 template <int D, int kRows, int kThreads = kMmaThreads, class Place, class Index>
 __device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
   constexpr int kChunks = D / 8;
-  auto issue = [&](int r, int c, const char* column) {
-    const int i = index(r);
-    async_copy_16_or_zeros(place(r, c), rows.at(column, i), i >= 0);
+  static_assert(kRows * kChunks % kThreads == 0, "whole rounds of copies");
+  constexpr bool kColumnFixed = kThreads % kChunks == 0;  // every head dim but 192
+  constexpr int kCopies = kRows * kChunks / kThreads;
+  // copy k's tile row, and its chunk's first column
+  auto row_of = [](int k) {
+    if constexpr (kColumnFixed) return int(threadIdx.x) / kChunks + k * (kThreads / kChunks);
+    return (int(threadIdx.x) + k * kThreads) / kChunks;
   };
-  if constexpr (kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0) {
-    constexpr int kStep = kThreads / kChunks, kCopies = kRows / kStep;
-    const int c = int(threadIdx.x) % kChunks * 8, first = int(threadIdx.x) / kChunks;
-    const char* column = rows.column(c);
+  auto column_of = [](int k) {
+    if constexpr (kColumnFixed) return int(threadIdx.x) % kChunks * 8;
+    return (int(threadIdx.x) + k * kThreads) % kChunks * 8;
+  };
+  auto copy = [&](int k, const char* column, int token) {
+    async_copy_16_or_zeros(place(row_of(k), column_of(k)), rows.at(column, token), token >= 0);
+  };
+  if constexpr (kIndexLoads<Index>) {
+    int token[kCopies];
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) issue(first + k * kStep, c, column);
+    for (int k = 0; k < kCopies; ++k) token[k] = index(row_of(k));
+    const char* fixed_column = rows.column(column_of(0));
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      copy(k, kColumnFixed ? fixed_column : rows.column(column_of(k)), token[k]);
+    }
+  } else if constexpr (kColumnFixed) {
+    const char* column = rows.column(column_of(0));
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) copy(k, column, index(row_of(k)));
   } else {
 #pragma unroll 4
-    for (int idx = int(threadIdx.x); idx < kRows * kChunks; idx += kThreads) {
-      const int c = (idx % kChunks) * 8;
-      issue(idx / kChunks, c, rows.column(c));
-    }
+    for (int k = 0; k < kCopies; ++k) copy(k, rows.column(column_of(k)), index(row_of(k)));
   }
 }
 
