@@ -95,7 +95,8 @@ def line_counts(cubin, names, first, last, depth):
     counts = collections.defaultdict(collections.Counter)
     inside, chain, after_location = False, [], False
     for line in text.split("\n"):
-        if line.startswith("//----") or line.startswith("\t.section"):
+        # (not "\t.sectioninfo", which follows a section's start)
+        if line.startswith("//----") or line.startswith("\t.section\t"):
             inside = ".text." in line and any(n in line for n in names)
             continue
         if not inside:
