@@ -33,6 +33,9 @@ void async_copy_wait() {
 inline const void* strided_address(const char* base, uint32_t index, uint32_t step_bytes) {
   return base + uint64_t(index) * step_bytes;
 }
+inline const void* signed_strided_address(const char* base, int32_t index, int32_t step_bytes) {
+  return base + int64_t(index) * step_bytes;
+}
 
 #else
 
@@ -71,6 +74,16 @@ __device__ __forceinline__ const void* strided_address(const char* base, uint32_
                                                        uint32_t step_bytes) {
   uint64_t address;
   asm("mad.wide.u32 %0, %1, %2, %3;\n"
+      : "=l"(address)
+      : "r"(index), "r"(step_bytes), "l"(reinterpret_cast<uint64_t>(base)));
+  return reinterpret_cast<const void*>(address);
+}
+// The same for a signed index (mad.wide.s32, as cheap): index -1, a row that lands zeros
+// (async_copy_16_or_zeros), then points one step before base, not 2^32 - 1 steps on.
+__device__ __forceinline__ const void* signed_strided_address(const char* base, int32_t index,
+                                                              int32_t step_bytes) {
+  uint64_t address;
+  asm("mad.wide.s32 %0, %1, %2, %3;\n"
       : "=l"(address)
       : "r"(index), "r"(step_bytes), "l"(reinterpret_cast<uint64_t>(base)));
   return reinterpret_cast<const void*>(address);

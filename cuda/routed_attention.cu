@@ -993,10 +993,11 @@ struct HeadRows {
                       int64_t D)
       : first(base + (b * seq_len * heads + head) * D),
         step_bytes(uint32_t(heads * D * int64_t(sizeof(bf16)))) {}
-  // Column c of token i's row, from column c's base (`column(c)`).
+  // Column c of token i's row, from column c's base (`column(c)`); i = -1 (zeros, the
+  // source not read) points a row before token 0's.
   __device__ const char* column(int c) const { return reinterpret_cast<const char*>(first + c); }
   __device__ const void* at(const char* column, int i) const {
-    return strided_address(column, uint32_t(i), step_bytes);
+    return signed_strided_address(column, i, int32_t(step_bytes));
   }
 };
 
@@ -2934,6 +2935,9 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v,
 void check_grid(const Tensor& q) {
   HAM_CHECK(q.size(1) < (int64_t(1) << 30), kOp, ": sequence length ", q.size(1),
             " too long for the CUDA kernels");
+  // a token's row step (heads x head dim x 2 bytes, head dims up to 256) in a signed int32
+  HAM_CHECK(q.size(2) < (int64_t(1) << 20), kOp, ": ", q.size(2),
+            " query heads, too many for the CUDA kernels");
 }
 
 // The grid of block_tile<rows>: a block per tile of `rows` rows, head and batch row.

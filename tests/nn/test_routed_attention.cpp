@@ -931,6 +931,24 @@ TEST(RoutedAttentionGpu, CompactionFindsDocumentsThatReturnAtAStepBoundary) {
   }
 }
 
+// The CUDA kernels address a token's row of a head tensor by a signed 32-bit step
+// (heads x head dim x 2 bytes): 2^20 query heads and more are refused before any launch.
+TEST(RoutedAttentionGpu, TooManyQueryHeadsForTheKernelsIsAnError) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  const int64_t heads = int64_t(1) << 20, dim = 8;
+  Tensor q = Tensor::zeros({1, 1, heads, dim}, DType::BF16, gpu);
+  Tensor k = Tensor::zeros({1, 1, 1, dim}, DType::BF16, gpu);
+  Tensor v = Tensor::zeros({1, 1, 1, dim}, DType::BF16, gpu);
+  Tensor out = Tensor::zeros({1, 1, heads, dim}, DType::BF16, gpu);
+  Tensor lse = Tensor::zeros({1, 1, heads}, DType::F32, gpu);
+  Tensor select = Tensor::from_vector(std::vector<uint8_t>{1}, {1, 1});
+  CompactSelection sel = expect_gpu_compaction_matches_cpu(select, Tensor(), "one token");
+  testing::expect_error(
+      [&] { routed_attention_forward_kernels()(gpu, q, k, v, Tensor(), sel, 1.0, out, lse); },
+      {"routed_attention", "1048576 query heads", "too many for the CUDA kernels"});
+}
+
 #ifdef HAM_WITH_CUDA
 // The bf16 cases against the CPU with a tuning setter (cuda/routed_attention.h)
 // set to `value`, restored after; then the setter refuses `bad`, naming itself, the value
