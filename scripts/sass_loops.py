@@ -19,8 +19,13 @@ compiles it to a cubin with -lineinfo by its line in BUILD/compile_commands.json
 default build-sm90), and reads it with nvdisasm. A .cubin compiled so (the script keeps
 its own under /tmp/sass_loops_*) is read as it is, for a second look without the compile.
 
+With --against EARLIER (an object or SASS text of the same source before a change), it
+prints only the kernels whose counts (instructions, loops of at least --min, spill
+instructions) differ, and the totals of the kernels both hold: the static before and after
+of a change to a kernel's source (compile the earlier source with the build's nvcc line).
+
 Usage:
-  scripts/sass_loops.py OBJECT KERNEL [KERNEL ...] [--min N]
+  scripts/sass_loops.py OBJECT KERNEL [KERNEL ...] [--min N] [--against EARLIER]
   scripts/sass_loops.py cuda/SOURCE.cu KERNEL [--lines] [--range 0x680-0xeca0] [--depth N]
 OBJECT is an object file or cubin built for the GPU (e.g.
 build-sm90/CMakeFiles/ham_cuda.dir/cuda/routed_attention.cu.o), a text file that
@@ -80,8 +85,10 @@ def compile_with_lines(source, build):
         else:
             kept.append(word)
     cubin = os.path.join(tempfile.mkdtemp(prefix="sass_loops_"), "lines.cubin")
-    arch = re.search(r"sm_(\d+a?)", entry["command"])  # 90a: wgmma kernels
-    kept += ["-cubin", "-lineinfo", f"-arch=sm_{arch.group(1) if arch else '90'}", "-o", cubin]
+    # the newest of the build's architectures (90a where it has it: the wgmma kernels)
+    archs = re.findall(r"sm_(\d+a?)", entry["command"])
+    arch = max(archs, key=lambda a: int(a.rstrip("a")), default="90")
+    kept += ["-cubin", "-lineinfo", f"-arch=sm_{arch}", "-o", cubin]
     subprocess.run(kept, check=True, cwd=entry["directory"], stderr=subprocess.DEVNULL)
     return cubin
 
@@ -157,6 +164,41 @@ def loops(body):
     return sorted(found, key=lambda r: (r[0] - r[1], r[0]))
 
 
+def summary(body, smallest):
+    """(instructions, sizes of the loops of at least `smallest`, in address order, and the
+    spill instructions in the largest loop and outside it) of a kernel's body."""
+    ops = [op for _, op in body]
+    spans = loops(body)
+    spills = (0, 0)
+    if spans:
+        first, last = spans[0]
+        inside = sum(1 for op in ops[first:last + 1] if op.startswith(("STL", "LDL")))
+        spills = (inside, sum(1 for op in ops if op.startswith(("STL", "LDL"))) - inside)
+    sizes = [last - first + 1 for first, last in sorted(spans) if last - first + 1 >= smallest]
+    return len(body), sizes, spills
+
+
+def compare(before, after, patterns, smallest):
+    """Prints each kernel matching `patterns` whose counts differ between two objects
+    (kernels matched by name, the anonymous namespace's hash aside), then the totals."""
+    def table(path):  # {name without the hash: (name, summary)}
+        return {re.sub(r"_GLOBAL__N__[0-9a-f]+_", "", name): (name, summary(body, smallest))
+                for name, body in kernels(sass_text(path))
+                if any(k in name for k in patterns)}
+    old, new = table(before), table(after)
+    for key in sorted(old.keys() | new.keys()):
+        if key not in old or key not in new:
+            name, path = (new[key][0], after) if key in new else (old[key][0], before)
+            print(f"{name}\n  only in {path}")
+        elif old[key][1] != new[key][1]:
+            (n0, l0, s0), (n1, l1, s1) = old[key][1], new[key][1]
+            print(f"{new[key][0]}\n  {n0} -> {n1} instructions, loops {l0} -> {l1}, spill "
+                  f"instructions (largest loop, outside) {s0} -> {s1}")
+    common = old.keys() & new.keys()
+    print(f"{len(common)} kernels in both: {sum(old[k][1][0] for k in common)} -> "
+          f"{sum(new[k][1][0] for k in common)} instructions")
+
+
 def mix(ops, top=12):
     counts = collections.Counter(op.split()[0].split(".")[0] for op in ops)
     return ", ".join(f"{k} {v}" for k, v in counts.most_common(top))
@@ -172,7 +214,12 @@ def main():
     parser.add_argument("--depth", type=int, default=0, help="inlining depth for --lines")
     parser.add_argument("--top", type=int, default=40, help="lines shown with --lines")
     parser.add_argument("--build", default="build-sm90", help="build folder of a .cu OBJECT")
+    parser.add_argument("--against", default=None,
+                        help="an earlier OBJECT: print only the kernels whose counts differ")
     args = parser.parse_args()
+    if args.against:
+        compare(args.against, args.object, args.kernel, args.min)
+        return
     if args.object.endswith(".cu"):
         args.object = compile_with_lines(args.object, args.build)
     elif args.lines and not args.object.endswith(".cubin"):
@@ -186,9 +233,7 @@ def main():
         spans = loops(body)
         print(f"{name}\n  {len(body)} instructions: {mix(ops)}")
         if spans:
-            first, last = spans[0]
-            inside = sum(1 for op in ops[first:last + 1] if op.startswith(("STL", "LDL")))
-            outside = sum(1 for op in ops if op.startswith(("STL", "LDL"))) - inside
+            inside, outside = summary(body, args.min)[2]
             print(f"  spill instructions: {inside} in the largest loop, {outside} outside it")
         for first, last in sorted(spans):
             if last - first + 1 < args.min:
