@@ -1020,56 +1020,80 @@ __device__ __forceinline__ auto query_rows(int64_t q0, int64_t seq_len) {
   return [=](int r) { return first + r < end ? first + r : -1; };
 }
 
-// Issues this thread's copies of rows [0, kRows) of a bf16 tile in shared memory, element
-// (r, c) at place(r, c), from global rows of D elements: row r from token index(r) of
-// `rows`, zeros where index(r) is -1 (landing with the copies). Chunk idx (16 bytes) of
-// the tile is thread idx % kThreads's (the block's threads). Where a row's chunks divide
-// the block (every head dim but 192), that is chunk column threadIdx.x % kChunks of every
-// (kThreads / kChunks)-th row, so a thread's copies unroll with fixed steps from one
+// A thread's copies of rows [0, kRows) of a bf16 tile of D columns, kThreads threads a
+// block: chunk idx (16 bytes) of the tile is thread idx % kThreads's. Where a row's chunks
+// divide the block (every head dim but 192), that is chunk column threadIdx.x % kChunks of
+// every (kThreads / kChunks)-th row, so a thread's copies unroll with fixed steps from one
 // column base, and each costs an index, a multiply-add and the copy. (A general loop over
 // row pointers had taken 35-45 instructions a copy in the forward's SASS, nearly half of
 // what its key-tile loop executed: 64-bit index arithmetic, and the kernel arguments read
 // again after each copy, whose asm clobbers memory. Element addresses turned to bytes per
-// copy had still taken 16.) Where the indices are loads (kIndexLoads), a thread reads all of them before
-// its first copy: read between copies (the asm's clobber keeps each after the copy before
-// it), every index's shared load put an LDS before an LDGSTS, and ptxas three
-// never-executed LDS before each copy. (Computed indices stay beside their copies, and a
-// 192-wide tile's in a loop unrolled by 4: its 12 copies a thread unrolled whole made the
-// dK/dV kernels spill.)
-template <int D, int kRows, int kThreads = kMmaThreads, class Place, class Index>
-__device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
-  constexpr int kChunks = D / 8;
+// copy had still taken 16.)
+template <int D, int kRows, int kThreads>
+struct RowCopies {
+  static constexpr int kChunks = D / 8;
   static_assert(kRows * kChunks % kThreads == 0, "whole rounds of copies");
-  constexpr bool kColumnFixed = kThreads % kChunks == 0;  // every head dim but 192
-  constexpr int kCopies = kRows * kChunks / kThreads;
+  static constexpr bool kColumnFixed = kThreads % kChunks == 0;
+  static constexpr int kCopies = kRows * kChunks / kThreads;
   // copy k's tile row, and its chunk's first column
-  auto row_of = [](int k) {
+  __device__ static int row(int k) {
     if constexpr (kColumnFixed) return int(threadIdx.x) / kChunks + k * (kThreads / kChunks);
     return (int(threadIdx.x) + k * kThreads) / kChunks;
-  };
-  auto column_of = [](int k) {
+  }
+  __device__ static int column(int k) {
     if constexpr (kColumnFixed) return int(threadIdx.x) % kChunks * 8;
     return (int(threadIdx.x) + k * kThreads) % kChunks * 8;
-  };
-  auto copy = [&](int k, const char* column, int token) {
-    async_copy_16_or_zeros(place(row_of(k), column_of(k)), rows.at(column, token), token >= 0);
-  };
-  if constexpr (kIndexLoads<Index>) {
-    int token[kCopies];
+  }
+  // Copy k: token's row of `rows` (zeros where token is -1, landing with the copies) to
+  // place(row(k), column(k)); column_base is rows.column(column(k)).
+  template <class Place>
+  __device__ static void copy(Place place, const HeadRows& rows, const char* column_base, int k,
+                              int token) {
+    async_copy_16_or_zeros(place(row(k), column(k)), rows.at(column_base, token), token >= 0);
+  }
+  // The indices of this thread's rows, every one read before any copy (index: KeyRows,
+  // shared-memory loads): read between copies (each copy's asm clobbers memory, so the
+  // next load stays after it), every load put an LDS before an LDGSTS, and ptxas three
+  // never-executed LDS before each copy.
+  template <class Index>
+  __device__ static void read_tokens(Index index, int (&token)[kCopies]) {
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) token[k] = index(row_of(k));
-    const char* fixed_column = rows.column(column_of(0));
+    for (int k = 0; k < kCopies; ++k) token[k] = index(row(k));
+  }
+  template <class Place>
+  __device__ static void issue(Place place, const HeadRows& rows, const int (&token)[kCopies]) {
+    const char* fixed_column = rows.column(column(0));
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) {
-      copy(k, kColumnFixed ? fixed_column : rows.column(column_of(k)), token[k]);
+      copy(place, rows, kColumnFixed ? fixed_column : rows.column(column(k)), k, token[k]);
     }
-  } else if constexpr (kColumnFixed) {
-    const char* column = rows.column(column_of(0));
+  }
+};
+
+// Issues this thread's copies (RowCopies) of rows [0, kRows) of a bf16 tile in shared
+// memory, element (r, c) at place(r, c), from global rows of D elements: row r from token
+// index(r) of `rows`, zeros where index(r) is -1. Indices that are loads (kIndexLoads) are
+// all read first; computed ones stay beside their copies, and a 192-wide tile's in a loop
+// unrolled by 4 (its 12 copies a thread unrolled whole, or their indices held across them,
+// made the dK/dV kernels spill).
+template <int D, int kRows, int kThreads = kMmaThreads, class Place, class Index>
+__device__ void issue_rows_to(Place place, const HeadRows& rows, Index index) {
+  using Copies = RowCopies<D, kRows, kThreads>;
+  if constexpr (kIndexLoads<Index>) {
+    int token[Copies::kCopies];
+    Copies::read_tokens(index, token);
+    Copies::issue(place, rows, token);
+  } else if constexpr (Copies::kColumnFixed) {
+    const char* column = rows.column(Copies::column(0));
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) copy(k, column, index(row_of(k)));
+    for (int k = 0; k < Copies::kCopies; ++k) {
+      Copies::copy(place, rows, column, k, index(Copies::row(k)));
+    }
   } else {
 #pragma unroll 4
-    for (int k = 0; k < kCopies; ++k) copy(k, rows.column(column_of(k)), index(row_of(k)));
+    for (int k = 0; k < Copies::kCopies; ++k) {
+      Copies::copy(place, rows, rows.column(Copies::column(k)), k, index(Copies::row(k)));
+    }
   }
 }
 
@@ -1184,16 +1208,28 @@ struct KeyTiles {
   // Issues the copies of tile t into its slot (its positions are in shared memory).
   __device__ void issue(int t) const { issue_rows_at(t, positions + (t % 2) * BK); }
 
-  // The same with key j's row from pos[j] (shared or global memory; -1: none).
+  // The same with key j's row from pos[j] (shared or global memory; -1: none). Where
+  // DK = DV a thread copies the same rows of K and V: their positions are read once.
   __device__ void issue_rows_at(int t, const int* pos) const {
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-    if constexpr (kSwizzled) {
-      issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{k(t)}, k_of, key_rows(pos));
-      issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{v(t)}, v_of, key_rows(pos));
+    auto place_k = [&] {
+      if constexpr (kSwizzled) return SwizzledTile<BK>{k(t)};
+      else return [to = k(t)](int r, int c) { return to + r * LDK + c; };
+    }();
+    auto place_v = [&] {
+      if constexpr (kSwizzled) return SwizzledTile<BK>{v(t)};
+      else return [to = v(t)](int r, int c) { return to + r * LDV + c; };
+    }();
+    if constexpr (DK == DV) {
+      using Copies = RowCopies<DK, BK, kThreads>;
+      int token[Copies::kCopies];
+      Copies::read_tokens(key_rows(pos), token);
+      Copies::issue(place_k, k_of, token);
+      Copies::issue(place_v, v_of, token);
     } else {
-      issue_rows<DK, LDK, BK>(k(t), k_of, key_rows(pos));
-      issue_rows<DV, LDV, BK>(v(t), v_of, key_rows(pos));
+      issue_rows_to<DK, BK, kThreads>(place_k, k_of, key_rows(pos));
+      issue_rows_to<DV, BK, kThreads>(place_v, v_of, key_rows(pos));
     }
   }
 
