@@ -9,6 +9,7 @@
 // The SIMT emulator (HAM_CUDA_EMULATOR) defers each copy to the wait that covers it
 // (cuda/emulator/simt.h), so a tile read too early holds stale bytes in the tests.
 #include <cstdint>
+#include <type_traits>
 
 #ifdef HAM_CUDA_EMULATOR
 #include "cuda/emulator/simt.h"
@@ -30,11 +31,9 @@ template <int kPending>
 void async_copy_wait() {
   emulator::async_copy_wait(kPending);
 }
-inline const void* strided_address(const char* base, uint32_t index, uint32_t step_bytes) {
-  return base + uint64_t(index) * step_bytes;
-}
-inline const void* signed_strided_address(const char* base, int32_t index, int32_t step_bytes) {
-  return base + int64_t(index) * step_bytes;
+template <class Index>  // uint32_t or int32_t
+const void* strided_address(const char* base, Index index, Index step_bytes) {
+  return base + int64_t(index) * int64_t(step_bytes);
 }
 
 #else
@@ -69,23 +68,20 @@ __device__ __forceinline__ void async_copy_wait() {
 
 // base + index step_bytes, a copy's source row, as one 32 x 32 -> 64-bit multiply-add
 // (mad.wide.u32). The same in C++ (a uint64 product) compiled to that plus two moves and
-// an add of a zero high word (sm_90, nvcc 13.0).
-__device__ __forceinline__ const void* strided_address(const char* base, uint32_t index,
-                                                       uint32_t step_bytes) {
+// an add of a zero high word (sm_90, nvcc 13.0). A signed index takes mad.wide.s32, as
+// cheap: index -1, a row that lands zeros (async_copy_16_or_zeros), then points one step
+// before base, not 2^32 - 1 steps on.
+template <class Index>  // uint32_t or int32_t
+__device__ __forceinline__ const void* strided_address(const char* base, Index index,
+                                                       Index step_bytes) {
+  static_assert(std::is_same_v<Index, uint32_t> || std::is_same_v<Index, int32_t>);
+  const uint64_t from = reinterpret_cast<uint64_t>(base);
   uint64_t address;
-  asm("mad.wide.u32 %0, %1, %2, %3;\n"
-      : "=l"(address)
-      : "r"(index), "r"(step_bytes), "l"(reinterpret_cast<uint64_t>(base)));
-  return reinterpret_cast<const void*>(address);
-}
-// The same for a signed index (mad.wide.s32, as cheap): index -1, a row that lands zeros
-// (async_copy_16_or_zeros), then points one step before base, not 2^32 - 1 steps on.
-__device__ __forceinline__ const void* signed_strided_address(const char* base, int32_t index,
-                                                              int32_t step_bytes) {
-  uint64_t address;
-  asm("mad.wide.s32 %0, %1, %2, %3;\n"
-      : "=l"(address)
-      : "r"(index), "r"(step_bytes), "l"(reinterpret_cast<uint64_t>(base)));
+  if constexpr (std::is_same_v<Index, int32_t>) {
+    asm("mad.wide.s32 %0, %1, %2, %3;\n" : "=l"(address) : "r"(index), "r"(step_bytes), "l"(from));
+  } else {
+    asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(address) : "r"(index), "r"(step_bytes), "l"(from));
+  }
   return reinterpret_cast<const void*>(address);
 }
 

@@ -997,7 +997,7 @@ struct HeadRows {
   // source not read) points a row before token 0's.
   __device__ const char* column(int c) const { return reinterpret_cast<const char*>(first + c); }
   __device__ const void* at(const char* column, int i) const {
-    return signed_strided_address(column, i, int32_t(step_bytes));
+    return strided_address(column, i, int32_t(step_bytes));
   }
 };
 
