@@ -944,8 +944,7 @@ constexpr bool kIsRowSource<RowSource<E>> = true;
 // columns). Whole 16-byte-aligned groups of columns go by cp.async, so a thread has all its
 // copies in flight at once (the caller commits and waits; padding rows of the short path
 // below land zeros with them); the rest (ragged or unaligned rows, padding) is stored
-// directly. Group g of the tile is thread g % kThreads's, as in
-// map_tile.
+// directly. Group g of the tile is thread g % kThreads's, as in map_tile.
 // A RowSource tile whose every row is whole and 16-byte aligned takes a short path: a
 // thread's groups then share a column and its pointers move by fixed steps. (The general
 // loop took about 60 instructions a group, half of all the state pass executed on the

@@ -1002,7 +1002,7 @@ struct HeadRows {
 };
 
 // Row indices for issue_rows: compacted key j's position (-1: none), a shared-memory load
-// (kLoads: issue_rows_to reads them all before its copies).
+// (kIndexLoads: issue_rows_to reads them all before its copies).
 struct KeyRows {
   const int* positions;
   __device__ int operator()(int j) const { return positions[j]; }
