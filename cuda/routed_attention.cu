@@ -1208,19 +1208,23 @@ struct KeyTiles {
   // Issues the copies of tile t into its slot (its positions are in shared memory).
   __device__ void issue(int t) const { issue_rows_at(t, positions + (t % 2) * BK); }
 
+  // Where element (r, c) of a K (LD = LDK) or V (LDV) slot lies, for issue_rows_to.
+  template <int LD>
+  __device__ static auto place_in(bf16* slot) {
+    if constexpr (kSwizzled) {
+      return SwizzledTile<BK>{slot};
+    } else {
+      return [slot](int r, int c) { return slot + r * LD + c; };
+    }
+  }
+
   // The same with key j's row from pos[j] (shared or global memory; -1: none). Where
   // DK = DV a thread copies the same rows of K and V: their positions are read once.
   __device__ void issue_rows_at(int t, const int* pos) const {
     const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
     const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
-    auto place_k = [&] {
-      if constexpr (kSwizzled) return SwizzledTile<BK>{k(t)};
-      else return [to = k(t)](int r, int c) { return to + r * LDK + c; };
-    }();
-    auto place_v = [&] {
-      if constexpr (kSwizzled) return SwizzledTile<BK>{v(t)};
-      else return [to = v(t)](int r, int c) { return to + r * LDV + c; };
-    }();
+    const auto place_k = place_in<LDK>(k(t));
+    const auto place_v = place_in<LDV>(v(t));
     if constexpr (DK == DV) {
       using Copies = RowCopies<DK, BK, kThreads>;
       int token[Copies::kCopies];
