@@ -383,6 +383,10 @@ struct AttentionArgs {
   C* dp_partial;        // [B, Hkv, T] per kv head, compacted key order; nullptr without p
   const QueryTileRange* query_tiles;  // [B, ceil(T / kQueryTileRows)]
   const QueryTileKeys* query_tile_keys;  // the same tiles' keys, or null (not formed)
+  // [B, ceil(T / key_tile_order_rows)]: the key tile a dK/dV block of each rank takes
+  // (order_key_tiles_by_work), or null: the rank's own (key_block_tile).
+  const int* key_tile_order = nullptr;
+  int key_tile_order_rows = 0;
   // The launch's block stamps while recording (cuda/block_timeline.h), else null.
   BlockStamps* timeline = nullptr;
 
@@ -446,6 +450,20 @@ __device__ __forceinline__ BlockTile block_tile(int64_t seq_len, int64_t heads, 
   const uint32_t lanes = uint32_t(heads * batch), rank = blockIdx.x / lanes;
   const uint32_t lane = blockIdx.x - rank * lanes;
   return {last_first ? tiles - 1 - rank : rank, lane % uint32_t(heads), lane / uint32_t(heads)};
+}
+
+// The key tile, head and batch row of a dK/dV block of kRows keys: block_tile's, or where
+// the backward ordered the key tiles by their work (set_attention_backward_key_order), the
+// tile order_key_tiles_by_work placed at the block's rank of its batch row.
+template <int kRows, class T>
+__device__ __forceinline__ BlockTile key_block_tile(const AttentionArgs<T>& a) {
+  BlockTile block = block_tile<kRows>(a.seq_len, a.kv_heads, a.batch, false);
+  if (a.key_tile_order != nullptr) {
+    if (a.key_tile_order_rows != kRows) __trap();  // cannot happen: ordered for these rows
+    const int64_t tiles = (a.seq_len + kRows - 1) / kRows;
+    block.tile = a.key_tile_order[block.batch * tiles + block.tile];
+  }
+  return block;
 }
 
 // ---- Tiled kernels (f32 compute) -------------------------------------------------------
@@ -799,9 +817,13 @@ __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<
   }
 }
 
+// Keys a block of backward_dkdv_tiled, and the rows of the key grid it shares with
+// backward_dkdv_mma (whose kMmaRows are as many).
+constexpr int kTiledKeyRows = 64;
+
 template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArgs<T> a) {
-  constexpr int BK = 64, BQ = TileShape<DK, DV>::kQueries;
+  constexpr int BK = kTiledKeyRows, BQ = TileShape<DK, DV>::kQueries;
   constexpr int RK = BK / 16, RQ = BQ / 16, CK = DK / 16, CV = DV / 16;
   HAM_DYNAMIC_SHARED(float, smem);
   float* sK = smem;                 // [BK][DK + 1]
@@ -818,7 +840,7 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
   HAM_STATIC_SHARED(float, s_lse, [BQ]);
   HAM_STATIC_SHARED(float, s_delta, [BQ]);
   const int tx = int(threadIdx.x % 16), ty = int(threadIdx.x / 16);
-  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const BlockTile block = key_block_tile<BK>(a);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
   const int count = int(a.counts[b]);
@@ -954,6 +976,7 @@ __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArg
 
 constexpr int kMmaThreads = 128;  // 4 warps
 constexpr int kMmaRows = 64;      // query rows per block, 16 per warp
+static_assert(kMmaRows == kTiledKeyRows, "backward_dkdv_mma takes the tiled kernel's key grid");
 using mma::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -2081,7 +2104,7 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<b
   HAM_STATIC_SHARED(__align__(16) float2, s_stats, [3][BQ]);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
   const int t4 = lane % 4;
-  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const BlockTile block = key_block_tile<BK>(a);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
   const int64_t key_at = key_position_ahead<BK>(a, b, k0);
@@ -2271,7 +2294,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   HAM_STATIC_SHARED(__align__(16) float2, s_stats, [3][BQ]);
   mark_block(a.timeline, BlockMark::Start);
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  const BlockTile block = block_tile<BK>(a.seq_len, a.kv_heads, a.batch, false);
+  const BlockTile block = key_block_tile<BK>(a);
   const int64_t b = block.batch, g = block.head;
   const int k0 = int(block.tile) * BK;
   const int64_t key_at = key_position_ahead<BK>(a, b, k0);
@@ -2930,6 +2953,106 @@ __global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end,
   mark_block(timeline, BlockMark::End);
 }
 
+// The dK/dV blocks' key tiles by their work (set_attention_backward_key_order). In rank
+// order (block_tile) a key tile's work, the query tiles that see its keys, falls with its
+// rank within one document, so the heaviest blocks start first. With packed documents it
+// rises and falls again with every document, and heavy blocks start in the last wave: in a
+// list-scheduling model of the H200's timelines (scripts/attention_block_order.py
+// --documents) the dK/dV kernel at B1 T16384, 20 documents, rho 0.25 takes 1.09x as long
+// in rank order as heaviest first (longest processing time first).
+constexpr int kOrderThreads = 256;
+constexpr int kOrderBins = 1024;
+constexpr int kOrderWindow = 4096;  // key tiles whose work one pass over the query tiles counts
+static_assert(kOrderBins % kOrderThreads == 0 && kOrderWindow % kOrderThreads == 0);
+
+// order[b, rank] for rank < ceil(T / rows): batch row b's key tiles of `rows` compacted
+// keys by work, heaviest first, in kOrderBins - 1 bins of equal width up to the row's
+// greatest work; by index within a bin; the tiles past the row's keys last. A tile's work:
+// the query tiles of query_tiles' summary whose visible keys meet it. work: scratch of
+// [B, ceil(T / rows)], each entry written and read by one thread. One block a batch row.
+__global__ void __launch_bounds__(kOrderThreads)
+    order_key_tiles_by_work(const QueryTileRange* query_tiles, const int64_t* counts,
+                            int64_t seq_len, int rows, int* work, int* order,
+                            BlockStamps* timeline) {
+  HAM_STATIC_SHARED(int, window_steps, [kOrderWindow + 1]);
+  HAM_STATIC_SHARED(int, bin_start, [kOrderBins]);
+  HAM_STATIC_SHARED(int, chunk_bins, [kOrderThreads]);
+  HAM_STATIC_SHARED(int, warp_prefix, [32]);
+  HAM_STATIC_SHARED(int, carry);
+  HAM_STATIC_SHARED(int, greatest);
+  mark_block(timeline, BlockMark::Start);
+  const int64_t b = blockIdx.x;
+  const int tid = int(threadIdx.x), threads = int(blockDim.x);
+  const int tiles = int((seq_len + rows - 1) / rows);
+  const int query_tiles_per_row = int((seq_len + kQueryTileRows - 1) / kQueryTileRows);
+  const int keys = int(counts[b]);
+  int* row_work = work + b * tiles;
+  int* row_order = order + b * tiles;
+  for (int k = tid; k < kOrderBins; k += threads) bin_start[k] = 0;
+  if (tid == 0) greatest = 0;
+  // The work of a window of key tiles at a time, from a difference array of it: +1 at the
+  // first tile in the window that a query tile's visible keys meet, -1 past the last.
+  for (int w0 = 0; w0 < tiles; w0 += kOrderWindow) {
+    const int w_end = min(tiles, w0 + kOrderWindow);
+    for (int i = tid; i <= kOrderWindow; i += threads) window_steps[i] = 0;
+    if (tid == 0) carry = 0;
+    __syncthreads();
+    for (int j = tid; j < query_tiles_per_row; j += threads) {
+      const QueryTileRange range = query_tiles[b * query_tiles_per_row + j];
+      if (range.begin >= range.end) continue;
+      const int first = range.begin / rows, last = (range.end - 1) / rows;
+      if (first < w_end && last >= w0) {
+        atomicAdd(&window_steps[max(first, w0) - w0], 1);
+        atomicAdd(&window_steps[min(last, w_end - 1) + 1 - w0], -1);
+      }
+    }
+    __syncthreads();
+    for (int r0 = w0; r0 < w_end; r0 += threads) {
+      const int r = r0 + tid;
+      const int step = r < w_end ? window_steps[r - w0] : 0;
+      const int tile_work = block_exclusive_scan(step, carry, warp_prefix) + step;
+      if (r < w_end) {
+        const bool has_keys = int64_t(r) * rows < keys;
+        row_work[r] = has_keys ? tile_work : -1;
+        if (has_keys) atomicMax(&greatest, tile_work);
+      }
+    }
+    __syncthreads();  // the window's steps are read before the next window zeroes them
+  }
+  __syncthreads();  // greatest (where no window ran)
+  const int top = max(greatest, 1);
+  auto bin_of = [&](int tile_work) {
+    return tile_work < 0 ? 0 : 1 + int(int64_t(tile_work) * (kOrderBins - 2) / top);
+  };
+  for (int r = tid; r < tiles; r += threads) atomicAdd(&bin_start[bin_of(row_work[r])], 1);
+  if (tid == 0) carry = 0;
+  __syncthreads();
+  // Each bin's first rank: the count of the tiles in the bins above it.
+  for (int k0 = 0; k0 < kOrderBins; k0 += threads) {
+    const int k = kOrderBins - 1 - (k0 + tid);
+    const int in_bin = bin_start[k];
+    bin_start[k] = block_exclusive_scan(in_bin, carry, warp_prefix);
+  }
+  __syncthreads();
+  // A tile's rank: its bin's next, after the tiles of its bin before it in this chunk of
+  // blockDim tiles; then the bins advance past the chunk.
+  for (int r0 = 0; r0 < tiles; r0 += threads) {
+    const int r = r0 + tid;
+    const int bin = r < tiles ? bin_of(row_work[r]) : -1;
+    chunk_bins[tid] = bin;
+    __syncthreads();
+    if (r < tiles) {
+      int before = 0;
+      for (int i = 0; i < tid; ++i) before += chunk_bins[i] == bin ? 1 : 0;
+      row_order[bin_start[bin] + before] = r;
+    }
+    __syncthreads();
+    if (r < tiles) atomicAdd(&bin_start[bin], 1);
+    __syncthreads();
+  }
+  mark_block(timeline, BlockMark::End);
+}
+
 // dp[b, pos_kj] = sum over kv heads g, in order, of dp_partial[b, g, kj].
 template <class T>
 __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
@@ -3056,6 +3179,9 @@ std::atomic<int64_t> g_overlapped_prologues{0};
 // set_attention_backward_dq_records, and the calls whose dQ blocks started from them.
 std::atomic<bool> g_backward_dq_records{false};
 std::atomic<int64_t> g_backward_dq_record_launches{0};
+// set_attention_backward_key_order, and the calls whose dK/dV blocks took their tiles so.
+std::atomic<bool> g_backward_key_order{false};
+std::atomic<int64_t> g_backward_key_order_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
 // automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
@@ -3084,6 +3210,48 @@ void launch_warp_rows(void (*kernel)(AttentionArgs<T>), int64_t rows, const Atte
   HAM_LAUNCH(unsigned(ceil_div(rows, kWarpRowsPerBlock)), kThreads, 0, launch_stream(), kernel)(
       args);
   HAM_CUDA_CHECK_LAUNCH();
+}
+
+// The query tiles' summary of a batch's rows (summarize_query_tiles): ranges, QueryTileRange
+// [B, ceil(T / kQueryTileRows)] as pairs of I32, and where `records` their QueryTileKeys
+// (else undefined).
+struct QueryTileSummary {
+  Tensor ranges, records;
+};
+QueryTileSummary summarize_query_tiles_on(const int64_t* begin, const int64_t* end,
+                                          const int64_t* positions, int64_t batch,
+                                          int64_t seq_len, Device device, bool records) {
+  const int64_t query_tiles = batch * ceil_div(seq_len, kQueryTileRows);
+  QueryTileSummary summary;
+  summary.ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, device);
+  if (records) {
+    static_assert(sizeof(QueryTileKeys) % sizeof(int32_t) == 0);
+    summary.records = Tensor::empty(
+        Shape{query_tiles, int64_t(sizeof(QueryTileKeys) / sizeof(int32_t))}, DType::I32,
+        device);
+  }
+  const unsigned blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
+  HAM_LAUNCH(blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
+      begin, end, positions, batch, seq_len,
+      reinterpret_cast<QueryTileRange*>(summary.ranges.raw_data()),
+      records ? reinterpret_cast<QueryTileKeys*>(summary.records.raw_data()) : nullptr,
+      block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0}, blocks));
+  HAM_CUDA_CHECK_LAUNCH();
+  return summary;
+}
+
+// order_key_tiles_by_work's order, [B, ceil(T / rows)] I32, from the query tiles' ranges.
+Tensor order_key_tiles_on(const Tensor& query_tile_ranges, const int64_t* counts, int64_t batch,
+                          int64_t seq_len, int rows, Device device) {
+  const int64_t tiles = ceil_div(seq_len, rows);
+  Tensor work = Tensor::empty(Shape{batch, tiles}, DType::I32, device);
+  Tensor order = Tensor::empty(Shape{batch, tiles}, DType::I32, device);
+  HAM_LAUNCH(unsigned(batch), kOrderThreads, 0, launch_stream(), order_key_tiles_by_work)(
+      reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data()), counts, seq_len,
+      rows, ptr<int>(work), ptr<int>(order),
+      block_timeline_for_launch(KernelName{"order_key_tiles_by_work", {rows}, 1}, batch));
+  HAM_CUDA_CHECK_LAUNCH();
+  return order;
 }
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
@@ -3187,6 +3355,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // The wgmma dQ kernel in 32-key tiles starts from the query tiles' records where set
     // (set_attention_backward_dq_records).
     const bool dq_records_set = g_backward_dq_records.load();
+    // The dK/dV blocks take their key tiles by work where set (set_attention_backward_key_order).
+    const bool order_key_tiles = g_backward_key_order.load();
     // The wgmma dQ kernel for these head dims and warpgroups, its shared memory, its key
     // tile and whether it reads the records.
     struct WgmmaDq {
@@ -3286,31 +3456,23 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
         // The dK/dV kernels' query bound (visible_rows_end); the generic kernels need none.
         // Where the dQ kernel reads them, also the tiles' QueryTileKeys (its blocks of one
         // warpgroup are 64 rows: one tile each).
-        const int64_t query_tiles = a.batch * ceil_div(a.seq_len, kQueryTileRows);
-        Tensor query_tile_ranges = Tensor::empty(Shape{query_tiles, 2}, DType::I32, q.device());
-        Tensor query_tile_keys;
-        if (dq_from_records) {
-          static_assert(sizeof(QueryTileKeys) % sizeof(int32_t) == 0);
-          query_tile_keys = Tensor::empty(
-              Shape{query_tiles, int64_t(sizeof(QueryTileKeys) / sizeof(int32_t))}, DType::I32,
-              q.device());
-        }
-        const unsigned summary_blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
-        HAM_LAUNCH(summary_blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
-            a.begin, a.end, a.positions, a.batch, a.seq_len,
-            reinterpret_cast<QueryTileRange*>(query_tile_ranges.raw_data()),
-            query_tile_keys.defined()
-                ? reinterpret_cast<QueryTileKeys*>(query_tile_keys.raw_data())
-                : nullptr,
-            block_timeline_for_launch(KernelName{"summarize_query_tiles", {}, 0},
-                                      summary_blocks));
-        HAM_CUDA_CHECK_LAUNCH();
-        a.query_tiles = reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data());
+        const QueryTileSummary summary = summarize_query_tiles_on(
+            a.begin, a.end, a.positions, a.batch, a.seq_len, q.device(), dq_from_records);
+        a.query_tiles = reinterpret_cast<const QueryTileRange*>(summary.ranges.raw_data());
         a.query_tile_keys =
-            query_tile_keys.defined()
-                ? reinterpret_cast<const QueryTileKeys*>(query_tile_keys.raw_data())
-                : nullptr;
-        const dim3 key_grid = block_grid(a.seq_len, 64, a.kv_heads, a.batch);
+            dq_from_records ? reinterpret_cast<const QueryTileKeys*>(summary.records.raw_data())
+                            : nullptr;
+        // Where set, each dK/dV launch below first orders the key tiles of its blocks' rows
+        // by their work (set_attention_backward_key_order).
+        Tensor key_tile_order;
+        auto order_key_tiles_for = [&](int key_rows) {
+          if (!order_key_tiles || a.key_tile_order_rows == key_rows) return;
+          key_tile_order = order_key_tiles_on(summary.ranges, a.counts, a.batch, a.seq_len,
+                                              key_rows, q.device());
+          a.key_tile_order = ptr<const int>(key_tile_order);
+          a.key_tile_order_rows = key_rows;
+        };
+        const dim3 key_grid = block_grid(a.seq_len, kTiledKeyRows, a.kv_heads, a.batch);
         const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
         dispatch_head_dims(a.key_dim, a.value_dim, [&]<int DK, int DV>() {
           if constexpr (std::is_same_v<T, bf16>) {
@@ -3340,6 +3502,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                     }
                     const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                     auto launch_dkdv = [&]<KeyGrads kPart>() {
+                      order_key_tiles_for(Wgmma::kRows);
                       // KeyGrads: 0 both, 1 keys, 2 values
                       const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
                                             4};
@@ -3362,6 +3525,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                 }
               }
               if (!tiled_dkdv) {
+                order_key_tiles_for(kMmaRows);
                 if constexpr (Shape::kSplitKeyGrads) {
                   // dk, then dv and the router's share (when the first fits, so does the second)
                   tiled_dkdv = launch_tiled(&backward_dkdv_mma<DK, DV, KeyGrads::Keys>, key_grid,
@@ -3382,6 +3546,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
             }
           }
           if (!tiled_dkdv) {
+            order_key_tiles_for(kTiledKeyRows);
             tiled_dkdv = launch_tiled(&backward_dkdv_tiled<T, DK, DV>, key_grid,
                                       TileShape<DK, DV>::dkdv_bytes, a);
           }
@@ -3390,6 +3555,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                     TileShape<DK, DV>::dq_bytes, a);
           }
         });
+        if (tiled_dkdv && a.key_tile_order != nullptr) g_backward_key_order_launches.fetch_add(1);
       }
       if (!tiled_dkdv) {
         launch_warp_rows(&backward_dkdv_generic<T>, a.batch * a.seq_len * a.kv_heads, a);
@@ -3455,6 +3621,31 @@ bool set_attention_backward_dq_records(bool records) {
 }
 
 int64_t attention_backward_dq_record_launches() { return g_backward_dq_record_launches.load(); }
+
+bool set_attention_backward_key_order(bool by_work) {
+  return g_backward_key_order.exchange(by_work);
+}
+
+int64_t attention_backward_key_order_launches() { return g_backward_key_order_launches.load(); }
+
+Tensor attention_key_tile_order(const CompactSelection& selection, int rows) {
+  const Tensor& positions = selection.key_positions;
+  HAM_CHECK(positions.device().is_cuda(), "attention_key_tile_order: the selection is on ",
+            positions.device().str(), ", not a GPU");
+  HAM_CHECK(positions.dim() == 2, "attention_key_tile_order: key_positions of shape ",
+            shape_str(positions.shape()), "; expected [B, T]");
+  HAM_CHECK(rows > 0, "attention_key_tile_order: ", rows, " rows a key tile; expected > 0");
+  use_device_of(positions);
+  const int64_t batch = positions.size(0), seq_len = positions.size(1);
+  if (batch == 0 || seq_len == 0) {
+    return Tensor::empty(Shape{batch, 0}, DType::I32, positions.device());
+  }
+  const QueryTileSummary summary = summarize_query_tiles_on(
+      ptr<const int64_t>(selection.visible_begin), ptr<const int64_t>(selection.visible_end),
+      ptr<const int64_t>(positions), batch, seq_len, positions.device(), false);
+  return order_key_tiles_on(summary.ranges, ptr<const int64_t>(selection.key_counts), batch,
+                            seq_len, rows, positions.device());
+}
 
 int64_t attention_overlapped_prologues() { return g_overlapped_prologues.load(); }
 

@@ -5,6 +5,11 @@
 
 #include <cstdint>
 
+namespace ham {
+class Tensor;
+struct CompactSelection;
+}  // namespace ham
+
 namespace ham::cuda {
 
 // Query rows per block of the bf16 mma.sync forward for head dims Dk in {64, 128} and
@@ -76,6 +81,26 @@ bool set_attention_backward_dq_records(bool records);
 
 // How many backward calls of this process ran the wgmma dQ kernel from those records.
 int64_t attention_backward_dq_record_launches();
+
+// Whether the backward's dK/dV blocks take their key tiles by work, heaviest first, rather
+// than by rank. A key tile's work is the query tiles that see its keys. By rank, the
+// heaviest start first in one document, but with packed documents heavy blocks also start
+// in the last wave. A list-scheduling model of the H200's block timelines puts that at
+// 1.09x of the dK/dV kernel's time heaviest first at B1 T16384 H16, 20 documents, rho 0.25,
+// and 1.05x at rho 0.5 (scripts/attention_block_order.py --documents). Each dK/dV launch
+// then runs one more kernel first (order_key_tiles_by_work, a block a batch row) and each
+// of its blocks one more load. The outputs are the same bit for bit. Off by default:
+// untimed on a GPU (forty-third session). Returns the previous setting.
+bool set_attention_backward_key_order(bool by_work);
+
+// How many backward calls of this process ran their dK/dV blocks in that order.
+int64_t attention_backward_key_order_launches();
+
+// The order the dK/dV blocks take the key tiles of `rows` compacted keys of `selection`
+// (on a GPU) in: [B, ceil(T / rows)] i32, rank by rank, each row's tiles by work falling (in
+// 1023 bins of equal width up to the row's greatest), by index within a bin, the tiles past
+// the row's keys last. For tests and inspection.
+Tensor attention_key_tile_order(const CompactSelection& selection, int rows);
 
 // Whether this build and the current GPU run the wgmma kernels (both passes): the build has
 // sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and the GPU is of compute capability 9.0;

@@ -1,6 +1,9 @@
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -1079,6 +1082,42 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32And64KeyTilesMatchesCpu) {
 #endif
 }
 
+#ifdef HAM_WITH_CUDA
+// The gradients of a backward of case c (inputs drawn from seeds 70 + T on, on the GPU), run
+// as the current settings have it.
+ops::RoutedAttentionGrads gpu_case_gradients(const GpuCase& c, DType dtype) {
+  const Device gpu = Device::cuda();
+  uint64_t seed = 70 + uint64_t(c.seq_len);
+  Tensor q =
+      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
+  Tensor k =
+      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, gpu, seed++);
+  Tensor v =
+      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, gpu, seed++);
+  Tensor p = c.value_scale
+                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
+                 : Tensor();
+  Tensor docs = gpu_case_docs(c, seed++);
+  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
+                                                docs.defined() ? docs.to(gpu) : Tensor());
+  ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+  Tensor dout = testing::random_tensor(r.out.shape(), dtype, gpu, seed++);
+  return ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+}
+
+// Two backwards' gradients are the same bit for bit.
+void expect_same_gradients(const ops::RoutedAttentionGrads& a,
+                           const ops::RoutedAttentionGrads& b) {
+  EXPECT_EQ(max_abs_diff(a.dq, b.dq), 0.0);
+  EXPECT_EQ(max_abs_diff(a.dk, b.dk), 0.0);
+  EXPECT_EQ(max_abs_diff(a.dv, b.dv), 0.0);
+  ASSERT_EQ(a.dvalue_scale.defined(), b.dvalue_scale.defined());
+  if (a.dvalue_scale.defined()) {
+    EXPECT_EQ(max_abs_diff(a.dvalue_scale, b.dvalue_scale), 0.0);
+  }
+}
+#endif
+
 // The wgmma dQ kernel on one warpgroup a block started from its query tiles' records
 // (set_attention_backward_dq_records): against the CPU, exact zeros included, and bit for
 // bit the gradients its blocks give from their own rows' ranges. Besides the wgmma cases:
@@ -1096,26 +1135,9 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
   cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
   cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
   cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 0.6, false, GpuDocs::None, false});
-  const Device gpu = Device::cuda();
   auto gradients_with = [&](const GpuCase& c, bool records) {
     const testing::ScopedSetting from_records(&cuda::set_attention_backward_dq_records, records);
-    uint64_t seed = 70 + uint64_t(c.seq_len);
-    Tensor q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16,
-                                      gpu, seed++);
-    Tensor k = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16,
-                                      gpu, seed++);
-    Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim},
-                                      DType::BF16, gpu, seed++);
-    Tensor p = c.value_scale ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false)
-                                   .to(DType::BF16)
-                                   .to(gpu)
-                             : Tensor();
-    Tensor docs = gpu_case_docs(c, seed++);
-    CompactSelection sel = ops::compact_selection(
-        gpu_case_select(c, seed++).to(gpu), docs.defined() ? docs.to(gpu) : Tensor());
-    ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
-    Tensor dout = testing::random_tensor(r.out.shape(), DType::BF16, gpu, seed++);
-    return ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+    return gpu_case_gradients(c, DType::BF16);
   };
   for (int keys : {32, 64}) {
     const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, keys);
@@ -1130,15 +1152,131 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
       const ops::RoutedAttentionGrads own = gradients_with(c, false);
       const ops::RoutedAttentionGrads recorded = gradients_with(c, true);
       EXPECT_EQ(cuda::attention_backward_dq_record_launches() - before, keys == 32 ? 2 : 0);
-      EXPECT_EQ(max_abs_diff(recorded.dq, own.dq), 0.0);
-      EXPECT_EQ(max_abs_diff(recorded.dk, own.dk), 0.0);
-      EXPECT_EQ(max_abs_diff(recorded.dv, own.dv), 0.0);
-      if (c.value_scale) {
-        EXPECT_EQ(max_abs_diff(recorded.dvalue_scale, own.dvalue_scale), 0.0);
-      }
+      expect_same_gradients(recorded, own);
     }
   }
   EXPECT_FALSE(cuda::set_attention_backward_dq_records(false)) << "off by default";
+#endif
+}
+
+// The order the dK/dV blocks take their key tiles in (set_attention_backward_key_order),
+// from the GPU's compaction, against the rule worked out on the CPU's: each row's tiles of
+// `rows` keys by work falling (the query tiles of 64 rows whose visible keys meet the tile),
+// in 1023 bins of equal width up to the row's greatest work, by index within a bin, the
+// tiles past the row's keys last. Rows of tiles more than a block's 256 threads and more
+// than its window of 4096 (tiles of one key), work of many values and none, packed,
+// interleaved and no documents, and nothing selected.
+TEST(RoutedAttentionGpu, KeyTileOrderTakesTheHeaviestTilesFirst) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct OrderCase {
+    int64_t batch, seq_len;
+    double density;
+    GpuDocs docs;
+    int rows;
+  };
+  const std::vector<OrderCase> cases = {
+      {2, 5000, 0.5, GpuDocs::Packed20, 8},   {1, 4100, 1.0, GpuDocs::None, 16},
+      {1, 9000, 1.0, GpuDocs::Packed20, 1},   {1, 4500, 0.6, GpuDocs::Interleaved, 1},
+      {3, 700, 0.25, GpuDocs::Packed20, 64},  {2, 900, 0.3, GpuDocs::Interleaved, 32},
+      {2, 600, 0.5, GpuDocs::Runs, 128},      {1, 300, 0.0, GpuDocs::Packed20, 64}};
+  for (const OrderCase& oc : cases) {
+    const GpuCase c{oc.batch, oc.seq_len, 1, 1, 64, 64, oc.density, false, oc.docs, false};
+    SCOPED_TRACE(gpu_case_name(c) + ", tiles of " + std::to_string(oc.rows) + " keys");
+    Tensor docs = gpu_case_docs(c, 5);
+    Tensor select = gpu_case_select(c, 6);
+    const CompactSelection want = ops::compact_selection(select, docs);
+    const CompactSelection sel = expect_gpu_compaction_matches_cpu(select, docs, "order case");
+    const std::vector<int32_t> order =
+        cuda::attention_key_tile_order(sel, oc.rows).to(Device::cpu()).to_vector<int32_t>();
+    const std::vector<int64_t> begin = want.visible_begin.to_vector<int64_t>();
+    const std::vector<int64_t> end = want.visible_end.to_vector<int64_t>();
+    const std::vector<int64_t> counts = want.key_counts.to_vector<int64_t>();
+    const int64_t tiles = (oc.seq_len + oc.rows - 1) / oc.rows;
+    ASSERT_EQ(int64_t(order.size()), oc.batch * tiles);
+    for (int64_t b = 0; b < oc.batch; ++b) {
+      std::vector<int64_t> work(size_t(tiles), 0);
+      for (int64_t t0 = 0; t0 < oc.seq_len; t0 += 64) {  // the query tiles' visible keys
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int64_t t = t0; t < std::min(t0 + 64, oc.seq_len); ++t) {
+          const size_t n = size_t(b * oc.seq_len + t);
+          if (begin[n] < end[n]) {
+            lo = std::min(lo, begin[n]);
+            hi = std::max(hi, end[n]);
+          }
+        }
+        for (int64_t r = 0; lo < hi && r < tiles; ++r) {
+          if (r * oc.rows < hi && (r + 1) * oc.rows > lo) ++work[size_t(r)];
+        }
+      }
+      int64_t top = 1;
+      for (int64_t r = 0; r < tiles; ++r) {
+        if (r * oc.rows >= counts[size_t(b)]) work[size_t(r)] = -1;
+        top = std::max(top, work[size_t(r)]);
+      }
+      std::vector<int32_t> want_order(static_cast<size_t>(tiles));
+      std::iota(want_order.begin(), want_order.end(), 0);
+      auto bin = [&](int32_t r) {
+        const int64_t w = work[size_t(r)];
+        return w < 0 ? 0 : 1 + w * 1022 / top;
+      };
+      std::stable_sort(want_order.begin(), want_order.end(),
+                       [&](int32_t x, int32_t y) { return bin(x) > bin(y); });
+      const std::vector<int32_t> got(order.begin() + b * tiles, order.begin() + (b + 1) * tiles);
+      EXPECT_EQ(got, want_order) << "row " << b;
+    }
+  }
+  const Tensor select = random_select(1, 10, 0.5, 1);
+  const CompactSelection on_cpu = ops::compact_selection(select, Tensor());
+  expect_error([&] { cuda::attention_key_tile_order(on_cpu, 64); },
+               {"attention_key_tile_order", "cpu", "not a GPU"});
+  const CompactSelection sel = expect_gpu_compaction_matches_cpu(select, Tensor(), "one row");
+  expect_error([&] { cuda::attention_key_tile_order(sel, 0); },
+               {"attention_key_tile_order", "0 rows"});
+#endif
+}
+
+// The backward with its dK/dV blocks taking their key tiles by work
+// (set_attention_backward_key_order): against the CPU, and bit for bit the gradients of the
+// blocks in rank order, on every dK/dV kernel that takes the order (wgmma with one and two
+// warpgroups, of 64 and 128 keys; mma.sync, split into dK and dV past 320 head dims; the
+// f32 tiled kernel). Each case's backward must have run in that order.
+TEST(RoutedAttentionGpu, BackwardWithKeyTilesByWorkMatchesCpuAndRankOrder) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct OrderedCase {
+    GpuCase c;
+    DType dtype;
+    int wgmma;  // set_attention_backward_wgmma
+  };
+  std::vector<OrderedCase> cases = {
+      {GpuCase{2, 200, 4, 2, 64, 64, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 0},
+      {GpuCase{1, 150, 2, 1, 256, 256, 0.5, true, GpuDocs::Packed20, false}, DType::BF16, 0},
+      {GpuCase{2, 180, 2, 2, 64, 64, 0.5, true, GpuDocs::Interleaved, false}, DType::F32, 0}};
+  if (cuda::attention_wgmma_available()) {
+    cases.push_back(
+        {GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 1});
+    cases.push_back(
+        {GpuCase{1, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, false}, DType::BF16, 2});
+    cases.push_back(
+        {GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 2});
+  }
+  for (const OrderedCase& oc : cases) {
+    SCOPED_TRACE(gpu_case_name(oc.c) + " " + dtype_name(oc.dtype) + ", wgmma " +
+                 std::to_string(oc.wgmma));
+    const testing::ScopedSetting kernels(&cuda::set_attention_backward_wgmma, oc.wgmma);
+    const int64_t before = cuda::attention_backward_key_order_launches();
+    ops::RoutedAttentionGrads by_work;
+    {
+      const testing::ScopedSetting order(&cuda::set_attention_backward_key_order, true);
+      expect_gpu_matches_cpu(oc.c, oc.dtype);
+      by_work = gpu_case_gradients(oc.c, oc.dtype);
+    }
+    EXPECT_EQ(cuda::attention_backward_key_order_launches() - before, 2);
+    expect_same_gradients(by_work, gpu_case_gradients(oc.c, oc.dtype));
+    EXPECT_EQ(cuda::attention_backward_key_order_launches() - before, 2) << "off: rank order";
+  }
+  EXPECT_FALSE(cuda::set_attention_backward_key_order(false)) << "off by default";
 #endif
 }
 
