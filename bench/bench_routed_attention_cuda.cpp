@@ -23,8 +23,9 @@
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256); then the
 // wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys), its blocks
 // from their rows' ranges against from the query tiles' records
-// (set_attention_backward_dq_records), and last the backward with its first pass in order
-// against beside the others on a second stream (set_attention_backward_overlap).
+// (set_attention_backward_dq_records), the backward with its first pass in order against
+// beside the others on a second stream (set_attention_backward_overlap), and last with its
+// dK/dV blocks' key tiles by rank against by work (set_attention_backward_key_order).
 //
 // --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
 // forward and one backward spend their time (cuda/block_timeline.h: per kernel launch its
@@ -34,8 +35,9 @@
 // tail), beside the event time of each pass and the host's time to issue it (when that is
 // near the event time, the pass waits on the host, not the GPU); then the backward once
 // more with its first pass in order, not beside the others on a second stream (the
-// default; set_attention_backward_overlap), and once with the dQ kernel's blocks started
-// from the query tiles' records (set_attention_backward_dq_records). With
+// default; set_attention_backward_overlap), once with the dQ kernel's blocks started
+// from the query tiles' records (set_attention_backward_dq_records), and once with the
+// dK/dV blocks' key tiles by work (set_attention_backward_key_order). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
 // start cycle, its first copies issued, first tile, tiles done and end as cycles after its
 // start (-1 where not stamped), and its start and end in ns after the launch's first start.
@@ -253,6 +255,36 @@ void print_spread_pair(const std::string& name, const bench::Spread& first,
   std::fflush(stdout);
 }
 
+// A table of the backward with a setting of it off and on (`what`: "off vs on"), over the
+// cases (matching `filter`) that `takes` keeps, those of one document at rho 0.25 only
+// (short blocks): ms at min / median / max, and the ratios off / on at each (above 1:
+// `on_faster`). A case where the setting took no effect (`launches`, its calls, did not
+// count the call on) says so (`why_not`) instead.
+template <class Takes>
+void backward_setting_table(const char* what, const char* off, const char* on,
+                            const char* on_faster, const char* why_not,
+                            const std::string& filter, int reps, bool (*set)(bool),
+                            int64_t (*launches)(), const Takes& takes) {
+  std::printf("\nbackward, %s\n(ms at min / median / max; the ratios %s / %s at each, above 1: "
+              "%s)\n%-40s %26s %26s %18s\n",
+              what, off, on, on_faster, "case", off, on, "ratio");
+  for (const BenchCase& c : bench_cases()) {
+    if (!takes(c) || (c.docs == 1 && c.density != 0.25)) continue;
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    const ops::RoutedAttentionOutput forward =
+        ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+    const int64_t before = launches();
+    const bench::Spread with = backward_ms_set(in, forward, set, true, reps);
+    if (launches() == before) {
+      std::printf("%-40s (%s)\n", c.name().c_str(), why_not);
+      continue;
+    }
+    print_spread_pair(c.name(), backward_ms_set(in, forward, set, false, reps), with);
+  }
+}
+
 // A table of the backward on one warpgroup a block with its wgmma dQ kernel in two
 // settings (`what`: "first vs second"), over the cases (matching `filter`) with heads up to
 // 128: ms at min / median / max from backward_ms(inputs, forward, false) and (..., true),
@@ -427,6 +459,12 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
       std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: no records)\n");
     }
     cuda::set_attention_backward_dq_records(previous_records);
+    // And with the dK/dV blocks' key tiles by work (set_attention_backward_key_order): the
+    // dK/dV kernel's span and tail against the rank order's above.
+    const bool previous_order = cuda::set_attention_backward_key_order(true);
+    timeline_rows("backward, the dK/dV blocks' key tiles by work", c.name() + " by work",
+                  run_backward, csv);
+    cuda::set_attention_backward_key_order(previous_order);
     std::fflush(stdout);
   }
 }
@@ -551,31 +589,22 @@ int main(int argc, char** argv) {
       // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
       // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
       // under the latency-bound tensor-core passes.
-      std::printf("\nbackward, its first pass (zeroing the unselected rows) in order vs beside "
-                  "the others on a second stream\n(ms at min / median / max; the ratios in "
-                  "order / beside at each, above 1: beside faster)\n");
-      std::printf("%-40s %26s %26s %18s\n", "case", "in order", "beside", "ratio");
-      for (const BenchCase& c : bench_cases()) {
-        if (c.density == 1.0) continue;  // nothing to zero
-        if (c.docs == 1 && c.density != 0.25) continue;  // short blocks, and rho 0.25
-        if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-        CaseInputs in(c);
-        in.selection = ops::compact_selection(in.select, in.docs);
-        const ops::RoutedAttentionOutput forward =
-            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        const int64_t beside_before = cuda::attention_overlapped_prologues();
-        const bench::Spread beside =
-            backward_ms_set(in, forward, &cuda::set_attention_backward_overlap, true, reps);
-        if (cuda::attention_overlapped_prologues() == beside_before) {
-          std::printf("%-40s (the first pass forms D here: it stays in order)\n",
-                      c.name().c_str());
-          continue;
-        }
-        print_spread_pair(
-            c.name(),
-            backward_ms_set(in, forward, &cuda::set_attention_backward_overlap, false, reps),
-            beside);
-      }
+      backward_setting_table(
+          "its first pass (zeroing the unselected rows) in order vs beside the others on a "
+          "second stream",
+          "in order", "beside", "beside faster", "the first pass forms D here: it stays in order",
+          filter, reps, &cuda::set_attention_backward_overlap,
+          &cuda::attention_overlapped_prologues,
+          [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
+      // With packed documents the dK/dV blocks' work rises and falls with each document, so
+      // by rank heavy blocks start in the last wave (scripts/attention_block_order.py
+      // --documents: 1.09x heaviest first's time at T16384 rho 0.25, in a model).
+      backward_setting_table("the dK/dV blocks' key tiles by rank vs by work, heaviest first",
+                             "by rank", "by work", "by work faster",
+                             "the key tiles kept their rank order", filter, reps,
+                             &cuda::set_attention_backward_key_order,
+                             &cuda::attention_backward_key_order_launches,
+                             [](const BenchCase&) { return true; });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());
