@@ -598,7 +598,7 @@ int main(int argc, char** argv) {
           [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
       // With packed documents the dK/dV blocks' work rises and falls with each document, so
       // by rank heavy blocks start in the last wave (scripts/attention_block_order.py
-      // --documents: 1.09x heaviest first's time at T16384 rho 0.25, in a model).
+      // --documents: 1.05-1.09x heaviest first's time at T16384 rho 0.25, in a model).
       backward_setting_table("the dK/dV blocks' key tiles by rank vs by work, heaviest first",
                              "by rank", "by work", "by work faster",
                              "the key tiles kept their rank order", filter, reps,

@@ -2958,8 +2958,8 @@ __global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end,
 // rank within one document, so the heaviest blocks start first. With packed documents it
 // rises and falls again with every document, and heavy blocks start in the last wave: in a
 // list-scheduling model of the H200's timelines (scripts/attention_block_order.py
-// --documents) the dK/dV kernel at B1 T16384, 20 documents, rho 0.25 takes 1.09x as long
-// in rank order as heaviest first (longest processing time first).
+// --documents) the dK/dV kernel at B1 T16384, 20 documents, rho 0.25 takes 1.05-1.09x as
+// long in rank order as heaviest first (longest processing time first).
 constexpr int kOrderThreads = 256;
 constexpr int kOrderBins = 1024;
 constexpr int kOrderWindow = 4096;  // key tiles whose work one pass over the query tiles counts

@@ -86,11 +86,11 @@ int64_t attention_backward_dq_record_launches();
 // than by rank. A key tile's work is the query tiles that see its keys. By rank, the
 // heaviest start first in one document, but with packed documents heavy blocks also start
 // in the last wave. A list-scheduling model of the H200's block timelines puts that at
-// 1.09x of the dK/dV kernel's time heaviest first at B1 T16384 H16, 20 documents, rho 0.25,
-// and 1.05x at rho 0.5 (scripts/attention_block_order.py --documents). Each dK/dV launch
-// then runs one more kernel first (order_key_tiles_by_work, a block a batch row) and each
-// of its blocks one more load. The outputs are the same bit for bit. Off by default:
-// untimed on a GPU (forty-third session). Returns the previous setting.
+// 1.05-1.09x of the dK/dV kernel's time heaviest first at B1 T16384 H16, 20 documents,
+// rho 0.25, and 1.04-1.05x at rho 0.5 (scripts/attention_block_order.py --documents). Each
+// dK/dV launch then runs one more kernel first (order_key_tiles_by_work, a block a batch
+// row) and each of its blocks one more load. The outputs are the same bit for bit. Off by
+// default: untimed on a GPU (forty-third session). Returns the previous setting.
 bool set_attention_backward_key_order(bool by_work);
 
 // How many backward calls of this process ran their dK/dV blocks in that order.
