@@ -1203,6 +1203,41 @@ __device__ __forceinline__ void store_tile_bf16(const float (&acc)[NB][4], int r
   }
 }
 
+// store_tile_bf16 through shared memory: the warp's 16 rows of its 16 x 8 NB accumulator
+// tile go to `staging` (its own 16 rows of kStagedLd<NB> elements, 16-byte aligned) as bf16
+// pairs, then out to row_at(r0 + r) + c 16 bytes a lane, rows < n and columns < cols (a
+// multiple of 8; each row_at(i) 16-byte aligned). Where store_tile_bf16's stores each fill
+// 16 bytes of 8 rows (half of each 32-byte sector they touch: ncu counted 39-42% of the
+// prepare and output kernels' global sectors as excess, H200, thirty-seventh session),
+// eight lanes here write a row's 128 bytes. The padding of 8 elements keeps both the pair
+// writes of 8 rows and a row's 16-byte reads off repeated banks. Warp-synchronous: no
+// block barrier.
+template <int NB>
+constexpr int kStagedLd = NB * 8 + 8;
+template <int NB, class RowAt>
+__device__ __forceinline__ void store_tile_bf16_staged(const float (&acc)[NB][4], bf16* staging,
+                                                       int r0, int n, int cols, RowAt row_at) {
+  constexpr int LD = kStagedLd<NB>;
+#pragma unroll
+  for (int e = 0; e < 4; e += 2) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      *reinterpret_cast<uint32_t*>(staging + acc_row(e) * LD + acc_col(nb, e)) =
+          mma::pack_bf16(acc[nb][e], acc[nb][e + 1]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int piece = mma::lane_id(); piece < 16 * NB; piece += 32) {
+    const int r = piece / NB, c = piece % NB * 8;
+    if (r0 + r < n && c < cols) {
+      *reinterpret_cast<uint4*>(row_at(r0 + r) + c) =
+          *reinterpret_cast<const uint4*>(staging + r * LD + c);
+    }
+  }
+  __syncwarp();  // the rows are read before the warp stages its next tile
+}
+
 // The chunk's M = strict_tril(K K^T * Gamma) in f32 (Gamma only where j < i: no e^{-G}),
 // from its key rows sK and G, into sM. Ends with a barrier.
 // kWarps warps (4 or 8): warp w takes the 16 rows 16 (w % 4) and, with 8, half of the
@@ -1386,6 +1421,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* sAf = sM + kChunk * LDF;                                  // A (f32)
   bf16* sV2 = reinterpret_cast<bf16*>(sM);  // once A is formed: the odd V tiles
   static_assert(size_t(kChunk) * LDV * 2 <= L::f_bytes, "a V tile fits in M's space");
+  // Once A is formed: each warp's staged rows of W and U (store_tile_bf16_staged), in the
+  // f32 A's space, which the next chunk's inverse writes after the loop's first barrier.
+  constexpr int KB = KD < 64 ? KD : 64;  // W's columns a product
+  constexpr int kStagedRows = 16 * kStagedLd<kMmaVt / 8>;
+  static_assert(KB <= kMmaVt && size_t(kMmaThreads / 32) * kStagedRows * 2 <= L::f_bytes,
+                "the warps' staged rows fit the f32 A's space");
+  bf16* staging = reinterpret_cast<bf16*>(sAf) + (threadIdx.x / 32) * kStagedRows;
   HAM_STATIC_SHARED(float, s_g, [kChunk]);     // G
   HAM_STATIC_SHARED(float, s_beta, [kChunk]);  // beta
   HAM_STATIC_SHARED(float, s_e, [kChunk]);     // e^G
@@ -1393,6 +1435,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = int(threadIdx.x / 32);
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
+  // U's rows go out 16 bytes at a time where each starts on a 16-byte boundary (W's always
+  // do: KD is a multiple of 8, and both buffers are the backend's own).
+  const bool u_rows_aligned = V % 8 == 0;
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -1455,13 +1500,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncthreads();
 
     // W = A diag(beta E) K, 64 key columns (or all K) at a time.
-    constexpr int KB = KD < 64 ? KD : 64;
     for (int c0 = 0; c0 < KD; c0 += KB) {
       float acc[KB / 8][4];
       mma::zero(acc);
       mma::rows_times_matrix<kChunk, LDA, LDK, KB / 8>(sA + warp * 16 * LDA, sK + c0, acc);
-      store_tile_bf16(acc, warp * 16, n, KB,
-                      [&](int i) { return w_out + pr.row(b, begin + i, h) * KD + c0; });
+      store_tile_bf16_staged(acc, staging, warp * 16, n, KB,
+                             [&](int i) { return w_out + pr.row(b, begin + i, h) * KD + c0; });
     }
     // U = A diag(beta) V, one 64-column V tile at a time: tile 0 came with K and tile 1
     // went to M's space; tile t + 2 takes tile t's buffer, its copies in flight during
@@ -1479,8 +1523,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       float acc[kMmaVt / 8][4];
       mma::zero(acc);
       mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, tile_v, acc);
-      store_tile_bf16(acc, warp * 16, n, cols,
-                      [&](int i) { return u_out + pr.row(b, begin + i, h) * V + v0; });
+      auto u_row = [&](int i) { return u_out + pr.row(b, begin + i, h) * V + v0; };
+      if (u_rows_aligned) {
+        store_tile_bf16_staged(acc, staging, warp * 16, n, cols, u_row);
+      } else {
+        store_tile_bf16(acc, warp * 16, n, cols, u_row);
+      }
       if (tile + 2 < v_tiles) {
         __syncthreads();  // every warp is done with this buffer
         issue_value_tile(tile + 2);
@@ -1954,6 +2002,14 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   const int r0 = (warp % 4) * 16;             // the warp's first row of the chunk
   const int col_part = kFit ? 0 : warp / 4 * (kMmaVt / 2);
   const bf16* warp_rows = (predicting ? sK : sQ) + r0 * LDK;
+  // Without the fit error no warp reads K past P = tril(Q K^T * Gamma), so from the first
+  // tile's barrier on K's rows take each warp's staged rows of O (store_tile_bf16_staged),
+  // where they fit (K >= 128) and O's rows start on 16-byte boundaries; the next chunk's K
+  // is copied after the chunk loop's first barrier.
+  constexpr bool kStageInK = !kFit && size_t(kOutputThreads / 32) * 16 * kStagedLd<NB> * 2 <=
+                                          L::k_bytes;
+  const bool staged = kStageInK && pr.value_dim % 8 == 0;
+  bf16* staging = sK + (threadIdx.x / 32) * 16 * kStagedLd<NB>;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
@@ -2022,6 +2078,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
         if (tile + 1 < tiles) async_copy_wait<1>();
         else async_copy_wait<0>();
         __syncthreads();  // this tile's copies, from every thread
+      } else if (staged) {
+        __syncthreads();  // every warp's P is formed: K's rows are free for the staging
       }
       const int64_t col0 = int64_t(tile) * kMmaVt;
       const int cols = tile_cols(tile);
@@ -2044,9 +2102,12 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
         }
       }
       if (!predicting) {
-        store_tile_bf16(acc, r0, n, cols - col_part, [&](int i) {
-          return o + pr.row(b, begin + i, h) * V + col0 + col_part;
-        });
+        auto o_row = [&](int i) { return o + pr.row(b, begin + i, h) * V + col0 + col_part; };
+        if (staged) {
+          store_tile_bf16_staged(acc, staging, r0, n, cols - col_part, o_row);
+        } else {
+          store_tile_bf16(acc, r0, n, cols - col_part, o_row);
+        }
       } else if constexpr (kFit) {
         // The fit partial sums of this tile's columns per row (a row's 4 lanes add up); v
         // is zero past the chunk's rows and the tile's columns.
@@ -3737,6 +3798,8 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       const int64_t window = std::min<int64_t>(chunk_end, chunks.max_chunks) - chunk_begin;
       const dim3 grid(unsigned(std::min<int64_t>(mma_chunk_blocks(d), window)), 1,
                       unsigned(d.batch * d.heads));
+      // Without the fit error the kernel may store O's rows 16 bytes at a time.
+      HAM_CHECK(fit || aligned_16(out.o.raw_data()), op, ": o off a 16-byte boundary");
       auto launch = [&]<bool kFit>() {
         launch_kernel(&gdr_output_mma<KD, kFit>, grid, kOutputThreads,
                       MmaOutputLayout<KD, kFit>::bytes(slots), chunks.pr,

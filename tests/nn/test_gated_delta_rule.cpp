@@ -1233,9 +1233,10 @@ TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
 // fit_error stays undefined, o and the final state equal the forward's with the fit error
 // bit for bit, in bf16 (the tensor-core path) and f32; K from 16 to 256, value widths of
 // one part tile (40: the right half 8 columns), a whole and a part tile (72: the part tile
-// has no right half; 96: exactly the left half), two whole tiles (128, streamed copies);
-// one launch and 3 windows of chunks. The backward reading what each bf16 forward kept
-// gives the same gradients.
+// has no right half; 96: exactly the left half), two whole tiles (128, streamed copies),
+// and 36 at K = 128 (o's rows off 16-byte boundaries: not staged in K's rows); one launch
+// and 3 windows of chunks. The backward reading what each bf16 forward kept gives the
+// same gradients.
 TEST(GatedDeltaRule, GpuForwardWithoutTheFitErrorAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -1252,7 +1253,7 @@ TEST(GatedDeltaRule, GpuForwardWithoutTheFitErrorAgrees) {
   const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows, 1);
   const GpuCase cases[] = {{1, 130, 2, 16, 40, true, 2},  {2, 100, 1, 32, 72, false, 0},
                            {1, 150, 2, 64, 96, true, 3},  {1, 140, 1, 128, 128, true, 0},
-                           {1, 130, 1, 256, 72, true, 2}};
+                           {1, 130, 1, 256, 72, true, 2}, {1, 140, 2, 128, 36, true, 2}};
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c));
     const GdnInputs in = gpu_case_inputs(c, 97);
