@@ -27,7 +27,9 @@
 // (set_gated_delta_rule_state_partial_sums), and the forward and the backward with their
 // state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
 // the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
-// ..._backward_windows), in the same run; the CSV has the defaults. For bf16 the CSV also
+// ..._backward_windows), and the forward and the backward with the prepare kernel in 4
+// warps against 8 (set_gated_delta_rule_prepare_warps), in the same run; the CSV has the
+// defaults. For bf16 the CSV also
 // has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping nothing and
 // "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every chunk state and
 // "bwd_kept" reading them.
@@ -98,6 +100,8 @@ struct Timing {
   // bf16 where the default state passes take them: one partial sum against two
   Spread fwd_one_sum, fwd_two_sums, bwd_one_sum, bwd_two_sums;
   bool partial_sums_timed = false;
+  // bf16 only: the prepare kernel in 4 warps against 8
+  Spread fwd_prepare_4, fwd_prepare_8, bwd_prepare_4, bwd_prepare_8;
   // bf16 only: the forward and the backward with their state passes in kWindowCounts windows
   std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows;
 };
@@ -235,6 +239,19 @@ Timing run_case(const BenchCase& c, int reps) {
     }
     cuda::set_gated_delta_rule_state_partial_sums(previous);
   }
+  if (dtype == DType::BF16) {
+    const int previous = cuda::set_gated_delta_rule_prepare_warps(4);
+    t.fwd_prepare_4 = time_ms(reps, forward);
+    t.bwd_prepare_4 = time_ms(reps, backward);
+    const int64_t before = cuda::gated_delta_rule_eight_warp_prepares();
+    cuda::set_gated_delta_rule_prepare_warps(8);
+    t.fwd_prepare_8 = time_ms(reps, forward);
+    t.bwd_prepare_8 = time_ms(reps, backward);
+    cuda::set_gated_delta_rule_prepare_warps(previous);
+    if (cuda::gated_delta_rule_eight_warp_prepares() == before) {
+      throw std::runtime_error(c.name + ": no prepare kernel ran in 8 warps");
+    }
+  }
 
   // bf16: the other pairs. f32 keeps nothing.
   t.kept = out.saved != nullptr;
@@ -334,6 +351,13 @@ int main(int argc, char** argv) {
       if (!t.partial_sums_timed) continue;
       print_against(name, "fwd", t.fwd_one_sum, t.fwd_two_sums);
       print_against(name, "bwd", t.bwd_one_sum, t.bwd_two_sums);
+    }
+    std::printf("\nbf16 prepare kernel (gates' cumsum, A, W, U) in 4 warps against 8 "
+                "(set_gated_delta_rule_prepare_warps; 4/8 above 1: 8 are faster)\n%-22s %-4s "
+                "%12s %12s %18s\n", "case", "pass", "4 med ms", "8 med ms", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      print_against(name, "fwd", t.fwd_prepare_4, t.fwd_prepare_8);
+      print_against(name, "bwd", t.bwd_prepare_4, t.bwd_prepare_8);
     }
     std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
                 "window beside the pass over the next (set_gated_delta_rule_forward_windows, "

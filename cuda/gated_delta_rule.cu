@@ -915,7 +915,8 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
-// 16 rows of each product; the 4 warps of a block cover a chunk's 64 (the output
+// 16 rows of each product; the 4 warps of a block cover a chunk's 64 (the prepare
+// kernel's 8 with set_gated_delta_rule_prepare_warps: each half of the columns; the output
 // kernel's 8 warps: 4 for each of its two products, or for each half of O's columns
 // without the fit error; the state passes' 8 warps from
 // K = 128, kStateWarps: two column halves of v_new or du, 16 key rows each of S). bf16
@@ -1407,10 +1408,22 @@ struct MmaPrepareLayout {
 // a_in: each chunk's A as an earlier call stored it (a_out), read instead of formed (the
 // backward's recompute where the forward kept it: GatedDeltaRuleKeep::Inverses); a_out is
 // then null.
-template <int KD>
-__global__ void __launch_bounds__(kMmaThreads)
+// kWarps: 4 (the default), each owning 16 rows of every product, or 8
+// (set_gated_delta_rule_prepare_warps), warps w and w + 4 then taking the same 16 rows and
+// the left and the right half of each product's columns (of M, of W's 64 key columns, of
+// U's 64-column value tile). Each element takes the same products in the same order either
+// way: the same to the bit. Why 8: under ncu at the paper's K = 256 (thirty-seventh
+// session) the kernel held 2 blocks of 4 warps an SM (shared memory bounds it), 6.7 cycles
+// between a warp's issues, 28% of the SM's compute: latency, not throughput. Twice the
+// warps in the same shared memory halve each warp's share of the products, copies and
+// stores, and give each scheduler twice the warps to hide their waits; the inverse's
+// chains (chunk_inverse: 2 warps, then 3) stay as long.
+template <int KD, int kWarps = 4>
+__global__ void __launch_bounds__(kWarps * 32)
     gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, bf16* a_out,
                     const bf16* a_in, int64_t max_chunks) {
+  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps a block");
+  constexpr int kThreads = kWarps * 32, kHalves = kWarps / 4;
   using L = MmaPrepareLayout<KD>;
   constexpr int LDK = L::ldk, LDA = L::lda, LDV = L::ldv, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -1424,15 +1437,21 @@ __global__ void __launch_bounds__(kMmaThreads)
   // Once A is formed: each warp's staged rows of W and U (store_tile_bf16_staged), in the
   // f32 A's space, which the next chunk's inverse writes after the loop's first barrier.
   constexpr int KB = KD < 64 ? KD : 64;  // W's columns a product
-  constexpr int kStagedRows = 16 * kStagedLd<kMmaVt / 8>;
-  static_assert(KB <= kMmaVt && size_t(kMmaThreads / 32) * kStagedRows * 2 <= L::f_bytes,
-                "the warps' staged rows fit the f32 A's space");
+  // A warp's share of a product's columns: of W's KB, of U's kMmaVt (NBW, NBU blocks of 8)
+  constexpr int kWidthW = KB / kHalves, kWidthU = kMmaVt / kHalves;
+  constexpr int NBW = kWidthW / 8, NBU = kWidthU / 8;
+  constexpr int kStagedRows = 16 * kStagedLd<NBU>;
+  static_assert(kWidthW % 8 == 0 && kWidthW <= kWidthU &&
+                    size_t(kWarps) * kStagedRows * 2 <= L::f_bytes,
+                "whole 8-column blocks a warp; the warps' staged rows fit the f32 A's space");
   bf16* staging = reinterpret_cast<bf16*>(sAf) + (threadIdx.x / 32) * kStagedRows;
   HAM_STATIC_SHARED(float, s_g, [kChunk]);     // G
   HAM_STATIC_SHARED(float, s_beta, [kChunk]);  // beta
   HAM_STATIC_SHARED(float, s_e, [kChunk]);     // e^G
   const int64_t b = blockIdx.z, h = blockIdx.y, V = pr.value_dim;
+  // the warp's 16 rows of each product, and its half of the columns (0 with 4 warps)
   const int warp = int(threadIdx.x / 32);
+  const int row0 = (kHalves == 1 ? warp : warp % 4) * 16, half = kHalves == 1 ? 0 : warp / 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
   // U's rows go out 16 bytes at a time where each starts on a 16-byte boundary (W's always
@@ -1443,7 +1462,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int n = int(begins[chunk + 1] - begin);
     // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
     // (With whole value tiles, from a TileStream of the chunk's v rows.)
-    using ValueTiles = TileStream<kMmaThreads, kChunk, kMmaVt, LDV>;
+    using ValueTiles = TileStream<kThreads, kChunk, kMmaVt, LDV>;
     const ChunkRows rows_of(pr, b, h, begin);
     const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
     const bool streamed = V % kMmaVt == 0 && ValueTiles::usable(pr.v, v_origin, v_stride);
@@ -1454,16 +1473,16 @@ __global__ void __launch_bounds__(kMmaThreads)
         value_tiles.issue(tile % 2 ? sV2 : sV, pr.v, v0, n);
         return;
       }
-      issue_tile<kMmaThreads>(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n,
+      issue_tile<kThreads>(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n,
                               int(min(int64_t(kMmaVt), V - v0)), rows_of(pr.v, V, v0));
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
-    issue_tile<kMmaThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+    issue_tile<kThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_value_tile(0);
     async_copy_commit();
     if (a_in) {  // its loads in flight beside the copies
       const int64_t slot = chunk_slot(pr, b, h, chunk, max_chunks);
-      load_square_bf16<LDA>(a_in + slot * kChunk * kChunk, sA);
+      load_square_bf16<LDA, kThreads>(a_in + slot * kChunk * kChunk, sA);
     }
     const float gate = chunk_gate(pr, b, h, begin, n);
     if (int(threadIdx.x) < kChunk) {
@@ -1478,7 +1497,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     if (a_in) {
       __syncthreads();  // publishes s_e (and sA), as chunk_decayed_kk's barriers do below
     } else {
-      chunk_decayed_kk<KD, LDK, LDF>(sK, s_g, n, sM);
+      chunk_decayed_kk<KD, LDK, LDF, kWarps>(sK, s_g, n, sM);
       chunk_inverse<LDA, LDF>(sM, s_beta, sAf, sA);
     }
     // M is spent once A is formed (or never formed): its space takes the second V tile,
@@ -1490,7 +1509,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     if (a_out) {  // for the backward kernels, which would otherwise form it again
       const int64_t slot = chunk_slot(pr, b, h, chunk, max_chunks);
-      store_square_bf16<LDA>(sA, a_out + slot * kChunk * kChunk);
+      store_square_bf16<LDA, kThreads>(sA, a_out + slot * kChunk * kChunk);
     }
     // beta_i e^{G_i} k_i (rows past n stay 0)
     map_tile(sK, LDK, kChunk, KD, [&](int i) {
@@ -1499,12 +1518,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     });
     __syncthreads();
 
-    // W = A diag(beta E) K, 64 key columns (or all K) at a time.
-    for (int c0 = 0; c0 < KD; c0 += KB) {
-      float acc[KB / 8][4];
+    // W = A diag(beta E) K, 64 key columns (or all K) at a time, the warp's kWidthW of each.
+    for (int c0 = half * kWidthW; c0 < KD; c0 += KB) {
+      float acc[NBW][4];
       mma::zero(acc);
-      mma::rows_times_matrix<kChunk, LDA, LDK, KB / 8>(sA + warp * 16 * LDA, sK + c0, acc);
-      store_tile_bf16_staged(acc, staging, warp * 16, n, KB,
+      mma::rows_times_matrix<kChunk, LDA, LDK, NBW>(sA + row0 * LDA, sK + c0, acc);
+      store_tile_bf16_staged(acc, staging, row0, n, kWidthW,
                              [&](int i) { return w_out + pr.row(b, begin + i, h) * KD + c0; });
     }
     // U = A diag(beta) V, one 64-column V tile at a time: tile 0 came with K and tile 1
@@ -1520,14 +1539,17 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       scale_tile(tile_v, LDV, kChunk, kMmaVt, [&](int r) { return s_beta[r]; });  // diag(beta) V
       __syncthreads();
-      float acc[kMmaVt / 8][4];
-      mma::zero(acc);
-      mma::rows_times_matrix<kChunk, LDA, LDV, kMmaVt / 8>(sA + warp * 16 * LDA, tile_v, acc);
-      auto u_row = [&](int i) { return u_out + pr.row(b, begin + i, h) * V + v0; };
-      if (u_rows_aligned) {
-        store_tile_bf16_staged(acc, staging, warp * 16, n, cols, u_row);
-      } else {
-        store_tile_bf16(acc, warp * 16, n, cols, u_row);
+      const int col0 = half * kWidthU;  // the warp's columns of the tile, from col0
+      if (kHalves == 1 || col0 < cols) {  // (a part tile's right half may have none)
+        float acc[NBU][4];
+        mma::zero(acc);
+        mma::rows_times_matrix<kChunk, LDA, LDV, NBU>(sA + row0 * LDA, tile_v + col0, acc);
+        auto u_row = [&](int i) { return u_out + pr.row(b, begin + i, h) * V + v0 + col0; };
+        if (u_rows_aligned) {
+          store_tile_bf16_staged(acc, staging, row0, n, cols - col0, u_row);
+        } else {
+          store_tile_bf16(acc, row0, n, cols - col0, u_row);
+        }
       }
       if (tile + 2 < v_tiles) {
         __syncthreads();  // every warp is done with this buffer
@@ -3618,6 +3640,8 @@ std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
 std::atomic<int> g_state_partial_sums{1};      // set_gated_delta_rule_state_partial_sums
 std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_passes
+std::atomic<int> g_prepare_warps{4};            // set_gated_delta_rule_prepare_warps
+std::atomic<int64_t> g_eight_warp_prepares{0};  // gated_delta_rule_eight_warp_prepares
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
 // set and where they apply (kStatePartialSums; counted).
@@ -3752,9 +3776,12 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   }
   const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
   const bf16* a_in = forms_inverse ? nullptr : ptr<const bf16>(c.a_inv);
-  launch_mma(&gdr_prepare_mma<KD>, per_chunk, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
-             ptr<bf16>(c.u), ptr<float>(c.gcum),
-             keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
+  const int prepare_warps = g_prepare_warps.load();
+  if (prepare_warps == 8) g_eight_warp_prepares.fetch_add(1);
+  launch_kernel(prepare_warps == 8 ? &gdr_prepare_mma<KD, 8> : &gdr_prepare_mma<KD, 4>,
+                per_chunk, prepare_warps * 32, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
+                ptr<bf16>(c.u), ptr<float>(c.gcum),
+                keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
   auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
@@ -4198,6 +4225,14 @@ int set_gated_delta_rule_state_partial_sums(int parts) {
 }
 
 int64_t gated_delta_rule_partial_sum_passes() { return g_partial_sum_passes.load(); }
+
+int set_gated_delta_rule_prepare_warps(int warps) {
+  HAM_CHECK(warps == 4 || warps == 8, "set_gated_delta_rule_prepare_warps: ", warps,
+            " warps; the prepare kernel takes 4 or 8");
+  return g_prepare_warps.exchange(warps);
+}
+
+int64_t gated_delta_rule_eight_warp_prepares() { return g_eight_warp_prepares.load(); }
 
 namespace {
 int exchange_window_count(std::atomic<int>& setting, const char* setter, int windows) {

@@ -42,6 +42,18 @@ int set_gated_delta_rule_state_partial_sums(int parts);
 // How many state passes of this process, forward or backward, took two partial sums.
 int64_t gated_delta_rule_partial_sum_passes();
 
+// Warps per block of the bf16 prepare kernel (gdr_prepare_mma: each chunk's gates' cumsum,
+// A = (I + L)^-1, W and U): 4, the default, or 8, where warps w and w + 4 share 16 rows
+// of each product and take half its columns each. ncu found the kernel latency-bound at
+// 2-3 blocks of 4 warps an SM, which its shared memory allows (thirty-seventh session);
+// 8 warps use the same shared memory. Untimed on a GPU. The results are the same to the
+// bit either way. Returns the previous setting; any other count is an error.
+int set_gated_delta_rule_prepare_warps(int warps);
+
+// How many prepare kernels of this process (forwards' and backwards' recomputes) ran in 8
+// warps.
+int64_t gated_delta_rule_eight_warp_prepares();
+
 // Windows of chunks the bf16 forward runs its state pass in (1, the default: one launch
 // over every chunk; at most kMaxStatePassWindows). With more, each window's state pass goes
 // on a second stream of the device's greatest priority and the output kernel of a window

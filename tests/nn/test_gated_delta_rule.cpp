@@ -1100,6 +1100,7 @@ void expect_settings_agree_bitwise(const GpuCase& c, uint64_t seed,
     for (auto field : {&GatedDeltaRuleGrads::dq, &GatedDeltaRuleGrads::dk,
                        &GatedDeltaRuleGrads::dv, &GatedDeltaRuleGrads::dg,
                        &GatedDeltaRuleGrads::dbeta, &GatedDeltaRuleGrads::dh0}) {
+      if (field == &GatedDeltaRuleGrads::dh0 && !c.with_h0) continue;  // no h0, no dh0
       EXPECT_EQ(testing::max_abs_diff(grads[0].*field, grads[run].*field), 0.0);
     }
   }
@@ -1191,6 +1192,49 @@ TEST(GatedDeltaRule, GpuStatePassesInPartialSumsMatchCpu) {
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_state_partial_sums(4); },
                         {"set_gated_delta_rule_state_partial_sums", "4 partial sums", "1 or 2"});
+#endif
+}
+
+// The bf16 prepare kernel in 4 and in 8 warps (set_gated_delta_rule_prepare_warps; with 8,
+// warps w and w + 4 split each product's columns): each matches the CPU, forward and
+// backward, and the two agree bit for bit. K from 16 (4 of W's 8 columns a warp) to 256;
+// value widths of a part tile (40: the right half 8 columns), a whole and a part tile
+// (72: the part tile has no right half; its warps form no U), 36 (U's rows off 16-byte
+// boundaries: the direct stores) and 96; packed documents and h0. With 8 warps the backward
+// that reads the A a forward kept (the 8-warp kernel's loads of it) equals the recomputing
+// one, and a forward and a backward launch one 8-warp prepare kernel each.
+TEST(GatedDeltaRule, GpuPrepareInEightWarpsAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting warps_guard(&cuda::set_gated_delta_rule_prepare_warps, 4);
+  for (const GpuCase& c :
+       {GpuCase{1, 90, 3, 16, 40, true, 2}, GpuCase{2, 100, 2, 32, 72, true, 0},
+        GpuCase{1, 150, 2, 64, 36, false, 3}, GpuCase{1, 140, 2, 128, 72, true, 3},
+        GpuCase{1, 130, 1, 256, 96, true, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    expect_settings_agree_bitwise(c, 131, {4, 8}, [](int warps) {
+      cuda::set_gated_delta_rule_prepare_warps(warps);
+    });
+  }
+  cuda::set_gated_delta_rule_prepare_warps(8);
+  expect_kept_backward_equals_recomputing_one({{2, 150, 2, 64, 48, true, 3}});
+
+  const GpuCase c{1, 100, 2, 128, 64, false, 0};
+  const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 137), DType::BF16);
+  GatedDeltaRuleResult forward = poisoned_result(gpu);
+  for (int warps : {4, 8}) {
+    SCOPED_TRACE(warps);
+    cuda::set_gated_delta_rule_prepare_warps(warps);
+    const int64_t before = cuda::gated_delta_rule_eight_warp_prepares();
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, forward);
+    EXPECT_EQ(cuda::gated_delta_rule_eight_warp_prepares() - before, warps == 8 ? 1 : 0);
+    GatedDeltaRuleGrads grads = poisoned_grads(gpu, {});
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, forward.o, forward.h_final, nullptr,
+                                        grads);
+    EXPECT_EQ(cuda::gated_delta_rule_eight_warp_prepares() - before, warps == 8 ? 2 : 0);
+  }
+  testing::expect_error([] { cuda::set_gated_delta_rule_prepare_warps(16); },
+                        {"set_gated_delta_rule_prepare_warps", "16 warps", "4 or 8"});
 #endif
 }
 
