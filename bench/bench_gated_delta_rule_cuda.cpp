@@ -27,9 +27,11 @@
 // (set_gated_delta_rule_state_partial_sums), and the forward and the backward with their
 // state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
 // the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
-// ..._backward_windows), and the forward and the backward with the prepare kernel in 4
-// warps against 8 (set_gated_delta_rule_prepare_warps), in the same run; the CSV has the
-// defaults. For bf16 the CSV also
+// ..._backward_windows), the forward in those windows with its prepare kernel by the same
+// windows (the default) against once before the passes
+// (set_gated_delta_rule_forward_prepare_windows), and the forward and the backward with the
+// prepare kernel in 4 warps against 8 (set_gated_delta_rule_prepare_warps), in the same
+// run; the CSV has the defaults. For bf16 the CSV also
 // has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping nothing and
 // "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every chunk state and
 // "bwd_kept" reading them.
@@ -104,6 +106,8 @@ struct Timing {
   Spread fwd_prepare_4, fwd_prepare_8, bwd_prepare_4, bwd_prepare_8;
   // bf16 only: the forward and the backward with their state passes in kWindowCounts windows
   std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows;
+  // bf16 only: the forward in those windows (past 1) with its prepare kernel once, not by windows
+  std::vector<std::pair<int, Spread>> fwd_windows_prepare_once;
 };
 
 constexpr int kWindowCounts[] = {1, 2, 4, 8};
@@ -187,6 +191,16 @@ Timing run_case(const BenchCase& c, int reps) {
   at_both_widths(forward, t.fwd_state_32, t.fwd_state_64);
   in_windows(forward, &cuda::set_gated_delta_rule_forward_windows,
              &cuda::gated_delta_rule_windowed_forwards, "forward", t.fwd_windows);
+  if (dtype == DType::BF16) {  // those windows with the prepare kernel once, before the passes
+    const bool by_windows = cuda::set_gated_delta_rule_forward_prepare_windows(false);
+    for (int windows : kWindowCounts) {
+      if (windows == 1) continue;
+      const int previous = cuda::set_gated_delta_rule_forward_windows(windows);
+      t.fwd_windows_prepare_once.emplace_back(windows, time_ms(reps, forward));
+      cuda::set_gated_delta_rule_forward_windows(previous);
+    }
+    cuda::set_gated_delta_rule_forward_prepare_windows(by_windows);
+  }
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
@@ -372,6 +386,20 @@ int main(int argc, char** argv) {
         for (const auto& [windows, s] : *timed) {
           std::printf("%-22s %-4s %8d %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), pass, windows,
                       s.median, one.min / s.min, one.median / s.median, one.max / s.max);
+        }
+      }
+    }
+    std::printf("\nbf16 forward in windows, its prepare kernel once before the passes against "
+                "by the same windows (set_gated_delta_rule_forward_prepare_windows; once / by "
+                "windows above 1: by windows is faster)\n%-22s %8s %12s %12s %18s\n", "case",
+                "windows", "once med ms", "by win med", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      for (const auto& [windows, once] : t.fwd_windows_prepare_once) {
+        for (const auto& [timed_windows, by_windows] : t.fwd_windows) {
+          if (timed_windows != windows) continue;
+          std::printf("%-22s %8d %12.3f %12.3f %6.2f/%5.2f/%5.2f\n", name.c_str(), windows,
+                      once.median, by_windows.median, once.min / by_windows.min,
+                      once.median / by_windows.median, once.max / by_windows.max);
         }
       }
     }

@@ -911,7 +911,8 @@ __global__ void sum_tiles_kernel(const C* part, int64_t count, int tiles, T* out
 //        O = diag(E) Q S0 + P v_new,  pred = diag(E) K S0 + M v_new  -> o, fit partials
 //      (pred only where the fit error is wanted: GatedDeltaRuleArgs::want_fit_error)
 //      (with set_gated_delta_rule_forward_windows, 2 and 3 run by windows of chunks, the
-//      output kernel of one window beside the state pass of the next: StateWindow)
+//      output kernel of one window beside the state pass of the next: StateWindow; 1 too,
+//      every window's issued first, each pass waiting for its own)
 // (u = v_new = U - W S0 is the forward substitution of the chunk terms above, written with
 // the inverse formed.) Products run on mma.sync (cuda/mma_tiles.cuh), f32 accumulation;
 // A, S0, v_new and the scaled K and V enter them rounded to bf16, as in FLA. A warp owns
@@ -1407,7 +1408,8 @@ struct MmaPrepareLayout {
 
 // a_in: each chunk's A as an earlier call stored it (a_out), read instead of formed (the
 // backward's recompute where the forward kept it: GatedDeltaRuleKeep::Inverses); a_out is
-// then null.
+// then null. The chunks [chunk_begin, chunk_end) of each row: all of them, or a window
+// the forward's state pass then runs on (StateWindow).
 // kWarps: 4 (the default), each owning 16 rows of every product, or 8
 // (set_gated_delta_rule_prepare_warps), warps w and w + 4 then taking the same 16 rows and
 // the left and the right half of each product's columns (of M, of W's 64 key columns, of
@@ -1421,7 +1423,7 @@ struct MmaPrepareLayout {
 template <int KD, int kWarps = 4>
 __global__ void __launch_bounds__(kWarps * 32)
     gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, bf16* a_out,
-                    const bf16* a_in, int64_t max_chunks) {
+                    const bf16* a_in, int64_t max_chunks, int chunk_begin, int chunk_end) {
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps a block");
   constexpr int kThreads = kWarps * 32, kHalves = kWarps / 4;
   using L = MmaPrepareLayout<KD>;
@@ -1453,11 +1455,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = int(threadIdx.x / 32);
   const int row0 = (kHalves == 1 ? warp : warp % 4) * 16, half = kHalves == 1 ? 0 : warp / 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
+  const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
   // U's rows go out 16 bytes at a time where each starts on a 16-byte boundary (W's always
   // do: KD is a multiple of 8, and both buffers are the backend's own).
   const bool u_rows_aligned = V % 8 == 0;
-  for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
+  for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
@@ -3641,6 +3643,8 @@ std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapp
 std::atomic<int> g_state_partial_sums{1};      // set_gated_delta_rule_state_partial_sums
 std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_passes
 std::atomic<int> g_prepare_warps{4};            // set_gated_delta_rule_prepare_warps
+std::atomic<bool> g_forward_prepare_windows{true};  // ..._forward_prepare_windows
+std::atomic<int64_t> g_windowed_prepares{0};  // gated_delta_rule_windowed_prepares
 std::atomic<int64_t> g_eight_warp_prepares{0};  // gated_delta_rule_eight_warp_prepares
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
@@ -3706,29 +3710,50 @@ int backward_state_columns(const Dims& d) {
 // A state pass in `windows` windows of the rows' max_chunks chunks (the last first where
 // `reverse`, as the backward's pass runs): pass(window) on the device's high-priority
 // second stream, then, once that window's pass is done, after(window) on the current
-// stream, beside the pass over the next window. The state crossing a window's edge goes
-// through two f32 [B, H, K, V] buffers of state_elements each, used in turn (StateWindow).
-// `windowed` counts the calls whose passes took a stream of the greatest priority.
+// stream, beside the pass over the next window. Where given, before(window) runs first
+// for every window, in the passes' order, on the current stream, each window's pass
+// waiting for its own (the forward's prepare kernel by windows: the pass over the first
+// window starts once that window's W and U are formed, while the next windows' are
+// formed beside it). The state crossing a window's edge goes through two f32 [B, H, K, V]
+// buffers of state_elements each, used in turn (StateWindow). `windowed` counts the calls
+// whose passes took a stream of the greatest priority.
+using WindowPass = std::function<void(const StateWindow&)>;
 void run_in_windows(const Device& device, int windows, int64_t max_chunks,
                     int64_t state_elements, bool reverse, std::atomic<int64_t>& windowed,
-                    const std::function<void(const StateWindow&)>& pass,
-                    const std::function<void(const StateWindow&)>& after) {
+                    const WindowPass& pass, const WindowPass& after,
+                    const WindowPass& before = nullptr) {
   Tensor carry = Tensor::empty(Shape{2 * state_elements}, DType::F32, device);
-  ForkedStream passes(device.index, StreamPriority::High);
+  std::vector<StateWindow> in_order(size_t(windows), StateWindow{});  // as the passes run
   for (int i = 0; i < windows; ++i) {
     const int j = reverse ? windows - 1 - i : i;  // the window's place in the rows
-    StateWindow window;
+    StateWindow& window = in_order[size_t(i)];
     window.begin = int(max_chunks * j / windows);
     window.end = j + 1 == windows ? INT_MAX : int(max_chunks * (j + 1) / windows);
     window.carry_in = ptr<const float>(carry) + (i % 2) * state_elements;
     window.carry_out = ptr<float>(carry) + ((i + 1) % 2) * state_elements;
+  }
+  // Forked before any `before`, so that the first pass waits for its window's only.
+  ForkedStream passes(device.index, StreamPriority::High);
+  std::vector<Event> ready;  // before(window i) issued (destroyed pending: CUDA allows it)
+  if (before) {
+    ready.reserve(size_t(windows));
+    for (const StateWindow& window : in_order) {
+      before(window);
+      ready.emplace_back(device.index);
+      ready.back().record(launch_stream());
+    }
+  }
+  for (int i = 0; i < windows; ++i) {
     passes.run([&] {
       // Counted by the stream the pass takes, not by the setting.
       if (i == 0 && has_greatest_priority(launch_stream())) windowed.fetch_add(1);
-      pass(window);
+      if (before) {
+        HAM_CUDA_CHECK(cudaStreamWaitEvent(launch_stream(), ready[size_t(i)].handle(), 0));
+      }
+      pass(in_order[size_t(i)]);
     });
     passes.join_so_far();
-    after(window);
+    after(in_order[size_t(i)]);
   }
   passes.join();
 }
@@ -3737,11 +3762,15 @@ void run_in_windows(const Device& device, int windows, int64_t max_chunks,
 // With keep_inverse (the backward, and the forwards that keep A), the prepare kernel also
 // stores every chunk's A; with `inverses` (what such a forward kept), it reads the chunk
 // table and A from there instead of forming them.
-// run_state_pass (where given) issues the state pass, a function it is handed, after the
-// prepare kernel's launch, with the chunk table and G formed: where, beside what, and in
-// which windows of chunks (StateWindow{} for the whole rows).
-using StatePass = std::function<void(const StateWindow&)>;
-using StatePassRunner = std::function<void(const MmaChunkStates&, const StatePass& state_pass)>;
+// run_state_pass (where given) issues the prepare kernel and the state pass, functions it
+// is handed, with the chunk table formed: where, beside what, and in which windows of
+// chunks (the prepare kernel on the chunks [begin, end) of each row, the state pass on a
+// StateWindow; StateWindow{} for the whole rows); the state pass of a window after the
+// prepare kernel of its chunks.
+using StatePass = WindowPass;
+using PreparePass = std::function<void(int chunk_begin, int chunk_end)>;
+using StatePassRunner = std::function<void(const MmaChunkStates&, const PreparePass& prepare,
+                                           const StatePass& state_pass)>;
 template <int KD>
 MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, const Dims& d,
                                 Tensor& h_end, bool keep_inverse,
@@ -3774,15 +3803,20 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
     c.a_inv = Tensor::empty(Shape{d.batch * d.heads * c.max_chunks * kChunk * kChunk},
                             DType::BF16, device);
   }
-  const dim3 per_chunk(mma_chunk_blocks(d), unsigned(d.heads), unsigned(d.batch));
   const bf16* a_in = forms_inverse ? nullptr : ptr<const bf16>(c.a_inv);
   const int prepare_warps = g_prepare_warps.load();
   if (prepare_warps == 8) g_eight_warp_prepares.fetch_add(1);
-  launch_kernel(prepare_warps == 8 ? &gdr_prepare_mma<KD, 8> : &gdr_prepare_mma<KD, 4>,
-                per_chunk, prepare_warps * 32, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
-                ptr<bf16>(c.u), ptr<float>(c.gcum),
-                keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in, c.max_chunks);
   if (a_in) g_kept_inverse_reads.fetch_add(1);
+  const PreparePass launch_prepare = [&](int chunk_begin, int chunk_end) {
+    const int64_t window = std::min<int64_t>(chunk_end, c.max_chunks) - chunk_begin;
+    const dim3 grid(unsigned(std::min<int64_t>(mma_chunk_blocks(d), window)),
+                    unsigned(d.heads), unsigned(d.batch));
+    launch_kernel(prepare_warps == 8 ? &gdr_prepare_mma<KD, 8> : &gdr_prepare_mma<KD, 4>, grid,
+                  prepare_warps * 32, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
+                  ptr<bf16>(c.u), ptr<float>(c.gcum),
+                  keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in,
+                  c.max_chunks, chunk_begin, chunk_end);
+  };
   auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     launch_kernel(forward_state_kernel<KD, VT>(), state_pass_grid(op, d, tiles, c.max_docs),
@@ -3794,8 +3828,12 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
     if (state_columns<KD>(d) == 32) state_pass.template operator()<32>(window);
     else state_pass.template operator()<64>(window);
   };
-  if (run_state_pass) run_state_pass(c, launch_state_pass);
-  else launch_state_pass(StateWindow{});
+  if (run_state_pass) {
+    run_state_pass(c, launch_prepare, launch_state_pass);
+  } else {
+    launch_prepare(0, INT_MAX);
+    launch_state_pass(StateWindow{});
+  }
   return c;
 }
 
@@ -3842,16 +3880,28 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // window's pass is done, beside the next window's (the state pass alone leaves SMs idle:
     // 60 blocks at the paper's heads, one row). The state of a document that crosses a
     // window's end goes through `carry` in f32, so the results are the same to the bit.
+    // The prepare kernel runs by the same windows where set
+    // (set_gated_delta_rule_forward_prepare_windows), each window's ahead of its pass, else
+    // once over every chunk before the first pass.
     const int windows_asked = g_forward_windows.load();
     StatePassRunner in_windows;
     if (windows_asked > 1) {
-      in_windows = [&](const MmaChunkStates& chunks, const StatePass& state_pass) {
+      in_windows = [&](const MmaChunkStates& chunks, const PreparePass& prepare,
+                       const StatePass& state_pass) {
+        WindowPass prepare_window;
+        if (g_forward_prepare_windows.load()) {
+          g_windowed_prepares.fetch_add(1);
+          prepare_window = [&](const StateWindow& window) { prepare(window.begin, window.end); };
+        } else {
+          prepare(0, INT_MAX);
+        }
         run_in_windows(device, int(std::min<int64_t>(windows_asked, chunks.max_chunks)),
                        chunks.max_chunks, d.batch * d.heads * d.key_dim * d.value_dim,
                        /*reverse=*/false, g_windowed_forwards, state_pass,
                        [&](const StateWindow& window) {
                          output_pass(chunks, window.begin, window.end);
-                       });
+                       },
+                       prepare_window);
       };
     }
     const MmaChunkStates c =
@@ -3990,7 +4040,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
       StatePassRunner state_pass_beside;
       if (g_backward_overlap.load()) {
-        state_pass_beside = [&](const MmaChunkStates& chunks, const StatePass& state_pass) {
+        state_pass_beside = [&](const MmaChunkStates& chunks, const PreparePass& prepare,
+                                const StatePass& state_pass) {
+          prepare(0, INT_MAX);
           beside.emplace(device.index, StreamPriority::High);
           local_pass(chunks);
           beside->run([&] {
@@ -4248,6 +4300,12 @@ int set_gated_delta_rule_forward_windows(int windows) {
 }
 
 int64_t gated_delta_rule_windowed_forwards() { return g_windowed_forwards.load(); }
+
+bool set_gated_delta_rule_forward_prepare_windows(bool in_windows) {
+  return g_forward_prepare_windows.exchange(in_windows);
+}
+
+int64_t gated_delta_rule_windowed_prepares() { return g_windowed_prepares.load(); }
 
 int set_gated_delta_rule_backward_windows(int windows) {
   return exchange_window_count(g_backward_windows, "set_gated_delta_rule_backward_windows",

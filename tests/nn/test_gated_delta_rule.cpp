@@ -1260,13 +1260,29 @@ void expect_windows_agree(uint64_t seed, int (*set)(int), int64_t (*windowed)())
 // The bf16 forward with its state pass in windows of chunks
 // (set_gated_delta_rule_forward_windows), each window's output kernel beside the next
 // window's pass: every window count matches the CPU, and o, the final state and the fit
-// error equal those of one launch bit for bit.
+// error equal those of one launch bit for bit; with the prepare kernel by the same windows
+// (the default, counted: two forwards in windows a setting and case) and, on the first
+// case, once over every chunk (set_gated_delta_rule_forward_prepare_windows).
 TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows, 1);
+  const testing::ScopedSetting prepare_guard(
+      &cuda::set_gated_delta_rule_forward_prepare_windows, true);
+  const int64_t prepares_before = cuda::gated_delta_rule_windowed_prepares();
   expect_windows_agree(83, &cuda::set_gated_delta_rule_forward_windows,
                        &cuda::gated_delta_rule_windowed_forwards);
+  EXPECT_EQ(cuda::gated_delta_rule_windowed_prepares() - prepares_before, 12);
+  {
+    SCOPED_TRACE("the prepare kernel once over every chunk");
+    cuda::set_gated_delta_rule_forward_prepare_windows(false);
+    const int64_t before = cuda::gated_delta_rule_windowed_prepares();
+    expect_settings_agree_bitwise(GpuCase{2, 300, 2, 64, 72, true, 5}, 83, {1, 3, 7},
+                                  [](int windows) {
+                                    cuda::set_gated_delta_rule_forward_windows(windows);
+                                  });
+    EXPECT_EQ(cuda::gated_delta_rule_windowed_prepares() - before, 0);
+  }
   testing::expect_error([] { cuda::set_gated_delta_rule_forward_windows(0); },
                         {"set_gated_delta_rule_forward_windows", "0 windows", "1 to 64"});
 #endif
