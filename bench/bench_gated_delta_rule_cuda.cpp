@@ -27,8 +27,9 @@
 // (set_gated_delta_rule_state_partial_sums), and the forward and the backward with their
 // state passes in 2, 4 and 8 windows of chunks, the per-chunk kernels of each window beside
 // the pass over the next, against one launch (set_gated_delta_rule_forward_windows,
-// ..._backward_windows), the forward in those windows with its prepare kernel by the same
-// windows (the default) against once before the passes
+// ..._backward_windows; the backward with its recompute of the forward's state pass in
+// such windows, ..._recompute_windows), the forward in those windows with its prepare
+// kernel by the same windows (the default) against once before the passes
 // (set_gated_delta_rule_forward_prepare_windows), and the forward and the backward with the
 // prepare kernel in 4 warps against 8 (set_gated_delta_rule_prepare_warps), in the same
 // run; the CSV has the defaults. For bf16 the CSV also
@@ -105,7 +106,8 @@ struct Timing {
   // bf16 only: the prepare kernel in 4 warps against 8
   Spread fwd_prepare_4, fwd_prepare_8, bwd_prepare_4, bwd_prepare_8;
   // bf16 only: the forward and the backward with their state passes in kWindowCounts windows
-  std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows;
+  // (and the backward with its recompute of the forward's state pass in such windows)
+  std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows, recompute_windows;
   // bf16 only: the forward in those windows (past 1) with its prepare kernel once, not by windows
   std::vector<std::pair<int, Spread>> fwd_windows_prepare_once;
 };
@@ -225,6 +227,9 @@ Timing run_case(const BenchCase& c, int reps) {
   }
   in_windows(backward, &cuda::set_gated_delta_rule_backward_windows,
              &cuda::gated_delta_rule_windowed_backwards, "backward", t.bwd_windows);
+  in_windows(backward, &cuda::set_gated_delta_rule_recompute_windows,
+             &cuda::gated_delta_rule_windowed_recomputes, "backward's recompute",
+             t.recompute_windows);
   if (dtype == DType::BF16 && K == 256) {  // where two slots of chunk tiles do not fit
     const bool previous = cuda::set_gated_delta_rule_backward_keys_ahead(false);
     t.bwd_one_slot = time_ms(reps, backward);
@@ -375,12 +380,15 @@ int main(int argc, char** argv) {
     }
     std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
                 "window beside the pass over the next (set_gated_delta_rule_forward_windows, "
-                "..._backward_windows; one launch / windows above 1: the windows are faster)"
+                "..._backward_windows; rec: the backward with its recompute of the forward's "
+                "pass in windows, ..._recompute_windows; one launch / windows above 1: the "
+                "windows are faster)"
                 "\n%-22s %-4s %8s %12s %18s\n", "case", "pass", "windows", "med ms",
                 "min/med/max");
     for (const auto& [name, t] : bf16_timings) {
       for (const auto& [pass, timed] :
-           {std::pair{"fwd", &t.fwd_windows}, std::pair{"bwd", &t.bwd_windows}}) {
+           {std::pair{"fwd", &t.fwd_windows}, std::pair{"bwd", &t.bwd_windows},
+            std::pair{"rec", &t.recompute_windows}}) {
         if (timed->empty()) continue;
         const Spread& one = timed->front().second;
         for (const auto& [windows, s] : *timed) {

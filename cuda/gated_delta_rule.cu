@@ -3645,6 +3645,8 @@ std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_p
 std::atomic<int> g_prepare_warps{4};            // set_gated_delta_rule_prepare_warps
 std::atomic<bool> g_forward_prepare_windows{true};  // ..._forward_prepare_windows
 std::atomic<int64_t> g_windowed_prepares{0};  // gated_delta_rule_windowed_prepares
+std::atomic<int> g_recompute_windows{1};        // set_gated_delta_rule_recompute_windows
+std::atomic<int64_t> g_windowed_recomputes{0};  // gated_delta_rule_windowed_recomputes
 std::atomic<int64_t> g_eight_warp_prepares{0};  // gated_delta_rule_eight_warp_prepares
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
@@ -3710,18 +3712,20 @@ int backward_state_columns(const Dims& d) {
 // A state pass in `windows` windows of the rows' max_chunks chunks (the last first where
 // `reverse`, as the backward's pass runs): pass(window) on the device's high-priority
 // second stream, then, once that window's pass is done, after(window) on the current
-// stream, beside the pass over the next window. Where given, before(window) runs first
-// for every window, in the passes' order, on the current stream, each window's pass
-// waiting for its own (the forward's prepare kernel by windows: the pass over the first
-// window starts once that window's W and U are formed, while the next windows' are
-// formed beside it). The state crossing a window's edge goes through two f32 [B, H, K, V]
-// buffers of state_elements each, used in turn (StateWindow). `windowed` counts the calls
-// whose passes took a stream of the greatest priority.
+// stream, beside the pass over the next window (where given). Where given, before(window)
+// runs first for every window, in the passes' order, on the current stream, each window's
+// pass waiting for its own (the prepare kernel by windows: the pass over the first window
+// starts once that window's W and U are formed, while the next windows' are formed beside
+// it), and then beside(), on the current stream beside the passes. The state crossing a
+// window's edge goes through two f32 [B, H, K, V] buffers of state_elements each, used in
+// turn (StateWindow). `windowed` counts the calls whose passes took a stream of the
+// greatest priority.
 using WindowPass = std::function<void(const StateWindow&)>;
 void run_in_windows(const Device& device, int windows, int64_t max_chunks,
                     int64_t state_elements, bool reverse, std::atomic<int64_t>& windowed,
                     const WindowPass& pass, const WindowPass& after,
-                    const WindowPass& before = nullptr) {
+                    const WindowPass& before = nullptr,
+                    const std::function<void()>& beside = nullptr) {
   Tensor carry = Tensor::empty(Shape{2 * state_elements}, DType::F32, device);
   std::vector<StateWindow> in_order(size_t(windows), StateWindow{});  // as the passes run
   for (int i = 0; i < windows; ++i) {
@@ -3743,6 +3747,7 @@ void run_in_windows(const Device& device, int windows, int64_t max_chunks,
       ready.back().record(launch_stream());
     }
   }
+  if (beside) beside();
   for (int i = 0; i < windows; ++i) {
     passes.run([&] {
       // Counted by the stream the pass takes, not by the setting.
@@ -3752,8 +3757,10 @@ void run_in_windows(const Device& device, int windows, int64_t max_chunks,
       }
       pass(in_order[size_t(i)]);
     });
-    passes.join_so_far();
-    after(in_order[size_t(i)]);
+    if (after) {
+      passes.join_so_far();
+      after(in_order[size_t(i)]);
+    }
   }
   passes.join();
 }
@@ -4035,11 +4042,27 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // priority), so that the block scheduler places the state pass's blocks first and the
     // local pass's in what they leave; with equal priorities the blocks of the kernel
     // launched first take the SMs first.
+    // With set_gated_delta_rule_recompute_windows (and the overlap), the recompute's state
+    // pass runs in windows on that stream, each after its window's prepare kernel, and the
+    // local pass beside them once every window's prepare kernel is issued (run_in_windows).
     std::optional<ForkedStream> beside;
+    bool local_pass_issued = false;
+    const int recompute_windows = g_recompute_windows.load();
     auto recomputed = [&] {
       Tensor h_end = Tensor::empty(Shape{d.batch * d.heads * K * V}, DType::BF16, device);
       StatePassRunner state_pass_beside;
-      if (g_backward_overlap.load()) {
+      if (g_backward_overlap.load() && recompute_windows > 1) {
+        state_pass_beside = [&](const MmaChunkStates& chunks, const PreparePass& prepare,
+                                const StatePass& state_pass) {
+          run_in_windows(
+              device, int(std::min<int64_t>(recompute_windows, chunks.max_chunks)),
+              chunks.max_chunks, d.batch * d.heads * K * V, /*reverse=*/false,
+              g_windowed_recomputes, state_pass, /*after=*/nullptr,
+              [&](const StateWindow& window) { prepare(window.begin, window.end); },
+              [&] { local_pass(chunks); });
+          local_pass_issued = true;
+        };
+      } else if (g_backward_overlap.load()) {
         state_pass_beside = [&](const MmaChunkStates& chunks, const PreparePass& prepare,
                                 const StatePass& state_pass) {
           prepare(0, INT_MAX);
@@ -4058,7 +4081,7 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const MmaChunkStates c = states ? states->chunk : recomputed();
     if (beside) {
       beside->join();
-    } else {
+    } else if (!local_pass_issued) {
       local_pass(c);
     }
     const Problem<bf16> pr = make_problem<bf16>(a, d, c.table, VT);
@@ -4306,6 +4329,13 @@ bool set_gated_delta_rule_forward_prepare_windows(bool in_windows) {
 }
 
 int64_t gated_delta_rule_windowed_prepares() { return g_windowed_prepares.load(); }
+
+int set_gated_delta_rule_recompute_windows(int windows) {
+  return exchange_window_count(g_recompute_windows, "set_gated_delta_rule_recompute_windows",
+                               windows);
+}
+
+int64_t gated_delta_rule_windowed_recomputes() { return g_windowed_recomputes.load(); }
 
 int set_gated_delta_rule_backward_windows(int windows) {
   return exchange_window_count(g_backward_windows, "set_gated_delta_rule_backward_windows",

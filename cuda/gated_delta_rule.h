@@ -83,6 +83,21 @@ bool set_gated_delta_rule_forward_prepare_windows(bool in_windows);
 // How many forwards of this process ran their prepare kernel in windows.
 int64_t gated_delta_rule_windowed_prepares();
 
+// Windows of chunks the bf16 backward's recompute of the forward's state pass runs in (1,
+// the default, to kMaxStatePassWindows), where the backward runs its P^T dO kernel beside
+// that pass (set_gated_delta_rule_backward_overlap): every window's prepare kernel first
+// on the current stream, then the P^T dO kernel there, and each window's pass on the
+// high-priority second stream after its own prepare kernel. The pass over the first window
+// starts after a window's prepare kernel rather than all of it: at the paper's heads and
+// 16,384 tokens that kernel (reading the kept A) took 0.145 ms before a 0.804 ms pass, of a
+// 3.2 ms backward (H200, thirty-seventh session). Untimed on a GPU; the gradients are the
+// same to the bit. Returns the previous setting; any other count is an error.
+int set_gated_delta_rule_recompute_windows(int windows);
+
+// How many backwards of this process ran their recompute in windows, on a stream of the
+// device's greatest priority.
+int64_t gated_delta_rule_windowed_recomputes();
+
 // The same for the bf16 backward's reverse state pass (1, the default, to
 // kMaxStatePassWindows windows, the last first): the values, keys and WY kernels of a
 // window, which read its dS_end and du, run beside the pass over the window before. The

@@ -1288,6 +1288,33 @@ TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
 #endif
 }
 
+// The bf16 backward's recompute of the forward's state pass in windows of chunks
+// (set_gated_delta_rule_recompute_windows; the P^T dO kernel beside it, the default), each
+// window's pass after its own window's prepare kernel: every window count matches the CPU,
+// and the gradients equal one launch's bit for bit; the backward that reads the A a
+// forward kept (the prepare kernel reading it by windows) equals the recomputing one.
+// Without the overlap the recompute runs in one launch (not counted).
+TEST(GatedDeltaRule, GpuBackwardRecomputeInWindowsAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_recompute_windows, 1);
+  const testing::ScopedSetting overlap_guard(&cuda::set_gated_delta_rule_backward_overlap, true);
+  expect_windows_agree(89, &cuda::set_gated_delta_rule_recompute_windows,
+                       &cuda::gated_delta_rule_windowed_recomputes);
+  cuda::set_gated_delta_rule_recompute_windows(3);
+  expect_kept_backward_equals_recomputing_one({{2, 150, 2, 64, 48, true, 3}});
+
+  cuda::set_gated_delta_rule_backward_overlap(false);
+  const GpuCase c{1, 200, 1, 64, 48, true, 2};
+  const int64_t before = cuda::gated_delta_rule_windowed_recomputes();
+  expect_gpu_matches_reference(on_gpu(gpu_case_inputs(c, 97), DType::BF16),
+                               gpu_bounds(DType::BF16), 98);
+  EXPECT_EQ(cuda::gated_delta_rule_windowed_recomputes() - before, 0);
+  testing::expect_error([] { cuda::set_gated_delta_rule_recompute_windows(65); },
+                        {"set_gated_delta_rule_recompute_windows", "65 windows", "1 to 64"});
+#endif
+}
+
 // The forward without the fit error (GatedDeltaRuleArgs::want_fit_error false; the bf16
 // output kernel then splits O's columns between its two halves of warps and copies no v):
 // fit_error stays undefined, o and the final state equal the forward's with the fit error
