@@ -1844,7 +1844,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   int64_t end_after = begin_of(first + 3), end_later = begin_of(first + 4);
   float g_next = 0.f;
   if (i_row < kChunk) s_g[first % 2][i_row] = g_of(begin, end);
-  g_next = g_of(end, end_next);
+  // (G only of the window's chunks: the next window's may be forming beside this pass)
+  g_next = first + 1 < end_chunk ? g_of(end, end_next) : 0.f;
   issue_chunk(first, begin, end);
   async_copy_commit();
   S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
@@ -1857,7 +1858,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     __syncthreads();  // also: the previous chunk's tiles, sVn and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;
-      g_next = g_of(end_next, end_after);  // chunk + 2
+      g_next = chunk + 2 < end_chunk ? g_of(end_next, end_after) : 0.f;  // chunk + 2
     }
     if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
     async_copy_commit();
