@@ -1476,7 +1476,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         return;
       }
       issue_tile<kThreads>(tile % 2 ? sV2 : sV, LDV, kChunk, kMmaVt, n,
-                              int(min(int64_t(kMmaVt), V - v0)), rows_of(pr.v, V, v0));
+                           int(min(int64_t(kMmaVt), V - v0)), rows_of(pr.v, V, v0));
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile<kThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
@@ -3644,11 +3644,11 @@ std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapp
 std::atomic<int> g_state_partial_sums{1};      // set_gated_delta_rule_state_partial_sums
 std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_passes
 std::atomic<int> g_prepare_warps{4};            // set_gated_delta_rule_prepare_warps
+std::atomic<int64_t> g_eight_warp_prepares{0};  // gated_delta_rule_eight_warp_prepares
 std::atomic<bool> g_forward_prepare_windows{true};  // ..._forward_prepare_windows
-std::atomic<int64_t> g_windowed_prepares{0};  // gated_delta_rule_windowed_prepares
+std::atomic<int64_t> g_windowed_prepares{0};    // gated_delta_rule_windowed_prepares
 std::atomic<int> g_recompute_windows{1};        // set_gated_delta_rule_recompute_windows
 std::atomic<int64_t> g_windowed_recomputes{0};  // gated_delta_rule_windowed_recomputes
-std::atomic<int64_t> g_eight_warp_prepares{0};  // gated_delta_rule_eight_warp_prepares
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
 // set and where they apply (kStatePartialSums; counted).

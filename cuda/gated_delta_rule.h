@@ -50,8 +50,8 @@ int64_t gated_delta_rule_partial_sum_passes();
 // bit either way. Returns the previous setting; any other count is an error.
 int set_gated_delta_rule_prepare_warps(int warps);
 
-// How many prepare kernels of this process (forwards' and backwards' recomputes) ran in 8
-// warps.
+// How many forwards and backwards' recomputes of this process ran their prepare kernel (one
+// launch, or one a window) in 8 warps.
 int64_t gated_delta_rule_eight_warp_prepares();
 
 // Windows of chunks the bf16 forward runs its state pass in (1, the default: one launch
