@@ -2441,26 +2441,33 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
 // from the registers and K, MN-major, from the tile S read. The K and V tiles are
 // double-buffered as in the other kernels (KeyTiles, swizzled).
-// kKeyTile: the shape's tile, or 32 at head dims up to 128 on one warpgroup (the default;
-// set_attention_backward_dq_keys): S and dS take half the registers and the key slots
-// half the shared memory, so that three blocks may share an SM where two do, for blocks
-// that see few keys (packed documents), at twice the tiles' bookkeeping.
-// kFromRecords: in 32-key tiles, each block starts from its query tile's QueryTileKeys
-// (set_attention_backward_dq_records; query_block_from_record). An instance of its own, so
-// that the default's tile loop stays as it was: with both starts in one kernel, ptxas gave
-// the 128 x 128 loop 9 more instructions (sm_90a).
+// kKeyTile: the shape's tile, or 32 or 16 at head dims up to 128 on one warpgroup
+// (set_attention_backward_dq_keys; 32 the default). In 32-key tiles S and dS take half the
+// registers and the key slots half the shared memory of 64, so that three blocks share an
+// SM where two do, for blocks that see few keys (packed documents), at twice the tiles'
+// bookkeeping. 16 halves them again, and its instance is bound to 128 registers
+// (kDqBlocksAnSm): at 128 x 128 its 49 KB of shared memory and 128 registers let four
+// blocks share an SM where 32-key tiles' 65 KB and 144 registers let three.
+// kFromRecords: in 32- or 16-key tiles, each block starts from its query tile's
+// QueryTileKeys (set_attention_backward_dq_records; query_block_from_record). An instance
+// of its own, so that the default's tile loop stays as it was: with both starts in one
+// kernel, ptxas gave the 128 x 128 loop 9 more instructions (sm_90a).
 template <int DK, int DV, int kGroups>
-constexpr bool kWgmmaDqTakes32Keys = kGroups == 1 && kWgmmaFits<DK, DV>;
+constexpr bool kWgmmaDqTakesShortTiles = kGroups == 1 && kWgmmaFits<DK, DV>;
+template <int kKeyTile>
+constexpr int kDqBlocksAnSm = kKeyTile == 16 ? 4 : 1;
 template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV, kGroups>::kTile,
           bool kFromRecords = false>
-__global__ void __launch_bounds__(128 * kGroups, 1) backward_dq_wgmma(AttentionArgs<bf16> a) {
+__global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
+    backward_dq_wgmma(AttentionArgs<bf16> a) {
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BQ = Shape::kRows, BK = kKeyTile, NB = BK / 8, kThreads = Shape::kThreads;
-  static_assert(BK == Shape::kTile || (BK == 32 && kWgmmaDqTakes32Keys<DK, DV, kGroups>),
-                "the shape's key tile, or 32 where kWgmmaDqTakes32Keys");
-  static_assert(!kFromRecords || (BK == 32 && kWgmmaDqTakes32Keys<DK, DV, kGroups>),
-                "records in the 32-key tiles of one warpgroup");
+  constexpr bool kShortTile = BK == 32 || BK == 16;
+  static_assert(BK == Shape::kTile || (kShortTile && kWgmmaDqTakesShortTiles<DK, DV, kGroups>),
+                "the shape's key tile, or 32 or 16 where kWgmmaDqTakesShortTiles");
+  static_assert(!kFromRecords || (kShortTile && kWgmmaDqTakesShortTiles<DK, DV, kGroups>),
+                "records in the 32- or 16-key tiles of one warpgroup");
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BQ][DK] swizzled
@@ -3170,9 +3177,10 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_forward_wgmma{kAttentionWgmmaAutomatic},
     g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
-// set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key tiles.
+// set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key and in 16-key tiles.
 std::atomic<int> g_backward_dq_keys{32};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
+std::atomic<int64_t> g_backward_dq_16_key_launches{0};
 // set_attention_backward_overlap, and the calls whose zeroing pass ran beside the others.
 std::atomic<bool> g_backward_overlap{true};
 std::atomic<int64_t> g_overlapped_prologues{0};
@@ -3351,9 +3359,9 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     const bool tensor_cores = tensor_core_ready(q, k, v) &&
                               aligned_16(dout.raw_data()) && aligned_16(dq.raw_data()) &&
                               aligned_16(dk.raw_data()) && aligned_16(dv.raw_data());
-    const bool dq_in_32_keys = g_backward_dq_keys.load() == 32;
-    // The wgmma dQ kernel in 32-key tiles starts from the query tiles' records where set
-    // (set_attention_backward_dq_records).
+    const int dq_keys = g_backward_dq_keys.load();
+    // The wgmma dQ kernel in 32- or 16-key tiles starts from the query tiles' records where
+    // set (set_attention_backward_dq_records).
     const bool dq_records_set = g_backward_dq_records.load();
     // The dK/dV blocks take their key tiles by work where set (set_attention_backward_key_order).
     const bool order_key_tiles = g_backward_key_order.load();
@@ -3367,13 +3375,16 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     };
     auto wgmma_dq = [&]<int DK, int DV, int kGroups>() {
       using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
-      if constexpr (kWgmmaDqTakes32Keys<DK, DV, kGroups>) {
-        if (dq_in_32_keys) {
-          const size_t bytes = Wgmma::bytes(KeyGrads::Both, 32);
+      if constexpr (kWgmmaDqTakesShortTiles<DK, DV, kGroups>) {
+        auto short_tiles = [&]<int kKeys>() {
+          const size_t bytes = Wgmma::bytes(KeyGrads::Both, kKeys);
           return dq_records_set
-                     ? WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32, true>, bytes, 32, true}
-                     : WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, 32>, bytes, 32, false};
-        }
+                     ? WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, kKeys, true>, bytes, kKeys,
+                               true}
+                     : WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups, kKeys>, bytes, kKeys, false};
+        };
+        if (dq_keys == 32) return short_tiles.template operator()<32>();
+        if (dq_keys == 16) return short_tiles.template operator()<16>();
       }
       return WgmmaDq{&backward_dq_wgmma<DK, DV, kGroups>, Wgmma::bytes(), Wgmma::kTile, false};
     };
@@ -3497,6 +3508,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                     HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                               ": the wgmma dQ kernel that was to form D did not launch");
                     if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
+                    if (tiled_dq && dq_pass.keys == 16) g_backward_dq_16_key_launches.fetch_add(1);
                     if (tiled_dq && dq_pass.from_records) {
                       g_backward_dq_record_launches.fetch_add(1);
                     }
@@ -3605,13 +3617,17 @@ int set_attention_backward_wgmma(int kernels) {
 int64_t attention_backward_wgmma_launches() { return g_backward_wgmma_launches.load(); }
 
 int set_attention_backward_dq_keys(int keys) {
-  HAM_CHECK(keys == 32 || keys == 64, "set_attention_backward_dq_keys: ", keys,
-            " keys per tile; the wgmma dQ kernel takes 32 or 64");
+  HAM_CHECK(keys == 16 || keys == 32 || keys == 64, "set_attention_backward_dq_keys: ", keys,
+            " keys per tile; the wgmma dQ kernel takes 16, 32 or 64");
   return g_backward_dq_keys.exchange(keys);
 }
 
 int64_t attention_backward_dq_32_key_launches() {
   return g_backward_dq_32_key_launches.load();
+}
+
+int64_t attention_backward_dq_16_key_launches() {
+  return g_backward_dq_16_key_launches.load();
 }
 
 bool set_attention_backward_overlap(bool overlap) { return g_backward_overlap.exchange(overlap); }

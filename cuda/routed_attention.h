@@ -44,16 +44,20 @@ int64_t attention_forward_wgmma_launches();
 int64_t attention_backward_wgmma_launches();
 
 // Keys a tile of the backward's wgmma dQ kernel at head dims of 64 and 128 on one
-// warpgroup a block (elsewhere the kernel keeps its own tile): 32 (the default) or 64.
+// warpgroup a block (elsewhere the kernel keeps its own tile): 32 (the default), 64 or 16.
 // 32 halves its score registers and key slots so that three blocks may share an SM where
 // two do. On the H200 (docs/gpu_results.md, thirty-sixth session) the backward took
 // 1.00-1.10x as long with 64 as with 32 in the 12 cases timed (rho 0.25 in one document,
 // 20 packed documents at every rho), the most with packed documents, whose blocks see few
-// keys. Returns the previous setting; any other value is an error.
+// keys. 16 halves them again, with the kernel bound to 128 registers, so that four blocks
+// share an SM at 128 x 128 (untimed on a GPU: forty-fifth session). Returns the previous
+// setting; any other value is an error.
 int set_attention_backward_dq_keys(int keys);
 
-// How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles.
+// How many backward calls of this process ran the wgmma dQ kernel in 32-key tiles, and in
+// 16-key tiles.
 int64_t attention_backward_dq_32_key_launches();
+int64_t attention_backward_dq_16_key_launches();
 
 // Whether the backward's first pass runs beside its other kernels where the wgmma dQ kernel
 // forms D, so that the pass only zeroes dk, dv and dp at the tokens not selected, rows no
@@ -71,7 +75,7 @@ bool set_attention_backward_overlap(bool overlap);
 int64_t attention_overlapped_prologues();
 
 // Whether the backward's wgmma dQ kernel on one warpgroup a block, in 32-key tiles (the
-// default where it runs), starts its blocks from records of their query tiles (the visible
+// default where it runs) or 16, starts its blocks from records of their query tiles (the visible
 // keys' bounds and the first key positions), which the query tiles' summary kernel,
 // launched before it anyway, then also writes: a block issues its first key tile's copies
 // after one load instead of a chain of three (its rows' ranges, two barriers, the

@@ -139,6 +139,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 #define HAM_WGMMA_D4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define HAM_WGMMA_OUT4(d, j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
+#define HAM_WGMMA_OUT8(d) HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1)
+#define HAM_WGMMA_D8(d) HAM_WGMMA_D4(d, 0), HAM_WGMMA_D4(d, 1)
 #define HAM_WGMMA_OUT16(d) \
   HAM_WGMMA_OUT4(d, 0), HAM_WGMMA_OUT4(d, 1), HAM_WGMMA_OUT4(d, 2), HAM_WGMMA_OUT4(d, 3)
 #define HAM_WGMMA_D16(d) \
@@ -153,6 +155,7 @@ __device__ __forceinline__ void fence_proxy_async() {
   HAM_WGMMA_D32(d), HAM_WGMMA_D4(d, 8), HAM_WGMMA_D4(d, 9), HAM_WGMMA_D4(d, 10),           \
       HAM_WGMMA_D4(d, 11), HAM_WGMMA_D4(d, 12), HAM_WGMMA_D4(d, 13), HAM_WGMMA_D4(d, 14),  \
       HAM_WGMMA_D4(d, 15)
+#define HAM_WGMMA_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define HAM_WGMMA_REGS16 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define HAM_WGMMA_REGS32                                                                   \
@@ -170,8 +173,18 @@ __device__ __forceinline__ void fence_proxy_async() {
 // may move them past one (ptxas then inserts waits and fences of its own).
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
-  static_assert(N == 32 || N == 64, "mma_ss: N is 32 or 64");
-  if constexpr (N == 32 && kAccumulate) {
+  static_assert(N == 16 || N == 32 || N == 64, "mma_ss: N is 16, 32 or 64");
+  if constexpr (N == 16 && kAccumulate) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " HAM_WGMMA_REGS8
+                 ", %8, %9, 1, 1, 1, 0, 0;\n"
+                 : HAM_WGMMA_D8(d)
+                 : "l"(a), "l"(b));
+  } else if constexpr (N == 16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " HAM_WGMMA_REGS8
+                 ", %8, %9, 0, 1, 1, 0, 0;\n"
+                 : HAM_WGMMA_OUT8(d)
+                 : "l"(a), "l"(b));
+  } else if constexpr (N == 32 && kAccumulate) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " HAM_WGMMA_REGS16
                  ", %16, %17, 1, 1, 1, 0, 0;\n"
                  : HAM_WGMMA_D16(d)
@@ -214,6 +227,9 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const uint32_t (&a)
 
 #undef HAM_WGMMA_D4
 #undef HAM_WGMMA_OUT4
+#undef HAM_WGMMA_OUT8
+#undef HAM_WGMMA_D8
+#undef HAM_WGMMA_REGS8
 #undef HAM_WGMMA_OUT16
 #undef HAM_WGMMA_D16
 #undef HAM_WGMMA_REGS16

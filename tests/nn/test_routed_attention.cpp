@@ -1060,23 +1060,25 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpu) {
 #endif
 }
 
-// The wgmma dQ kernel (one warpgroup a block, head dims of 64 and 128) in key tiles of 32
-// and of 64, each set so; each case must run on the tiles set.
-TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn32And64KeyTilesMatchesCpu) {
+// The wgmma dQ kernel (one warpgroup a block, head dims of 64 and 128) in key tiles of 16,
+// 32 and 64, each set so; each case must run on the tiles set.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqInEachKeyTileMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << kNoWgmmaHere;
   }
   const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
-  for (int keys : {32, 64}) {
+  for (int keys : {16, 32, 64}) {
     SCOPED_TRACE(std::to_string(keys) + " keys a tile");
-    const int64_t before = cuda::attention_backward_dq_32_key_launches();
+    const int64_t before_32 = cuda::attention_backward_dq_32_key_launches();
+    const int64_t before_16 = cuda::attention_backward_dq_16_key_launches();
     expect_bf16_setting_matches_cpu(&cuda::set_attention_backward_dq_keys,
-                                    "set_attention_backward_dq_keys", keys, 48, "32 or 64",
+                                    "set_attention_backward_dq_keys", keys, 48, "16, 32 or 64",
                                     kWgmmaHeadCases);
-    EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - before,
-              keys == 32 ? int64_t(kWgmmaHeadCases.size()) : 0);
+    const auto cases = int64_t(kWgmmaHeadCases.size());
+    EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - before_32, keys == 32 ? cases : 0);
+    EXPECT_EQ(cuda::attention_backward_dq_16_key_launches() - before_16, keys == 16 ? cases : 0);
   }
 #endif
 }
@@ -1117,12 +1119,36 @@ void expect_same_gradients(const ops::RoutedAttentionGrads& a,
 }
 #endif
 
+// The wgmma dQ kernel in 16-key tiles gives the gradients of 32-key tiles bit for bit: it
+// issues the same products (k16 steps of S and dP a key, of dQ += dS K a key tile's 16
+// keys) in the same order, and a key past the block's last adds a product of zeros, hidden
+// (dS = 0) on a boundary tile of either size.
+TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
+  auto gradients_in = [](const GpuCase& c, int keys) {
+    const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, keys);
+    return gpu_case_gradients(c, DType::BF16);
+  };
+  for (const GpuCase& c : kWgmmaHeadCases) {
+    SCOPED_TRACE(gpu_case_name(c));
+    const int64_t before = cuda::attention_backward_dq_16_key_launches();
+    expect_same_gradients(gradients_in(c, 16), gradients_in(c, 32));
+    EXPECT_EQ(cuda::attention_backward_dq_16_key_launches() - before, 1);
+  }
+#endif
+}
+
 // The wgmma dQ kernel on one warpgroup a block started from its query tiles' records
 // (set_attention_backward_dq_records): against the CPU, exact zeros included, and bit for
 // bit the gradients its blocks give from their own rows' ranges. Besides the wgmma cases:
 // nothing selected, a last query tile of one row, and a long document whose tiles see more
 // keys than a record holds positions for. Each case runs from the records in key tiles of
-// 32; in tiles of 64 (set so) the setting leaves the kernel as it is.
+// 32 and of 16; in tiles of 64 (set so) the setting leaves the kernel as it is.
 TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsOwnRanges) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -1138,7 +1164,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
     const testing::ScopedSetting from_records(&cuda::set_attention_backward_dq_records, records);
     return gpu_case_gradients(c, DType::BF16);
   };
-  for (int keys : {32, 64}) {
+  for (int keys : {16, 32, 64}) {
     const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, keys);
     for (const GpuCase& c : cases) {
       SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(keys) + " keys a tile");
@@ -1150,7 +1176,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
       }
       const ops::RoutedAttentionGrads own = gradients_with(c, false);
       const ops::RoutedAttentionGrads recorded = gradients_with(c, true);
-      EXPECT_EQ(cuda::attention_backward_dq_record_launches() - before, keys == 32 ? 2 : 0);
+      EXPECT_EQ(cuda::attention_backward_dq_record_launches() - before, keys == 64 ? 0 : 2);
       expect_same_gradients(recorded, own);
     }
   }
