@@ -7,6 +7,8 @@
 //   ./build/bench/bench_routed_attention_cuda --csv routed_ham.csv [--reps 10] [--filter T4096]
 //   ./build/bench/bench_routed_attention_cuda --timeline [--filter docs20] [--csv blocks.csv]
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
+// --part main prints only the first table (and writes the CSV), --part variants only the
+// tables after it, so that a run with a deadline times the reference before the variants.
 //
 // The masks are a pure function of (b, t) that the Python script recomputes bit for bit:
 //   selected(b, t) = splitmix64(seed + b * T + t) >> 40  <  density * 2^24   (density 1: all)
@@ -21,7 +23,8 @@
 // heads of 192.
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256); then the
-// wgmma dQ kernel's key tiles of 32 against 64 (set_attention_backward_dq_keys), its blocks
+// wgmma dQ kernel's key tiles of 32 against 64 and 16 against 32
+// (set_attention_backward_dq_keys), its blocks
 // from their rows' ranges against from the query tiles' records
 // (set_attention_backward_dq_records), the backward with its first pass in order against
 // beside the others on a second stream (set_attention_backward_overlap), and last with its
@@ -36,7 +39,8 @@
 // near the event time, the pass waits on the host, not the GPU); then the backward once
 // more with its first pass in order, not beside the others on a second stream (the
 // default; set_attention_backward_overlap), once with the dQ kernel's blocks started
-// from the query tiles' records (set_attention_backward_dq_records), and once with the
+// from the query tiles' records (set_attention_backward_dq_records), once with the dQ
+// kernel in 16-key tiles (set_attention_backward_dq_keys), and once with the
 // dK/dV blocks' key tiles by work (set_attention_backward_key_order). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
 // start cycle, its first copies issued, first tile, tiles done and end as cycles after its
@@ -459,6 +463,16 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
       std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: no records)\n");
     }
     cuda::set_attention_backward_dq_records(previous_records);
+    // And with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys): four blocks
+    // an SM at 128 x 128 where 32-key tiles fit three, each with twice the tiles.
+    const int previous_keys = cuda::set_attention_backward_dq_keys(16);
+    const int64_t sixteen_before = cuda::attention_backward_dq_16_key_launches();
+    timeline_rows("backward, the dQ kernel in 16-key tiles", c.name() + " dq16", run_backward,
+                  csv);
+    if (cuda::attention_backward_dq_16_key_launches() == sixteen_before) {
+      std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: its own tiles)\n");
+    }
+    cuda::set_attention_backward_dq_keys(previous_keys);
     // And with the dK/dV blocks' key tiles by work (set_attention_backward_key_order): the
     // dK/dV kernel's span and tail against the rank order's above.
     const bool previous_order = cuda::set_attention_backward_key_order(true);
@@ -469,15 +483,155 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
   }
 }
 
+// The first table: each case's compaction, forward and backward, to the CSV where asked.
+void main_table(const std::string& filter, int reps, const std::string& csv_path) {
+  std::ofstream csv = bench::open_csv(
+      csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
+                "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
+                "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max");
+  std::printf("%-40s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
+              "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
+  for (const BenchCase& c : bench_cases()) {
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    Timing t = run_case(c, reps);
+    const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
+    const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
+    const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
+    std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
+                t.compact.median, t.forward.median, t.backward.median, fwd_tflops, bwd_tflops);
+    std::fflush(stdout);
+    if (csv.is_open()) {
+      csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
+          << c.kv_heads << ',' << c.key_dim << ',' << c.value_dim << ',' << c.density << ','
+          << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ','
+          << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
+          << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
+          << ',' << t.backward.min << ',' << t.backward.max << '\n';
+    }
+  }
+}
+
+// The tables after the first: the kernels' variants against each other.
+void variant_tables(const std::string& filter, int reps) {
+  std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64\n"
+              "(median ms; ratios above 1: 128 rows faster than 64, 64 keys than 32)\n");
+  std::printf("%-40s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",
+              "rows", "keys");
+  for (const BenchCase& c : bench_cases()) {
+    // With 20 documents too: there a block visits one to five key tiles, and 64-row
+    // blocks, twice as many, show a block's fixed cost (scripts/attention_block_cost.py).
+    if (c.key_dim != 128 || c.value_dim != 128 || c.q_heads != c.kv_heads) continue;
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    const double ms_64 = forward_ms_with(in, 64, 64, reps).median;
+    const double ms_128_32 = forward_ms_with(in, 128, 32, reps).median;
+    const double ms_128 = forward_ms_with(in, 128, 64, reps).median;
+    std::printf("%-40s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
+                ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
+    std::fflush(stdout);
+  }
+  // Value heads of 192 (the paper's HAM layer) on mma.sync: 64-row blocks against the
+  // default 128-row ones (1.32-1.35x faster on the H200, 2026-11-27; 32-key tiles either
+  // way). With wgmma they take forward_wgmma.
+  std::printf("\nforward at value heads of 192, block rows 64 vs 128 (ms at min / median / "
+              "max; the ratios 64 / 128 at each, above 1: 128 rows faster)\n");
+  std::printf("%-40s %26s %26s %18s\n", "case", "64 rows", "128 rows", "ratio");
+  for (const BenchCase& c : bench_cases()) {
+    if (c.value_dim != 192) continue;
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    print_spread_pair(c.name(), forward_ms_with(in, 64, 64, reps),
+                      forward_ms_with(in, 128, 64, reps));
+  }
+  if (!cuda::attention_wgmma_available()) {
+    std::printf("\nthe wgmma kernels: skipped (this build has no sm_90a code, or the GPU is "
+                "not of compute capability 9.0)\n");
+  } else {
+    wgmma_table("backward", filter, [&](CaseInputs& in, int wgmma) {
+      const ops::RoutedAttentionOutput forward =
+          ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+      return backward_ms_with(in, forward, wgmma, reps);
+    });
+    wgmma_table("forward (mma.sync in its default 128-row blocks)", filter,
+                [&](CaseInputs& in, int wgmma) {
+                  return forward_ms_set(in, &cuda::set_attention_forward_wgmma, wgmma, reps);
+                });
+    // 32-key tiles take the 128 x 128 dQ kernel from 187 registers and 98 KB of shared
+    // memory to 142 and 67 KB (ptxas, sm_90a): three blocks an SM where two fit, for the
+    // short blocks of packed documents, at twice the tiles' bookkeeping. 32 is the default
+    // (timed faster at rho 0.25 and with packed documents); the one-document cases at
+    // rho 0.5 and 1, whose blocks see the most keys, say whether it should stay so there.
+    dq_setting_table("the wgmma dQ kernel's key tiles 64 vs 32", "64 keys", "32 keys",
+                     "32 faster", filter,
+                     [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                         bool second) {
+                       return backward_ms_on_one_warpgroup(
+                           in, forward, &cuda::set_attention_backward_dq_keys,
+                           second ? 32 : 64, reps);
+                     });
+    // 16-key tiles take the 128 x 128 dQ kernel to 49 KB of shared memory, bound to 128
+    // registers: four blocks an SM where 32-key tiles fit three, for blocks of packed
+    // documents that see two or three 32-key tiles, at twice the tiles' bookkeeping again.
+    dq_setting_table("the wgmma dQ kernel's key tiles 32 vs 16", "32 keys", "16 keys",
+                     "16 faster", filter,
+                     [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                         bool second) {
+                       return backward_ms_on_one_warpgroup(
+                           in, forward, &cuda::set_attention_backward_dq_keys,
+                           second ? 16 : 32, reps);
+                     });
+    // The dQ blocks' prologue: from their own rows' ranges (two barriers, then the first
+    // key positions) or from the query tiles' records (one load before the first copies).
+    dq_setting_table("the wgmma dQ kernel's blocks from their rows' ranges vs from the "
+                     "query tiles' records",
+                     "ranges", "records", "records faster", filter,
+                     [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
+                         bool second) {
+                       return backward_ms_on_one_warpgroup(
+                           in, forward, &cuda::set_attention_backward_dq_records, second,
+                           reps);
+                     });
+    // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
+    // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
+    // under the latency-bound tensor-core passes.
+    backward_setting_table(
+        "its first pass (zeroing the unselected rows) in order vs beside the others on a "
+        "second stream",
+        "in order", "beside", "beside faster", "the first pass forms D here: it stays in order",
+        filter, reps, &cuda::set_attention_backward_overlap,
+        &cuda::attention_overlapped_prologues,
+        [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
+    // With packed documents the dK/dV blocks' work rises and falls with each document, so
+    // by rank heavy blocks start in the last wave (scripts/attention_block_order.py
+    // --documents: 1.05-1.09x heaviest first's time at T16384 rho 0.25, in a model).
+    backward_setting_table("the dK/dV blocks' key tiles by rank vs by work, heaviest first",
+                           "by rank", "by work", "by work faster",
+                           "the key tiles kept their rank order", filter, reps,
+                           &cuda::set_attention_backward_key_order,
+                           &cuda::attention_backward_key_order_launches,
+                           [](const BenchCase&) { return true; });
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --timeline is this program's own; the rest are parse_cuda_bench_args'.
+  // --timeline and --part are this program's own; the rest are parse_cuda_bench_args'.
   std::vector<char*> shared_args;
   bool timeline = false;
+  std::string part = "all";
   for (int i = 0; i < argc; ++i) {
     if (i > 0 && std::string(argv[i]) == "--timeline") {
       timeline = true;
+    } else if (i > 0 && std::string(argv[i]) == "--part" && i + 1 < argc) {
+      part = argv[++i];
+      if (part != "main" && part != "variants" && part != "all") {
+        std::fprintf(stderr, "bench_routed_attention_cuda: --part '%s': expected main, variants "
+                     "or all\n", part.c_str());
+        return 2;
+      }
     } else {
       shared_args.push_back(argv[i]);
     }
@@ -493,119 +647,9 @@ int main(int argc, char** argv) {
       timeline_tables(filter, reps, csv_path);
       return 0;
     }
-    std::ofstream csv = bench::open_csv(
-        csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
-                  "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
-                  "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max");
-    std::printf("%-40s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
-                "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
-    for (const BenchCase& c : bench_cases()) {
-      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      Timing t = run_case(c, reps);
-      const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
-      const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
-      const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
-      std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
-                  t.compact.median, t.forward.median, t.backward.median, fwd_tflops, bwd_tflops);
-      std::fflush(stdout);
-      if (csv.is_open()) {
-        csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
-            << c.kv_heads << ',' << c.key_dim << ',' << c.value_dim << ',' << c.density << ','
-            << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ','
-            << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
-            << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
-            << ',' << t.backward.min << ',' << t.backward.max << '\n';
-      }
-    }
-    std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64\n"
-                "(median ms; ratios above 1: 128 rows faster than 64, 64 keys than 32)\n");
-    std::printf("%-40s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",
-                "rows", "keys");
-    for (const BenchCase& c : bench_cases()) {
-      // With 20 documents too: there a block visits one to five key tiles, and 64-row
-      // blocks, twice as many, show a block's fixed cost (scripts/attention_block_cost.py).
-      if (c.key_dim != 128 || c.value_dim != 128 || c.q_heads != c.kv_heads) continue;
-      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      CaseInputs in(c);
-      in.selection = ops::compact_selection(in.select, in.docs);
-      const double ms_64 = forward_ms_with(in, 64, 64, reps).median;
-      const double ms_128_32 = forward_ms_with(in, 128, 32, reps).median;
-      const double ms_128 = forward_ms_with(in, 128, 64, reps).median;
-      std::printf("%-40s %9.3fms %9.3fms %9.3fms %6.2f %6.2f\n", c.name().c_str(), ms_64,
-                  ms_128_32, ms_128, ms_64 / ms_128, ms_128_32 / ms_128);
-      std::fflush(stdout);
-    }
-    // Value heads of 192 (the paper's HAM layer) on mma.sync: 64-row blocks against the
-    // default 128-row ones (1.32-1.35x faster on the H200, 2026-11-27; 32-key tiles either
-    // way). With wgmma they take forward_wgmma.
-    std::printf("\nforward at value heads of 192, block rows 64 vs 128 (ms at min / median / "
-                "max; the ratios 64 / 128 at each, above 1: 128 rows faster)\n");
-    std::printf("%-40s %26s %26s %18s\n", "case", "64 rows", "128 rows", "ratio");
-    for (const BenchCase& c : bench_cases()) {
-      if (c.value_dim != 192) continue;
-      if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
-      CaseInputs in(c);
-      in.selection = ops::compact_selection(in.select, in.docs);
-      print_spread_pair(c.name(), forward_ms_with(in, 64, 64, reps),
-                        forward_ms_with(in, 128, 64, reps));
-    }
-    if (!cuda::attention_wgmma_available()) {
-      std::printf("\nthe wgmma kernels: skipped (this build has no sm_90a code, or the GPU is "
-                  "not of compute capability 9.0)\n");
-    } else {
-      wgmma_table("backward", filter, [&](CaseInputs& in, int wgmma) {
-        const ops::RoutedAttentionOutput forward =
-            ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-        return backward_ms_with(in, forward, wgmma, reps);
-      });
-      wgmma_table("forward (mma.sync in its default 128-row blocks)", filter,
-                  [&](CaseInputs& in, int wgmma) {
-                    return forward_ms_set(in, &cuda::set_attention_forward_wgmma, wgmma, reps);
-                  });
-      // 32-key tiles take the 128 x 128 dQ kernel from 187 registers and 98 KB of shared
-      // memory to 142 and 67 KB (ptxas, sm_90a): three blocks an SM where two fit, for the
-      // short blocks of packed documents, at twice the tiles' bookkeeping. 32 is the default
-      // (timed faster at rho 0.25 and with packed documents); the one-document cases at
-      // rho 0.5 and 1, whose blocks see the most keys, say whether it should stay so there.
-      dq_setting_table("the wgmma dQ kernel's key tiles 64 vs 32", "64 keys", "32 keys",
-                       "32 faster", filter,
-                       [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                           bool second) {
-                         return backward_ms_on_one_warpgroup(
-                             in, forward, &cuda::set_attention_backward_dq_keys,
-                             second ? 32 : 64, reps);
-                       });
-      // The dQ blocks' prologue: from their own rows' ranges (two barriers, then the first
-      // key positions) or from the query tiles' records (one load before the first copies).
-      dq_setting_table("the wgmma dQ kernel's blocks from their rows' ranges vs from the "
-                       "query tiles' records",
-                       "ranges", "records", "records faster", filter,
-                       [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward,
-                           bool second) {
-                         return backward_ms_on_one_warpgroup(
-                             in, forward, &cuda::set_attention_backward_dq_records, second,
-                             reps);
-                       });
-      // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
-      // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
-      // under the latency-bound tensor-core passes.
-      backward_setting_table(
-          "its first pass (zeroing the unselected rows) in order vs beside the others on a "
-          "second stream",
-          "in order", "beside", "beside faster", "the first pass forms D here: it stays in order",
-          filter, reps, &cuda::set_attention_backward_overlap,
-          &cuda::attention_overlapped_prologues,
-          [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
-      // With packed documents the dK/dV blocks' work rises and falls with each document, so
-      // by rank heavy blocks start in the last wave (scripts/attention_block_order.py
-      // --documents: 1.05-1.09x heaviest first's time at T16384 rho 0.25, in a model).
-      backward_setting_table("the dK/dV blocks' key tiles by rank vs by work, heaviest first",
-                             "by rank", "by work", "by work faster",
-                             "the key tiles kept their rank order", filter, reps,
-                             &cuda::set_attention_backward_key_order,
-                             &cuda::attention_backward_key_order_launches,
-                             [](const BenchCase&) { return true; });
-    }
+    if (part != "variants") main_table(filter, reps, csv_path);
+    if (part == "main") return 0;
+    variant_tables(filter, reps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_routed_attention_cuda: error: %s\n", e.what());
     return 1;

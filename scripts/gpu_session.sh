@@ -23,7 +23,7 @@
 #   so its first call does not spend minutes autotuning; each session packs them again
 #   into gpu_session.tgz: commit that fla_autotune.tgz as bench/fla_autotune.tgz.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 [[ $# -ge 1 ]] || { echo "usage: scripts/gpu_session.sh OUT [STAGE...]" >&2; exit 2; }
 out=$1
 shift
