@@ -54,7 +54,11 @@ work=$(mktemp -d)
 # (its results are now bench/fla_autotune.tgz). profile has since gained the paper's
 # heads at 16384 tokens: 150. routed has since gained a table of the dQ blocks' start from
 # the query tiles' records (12 cases, as the key tiles' table), and timeline one more
-# recorded backward a case: 330 and 120 still, untimed.
+# recorded backward a case: 330 and 120 still, untimed. Forty-fifth session: routed runs
+# its first table and PyTorch's side before ham's variant tables (a small part of the
+# stage, by their calls: the timeline stage, of similar calls, took 58 s; FlexAttention's
+# compiles are most of it), and has one more variant table (the dQ kernel's 16-key
+# tiles); timeline one more recorded backward a case.
 declare -A limit=([tests]=150 [fla]=330 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=150 [sanitize]=580
                   [diagnose]=300)

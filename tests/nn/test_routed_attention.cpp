@@ -1120,9 +1120,9 @@ void expect_same_gradients(const ops::RoutedAttentionGrads& a,
 #endif
 
 // The wgmma dQ kernel in 16-key tiles gives the gradients of 32-key tiles bit for bit: it
-// issues the same products (k16 steps of S and dP a key, of dQ += dS K a key tile's 16
-// keys) in the same order, and a key past the block's last adds a product of zeros, hidden
-// (dS = 0) on a boundary tile of either size.
+// issues the same products in the same order (S and dP in k16 steps over the head dims,
+// dQ += dS K in steps of 16 keys), and a key past the block's last adds a product of
+// zeros, hidden (dS = 0) on a boundary tile of either size.
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
