@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/kernel_settings.h"
 #include "distributed/communicator.h"
 #include "models/language_model.h"
 #include "train/checkpoint.h"
@@ -29,13 +30,17 @@ namespace ham::cli {
 namespace {
 
 // Applies "--set model.key=value" / "--set train.key=value" (value parsed as JSON, else a
-// string) before anything is built, so a bad key or value fails first.
-void apply_overrides(const std::vector<std::string>& overrides, nlohmann::json& model_json,
-                     TrainOptions& options, bool resuming) {
+// string) before anything is built, so a bad key or value fails first. "--set
+// kernel.name=value" sets a kernel variant switch of the process (core/kernel_settings.h,
+// docs/kernel_settings.md); each one applied is returned as "name old -> new".
+std::vector<std::string> apply_overrides(const std::vector<std::string>& overrides,
+                                         nlohmann::json& model_json, TrainOptions& options,
+                                         bool resuming) {
+  std::vector<std::string> kernel_settings_applied;
   for (const std::string& text : overrides) {
     size_t dot = text.find('.'), eq = text.find('=');
     HAM_CHECK(dot != std::string::npos && eq != std::string::npos && dot < eq,
-              "--set ", text, ": expected section.key=value with section model or train");
+              "--set ", text, ": expected section.key=value with section model, train or kernel");
     std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
     std::string raw = text.substr(eq + 1);
     nlohmann::json value = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
@@ -45,10 +50,18 @@ void apply_overrides(const std::vector<std::string>& overrides, nlohmann::json& 
       model_json[key] = value;
     } else if (section == "train") {
       options.update_from_json({{key, value}}, "--set " + text);
+    } else if (section == "kernel") {
+      try {
+        kernel_settings_applied.push_back(apply_kernel_setting(key, raw));
+      } catch (const std::exception& e) {
+        HAM_FAIL("--set ", text, ": ", e.what());
+      }
     } else {
-      HAM_FAIL("--set ", text, ": unknown section '", section, "' (expected model or train)");
+      HAM_FAIL("--set ", text, ": unknown section '", section,
+               "' (expected model, train or kernel)");
     }
   }
+  return kernel_settings_applied;
 }
 
 struct TrainArgs {
@@ -110,9 +123,11 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
       }
     }
   }
+  std::vector<std::string> kernel_settings_applied;
   if (!args.overrides.empty()) {
     nlohmann::json model_json = config.to_json();
-    apply_overrides(args.overrides, model_json, options, resume != nullptr);
+    kernel_settings_applied =
+        apply_overrides(args.overrides, model_json, options, resume != nullptr);
     config = ModelConfig::from_json(
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
@@ -123,6 +138,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
                            model->num_parameters());
   out << "config: " << config.to_json().dump() << "\n";
   out << "train: " << options.to_json().dump() << "\n";
+  for (const std::string& applied : kernel_settings_applied) out << "kernel: " << applied << "\n";
   out << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
                            data.description, data.train->size(), data.val->size(),
                            omp_get_max_threads());
@@ -165,7 +181,9 @@ Command add_train_command(CLI::App& root) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--export", args->export_dir, "Write the final weights as model.safetensors + config.json into this directory");
   cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
-  cmd->add_option("--set", args->overrides, "Override a config field: model.KEY=VALUE or train.KEY=VALUE (repeatable)");
+  cmd->add_option("--set", args->overrides,
+                  "Override a config field: model.KEY=VALUE or train.KEY=VALUE, or set a kernel "
+                  "variant: kernel.NAME=VALUE (docs/kernel_settings.md) (repeatable)");
   // Each training option is recorded so that, on --resume, an explicit flag overrides the
   // checkpoint's saved value.
   auto add = [&](const char* flag, auto TrainOptions::*member, const char* help) {
