@@ -115,18 +115,17 @@ TEST(KernelSettingsCuda, EverySetterOfTheCudaHeadersIsRegisteredByName) {
                                   << missing_from(expected, registered)
                                   << "; registered, not declared:"
                                   << missing_from(registered, expected);
-  EXPECT_EQ(apply_kernel_setting("attention_backward_dq_keys", "16"),
-            "attention_backward_dq_keys 32 -> 16");
-  EXPECT_EQ(apply_kernel_setting("attention_backward_dq_keys", "32"),
-            "attention_backward_dq_keys 16 -> 32");
-  EXPECT_EQ(apply_kernel_setting("gated_delta_rule_prepare_warps", "8"),
-            "gated_delta_rule_prepare_warps 4 -> 8");
-  EXPECT_EQ(apply_kernel_setting("gated_delta_rule_prepare_warps", "4"),
-            "gated_delta_rule_prepare_warps 8 -> 4");
-  EXPECT_EQ(apply_kernel_setting("attention_backward_key_order", "on"),
-            "attention_backward_key_order off -> on");
-  EXPECT_EQ(apply_kernel_setting("attention_backward_key_order", "off"),
-            "attention_backward_key_order on -> off");
+  // Each to another value and back to its default: the second reports the first's value.
+  struct RoundTrip {
+    std::string name, by_default, other;
+  };
+  for (const auto& [name, by_default, other] :
+       {RoundTrip{"attention_backward_dq_keys", "32", "16"},
+        RoundTrip{"gated_delta_rule_prepare_warps", "4", "8"},
+        RoundTrip{"attention_backward_key_order", "off", "on"}}) {
+    EXPECT_EQ(apply_kernel_setting(name, other), name + " " + by_default + " -> " + other);
+    EXPECT_EQ(apply_kernel_setting(name, by_default), name + " " + other + " -> " + by_default);
+  }
   testing::expect_error([] { apply_kernel_setting("attention_backward_dq_keys", "48"); },
                         {"set_attention_backward_dq_keys: 48", "takes 32, 64 or 16"});
 }
