@@ -11,7 +11,7 @@ namespace ham {
 
 struct KernelSetting {
   std::string name;    // the setter's name without "set_": attention_backward_dq_keys
-  std::string values;  // what it takes, as errors and listings say it: "16, 32 or 64"
+  std::string values;  // what it takes, as errors say it: "32, 64 or 16"
   // Sets it from `value`; returns the previous value as text. A value it does not take is
   // a one-line error.
   std::function<std::string(const std::string& value)> set;
