@@ -17,7 +17,8 @@ namespace {
 
 const char* on_off(bool on) { return on ? "on" : "off"; }
 
-void add_int(const char* name, const char* values, int (*set)(int)) {
+template <class Int>  // int, or int64_t (set_rms_norm_row_groups)
+void add_int(const char* name, const char* values, Int (*set)(Int)) {
   register_kernel_setting({name, values, [name, set](const std::string& value) {
                              return std::to_string(set(parse_setting_int(value, name)));
                            }});
@@ -61,12 +62,8 @@ const bool registered = [] {
                              set_matmul_allow_tf32(parse_setting_bool(value, "matmul_allow_tf32"));
                              return std::string(on_off(previous));
                            }});
-  register_kernel_setting(
-      {"rms_norm_row_groups", "0 (as many as fit) or a positive count",
-       [](const std::string& value) {
-         return std::to_string(
-             set_rms_norm_row_groups(parse_setting_int(value, "rms_norm_row_groups")));
-       }});
+  add_int("rms_norm_row_groups", "0 (as many as fit) or a positive count",
+          &set_rms_norm_row_groups);
   return true;
 }();
 
