@@ -42,6 +42,10 @@ std::vector<KernelSetting> kernel_settings() {
 }
 
 std::string apply_kernel_setting(const std::string& name, const std::string& value) {
+  return name + " " + exchange_kernel_setting(name, value) + " -> " + value;
+}
+
+std::string exchange_kernel_setting(const std::string& name, const std::string& value) {
   KernelSetting setting;
   {
     Registry& r = registry();
@@ -57,13 +61,37 @@ std::string apply_kernel_setting(const std::string& name, const std::string& val
     }
     setting = it->second;
   }
-  std::string previous;
   try {
-    previous = setting.set(value);
+    return setting.set(value);
   } catch (const std::exception& e) {
     HAM_FAIL(e.what(), " (", name, " takes ", setting.values, ")");
   }
-  return name + " " + previous + " -> " + value;
+}
+
+namespace {
+
+struct NoteSink {
+  std::mutex mutex;
+  std::function<void(const std::string&)> sink;
+};
+
+NoteSink& note_sink() {
+  static NoteSink instance;
+  return instance;
+}
+
+}  // namespace
+
+void set_kernel_note_sink(std::function<void(const std::string& line)> sink) {
+  NoteSink& n = note_sink();
+  std::lock_guard<std::mutex> lock(n.mutex);
+  n.sink = std::move(sink);
+}
+
+void write_kernel_note(const std::string& line) {
+  NoteSink& n = note_sink();
+  std::lock_guard<std::mutex> lock(n.mutex);
+  if (n.sink) n.sink(line);
 }
 
 int parse_setting_int(const std::string& value, const std::string& what) {

@@ -27,6 +27,16 @@ std::vector<KernelSetting> kernel_settings();
 // (with the names that are), a value the setting does not take (with what it takes).
 std::string apply_kernel_setting(const std::string& name, const std::string& value);
 
+// The same, returning the previous value alone, as the setting writes it ("32", "on").
+std::string exchange_kernel_setting(const std::string& name, const std::string& value);
+
+// One-line notes a backend writes about what its kernels chose at run time (the autotuner's
+// choices, cuda/autotune.h). A program that shows them sets a sink (ham train writes them
+// to its log); without one they are dropped. The sink is called from the thread that made
+// the choice.
+void set_kernel_note_sink(std::function<void(const std::string& line)> sink);
+void write_kernel_note(const std::string& line);
+
 // Text values of the settings: an integer (the whole text), or on/off (also true/false,
 // 1/0). `what` names the setting in an error.
 int parse_setting_int(const std::string& value, const std::string& what);
