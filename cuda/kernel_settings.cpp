@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/kernel_settings.h"
+#include "cuda/autotune.h"
 #include "cuda/cublas.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/norm.h"
@@ -31,6 +32,7 @@ void add_bool(const char* name, bool (*set)(bool)) {
 }
 
 const bool registered = [] {
+  add_bool("autotune", &set_autotune);
   add_int("attention_forward_rows", "128 or 64", &set_attention_forward_rows);
   add_int("attention_forward_keys", "64 or 32", &set_attention_forward_keys);
   add_int("attention_forward_wgmma", "-1 (automatic), 0 (mma.sync), 1 or 2 (wgmma warpgroups)",
