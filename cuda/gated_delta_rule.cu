@@ -82,6 +82,7 @@
 
 #include "core/ops/gated_delta_rule.h"
 #include "cuda/async_copy.cuh"
+#include "cuda/autotune.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/gated_delta_rule_fit.cuh"
 #include "cuda/launch.h"
@@ -3939,6 +3940,33 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
   return dispatch_mma_key_dim(d.key_dim, run);
 }
 
+// What the autotuner (cuda/autotune.h) keys the tensor-core passes by, and the settings it
+// tunes there: each variant gives the same results to the bit.
+std::string tune_shape(const GatedDeltaRuleArgs& a, const Dims& d) {
+  return detail::concat("bf16 B", d.batch, " T", d.seq_len, " H", d.heads, " K", d.key_dim, " V",
+                        d.value_dim, a.doc_ids.defined() ? ", documents" : "",
+                        a.h0.defined() ? ", h0" : "");
+}
+
+TuneProblem forward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d,
+                                 const GatedDeltaRuleResult& out) {
+  const char* kept = a.keep == GatedDeltaRuleKeep::ChunkStates ? ", keeps chunk states"
+                     : a.keep == GatedDeltaRuleKeep::Inverses  ? ", keeps inverses"
+                                                               : "";
+  return {tune_shape(a, d) + (out.fit_error.defined() ? ", fit error" : "") + kept,
+          {{"gated_delta_rule_prepare_warps", {"4", "8"}},
+           {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}}}};
+}
+
+// recomputes: the backward runs the forward's state pass again (no chunk states kept).
+TuneProblem backward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d, bool recomputes) {
+  std::vector<TunedSetting> settings = {{"gated_delta_rule_prepare_warps", {"4", "8"}}};
+  if (recomputes) settings.push_back({"gated_delta_rule_recompute_windows", {"1", "4"}});
+  settings.push_back({"gated_delta_rule_backward_windows", {"1", "4"}});
+  if (d.key_dim == 256) settings.push_back({"gated_delta_rule_backward_keys_ahead", {"off", "on"}});
+  return {tune_shape(a, d) + (recomputes ? "" : ", from chunk states"), settings};
+}
+
 void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
   const char* op = "gated_delta_rule (cuda)";
   const Dims d = dims_of(a);
@@ -3946,7 +3974,11 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
   out.saved.reset();  // a reused result must not hand an earlier call's to the backward
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
-  if (gated_delta_rule_forward_mma(a, d, out)) return;
+  if (run_tuned(
+          "gated_delta_rule forward", [&] { return forward_tune_problem(a, d, out); },
+          [&] { return gated_delta_rule_forward_mma(a, d, out); })) {
+    return;
+  }
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const size_t limit = shared_memory_limit(gdr_forward_kernel<T>);
@@ -4201,7 +4233,14 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
   check_sizes(op, d);
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
-  if (gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, saved, grads)) return;
+  auto problem = [&] {
+    return backward_tune_problem(a, d, !dynamic_cast<const MmaSavedChunkStates*>(saved));
+  };
+  if (run_tuned("gated_delta_rule backward", problem, [&] {
+        return gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, saved, grads);
+      })) {
+    return;
+  }
   // Only the tensor-core forward keeps anything, and its inputs take the path above.
   HAM_CHECK(saved == nullptr, op, ": given a saved forward state, which the SIMT kernels "
             "these inputs take do not use (only the bf16 tensor-core path keeps one)");

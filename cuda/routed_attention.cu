@@ -53,6 +53,7 @@
 #include <optional>
 
 #include "core/ops/routed_attention.h"
+#include "cuda/autotune.h"
 #include "cuda/routed_attention.h"
 #include "cuda/async_copy.cuh"
 #include "cuda/block_timeline.h"
@@ -3592,6 +3593,42 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
   });
 }
 
+// The backward under the autotuner's choice (cuda/autotune.h), for bf16: the dK/dV blocks'
+// key order and, where the wgmma dQ kernel runs on one warpgroup a block, its key tile and
+// its start from records. Each variant gives the same gradients to the bit.
+void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& value_scale, const CompactSelection& selection,
+                    const Tensor& out, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
+                    Tensor& dv, Tensor& dvalue_scale) {
+  auto run = [&] {
+    backward(dout, q, k, v, value_scale, selection, out, lse, scale, dq, dk, dv, dvalue_scale);
+    return true;
+  };
+  if (q.dtype() != DType::BF16 || q.numel() == 0) {
+    run();
+    return;
+  }
+  auto problem = [&] {
+    const int64_t key_dim = q.size(3), value_dim = v.size(3);
+    const int groups_set = g_backward_wgmma.load();
+    const bool dq_on_one_warpgroup =
+        attention_wgmma_available() && (key_dim == 64 || key_dim == 128) &&
+        (value_dim == 64 || value_dim == 128) &&
+        (groups_set == kAttentionWgmmaAutomatic || groups_set == 1);
+    std::vector<TunedSetting> settings;
+    if (dq_on_one_warpgroup) {
+      settings.push_back({"attention_backward_dq_keys", {"32", "16"}});
+      settings.push_back({"attention_backward_dq_records", {"off", "on"}});
+    }
+    settings.push_back({"attention_backward_key_order", {"off", "on"}});
+    return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
+                                      k.size(2), " D", key_dim, "x", value_dim,
+                                      value_scale.defined() ? ", value scale" : ""),
+                       settings};
+  };
+  run_tuned("routed_attention backward", problem, run);
+}
+
 }  // namespace
 
 int set_attention_forward_rows(int rows) {
@@ -3699,7 +3736,7 @@ namespace {
 const bool registered = [] {
   compact_selection_kernels().register_kernel(DeviceKind::CUDA, &compact_selection);
   routed_attention_forward_kernels().register_kernel(DeviceKind::CUDA, &forward);
-  routed_attention_backward_kernels().register_kernel(DeviceKind::CUDA, &backward);
+  routed_attention_backward_kernels().register_kernel(DeviceKind::CUDA, &tuned_backward);
   return true;
 }();
 

@@ -12,6 +12,7 @@
 #include "autograd/engine.h"
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
+#include "cuda/autotune.h"
 #include "cuda/gated_delta_rule.h"
 #endif
 
@@ -1153,6 +1154,41 @@ TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
     // comparison's), none in the first
     EXPECT_EQ(cuda::gated_delta_rule_keys_ahead_passes() - before, 2);
   }
+#endif
+}
+
+// The bf16 forward and backward with the autotuner on (cuda/autotune.h): the first call of
+// the shape times each combination of the tuned settings and keeps the fastest. Both passes
+// match the CPU and equal the untuned ones bit for bit. Each tunes once, over its 8
+// combinations (each called once untimed, once timed, then once more under the choice),
+// and later calls of the shape run under the choice without timing.
+TEST(GatedDeltaRule, GpuAutotunedEqualsDefaults) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const cuda::AutotunePlan plan = cuda::exchange_autotune_plan({1, 1, 0.02});
+  cuda::forget_autotune_choices();
+  const int64_t trials = cuda::autotune_trial_calls();
+  const GpuCase c{1, 130, 2, 64, 72, true, 2};
+  expect_settings_agree_bitwise(c, 83, {0, 1}, [](int on) { cuda::set_autotune(on != 0); });
+  EXPECT_TRUE(cuda::set_autotune(false));
+  const std::vector<cuda::AutotuneChoice> choices = cuda::autotune_choices();
+  cuda::forget_autotune_choices();
+  cuda::exchange_autotune_plan(plan);
+  EXPECT_EQ(cuda::autotune_trial_calls() - trials, 2 * (8 * 2 + 1));
+  ASSERT_EQ(choices.size(), 2u);
+  EXPECT_EQ(choices[0].op, "gated_delta_rule forward");
+  EXPECT_EQ(choices[0].shape, "bf16 B1 T130 H2 K64 V72, documents, h0, fit error");
+  EXPECT_EQ(choices[0].variants.size(), 8u);
+  EXPECT_EQ(choices[0].variants[0].label,
+            "gated_delta_rule_prepare_warps=4 gated_delta_rule_forward_windows=1");
+  EXPECT_EQ(choices[1].op, "gated_delta_rule backward");
+  EXPECT_EQ(choices[1].shape, "bf16 B1 T130 H2 K64 V72, documents, h0");
+  ASSERT_EQ(choices[1].variants.size(), 8u);
+  EXPECT_EQ(choices[1].variants[7].label,
+            "gated_delta_rule_prepare_warps=8 gated_delta_rule_recompute_windows=4 "
+            "gated_delta_rule_backward_windows=4");
+  EXPECT_EQ(cuda::set_gated_delta_rule_prepare_warps(4), 4) << "restored after each call";
+  EXPECT_EQ(cuda::set_gated_delta_rule_forward_windows(1), 1);
 #endif
 }
 

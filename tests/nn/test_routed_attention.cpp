@@ -16,6 +16,7 @@
 #include "nn/view.h"
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
+#include "cuda/autotune.h"
 #include "cuda/block_timeline.h"
 #include "cuda/routed_attention.h"
 #endif
@@ -1140,6 +1141,47 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
     expect_same_gradients(gradients_in(c, 16), gradients_in(c, 32));
     EXPECT_EQ(cuda::attention_backward_dq_16_key_launches() - before, 1);
   }
+#endif
+}
+
+// The bf16 backward with the autotuner on (cuda/autotune.h): the first call of a shape
+// times the key order and, where the wgmma dQ kernel runs on one warpgroup (heads of 64
+// and 128), its key tile and its start from records (8 combinations; elsewhere 2), and
+// keeps the fastest. Each tuned backward matches the CPU and equals the untuned one bit for
+// bit; the settings are as they were after each call.
+TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const cuda::AutotunePlan plan = cuda::exchange_autotune_plan({1, 1, 0.02});
+  cuda::forget_autotune_choices();
+  const bool wgmma = cuda::attention_wgmma_available();
+  const std::vector<GpuCase> cases = {
+      GpuCase{2, 200, 8, 2, 128, 128, 0.25, true, GpuDocs::Packed20, true},
+      GpuCase{1, 150, 4, 2, 128, 192, 0.5, false, GpuDocs::Runs, false}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(gpu_case_name(c));
+    const ops::RoutedAttentionGrads untuned = gpu_case_gradients(c, DType::BF16);
+    cuda::set_autotune(true);
+    expect_gpu_matches_cpu(c, DType::BF16);  // the shape's first backward: tuned here
+    const ops::RoutedAttentionGrads tuned = gpu_case_gradients(c, DType::BF16);
+    cuda::set_autotune(false);
+    expect_same_gradients(tuned, untuned);
+  }
+  const std::vector<cuda::AutotuneChoice> choices = cuda::autotune_choices();
+  cuda::forget_autotune_choices();
+  cuda::exchange_autotune_plan(plan);
+  ASSERT_EQ(choices.size(), 2u);
+  EXPECT_EQ(choices[0].op, "routed_attention backward");
+  EXPECT_EQ(choices[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
+  ASSERT_EQ(choices[0].variants.size(), wgmma ? 8u : 2u);
+  EXPECT_EQ(choices[0].variants.back().label,
+            wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
+                    "attention_backward_key_order=on"
+                  : "attention_backward_key_order=on");
+  EXPECT_EQ(choices[1].shape, "bf16 B1 T150 H4x2 D128x192");
+  EXPECT_EQ(choices[1].variants.size(), 2u) << "two warpgroups at 128 x 192: the key order only";
+  EXPECT_EQ(cuda::set_attention_backward_dq_keys(32), 32) << "restored after each call";
+  EXPECT_FALSE(cuda::set_attention_backward_key_order(false));
 #endif
 }
 
