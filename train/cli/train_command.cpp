@@ -142,6 +142,11 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   out << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
                            data.description, data.train->size(), data.val->size(),
                            omp_get_max_threads());
+  // The kernels' run-time choices (kernel.autotune's, one line each) go to the log as made.
+  set_kernel_note_sink([&out](const std::string& line) { out << line << "\n"; });
+  struct NoteSinkReset {
+    ~NoteSinkReset() { set_kernel_note_sink(nullptr); }
+  } note_sink_reset;
   TrainResult r = train(*model, *data.train, *data.val, options, out, resume.get(), world);
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
   out << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% {})", r.first_loss,
