@@ -13,7 +13,10 @@
 // "fwd" and "bwd" are the pair a training step runs by default: the forward keeping each
 // chunk's A (GatedDeltaRuleKeep::Inverses, as FLA's forward keeps A) and the backward reading
 // it. "fwd_no_fit" is that forward without the fit error (want_fit_error false: a GDN
-// layer's forward, and the outputs FLA's forward computes).
+// layer's forward, and the outputs FLA's forward computes). For bf16 the "tuned" columns time
+// the same three with kernel.autotune on (cuda/autotune.h: each pass's bit-equal variants
+// timed at the shape in the first warm-up call, the fastest kept); a table after the first
+// gives default / tuned and each choice with every combination's time.
 // Inputs follow the layer: q and k L2-normalised (q then scaled by K^-1/2), v normal,
 // g = -softplus(normal) (log decay), beta = sigmoid(normal); "docs" cases pack that many
 // equal documents into each row (doc_ids; FLA gets the same as cu_seqlens).
@@ -91,6 +94,9 @@ struct KeepPair {
 
 struct Timing {
   Spread fwd, bwd, fwd_no_fit;
+  // bf16 only: the same with kernel.autotune on (each pass's variants timed at the shape
+  // first: cuda/autotune.h)
+  Spread fwd_tuned, bwd_tuned, fwd_no_fit_tuned;
   bool kept = false;  // bf16: the forward kept its chunk terms (the pairs below were timed)
   KeepPair bare, states;  // GatedDeltaRuleKeep::Nothing, ::ChunkStates
   // bf16 only: forward and backward with forced state-pass tiles
@@ -217,6 +223,18 @@ Timing run_case(const BenchCase& c, int reps) {
                                         grads);
   };
   t.bwd = time_ms(reps, backward);
+  if (dtype == DType::BF16) {  // each warm-up call tunes its pass at this shape
+    const bool was_on = cuda::set_autotune(true);
+    t.fwd_tuned = time_ms(reps, forward);
+    t.bwd_tuned = time_ms(reps, backward);
+    GatedDeltaRuleArgs bare = training;
+    bare.want_fit_error = false;
+    GatedDeltaRuleResult no_fit{out.o, out.h_final, Tensor()};
+    t.fwd_no_fit_tuned = time_ms(
+        reps, [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), bare, no_fit); });
+    cuda::set_autotune(was_on);
+    forward();  // what the backward below reads, kept by an untuned forward
+  }
   at_both_widths(backward, t.bwd_state_32, t.bwd_state_64);
   if (dtype == DType::BF16) {
     const bool previous = cuda::set_gated_delta_rule_backward_overlap(false);
@@ -303,7 +321,10 @@ int main(int argc, char** argv) {
                   "fwd_bare_ms_median,fwd_bare_ms_max,bwd_recompute_ms_min,"
                   "bwd_recompute_ms_median,bwd_recompute_ms_max,fwd_keep_ms_min,"
                   "fwd_keep_ms_median,fwd_keep_ms_max,bwd_kept_ms_min,bwd_kept_ms_median,"
-                  "bwd_kept_ms_max,fwd_no_fit_ms_min,fwd_no_fit_ms_median,fwd_no_fit_ms_max");
+                  "bwd_kept_ms_max,fwd_no_fit_ms_min,fwd_no_fit_ms_median,fwd_no_fit_ms_max,"
+                  "fwd_tuned_ms_min,fwd_tuned_ms_median,fwd_tuned_ms_max,bwd_tuned_ms_min,"
+                  "bwd_tuned_ms_median,bwd_tuned_ms_max,fwd_no_fit_tuned_ms_min,"
+                  "fwd_no_fit_tuned_ms_median,fwd_no_fit_tuned_ms_max");
     std::printf("%-22s %-5s %12s %12s %12s %12s %12s %12s %12s %12s\n", "case", "dtype",
                 "fwd min ms", "fwd med ms", "bwd min ms", "bwd med ms", "fwd bare med",
                 "bwd recomp", "fwd keep med", "bwd kept med");
@@ -333,10 +354,28 @@ int main(int argc, char** argv) {
         } else {
           csv << ",,,,,,,,,,,,";
         }
-        csv << ',' << t.fwd_no_fit.min << ',' << t.fwd_no_fit.median << ',' << t.fwd_no_fit.max
-            << '\n';
+        csv << ',' << t.fwd_no_fit.min << ',' << t.fwd_no_fit.median << ',' << t.fwd_no_fit.max;
+        if (c.dtype == "bf16") {
+          for (const Spread& s : {t.fwd_tuned, t.bwd_tuned, t.fwd_no_fit_tuned}) {
+            csv << ',' << s.min << ',' << s.median << ',' << s.max;
+          }
+        } else {
+          csv << ",,,,,,,,";
+        }
+        csv << '\n';
       }
     }
+    std::printf("\nbf16 with kernel.autotune on (cuda/autotune.h: each pass's bit-equal "
+                "variants timed at the shape, the fastest kept; defaults / tuned above 1: tuned "
+                "is faster; nfit: the forward without the fit error)\n%-22s %-4s %12s %12s "
+                "%18s\n", "case", "pass", "default med",
+                "tuned med", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      print_against(name, "fwd", t.fwd, t.fwd_tuned);
+      print_against(name, "bwd", t.bwd, t.bwd_tuned);
+      print_against(name, "nfit", t.fwd_no_fit, t.fwd_no_fit_tuned);
+    }
+    bench::print_autotune_choices();
     std::printf("\nbf16 forward without the fit error (want_fit_error false: a GDN layer's "
                 "forward; with / without above 1: without is faster)\n%-22s %12s %12s %18s\n",
                 "case", "with med ms", "without med", "min/med/max");

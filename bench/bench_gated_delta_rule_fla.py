@@ -15,7 +15,9 @@ documents). "fwd" is the forward with the final state; "bwd" is torch.autograd.g
 built outside the timed region). Every call is timed with CUDA events after one warm-up;
 the min, median and max in ms are reported, and ham/FLA at each. ham's fit error is extra
 work FLA does not do; a last table puts ham's forward without it ("fwd_no_fit", a GDN
-layer's forward: the outputs FLA computes) against FLA's forward.
+layer's forward: the outputs FLA computes) against FLA's forward. The "tuned" tables are
+ham with kernel.autotune on (its bit-equal variants timed at each shape first, as FLA's
+Triton kernels autotune theirs).
 Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
 """
 import argparse
@@ -93,7 +95,8 @@ def main():
           f"{'ham bwd':>9s} {'fla bwd':>9s} {'ham/fla min/med/max':>17s}   (ms, medians)")
     # bf16: ham's other pairs (bench_gated_delta_rule_cuda.cpp), each against FLA's pair:
     # keeping nothing (the backward recomputing every chunk term) and every chunk state.
-    pairs = {("fwd_bare", "bwd_recompute"): [], ("fwd_keep", "bwd_kept"): []}
+    pairs = {("fwd_bare", "bwd_recompute"): [], ("fwd_keep", "bwd_kept"): [],
+             ("fwd_tuned", "bwd_tuned"): [], ("fwd_no_fit_tuned", "bwd_tuned"): []}
     no_fit_lines = []
     for row in rows:
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
@@ -189,7 +192,11 @@ def main():
     titles = {"fwd_bare": "ham keeping nothing for the backward (less memory than FLA, which"
                           " keeps A; the backward recomputes A too)",
               "fwd_keep": "ham keeping every chunk state for the backward (more memory, no"
-                          " recompute)"}
+                          " recompute)",
+              "fwd_tuned": "ham with kernel.autotune on (cuda/autotune.h: each pass's bit-equal"
+                           " variants timed at the shape first, the fastest kept)",
+              "fwd_no_fit_tuned": "ham with kernel.autotune on, its forward without the fit"
+                                  " error (a GDN layer's; the outputs FLA's forward computes)"}
     for (fwd_key, bwd_key), lines in pairs.items():
         if not lines:
             continue

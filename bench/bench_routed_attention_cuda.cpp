@@ -17,6 +17,9 @@
 // Each step is timed on its own with CUDA events after 3 warm-ups; the table gives the
 // median in ms (the CSV the min and max too), and TFLOP/s counted on the visible pairs only:
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
+// "bwd tuned" is the backward with kernel.autotune on (cuda/autotune.h: its bit-equal
+// variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
+// after the table give each choice and every combination's time.
 // A second table times the tensor-core forward of the 128 x 128 cases with 64-row blocks
 // (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
 // (cuda/routed_attention.h; not in the CSV), and the next 64 against 128 rows for value
@@ -145,6 +148,7 @@ bench::Spread time_ms(int reps, const std::function<void()>& step) {
 
 struct Timing {
   bench::Spread compact, forward, backward;
+  bench::Spread backward_tuned;  // with kernel.autotune on (cuda/autotune.h)
   double pairs;
 };
 
@@ -181,6 +185,14 @@ Timing run_case(const BenchCase& c, int reps) {
     ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
                                    forward.lse, in.p);
   });
+  {  // the first warm-up call times the backward's bit-equal variants at this shape
+    const bool was_on = cuda::set_autotune(true);
+    t.backward_tuned = time_ms(reps, [&] {
+      ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                     forward.lse, in.p);
+    });
+    cuda::set_autotune(was_on);
+  }
   t.pairs = visible_pairs(c, in.select_host, in.docs_host);
   return t;
 }
@@ -488,17 +500,19 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   std::ofstream csv = bench::open_csv(
       csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
                 "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
-                "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max");
-  std::printf("%-40s %12s %10s %10s %11s %9s %9s\n", "case (bf16, value-scaled)", "pairs",
-              "compact", "forward", "backward", "fwd TF/s", "bwd TF/s");
+                "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max,"
+                "backward_tuned_ms,backward_tuned_ms_min,backward_tuned_ms_max");
+  std::printf("%-40s %12s %10s %10s %11s %9s %9s %11s\n", "case (bf16, value-scaled)", "pairs",
+              "compact", "forward", "backward", "fwd TF/s", "bwd TF/s", "bwd tuned");
   for (const BenchCase& c : bench_cases()) {
     if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
     Timing t = run_case(c, reps);
     const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
     const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
     const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
-    std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f\n", c.name().c_str(), t.pairs,
-                t.compact.median, t.forward.median, t.backward.median, fwd_tflops, bwd_tflops);
+    std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f %9.3fms\n", c.name().c_str(),
+                t.pairs, t.compact.median, t.forward.median, t.backward.median, fwd_tflops,
+                bwd_tflops, t.backward_tuned.median);
     std::fflush(stdout);
     if (csv.is_open()) {
       csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
@@ -506,9 +520,11 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
           << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ','
           << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
           << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
-          << ',' << t.backward.min << ',' << t.backward.max << '\n';
+          << ',' << t.backward.min << ',' << t.backward.max << ',' << t.backward_tuned.median
+          << ',' << t.backward_tuned.min << ',' << t.backward_tuned.max << '\n';
     }
   }
+  bench::print_autotune_choices();
 }
 
 // The tables after the first: the kernels' variants against each other.

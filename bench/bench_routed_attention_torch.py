@@ -25,7 +25,9 @@ inside its kernels. Forward and backward are timed separately with CUDA events (
 median of --reps, with the min and max in a second table and the CSV; ratios at each pair
 min/min, median/median, max/max); the backward of each rep runs on a fresh forward graph,
 timed alone.
-Prints ms per step and the ratios torch / ham (above 1: ham is faster). A reference that
+Prints ms per step and the ratios torch / ham (above 1: ham is faster). Where the CSV has
+ham's backward with kernel.autotune on ("backward_tuned_ms": its bit-equal variants timed at
+the case's shape first, cuda/autotune.h), the ratios against that too. A reference that
 fails on a case (an unsupported head dim, memory) is reported and gets nan in that row.
 """
 import argparse
@@ -231,9 +233,18 @@ def main():
             for i, step in enumerate(("forward", "backward")):
                 for j, at in enumerate(("min", "median", "max")):
                     out[f"{label}_over_ham_{step}_{at}"] = r[i][j]
+        if row.get("backward_tuned_ms"):  # ham with kernel.autotune on (cuda/autotune.h)
+            tuned = ham_spread("backward_tuned")
+            for label, other in (("flash", flash), ("flex", flex)):
+                for j, at in enumerate(("min", "median", "max")):
+                    out[f"{label}_over_ham_tuned_backward_{at}"] = other[1][j] / tuned[j]
+            print(f"{'':<40} ham tuned bwd {tuned[1]:.3f} ms: flash/ham "
+                  f"{spread([flash[1][j] / tuned[j] for j in range(3)])}, flex/ham "
+                  f"{spread([flex[1][j] / tuned[j] for j in range(3)])}", flush=True)
         out_rows.append(out)
     spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
-               for step in ("forward", "backward")]
+               for step in ("forward", "backward", "tuned_backward")
+               if f"{label}_over_ham_{step}_median" in r]
     print(f"\n{'case':<40} {'ratio':<22} {'min':>6} {'median':>6} {'max':>6}")
     for name, label, step in spreads:
         row = next(r for r in out_rows if r["name"] == name)

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "cuda/autotune.h"
 #include "cuda/check.h"
 #include "cuda/stream.h"
 
@@ -131,6 +132,25 @@ struct Spread {
 };
 inline Spread spread_of(const std::vector<double>& sorted_ms) {
   return {sorted_ms.front(), sorted_ms[sorted_ms.size() / 2], sorted_ms.back()};
+}
+
+// Each choice kernel.autotune made in this process (cuda/autotune.h): its line, then every
+// combination's median against the defaults' (defaults / it above 1: it is faster).
+inline void print_autotune_choices() {
+  const std::vector<cuda::AutotuneChoice> choices = cuda::autotune_choices();
+  if (choices.empty()) return;
+  std::printf("\nkernel.autotune's choices (each combination of the tuned settings timed at "
+              "the shape; defaults / combination above 1: the combination is faster)\n");
+  for (const cuda::AutotuneChoice& choice : choices) {
+    std::printf("%s\n", cuda::describe(choice).c_str());
+    const double defaults = choice.variants.front().median_ms;
+    for (size_t i = 0; i < choice.variants.size(); ++i) {
+      const cuda::TunedVariant& v = choice.variants[i];
+      std::printf("  %c %9.3f ms %6.2f  %s\n", int(i) == choice.chosen ? '*' : ' ', v.median_ms,
+                  defaults / v.median_ms, v.label.c_str());
+    }
+  }
+  std::fflush(stdout);
 }
 
 }  // namespace ham::bench
