@@ -14,10 +14,11 @@ documents). "fwd" is the forward with the final state; "bwd" is torch.autograd.g
 (o, h_final) with grad_o normal and grad_h_final zero, timed alone (the forward's graph is
 built outside the timed region). Every call is timed with CUDA events after one warm-up;
 the min, median and max in ms are reported, and ham/FLA at each. ham's fit error is extra
-work FLA does not do; a last table puts ham's forward without it ("fwd_no_fit", a GDN
+work FLA does not do; a table puts ham's forward without it ("fwd_no_fit", a GDN
 layer's forward: the outputs FLA computes) against FLA's forward. The "tuned" tables are
 ham with kernel.autotune on (its bit-equal variants timed at each shape first, as FLA's
-Triton kernels autotune theirs).
+Triton kernels autotune theirs). The last table gives forward + backward, a training step's
+pass (#7 asks for both the forward and that), for each of ham's pairs against FLA's.
 Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
 """
 import argparse
@@ -98,6 +99,10 @@ def main():
     pairs = {("fwd_bare", "bwd_recompute"): [], ("fwd_keep", "bwd_kept"): [],
              ("fwd_tuned", "bwd_tuned"): [], ("fwd_no_fit_tuned", "bwd_tuned"): []}
     no_fit_lines = []
+    # forward + backward, #7's second measure: ham's pairs (forward key, backward key)
+    step_pairs = (("fwd", "bwd"), ("fwd_no_fit", "bwd"), ("fwd_tuned", "bwd_tuned"),
+                  ("fwd_no_fit_tuned", "bwd_tuned"))
+    step_lines = []
     for row in rows:
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
         B, T, H = int(row["batch"]), int(row["seq_len"]), int(row["heads"])
@@ -170,6 +175,16 @@ def main():
                 f"{row['name']:22s} {row['dtype']:5s} {no_fit[1]:10.3f} {fla_fwd[1]:9.3f} "
                 + " ".join(f"{h / f:5.2f}" for h, f in zip(no_fit, fla_fwd))
                 + f"   {flops / (no_fit[1] * 1e-3) / 1e12:.1f} TFLOP/s")
+        fla_step = [f + b for f, b in zip(fla_fwd, fla_bwd)]
+        for fwd_key, bwd_key in step_pairs:
+            if not row.get(f"{fwd_key}_ms_median") or not row.get(f"{bwd_key}_ms_median"):
+                continue
+            step = [float(row[f"{fwd_key}_ms_{q}"]) + float(row[f"{bwd_key}_ms_{q}"])
+                    for q in ("min", "median", "max")]
+            step_lines.append(
+                f"{row['name']:22s} {row['dtype']:5s} {fwd_key + ' + ' + bwd_key:28s} "
+                f"{step[1]:9.3f} {fla_step[1]:9.3f} "
+                + " ".join(f"{h / f:5.2f}" for h, f in zip(step, fla_step)))
         for (fwd_key, bwd_key), lines in pairs.items():
             if not row.get(f"{bwd_key}_ms_median"):
                 continue
@@ -212,6 +227,14 @@ def main():
               " forward computes)\nagainst FLA's forward (ms, medians; ham/fla at min/med/max)")
         print(f"{'case':22s} {'dtype':5s} {'fwd_no_fit':>10s} {'fla fwd':>9s} {'ham/fla':>17s}")
         for line in no_fit_lines:
+            print(line)
+
+    if step_lines:
+        print("\nforward + backward, a training step's pass (ham's pair against FLA's forward +"
+              " backward; ms, sums at the medians; ham/fla of the sums at min/med/max)")
+        print(f"{'case':22s} {'dtype':5s} {'ham pair':28s} {'ham':>9s} {'fla':>9s} "
+              f"{'ham/fla':>17s}")
+        for line in step_lines:
             print(line)
 
     if args.out and results:

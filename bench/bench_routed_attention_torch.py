@@ -245,15 +245,15 @@ def main():
     spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
                for step in ("forward", "backward", "tuned_backward")
                if f"{label}_over_ham_{step}_median" in r]
-    print(f"\n{'case':<40} {'ratio':<22} {'min':>6} {'median':>6} {'max':>6}")
+    print(f"\n{'case':<40} {'ratio':<26} {'min':>6} {'median':>6} {'max':>6}")
     for name, label, step in spreads:
         row = next(r for r in out_rows if r["name"] == name)
         values = [row[f"{label}_over_ham_{step}_{at}"] for at in ("min", "median", "max")]
-        print(f"{name:<40} {label + '/ham ' + step:<22} " +
+        print(f"{name:<40} {label + '/ham ' + step:<26} " +
               " ".join(f"{v:6.2f}" for v in values))
     if args.out:
         with open(args.out, "w", newline="") as f:
-            fields = list(out_rows[0].keys()) if out_rows else ["name"]
+            fields = list(dict.fromkeys(k for r in out_rows for k in r)) or ["name"]
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(out_rows)
