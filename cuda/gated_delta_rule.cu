@@ -2005,7 +2005,13 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 // same to the bit.
 // The chunks [chunk_begin, chunk_end) of each row: all of them, or a window the state pass
 // has finished (StateWindow).
-template <int KD, bool kFit>
+// kPrefetch (set_gated_delta_rule_output_prefetch): the host launches about one wave of
+// blocks, each taking every gridDim.x-th chunk of its row, and where V has two or more
+// tiles a block copies its next chunk's first two value tiles into the slots as its last
+// two tiles of this chunk free them, so that they land during this chunk's last products
+// and its stores, not after the next chunk's start. Each element takes the same products
+// in the same order either way: the same to the bit.
+template <int KD, bool kFit, bool kPrefetch = false>
 __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
                    int64_t max_chunks, int slots, bf16* o, float* fit_part, int chunk_begin,
@@ -2017,9 +2023,14 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kChunk * LDK;
   bf16* slot0 = sK + kChunk * LDK;
-  auto slot_s = [&](int tile) { return slot0 + (tile % slots) * L::slot_elements; };  // [K][vt]
-  auto slot_vn = [&](int tile) { return slot_s(tile) + KD * LDS; };  // v_new [64][vt]
-  auto slot_v = [&](int tile) { return slot_vn(tile) + kChunk * LDS; };  // v [64][vt] (kFit)
+  // Value tiles take the slots in turn, `at` counted from this chunk's tile 0, whose slot is
+  // first_slot (0 but with kPrefetch, where the turn runs on from chunk to chunk).
+  int first_slot = 0;
+  auto slot_s = [&](int at) {  // [K][vt]
+    return slot0 + ((first_slot + at) % slots) * L::slot_elements;
+  };
+  auto slot_vn = [&](int at) { return slot_s(at) + KD * LDS; };  // v_new [64][vt]
+  auto slot_v = [&](int at) { return slot_vn(at) + kChunk * LDS; };  // v [64][vt] (kFit)
   HAM_STATIC_SHARED(float, s_g, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = pr.tiles;
@@ -2038,44 +2049,68 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   bf16* staging = sK + (threadIdx.x / 32) * 16 * kStagedLd<NB>;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
+  auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
+  // (With whole value tiles, v_new and v from a TileStream of the chunk's rows.)
+  constexpr int kThreads = kOutputThreads;
+  using TokenTiles = TileStream<kThreads, kChunk, kMmaVt, LDS>;
+  const int64_t v_stride = pr.heads * V;
+  auto whole_tiles = [&](int64_t v_origin) {
+    return V % kMmaVt == 0 && TokenTiles::usable(v_new, v_origin, v_stride) &&
+           TokenTiles::usable(pr.v, v_origin, v_stride);
+  };
+  // One commit group: value tile `tile` (its S0, v_new and, with the fit error, v columns)
+  // of the chunk of `rows` (n_rows tokens from its start state `start`) into the slot of `at`.
+  auto issue_chunk_tile = [&](const ChunkRows& rows, const bf16* start, int n_rows, bool whole,
+                              const TokenTiles& stream, int tile, int at) {
+    const int64_t col0 = int64_t(tile) * kMmaVt;
+    const int cols = tile_cols(tile);
+    issue_tile<kThreads>(slot_s(at), LDS, KD, kMmaVt, KD, cols, RowSource<bf16>{start + col0, V});
+    if (whole) {
+      stream.issue(slot_vn(at), v_new, col0, n_rows);
+      if (kFit) stream.issue(slot_v(at), pr.v, col0, n_rows);
+    } else {
+      issue_tile<kThreads>(slot_vn(at), LDS, kChunk, kMmaVt, n_rows, cols,
+                           rows(v_new, V, col0));
+      if (kFit) {
+        issue_tile<kThreads>(slot_v(at), LDS, kChunk, kMmaVt, n_rows, cols,
+                             rows(pr.v, V, col0));
+      }
+    }
+    async_copy_commit();
+  };
+  int ahead = 0;  // kPrefetch: this chunk's first tiles, issued during the block's last chunk
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
     const ChunkRows rows_of(pr, b, h, begin);
     const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
-    auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
-    // (With whole value tiles, v_new and v from a TileStream of the chunk's rows.)
-    constexpr int kThreads = kOutputThreads;
-    using TokenTiles = TileStream<kThreads, kChunk, kMmaVt, LDS>;
-    const int64_t v_origin = rows_of.origin(V, 0), v_stride = rows_of.stride(V);
-    const bool streamed = V % kMmaVt == 0 && TokenTiles::usable(v_new, v_origin, v_stride) &&
-                          TokenTiles::usable(pr.v, v_origin, v_stride);
+    const int64_t v_origin = rows_of.origin(V, 0);
+    const bool streamed = whole_tiles(v_origin);
     const TokenTiles token_tiles(v_origin, v_stride);
-    auto issue_value_tile = [&](int tile) {  // one commit group
-      const int64_t col0 = int64_t(tile) * kMmaVt;
-      const int cols = tile_cols(tile);
-      issue_tile<kThreads>(slot_s(tile), LDS, KD, kMmaVt, KD, cols,
-                           RowSource<bf16>{saved + col0, V});
-      if (streamed) {
-        token_tiles.issue(slot_vn(tile), v_new, col0, n);
-        if (kFit) token_tiles.issue(slot_v(tile), pr.v, col0, n);
-      } else {
-        issue_tile<kThreads>(slot_vn(tile), LDS, kChunk, kMmaVt, n, cols,
-                             rows_of(v_new, V, col0));
-        if (kFit) {
-          issue_tile<kThreads>(slot_v(tile), LDS, kChunk, kMmaVt, n, cols,
-                               rows_of(pr.v, V, col0));
-        }
-      }
-      async_copy_commit();
+    auto issue_value_tile = [&](int tile) {
+      issue_chunk_tile(rows_of, saved, n, streamed, token_tiles, tile, tile);
+    };
+    // kPrefetch: the block's next chunk, whose tile `tile` goes into the slot of `tiles +
+    // tile` (two on from this chunk's last two).
+    const int next = chunk + int(gridDim.x);
+    const bool has_next = kPrefetch && next < count;
+    auto issue_next_tile = [&](int tile) {
+      const int64_t next_begin = begins[next];
+      const ChunkRows next_rows(pr, b, h, next_begin);
+      const int64_t next_origin = next_rows.origin(V, 0);
+      issue_chunk_tile(next_rows, states + state_offset(pr, b, h, next, max_chunks),
+                       int(begins[next + 1] - next_begin), whole_tiles(next_origin),
+                       TokenTiles(next_origin, v_stride), tile, tiles + tile);
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
     issue_tile<kOutputThreads>(sQ, LDK, kChunk, KD, n, KD, rows_of(pr.q, KD, 0));
     issue_tile<kOutputThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
-    issue_value_tile(0);  // with Q and K
-    if (tiles > 1) issue_value_tile(1);
+    if (ahead == 0) issue_value_tile(0);  // with Q and K
+    else async_copy_commit();             // Q and K alone: tiles 0 and 1 came ahead
+    const bool tile_1_now = tiles > 1 && ahead < 2;
+    if (tile_1_now) issue_value_tile(1);
     load_gcum(gcum, pr, b, h, begin, n, s_g);
-    if (tiles > 1) async_copy_wait<1>();
+    if (tile_1_now) async_copy_wait<1>();
     else async_copy_wait<0>();
     __syncthreads();  // Q, K, G and tile 0
 
@@ -2101,7 +2136,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
 
     for (int tile = 0; tile < tiles; ++tile) {
       if (tile > 0) {
-        if (tile + 1 < tiles) async_copy_wait<1>();
+        // The group issued after this tile's (at the last tile's end) may stay in flight.
+        if (tile + 1 < tiles || has_next) async_copy_wait<1>();
         else async_copy_wait<0>();
         __syncthreads();  // this tile's copies, from every thread
       } else if (staged) {
@@ -2168,7 +2204,14 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
       if (tile + 2 < tiles) {
         __syncthreads();  // every warp is done with this tile's slot
         issue_value_tile(tile + 2);
+      } else if (has_next && tiles > 1) {  // two slots: the next chunk's tile 0, then 1
+        __syncthreads();
+        issue_next_tile(tile + 2 - tiles);
       }
+    }
+    if constexpr (kPrefetch) {
+      ahead = has_next && tiles > 1 ? 2 : 0;
+      first_slot = (first_slot + tiles) % slots;
     }
   }
 }
@@ -3650,6 +3693,8 @@ std::atomic<bool> g_forward_prepare_windows{true};  // ..._forward_prepare_windo
 std::atomic<int64_t> g_windowed_prepares{0};    // gated_delta_rule_windowed_prepares
 std::atomic<int> g_recompute_windows{1};        // set_gated_delta_rule_recompute_windows
 std::atomic<int64_t> g_windowed_recomputes{0};  // gated_delta_rule_windowed_recomputes
+std::atomic<int> g_output_prefetch{0};          // set_gated_delta_rule_output_prefetch
+std::atomic<int64_t> g_prefetching_output_passes{0};  // ..._prefetching_output_passes
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
 // set and where they apply (kStatePartialSums; counted).
@@ -3874,9 +3919,26 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                       unsigned(d.batch * d.heads));
       // Without the fit error the kernel may store O's rows 16 bytes at a time.
       HAM_CHECK(fit || aligned_16(out.o.raw_data()), op, ": o off a 16-byte boundary");
+      // set_gated_delta_rule_output_prefetch: about one wave of blocks, each taking every
+      // gridDim.x-th chunk of its row and copying its next chunk's first tiles ahead.
+      const int prefetch_blocks = g_output_prefetch.load();
+      const bool prefetch = prefetch_blocks != 0;
+      if (prefetch) g_prefetching_output_passes.fetch_add(1);
       auto launch = [&]<bool kFit>() {
-        launch_kernel(&gdr_output_mma<KD, kFit>, grid, kOutputThreads,
-                      MmaOutputLayout<KD, kFit>::bytes(slots), chunks.pr,
+        auto* kernel = prefetch ? &gdr_output_mma<KD, kFit, true> : &gdr_output_mma<KD, kFit>;
+        const size_t bytes = MmaOutputLayout<KD, kFit>::bytes(slots);
+        dim3 blocks = grid;
+        if (prefetch) {
+          const int64_t wave =
+              int64_t(resident_blocks_per_sm(op, kernel, kOutputThreads, bytes)) *
+              multiprocessor_count();
+          const int64_t rows_of_blocks = int64_t(grid.z);
+          const int64_t per_row = prefetch_blocks > 0
+                                      ? int64_t(prefetch_blocks)
+                                      : (wave + rows_of_blocks - 1) / rows_of_blocks;
+          blocks.x = unsigned(std::clamp<int64_t>(per_row, 1, int64_t(grid.x)));
+        }
+        launch_kernel(kernel, blocks, kOutputThreads, bytes, chunks.pr,
                       ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
                       ptr<const float>(chunks.gcum), chunks.max_chunks, slots,
                       ptr<bf16>(out.o), ptr_or_null<float>(fit_part), chunk_begin, chunk_end);
@@ -3955,7 +4017,8 @@ TuneProblem forward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d,
                                                                : "";
   return {tune_shape(a, d) + (out.fit_error.defined() ? ", fit error" : "") + kept,
           {{"gated_delta_rule_prepare_warps", {"4", "8"}},
-           {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}}}};
+           {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}},
+           {"gated_delta_rule_output_prefetch", {"0", "-1"}}}};
 }
 
 // recomputes: the backward runs the forward's state pass again (no chunk states kept).
@@ -4369,6 +4432,16 @@ bool set_gated_delta_rule_forward_prepare_windows(bool in_windows) {
 }
 
 int64_t gated_delta_rule_windowed_prepares() { return g_windowed_prepares.load(); }
+
+int set_gated_delta_rule_output_prefetch(int blocks) {
+  HAM_CHECK(blocks >= -1, "set_gated_delta_rule_output_prefetch: ", blocks,
+            "; takes 0 (off), -1 (about one wave of blocks) or the blocks a row");
+  return g_output_prefetch.exchange(blocks);
+}
+
+int64_t gated_delta_rule_prefetching_output_passes() {
+  return g_prefetching_output_passes.load();
+}
 
 int set_gated_delta_rule_recompute_windows(int windows) {
   return exchange_window_count(g_recompute_windows, "set_gated_delta_rule_recompute_windows",

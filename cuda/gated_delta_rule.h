@@ -83,6 +83,23 @@ bool set_gated_delta_rule_forward_prepare_windows(bool in_windows);
 // How many forwards of this process ran their prepare kernel in windows.
 int64_t gated_delta_rule_windowed_prepares();
 
+// How the bf16 forward's output kernel (gdr_output_mma: o, and the fit error's prediction)
+// takes its chunks: 0 (the default), a block a chunk, each starting with all its copies;
+// -1, about one wave of blocks, or N > 0, at most N blocks a row (tests), each block taking
+// every gridDim.x-th chunk of its row and, where V has two or more 64-column tiles, copying
+// its next chunk's first two value tiles (S0, v_new, v) as this chunk's last two tiles free
+// their slots, so that they land under this chunk's last products and stores. Two blocks
+// share an SM at K <= 128, bound by registers and shared memory alike, and the kernel took
+// 0.393 ms of a 1.297 ms forward at B2 T16384 H16 D128 (thirty-seventh session), over twice
+// its loads' time at the H200's bandwidth: the next chunk's copies are latency it can hide.
+// Untimed on a GPU; the results are the same to the bit. Returns the previous setting; a
+// count below -1 is an error.
+int set_gated_delta_rule_output_prefetch(int blocks);
+
+// How many output kernel launches of this process (one a forward, or one a window) took
+// their chunks so.
+int64_t gated_delta_rule_prefetching_output_passes();
+
 // Windows of chunks the bf16 backward's recompute of the forward's state pass runs in (1,
 // the default, to kMaxStatePassWindows), where the backward runs its P^T dO kernel beside
 // that pass (set_gated_delta_rule_backward_overlap): every window's prepare kernel first

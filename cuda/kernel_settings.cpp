@@ -54,6 +54,8 @@ const bool registered = [] {
           &set_gated_delta_rule_forward_windows);
   add_bool("gated_delta_rule_forward_prepare_windows",
            &set_gated_delta_rule_forward_prepare_windows);
+  add_int("gated_delta_rule_output_prefetch", "0 (off), -1 (one wave) or the blocks a row",
+          &set_gated_delta_rule_output_prefetch);
   add_int("gated_delta_rule_recompute_windows", "1 to 64 windows",
           &set_gated_delta_rule_recompute_windows);
   add_int("gated_delta_rule_backward_windows", "1 to 64 windows",

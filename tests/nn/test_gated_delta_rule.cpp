@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -1159,8 +1160,9 @@ TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
 
 // The bf16 forward and backward with the autotuner on (cuda/autotune.h): the first call of
 // the shape times each combination of the tuned settings and keeps the fastest. Both passes
-// match the CPU and equal the untuned ones bit for bit. Each tunes once, over its 8
-// combinations (each called once untimed, once timed, then once more under the choice),
+// match the CPU and equal the untuned ones bit for bit. Each tunes once, the forward over 16
+// combinations and the backward over 8 (each called once untimed, once timed, then once
+// more under the choice),
 // and later calls of the shape run under the choice without timing.
 TEST(GatedDeltaRule, GpuAutotunedEqualsDefaults) {
   HAM_SKIP_UNLESS_CUDA();
@@ -1174,13 +1176,14 @@ TEST(GatedDeltaRule, GpuAutotunedEqualsDefaults) {
   const std::vector<cuda::AutotuneChoice> choices = cuda::autotune_choices();
   cuda::forget_autotune_choices();
   cuda::exchange_autotune_plan(plan);
-  EXPECT_EQ(cuda::autotune_trial_calls() - trials, 2 * (8 * 2 + 1));
+  EXPECT_EQ(cuda::autotune_trial_calls() - trials, (16 * 2 + 1) + (8 * 2 + 1));
   ASSERT_EQ(choices.size(), 2u);
   EXPECT_EQ(choices[0].op, "gated_delta_rule forward");
   EXPECT_EQ(choices[0].shape, "bf16 B1 T130 H2 K64 V72, documents, h0, fit error");
-  EXPECT_EQ(choices[0].variants.size(), 8u);
+  EXPECT_EQ(choices[0].variants.size(), 16u);
   EXPECT_EQ(choices[0].variants[0].label,
-            "gated_delta_rule_prepare_warps=4 gated_delta_rule_forward_windows=1");
+            "gated_delta_rule_prepare_warps=4 gated_delta_rule_forward_windows=1 "
+            "gated_delta_rule_output_prefetch=0");
   EXPECT_EQ(choices[1].op, "gated_delta_rule backward");
   EXPECT_EQ(choices[1].shape, "bf16 B1 T130 H2 K64 V72, documents, h0");
   ASSERT_EQ(choices[1].variants.size(), 8u);
@@ -1189,6 +1192,7 @@ TEST(GatedDeltaRule, GpuAutotunedEqualsDefaults) {
             "gated_delta_rule_backward_windows=4");
   EXPECT_EQ(cuda::set_gated_delta_rule_prepare_warps(4), 4) << "restored after each call";
   EXPECT_EQ(cuda::set_gated_delta_rule_forward_windows(1), 1);
+  EXPECT_EQ(cuda::set_gated_delta_rule_output_prefetch(0), 0);
 #endif
 }
 
@@ -1271,6 +1275,54 @@ TEST(GatedDeltaRule, GpuPrepareInEightWarpsAgrees) {
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_prepare_warps(16); },
                         {"set_gated_delta_rule_prepare_warps", "16 warps", "4 or 8"});
+#endif
+}
+
+// The bf16 output kernel with its blocks taking every gridDim.x-th chunk of their row and
+// copying the next chunk's first two value tiles ahead (set_gated_delta_rule_output_prefetch:
+// 1 and 2 blocks a row here, so that each block takes many chunks; -1, about one wave, takes
+// one chunk a block at these lengths). V of 64 (one tile: no copies ahead), 128 (two), 150
+// (three, the last part: the copies through issue_tile) and the paper's 384 (six), packed
+// documents, h0: each matches the CPU, with the fit error, and equals a block a chunk bit
+// for bit (expect_settings_agree_bitwise; two forwards a setting counted). The forward
+// without the fit error and in 3 windows of chunks equals it too.
+TEST(GatedDeltaRule, GpuOutputWithNextChunksAheadAgrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting prefetch_guard(&cuda::set_gated_delta_rule_output_prefetch, 0);
+  for (const GpuCase& c :
+       {GpuCase{1, 300, 2, 64, 64, false, 0}, GpuCase{2, 200, 2, 128, 128, true, 3},
+        GpuCase{1, 260, 1, 64, 150, false, 2}, GpuCase{1, 150, 1, 256, 384, true, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const int64_t before = cuda::gated_delta_rule_prefetching_output_passes();
+    expect_settings_agree_bitwise(c, 151, {0, 1, 2}, [](int blocks) {
+      cuda::set_gated_delta_rule_output_prefetch(blocks);
+    });
+    EXPECT_EQ(cuda::gated_delta_rule_prefetching_output_passes() - before, 4);
+  }
+  // Without the fit error (every warp on O, its rows staged in K's), alone and in windows.
+  const GpuCase c{2, 300, 2, 128, 128, true, 3};
+  GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 157), DType::BF16);
+  gpu.want_fit_error = false;
+  auto forward_o = [&](int blocks, int windows) {
+    const testing::ScopedSetting prefetch(&cuda::set_gated_delta_rule_output_prefetch, blocks);
+    const testing::ScopedSetting in_windows(&cuda::set_gated_delta_rule_forward_windows,
+                                            windows);
+    GatedDeltaRuleResult out = poisoned_result(gpu);
+    out.fit_error = Tensor();
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+    return out;
+  };
+  const GatedDeltaRuleResult one = forward_o(0, 1);
+  for (const auto& [blocks, windows] : {std::pair{1, 1}, std::pair{2, 3}, std::pair{-1, 3}}) {
+    SCOPED_TRACE(std::to_string(blocks) + " blocks a row, " + std::to_string(windows) +
+                 " windows");
+    const GatedDeltaRuleResult ahead = forward_o(blocks, windows);
+    EXPECT_EQ(testing::max_abs_diff(ahead.o, one.o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(ahead.h_final, one.h_final), 0.0);
+  }
+  testing::expect_error([] { cuda::set_gated_delta_rule_output_prefetch(-2); },
+                        {"set_gated_delta_rule_output_prefetch: -2", "takes 0 (off), -1"});
 #endif
 }
 
