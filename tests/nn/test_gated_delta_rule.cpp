@@ -1162,8 +1162,7 @@ TEST(GatedDeltaRule, GpuBackwardWithTheKeysAheadAgrees) {
 // the shape times each combination of the tuned settings and keeps the fastest. Both passes
 // match the CPU and equal the untuned ones bit for bit. Each tunes once, the forward over 16
 // combinations and the backward over 8 (each called once untimed, once timed, then once
-// more under the choice),
-// and later calls of the shape run under the choice without timing.
+// more under the choice), and later calls of the shape run under the choice untimed.
 TEST(GatedDeltaRule, GpuAutotunedEqualsDefaults) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
