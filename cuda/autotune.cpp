@@ -34,7 +34,8 @@ struct Tuner {
   std::mutex mutex;
   AutotunePlan plan;
   std::vector<Kept> kept;  // in the order chosen
-  std::map<std::pair<std::string, std::string>, size_t> by_key;  // (op, shape) -> kept
+  // (op, shape and the settings' names) -> kept
+  std::map<std::pair<std::string, std::string>, size_t> by_key;
 };
 
 Tuner& tuner() {
@@ -74,6 +75,8 @@ class AppliedCombination {
  public:
   AppliedCombination(const std::string& op, const std::vector<TunedSetting>& settings,
                      const Combination& c) {
+    HAM_CHECK(c.size() == settings.size(), "autotune (", op, "): a combination of ", c.size(),
+              " settings for ", settings.size(), " tuned ones");
     for (size_t i = 0; i < c.size(); ++i) {
       const std::string previous = exchange_kernel_setting(c[i].first, c[i].second);
       restore_.emplace_back(c[i].first, previous);
@@ -192,7 +195,11 @@ std::string describe(const AutotuneChoice& c) {
 
 bool run_tuned_problem(const std::string& op, const TuneProblem& problem,
                        const std::function<bool()>& run) {
-  const std::pair<std::string, std::string> key{op, problem.shape};
+  // Keyed by the settings' names too: where they change for a shape (another kernel set
+  // by hand, e.g.), the shape is tuned again over the new ones.
+  std::string names;
+  for (const TunedSetting& setting : problem.settings) names += " " + setting.name;
+  const std::pair<std::string, std::string> key{op, problem.shape + " |" + names};
   Tuner& t = tuner();
   AutotunePlan plan;
   Combination kept;

@@ -20,7 +20,8 @@
 //     warpgroup, dq_keys x dq_records.
 // Only variants equal to the bit are tuned, so a tuned run computes what an untuned one does.
 // The shape is the tensors' sizes (not the documents' boundaries nor the selection, which
-// change from batch to batch: the first batch of a shape is the one timed).
+// change from batch to batch: the first batch of a shape is the one timed); a shape whose
+// tuned settings change (a kernel set by hand in between) is tuned again.
 #include <cstdint>
 #include <functional>
 #include <string>

@@ -117,11 +117,12 @@ TEST(AutotuneCuda, ChoosesTheFastestCombinationAndKeepsItPerShape) {
   EXPECT_EQ(op.calls_ms, std::vector<int>{2});
   EXPECT_EQ(g_first_ms, 6);
   EXPECT_EQ(autotune_choices().size(), 1u);
-  // Another shape, or another op at that shape, tunes again.
+  // Another shape, another op at that shape, or other settings tune again.
   EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape b", kDelays}, std::ref(op)));
   EXPECT_TRUE(run_tuned_problem("other op", {"shape a", kDelays}, std::ref(op)));
-  EXPECT_EQ(autotune_choices().size(), 3u);
-  EXPECT_EQ(autotune_trial_calls() - trials, 13 + 2 * 13);
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", {kDelays[1]}}, std::ref(op)));
+  EXPECT_EQ(autotune_choices().size(), 4u);
+  EXPECT_EQ(autotune_trial_calls() - trials, 13 + 2 * 13 + (3 * 2 + 1));
 }
 
 TEST(AutotuneCuda, OffRunsTheOpOnceAsSet) {
