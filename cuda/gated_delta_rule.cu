@@ -97,7 +97,12 @@ static_assert(kChunk == kGatedDeltaRuleChunkSize, "the CUDA chunk must be the CP
 constexpr int kBlock = 256;         // threads of the forward, backward and decode blocks
 // Per-row loops give thread i row i of a chunk, and warp reductions need whole warps.
 static_assert(kBlock >= kChunk && kBlock % 32 == 0, "kBlock: one thread per chunk row, whole warps");
-constexpr int kTableThreads = 1024;  // threads of the chunk table block (one per batch row)
+// The chunk table's block (one per batch row): kTableItems consecutive tokens a thread.
+// (1024 threads of 8 tokens, bound to 64 registers, spilled 71 instructions of each tile
+// on sm_90a; 512 of 16 take up to 128.)
+constexpr int kTableThreads = 512;
+constexpr int kTableItems = 16;
+constexpr int kTableTile = kTableThreads * kTableItems;
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
@@ -109,8 +114,10 @@ __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
 // = count[b]), which lets the state passes give each document its own blocks. A token t
 // begins a chunk iff (t - s) % 64 == 0 with s its document's first token, which is the
 // CPU's "each segment chunked from its first token". One block per row walks the row in
-// tiles of kTableThreads tokens: s by a max-scan of document starts, the chunk and
-// document indices by sum-scans of chunk and document starts, all carried across tiles.
+// tiles of kTableTile tokens, kTableItems consecutive ones a thread: s by a max-scan of
+// document starts, the chunk and document indices by sum-scans of chunk and document
+// starts, all carried across tiles. (A token a thread, the H200 took 26 us a call at
+// T = 16384: 16 tiles of three block-wide scans each; thirty-seventh session's profile.)
 
 struct MaxOp {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
@@ -137,28 +144,53 @@ __global__ void __launch_bounds__(kTableThreads)
     carry_docs = 0;
   }
   __syncthreads();
-  for (int64_t base = 0; base < seq_len; base += kTableThreads) {
-    const int64_t t = base + threadIdx.x;
-    const bool in_range = t < seq_len;
-    const bool starts_doc = in_range && (t == 0 || (doc && doc[t] != doc[t - 1]));
-    int doc_first = starts_doc ? int(t) : -1;
+  for (int64_t base = 0; base < seq_len; base += kTableTile) {
+    const int64_t t0 = base + int64_t(threadIdx.x) * kTableItems;  // this thread's first token
+    // doc_first: each token's document start; a token begins its document where that is
+    // itself, and a chunk where it is a multiple of 64 before (chunk_index and doc_index
+    // hold those flags until their scans turn them into the chunk and document indices).
+    int doc_first[kTableItems], chunk_index[kTableItems], doc_index[kTableItems];
+    Index previous = doc && t0 > 0 && t0 < seq_len ? doc[t0 - 1] : Index(0);
+#pragma unroll
+    for (int j = 0; j < kTableItems; ++j) {
+      const int64_t t = t0 + j;
+      bool starts = false;
+      if (t < seq_len) {
+        const Index id = doc ? doc[t] : Index(0);
+        starts = t == 0 || id != previous;
+        previous = id;
+      }
+      doc_first[j] = starts ? int(t) : -1;
+    }
     Scan(scan_storage).InclusiveScan(doc_first, doc_first, MaxOp());
     __syncthreads();  // scan_storage is reused below
-    doc_first = max(doc_first, carry_doc_start);
-    const int starts_chunk = in_range && (t - doc_first) % kChunk == 0 ? 1 : 0;
-    int index = 0, tile_chunks = 0;
-    Scan(scan_storage).ExclusiveSum(starts_chunk, index, tile_chunks);
-    __syncthreads();  // scan_storage is reused below
-    int doc_index = 0, tile_docs = 0;
-    Scan(scan_storage).ExclusiveSum(starts_doc ? 1 : 0, doc_index, tile_docs);
-    if (starts_chunk) {
-      begins[carry_count + index] = int32_t(t);
-      doc_starts[carry_count + index] = t == doc_first ? 1 : 0;
+    auto starts_chunk = [&](int j) {
+      const int64_t t = t0 + j;
+      return t < seq_len && (t - doc_first[j]) % kChunk == 0;
+    };
+    auto starts_doc = [&](int j) { return t0 + j < seq_len && t0 + j == doc_first[j]; };
+#pragma unroll
+    for (int j = 0; j < kTableItems; ++j) {
+      doc_first[j] = max(doc_first[j], carry_doc_start);
+      chunk_index[j] = starts_chunk(j) ? 1 : 0;
+      doc_index[j] = starts_doc(j) ? 1 : 0;
     }
-    if (starts_doc) doc_chunks[carry_docs + doc_index] = carry_count + index;
+    int tile_chunks = 0, tile_docs = 0;
+    Scan(scan_storage).ExclusiveSum(chunk_index, chunk_index, tile_chunks);
+    __syncthreads();  // scan_storage is reused below
+    Scan(scan_storage).ExclusiveSum(doc_index, doc_index, tile_docs);
+#pragma unroll
+    for (int j = 0; j < kTableItems; ++j) {
+      const int at = carry_count + chunk_index[j];
+      if (starts_chunk(j)) {
+        begins[at] = int32_t(t0 + j);
+        doc_starts[at] = starts_doc(j) ? 1 : 0;
+      }
+      if (starts_doc(j)) doc_chunks[carry_docs + doc_index[j]] = at;
+    }
     __syncthreads();  // every thread has read the carries
     if (threadIdx.x == kTableThreads - 1) {
-      carry_doc_start = doc_first;
+      carry_doc_start = doc_first[kTableItems - 1];
       carry_count += tile_chunks;
       carry_docs += tile_docs;
     }
@@ -177,28 +209,33 @@ struct ChunkTable {
   Tensor count;                        // i32 [2, B]: chunks, then documents, per row
 };
 
-ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t seq_len) {
-  const Device device = a.q.device();
+// The table of doc_ids ([B, T] on `device`; undefined: one document a row).
+ChunkTable build_chunk_table(const Tensor& doc_ids, Device device, int64_t batch,
+                             int64_t seq_len) {
   ChunkTable table{Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{2, batch}, DType::I32, device)};
   if (batch == 0) return table;
   HAM_CHECK(batch < (int64_t(1) << 31), "gated_delta_rule: batch ", batch, " exceeds the grid");
-  auto launch = [&]<class Index>(const Index* doc_ids) {
+  auto launch = [&]<class Index>(const Index* ids) {
     HAM_LAUNCH(unsigned(batch), kTableThreads, 0, launch_stream(), chunk_table_kernel<Index>)(
-        doc_ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
+        ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
         ptr<int32_t>(table.doc_chunk), ptr<int32_t>(table.count),
         ptr<int32_t>(table.count) + batch);
     HAM_CUDA_CHECK_LAUNCH();
   };
-  if (a.doc_ids.defined()) {
-    dispatch_index("gated_delta_rule doc_ids", a.doc_ids.dtype(),
-                   [&]<class Index>() { launch(ptr<const Index>(a.doc_ids)); });
+  if (doc_ids.defined()) {
+    dispatch_index("gated_delta_rule doc_ids", doc_ids.dtype(),
+                   [&]<class Index>() { launch(ptr<const Index>(doc_ids)); });
   } else {
     launch(static_cast<const int64_t*>(nullptr));
   }
   return table;
+}
+
+ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t seq_len) {
+  return build_chunk_table(a.doc_ids, a.q.device(), batch, seq_len);
 }
 
 // ---- Shared memory of one block ------------------------------------------------------
@@ -4462,5 +4499,31 @@ bool set_gated_delta_rule_backward_overlap(bool overlap) {
 }
 
 int64_t gated_delta_rule_overlapped_local_passes() { return g_overlapped_local_passes.load(); }
+
+std::vector<GatedDeltaRuleChunkTableRow> gated_delta_rule_chunk_table(const Tensor& doc_ids,
+                                                                      int64_t batch,
+                                                                      int64_t seq_len) {
+  int device = 0;
+  HAM_CUDA_CHECK(cudaGetDevice(&device));
+  const ChunkTable table = build_chunk_table(
+      doc_ids, doc_ids.defined() ? doc_ids.device() : Device::cuda(device), batch, seq_len);
+  const Tensor begin = table.begin.to(Device::cpu()), doc_start = table.doc_start.to(Device::cpu());
+  const Tensor doc_chunk = table.doc_chunk.to(Device::cpu()), count = table.count.to(Device::cpu());
+  std::vector<GatedDeltaRuleChunkTableRow> rows(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t chunks = count.data<int32_t>()[b], docs = count.data<int32_t>()[batch + b];
+    HAM_CHECK(chunks >= 0 && chunks <= seq_len && docs >= 0 && docs <= chunks,
+              "gated_delta_rule_chunk_table: row ", b, " counts ", chunks, " chunks and ", docs,
+              " documents for ", seq_len, " tokens");
+    const int64_t row = b * (seq_len + 1);
+    const int32_t* begins = begin.data<int32_t>() + row;
+    rows[size_t(b)].chunk_begin.assign(begins, begins + chunks + 1);
+    const int32_t* starts = doc_start.data<int32_t>() + row;
+    rows[size_t(b)].chunk_doc_start.assign(starts, starts + chunks);
+    const int32_t* firsts = doc_chunk.data<int32_t>() + row;
+    rows[size_t(b)].doc_chunk.assign(firsts, firsts + docs + 1);
+  }
+  return rows;
+}
 
 }  // namespace ham::cuda

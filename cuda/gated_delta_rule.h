@@ -3,6 +3,11 @@
 // that compare variants in one run (bench/bench_gated_delta_rule_cuda.cpp).
 
 #include <cstdint>
+#include <vector>
+
+namespace ham {
+class Tensor;
+}  // namespace ham
 
 namespace ham::cuda {
 
@@ -138,5 +143,16 @@ bool set_gated_delta_rule_backward_overlap(bool overlap);
 // How many backward calls of this process ran that kernel beside the state pass, with the
 // state pass on a stream of the device's greatest priority.
 int64_t gated_delta_rule_overlapped_local_passes();
+
+// The chunk table the tensor-core passes read (chunk_table_kernel), built on the current
+// GPU from doc_ids ([B, T] i32 or i64 there; undefined: one document a row) and read
+// back, for tests. Per row: each chunk's first token, then T; whether each chunk begins a
+// document; each document's first chunk, then the row's chunk count.
+struct GatedDeltaRuleChunkTableRow {
+  std::vector<int32_t> chunk_begin, chunk_doc_start, doc_chunk;
+};
+std::vector<GatedDeltaRuleChunkTableRow> gated_delta_rule_chunk_table(const Tensor& doc_ids,
+                                                                      int64_t batch,
+                                                                      int64_t seq_len);
 
 }  // namespace ham::cuda

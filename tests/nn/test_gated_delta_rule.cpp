@@ -707,6 +707,83 @@ TEST(GatedDeltaRule, GpuMatchesCpuWithSlowDecays) {
   }
 }
 
+#ifdef HAM_WITH_CUDA
+// The chunk table of one row as the CPU chunks it: a document begins at token 0 and
+// wherever the id changes, a chunk at each document's first token and every 64 after.
+// No ids: one document.
+cuda::GatedDeltaRuleChunkTableRow chunk_table_of(const std::vector<int64_t>& ids,
+                                                 int64_t seq_len) {
+  cuda::GatedDeltaRuleChunkTableRow row;
+  int64_t doc_first = 0;
+  for (int64_t t = 0; t < seq_len; ++t) {
+    const bool starts_doc = t == 0 || (!ids.empty() && ids[size_t(t)] != ids[size_t(t - 1)]);
+    if (starts_doc) {
+      doc_first = t;
+      row.doc_chunk.push_back(int32_t(row.chunk_begin.size()));
+    }
+    if ((t - doc_first) % 64 == 0) {
+      row.chunk_begin.push_back(int32_t(t));
+      row.chunk_doc_start.push_back(starts_doc ? 1 : 0);
+    }
+  }
+  row.doc_chunk.push_back(int32_t(row.chunk_begin.size()));
+  row.chunk_begin.push_back(int32_t(seq_len));
+  return row;
+}
+#endif
+
+// The chunk table on the GPU, each thread on 16 tokens and the block on 8,192 a tile, with
+// the carries across tiles: lengths about the tile's, documents that end, begin or run
+// across a tile's edge and a thread's 8 tokens, documents of one token, ids that come back
+// (a document is a run of equal ids), i32 and i64 ids, and no ids (one document a row).
+TEST(GatedDeltaRule, GpuChunkTableMatchesTheDocumentsAcrossTiles) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  std::mt19937_64 rng(515);
+  for (const int64_t seq_len : {1, 7, 8, 9, 63, 64, 65, 1000, 8191, 8192, 8193, 20000}) {
+    SCOPED_TRACE("T = " + std::to_string(seq_len));
+    // Row 0: documents of 1 to 300 tokens. Row 1: edges at threads' edges, documents that
+    // begin in the last thread of a tile and run past it (8190, 16383), or begin with a
+    // tile (16384). Row 2: 40 one-token documents of ids 3, 4, 3, 4, ..., then one
+    // document across the tiles.
+    std::vector<std::vector<int64_t>> rows(3);
+    int64_t id = 0, left = 0;
+    for (int64_t t = 0; t < seq_len; ++t) {
+      if (left-- == 0) {
+        ++id;
+        left = int64_t(rng() % 300);
+      }
+      rows[0].push_back(id);
+    }
+    for (int64_t t = 0; t < seq_len; ++t) {
+      const int64_t edges[] = {9, 16, 17, 8190, 8300, 16383, 16384, 16385, 19999};
+      rows[1].push_back(int64_t(std::upper_bound(std::begin(edges), std::end(edges), t) -
+                                std::begin(edges)));
+      rows[2].push_back(t < 40 ? 3 + t % 2 : 7);
+    }
+    const auto expect_table = [&](const Tensor& doc_ids, bool with_ids) {
+      const std::vector<cuda::GatedDeltaRuleChunkTableRow> table =
+          cuda::gated_delta_rule_chunk_table(doc_ids, 3, seq_len);
+      ASSERT_EQ(table.size(), 3u);
+      for (size_t b = 0; b < 3; ++b) {
+        SCOPED_TRACE("row " + std::to_string(b));
+        const cuda::GatedDeltaRuleChunkTableRow want =
+            chunk_table_of(with_ids ? rows[b] : std::vector<int64_t>{}, seq_len);
+        EXPECT_EQ(table[b].chunk_begin, want.chunk_begin);
+        EXPECT_EQ(table[b].chunk_doc_start, want.chunk_doc_start);
+        EXPECT_EQ(table[b].doc_chunk, want.doc_chunk);
+      }
+    };
+    std::vector<int64_t> ids;
+    for (const auto& row : rows) ids.insert(ids.end(), row.begin(), row.end());
+    const Tensor ids64 = Tensor::from_vector(ids, {3, seq_len}).to(Device::cuda());
+    expect_table(ids64, true);
+    expect_table(ids64.to(DType::I32), true);
+    expect_table(Tensor(), false);
+  }
+#endif
+}
+
 // Mixed precision: bf16 q, k, v, beta with f32 gates (dg comes back f32), within the bf16
 // bounds of the f64 reference on the same values.
 TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
