@@ -2034,7 +2034,10 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 // A-fragments for every tile. Each tile's S0, v_new and v columns arrive by cp.async in
 // one of two slots, the next tile's copies in flight during this one's products (one block
 // per tile had staged Q and K again for every tile, V / 64 times). The prediction warps
-// write fit_part[row][tile] = (<pred, v>, <pred, pred>, <v, v>) over the tile's columns.
+// add up (<pred, v>, <pred, pred>, <v, v>) of each row over the tiles and write its fit
+// error 1 - <pred, v> / (||pred|| ||v|| + 1e-6) after the last (gated_delta_rule_fit.cuh's
+// sums in its order; a separate kernel over per-tile sums took a launch and 6 us a call at
+// B2 T16384 H16 on the H200, thirty-seventh session's profile).
 // Without the fit error (kFit false) every warp forms O: warps w and w + 4 the same 16
 // rows, each forming those rows of P itself (the same product, repeated so that neither
 // waits for the other), and the left and the right 32 columns of each tile; v is not
@@ -2051,7 +2054,7 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 template <int KD, bool kFit, bool kPrefetch = false>
 __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
-                   int64_t max_chunks, int slots, bf16* o, float* fit_part, int chunk_begin,
+                   int64_t max_chunks, int slots, bf16* o, bf16* fit_error, int chunk_begin,
                    int chunk_end) {
   using L = MmaOutputLayout<KD, kFit>;
   // NB 8-column blocks of a warp's accumulator, from column col_part of each tile
@@ -2069,6 +2072,10 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   auto slot_vn = [&](int at) { return slot_s(at) + KD * LDS; };  // v_new [64][vt]
   auto slot_v = [&](int at) { return slot_vn(at) + kChunk * LDS; };  // v [64][vt] (kFit)
   HAM_STATIC_SHARED(float, s_g, [kChunk]);
+  // kFit: each row's fit sums (<pred, v>, <pred, pred>, <v, v>) over the value tiles so far,
+  // kept by the one lane that forms them (in shared memory: the kFit instances at K <= 128
+  // already take their 128 registers).
+  HAM_STATIC_SHARED(float, s_fit, [kFit ? kChunk : 1][3]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = pr.tiles;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
@@ -2230,11 +2237,11 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
           pv = mma::quad_sum(pv);
           pp = mma::quad_sum(pp);
           vv = mma::quad_sum(vv);
-          if (i < n && t4 == 0) {
-            float* part = fit_part + (pr.row(b, begin + i, h) * pr.tiles + tile) * 3;
-            part[0] = pv;
-            part[1] = pp;
-            part[2] = vv;
+          if (i < n && t4 == 0) {  // added in tile order from 0, as fit_error_kernel adds
+            float* sums = s_fit[i];
+            sums[0] = (tile == 0 ? 0.f : sums[0]) + pv;
+            sums[1] = (tile == 0 ? 0.f : sums[1]) + pp;
+            sums[2] = (tile == 0 ? 0.f : sums[2]) + vv;
           }
         }
       }
@@ -2244,6 +2251,18 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
       } else if (has_next && tiles > 1) {  // two slots: the next chunk's tile 0, then 1
         __syncthreads();
         issue_next_tile(tile + 2 - tiles);
+      }
+    }
+    if constexpr (kFit) {  // the chunk's fit errors, from this lane's own sums
+      if (predicting && t4 == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = r0 + mma::lane_id() / 4 + 8 * half;
+          if (i < n) {
+            fit_error[pr.row(b, begin + i, h)] =
+                store<bf16>(fit_error_of(s_fit[i][0], s_fit[i][1], s_fit[i][2]));
+          }
+        }
       }
     }
     if constexpr (kPrefetch) {
@@ -3942,14 +3961,9 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     const char* op = "gated_delta_rule (cuda, tensor cores)";
     const bool keeps = a.keep != GatedDeltaRuleKeep::Nothing;
     const Device device = a.q.device();
-    const int64_t rows = d.batch * d.seq_len * d.heads;
-    const bool fit = out.fit_error.defined();
-    Tensor fit_part;
+    const bool fit = out.fit_error.defined();  // [B, T, H] in q's dtype, bf16 here
     // The output kernel on the chunks [chunk_begin, chunk_end) of each row.
     auto output_pass = [&](const MmaChunkStates& chunks, int chunk_begin, int chunk_end) {
-      if (fit && !fit_part.defined()) {
-        fit_part = Tensor::empty(Shape{rows * chunks.pr.tiles * 3}, DType::F32, device);
-      }
       const int slots = chunks.pr.tiles > 1 ? 2 : 1;
       const int64_t window = std::min<int64_t>(chunk_end, chunks.max_chunks) - chunk_begin;
       const dim3 grid(unsigned(std::min<int64_t>(mma_chunk_blocks(d), window)), 1,
@@ -3978,7 +3992,8 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
         launch_kernel(kernel, blocks, kOutputThreads, bytes, chunks.pr,
                       ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
                       ptr<const float>(chunks.gcum), chunks.max_chunks, slots,
-                      ptr<bf16>(out.o), ptr_or_null<float>(fit_part), chunk_begin, chunk_end);
+                      ptr<bf16>(out.o), fit ? ptr<bf16>(out.fit_error) : nullptr, chunk_begin,
+                      chunk_end);
       };
       if (fit) launch.template operator()<true>();
       else launch.template operator()<false>();
@@ -4033,7 +4048,6 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       kept_for(std::move(kept));
     }
     if (!in_windows) output_pass(c, 0, INT_MAX);
-    finish_fit_error<bf16>(fit_part, d, c.pr.tiles, out.fit_error);
     return true;
   };
   return dispatch_mma_key_dim(d.key_dim, run);

@@ -1,7 +1,8 @@
 #pragma once
 // The fit error from per-V-tile partial sums, for the gated delta rule kernels that split
-// the value columns of a head across blocks (cuda/gated_delta_rule.cu and
-// cuda/gated_delta_rule_decode.cu): each tile writes (<p, v>, ||p||^2, ||v||^2) over its
+// the value columns of a head across blocks (cuda/gated_delta_rule.cu's SIMT kernels and
+// cuda/gated_delta_rule_decode.cu; the tensor-core output kernel adds its tiles' sums
+// itself, through fit_error_of): each tile writes (<p, v>, ||p||^2, ||v||^2) over its
 // columns to fit_part[row, tile, 0..2], and
 //   fit_error[row] = 1 - <p, v> / (||p|| ||v|| + 1e-6)
 // adds the tiles' sums in tile order (deterministic).
@@ -17,6 +18,12 @@ inline constexpr double kFitEpsilon = 1e-6;
 __device__ __forceinline__ float fit_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double fit_sqrt(double x) { return ::sqrt(x); }
 
+// 1 - <p, v> / (||p|| ||v|| + 1e-6) from the sums over a row's columns.
+template <class C>
+__device__ __forceinline__ C fit_error_of(C pv, C pp, C vv) {
+  return C(1) - pv / (fit_sqrt(pp) * fit_sqrt(vv) + C(kFitEpsilon));
+}
+
 template <class T, class C>
 __global__ void fit_error_kernel(const C* fit_part, int64_t rows, int tiles, T* fit_error) {
   HAM_GRID_STRIDE_LOOP(row, rows) {
@@ -27,7 +34,7 @@ __global__ void fit_error_kernel(const C* fit_part, int64_t rows, int tiles, T* 
       pp += part[1];
       vv += part[2];
     }
-    fit_error[row] = store<T>(C(1) - pv / (fit_sqrt(pp) * fit_sqrt(vv) + C(kFitEpsilon)));
+    fit_error[row] = store<T>(fit_error_of(pv, pp, vv));
   }
 }
 
