@@ -4,6 +4,7 @@
 //
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_gated_delta_rule_cuda --csv gdr_ham.csv [--reps 5] [--filter T4096]
+//   ./build/bench/bench_gated_delta_rule_cuda --timeline [--filter T16384] [--csv blocks.csv]
 //   python3 bench/bench_gated_delta_rule_fla.py gdr_ham.csv --out gdr_ratio.csv
 //
 // Each case calls the kernel tables directly on preallocated outputs (no autograd, no
@@ -39,6 +40,10 @@
 // has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping nothing and
 // "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every chunk state and
 // "bwd_kept" reading them.
+//
+// --timeline (with --filter, --reps, --csv) instead prints where the blocks of each bf16
+// case's passes spend their time (timeline_tables below; the columns as
+// bench_routed_attention_cuda --timeline prints them, its --csv's too).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -135,10 +140,12 @@ void print_against(const std::string& name, const char* pass, const Spread& a, c
               a.median / b.median, a.max / b.max);
 }
 
-Timing run_case(const BenchCase& c, int reps) {
-  const DType dtype = c.dtype == "bf16" ? DType::BF16 : DType::F32;
+DType dtype_of_case(const BenchCase& c) { return c.dtype == "bf16" ? DType::BF16 : DType::F32; }
+
+// The case's inputs on the GPU, drawn from rng.
+GatedDeltaRuleArgs case_args(const BenchCase& c, std::mt19937_64& rng) {
+  const DType dtype = dtype_of_case(c);
   const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
-  std::mt19937_64 rng(1234);
   GatedDeltaRuleArgs a;
   a.q = unit_rows_on_gpu({B, T, H, K}, 1.0 / std::sqrt(double(K)), dtype, rng);
   a.k = unit_rows_on_gpu({B, T, H, K}, 1.0, dtype, rng);
@@ -156,6 +163,24 @@ Timing run_case(const BenchCase& c, int reps) {
     a.doc_ids = Tensor::from_vector(ids, {B, T}).to(Device::cuda());
   }
   ops::check_gated_delta_rule_args("bench_gated_delta_rule_cuda", a);
+  return a;
+}
+
+// The gradients the backward writes, every one wanted.
+GatedDeltaRuleGrads grads_for(const GatedDeltaRuleArgs& a) {
+  const DType dtype = a.q.dtype();
+  return {Tensor::empty(a.q.shape(), dtype, Device::cuda()),
+          Tensor::empty(a.k.shape(), dtype, Device::cuda()),
+          Tensor::empty(a.v.shape(), dtype, Device::cuda()),
+          Tensor::empty(a.g.shape(), dtype, Device::cuda()),
+          Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
+}
+
+Timing run_case(const BenchCase& c, int reps) {
+  const DType dtype = dtype_of_case(c);
+  const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
+  std::mt19937_64 rng(1234);
+  const GatedDeltaRuleArgs a = case_args(c, rng);
 
   GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, dtype, Device::cuda()),
                            Tensor::empty({B, H, K, V}, dtype, Device::cuda()),
@@ -213,11 +238,7 @@ Timing run_case(const BenchCase& c, int reps) {
 
   Tensor grad_o = Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(dtype).to(Device::cuda());
   Tensor grad_h = Tensor::zeros({B, H, K, V}, dtype, Device::cuda());
-  GatedDeltaRuleGrads grads{Tensor::empty(a.q.shape(), dtype, Device::cuda()),
-                            Tensor::empty(a.k.shape(), dtype, Device::cuda()),
-                            Tensor::empty(a.v.shape(), dtype, Device::cuda()),
-                            Tensor::empty(a.g.shape(), dtype, Device::cuda()),
-                            Tensor::empty(a.beta.shape(), dtype, Device::cuda()), Tensor()};
+  GatedDeltaRuleGrads grads = grads_for(a);
   // The backward reads what the last forward call kept (it only reads it).
   auto backward = [&] {
     gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, out.saved.get(),
@@ -303,15 +324,94 @@ Timing run_case(const BenchCase& c, int reps) {
   return t;
 }
 
+// --timeline: each bf16 case's forward (keeping A, with the fit error), that forward
+// without the fit error, and the backward, timed by events and by the host's issue, then
+// once more each with the kernels' block stamps recorded (cuda/block_timeline.h): a row per
+// launch, its first block start and last end after the pass's first block start, so that
+// the gaps between kernels and the kernels beside each other show. Then the forward and the
+// backward with their state passes in 4 windows of chunks, whose per-chunk kernels run on
+// the current stream beside the next window's pass on the second.
+void timeline_tables(const std::string& filter, int reps, const std::string& csv_path) {
+  std::ofstream csv = bench::open_csv(csv_path, bench::kBlockTimelineCsvHeader);
+  std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
+              "blocks that visited a chunk\n(prologue: the block's start to its chunk loop; a "
+              "tile: a chunk); fixed and a tile: least squares over all blocks; gaps and tail:\n"
+              "the SMs' idle shares of the span\n");
+  for (const BenchCase& c : bench_cases()) {
+    const std::string label = c.name + "_" + c.dtype;
+    if (c.dtype != "bf16" || (!filter.empty() && label.find(filter) == std::string::npos)) {
+      continue;
+    }
+    std::mt19937_64 rng(1234);
+    GatedDeltaRuleArgs a = case_args(c, rng);
+    a.keep = GatedDeltaRuleKeep::Inverses;
+    const int64_t B = c.batch, T = c.seq_len, H = c.heads, K = c.key_dim, V = c.value_dim;
+    GatedDeltaRuleResult out{Tensor::empty({B, T, H, V}, DType::BF16, Device::cuda()),
+                             Tensor::empty({B, H, K, V}, DType::BF16, Device::cuda()),
+                             Tensor::empty({B, T, H}, DType::BF16, Device::cuda())};
+    auto forward = [&] { gated_delta_rule_chunked_kernels()(Device::cuda(), a, out); };
+    GatedDeltaRuleArgs no_fit_args = a;
+    no_fit_args.want_fit_error = false;
+    GatedDeltaRuleResult no_fit{out.o, out.h_final, Tensor()};
+    auto forward_no_fit = [&] {
+      gated_delta_rule_chunked_kernels()(Device::cuda(), no_fit_args, no_fit);
+    };
+    const Tensor grad_o =
+        Tensor::from_vector(normal_values(B * T * H * V, rng), {B, T, H, V}).to(DType::BF16).to(
+            Device::cuda());
+    const Tensor grad_h = Tensor::zeros({B, H, K, V}, DType::BF16, Device::cuda());
+    GatedDeltaRuleGrads grads = grads_for(a);
+    // The backward reads what the last forward call kept (it only reads it).
+    auto backward = [&] {
+      gated_delta_rule_backward_kernels()(Device::cuda(), a, grad_o, grad_h, out.saved.get(),
+                                          grads);
+    };
+    const Spread forward_ms = time_ms(reps, forward);
+    const Spread no_fit_ms = time_ms(reps, forward_no_fit);
+    const Spread backward_ms = time_ms(reps, backward);
+    std::printf("\n%s: forward %.1f us (host issue %.1f), without the fit error %.1f us (host "
+                "issue %.1f), backward %.1f us (host issue %.1f), event medians\n%s\n",
+                label.c_str(), forward_ms.median * 1e3, bench::host_issue_us(reps, forward),
+                no_fit_ms.median * 1e3, bench::host_issue_us(reps, forward_no_fit),
+                backward_ms.median * 1e3, bench::host_issue_us(reps, backward),
+                cuda::timeline_summary_header().c_str());
+    bench::timeline_rows("forward", label, forward, csv);
+    bench::timeline_rows("forward without the fit error", label + " no fit", forward_no_fit, csv);
+    bench::timeline_rows("backward", label, backward, csv);
+    const int forward_windows = cuda::set_gated_delta_rule_forward_windows(4);
+    const int backward_windows = cuda::set_gated_delta_rule_backward_windows(4);
+    bench::timeline_rows("forward, its state pass in 4 windows", label + " 4 windows", forward,
+                         csv);
+    bench::timeline_rows("backward, its state pass in 4 windows", label + " 4 windows", backward,
+                         csv);
+    cuda::set_gated_delta_rule_forward_windows(forward_windows);
+    cuda::set_gated_delta_rule_backward_windows(backward_windows);
+    out.saved.reset();
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const ham::bench::CudaBenchArgs args = ham::bench::parse_cuda_bench_args(argc, argv, 5);
+  // --timeline is this program's own; the rest are parse_cuda_bench_args'.
+  std::vector<char*> shared_args;
+  bool timeline = false;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string(argv[i]) == "--timeline") timeline = true;
+    else shared_args.push_back(argv[i]);
+  }
+  const ham::bench::CudaBenchArgs args =
+      ham::bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 5);
   const int reps = args.reps;
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
     if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
+    if (timeline) {
+      timeline_tables(filter, reps, csv_path);
+      return 0;
+    }
     std::ofstream csv = ham::bench::open_csv(
         csv_path, "name,dtype,batch,seq_len,heads,key_dim,value_dim,docs,fwd_ms_min,fwd_ms_median,"
                   "fwd_ms_max,bwd_ms_min,bwd_ms_median,bwd_ms_max,fwd_bare_ms_min,"

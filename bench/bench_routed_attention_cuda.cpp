@@ -69,6 +69,8 @@
 namespace {
 
 using namespace ham;
+using bench::host_issue_us;
+using bench::timeline_rows;
 
 struct BenchCase {
   int64_t batch, seq_len, q_heads, kv_heads, key_dim, value_dim;
@@ -352,81 +354,11 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
   }
 }
 
-// Microseconds the host takes to issue one call of `step` (the mean of `reps` calls issued
-// back to back, the device's queue drained after them).
-double host_issue_us(int reps, const std::function<void()>& step) {
-  HAM_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) step();
-  const auto issued = std::chrono::steady_clock::now();
-  HAM_CUDA_CHECK(cudaDeviceSynchronize());
-  return std::chrono::duration<double, std::micro>(issued - start).count() / reps;
-}
-
-// Each block of a recorded launch as a CSV row (the columns at the top of this file; the
-// kernel's name, which holds commas, quoted).
-void write_block_rows(std::ofstream& csv, const std::string& case_name,
-                      const cuda::KernelTimeline& launch) {
-  uint64_t first_ns = UINT64_MAX;
-  for (const cuda::BlockStamps& s : launch.blocks) first_ns = std::min(first_ns, s.start_ns);
-  auto after_start = [](const cuda::BlockStamps& s, uint64_t stamp) {
-    return stamp == 0 ? int64_t(-1) : int64_t(stamp - s.start);
-  };
-  for (size_t i = 0; i < launch.blocks.size(); ++i) {
-    const cuda::BlockStamps& s = launch.blocks[i];
-    csv << case_name << ",\"" << launch.kernel << "\"," << i << ',' << s.sm << ','
-        << s.tiles << ',' << s.start << ',' << after_start(s, s.copies_issued) << ','
-        << after_start(s, s.first_tile) << ','
-        << after_start(s, s.tiles_done) << ',' << after_start(s, s.end) << ','
-        << int64_t(s.start_ns - first_ns) << ',' << int64_t(s.end_ns - first_ns) << '\n';
-  }
-}
-
-// One pass (`run`) once more with the kernels' block stamps recorded: a row per kernel
-// launch, its first block start and last end set against the pass's first block start
-// (with a CSV, a row per block there too).
-template <class Run>
-void timeline_rows(const char* pass, const std::string& case_name, Run run, std::ofstream& csv) {
-  std::printf("%s:\n", pass);
-  cuda::record_block_timelines(true);
-  run();
-  cuda::record_block_timelines(false);
-  const std::vector<cuda::KernelTimeline> launches = cuda::take_block_timelines();
-  // Summaries first, so that the pass's first start is known before any row is printed.
-  std::vector<cuda::TimelineSummary> summaries(launches.size());
-  std::vector<std::string> errors(launches.size());
-  uint64_t pass_start_ns = UINT64_MAX;
-  for (size_t i = 0; i < launches.size(); ++i) {
-    // Stamps no kernel should leave end this launch's row, not the run: the CSV keeps them
-    // for a look.
-    try {
-      summaries[i] = cuda::summarize_block_timeline(launches[i].blocks);
-      if (summaries[i].blocks > 0) {
-        pass_start_ns = std::min(pass_start_ns, summaries[i].first_start_ns);
-      }
-    } catch (const Error& e) {
-      errors[i] = e.what();
-    }
-  }
-  for (size_t i = 0; i < launches.size(); ++i) {
-    if (errors[i].empty()) {
-      std::printf("%s\n",
-                  cuda::timeline_summary_row(launches[i].kernel, summaries[i], pass_start_ns)
-                      .c_str());
-    } else {
-      std::printf("%-44s error: %s\n", launches[i].kernel.c_str(), errors[i].c_str());
-    }
-    if (csv.is_open()) write_block_rows(csv, case_name, launches[i]);
-  }
-}
-
 // --timeline: each case's forward and backward, timed by events and by the host's issue,
 // then once more with the kernels' block stamps recorded, one row per kernel launch (and,
 // with a CSV, one row per block there).
 void timeline_tables(const std::string& filter, int reps, const std::string& csv_path) {
-  std::ofstream csv = bench::open_csv(csv_path, "case,kernel,block,sm,tiles,start_cycle,"
-                                                "copies_issued_after,first_tile_after,"
-                                                "tiles_done_after,end_after,start_ns,end_ns");
+  std::ofstream csv = bench::open_csv(csv_path, bench::kBlockTimelineCsvHeader);
   std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
               "blocks that visited a tile;\nfixed and a tile: least squares over all blocks; "
               "gaps and tail: the SMs' idle shares of the span\n");

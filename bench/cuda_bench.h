@@ -1,8 +1,9 @@
 #pragma once
 // What the plain CUDA benchmark programs share (bench_*_cuda.cpp; they time with CUDA events
 // rather than Google Benchmark): the command line, the GPU and CSV set-up, their inputs and
-// the event timing loop.
+// the event timing loop, and the block timeline tables (--timeline).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "cuda/autotune.h"
+#include "cuda/block_timeline.h"
 #include "cuda/check.h"
 #include "cuda/stream.h"
 
@@ -151,6 +153,81 @@ inline void print_autotune_choices() {
     }
   }
   std::fflush(stdout);
+}
+
+// Microseconds the host takes to issue one call of `step` (the mean of `reps` calls issued
+// back to back, the device's queue drained after them).
+inline double host_issue_us(int reps, const std::function<void()>& step) {
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) step();
+  const auto issued = std::chrono::steady_clock::now();
+  HAM_CUDA_CHECK(cudaDeviceSynchronize());
+  return std::chrono::duration<double, std::micro>(issued - start).count() / reps;
+}
+
+// The columns of a --timeline run's --csv: a row per block of each recorded launch, its
+// stamps as cycles after its start (-1 where not stamped), its start and end in ns after
+// the launch's first start.
+inline constexpr const char* kBlockTimelineCsvHeader =
+    "case,kernel,block,sm,tiles,start_cycle,copies_issued_after,first_tile_after,"
+    "tiles_done_after,end_after,start_ns,end_ns";
+
+// Each block of a recorded launch as a CSV row (the kernel's name, which holds commas,
+// quoted).
+inline void write_block_rows(std::ofstream& csv, const std::string& case_name,
+                             const cuda::KernelTimeline& launch) {
+  uint64_t first_ns = UINT64_MAX;
+  for (const cuda::BlockStamps& s : launch.blocks) first_ns = std::min(first_ns, s.start_ns);
+  auto after_start = [](const cuda::BlockStamps& s, uint64_t stamp) {
+    return stamp == 0 ? int64_t(-1) : int64_t(stamp - s.start);
+  };
+  for (size_t i = 0; i < launch.blocks.size(); ++i) {
+    const cuda::BlockStamps& s = launch.blocks[i];
+    csv << case_name << ",\"" << launch.kernel << "\"," << i << ',' << s.sm << ','
+        << s.tiles << ',' << s.start << ',' << after_start(s, s.copies_issued) << ','
+        << after_start(s, s.first_tile) << ',' << after_start(s, s.tiles_done) << ','
+        << after_start(s, s.end) << ',' << int64_t(s.start_ns - first_ns) << ','
+        << int64_t(s.end_ns - first_ns) << '\n';
+  }
+}
+
+// One pass (`run`) once more with the kernels' block stamps recorded: a row per kernel
+// launch (cuda::timeline_summary_row), its first block start and last end set against the
+// pass's first block start (with a CSV, a row per block there too).
+template <class Run>
+void timeline_rows(const char* pass, const std::string& case_name, Run run, std::ofstream& csv) {
+  std::printf("%s:\n", pass);
+  cuda::record_block_timelines(true);
+  run();
+  cuda::record_block_timelines(false);
+  const std::vector<cuda::KernelTimeline> launches = cuda::take_block_timelines();
+  // Summaries first, so that the pass's first start is known before any row is printed.
+  std::vector<cuda::TimelineSummary> summaries(launches.size());
+  std::vector<std::string> errors(launches.size());
+  uint64_t pass_start_ns = UINT64_MAX;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    // Stamps no kernel should leave end this launch's row, not the run: the CSV keeps them
+    // for a look.
+    try {
+      summaries[i] = cuda::summarize_block_timeline(launches[i].blocks);
+      if (summaries[i].blocks > 0) {
+        pass_start_ns = std::min(pass_start_ns, summaries[i].first_start_ns);
+      }
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (errors[i].empty()) {
+      std::printf("%s\n",
+                  cuda::timeline_summary_row(launches[i].kernel, summaries[i], pass_start_ns)
+                      .c_str());
+    } else {
+      std::printf("%-44s error: %s\n", launches[i].kernel.c_str(), errors[i].c_str());
+    }
+    if (csv.is_open()) write_block_rows(csv, case_name, launches[i]);
+  }
 }
 
 }  // namespace ham::bench

@@ -17,8 +17,10 @@
 // Instrumented: the routed attention kernels the bf16 defaults run (forward_mma,
 // forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma, and the backward's small kernels
 // backward_prologue, summarize_query_tiles and gather_value_scale_grad, which visit no
-// tiles; cuda/routed_attention.cu). bench_routed_attention_cuda --timeline prints their
-// summaries, each launch's window set against its pass's first block.
+// tiles; cuda/routed_attention.cu), and the gated delta rule's tensor-core kernels, each
+// chunk a tile, with its chunk table (cuda/gated_delta_rule.cu).
+// bench_routed_attention_cuda --timeline and bench_gated_delta_rule_cuda --timeline print
+// their summaries, each launch's window set against its pass's first block.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,7 +60,9 @@ inline uint64_t block_cycle_clock() { return emulated_clock(); }
 inline uint64_t global_timer_ns() { return emulated_clock(); }
 inline uint32_t block_sm_id() { return 0; }
 inline uint32_t stamping_thread() { return threadIdx.x; }
-inline uint32_t stamped_block() { return blockIdx.x; }
+inline uint32_t stamped_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
 #else
 __device__ __forceinline__ uint64_t block_cycle_clock() { return uint64_t(clock64()); }
 __device__ __forceinline__ uint64_t global_timer_ns() {
@@ -79,16 +83,21 @@ __device__ __forceinline__ uint32_t stamping_thread() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
   return thread;
 }
+// The block's index in its grid, x fastest, then y, then z.
 __device__ __forceinline__ uint32_t stamped_block() {
-  uint32_t block;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
-  return block;
+  uint32_t x, y, z, width, height;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(width));
+  asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(height));
+  return x + width * (y + height * z);
 }
 #endif
 
-// Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per blockIdx.x of a
-// one-dimensional grid); `tiles`, the tiles the block will visit, goes with FirstTile (a
-// block that visits none keeps 0). Nothing when not recording (null).
+// Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per block of the
+// grid, x fastest); `tiles`, the tiles the block will visit, goes with FirstTile (a block
+// that visits none keeps 0). Nothing when not recording (null).
 __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark,
                                            int64_t tiles = 0) {
   if (timeline == nullptr || stamping_thread() != 0) return;
@@ -116,6 +125,30 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
       break;
   }
 }
+
+// Start when made, End when the kernel leaves its scope, whichever return it takes (the
+// gated delta rule's kernels, with their early returns; every block must stamp both).
+// loop_begins and loop_done stamp FirstTile and TilesDone around a block's loop over its
+// tiles (there, chunks): the prologue ends where the loop begins, not where its first
+// tile's copies land, and a block of no tiles stays out of the tile figures.
+class StampedBlock {
+ public:
+  __device__ __forceinline__ explicit StampedBlock(BlockStamps* timeline) : timeline_(timeline) {
+    mark_block(timeline_, BlockMark::Start);
+  }
+  __device__ __forceinline__ ~StampedBlock() { mark_block(timeline_, BlockMark::End); }
+  StampedBlock(const StampedBlock&) = delete;
+  StampedBlock& operator=(const StampedBlock&) = delete;
+  // count() gives the tiles the loop will visit; called only while recording.
+  template <class CountTiles>
+  __device__ __forceinline__ void loop_begins(CountTiles count) const {
+    if (timeline_ != nullptr) mark_block(timeline_, BlockMark::FirstTile, count());
+  }
+  __device__ __forceinline__ void loop_done() const { mark_block(timeline_, BlockMark::TilesDone); }
+
+ private:
+  BlockStamps* timeline_;
+};
 
 #endif
 

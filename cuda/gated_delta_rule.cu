@@ -83,6 +83,7 @@
 #include "core/ops/gated_delta_rule.h"
 #include "cuda/async_copy.cuh"
 #include "cuda/autotune.h"
+#include "cuda/block_timeline.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/gated_delta_rule_fit.cuh"
 #include "cuda/launch.h"
@@ -107,6 +108,12 @@ constexpr int kTableTile = kTableThreads * kTableItems;
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return ::exp(x); }
 
+// The chunks a block takes in a loop over [first + blockIdx.x, count) in steps of gridDim.x.
+__device__ __forceinline__ int64_t strided_chunks(int first, int count) {
+  const int from = first + int(blockIdx.x);
+  return from < count ? (count - from + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+}
+
 // ---- Chunk table ---------------------------------------------------------------------
 // Per batch row b: chunk_begin[b, c] for c < count[b] (and chunk_begin[b, count[b]] = T),
 // chunk_doc_start[b, c] = 1 when chunk c begins a document (t = 0 included), and
@@ -127,7 +134,8 @@ template <class Index>
 __global__ void __launch_bounds__(kTableThreads)
     chunk_table_kernel(const Index* doc_ids, int64_t seq_len, int32_t* chunk_begin,
                        int32_t* chunk_doc_start, int32_t* doc_chunk, int32_t* chunk_count,
-                       int32_t* doc_count) {
+                       int32_t* doc_count, BlockStamps* timeline) {
+  const StampedBlock stamped(timeline);
   using Scan = cub::BlockScan<int, kTableThreads>;
   HAM_STATIC_SHARED(typename Scan::TempStorage, scan_storage);
   HAM_STATIC_SHARED(int, carry_doc_start);
@@ -144,6 +152,7 @@ __global__ void __launch_bounds__(kTableThreads)
     carry_docs = 0;
   }
   __syncthreads();
+  stamped.loop_begins([&] { return (seq_len + kTableTile - 1) / kTableTile; });
   for (int64_t base = 0; base < seq_len; base += kTableTile) {
     const int64_t t0 = base + int64_t(threadIdx.x) * kTableItems;  // this thread's first token
     // doc_first: each token's document start; a token begins its document where that is
@@ -196,6 +205,7 @@ __global__ void __launch_bounds__(kTableThreads)
     }
     __syncthreads();
   }
+  stamped.loop_done();
   if (threadIdx.x == 0) {
     begins[carry_count] = int32_t(seq_len);
     doc_chunks[carry_docs] = carry_count;
@@ -222,7 +232,8 @@ ChunkTable build_chunk_table(const Tensor& doc_ids, Device device, int64_t batch
     HAM_LAUNCH(unsigned(batch), kTableThreads, 0, launch_stream(), chunk_table_kernel<Index>)(
         ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
         ptr<int32_t>(table.doc_chunk), ptr<int32_t>(table.count),
-        ptr<int32_t>(table.count) + batch);
+        ptr<int32_t>(table.count) + batch,
+        block_timeline_for_launch(KernelName{"chunk_table_kernel", {}, 0}, batch));
     HAM_CUDA_CHECK_LAUNCH();
   };
   if (doc_ids.defined()) {
@@ -341,6 +352,9 @@ struct Problem {
   const int32_t *doc_chunk, *doc_count;
   int64_t batch, seq_len, heads, key_dim, value_dim;
   int vt, tiles;
+  // The launch's block stamps while recording (cuda/block_timeline.h; the tensor-core
+  // kernels), else null: launch_kernel sets it a launch.
+  BlockStamps* timeline = nullptr;
 
   // Index of token t of batch b, head h into [B, T, H] (times the width for [B, T, H, D]).
   __device__ int64_t row(int64_t b, int64_t t, int64_t h) const {
@@ -1462,6 +1476,7 @@ template <int KD, int kWarps = 4>
 __global__ void __launch_bounds__(kWarps * 32)
     gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, bf16* a_out,
                     const bf16* a_in, int64_t max_chunks, int chunk_begin, int chunk_end) {
+  const StampedBlock stamped(pr.timeline);
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps a block");
   constexpr int kThreads = kWarps * 32, kHalves = kWarps / 4;
   using L = MmaPrepareLayout<KD>;
@@ -1497,6 +1512,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // U's rows go out 16 bytes at a time where each starts on a 16-byte boundary (W's always
   // do: KD is a multiple of 8, and both buffers are the backend's own).
   const bool u_rows_aligned = V % 8 == 0;
+  stamped.loop_begins([&] { return strided_chunks(chunk_begin, count); });
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -1598,6 +1614,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+  stamped.loop_done();
 }
 
 // A state-pass block's place: batch row b (blockIdx.z), head h (blockIdx.y), and in
@@ -1803,6 +1820,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final,
                   StateWindow window) {
+  const StampedBlock stamped(pr.timeline);
   using L = MmaStateLayout<KD, VT>;
   constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
@@ -1890,6 +1908,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
 
   // Two barriers a chunk: the one below publishes the chunk's tiles with S0 (written at the
   // end of the step before), and the one between the products publishes sVn.
+  stamped.loop_begins([&] { return end_chunk - first; });
   for (int chunk = first; chunk < end_chunk; ++chunk) {
     const int n = int(end - begin);
     async_copy_wait<0>();  // this chunk's W, K, U (the only copies in flight)
@@ -1986,6 +2005,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     end_after = end_later;
     end_later = begin_of(min(chunk + 5, count));
   }
+  stamped.loop_done();
   if (carried_on) {  // the state at the window's end, for the next window's launch
     S.each([&](float& x, int a, int c) {
       if (c < cols) window.carry_out[st.state_base + st.offset(a, c)] = x;
@@ -2056,6 +2076,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
                    int64_t max_chunks, int slots, bf16* o, bf16* fit_error, int chunk_begin,
                    int chunk_end) {
+  const StampedBlock stamped(pr.timeline);
   using L = MmaOutputLayout<KD, kFit>;
   // NB 8-column blocks of a warp's accumulator, from column col_part of each tile
   constexpr int LDK = L::ldk, LDS = L::lds, NB = kMmaVt / 8 / (kFit ? 1 : 2);
@@ -2123,6 +2144,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     async_copy_commit();
   };
   int ahead = 0;  // kPrefetch: this chunk's first tiles, issued during the block's last chunk
+  stamped.loop_begins([&] { return strided_chunks(chunk_begin, count); });
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -2270,6 +2292,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
       first_slot = (first_slot + tiles) % slots;
     }
   }
+  stamped.loop_done();
 }
 
 // ---- Tensor-core backward (bf16) -----------------------------------------------------
@@ -2405,6 +2428,7 @@ struct BwdLocalLayout {
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_bwd_local_mma(Problem<bf16> pr, MmaBackward bw, int slots) {
+  const StampedBlock stamped(pr.timeline);
   constexpr int LDK = BwdLocalLayout<KD>::ldk, LDV = BwdLocalLayout<KD>::ldv, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -2416,6 +2440,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = int(threadIdx.x / 32);
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = pr.chunk_count[b];
+  stamped.loop_begins([&] { return strided_chunks(0, count); });
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -2497,6 +2522,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     }
   }
+  stamped.loop_done();
 }
 
 // kSlots of gdr_bwd_state_mma beside 1 and 2: K and dvl, which a step's first product
@@ -2535,6 +2561,7 @@ struct BwdStateLayout {
 template <int KD, int VT, int kSlots, int kSums = 1>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
+  const StampedBlock stamped(pr.timeline);
   static_assert(kSlots == 1 || kSlots == 2 || kSlots == kKeysAheadSlots,
                 "one or two slots of chunk tiles, or the keys ahead");
   constexpr bool kKeysAhead = kSlots == kKeysAheadSlots;
@@ -2671,6 +2698,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   // the one between the products publishes du. One slot takes a third, between the
   // chunk's copies and their use. With the keys ahead, two: the one below publishes K and
   // dvl (copied a chunk ahead), the second Q, W and dO (copied after the first) with du.
+  stamped.loop_begins([&] { return last - first + 1; });
   for (int chunk = last; chunk >= first; --chunk) {
     const int n = int(end - begin);
     const float* g = s_g[chunk % 2];  // written before the last step's second barrier
@@ -2790,6 +2818,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     begin_p2 = begin_p3;
     begin_p3 = begin_of(chunk - 4);
   }
+  stamped.loop_done();
   if (carried_on) {  // dS at the window's first chunk, for the window before
     dS.each([&](float& x, int a, int c) {
       if (c < cols) window.carry_out[st.state_base + st.offset(a, c)] = x;
@@ -2829,6 +2858,7 @@ constexpr int kValuesMinBlocks = KD <= 128 ? 3 : 2;
 template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     gdr_bwd_values_mma(Problem<bf16> pr, MmaBackward bw) {
+  const StampedBlock stamped(pr.timeline);
   using L = BwdValuesLayout<KD, VT>;
   constexpr int LDK = L::ldk, LDV = L::ldv, LDA = L::lda, LDF = L::ldf;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -2848,6 +2878,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -2973,6 +3004,7 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
       bw.row_zp[pr.row(b, begin + i, h)] = z;
     }
   }
+  stamped.loop_done();
 }
 
 // The keys kernel's value tiles: 32 columns, so that two slots of them fit beside Q and K
@@ -3002,6 +3034,7 @@ constexpr int kKeysWarps = KD >= 64 ? 8 : 4;
 template <int KD, int VT>
 __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     gdr_bwd_keys_mma(Problem<bf16> pr, MmaBackward bw) {
+  const StampedBlock stamped(pr.timeline);
   using L = BwdKeysLayout<KD, VT>;
   constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDP = L::ldp;
   constexpr int LDF = L::ldf;
@@ -3031,6 +3064,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   const int part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -3282,6 +3316,7 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
       }
     }
   }
+  stamped.loop_done();
 }
 
 // dL = -strict_tril(A^T dA A^T), the gradient of L = diag(beta) M through A = (I + L)^-1:
@@ -3335,6 +3370,7 @@ constexpr int kWyWarps = KD >= 64 ? 8 : 4;
 template <int KD>
 __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     gdr_bwd_wy_mma(Problem<bf16> pr, MmaBackward bw) {
+  const StampedBlock stamped(pr.timeline);
   using L = BwdWyLayout<KD>;
   constexpr int KB = L::kb, LDK = L::ldk, LDA = L::lda, LDB = L::ldb, LDF = L::ldf;
   constexpr int kWarps = kWyWarps<KD>, kThreads = kWarps * 32, kParts = kWarps / 4;
@@ -3359,6 +3395,7 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   const int row0 = warp % 4 * 16, part = warp / 4, part0 = part * KBP;
   const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
   const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
     const int64_t begin = begins[chunk];
     const int n = int(begins[chunk + 1] - begin);
@@ -3517,6 +3554,7 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
       else static_cast<bf16*>(bw.dg)[row_at] = store<bf16>(suffix);
     }
   }
+  stamped.loop_done();
 }
 
 // ---- Host side -----------------------------------------------------------------------
@@ -3633,18 +3671,21 @@ ChunkCounts max_chunk_counts(const GatedDeltaRuleArgs& a, const ChunkTable& tabl
   return most;
 }
 
-// Launches a tensor-core kernel (kMmaThreads threads), first raising its shared-memory
-// limit when it needs more than the default 48 KiB.
+// Launches a tensor-core kernel `name` on `threads` threads a block, first raising its
+// shared-memory limit when it needs more than the default 48 KiB, with its block stamps in
+// pr.timeline while recording (cuda/block_timeline.h).
 template <class Kernel, class... Args>
-void launch_kernel(Kernel kernel, dim3 grid, int threads, size_t bytes, Args... args) {
+void launch_kernel(const KernelName& name, Kernel kernel, dim3 grid, int threads, size_t bytes,
+                   Problem<bf16> pr, Args... args) {
   allow_dynamic_shared("gated_delta_rule", kernel, bytes);
-  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(args...);
+  pr.timeline = block_timeline_for_launch(name, int64_t(grid.x) * grid.y * grid.z);
+  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(pr, args...);
   HAM_CUDA_CHECK_LAUNCH();
 }
 
 template <class Kernel, class... Args>
-void launch_mma(Kernel kernel, dim3 grid, size_t bytes, Args... args) {
-  launch_kernel(kernel, grid, kMmaThreads, bytes, args...);
+void launch_mma(const KernelName& name, Kernel kernel, dim3 grid, size_t bytes, Args... args) {
+  launch_kernel(name, kernel, grid, kMmaThreads, bytes, args...);
 }
 
 // Blocks along the chunks of a row (each loops over chunks beyond the grid).
@@ -3755,10 +3796,12 @@ std::atomic<int64_t> g_prefetching_output_passes{0};  // ..._prefetching_output_
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
 // set and where they apply (kStatePartialSums; counted).
 template <int KD, int VT>
-auto forward_state_kernel() {
+auto forward_state_kernel(KernelName& name) {
+  name = KernelName{"gdr_state_mma", {KD, VT, 1}, 3};
   if constexpr (kStatePartialSums<KD, VT>) {
     if (g_state_partial_sums.load() == 2) {
       g_partial_sum_passes.fetch_add(1);
+      name.arguments[2] = 2;
       return &gdr_state_mma<KD, VT, 2>;
     }
   }
@@ -3767,10 +3810,12 @@ auto forward_state_kernel() {
 
 // The same for the backward's, with kSlots slots of chunk tiles, and du.
 template <int KD, int VT, int kSlots>
-auto backward_state_kernel() {
+auto backward_state_kernel(KernelName& name) {
+  name = KernelName{"gdr_bwd_state_mma", {KD, VT, kSlots, 1}, 4};
   if constexpr (kStatePartialSums<KD, VT>) {
     if (g_state_partial_sums.load() == 2) {
       g_partial_sum_passes.fetch_add(1);
+      name.arguments[3] = 2;
       return &gdr_bwd_state_mma<KD, VT, kSlots, 2>;
     }
   }
@@ -3921,7 +3966,8 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
     const int64_t window = std::min<int64_t>(chunk_end, c.max_chunks) - chunk_begin;
     const dim3 grid(unsigned(std::min<int64_t>(mma_chunk_blocks(d), window)),
                     unsigned(d.heads), unsigned(d.batch));
-    launch_kernel(prepare_warps == 8 ? &gdr_prepare_mma<KD, 8> : &gdr_prepare_mma<KD, 4>, grid,
+    launch_kernel(KernelName{"gdr_prepare_mma", {KD, prepare_warps}, 2},
+                  prepare_warps == 8 ? &gdr_prepare_mma<KD, 8> : &gdr_prepare_mma<KD, 4>, grid,
                   prepare_warps * 32, MmaPrepareLayout<KD>::bytes, c.pr, ptr<bf16>(c.w),
                   ptr<bf16>(c.u), ptr<float>(c.gcum),
                   keep_inverse && forms_inverse ? ptr<bf16>(c.a_inv) : nullptr, a_in,
@@ -3929,7 +3975,9 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   };
   auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
-    launch_kernel(forward_state_kernel<KD, VT>(), state_pass_grid(op, d, tiles, c.max_docs),
+    KernelName name{};
+    const auto kernel = forward_state_kernel<KD, VT>(name);
+    launch_kernel(name, kernel, state_pass_grid(op, d, tiles, c.max_docs),
                   kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
                   ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end), window);
@@ -3989,7 +4037,8 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                       : (wave + rows_of_blocks - 1) / rows_of_blocks;
           blocks.x = unsigned(std::clamp<int64_t>(per_row, 1, int64_t(grid.x)));
         }
-        launch_kernel(kernel, blocks, kOutputThreads, bytes, chunks.pr,
+        launch_kernel(KernelName{"gdr_output_mma", {KD, int(kFit), int(prefetch)}, 3}, kernel,
+                      blocks, kOutputThreads, bytes, chunks.pr,
                       ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
                       ptr<const float>(chunks.gcum), chunks.max_chunks, slots,
                       ptr<bf16>(out.o), fit ? ptr<bf16>(out.fit_error) : nullptr, chunk_begin,
@@ -4177,7 +4226,8 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       local.gcum = ptr<const float>(chunks.gcum);
       local.dvl = ptr<float>(dvl);
       const int local_slots = d.value_dim > kMmaVt ? 2 : 1;
-      launch_mma(&gdr_bwd_local_mma<KD>, dim3(chunk_blocks, 1, bh),
+      launch_mma(KernelName{"gdr_bwd_local_mma", {KD}, 1}, &gdr_bwd_local_mma<KD>,
+                 dim3(chunk_blocks, 1, bh),
                  BwdLocalLayout<KD>::bytes(local_slots), make_problem<bf16>(a, d, chunks.table, VT),
                  local, local_slots);
     };
@@ -4281,7 +4331,9 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
         if (BwdStateLayout<KD, SVT, 2>::bytes <=
             shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
-          launch_kernel(backward_state_kernel<KD, SVT, 2>(), grid, kStateWarps<KD> * 32,
+          KernelName name{};
+          const auto kernel = backward_state_kernel<KD, SVT, 2>(name);
+          launch_kernel(name, kernel, grid, kStateWarps<KD> * 32,
                         BwdStateLayout<KD, SVT, 2>::bytes, pr, windowed);
           return;
         }
@@ -4289,14 +4341,17 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
         using Ahead = BwdStateLayout<KD, SVT, kKeysAheadSlots>;
         if (g_backward_keys_ahead.load() &&
             Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
-          launch_kernel(backward_state_kernel<KD, SVT, kKeysAheadSlots>(), grid,
-                        kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
+          KernelName name{};
+          const auto kernel = backward_state_kernel<KD, SVT, kKeysAheadSlots>(name);
+          launch_kernel(name, kernel, grid, kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
           g_keys_ahead_passes.fetch_add(1);
           return;
         }
       }
-      launch_kernel(backward_state_kernel<KD, SVT, 1>(), grid, kStateWarps<KD> * 32,
-                    BwdStateLayout<KD, SVT, 1>::bytes, pr, windowed);
+      KernelName name{};
+      const auto kernel = backward_state_kernel<KD, SVT, 1>(name);
+      launch_kernel(name, kernel, grid, kStateWarps<KD> * 32, BwdStateLayout<KD, SVT, 1>::bytes,
+                    pr, windowed);
     };
     auto reverse_pass = [&](const MmaBackward& windowed) {
       if (backward_state_columns<KD, VT>(d) == 32) state_pass.template operator()<32>(windowed);
@@ -4308,12 +4363,14 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
           std::min<int64_t>(windowed.window.end, max_chunks) - windowed.window.begin;
       const dim3 per_chunk(unsigned(std::min<int64_t>(chunk_blocks, window)), 1, bh);
       constexpr int kValuesVt = kBackwardValuesVt<KD>;
-      launch_mma(&gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
+      launch_mma(KernelName{"gdr_bwd_values_mma", {KD, kValuesVt}, 2},
+                 &gdr_bwd_values_mma<KD, kValuesVt>, per_chunk,
                  BwdValuesLayout<KD, kValuesVt>::bytes, pr, windowed);
-      launch_kernel(&gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
+      launch_kernel(KernelName{"gdr_bwd_keys_mma", {KD, kKeysVt}, 2},
+                    &gdr_bwd_keys_mma<KD, kKeysVt>, per_chunk, kKeysWarps<KD> * 32,
                     BwdKeysLayout<KD, kKeysVt>::bytes, pr, windowed);
-      launch_kernel(&gdr_bwd_wy_mma<KD>, per_chunk, kWyWarps<KD> * 32, BwdWyLayout<KD>::bytes,
-                    pr, windowed);
+      launch_kernel(KernelName{"gdr_bwd_wy_mma", {KD}, 1}, &gdr_bwd_wy_mma<KD>, per_chunk,
+                    kWyWarps<KD> * 32, BwdWyLayout<KD>::bytes, pr, windowed);
     };
     // set_gated_delta_rule_backward_windows: the reverse pass in windows of chunks, the
     // last window first, on a high-priority fork; the per-chunk kernels of each window on

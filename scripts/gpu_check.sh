@@ -44,7 +44,9 @@
 #                    attention kernels' blocks spend their time, from their own clock
 #                    stamps (bench_routed_attention_cuda --timeline), into
 #                    routed_timeline.txt, and every block's stamps of the B4 T4096
-#                    cases into routed_timeline_blocks.csv; lce times bf16 only unless
+#                    cases into routed_timeline_blocks.csv, then the gated delta rule's
+#                    tensor-core passes (bench_gated_delta_rule_cuda --timeline) into
+#                    gdr_timeline.txt; lce times bf16 only unless
 #                    HAM_GPU_LCE_ALL=1)
 # Exit status: 0 when every selected test passed (none skipped: on a GPU machine a skip
 # means the GPU was unusable) and the benchmark ran.
@@ -392,6 +394,11 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     "$build/bench/bench_routed_attention_cuda" --timeline 2>&1 | tee "$out/routed_timeline.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] ||
       { echo "gpu_check: bench_routed_attention_cuda --timeline failed" >&2; status=1; }
+    echo "== [$(date +%T)] gated delta rule: block timelines (bench_gated_delta_rule_cuda" \
+      "--timeline)"
+    "$build/bench/bench_gated_delta_rule_cuda" --timeline 2>&1 | tee "$out/gdr_timeline.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] ||
+      { echo "gpu_check: bench_gated_delta_rule_cuda --timeline failed" >&2; status=1; }
     # Every block's stamps of the B4 T4096 cases alone (about 12 MB): with all 23 cases the
     # file would take about 40 MB, and the session's results must come back in 16 MiB.
     "$build/bench/bench_routed_attention_cuda" --timeline --reps 1 --filter T4096_B4 \

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
 #include "cuda/autotune.h"
+#include "cuda/block_timeline.h"
 #include "cuda/gated_delta_rule.h"
 #endif
 
@@ -1185,6 +1187,105 @@ void expect_settings_agree_bitwise(const GpuCase& c, uint64_t seed,
   }
 }
 #endif
+
+#ifdef HAM_WITH_CUDA
+// The launches recorded since `record_block_timelines(true)`, each summarized (which fails
+// on a block without its start or end stamp), by kernel name without its arguments: the
+// chunks its blocks visited in all, and its launches.
+struct RecordedKernels {
+  std::vector<std::string> names;               // in launch order
+  std::map<std::string, int64_t> tiles, launches;  // by name
+};
+RecordedKernels take_recorded_kernels() {
+  RecordedKernels recorded;
+  for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
+    const std::string name = launch.kernel.substr(0, launch.kernel.find('<'));
+    recorded.names.push_back(name);
+    const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+    EXPECT_EQ(summary.blocks, int64_t(launch.blocks.size())) << launch.kernel;
+    recorded.tiles[name] += summary.tiles;
+    ++recorded.launches[name];
+  }
+  return recorded;
+}
+#endif
+
+// The tensor-core passes' block timelines (cuda/block_timeline.h), forward and backward, in
+// one launch and in windows of chunks: recording leaves every output the same to the bit;
+// every block of every launch stamps its start and end (whichever return it takes); the
+// kernels come in launch order; the per-chunk kernels visit each chunk of each head once,
+// and the state passes each chunk once per value tile.
+TEST(GatedDeltaRule, GpuBlockTimelinesOfTheTensorCorePasses) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const GpuCase c{2, 300, 2, 64, 96, true, 3};
+  const GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 173), DType::BF16);
+  const Tensor grad_o = randn64({c.batch, c.seq_len, c.heads, c.value_dim}, 174, 1.0, false)
+                            .to(DType::BF16)
+                            .to(Device::cuda());
+  const Tensor grad_h = randn64({c.batch, c.heads, c.key_dim, c.value_dim}, 175, 1.0, false)
+                            .to(DType::BF16)
+                            .to(Device::cuda());
+  int64_t chunks = 0;  // over the rows
+  for (const auto& row : cuda::gated_delta_rule_chunk_table(gpu.doc_ids, c.batch, c.seq_len)) {
+    chunks += int64_t(row.chunk_doc_start.size());
+  }
+  const int64_t head_chunks = chunks * c.heads;
+  struct Pass {
+    GatedDeltaRuleResult out;
+    GatedDeltaRuleGrads grads;
+  };
+  auto run = [&] {
+    Pass pass{poisoned_result(gpu), poisoned_grads(gpu, {})};
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, pass.out);
+    gated_delta_rule_backward_kernels()(Device::cuda(), gpu, grad_o, grad_h, nullptr,
+                                        pass.grads);
+    return pass;
+  };
+  const Pass unrecorded = run();
+  for (const int windows : {1, 3}) {
+    SCOPED_TRACE(std::to_string(windows) + " windows");
+    const testing::ScopedSetting forward_windows(&cuda::set_gated_delta_rule_forward_windows,
+                                                 windows);
+    const testing::ScopedSetting backward_windows(&cuda::set_gated_delta_rule_backward_windows,
+                                                  windows);
+    cuda::record_block_timelines(true);
+    const Pass recorded = run();
+    cuda::record_block_timelines(false);
+    EXPECT_EQ(testing::max_abs_diff(recorded.out.o, unrecorded.out.o), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(recorded.out.fit_error, unrecorded.out.fit_error), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(recorded.grads.dq, unrecorded.grads.dq), 0.0);
+    EXPECT_EQ(testing::max_abs_diff(recorded.grads.dg, unrecorded.grads.dg), 0.0);
+    const RecordedKernels k = take_recorded_kernels();
+    ASSERT_GE(k.names.size(), 4u);
+    // The forward: its chunk table first (the backward, with nothing kept, builds its own).
+    EXPECT_EQ(std::vector<std::string>(k.names.begin(), k.names.begin() + 2),
+              (std::vector<std::string>{"chunk_table_kernel", "gdr_prepare_mma"}));
+    EXPECT_EQ(k.launches.at("chunk_table_kernel"), 2);
+    EXPECT_EQ(k.tiles.at("chunk_table_kernel"), 2 * c.batch);  // one tile of a row a launch
+    // Forward and the backward's recompute: prepare by windows (the default) and the state
+    // pass by windows where asked, the output kernel a window.
+    EXPECT_EQ(k.launches.at("gdr_prepare_mma"), windows + 1);
+    EXPECT_EQ(k.launches.at("gdr_output_mma"), windows);
+    for (const char* per_chunk : {"gdr_output_mma", "gdr_bwd_local_mma", "gdr_bwd_values_mma",
+                                  "gdr_bwd_keys_mma", "gdr_bwd_wy_mma"}) {
+      EXPECT_EQ(k.tiles.at(per_chunk), head_chunks) << per_chunk;
+    }
+    EXPECT_EQ(k.tiles.at("gdr_prepare_mma"), 2 * head_chunks);
+    // The state passes: each chunk once per value tile (96 columns: 2 of 64 or 3 of 32), the
+    // forward's twice (the backward recomputes it).
+    for (const int64_t visited :
+         {k.tiles.at("gdr_state_mma") / 2, k.tiles.at("gdr_bwd_state_mma")}) {
+      EXPECT_TRUE(visited == 2 * head_chunks || visited == 3 * head_chunks)
+          << visited << " chunks for " << head_chunks;
+    }
+    EXPECT_EQ(k.tiles.at("gdr_state_mma") % 2, 0);
+    EXPECT_EQ(k.launches.at("gdr_bwd_state_mma"), windows);
+  }
+  run();  // not recording: nothing more to take
+  EXPECT_TRUE(cuda::take_block_timelines().empty());
+#endif
+}
 
 // The bf16 state passes, forward and backward, forced to 32- and to 64-column tiles (the
 // default picks one per call): each matches the CPU, forward and backward, and their
