@@ -8,6 +8,7 @@
 #include "core/kernel_settings.h"
 #include "cuda/autotune.h"
 #include "cuda/cublas.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/norm.h"
 #include "cuda/routed_attention.h"
@@ -33,6 +34,7 @@ void add_bool(const char* name, bool (*set)(bool)) {
 
 const bool registered = [] {
   add_bool("autotune", &set_autotune);
+  add_bool("dependent_launches", &set_dependent_launches);
   add_int("attention_forward_rows", "128 or 64", &set_attention_forward_rows);
   add_int("attention_forward_keys", "64 or 32", &set_attention_forward_keys);
   add_int("attention_forward_wgmma", "-1 (automatic), 0 (mma.sync), 1 or 2 (wgmma warpgroups)",

@@ -70,7 +70,7 @@ void Racecheck::set_stream_work(StreamWork work) {
 }
 
 void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocations,
-                             const char* kernel) {
+                             const char* kernel, bool dependent) {
   launch_start_ = tick();
   StreamWork work = next_work_set_ ? std::move(next_work_) : StreamWork{};
   next_work_set_ = false;
@@ -79,8 +79,14 @@ void Racecheck::begin_launch(std::vector<std::pair<const char*, size_t>> allocat
   bool after_all = true, all_later_after_all = true;
   for (EarlierLaunch& earlier : launches_) {
     earlier.ordered = work.stream == 0 || work.ordered_after(earlier.work);
+    // A dependent launch may start once the work ahead of it on its stream has let it (a
+    // kernel's threads do so after their own wait, simt.h), before that work ends.
+    earlier.ordered_after_wait = dependent && work.stream != 0 &&
+                                 earlier.work.stream == work.stream &&
+                                 earlier.work.number + 1 == work.number;
+    if (earlier.ordered_after_wait) earlier.ordered = false;
     after_all = after_all && earlier.ordered;
-    all_later_after_all = all_later_after_all &&
+    all_later_after_all = all_later_after_all && !earlier.ordered_after_wait &&
                           (work.stream == 0 || StreamWork::covers(work.all_later_after,
                                                                   earlier.work));
   }
@@ -127,10 +133,17 @@ const Racecheck::EarlierLaunch* Racecheck::earlier_launch(uint32_t clock) const 
   return after == launches_.begin() ? nullptr : &*(after - 1);
 }
 
-bool Racecheck::earlier_launch_ordered(uint32_t clock) const {
+bool Racecheck::earlier_launch_ordered(uint32_t clock, int thread) const {
   if (clock < ordered_below_) return true;
   const EarlierLaunch* earlier = earlier_launch(clock);
+  if (earlier && earlier->ordered_after_wait) {
+    return thread >= 0 && size_t(thread) < waited_.size() && waited_[size_t(thread)];
+  }
   return !earlier || earlier->ordered;
+}
+
+void Racecheck::grid_dependency_waited(int thread) {
+  if (size_t(thread) < waited_.size()) waited_[size_t(thread)] = true;
 }
 
 void Racecheck::begin_block(const void* dynamic, size_t dynamic_bytes, int threads,
@@ -139,6 +152,7 @@ void Racecheck::begin_block(const void* dynamic, size_t dynamic_bytes, int threa
   block_starts_.push_back(block_start_);
   block_index_.push_back(block_index);
   warp_epoch_.assign(size_t((threads + kWarpSize - 1) / kWarpSize), 0u);
+  waited_.assign(size_t(threads), false);
   if (dynamic_history_.size() < dynamic_bytes) dynamic_history_.resize(dynamic_bytes);
   regions_.clear();
   if (dynamic_bytes > 0) {
@@ -220,7 +234,7 @@ bool Racecheck::ordered(const Region& region, uint32_t clock, int earlier, int t
   // Shared memory is the block's own; in device memory nothing orders two blocks of a
   // launch, and an earlier launch is ordered before this one as their stream work is.
   if (!region.shared()) {
-    if (clock < launch_start_) return earlier_launch_ordered(clock);
+    if (clock < launch_start_) return earlier_launch_ordered(clock, thread);
     if (clock < block_start_ || several_blocks) return false;
   }
   if (clock < block_epoch_ || earlier == thread) return true;
@@ -281,6 +295,12 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
     }
     if (clock >= launch_start_) return "and nothing orders two blocks of one launch";
     const StreamWork& now = launches_.back().work;
+    const EarlierLaunch* earlier = earlier_launch(clock);
+    if (earlier && earlier->ordered_after_wait) {
+      return detail::concat("before this thread's griddepcontrol.wait: this launch (work ",
+                            now.number, " on ", now.where, ") is a dependent one, which "
+                            "may start before the work ahead of it ends");
+    }
     return detail::concat("and nothing orders that work before this one (work ", now.number,
                           " on ", now.where, "): no wait for an event recorded after it, "
                           "and no synchronization between them");
@@ -305,7 +325,7 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
     // read is never stale, but one is enough: every later write is another block's.)
     auto stale = [&](int s) {
       if (!region.shared() && h.read_clock[s] < block_start_) {
-        return h.read_clock[s] < launch_start_ && earlier_launch_ordered(h.read_clock[s]);
+        return h.read_clock[s] < launch_start_ && earlier_launch_ordered(h.read_clock[s], thread);
       }
       return h.reader[s] == me || h.read_clock[s] < block_epoch_;
     };

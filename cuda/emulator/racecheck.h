@@ -73,9 +73,11 @@ class Racecheck {
   void set_stream_work(StreamWork work);
   void clear_stream_work() { next_work_set_ = false; }
   // A kernel launch starts, `kernel` its name. `allocations`: the device memory its kernel
-  // may reach, as (first byte, bytes), sorted by address.
+  // may reach, as (first byte, bytes), sorted by address. `dependent`: a programmatic
+  // dependent launch, whose threads are ordered after the work just ahead of it on its
+  // stream only from their griddepcontrol.wait on (grid_dependency_waited).
   void begin_launch(std::vector<std::pair<const char*, size_t>> allocations,
-                    const char* kernel);
+                    const char* kernel, bool dependent = false);
   // Stream work with no threads (`what`: "cudaMemcpyAsync", a collective...): it starts as
   // a launch of one thread, which makes `accesses`. Returns the first race, or "".
   std::string work_accesses(std::vector<std::pair<const char*, size_t>> allocations,
@@ -91,6 +93,8 @@ class Racecheck {
   void barrier();
   // __syncwarp completed in `warp` (the kernels' are all full-warp).
   void warp_sync(int warp);
+  // `thread` (linear in the block) passed griddepcontrol.wait.
+  void grid_dependency_waited(int thread);
 
   // `thread` (linear in the block) reads, writes or atomically updates `bytes` bytes at
   // `address`, from the code at `pc`. Returns why that races, or runs past the end of its
@@ -148,13 +152,17 @@ class Racecheck {
     std::string what;
     bool ordered;
     bool threadless;  // work_accesses'
+    // The work just ahead of a dependent launch on its stream: ordered before the running
+    // launch's threads that have waited (waited_), and before no other.
+    bool ordered_after_wait = false;
   };
 
   const Region* find(const void* address);
   // The launch that made an access recorded at `clock` before the running launch started;
   // null where its histories are older than every launch kept (all ordered before this).
   const EarlierLaunch* earlier_launch(uint32_t clock) const;
-  bool earlier_launch_ordered(uint32_t clock) const;
+  // Whether `thread` of the running block is ordered after that launch's accesses.
+  bool earlier_launch_ordered(uint32_t clock, int thread) const;
   ByteHistory* device_history(const char* byte);
   uint32_t code_id(const void* pc, bool name = false);
   std::string describe_code(uint32_t code) const;
@@ -189,6 +197,7 @@ class Racecheck {
   std::vector<uint32_t> block_starts_;
   std::vector<std::array<unsigned, 3>> block_index_;
   std::vector<uint32_t> warp_epoch_;  // the clock at each warp's last __syncwarp
+  std::vector<bool> waited_;          // each thread's griddepcontrol.wait, this block
   std::vector<ByteHistory> dynamic_history_;
   // A deque: regions_ points into it, and adding a variable must not move the others.
   std::deque<std::pair<const void*, std::vector<ByteHistory>>> static_history_;

@@ -152,6 +152,7 @@ struct Fiber {
   };
   std::vector<WgmmaInFlight> wgmmas_in_flight;
   int wgmma_groups = 0;
+  bool waited_for_earlier_grids = false;  // griddepcontrol.wait
 };
 
 // Lanes of one warp gathered in one collective that has not completed yet.
@@ -377,6 +378,27 @@ class BlockRunner {
     if (!f.wgmmas_in_flight.empty()) {
       fail_in(f, "ended with " + std::to_string(f.wgmmas_in_flight.size()) +
                      " wgmma.mma_async that no wgmma.wait_group covered");
+    }
+    // A grid that ends before the one it depends on would let a launch that depends on it
+    // in turn start before that one ends.
+    if (site_.dependent && !f.waited_for_earlier_grids) {
+      fail_in(f, "ended without griddepcontrol.wait in a dependent launch "
+                 "(HAM_LAUNCH_DEPENDENT), which may start before the work ahead of it ends");
+    }
+  }
+
+  void grid_dependency_wait() {
+    Fiber& f = current();
+    f.waited_for_earlier_grids = true;
+    if (Racecheck* check = racecheck()) check->grid_dependency_waited(f.linear);
+  }
+
+  void grid_dependents_may_launch() {
+    Fiber& f = current();
+    if (site_.dependent && !f.waited_for_earlier_grids) {
+      fail_in(f, "griddepcontrol.launch_dependents before griddepcontrol.wait in a dependent "
+                 "launch: a launch that depends on this one could start before the work "
+                 "ahead of this one ends");
     }
   }
 
@@ -846,6 +868,8 @@ void async_copy_16(void* shared_destination, const void* global_source) {
 void async_copy_16_or_zeros(void* shared_destination, const void* global_source, bool copy) {
   runner().async_copy_16(shared_destination, global_source, copy, __builtin_return_address(0));
 }
+void grid_dependency_wait() { runner().grid_dependency_wait(); }
+void grid_dependents_may_launch() { runner().grid_dependents_may_launch(); }
 void async_copy_commit() { runner().async_copy_commit(); }
 void async_copy_wait(int pending) { runner().async_copy_wait(pending); }
 
@@ -907,7 +931,9 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
             " with ", threads, " threads per block");
   install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
-  if (Racecheck* check = racecheck()) check->begin_launch(device_allocations(), site.kernel);
+  if (Racecheck* check = racecheck()) {
+    check->begin_launch(device_allocations(), site.kernel, site.dependent);
+  }
   running = &block_runner;
   struct Reset {
     ~Reset() { running = nullptr; }

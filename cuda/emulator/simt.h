@@ -69,13 +69,16 @@ const ThreadPlace& place();
 // A launch site, for messages: "gdr_forward_kernel<T> at cuda/gated_delta_rule.cu:978".
 // `function` is the kernel's address, under which the runtime keeps its attributes and the
 // static shared memory its blocks have reached (static_shared_reached), and `device` the
-// device current at the launch.
+// device current at the launch. `dependent`: a programmatic dependent launch
+// (HAM_LAUNCH_DEPENDENT, cuda/dependent_launch.h), which may start before the work ahead
+// of it on its stream ends, so that every thread must wait for it (grid_dependency_wait).
 struct LaunchSite {
   const char* kernel;
   const char* file;
   int line;
   const void* function = nullptr;
   int device = 0;
+  bool dependent = false;
 };
 
 // The address of the kernel a launch (HAM_LAUNCH) names and calls with `args`:
@@ -211,6 +214,14 @@ void instrumented_access(const void* address, size_t bytes, bool write, const vo
 void instrumented_atomic(const void* address, size_t bytes, const void* pc);
 void shared_read_for_lane(int lane, const void* address, size_t bytes, const void* pc);
 [[gnu::noinline]] const void* code_address_here();
+
+// griddepcontrol.wait and .launch_dependents (cuda/dependent_launch.h). In a dependent
+// launch a thread that exits without having waited fails the kernel, as does one that lets
+// later launches start before its own wait (the racecheck takes what the work ahead of the
+// launch did as ordered before a thread only from its wait on). In a plain launch both
+// return at once, as on a GPU.
+void grid_dependency_wait();
+void grid_dependents_may_launch();
 
 // __trap(): the kernel fails with this message.
 [[noreturn]] void trap(const char* why);

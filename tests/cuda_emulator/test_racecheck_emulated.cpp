@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "cuda/async_copy.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
 #include "tests/cuda_emulator/owned_stream.h"
@@ -326,6 +328,98 @@ TEST_F(Racecheck, AWriteRacesWithAnotherBlocksEarlierRead) {
                          "a 4-byte device allocation",
                          "which thread (0,0,0) of block (0,0,0) read",
                          "and nothing orders two blocks of one launch"});
+}
+
+// Dependent launches (cuda/dependent_launch.h). Each thread writes its element of `data`,
+// then lets later launches start.
+__global__ void write_then_let_later_launch(int* data) {
+  data[threadIdx.x] = int(threadIdx.x) + 1;
+  let_later_kernels_launch();
+}
+
+// Each thread copies its element of `data` to `out`, reading it before or after its wait,
+// or writes `data` before its wait.
+enum class BeforeTheWait { Nothing, Read, Write };
+__global__ void copy_around_the_wait(int* data, int* out, BeforeTheWait before) {
+  const unsigned t = threadIdx.x;
+  int value = 0;
+  if (before == BeforeTheWait::Read) value = data[t];
+  if (before == BeforeTheWait::Write) data[t] = 0;
+  wait_for_earlier_kernels();
+  if (before != BeforeTheWait::Read) value = data[t];
+  out[t] = value;
+}
+
+__global__ void read_the_elements(const int* data, int* out) {
+  out[threadIdx.x] = data[threadIdx.x];
+}
+
+// Launches `first` then copy_around_the_wait as a dependent launch on one stream, and
+// waits; `between`, if any, runs on the stream between them.
+void dependent_after(const std::function<void(cudaStream_t)>& first, int* data, int* out,
+                     BeforeTheWait before,
+                     const std::function<void(cudaStream_t)>& between = nullptr) {
+  OwnedStream stream(cudaStreamDefault);  // after the buffers' memsets on the legacy stream
+  const bool saved = set_dependent_launches(true);
+  try {
+    first(stream.handle);
+    if (between) between(stream.handle);
+    HAM_LAUNCH_DEPENDENT(1, 32, 0, stream.handle, copy_around_the_wait)(data, out, before);
+    HAM_CUDA_CHECK_LAUNCH();
+    HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
+  } catch (...) {
+    set_dependent_launches(saved);
+    throw;
+  }
+  set_dependent_launches(saved);
+}
+
+TEST_F(Racecheck, ADependentLaunchIsOrderedAfterTheKernelAheadOnlyFromItsWait) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(32), out(32);
+  auto writer = [&](cudaStream_t s) {
+    HAM_LAUNCH(1, 32, 0, s, write_then_let_later_launch)(data.data);
+  };
+  dependent_after(writer, data.data, out.data, BeforeTheWait::Nothing);
+  int got[32] = {};
+  HAM_CUDA_CHECK(cudaMemcpy(got, out.data, sizeof got, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i], i + 1);
+  testing::expect_error(
+      [&] { dependent_after(writer, data.data, out.data, BeforeTheWait::Read); },
+      {"device memory race: thread (0,0,0) of block (0,0,0) reads byte 0 of a 128-byte "
+       "device allocation",
+       "which kernel write_then_let_later_launch (work ", "wrote",
+       "before this thread's griddepcontrol.wait: this launch (work ",
+       "is a dependent one, which may start before the work ahead of it ends"});
+}
+
+TEST_F(Racecheck, ADependentLaunchMayNotWriteBeforeItsWaitWhatTheKernelAheadReads) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(32), out(32), copy(32);
+  auto reader = [&](cudaStream_t s) {
+    HAM_LAUNCH(1, 32, 0, s, read_the_elements)(data.data, copy.data);
+  };
+  testing::expect_error(
+      [&] { dependent_after(reader, data.data, out.data, BeforeTheWait::Write); },
+      {"device memory race: thread (0,0,0) of block (0,0,0) writes byte 0",
+       "which kernel read_the_elements (work ", "read", "griddepcontrol.wait"});
+}
+
+// What the kernel two ahead did is ordered before the whole launch: the kernel ahead
+// started after it ended.
+TEST_F(Racecheck, ADependentLaunchIsOrderedAfterTheWorkTwoAheadFromItsStart) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts data(32), out(32), other(32);
+  auto writer = [&](cudaStream_t s) {
+    HAM_LAUNCH(1, 32, 0, s, write_then_let_later_launch)(data.data);
+  };
+  auto another = [&](cudaStream_t s) {
+    HAM_LAUNCH(1, 32, 0, s, write_then_let_later_launch)(other.data);
+  };
+  dependent_after(writer, data.data, out.data, BeforeTheWait::Read, another);
+  int got[32] = {};
+  HAM_CUDA_CHECK(cudaMemcpy(got, out.data, sizeof got, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i], i + 1);
 }
 
 // Each thread writes its element of `data`, then reads the element of the thread one warp

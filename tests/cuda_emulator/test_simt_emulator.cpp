@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "cuda/async_copy.cuh"
+#include "cuda/dependent_launch.h"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
 #include "cuda/wgmma.cuh"
@@ -265,6 +266,60 @@ TEST(SimtEmulator, UndefinedWarpUseAndTrapsAreErrors) {
                         {"mask_without_the_caller", "leaves out the calling lane"});
   testing::expect_error([&] { HAM_LAUNCH(2, 32, 0, nullptr, trapping)(out.data); },
                         {"trapping", "block (0,0,0) thread (5,0,0)", "__trap()"});
+}
+
+// Dependent launches (cuda/dependent_launch.h): every thread waits, as the contract asks,
+// or thread 5 of block 1 skips its wait, or lets later launches start before it.
+enum class GridWait { EveryThread, OneSkips, OneLetsLaterLaunchesFirst };
+__global__ void wait_then_write(int* out, GridWait how) {
+  const bool odd_one = blockIdx.x == 1 && threadIdx.x == 5;
+  if (odd_one && how == GridWait::OneLetsLaterLaunchesFirst) let_later_kernels_launch();
+  if (!(odd_one && how == GridWait::OneSkips)) {
+    wait_for_earlier_kernels();
+    let_later_kernels_launch();
+  }
+  out[blockIdx.x * 32 + threadIdx.x] = int(blockIdx.x * 32 + threadIdx.x);
+}
+
+// Restores the dependent launch setting a test changed.
+struct DependentLaunches {
+  bool saved;
+  explicit DependentLaunches(bool on) : saved(set_dependent_launches(on)) {}
+  ~DependentLaunches() { set_dependent_launches(saved); }
+};
+
+TEST(SimtEmulator, EveryThreadOfADependentLaunchWaitsBeforeItExitsOrLetsOthersStart) {
+  DeviceInts out(64);
+  {
+    DependentLaunches on(true);
+    const int64_t before = dependent_launch_count();
+    HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::EveryThread);
+    HAM_CUDA_CHECK_LAUNCH();
+    EXPECT_EQ(dependent_launch_count(), before + 1);
+    const std::vector<int> got = out.read();
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(got[size_t(i)], i);
+    testing::expect_error(
+        [&] {
+          HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::OneSkips);
+        },
+        {"wait_then_write", "block (1,0,0) thread (5,0,0)",
+         "ended without griddepcontrol.wait in a dependent launch"});
+    testing::expect_error(
+        [&] {
+          HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(
+              out.data, GridWait::OneLetsLaterLaunchesFirst);
+        },
+        {"wait_then_write", "block (1,0,0) thread (5,0,0)",
+         "griddepcontrol.launch_dependents before griddepcontrol.wait"});
+  }
+  // Off (and in a plain launch), the same kernels run as plain launches, where neither
+  // rule applies: the wait returns at once, as it does on a GPU.
+  DependentLaunches off(false);
+  const int64_t before = dependent_launch_count();
+  HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::OneSkips);
+  HAM_LAUNCH(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::OneLetsLaterLaunchesFirst);
+  HAM_CUDA_CHECK_LAUNCH();
+  EXPECT_EQ(dependent_launch_count(), before);
 }
 
 __global__ void read_dynamic_shared(float* out) {
