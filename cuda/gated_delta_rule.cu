@@ -84,6 +84,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/autotune.h"
 #include "cuda/block_timeline.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/gated_delta_rule_fit.cuh"
 #include "cuda/launch.h"
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(kTableThreads)
     chunk_table_kernel(const Index* doc_ids, int64_t seq_len, int32_t* chunk_begin,
                        int32_t* chunk_doc_start, int32_t* doc_chunk, int32_t* chunk_count,
                        int32_t* doc_count, BlockStamps* timeline) {
+  begin_dependent_kernel();
   const StampedBlock stamped(timeline);
   using Scan = cub::BlockScan<int, kTableThreads>;
   HAM_STATIC_SHARED(typename Scan::TempStorage, scan_storage);
@@ -229,7 +231,8 @@ ChunkTable build_chunk_table(const Tensor& doc_ids, Device device, int64_t batch
   if (batch == 0) return table;
   HAM_CHECK(batch < (int64_t(1) << 31), "gated_delta_rule: batch ", batch, " exceeds the grid");
   auto launch = [&]<class Index>(const Index* ids) {
-    HAM_LAUNCH(unsigned(batch), kTableThreads, 0, launch_stream(), chunk_table_kernel<Index>)(
+    HAM_LAUNCH_DEPENDENT(unsigned(batch), kTableThreads, 0, launch_stream(),
+                         chunk_table_kernel<Index>)(
         ids, seq_len, ptr<int32_t>(table.begin), ptr<int32_t>(table.doc_start),
         ptr<int32_t>(table.doc_chunk), ptr<int32_t>(table.count),
         ptr<int32_t>(table.count) + batch,
@@ -1476,6 +1479,7 @@ template <int KD, int kWarps = 4>
 __global__ void __launch_bounds__(kWarps * 32)
     gdr_prepare_mma(Problem<bf16> pr, bf16* w_out, bf16* u_out, float* gcum_out, bf16* a_out,
                     const bf16* a_in, int64_t max_chunks, int chunk_begin, int chunk_end) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps a block");
   constexpr int kThreads = kWarps * 32, kHalves = kWarps / 4;
@@ -1820,6 +1824,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final,
                   StateWindow window) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = MmaStateLayout<KD, VT>;
   constexpr int kWarps = kStateWarps<KD>;
@@ -2076,6 +2081,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
                    int64_t max_chunks, int slots, bf16* o, bf16* fit_error, int chunk_begin,
                    int chunk_end) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = MmaOutputLayout<KD, kFit>;
   // NB 8-column blocks of a warp's accumulator, from column col_part of each tile
@@ -2428,6 +2434,7 @@ struct BwdLocalLayout {
 template <int KD>
 __global__ void __launch_bounds__(kMmaThreads)
     gdr_bwd_local_mma(Problem<bf16> pr, MmaBackward bw, int slots) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   constexpr int LDK = BwdLocalLayout<KD>::ldk, LDV = BwdLocalLayout<KD>::ldv, NB = kMmaVt / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -2561,6 +2568,7 @@ struct BwdStateLayout {
 template <int KD, int VT, int kSlots, int kSums = 1>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_bwd_state_mma(Problem<bf16> pr, MmaBackward bw) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   static_assert(kSlots == 1 || kSlots == 2 || kSlots == kKeysAheadSlots,
                 "one or two slots of chunk tiles, or the keys ahead");
@@ -2858,6 +2866,7 @@ constexpr int kValuesMinBlocks = KD <= 128 ? 3 : 2;
 template <int KD, int VT>
 __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
     gdr_bwd_values_mma(Problem<bf16> pr, MmaBackward bw) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = BwdValuesLayout<KD, VT>;
   constexpr int LDK = L::ldk, LDV = L::ldv, LDA = L::lda, LDF = L::ldf;
@@ -3034,6 +3043,7 @@ constexpr int kKeysWarps = KD >= 64 ? 8 : 4;
 template <int KD, int VT>
 __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
     gdr_bwd_keys_mma(Problem<bf16> pr, MmaBackward bw) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = BwdKeysLayout<KD, VT>;
   constexpr int KB = L::kb, LDK = L::ldk, LDV = L::ldv, LDB = L::ldb, LDP = L::ldp;
@@ -3370,6 +3380,7 @@ constexpr int kWyWarps = KD >= 64 ? 8 : 4;
 template <int KD>
 __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
     gdr_bwd_wy_mma(Problem<bf16> pr, MmaBackward bw) {
+  begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = BwdWyLayout<KD>;
   constexpr int KB = L::kb, LDK = L::ldk, LDA = L::lda, LDB = L::ldb, LDF = L::ldf;
@@ -3673,13 +3684,14 @@ ChunkCounts max_chunk_counts(const GatedDeltaRuleArgs& a, const ChunkTable& tabl
 
 // Launches a tensor-core kernel `name` on `threads` threads a block, first raising its
 // shared-memory limit when it needs more than the default 48 KiB, with its block stamps in
-// pr.timeline while recording (cuda/block_timeline.h).
+// pr.timeline while recording (cuda/block_timeline.h), as a dependent launch where
+// set_dependent_launches (cuda/dependent_launch.h).
 template <class Kernel, class... Args>
 void launch_kernel(const KernelName& name, Kernel kernel, dim3 grid, int threads, size_t bytes,
                    Problem<bf16> pr, Args... args) {
   allow_dynamic_shared("gated_delta_rule", kernel, bytes);
   pr.timeline = block_timeline_for_launch(name, int64_t(grid.x) * grid.y * grid.z);
-  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(pr, args...);
+  HAM_LAUNCH_DEPENDENT(grid, threads, bytes, launch_stream(), kernel)(pr, args...);
   HAM_CUDA_CHECK_LAUNCH();
 }
 

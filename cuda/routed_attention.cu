@@ -57,6 +57,7 @@
 #include "cuda/routed_attention.h"
 #include "cuda/async_copy.cuh"
 #include "cuda/block_timeline.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/launch.h"
 #include "cuda/mma_tiles.cuh"
 #include "cuda/stream.h"
@@ -94,6 +95,7 @@ __device__ __forceinline__ uint64_t mix_bits(uint64_t x) {
 template <class I>
 __global__ void insert_first_positions(const I* docs, int64_t batch, int64_t seq_len, int* table,
                                        int64_t table_size) {
+  begin_dependent_kernel();
   HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
     const int64_t b = n / seq_len;
     const int t = int(n % seq_len);
@@ -118,6 +120,7 @@ __global__ void insert_first_positions(const I* docs, int64_t batch, int64_t seq
 template <class I>
 __global__ void lookup_first_positions(const I* docs, int64_t batch, int64_t seq_len,
                                        const int* table, int64_t table_size, int* first) {
+  begin_dependent_kernel();
   HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
     const int64_t b = n / seq_len;
     const I doc = docs[n];
@@ -179,6 +182,7 @@ __global__ void __launch_bounds__(kCompactThreads)
     compact_rows(const uint8_t* select, const int* first, int64_t seq_len, bool counter_in_shared,
                  int* counter_scratch, int64_t* positions, int64_t* counts, int64_t* begin,
                  int64_t* end) {
+  begin_dependent_kernel();
   HAM_DYNAMIC_SHARED(int, shared_counter);
   HAM_STATIC_SHARED(int, warp_prefix, [32]);
   HAM_STATIC_SHARED(int, carry);
@@ -320,10 +324,11 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
     HAM_CUDA_CHECK(cudaMemsetAsync(ptr<int>(table), 0xff, size_t(batch * table_size) * 4, stream));
     first = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
     dispatch_index(kOp, doc_ids.dtype(), [&]<class I>() {
-      HAM_LAUNCH(grid_for(batch * seq_len), kThreads, 0, stream, insert_first_positions<I>)(
+      const unsigned blocks = grid_for(batch * seq_len);
+      HAM_LAUNCH_DEPENDENT(blocks, kThreads, 0, stream, insert_first_positions<I>)(
           ptr<const I>(doc_ids), batch, seq_len, ptr<int>(table), table_size);
       HAM_CUDA_CHECK_LAUNCH();
-      HAM_LAUNCH(grid_for(batch * seq_len), kThreads, 0, stream, lookup_first_positions<I>)(
+      HAM_LAUNCH_DEPENDENT(blocks, kThreads, 0, stream, lookup_first_positions<I>)(
           ptr<const I>(doc_ids), batch, seq_len, ptr<const int>(table), table_size, ptr<int>(first));
       HAM_CUDA_CHECK_LAUNCH();
     });
@@ -335,7 +340,7 @@ void compact_selection(const Tensor& select, const Tensor& doc_ids, CompactSelec
   if (!in_shared) scratch = Tensor::empty(Shape{batch, seq_len}, DType::I32, device);
   const size_t dynamic = in_shared ? counter_bytes : 0;
   allow_dynamic_shared(kOp, compact_rows, dynamic);
-  HAM_LAUNCH(unsigned(batch), kCompactThreads, dynamic, stream, compact_rows)(
+  HAM_LAUNCH_DEPENDENT(unsigned(batch), kCompactThreads, dynamic, stream, compact_rows)(
       ptr<const uint8_t>(select), first.defined() ? ptr<const int>(first) : nullptr, seq_len,
       in_shared, scratch.defined() ? ptr<int>(scratch) : nullptr, ptr<int64_t>(out.key_positions),
       ptr<int64_t>(out.key_counts), ptr<int64_t>(out.visible_begin), ptr<int64_t>(out.visible_end));
@@ -639,6 +644,7 @@ __device__ QueryTileVisibility load_query_tile(const AttentionArgs<T>& a, int64_
 
 template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a) {
+  begin_dependent_kernel();
   constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
   constexpr int RQ = BQ / 16, RK = BK / 16, CV = DV / 16;
   HAM_DYNAMIC_SHARED(float, smem);
@@ -736,6 +742,7 @@ __global__ void __launch_bounds__(kTileThreads) forward_tiled(AttentionArgs<T> a
 
 template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) backward_dq_tiled(AttentionArgs<T> a) {
+  begin_dependent_kernel();
   constexpr int BQ = 64, BK = TileShape<DK, DV>::kKeys;
   constexpr int RQ = BQ / 16, RK = BK / 16, CK = DK / 16;
   HAM_DYNAMIC_SHARED(float, smem);
@@ -824,6 +831,7 @@ constexpr int kTiledKeyRows = 64;
 
 template <class T, int DK, int DV>
 __global__ void __launch_bounds__(kTileThreads) backward_dkdv_tiled(AttentionArgs<T> a) {
+  begin_dependent_kernel();
   constexpr int BK = kTiledKeyRows, BQ = TileShape<DK, DV>::kQueries;
   constexpr int RK = BK / 16, RQ = BQ / 16, CK = DK / 16, CV = DV / 16;
   HAM_DYNAMIC_SHARED(float, smem);
@@ -1615,6 +1623,7 @@ __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
 // instance, 60 bytes, where with it that instance fits 255 registers.)
 template <int DK, int DV, int kM, int kKeyTile>
 __global__ void __launch_bounds__(kMmaThreads, 1) forward_mma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
   using Shape = MmaShape<DK, DV, kM, kKeyTile>;
   constexpr int kTileRows = Shape::kTileRows;
   constexpr int BQ = Shape::kRows, BK = Shape::kKeys, LDK = Shape::ldk, LDV = Shape::ldv;
@@ -1752,6 +1761,7 @@ __device__ void issue_query_rows(const AttentionArgs<bf16>& a, int64_t b, int64_
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
   using Shape = MmaBackwardShape<DK, DV>;
   constexpr int kM = Shape::kDqM, BQ = Shape::kDqRows, BK = Shape::kDqKeys;
   constexpr int LDK = Shape::ldk, LDV = Shape::ldv, NB = BK / 8, kTileRows = kMmaRows;
@@ -2082,6 +2092,7 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
 // (KeyGrads).
 template <int DK, int DV, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(kMmaThreads) backward_dkdv_mma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
   using Shape = MmaBackwardShape<DK, DV>;
   constexpr int BK = kMmaRows, BQ = Shape::kTile, LDK = Shape::ldk, LDV = Shape::ldv;
   constexpr int NQ = BQ / 8;
@@ -2276,6 +2287,7 @@ struct WgmmaBackwardShape {
 // kPart: the gradients it forms (KeyGrads; split past DK + DV = 320, kWgmmaSplitKeyGrads).
 template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
@@ -2461,6 +2473,7 @@ template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV,
           bool kFromRecords = false>
 __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
     backward_dq_wgmma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BQ = Shape::kRows, BK = kKeyTile, NB = BK / 8, kThreads = Shape::kThreads;
@@ -2609,6 +2622,7 @@ struct WgmmaForwardShape {
 
 template <int DK, int DV, int kGroups>
 __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaForwardShape<DK, DV, kGroups>;
   constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, VB = DV / 8;
@@ -2874,6 +2888,7 @@ __device__ __forceinline__ void zero_span(T* dst, int64_t n, int lane) {
 
 template <class T, int kPack>
 __global__ void __launch_bounds__(kThreads) backward_prologue(BackwardPrologue<T> a) {
+  begin_dependent_kernel();
   using C = compute_t<T>;
   using P = Pack<T, kPack>;
   mark_block(a.timeline, BlockMark::Start);  // thread 0's token is always one: it stamps End
@@ -2921,6 +2936,7 @@ __global__ void summarize_query_tiles(const int64_t* begin, const int64_t* end,
                                       const int64_t* positions, int64_t batch, int64_t seq_len,
                                       QueryTileRange* tiles, QueryTileKeys* keys,
                                       BlockStamps* timeline) {
+  begin_dependent_kernel();
   mark_block(timeline, BlockMark::Start);  // thread 0's tile is always one: it stamps End
   const int64_t tiles_per_row = (seq_len + kQueryTileRows - 1) / kQueryTileRows;
   const int64_t n = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
@@ -2982,6 +2998,7 @@ __global__ void __launch_bounds__(kOrderThreads)
     order_key_tiles_by_work(const QueryTileRange* query_tiles, const int64_t* counts,
                             int64_t seq_len, int rows, int* work, int* order,
                             BlockStamps* timeline) {
+  begin_dependent_kernel();
   HAM_STATIC_SHARED(int, window_steps, [kOrderWindow + 1]);
   HAM_STATIC_SHARED(int, bin_start, [kOrderBins]);
   HAM_STATIC_SHARED(int, chunk_bins, [kOrderThreads]);
@@ -3066,6 +3083,7 @@ template <class T>
 __global__ void gather_value_scale_grad(const compute_t<T>* partial, const int64_t* positions,
                                         const int64_t* counts, int64_t batch, int64_t seq_len,
                                         int64_t kv_heads, T* dp, BlockStamps* timeline) {
+  begin_dependent_kernel();
   using C = compute_t<T>;
   mark_block(timeline, BlockMark::Start);
   HAM_GRID_STRIDE_LOOP(n, batch * seq_len) {
@@ -3158,7 +3176,9 @@ bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
 
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
 // the device; returns whether it launched. A kernel that stamps its blocks names itself
-// (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h).
+// (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h). Every
+// tiled kernel begins with begin_dependent_kernel: the launch is a dependent one where
+// set_dependent_launches (cuda/dependent_launch.h).
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args, int threads = kTileThreads,
@@ -3167,7 +3187,7 @@ bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
   allow_dynamic_shared(kOp, kernel, bytes);
   AttentionArgs<T> launched = args;
   if (stamped != nullptr) launched.timeline = block_timeline_for_launch(*stamped, grid.x);
-  HAM_LAUNCH(grid, threads, bytes, launch_stream(), kernel)(launched);
+  HAM_LAUNCH_DEPENDENT(grid, threads, bytes, launch_stream(), kernel)(launched);
   HAM_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -3240,7 +3260,7 @@ QueryTileSummary summarize_query_tiles_on(const int64_t* begin, const int64_t* e
         device);
   }
   const unsigned blocks = unsigned(ceil_div(query_tiles, kWarpRowsPerBlock));
-  HAM_LAUNCH(blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
+  HAM_LAUNCH_DEPENDENT(blocks, kThreads, 0, launch_stream(), summarize_query_tiles)(
       begin, end, positions, batch, seq_len,
       reinterpret_cast<QueryTileRange*>(summary.ranges.raw_data()),
       records ? reinterpret_cast<QueryTileKeys*>(summary.records.raw_data()) : nullptr,
@@ -3255,7 +3275,7 @@ Tensor order_key_tiles_on(const Tensor& query_tile_ranges, const int64_t* counts
   const int64_t tiles = ceil_div(seq_len, rows);
   Tensor work = Tensor::empty(Shape{batch, tiles}, DType::I32, device);
   Tensor order = Tensor::empty(Shape{batch, tiles}, DType::I32, device);
-  HAM_LAUNCH(unsigned(batch), kOrderThreads, 0, launch_stream(), order_key_tiles_by_work)(
+  HAM_LAUNCH_DEPENDENT(unsigned(batch), kOrderThreads, 0, launch_stream(), order_key_tiles_by_work)(
       reinterpret_cast<const QueryTileRange*>(query_tile_ranges.raw_data()), counts, seq_len,
       rows, ptr<int>(work), ptr<int>(order),
       block_timeline_for_launch(KernelName{"order_key_tiles_by_work", {rows}, 1}, batch));
@@ -3426,7 +3446,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       const unsigned blocks = unsigned(ceil_div(a.batch * a.seq_len, kWarpRowsPerBlock));
       prologue.timeline = block_timeline_for_launch(
           KernelName{"backward_prologue", {packable ? kPackWidth<T> : 1}, 1}, blocks);
-      HAM_LAUNCH(blocks, kThreads, 0, launch_stream(), prologue_kernel)(prologue);
+      HAM_LAUNCH_DEPENDENT(blocks, kThreads, 0, launch_stream(), prologue_kernel)(prologue);
       HAM_CUDA_CHECK_LAUNCH();
     };
     // Where the dQ kernel forms D, the prologue only zeroes the rows of dk, dv and dp that
@@ -3576,7 +3596,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       if (!tiled_dq) launch_warp_rows(&backward_dq_generic<T>, rows, a);
       if (dvalue_scale.defined()) {
         const unsigned gather_blocks = grid_for(a.batch * a.seq_len);
-        HAM_LAUNCH(gather_blocks, kThreads, 0, launch_stream(), gather_value_scale_grad<T>)(
+        HAM_LAUNCH_DEPENDENT(gather_blocks, kThreads, 0, launch_stream(),
+                             gather_value_scale_grad<T>)(
             a.dp_partial, a.positions, a.counts, a.batch, a.seq_len, a.kv_heads,
             ptr<T>(dvalue_scale),
             block_timeline_for_launch(KernelName{"gather_value_scale_grad", {}, 0},

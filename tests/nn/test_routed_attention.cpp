@@ -18,6 +18,7 @@
 #ifdef HAM_WITH_CUDA
 #include "cuda/autotune.h"
 #include "cuda/block_timeline.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/routed_attention.h"
 #endif
 
@@ -1344,6 +1345,58 @@ TEST(RoutedAttentionGpu, BackwardWithKeyTilesByWorkMatchesCpuAndRankOrder) {
     EXPECT_EQ(cuda::attention_backward_key_order_launches() - before, 2) << "off: rank order";
   }
   EXPECT_FALSE(cuda::set_attention_backward_key_order(false)) << "off by default";
+#endif
+}
+
+// Dependent launches (cuda::set_dependent_launches, cuda/dependent_launch.h): the compaction,
+// the forward and the backward match the CPU and give the gradients of plain launches bit
+// for bit, on the wgmma kernels (one and two warpgroups), mma.sync and the f32 tiled ones,
+// the zeroing pass beside the others and not. On the emulator every thread of a dependent
+// launch must pass its griddepcontrol.wait, and the racecheck holds what it touches before
+// that against the kernel ahead of it.
+TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  struct LaunchCase {
+    GpuCase c;
+    DType dtype;
+    int wgmma;  // set_attention_backward_wgmma and _forward_wgmma
+    bool overlap;
+  };
+  std::vector<LaunchCase> cases = {
+      {GpuCase{2, 200, 4, 2, 64, 64, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 0, true},
+      {GpuCase{2, 180, 2, 2, 64, 64, 0.25, true, GpuDocs::Interleaved, false}, DType::F32, 0,
+       false}};
+  if (cuda::attention_wgmma_available()) {
+    cases.push_back(
+        {GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 1,
+         true});
+    cases.push_back(
+        {GpuCase{1, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, false}, DType::BF16, 2, false});
+  }
+  const bool counted = cuda::dependent_launches_supported();
+  for (const LaunchCase& lc : cases) {
+    SCOPED_TRACE(gpu_case_name(lc.c) + " " + dtype_name(lc.dtype) + ", wgmma " +
+                 std::to_string(lc.wgmma) + (lc.overlap ? ", overlapped" : ""));
+    const testing::ScopedSetting backward(&cuda::set_attention_backward_wgmma, lc.wgmma);
+    const testing::ScopedSetting forward(&cuda::set_attention_forward_wgmma, lc.wgmma);
+    const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, lc.overlap);
+    ops::RoutedAttentionGrads dependent;
+    const int64_t before = cuda::dependent_launch_count();
+    {
+      const testing::ScopedSetting on(&cuda::set_dependent_launches, true);
+      expect_gpu_matches_cpu(lc.c, lc.dtype);
+      dependent = gpu_case_gradients(lc.c, lc.dtype);
+    }
+    // Compaction, forward, and the backward's passes: at least one launch each.
+    if (counted) {
+      EXPECT_GE(cuda::dependent_launch_count() - before, 2 * 4);
+    }
+    const int64_t plain = cuda::dependent_launch_count();
+    expect_same_gradients(dependent, gpu_case_gradients(lc.c, lc.dtype));
+    EXPECT_EQ(cuda::dependent_launch_count(), plain) << "off: plain launches";
+  }
+  EXPECT_FALSE(cuda::set_dependent_launches(false)) << "off by default";
 #endif
 }
 
