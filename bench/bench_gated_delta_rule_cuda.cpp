@@ -35,15 +35,17 @@
 // such windows, ..._recompute_windows), the forward in those windows with its prepare
 // kernel by the same windows (the default) against once before the passes
 // (set_gated_delta_rule_forward_prepare_windows), and the forward and the backward with the
-// prepare kernel in 4 warps against 8 (set_gated_delta_rule_prepare_warps), in the same
-// run; the CSV has the defaults. For bf16 the CSV also
+// prepare kernel in 4 warps against 8 (set_gated_delta_rule_prepare_warps), and the forward
+// and the backward as plain against dependent launches (set_dependent_launches), in the
+// same run; the CSV has the defaults. For bf16 the CSV also
 // has the two other pairs (f32 keeps nothing: empty): "fwd_bare" keeping nothing and
 // "bwd_recompute" recomputing every chunk term, and "fwd_keep" keeping every chunk state and
 // "bwd_kept" reading them.
 //
 // --timeline (with --filter, --reps, --csv) instead prints where the blocks of each bf16
 // case's passes spend their time (timeline_tables below; the columns as
-// bench_routed_attention_cuda --timeline prints them, its --csv's too).
+// bench_routed_attention_cuda --timeline prints them, its --csv's too), the forward and
+// the backward last as dependent launches.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +63,7 @@
 #include "core/ops/gated_delta_rule.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/gated_delta_rule.h"
 #include "cuda/stream.h"
 
@@ -121,6 +124,9 @@ struct Timing {
   std::vector<std::pair<int, Spread>> fwd_windows, bwd_windows, recompute_windows;
   // bf16 only: the forward in those windows (past 1) with its prepare kernel once, not by windows
   std::vector<std::pair<int, Spread>> fwd_windows_prepare_once;
+  // bf16 only: plain launches against dependent ones (set_dependent_launches), timed in turn
+  Spread fwd_plain, fwd_dependent, bwd_plain, bwd_dependent;
+  bool dependent_timed = false;
 };
 
 constexpr int kWindowCounts[] = {1, 2, 4, 8};
@@ -306,6 +312,17 @@ Timing run_case(const BenchCase& c, int reps) {
     if (cuda::gated_delta_rule_eight_warp_prepares() == before) {
       throw std::runtime_error(c.name + ": no prepare kernel ran in 8 warps");
     }
+    // Plain launches, then dependent ones (cuda/dependent_launch.h), each kernel's blocks
+    // placed before the one ahead of it ends; not timed where none goes out so.
+    const bool dependent = cuda::set_dependent_launches(false);
+    t.fwd_plain = time_ms(reps, forward);
+    t.bwd_plain = time_ms(reps, backward);
+    const int64_t dependent_before = cuda::dependent_launch_count();
+    cuda::set_dependent_launches(true);
+    t.fwd_dependent = time_ms(reps, forward);
+    t.bwd_dependent = time_ms(reps, backward);
+    cuda::set_dependent_launches(dependent);
+    t.dependent_timed = cuda::dependent_launch_count() != dependent_before;
   }
 
   // bf16: the other pairs. f32 keeps nothing.
@@ -386,6 +403,18 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                          csv);
     cuda::set_gated_delta_rule_forward_windows(forward_windows);
     cuda::set_gated_delta_rule_backward_windows(backward_windows);
+    // And as dependent launches (set_dependent_launches): the gaps between the kernels.
+    const bool dependent = cuda::set_dependent_launches(true);
+    const int64_t dependent_before = cuda::dependent_launch_count();
+    bench::timeline_rows("forward, its kernels as dependent launches", label + " dependent",
+                         forward, csv);
+    bench::timeline_rows("backward, its kernels as dependent launches", label + " dependent",
+                         backward, csv);
+    cuda::set_dependent_launches(dependent);
+    if (cuda::dependent_launch_count() == dependent_before) {
+      std::printf("(no launch went out as a dependent one: compute capability below 9.0, or no "
+                  "sm_90 code)\n");
+    }
     out.saved.reset();
     std::fflush(stdout);
   }
@@ -513,6 +542,19 @@ int main(int argc, char** argv) {
     for (const auto& [name, t] : bf16_timings) {
       print_against(name, "fwd", t.fwd_prepare_4, t.fwd_prepare_8);
       print_against(name, "bwd", t.bwd_prepare_4, t.bwd_prepare_8);
+    }
+    std::printf("\nbf16 kernels as plain launches against dependent ones, each kernel's "
+                "blocks placed before the one ahead of it ends (set_dependent_launches; "
+                "plain/dependent above 1: dependent faster)\n%-22s %-4s %12s %12s %18s\n",
+                "case", "pass", "plain med ms", "dep med ms", "min/med/max");
+    for (const auto& [name, t] : bf16_timings) {
+      if (!t.dependent_timed) {
+        std::printf("%-22s (no launch went out as a dependent one: compute capability below "
+                    "9.0, or no sm_90 code)\n", name.c_str());
+        continue;
+      }
+      print_against(name, "fwd", t.fwd_plain, t.fwd_dependent);
+      print_against(name, "bwd", t.bwd_plain, t.bwd_dependent);
     }
     std::printf("\nbf16 state passes in windows of chunks, the per-chunk kernels of each "
                 "window beside the pass over the next (set_gated_delta_rule_forward_windows, "

@@ -31,7 +31,9 @@
 // from their rows' ranges against from the query tiles' records
 // (set_attention_backward_dq_records), the backward with its first pass in order against
 // beside the others on a second stream (set_attention_backward_overlap), and last with its
-// dK/dV blocks' key tiles by rank against by work (set_attention_backward_key_order).
+// dK/dV blocks' key tiles by rank against by work (set_attention_backward_key_order); then,
+// on any GPU, the backward's kernels as plain against dependent launches
+// (set_dependent_launches, cuda/dependent_launch.h).
 //
 // --timeline (with --filter, --reps) instead prints, for each case, where the blocks of one
 // forward and one backward spend their time (cuda/block_timeline.h: per kernel launch its
@@ -44,7 +46,8 @@
 // default; set_attention_backward_overlap), once with the dQ kernel's blocks started
 // from the query tiles' records (set_attention_backward_dq_records), once with the dQ
 // kernel in 16-key tiles (set_attention_backward_dq_keys), and once with the
-// dK/dV blocks' key tiles by work (set_attention_backward_key_order). With
+// dK/dV blocks' key tiles by work (set_attention_backward_key_order), and once as dependent
+// launches (set_dependent_launches). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
 // start cycle, its first copies issued, first tile, tiles done and end as cycles after its
 // start (-1 where not stamped), and its start and end in ns after the launch's first start.
@@ -63,6 +66,7 @@
 #include "bench/cuda_bench.h"
 #include "cuda/block_timeline.h"
 #include "cuda/check.h"
+#include "cuda/dependent_launch.h"
 #include "cuda/routed_attention.h"
 #include "cuda/stream.h"
 
@@ -423,6 +427,16 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     timeline_rows("backward, the dK/dV blocks' key tiles by work", c.name() + " by work",
                   run_backward, csv);
     cuda::set_attention_backward_key_order(previous_order);
+    // And as dependent launches (set_dependent_launches): the gaps between its kernels.
+    const bool previous_dependent = cuda::set_dependent_launches(true);
+    const int64_t dependent_before = cuda::dependent_launch_count();
+    timeline_rows("backward, its kernels as dependent launches", c.name() + " dependent",
+                  run_backward, csv);
+    if (cuda::dependent_launch_count() == dependent_before) {
+      std::printf("(no launch went out as a dependent one: compute capability below 9.0, or "
+                  "no sm_90 code)\n");
+    }
+    cuda::set_dependent_launches(previous_dependent);
     std::fflush(stdout);
   }
 }
@@ -561,6 +575,15 @@ void variant_tables(const std::string& filter, int reps) {
                            &cuda::attention_backward_key_order_launches,
                            [](const BenchCase&) { return true; });
   }
+  // Each kernel of the backward may start before the one ahead of it ends, its blocks
+  // placed and waiting at griddepcontrol.wait (cuda/dependent_launch.h): the 3.5-4.5 us
+  // between kernels that the block timelines showed.
+  backward_setting_table("its kernels as plain vs dependent launches", "plain", "dependent",
+                         "dependent faster",
+                         "no launch went out as a dependent one: compute capability below 9.0, "
+                         "or no sm_90 code",
+                         filter, reps, &cuda::set_dependent_launches,
+                         &cuda::dependent_launch_count, [](const BenchCase&) { return true; });
 }
 
 }  // namespace
