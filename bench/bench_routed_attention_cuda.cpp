@@ -576,7 +576,7 @@ void variant_tables(const std::string& filter, int reps) {
                            [](const BenchCase&) { return true; });
   }
   // Each kernel of the backward may start before the one ahead of it ends, its blocks
-  // placed and waiting at griddepcontrol.wait (cuda/dependent_launch.h): the 3.5-4.5 us
+  // placed and waiting at griddepcontrol.wait (cuda/dependent_launch.h): the about 4 us
   // between kernels that the block timelines showed.
   backward_setting_table("its kernels as plain vs dependent launches", "plain", "dependent",
                          "dependent faster",

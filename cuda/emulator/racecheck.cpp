@@ -325,7 +325,8 @@ std::string Racecheck::check_byte(ByteHistory& h, const Region& region, size_t o
     // read is never stale, but one is enough: every later write is another block's.)
     auto stale = [&](int s) {
       if (!region.shared() && h.read_clock[s] < block_start_) {
-        return h.read_clock[s] < launch_start_ && earlier_launch_ordered(h.read_clock[s], thread);
+        return h.read_clock[s] < launch_start_ &&
+               earlier_launch_ordered(h.read_clock[s], thread);
       }
       return h.reader[s] == me || h.read_clock[s] < block_epoch_;
     };
