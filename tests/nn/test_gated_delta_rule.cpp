@@ -1556,27 +1556,27 @@ TEST(GatedDeltaRule, GpuForwardInWindowsAgrees) {
 
 // Dependent launches (cuda::set_dependent_launches, cuda/dependent_launch.h): the tensor-core
 // forward and backward match the CPU and equal plain launches' bit for bit, in one launch a
-// pass and with the forward's state pass in 3 windows (the output kernels on the current
-// stream beside the passes on a fork). On the emulator every thread of a dependent launch
-// must pass its griddepcontrol.wait.
+// pass (K = 64 with 5 documents, K = 128) and, at K = 64, with the forward's state pass in 3
+// windows (the output kernels on the current stream beside the passes on a fork). On the
+// emulator every thread of a dependent launch must pass its griddepcontrol.wait.
 TEST(GatedDeltaRule, GpuDependentLaunchesAgree) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const bool counted = cuda::dependent_launches_supported();
-  for (const int windows : {1, 3}) {
+  const std::pair<GpuCase, int> cases[] = {{GpuCase{2, 300, 2, 64, 72, true, 5}, 1},
+                                           {GpuCase{2, 300, 2, 64, 72, true, 5}, 3},
+                                           {GpuCase{1, 200, 1, 128, 64, true, 0}, 1}};
+  for (const auto& [c, windows] : cases) {
     const testing::ScopedSetting windows_guard(&cuda::set_gated_delta_rule_forward_windows,
                                                windows);
-    for (const GpuCase& c : {GpuCase{2, 300, 2, 64, 72, true, 5},
-                             GpuCase{1, 200, 1, 128, 64, true, 0}}) {
-      SCOPED_TRACE(::testing::PrintToString(c) + ", windows " + std::to_string(windows));
-      const int64_t before = cuda::dependent_launch_count();
-      expect_settings_agree_bitwise(c, 91, {1, 0}, [](int on) {
-        cuda::set_dependent_launches(on != 0);
-      });
-      // The chunk table, prepare, state and output kernels of the forward, at least.
-      if (counted) {
-        EXPECT_GE(cuda::dependent_launch_count() - before, 4);
-      }
+    SCOPED_TRACE(::testing::PrintToString(c) + ", windows " + std::to_string(windows));
+    const int64_t before = cuda::dependent_launch_count();
+    expect_settings_agree_bitwise(c, 91, {1, 0}, [](int on) {
+      cuda::set_dependent_launches(on != 0);
+    });
+    // The chunk table, prepare, state and output kernels of the forward, at least.
+    if (counted) {
+      EXPECT_GE(cuda::dependent_launch_count() - before, 4);
     }
   }
   EXPECT_FALSE(cuda::set_dependent_launches(false)) << "off by default, and left off";
