@@ -17,6 +17,7 @@
 #include "cuda/mma.cuh"
 #include "tests/cuda_emulator/owned_stream.h"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 
 namespace ham::cuda {
 namespace {
@@ -360,18 +361,12 @@ void dependent_after(const std::function<void(cudaStream_t)>& first, int* data, 
                      BeforeTheWait before,
                      const std::function<void(cudaStream_t)>& between = nullptr) {
   OwnedStream stream(cudaStreamDefault);  // after the buffers' memsets on the legacy stream
-  const bool saved = set_dependent_launches(true);
-  try {
-    first(stream.handle);
-    if (between) between(stream.handle);
-    HAM_LAUNCH_DEPENDENT(1, 32, 0, stream.handle, copy_around_the_wait)(data, out, before);
-    HAM_CUDA_CHECK_LAUNCH();
-    HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
-  } catch (...) {
-    set_dependent_launches(saved);
-    throw;
-  }
-  set_dependent_launches(saved);
+  const testing::ScopedSetting dependent(&set_dependent_launches, true);
+  first(stream.handle);
+  if (between) between(stream.handle);
+  HAM_LAUNCH_DEPENDENT(1, 32, 0, stream.handle, copy_around_the_wait)(data, out, before);
+  HAM_CUDA_CHECK_LAUNCH();
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream.handle));
 }
 
 TEST_F(Racecheck, ADependentLaunchIsOrderedAfterTheKernelAheadOnlyFromItsWait) {

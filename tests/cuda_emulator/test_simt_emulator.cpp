@@ -18,6 +18,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/wgmma.cuh"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 
 namespace ham::cuda {
 namespace {
@@ -281,17 +282,10 @@ __global__ void wait_then_write(int* out, GridWait how) {
   out[blockIdx.x * 32 + threadIdx.x] = int(blockIdx.x * 32 + threadIdx.x);
 }
 
-// Restores the dependent launch setting a test changed.
-struct DependentLaunches {
-  bool saved;
-  explicit DependentLaunches(bool on) : saved(set_dependent_launches(on)) {}
-  ~DependentLaunches() { set_dependent_launches(saved); }
-};
-
 TEST(SimtEmulator, EveryThreadOfADependentLaunchWaitsBeforeItExitsOrLetsOthersStart) {
   DeviceInts out(64);
   {
-    DependentLaunches on(true);
+    const testing::ScopedSetting on(&set_dependent_launches, true);
     const int64_t before = dependent_launch_count();
     HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::EveryThread);
     HAM_CUDA_CHECK_LAUNCH();
@@ -314,7 +308,7 @@ TEST(SimtEmulator, EveryThreadOfADependentLaunchWaitsBeforeItExitsOrLetsOthersSt
   }
   // Off (and in a plain launch), the same kernels run as plain launches, where neither
   // rule applies: the wait returns at once, as it does on a GPU.
-  DependentLaunches off(false);
+  const testing::ScopedSetting off(&set_dependent_launches, false);
   const int64_t before = dependent_launch_count();
   HAM_LAUNCH_DEPENDENT(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::OneSkips);
   HAM_LAUNCH(2, 32, 0, nullptr, wait_then_write)(out.data, GridWait::OneLetsLaterLaunchesFirst);
