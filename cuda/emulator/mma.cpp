@@ -25,9 +25,18 @@ struct MmaLane {
   const uint32_t* b;
 };
 
+// Eight doubles that GCC and Clang add and multiply as one vector (a scalar operand is
+// broadcast): the products below are formed row by row in these.
+typedef double EightDoubles __attribute__((vector_size(64)));
+
+// D = C + A B in double, each element's sum in the order k = 0, 1, .. 15 from C (the
+// products of two bf16 values are exact in double, so whether the compiler fuses them
+// with the sum does not change it), eight columns a vector: the emulated tests spend much
+// of their time here, and the compiler left the plain loops' sums scalar.
 void mma_combine(void* const* lanes, unsigned mask) {
   HAM_CHECK(mask == kFullWarp, "mma.sync needs the whole warp");
-  float A[16][16], B[16][8], C[16][8];
+  double A[16][16];
+  EightDoubles B[16], D[16];
   for (int lane = 0; lane < 32; ++lane) {
     const auto* in = static_cast<const MmaLane*>(lanes[lane]);
     const int g = lane / 4, t = lane % 4;
@@ -40,20 +49,21 @@ void mma_combine(void* const* lanes, unsigned mask) {
       B[col][g] = low_bf16(in->b[half]);
       B[col + 1][g] = high_bf16(in->b[half]);
     }
-    C[g][2 * t] = in->d[0];
-    C[g][2 * t + 1] = in->d[1];
-    C[g + 8][2 * t] = in->d[2];
-    C[g + 8][2 * t + 1] = in->d[3];
+    D[g][2 * t] = in->d[0];
+    D[g][2 * t + 1] = in->d[1];
+    D[g + 8][2 * t] = in->d[2];
+    D[g + 8][2 * t + 1] = in->d[3];
+  }
+  for (int r = 0; r < 16; ++r) {
+    for (int k = 0; k < 16; ++k) D[r] += A[r][k] * B[k];
   }
   for (int lane = 0; lane < 32; ++lane) {
     auto* out = static_cast<const MmaLane*>(lanes[lane]);
     const int g = lane / 4, t = lane % 4;
-    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-    for (int r = 0; r < 4; ++r) {
-      double sum = C[rows[r]][cols[r]];
-      for (int k = 0; k < 16; ++k) sum += double(A[rows[r]][k]) * double(B[k][cols[r]]);
-      out->d[r] = float(sum);
-    }
+    out->d[0] = float(D[g][2 * t]);
+    out->d[1] = float(D[g][2 * t + 1]);
+    out->d[2] = float(D[g + 8][2 * t]);
+    out->d[3] = float(D[g + 8][2 * t + 1]);
   }
 }
 
@@ -103,14 +113,27 @@ Descriptor decode(uint64_t desc, const char* operand) {
 // chunk bits 4-6 xor'd with row bits 7-9.
 uint32_t swizzled(uint32_t address) { return address ^ ((address >> 7 & 7) << 4); }
 
-// The raw bf16 at shared address `address` (before the swizzle), as the hardware reads it,
-// from the block's dynamic shared memory or from `memory`, a copy of it.
-uint16_t shared_bits(uint32_t address, const void* memory = dynamic_shared_memory()) {
+// The block's dynamic shared memory (or a copy of it of the same size), looked up once a
+// wgmma rather than once an element.
+struct SharedBytes {
+  const unsigned char* memory;
+  size_t size;
+};
+SharedBytes block_shared(const void* memory = dynamic_shared_memory()) {
+  return {static_cast<const unsigned char*>(memory), dynamic_shared_size()};
+}
+
+[[noreturn]] __attribute__((cold, noinline)) void fail_past_shared(uint32_t at, size_t size) {
+  HAM_FAIL("wgmma: operand reads shared address ", at, " past the block's ", size, " bytes");
+}
+
+// The raw bf16 at shared address `address` (before the swizzle), as the hardware reads it.
+// (Inlined, with its error out of line: it runs for every element of every operand.)
+inline uint16_t shared_bits(const SharedBytes& shared, uint32_t address) {
   const uint32_t at = swizzled(address);
-  HAM_CHECK(at + 2 <= dynamic_shared_size(), "wgmma: operand reads shared address ", at,
-            " past the block's ", dynamic_shared_size(), " bytes");
+  if (at + 2 > shared.size) [[unlikely]] fail_past_shared(at, shared.size);
   uint16_t bits;
-  std::memcpy(&bits, static_cast<const unsigned char*>(memory) + at, 2);
+  std::memcpy(&bits, shared.memory + at, 2);
   return bits;
 }
 
@@ -156,9 +179,9 @@ OperandAddresses operand_addresses(const WgmmaCall& call) {
   return at;
 }
 
-std::vector<uint16_t> read_bits(const std::vector<uint32_t>& addresses) {
+std::vector<uint16_t> read_bits(const SharedBytes& shared, const std::vector<uint32_t>& addresses) {
   std::vector<uint16_t> bits(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(addresses[i]);
+  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(shared, addresses[i]);
   return bits;
 }
 
@@ -173,18 +196,19 @@ struct OperandReads {
 // address what the wgmma read; else an error naming the first element that differs, and
 // `why`.
 std::string first_difference(const OperandReads& reads, const void* memory, const char* why) {
+  const SharedBytes shared = block_shared(memory);
   const char* operand = "A";
   std::string element;
   uint32_t address = 0;
   const size_t n = size_t(reads.call.n);
   for (size_t i = 0; i < reads.a.size() && element.empty(); ++i) {
-    if (shared_bits(reads.at.a[i], memory) == reads.a[i]) continue;
+    if (shared_bits(shared, reads.at.a[i]) == reads.a[i]) continue;
     element = detail::concat("row ", 16 * reads.call.warp + i / 16, ", k ", i % 16,
                              ") of its 64 x 16");
     address = reads.at.a[i];
   }
   for (size_t i = 0; i < reads.b.size() && element.empty(); ++i) {
-    if (shared_bits(reads.at.b[i], memory) == reads.b[i]) continue;
+    if (shared_bits(shared, reads.at.b[i]) == reads.b[i]) continue;
     operand = "B";
     element = detail::concat("k ", i / n, ", column ", i % n, ") of its 16 x ", n);
     address = reads.at.b[i];
@@ -222,8 +246,9 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   OperandReads& reads = *issued;
   reads.call = call;
   reads.at = operand_addresses(call);
-  reads.a = read_bits(reads.at.a);
-  reads.b = read_bits(reads.at.b);
+  const SharedBytes shared = block_shared();
+  reads.a = read_bits(shared, reads.at.a);
+  reads.b = read_bits(shared, reads.at.b);
   const std::string unfenced = first_difference(
       reads, async_proxy_view(),
       "which holds a write that no fence.proxy.async and barrier after it handed to the "
@@ -232,8 +257,10 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   // Handed over here rather than by lane 0 after the exchange, so that nothing is left on
   // a fiber's stack that a failing kernel abandons.
   wgmma_issued([issued] { return operand_change(*issued); });
-  auto value = [](uint16_t bits) { return bf16_to_float(BFloat16{bits}); };
-  float A[16][16];
+  // D = C + A B as mma_combine forms it, a row of N columns in N / 8 vectors.
+  auto value = [](uint16_t bits) { return double(bf16_to_float(BFloat16{bits})); };
+  const int n = call.n, vectors = n / 8;
+  double A[16][16];
   if (call.a_in_registers) {
     for (int lane = 0; lane < 32; ++lane) {
       const uint32_t* a = static_cast<const WgmmaLane*>(lanes[lane])->a;
@@ -251,18 +278,33 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
       for (int k = 0; k < 16; ++k) A[r][k] = value(reads.a[size_t(r * 16 + k)]);
     }
   }
-  std::vector<float> B(reads.b.size());
-  for (size_t i = 0; i < B.size(); ++i) B[i] = value(reads.b[i]);
+  // Rows of B (16 x N) and of D (16 x N), N / 8 vectors each.
+  std::vector<EightDoubles> B(size_t(16 * vectors)), D(size_t(16 * vectors));
+  for (size_t i = 0; i < reads.b.size(); ++i) B[i / 8][i % 8] = value(reads.b[i]);
+  // Element e of a lane's accumulator block j: row g + 8 (e / 2), column 8 j + 2 t + e % 2,
+  // that is vector j of its row.
+  auto element = [&D, vectors](int lane, int j, int e) -> double& {
+    const int g = lane / 4, t = lane % 4;
+    return D[size_t((g + 8 * (e / 2)) * vectors + j)][2 * t + e % 2];
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
+    for (int j = 0; j < vectors; ++j) {
+      for (int e = 0; e < 4; ++e) element(lane, j, e) = d[4 * j + e];
+    }
+  }
+  for (int r = 0; r < 16; ++r) {
+    EightDoubles* row = &D[size_t(r * vectors)];
+    for (int k = 0; k < 16; ++k) {
+      const double a = A[r][k];
+      const EightDoubles* b = &B[size_t(k * vectors)];
+      for (int c = 0; c < vectors; ++c) row[c] += a * b[c];
+    }
+  }
   for (int lane = 0; lane < 32; ++lane) {
     float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
-    const int g = lane / 4, t = lane % 4;
-    for (int j = 0; j < call.n / 8; ++j) {
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
-        double sum = d[4 * j + e];
-        for (int k = 0; k < 16; ++k) sum += double(A[row][k]) * double(B[size_t(k * call.n + col)]);
-        d[4 * j + e] = float(sum);
-      }
+    for (int j = 0; j < vectors; ++j) {
+      for (int e = 0; e < 4; ++e) d[4 * j + e] = float(element(lane, j, e));
     }
   }
 }

@@ -813,8 +813,13 @@ void install_fault_handler() {
   (void)process_handler;
 }
 
-BlockRunner& runner() {
-  HAM_CHECK(running, "cuda emulator: a device function was called outside a kernel");
+[[noreturn]] __attribute__((cold, noinline)) void fail_outside_kernel() {
+  HAM_FAIL("cuda emulator: a device function was called outside a kernel");
+}
+
+// Inlined, with its error out of line: every device function of every thread comes here.
+inline BlockRunner& runner() {
+  if (!running) [[unlikely]] fail_outside_kernel();
   return *running;
 }
 
