@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -124,6 +125,10 @@ bool has_bias(cublasLtEpilogue_t epilogue) {
          epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
 }
 
+// Eight doubles that GCC and Clang add and multiply as one vector (a scalar operand is
+// broadcast).
+typedef double EightDoubles __attribute__((vector_size(64)));
+
 // One product of the batch; C is the compute type (float or double).
 template <class C>
 void gemm_one(const cublasLtMatmulDescOpaque& desc, C alpha, C beta, const void* a,
@@ -151,17 +156,43 @@ void gemm_one(const cublasLtMatmulDescOpaque& desc, C alpha, C beta, const void*
   };
   const std::vector<C> op_a = operand(a, la, desc.trans_a == CUBLAS_OP_T, m, k);   // [m, k]
   const std::vector<C> op_bt = operand(b, lb, desc.trans_b == CUBLAS_OP_N, n, k);  // op(B)^T [n, k]
-  for (int64_t j = 0; j < n; ++j) {
+  auto finish = [&](int64_t i, int64_t j, double sum) {
+    C value = alpha * C(sum);
+    if (beta != C(0)) value += beta * C(load(c, lc.type, batch * lc.stride + i + j * lc.ld));
+    if (has_bias(desc.epilogue)) value += C(load(desc.bias, ld.type, i));
+    store(d, ld.type, batch * ld.stride + i + j * ld.ld,
+          double(epilogue_value(value, desc.epilogue)));
+  };
+  if constexpr (std::is_same_v<C, float>) {
+    // Eight rows of op(A) at a time, their sums one vector: the products of two floats are
+    // exact in double, so each element's sum (from 0, in the order l = 0, 1, ..) is the
+    // scalar loop's bit for bit, fused or not. Block r holds rows 8 r .. 8 r + 7 of each
+    // column l at [r k + l], rows past m 0.
+    const int64_t blocks = (m + 7) / 8;
+    std::vector<EightDoubles> a_blocks(size_t(blocks * k));  // value-initialized: zeros
     for (int64_t i = 0; i < m; ++i) {
-      double sum = 0;
-      const C* x = &op_a[size_t(i * k)];
-      const C* y = &op_bt[size_t(j * k)];
-      for (int64_t l = 0; l < k; ++l) sum += double(x[l]) * double(y[l]);
-      C value = alpha * C(sum);
-      if (beta != C(0)) value += beta * C(load(c, lc.type, batch * lc.stride + i + j * lc.ld));
-      if (has_bias(desc.epilogue)) value += C(load(desc.bias, ld.type, i));
-      store(d, ld.type, batch * ld.stride + i + j * ld.ld,
-            double(epilogue_value(value, desc.epilogue)));
+      for (int64_t l = 0; l < k; ++l) {
+        a_blocks[size_t(i / 8 * k + l)][i % 8] = op_a[size_t(i * k + l)];
+      }
+    }
+    for (int64_t r = 0; r < blocks; ++r) {
+      const EightDoubles* x = &a_blocks[size_t(r * k)];
+      for (int64_t j = 0; j < n; ++j) {
+        const C* y = &op_bt[size_t(j * k)];
+        EightDoubles sums{};
+        for (int64_t l = 0; l < k; ++l) sums += x[l] * double(y[l]);
+        for (int64_t i = 8 * r; i < std::min(m, 8 * r + 8); ++i) finish(i, j, sums[i % 8]);
+      }
+    }
+  } else {  // f64: the products are not exact, so the sums stay as they were written
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        double sum = 0;
+        const C* x = &op_a[size_t(i * k)];
+        const C* y = &op_bt[size_t(j * k)];
+        for (int64_t l = 0; l < k; ++l) sum += double(x[l]) * double(y[l]);
+        finish(i, j, sum);
+      }
     }
   }
 }
