@@ -97,17 +97,16 @@ __device__ __forceinline__ uint32_t stamped_block() {
 
 // Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per block of the
 // grid, x fastest); `tiles`, the tiles the block will visit, goes with FirstTile (a block
-// that visits none keeps 0). Nothing when not recording (null).
+// that visits none keeps 0). Nothing when not recording (null). Every block's first mark
+// is Start, which writes its whole entry.
 __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark,
                                            int64_t tiles = 0) {
   if (timeline == nullptr || stamping_thread() != 0) return;
   BlockStamps& stamps = timeline[stamped_block()];
   const uint64_t now = block_cycle_clock();
   switch (mark) {
-    case BlockMark::Start:
-      stamps.start = now;
-      stamps.start_ns = global_timer_ns();
-      stamps.sm = block_sm_id();
+    case BlockMark::Start:  // the whole entry: the buffer is not zeroed before the launch
+      stamps = BlockStamps{now, 0, 0, 0, 0, global_timer_ns(), 0, block_sm_id(), 0};
       break;
     case BlockMark::CopiesIssued:
       stamps.copies_issued = now;
@@ -167,8 +166,11 @@ struct KernelName {
 void record_block_timelines(bool on);
 bool recording_block_timelines();
 
-// A zeroed buffer of `blocks` stamps on the current device for a launch of `kernel`, kept
-// until taken; null when not recording.
+// A buffer of `blocks` stamps on the current device for a launch of `kernel`, kept until
+// taken; null when not recording. Not zeroed: each block's Start mark writes its whole
+// entry. A memset on the stream would sit between the launch and the kernel ahead of it,
+// and a dependent launch (cuda/dependent_launch.h) overlaps only a kernel just ahead: the
+// recording would take away the overlap it is there to show.
 BlockStamps* block_timeline_for_launch(const KernelName& kernel, int64_t blocks);
 
 struct KernelTimeline {
