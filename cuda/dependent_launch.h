@@ -14,9 +14,13 @@
 //   dependent launch may start once every block of this one has called it or exited) only
 //   after its wait, so that when a dependent launch starts, the kernel ahead of the one it
 //   depends on has ended.
-// The project's kernels call both first thing (begin_dependent_kernel), so that nothing
-// they read or write comes before the wait: what the launch gains is its own latency and
-// the placing of its blocks, not work done early.
+// Most of the project's kernels call both first thing (begin_dependent_kernel), so that
+// nothing they read or write comes before the wait: what the launch gains is its own
+// latency and the placing of its blocks. Two do work early: routed attention's wgmma dQ and
+// dK/dV kernels run their block prologues (dependent loads and the first tiles' copies,
+// reading only what kernels two or more launches back wrote) before their wait, under the
+// tail of the kernel ahead (cuda/routed_attention.cu). Nothing is written before a wait
+// but a block's own timeline stamps, whose buffer no other launch touches.
 //
 // Where set_dependent_launches(true) and the kernel's code on the device is sm_90 or newer
 // (compute capability 9.0); elsewhere the same kernels go out as plain launches, in which

@@ -393,6 +393,10 @@ struct AttentionArgs {
   // (order_key_tiles_by_work), or null: the rank's own (key_block_tile).
   const int* key_tile_order = nullptr;
   int key_tile_order_rows = 0;
+  // The dK/dV wgmma kernel's prologue may run before its griddepcontrol.wait: the host sets
+  // it where the kernel just ahead on the stream is the dQ pass or the dK half of a split
+  // pass, neither of which writes what that prologue reads (backward_dkdv_wgmma).
+  bool key_prologue_before_wait = false;
   // The launch's block stamps while recording (cuda/block_timeline.h), else null.
   BlockStamps* timeline = nullptr;
 
@@ -1848,6 +1852,9 @@ __global__ void __launch_bounds__(kMmaThreads) backward_dq_mma(AttentionArgs<bf1
 // (Were the tile unseen, its copies would land unused; were there no tile, the kernel
 // waits for them before it ends.)
 
+// Whether a QueryTiles loads its first tile's D with the rest of its rows or later.
+enum class FirstDeltas { Now, Later };
+
 // The query tiles a dK/dV block visits, in order: for each query head hh of its group, the
 // tiles q_start, q_start + BQ, ... below q_end (visible_rows_end). Thread r < BQ carries
 // row r of the next tile (visible range, lse, D) in registers, loaded while an earlier tile
@@ -1866,11 +1873,21 @@ struct QueryTiles {
 
   // Each head's tiles from q_start_ (a multiple of BQ) until one reaches the end end_at()
   // sets. The first tile's rows start loading here, before that end is known, so that their
-  // loads wait beside visible_rows_end's instead of after them.
-  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_)
+  // loads wait beside visible_rows_end's instead of after them. With FirstDeltas::Later
+  // their D waits for load_first_deltas(): for a kernel that loads them before its wait for
+  // the kernel that forms D (backward_dkdv_wgmma).
+  __device__ QueryTiles(const AttentionArgs<bf16>& args, int64_t b_, int64_t g, int64_t q_start_,
+                        FirstDeltas first_deltas = FirstDeltas::Now)
       : a(args), b(b_), q_start(int(q_start_)), q_end(int(q_start_)), count(0),
         loaded_head(int(g * args.group())), loaded_row(int(q_start_)) {
-    load_rows();
+    load_rows(first_deltas == FirstDeltas::Now);
+  }
+  // The first tile's D, where the constructor left it out (after end_at: none where no
+  // tile is visited).
+  __device__ void load_first_deltas() {
+    const int r = int(threadIdx.x);
+    if (count == 0 || r >= BQ || loaded_row + r >= a.seq_len) return;
+    next_delta = float(a.delta[a.q_index(b, loaded_row + r, loaded_head)]);
   }
   // The tiles stop where one reaches q_end_; there are none (and the first tile's rows are
   // dropped) where q_end_ <= q_start.
@@ -1896,7 +1913,7 @@ struct QueryTiles {
     next_begin = next_end = 0;
     next_lse_log2 = next_delta = 0.f;
   }
-  __device__ void load_rows() {
+  __device__ void load_rows(bool with_delta = true) {
     const int r = int(threadIdx.x);
     clear_rows();
     if (r >= BQ) return;
@@ -1906,7 +1923,7 @@ struct QueryTiles {
     next_begin = int(a.begin[b * a.seq_len + t]);
     next_end = int(a.end[b * a.seq_len + t]);
     next_lse_log2 = float(a.lse[row]) * kLog2e;
-    next_delta = float(a.delta[row]);
+    if (with_delta) next_delta = float(a.delta[row]);
   }
 
   // Tile i's rows (loaded by the previous call) into shared memory (lse times log2 e), tile
@@ -2287,7 +2304,13 @@ struct WgmmaBackwardShape {
 // kPart: the gradients it forms (KeyGrads; split past DK + DV = 320, kWgmmaSplitKeyGrads).
 template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
-  begin_dependent_kernel();
+  // Where a.key_prologue_before_wait, its prologue runs before griddepcontrol.wait in a
+  // dependent launch (cuda/dependent_launch.h), under the kernel just ahead, which writes
+  // only dq and D (the dQ pass) or dk (KeyGrads::Keys): the key tile (from the order two or
+  // more launches back), its positions, K and V', the query tiles' summary, the first query
+  // tile's rows and their Q and dO copies, the value scales. D, from the first tile on, and
+  // every write come after the wait.
+  if (!a.key_prologue_before_wait) wait_for_earlier_kernels();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
@@ -2313,6 +2336,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   const int64_t key_at = key_position_ahead<BK>(a, b, k0);
   const int count = int(a.counts[b]);
   if (k0 >= count) {  // past this row's keys (the whole block)
+    wait_for_earlier_kernels();
     mark_block(a.timeline, BlockMark::End);
     return;
   }
@@ -2324,7 +2348,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
   if constexpr (kDk) issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
   async_copy_commit();
-  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ);
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ, FirstDeltas::Later);
   // Tile 0's copies go out with its rows' loads (first_tile_sees_the_keys).
   issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.loaded_head, queries.loaded_row,
                                             SwizzledTile<BQ>{slot_q(0)},
@@ -2332,6 +2356,9 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   mark_block(a.timeline, BlockMark::CopiesIssued);
   queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
   load_key_scales<BK>(a, b, s_pos, s_pscale);
+  wait_for_earlier_kernels();
+  let_later_kernels_launch();
+  queries.load_first_deltas();
   auto publish_and_issue = [&](int64_t i) {
     const int slot = int(i % 3);
     const QueryTileVisibility vis = queries.template publish<BK>(
@@ -2473,7 +2500,13 @@ template <int DK, int DV, int kGroups, int kKeyTile = WgmmaBackwardShape<DK, DV,
           bool kFromRecords = false>
 __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
     backward_dq_wgmma(AttentionArgs<bf16> a) {
-  begin_dependent_kernel();
+  // Its prologue runs before griddepcontrol.wait where launched as a dependent launch
+  // (cuda/dependent_launch.h), under the kernel just ahead: summarize_query_tiles, which
+  // writes only the query tiles' summary. The rows' ranges, the key positions, Q, dO, K, V,
+  // the value scales and the lse come from the compaction, the forward and the caller, two
+  // or more launches back. The records are the summary's: a block from them waits first.
+  // D and dq are written after the wait.
+  if constexpr (kFromRecords) wait_for_earlier_kernels();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
   constexpr int BQ = Shape::kRows, BK = kKeyTile, NB = BK / 8, kThreads = Shape::kThreads;
@@ -2528,6 +2561,8 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
     const int64_t t = q0 + r0[0] + 8 * i;
     lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
   }
+  wait_for_earlier_kernels();  // the first tile's copies are on their way
+  let_later_kernels_launch();
   if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
     HAM_STATIC_SHARED(float, s_delta, [BQ]);
     row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
@@ -3208,6 +3243,7 @@ std::atomic<int64_t> g_overlapped_prologues{0};
 // set_attention_backward_dq_records, and the calls whose dQ blocks started from them.
 std::atomic<bool> g_backward_dq_records{false};
 std::atomic<int64_t> g_backward_dq_record_launches{0};
+std::atomic<int64_t> g_key_prologues_before_wait{0};
 // set_attention_backward_key_order, and the calls whose dK/dV blocks took their tiles so.
 std::atomic<bool> g_backward_key_order{false};
 std::atomic<int64_t> g_backward_key_order_launches{0};
@@ -3495,14 +3531,16 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
             dq_from_records ? reinterpret_cast<const QueryTileKeys*>(summary.records.raw_data())
                             : nullptr;
         // Where set, each dK/dV launch below first orders the key tiles of its blocks' rows
-        // by their work (set_attention_backward_key_order).
+        // by their work (set_attention_backward_key_order). Returns whether it launched the
+        // order kernel (just ahead of the dK/dV launch).
         Tensor key_tile_order;
         auto order_key_tiles_for = [&](int key_rows) {
-          if (!order_key_tiles || a.key_tile_order_rows == key_rows) return;
+          if (!order_key_tiles || a.key_tile_order_rows == key_rows) return false;
           key_tile_order = order_key_tiles_on(summary.ranges, a.counts, a.batch, a.seq_len,
                                               key_rows, q.device());
           a.key_tile_order = ptr<const int>(key_tile_order);
           a.key_tile_order_rows = key_rows;
+          return true;
         };
         const dim3 key_grid = block_grid(a.seq_len, kTiledKeyRows, a.kv_heads, a.batch);
         const dim3 query_grid = block_grid(a.seq_len, 64, a.q_heads, a.batch);
@@ -3523,6 +3561,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                         "backward_dq_wgmma",
                         {DK, DV, kGroups, dq_pass.keys, int(dq_pass.from_records)},
                         dq_pass.from_records ? 5 : 4};
+                    // Just after the query tiles' summary: its prologue runs before its
+                    // wait (backward_dq_wgmma).
                     tiled_dq = launch_tiled(dq_pass.kernel,
                                             block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
                                             dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
@@ -3535,12 +3575,23 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                     }
                     const dim3 keys = block_grid(a.seq_len, Wgmma::kRows, a.kv_heads, a.batch);
                     auto launch_dkdv = [&]<KeyGrads kPart>() {
-                      order_key_tiles_for(Wgmma::kRows);
+                      const bool order_just_ahead = order_key_tiles_for(Wgmma::kRows);
+                      // Its prologue before its wait where the kernel just ahead is the dQ
+                      // pass or the dK half: not the order kernel, nor the query tiles'
+                      // summary (where the dQ pass did not launch).
+                      AttentionArgs<bf16> args = a;
+                      args.key_prologue_before_wait =
+                          !order_just_ahead && (kPart == KeyGrads::Values || tiled_dq);
                       // KeyGrads: 0 both, 1 keys, 2 values
                       const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
                                             4};
-                      return launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
-                                          Wgmma::bytes(kPart), a, Wgmma::kThreads, &name);
+                      const bool launched =
+                          launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
+                                       Wgmma::bytes(kPart), args, Wgmma::kThreads, &name);
+                      if (launched && args.key_prologue_before_wait) {
+                        g_key_prologues_before_wait.fetch_add(1);
+                      }
+                      return launched;
                     };
                     if constexpr (kWgmmaSplitKeyGrads<DK, DV>) {
                       tiled_dkdv = launch_dkdv.template operator()<KeyGrads::Keys>() &&
@@ -3695,6 +3746,7 @@ bool set_attention_backward_dq_records(bool records) {
 }
 
 int64_t attention_backward_dq_record_launches() { return g_backward_dq_record_launches.load(); }
+int64_t attention_key_prologues_before_wait() { return g_key_prologues_before_wait.load(); }
 
 bool set_attention_backward_key_order(bool by_work) {
   return g_backward_key_order.exchange(by_work);

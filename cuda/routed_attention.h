@@ -86,6 +86,14 @@ bool set_attention_backward_dq_records(bool records);
 // How many backward calls of this process ran the wgmma dQ kernel from those records.
 int64_t attention_backward_dq_record_launches();
 
+// How many launches of the backward's wgmma dK/dV kernel ran their prologue (the key tile,
+// K and V', the first query tile's rows and copies) before their wait for the kernel just
+// ahead, as dependent launches do where set_dependent_launches (cuda/dependent_launch.h):
+// those whose kernel just ahead is the dQ pass or the dK half of a split pass, not the key
+// tile order's. The wgmma dQ kernel's prologue always runs before its wait (from the query
+// tiles' records: after it).
+int64_t attention_key_prologues_before_wait();
+
 // Whether the backward's dK/dV blocks take their key tiles by work, heaviest first, rather
 // than by rank. A key tile's work is the query tiles that see its keys. By rank, the
 // heaviest start first in one document, but with packed documents heavy blocks also start

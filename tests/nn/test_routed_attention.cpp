@@ -1362,6 +1362,7 @@ TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
     DType dtype;
     int wgmma;  // set_attention_backward_wgmma and _forward_wgmma
     bool overlap;
+    bool dq_records = false, key_order = false;
   };
   std::vector<LaunchCase> cases = {
       {GpuCase{2, 200, 4, 2, 64, 64, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 0, true},
@@ -1373,20 +1374,39 @@ TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
          true});
     cases.push_back(
         {GpuCase{1, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, false}, DType::BF16, 2, false});
+    // The dQ blocks from the query tiles' records (their wait first), the key tiles ordered
+    // (the order kernel just ahead of the dK/dV kernel: its wait first), and the dK/dV pass
+    // in two kernels (the second's prologue under the first).
+    cases.push_back({GpuCase{2, 200, 8, 2, 128, 128, 0.25, true, GpuDocs::Packed20, true},
+                     DType::BF16, 1, true, true, true});
+    cases.push_back({GpuCase{1, 130, 2, 2, 256, 256, 0.5, true, GpuDocs::Runs, false},
+                     DType::BF16, 2, false});
+    cases.push_back({GpuCase{1, 130, 2, 2, 256, 256, 0.5, true, GpuDocs::Runs, true},
+                     DType::BF16, 2, true, false, true});
   }
   const bool counted = cuda::dependent_launches_supported();
   for (const LaunchCase& lc : cases) {
     SCOPED_TRACE(gpu_case_name(lc.c) + " " + dtype_name(lc.dtype) + ", wgmma " +
-                 std::to_string(lc.wgmma) + (lc.overlap ? ", overlapped" : ""));
+                 std::to_string(lc.wgmma) + (lc.overlap ? ", overlapped" : "") +
+                 (lc.dq_records ? ", dQ from records" : "") +
+                 (lc.key_order ? ", key tiles ordered" : ""));
     const testing::ScopedSetting backward(&cuda::set_attention_backward_wgmma, lc.wgmma);
     const testing::ScopedSetting forward(&cuda::set_attention_forward_wgmma, lc.wgmma);
     const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, lc.overlap);
+    const testing::ScopedSetting records(&cuda::set_attention_backward_dq_records,
+                                         lc.dq_records);
+    const testing::ScopedSetting order(&cuda::set_attention_backward_key_order, lc.key_order);
     ops::RoutedAttentionGrads dependent;
     const int64_t before = cuda::dependent_launch_count();
     {
       const testing::ScopedSetting on(&cuda::set_dependent_launches, true);
       expect_gpu_matches_cpu(lc.c, lc.dtype);
+      const int64_t early_before = cuda::attention_key_prologues_before_wait();
       dependent = gpu_case_gradients(lc.c, lc.dtype);
+      // Each dK/dV wgmma kernel but one just after the order kernel.
+      const int parts = lc.c.key_dim + lc.c.value_dim > 320 ? 2 : 1;
+      EXPECT_EQ(cuda::attention_key_prologues_before_wait() - early_before,
+                lc.wgmma == 0 ? 0 : lc.key_order ? parts - 1 : parts);
     }
     // Compaction, forward, and the backward's passes: at least one launch each.
     if (counted) {
@@ -1670,9 +1690,17 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
     Tiles query_blocks, key_blocks;
     int64_t working_key_blocks;
   };
-  for (const Case& c : {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {1, 1, 2, 2, 3, 3, 4, 4}, 8},
-                        Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {0, 0, 0, 0, 2, 2, 4, 4}, 4}}) {
-    SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected");
+  // Each also as dependent launches: the dQ and dK/dV blocks stamp their start and first
+  // copies before their wait (each block's Start writes its whole entry: no memset ahead).
+  std::vector<std::pair<bool, Case>> runs;
+  for (const bool dependent : {false, true}) {
+    runs.push_back({dependent, Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {1, 1, 2, 2, 3, 3, 4, 4}, 8}});
+    runs.push_back({dependent, Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {0, 0, 0, 0, 2, 2, 4, 4}, 4}});
+  }
+  for (const auto& [dependent, c] : runs) {
+    SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected" +
+                 (dependent ? ", dependent launches" : ""));
+    const testing::ScopedSetting dependent_launches(&cuda::set_dependent_launches, dependent);
     std::vector<uint8_t> select(static_cast<size_t>(seq_len));
     for (int64_t t = 0; t < seq_len; ++t) select[size_t(t)] = t % c.every == 0;
     const CompactSelection sel =
