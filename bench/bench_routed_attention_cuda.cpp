@@ -435,6 +435,9 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     if (cuda::dependent_launch_count() == dependent_before) {
       std::printf("(no launch went out as a dependent one: compute capability below 9.0, or "
                   "no sm_90 code)\n");
+    } else {
+      std::printf("(the wgmma dQ and dK/dV blocks run their prologue before their wait: there "
+                  "their prologue includes the wait for the kernel ahead)\n");
     }
     cuda::set_dependent_launches(previous_dependent);
     std::fflush(stdout);
