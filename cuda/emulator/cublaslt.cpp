@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/emulator/eight_doubles.h"
 #include "cuda/emulator/racecheck.h"
 
 struct cublasLtContext {
@@ -43,6 +44,8 @@ struct cublasLtMatmulPreferenceOpaque {
 };
 
 namespace {
+
+using ham::cuda::emulator::EightDoubles;
 
 // What the emulated "algorithm" asks of its operands; kept in cublasLtMatmulAlgo_t::data.
 struct AlgoRecord {
@@ -124,10 +127,6 @@ bool has_bias(cublasLtEpilogue_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
          epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
 }
-
-// Eight doubles that GCC and Clang add and multiply as one vector (a scalar operand is
-// broadcast).
-typedef double EightDoubles __attribute__((vector_size(64)));
 
 // One product of the batch; C is the compute type (float or double).
 template <class C>

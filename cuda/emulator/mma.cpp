@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "cuda/emulator/eight_doubles.h"
 
 namespace ham::cuda::emulator {
 
@@ -24,10 +25,6 @@ struct MmaLane {
   const uint32_t* a;
   const uint32_t* b;
 };
-
-// Eight doubles that GCC and Clang add and multiply as one vector (a scalar operand is
-// broadcast): the products below are formed row by row in these.
-typedef double EightDoubles __attribute__((vector_size(64)));
 
 // D = C + A B in double, each element's sum in the order k = 0, 1, .. 15 from C (the
 // products of two bf16 values are exact in double, so whether the compiler fuses them
