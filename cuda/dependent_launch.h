@@ -58,7 +58,8 @@ __device__ __forceinline__ void let_later_kernels_launch() {
 #endif
 }
 
-// The first statement of every kernel launched with HAM_LAUNCH_DEPENDENT.
+// The first statement of a kernel launched with HAM_LAUNCH_DEPENDENT that does nothing
+// before its wait.
 __device__ __forceinline__ void begin_dependent_kernel() {
   wait_for_earlier_kernels();
   let_later_kernels_launch();
@@ -118,7 +119,7 @@ DependentLaunch<Params...> dependent_launch(dim3 grid, dim3 block, size_t shared
 
 // HAM_LAUNCH_DEPENDENT(grid, block, shared_bytes, stream, kernel)(args...): HAM_LAUNCH as a
 // dependent launch. `kernel` names one function (its template arguments all given) whose
-// first statement is begin_dependent_kernel().
+// first statement is begin_dependent_kernel(), or which keeps the contract above itself.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH_DEPENDENT(grid, block, shared_bytes, stream, ...)                          \
   ::ham::cuda::emulator::KernelLaunch(                                                        \

@@ -3212,8 +3212,9 @@ bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
 // the device; returns whether it launched. A kernel that stamps its blocks names itself
 // (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h). Every
-// tiled kernel begins with begin_dependent_kernel: the launch is a dependent one where
-// set_dependent_launches (cuda/dependent_launch.h).
+// tiled kernel begins with begin_dependent_kernel (the wgmma dQ and dK/dV kernels wait
+// after their prologues): the launch is a dependent one where set_dependent_launches
+// (cuda/dependent_launch.h).
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args, int threads = kTileThreads,
