@@ -19,6 +19,10 @@ layer's forward: the outputs FLA computes) against FLA's forward. The "tuned" ta
 ham with kernel.autotune on (its bit-equal variants timed at each shape first, as FLA's
 Triton kernels autotune theirs). The last table gives forward + backward, a training step's
 pass (#7 asks for both the forward and that), for each of ham's pairs against FLA's.
+With --kernels, each case's FLA forward and backward are then run under torch.profiler,
+and each FLA kernel's time a pass is printed (the counterpart of ham's per-kernel times:
+bench_gated_delta_rule_cuda --timeline, or gpu_check.sh's ncu profile), to say which of
+ham's passes is behind FLA's.
 Exit status 2 when torch with CUDA or fla is missing (nothing to compare against).
 """
 import argparse
@@ -44,6 +48,8 @@ def main():
     parser.add_argument("--dtype", default=None, help="only the rows of this dtype (bf16, f32)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--kernels", action="store_true",
+                        help="also print each FLA kernel's time a pass (torch.profiler)")
     args = parser.parse_args()
 
     try:
@@ -89,6 +95,31 @@ def main():
         times.sort()
         return times[0], times[len(times) // 2], times[-1]
 
+    def kernel_times(fn, reps):
+        """Each CUDA kernel's summed time (us) and launches in `reps` calls of fn, under
+        torch.profiler, as (name, us a call, launches a call), longest first."""
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        totals, launches = {}, {}
+        for event in prof.events():
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us()
+            launches[event.name] = launches.get(event.name, 0) + 1
+        return sorted(((name, us / reps, launches[name] / reps) for name, us in totals.items()),
+                      key=lambda item: -item[1])
+
+    def print_kernel_times(title, times):
+        total = sum(us for _, us, _ in times)
+        print(f"  FLA {title}: {total:.1f} us of kernels a pass")
+        for name, us, calls in times:
+            print(f"    {us:9.1f} us {100 * us / total:5.1f}% {calls:4g}x  {name[:90]}")
+
     rows = [row for row in csv.DictReader(open(args.ham_csv))
             if args.dtype is None or row["dtype"] == args.dtype]
     results = []
@@ -103,6 +134,7 @@ def main():
     step_pairs = (("fwd", "bwd"), ("fwd_no_fit", "bwd"), ("fwd_tuned", "bwd_tuned"),
                   ("fwd_no_fit_tuned", "bwd_tuned"))
     step_lines = []
+    kernel_failures = 0
     for row in rows:
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[row["dtype"]]
         B, T, H = int(row["batch"]), int(row["seq_len"]), int(row["heads"])
@@ -152,6 +184,24 @@ def main():
         backward()
         bwd_times = sorted(backward() for _ in range(args.reps))
         fla_bwd = (bwd_times[0], bwd_times[len(bwd_times) // 2], bwd_times[-1])
+        kernel_lines = []
+        if args.kernels:
+            # A profiler failure is reported and fails the run at the end, after the other
+            # cases' timings (FLA's autotuning made them costly to repeat).
+            try:
+                o, h_final = chunk_gated_delta_rule(**kwargs)
+
+                def gradients():  # the backward alone: the forward's graph is kept
+                    torch.autograd.grad((o, h_final), (q, k, v, g, beta),
+                                        (grad_o, torch.zeros_like(h_final)), retain_graph=True)
+
+                kernel_lines = [("forward", kernel_times(forward, args.reps)),
+                                ("backward", kernel_times(gradients, args.reps))]
+                del o, h_final
+            except Exception as e:  # noqa: BLE001 (reported, and the exit status says so)
+                print(f"bench_gated_delta_rule_fla: --kernels failed on {row['name']}: {e}",
+                      file=sys.stderr)
+                kernel_failures += 1
 
         # ham / FLA at like quantiles of the two runs: min/min, median/median, max/max.
         ham_fwd = [float(row[f"fwd_ms_{q}"]) for q in ("min", "median", "max")]
@@ -162,6 +212,8 @@ def main():
               f"{fwd_ratio[0]:5.2f} {fwd_ratio[1]:5.2f} {fwd_ratio[2]:5.2f} "
               f"{ham_bwd[1]:9.3f} {fla_bwd[1]:9.3f} "
               f"{bwd_ratio[0]:5.2f} {bwd_ratio[1]:5.2f} {bwd_ratio[2]:5.2f}", flush=True)
+        for title, times in kernel_lines:
+            print_kernel_times(title, times)
         flops = forward_flops(B * T, H, K, V)
         tflops = [flops * scale / (ms * 1e-3) / 1e12
                   for scale, ms in ((1, ham_fwd[1]), (1, fla_fwd[1]), (2, ham_bwd[1]),
@@ -242,7 +294,7 @@ def main():
             writer = csv.DictWriter(f, fieldnames=list(results[0].keys()))
             writer.writeheader()
             writer.writerows(results)
-    return 0
+    return 1 if kernel_failures else 0
 
 
 if __name__ == "__main__":

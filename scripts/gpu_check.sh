@@ -353,10 +353,11 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   fi
   # The hand-written kernels of the two hard ops first, then the rest of the backend.
   if [[ $benches == *" fla "* ]]; then
-    # bf16 only: the comparison's dtype (gdr times ham's f32 too)
+    # bf16 only: the comparison's dtype (gdr times ham's f32 too); FLA's kernel times a
+    # pass beside it, against ham's in the profile and timeline stages
     HAM_ARGS="--filter _bf16 ${HAM_ARGS:-}" \
       bench "gated delta rule: ham vs flash-linear-attention chunk_gated_delta_rule" \
-      bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py --dtype bf16
+      bench_gated_delta_rule_cuda bench/bench_gated_delta_rule_fla.py --dtype bf16 --kernels
   elif [[ $benches == *" gdr "* ]]; then
     bench "gated delta rule: ham alone (HAM_GPU_BENCH=fla adds FLA)" bench_gated_delta_rule_cuda
   fi
