@@ -20,12 +20,14 @@
 // dv and dh0 are per column, written directly by the owning tile.
 //
 // ---- Chunks and documents ----
-// A chunk table per batch row (chunk_table_kernel) lists chunk starts: every document
-// segment is chunked from its own first token in pieces of at most 64 tokens, exactly as
-// the CPU does, so no chunk holds a document start. chunk_doc_start marks chunks that
-// begin a document; there the state resets to 0 (h0 only seeds the chunk at t = 0).
-// doc_chunk lists each document's first chunk: the tensor-core state passes run every
-// document of a row in blocks of its own, side by side (StateTile).
+// With doc_ids, a chunk table per batch row (chunk_table_kernel) lists chunk starts: every
+// document segment is chunked from its own first token in pieces of at most 64 tokens,
+// exactly as the CPU does, so no chunk holds a document start. Without them there is no
+// table: each row is one document, chunk c its tokens [64 c, 64 c + 64) (RowChunks).
+// chunk_doc_start marks chunks that begin a document; there the state resets to 0 (h0
+// only seeds the chunk at t = 0). doc_chunk lists each document's first chunk: the
+// tensor-core state passes run every document of a row in blocks of its own, side by side
+// (StateTile).
 //
 // ---- Forward of one chunk (c <= 64 rows, start state S0 = the block's S) ----
 //   G_i = g_0 + ... + g_i (chunk-local cumsum, compute type), E = e^G,
@@ -125,7 +127,8 @@ __device__ __forceinline__ int64_t strided_chunks(int first, int count) {
 // tiles of kTableTile tokens, kTableItems consecutive ones a thread: s by a max-scan of
 // document starts, the chunk and document indices by sum-scans of chunk and document
 // starts, all carried across tiles. (A token a thread, the H200 took 26 us a call at
-// T = 16384: 16 tiles of three block-wide scans each; thirty-seventh session's profile.)
+// T = 16384: 16 tiles of three block-wide scans each; thirty-seventh session's profile.
+// That was with or without doc_ids; without them no table is built now.)
 
 struct MaxOp {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
@@ -144,7 +147,7 @@ __global__ void __launch_bounds__(kTableThreads)
   HAM_STATIC_SHARED(int, carry_count);
   HAM_STATIC_SHARED(int, carry_docs);
   const int64_t b = blockIdx.x;
-  const Index* doc = doc_ids ? doc_ids + b * seq_len : nullptr;
+  const Index* doc = doc_ids + b * seq_len;
   int32_t* begins = chunk_begin + b * (seq_len + 1);
   int32_t* doc_starts = chunk_doc_start + b * (seq_len + 1);
   int32_t* doc_chunks = doc_chunk + b * (seq_len + 1);
@@ -161,13 +164,13 @@ __global__ void __launch_bounds__(kTableThreads)
     // itself, and a chunk where it is a multiple of 64 before (chunk_index and doc_index
     // hold those flags until their scans turn them into the chunk and document indices).
     int doc_first[kTableItems], chunk_index[kTableItems], doc_index[kTableItems];
-    Index previous = doc && t0 > 0 && t0 < seq_len ? doc[t0 - 1] : Index(0);
+    Index previous = t0 > 0 && t0 < seq_len ? doc[t0 - 1] : Index(0);
 #pragma unroll
     for (int j = 0; j < kTableItems; ++j) {
       const int64_t t = t0 + j;
       bool starts = false;
       if (t < seq_len) {
-        const Index id = doc ? doc[t] : Index(0);
+        const Index id = doc[t];
         starts = t == 0 || id != previous;
         previous = id;
       }
@@ -221,9 +224,11 @@ struct ChunkTable {
   Tensor count;                        // i32 [2, B]: chunks, then documents, per row
 };
 
-// The table of doc_ids ([B, T] on `device`; undefined: one document a row).
-ChunkTable build_chunk_table(const Tensor& doc_ids, Device device, int64_t batch,
-                             int64_t seq_len) {
+// The table of doc_ids ([B, T] on their device). Undefined doc_ids: no table (its tensors
+// undefined) and no launch; the kernels then chunk each row as one document (RowChunks).
+ChunkTable build_chunk_table(const Tensor& doc_ids, int64_t batch, int64_t seq_len) {
+  if (!doc_ids.defined()) return {};
+  const Device device = doc_ids.device();
   ChunkTable table{Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
                    Tensor::empty(Shape{batch, seq_len + 1}, DType::I32, device),
@@ -239,17 +244,13 @@ ChunkTable build_chunk_table(const Tensor& doc_ids, Device device, int64_t batch
         block_timeline_for_launch(KernelName{"chunk_table_kernel", {}, 0}, batch));
     HAM_CUDA_CHECK_LAUNCH();
   };
-  if (doc_ids.defined()) {
-    dispatch_index("gated_delta_rule doc_ids", doc_ids.dtype(),
-                   [&]<class Index>() { launch(ptr<const Index>(doc_ids)); });
-  } else {
-    launch(static_cast<const int64_t*>(nullptr));
-  }
+  dispatch_index("gated_delta_rule doc_ids", doc_ids.dtype(),
+                 [&]<class Index>() { launch(ptr<const Index>(doc_ids)); });
   return table;
 }
 
 ChunkTable build_chunk_table(const GatedDeltaRuleArgs& a, int64_t batch, int64_t seq_len) {
-  return build_chunk_table(a.doc_ids, a.q.device(), batch, seq_len);
+  return build_chunk_table(a.doc_ids, batch, seq_len);
 }
 
 // ---- Shared memory of one block ------------------------------------------------------
@@ -351,7 +352,8 @@ template <class T>
 struct Problem {
   const T *q, *k, *v, *g, *beta, *h0;  // h0 may be null
   const float* g_f32;  // f32 gates with bf16 T (mixed precision); then g is null
-  const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;  // the chunk table
+  // the chunk table, all null without doc_ids (then read through RowChunks, StateTile)
+  const int32_t *chunk_begin, *chunk_doc_start, *chunk_count;
   const int32_t *doc_chunk, *doc_count;
   int64_t batch, seq_len, heads, key_dim, value_dim;
   int vt, tiles;
@@ -362,6 +364,30 @@ struct Problem {
   // Index of token t of batch b, head h into [B, T, H] (times the width for [B, T, H, D]).
   __device__ int64_t row(int64_t b, int64_t t, int64_t h) const {
     return (b * seq_len + t) * heads + h;
+  }
+};
+
+// Batch row b's chunks: the chunk table's where there are doc_ids, else (no table) the row
+// as one document cut from t = 0, chunk c being [64 c, min(64 c + 64, T)). Without ids no
+// table is built: a kernel and its launch fewer in each forward and recomputing backward.
+struct RowChunks {
+  const int32_t* begins;      // the table's row, or null
+  const int32_t* doc_starts;  // the table's row, or null
+  int seq_len, count;         // T < 2^30 (check_sizes)
+
+  template <class T>
+  __device__ RowChunks(const Problem<T>& pr, int64_t b)
+      : begins(pr.chunk_begin ? pr.chunk_begin + b * (pr.seq_len + 1) : nullptr),
+        doc_starts(pr.chunk_doc_start ? pr.chunk_doc_start + b * (pr.seq_len + 1) : nullptr),
+        seq_len(int(pr.seq_len)),
+        count(pr.chunk_count ? pr.chunk_count[b] : (seq_len + kChunk - 1) / kChunk) {}
+
+  // Chunk c's first token; begin(count) = T.
+  __device__ int64_t begin(int chunk) const {
+    return begins ? begins[chunk] : min(chunk * kChunk, seq_len);
+  }
+  __device__ bool starts_document(int chunk) const {
+    return doc_starts ? doc_starts[chunk] != 0 : chunk == 0;
   }
 };
 
@@ -555,16 +581,15 @@ __global__ void __launch_bounds__(kBlock)
   const BlockCoords bc = block_coords(pr);
   const int vt = pr.vt;
   const int64_t V = pr.value_dim;
-  const int32_t* begins = pr.chunk_begin + bc.b * (pr.seq_len + 1);
-  const int32_t* doc_starts = pr.chunk_doc_start + bc.b * (pr.seq_len + 1);
-  const int chunks = pr.chunk_count[bc.b];
+  const RowChunks row_chunks(pr, bc.b);
+  const int chunks = row_chunks.count;
 
   load_state(pr, bc, pr.h0, s.state, s.lds);  // h0 seeds the segment at t = 0
   __syncthreads();
   for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
-    if (begin > 0 && doc_starts[chunk]) {  // document start: the state resets
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
+    if (begin > 0 && row_chunks.starts_document(chunk)) {  // document start: the state resets
       zero_state(s.state, pr.key_dim, vt, s.lds);
       __syncthreads();
     }
@@ -739,9 +764,8 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
   const int vt = pr.vt;
   const int64_t K = pr.key_dim, V = pr.value_dim, state_size = K * vt;
   const int64_t rows = pr.batch * pr.seq_len * pr.heads;
-  const int32_t* begins = pr.chunk_begin + bc.b * (pr.seq_len + 1);
-  const int32_t* doc_starts = pr.chunk_doc_start + bc.b * (pr.seq_len + 1);
-  const int chunks = pr.chunk_count[bc.b];
+  const RowChunks row_chunks(pr, bc.b);
+  const int chunks = row_chunks.count;
   const int64_t block = (bc.b * pr.heads + bc.h) * pr.tiles + bc.tile;
   C* checkpoints = out.checkpoints + block * out.max_chunks * state_size;
 
@@ -749,9 +773,9 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
   load_state(pr, bc, pr.h0, s.state, s.lds);
   __syncthreads();
   for (int chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
-    if (begin > 0 && doc_starts[chunk]) {
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
+    if (begin > 0 && row_chunks.starts_document(chunk)) {
       zero_state(s.state, K, vt, s.lds);
       __syncthreads();
     }
@@ -769,9 +793,11 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
   __syncthreads();
   const int tpc = int(blockDim.x) / vt;
   for (int chunk = chunks - 1; chunk >= 0; --chunk) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
-    if (chunk + 1 < chunks && doc_starts[chunk + 1]) zero_state(s.dstate, K, vt, s.lds);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
+    if (chunk + 1 < chunks && row_chunks.starts_document(chunk + 1)) {
+      zero_state(s.dstate, K, vt, s.lds);
+    }
     const C* saved = checkpoints + int64_t(chunk) * state_size;
     for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
       s.state[(idx / vt) * s.lds + idx % vt] = saved[idx];
@@ -1511,15 +1537,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   // the warp's 16 rows of each product, and its half of the columns (0 with 4 warps)
   const int warp = int(threadIdx.x / 32);
   const int row0 = (kHalves == 1 ? warp : warp % 4) * 16, half = kHalves == 1 ? 0 : warp / 4;
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
+  const RowChunks row_chunks(pr, b);
+  const int count = min(row_chunks.count, chunk_end);  // the row's chunks in the window
   // U's rows go out 16 bytes at a time where each starts on a 16-byte boundary (W's always
   // do: KD is a multiple of 8, and both buffers are the backend's own).
   const bool u_rows_aligned = V % 8 == 0;
   stamped.loop_begins([&] { return strided_chunks(chunk_begin, count); });
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     // V tile t's copies: even tiles into sV, odd ones into M's space (sV2, once A is formed).
     // (With whole value tiles, from a TileStream of the chunk's v rows.)
     using ValueTiles = TileStream<kThreads, kChunk, kMmaVt, LDV>;
@@ -1630,20 +1656,23 @@ __global__ void __launch_bounds__(kWarps * 32)
 // the member functions move it to and from [K, V] states in memory.
 struct StateTile {
   int64_t b, h, col0, state_base, value_dim;
-  int cols, count, first_chunk, end_chunk;
+  int cols, first_chunk, end_chunk;
   bool first_document, last_document;  // the row's document at t = 0, at t = T - 1
-  const int32_t* begins;
+  RowChunks chunks;
   __device__ StateTile(const Problem<bf16>& pr, int width)
       : b(blockIdx.z), h(blockIdx.y),
         state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim), value_dim(pr.value_dim),
-        count(pr.chunk_count[b]), begins(pr.chunk_begin + b * (pr.seq_len + 1)) {
+        chunks(pr, b) {
     const int tiles = int((pr.value_dim + width - 1) / width);
-    const int doc = int(blockIdx.x) / tiles, docs = pr.doc_count[b];
+    // Without a table, one document of all the row's chunks (none in a row of T = 0).
+    const int doc = int(blockIdx.x) / tiles,
+              docs = pr.doc_count ? pr.doc_count[b] : (chunks.count > 0 ? 1 : 0);
     col0 = int64_t(int(blockIdx.x) % tiles) * width;
     cols = int(min(int64_t(width), pr.value_dim - col0));
-    const int32_t* doc_chunks = pr.doc_chunk + b * (pr.seq_len + 1);
-    first_chunk = doc < docs ? doc_chunks[doc] : 0;
-    end_chunk = doc < docs ? doc_chunks[doc + 1] : 0;
+    const int32_t* doc_chunks = pr.doc_chunk ? pr.doc_chunk + b * (pr.seq_len + 1) : nullptr;
+    auto doc_chunk = [&](int d) { return doc_chunks ? doc_chunks[d] : d * chunks.count; };
+    first_chunk = doc < docs ? doc_chunk(doc) : 0;
+    end_chunk = doc < docs ? doc_chunk(doc + 1) : 0;
     first_document = doc == 0;
     last_document = doc == docs - 1;
   }
@@ -1849,16 +1878,16 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   if (first >= end_chunk) return;
   const bool carried_in = st.first_chunk < window.begin, carried_on = st.end_chunk > window.end;
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
-  const int cols = st.cols, count = st.count, warp = int(threadIdx.x / 32);
+  const int cols = st.cols, count = st.chunks.count, warp = int(threadIdx.x / 32);
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
-  const int32_t* begins = st.begins;
+  const RowChunks& row_chunks = st.chunks;
 
   // Chunk c's copies into slot c % 2 ([begin, end) its tokens). With whole value tiles
   // they come from TileStreams of the rows of W, K and U from the first chunk's tokens on,
   // offset by the chunk's first token.
   using KeyTiles = TileStream<kWarps * 32, kChunk, KD, LDK>;
   using ValueTiles = TileStream<kWarps * 32, kChunk, VT, LDS>;
-  const int64_t stream_begin = begins[first];
+  const int64_t stream_begin = row_chunks.begin(first);
   const ChunkRows stream_rows(pr, b, h, stream_begin);
   const int64_t key_origin = stream_rows.origin(KD, 0), key_stride = stream_rows.stride(KD);
   const int64_t u_origin = stream_rows.origin(V, col0), u_stride = stream_rows.stride(V);
@@ -1886,8 +1915,8 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? gcum[pr.row(b, begin + i_row, h)] : 0.f;
   };
-  auto begin_of = [&](int chunk) {  // begins[count] = T
-    return chunk <= count ? int64_t(begins[chunk]) : int64_t(pr.seq_len);
+  auto begin_of = [&](int chunk) {  // begin(count) = T
+    return chunk <= count ? row_chunks.begin(chunk) : pr.seq_len;
   };
 
   Registers S;  // h0 seeds the document at t = 0; the others start from 0, or the carry
@@ -2118,8 +2147,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
                                           L::k_bytes;
   const bool staged = kStageInK && pr.value_dim % 8 == 0;
   bf16* staging = sK + (threadIdx.x / 32) * 16 * kStagedLd<NB>;
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = min(pr.chunk_count[b], chunk_end);  // the row's chunks in the window
+  const RowChunks row_chunks(pr, b);
+  const int count = min(row_chunks.count, chunk_end);  // the row's chunks in the window
   auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
   // (With whole value tiles, v_new and v from a TileStream of the chunk's rows.)
   constexpr int kThreads = kOutputThreads;
@@ -2152,8 +2181,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
   int ahead = 0;  // kPrefetch: this chunk's first tiles, issued during the block's last chunk
   stamped.loop_begins([&] { return strided_chunks(chunk_begin, count); });
   for (int chunk = chunk_begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     const ChunkRows rows_of(pr, b, h, begin);
     const bf16* saved = states + state_offset(pr, b, h, chunk, max_chunks);
     const int64_t v_origin = rows_of.origin(V, 0);
@@ -2167,11 +2196,11 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     const int next = chunk + int(gridDim.x);
     const bool has_next = kPrefetch && next < count;
     auto issue_next_tile = [&](int tile) {
-      const int64_t next_begin = begins[next];
+      const int64_t next_begin = row_chunks.begin(next);
       const ChunkRows next_rows(pr, b, h, next_begin);
       const int64_t next_origin = next_rows.origin(V, 0);
       issue_chunk_tile(next_rows, states + state_offset(pr, b, h, next, max_chunks),
-                       int(begins[next + 1] - next_begin), whole_tiles(next_origin),
+                       int(row_chunks.begin(next + 1) - next_begin), whole_tiles(next_origin),
                        TokenTiles(next_origin, v_stride), tile, tiles + tile);
     };
     __syncthreads();  // the previous chunk's tiles are no longer read
@@ -2445,12 +2474,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int tiles = int((V + kMmaVt - 1) / kMmaVt);
   const int warp = int(threadIdx.x / 32);
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = pr.chunk_count[b];
+  const RowChunks row_chunks(pr, b);
+  const int count = row_chunks.count;
   stamped.loop_begins([&] { return strided_chunks(0, count); });
   for (int chunk = int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     const ChunkRows rows_of{pr, b, h, begin};
     auto tile_cols = [&](int tile) { return int(min(int64_t(kMmaVt), V - int64_t(tile) * kMmaVt)); };
     // (With whole value tiles, from a TileStream of the chunk's dO rows.)
@@ -2616,7 +2645,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const int64_t b = st.b, h = st.h, V = pr.value_dim, col0 = st.col0;
   const int cols = st.cols, warp = int(threadIdx.x / 32);
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
-  const int32_t* begins = st.begins;
+  const RowChunks& row_chunks = st.chunks;
 
   // Chunk c's copies into its slot ([begin, end) its tokens). With whole value tiles they
   // come from TileStreams of the document's rows of Q, K, W, dO and dv_local from its
@@ -2625,7 +2654,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   using KeyTiles = TileStream<kThreads, kChunk, KD, LDK>;
   using ValueTiles = TileStream<kThreads, kChunk, VT, LDS>;
   using LocalTiles = TileStream<kThreads, kChunk, VT, LDF, float>;
-  const int64_t stream_begin = begins[first];
+  const int64_t stream_begin = row_chunks.begin(first);
   const ChunkRows stream_rows(pr, b, h, stream_begin);
   const int64_t key_origin = stream_rows.origin(KD, 0), key_stride = stream_rows.stride(KD);
   const int64_t v_origin = stream_rows.origin(V, col0), v_stride = stream_rows.stride(V);
@@ -2675,7 +2704,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     return i_row < kChunk && begin + i_row < end ? bw.gcum[pr.row(b, begin + i_row, h)] : 0.f;
   };
   // Tokens before the document's first chunk are never read (begin_of clamps there).
-  auto begin_of = [&](int chunk) { return int64_t(begins[max(chunk, first)]); };
+  auto begin_of = [&](int chunk) { return row_chunks.begin(max(chunk, first)); };
 
   Registers dS;  // the gradient of the document's end state: grad_h_final after token T - 1
   dS.each([&](float& x, int a, int c) {
@@ -2689,7 +2718,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   });
   // Registers ahead of chunk c = [begin, end): the starts of chunks c - 1, c - 2, c - 3 and
   // chunk c - 1's G.
-  int64_t end = begins[last + 1], begin = begin_of(last), begin_p1 = begin_of(last - 1);
+  int64_t end = row_chunks.begin(last + 1), begin = begin_of(last), begin_p1 = begin_of(last - 1);
   int64_t begin_p2 = begin_of(last - 2), begin_p3 = begin_of(last - 3);
   float g_next = 0.f;
   if (i_row < kChunk) s_g[last % 2][i_row] = g_of(begin, end);
@@ -2885,12 +2914,12 @@ __global__ void __launch_bounds__(kMmaThreads, kValuesMinBlocks<KD>)
   HAM_STATIC_SHARED(float, s_beta, [kChunk]);
   const int64_t b = blockIdx.z / pr.heads, h = blockIdx.z % pr.heads, V = pr.value_dim;
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  const RowChunks row_chunks(pr, b);
+  const int count = min(row_chunks.count, bw.window.end);  // the row's chunks in the window
   stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
@@ -3072,12 +3101,12 @@ __global__ void __launch_bounds__(kKeysWarps<KD> * 32, 2)
   // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
   const int warp = int(threadIdx.x / 32), row0 = warp % 4 * 16, part = warp / 4;
   const int part0 = part * KBP;
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  const RowChunks row_chunks(pr, b);
+  const int count = min(row_chunks.count, bw.window.end);  // the row's chunks in the window
   stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of{pr, b, h, begin};
@@ -3404,12 +3433,12 @@ __global__ void __launch_bounds__(kWyWarps<KD> * 32, 2)
   const int warp = int(threadIdx.x / 32), t4 = mma::lane_id() % 4;
   // The warp's rows [row0, row0 + 16) and key columns [part0, part0 + KBP) of a key block
   const int row0 = warp % 4 * 16, part = warp / 4, part0 = part * KBP;
-  const int32_t* begins = pr.chunk_begin + b * (pr.seq_len + 1);
-  const int count = min(pr.chunk_count[b], bw.window.end);  // the row's chunks in the window
+  const RowChunks row_chunks(pr, b);
+  const int count = min(row_chunks.count, bw.window.end);  // the row's chunks in the window
   stamped.loop_begins([&] { return strided_chunks(bw.window.begin, count); });
   for (int chunk = bw.window.begin + int(blockIdx.x); chunk < count; chunk += int(gridDim.x)) {
-    const int64_t begin = begins[chunk];
-    const int n = int(begins[chunk + 1] - begin);
+    const int64_t begin = row_chunks.begin(chunk);
+    const int n = int(row_chunks.begin(chunk + 1) - begin);
     const int64_t slot = chunk_slot(pr, b, h, chunk, bw.max_chunks);
     __syncthreads();
     const ChunkRows rows_of(pr, b, h, begin);
@@ -4586,10 +4615,9 @@ int64_t gated_delta_rule_overlapped_local_passes() { return g_overlapped_local_p
 std::vector<GatedDeltaRuleChunkTableRow> gated_delta_rule_chunk_table(const Tensor& doc_ids,
                                                                       int64_t batch,
                                                                       int64_t seq_len) {
-  int device = 0;
-  HAM_CUDA_CHECK(cudaGetDevice(&device));
-  const ChunkTable table = build_chunk_table(
-      doc_ids, doc_ids.defined() ? doc_ids.device() : Device::cuda(device), batch, seq_len);
+  HAM_CHECK(doc_ids.defined(), "gated_delta_rule_chunk_table: no doc_ids (without them the ",
+            "kernels build no table)");
+  const ChunkTable table = build_chunk_table(doc_ids, batch, seq_len);
   const Tensor begin = table.begin.to(Device::cpu()), doc_start = table.doc_start.to(Device::cpu());
   const Tensor doc_chunk = table.doc_chunk.to(Device::cpu()), count = table.count.to(Device::cpu());
   std::vector<GatedDeltaRuleChunkTableRow> rows(static_cast<size_t>(batch));

@@ -713,13 +713,12 @@ TEST(GatedDeltaRule, GpuMatchesCpuWithSlowDecays) {
 #ifdef HAM_WITH_CUDA
 // The chunk table of one row as the CPU chunks it: a document begins at token 0 and
 // wherever the id changes, a chunk at each document's first token and every 64 after.
-// No ids: one document.
 cuda::GatedDeltaRuleChunkTableRow chunk_table_of(const std::vector<int64_t>& ids,
                                                  int64_t seq_len) {
   cuda::GatedDeltaRuleChunkTableRow row;
   int64_t doc_first = 0;
   for (int64_t t = 0; t < seq_len; ++t) {
-    const bool starts_doc = t == 0 || (!ids.empty() && ids[size_t(t)] != ids[size_t(t - 1)]);
+    const bool starts_doc = t == 0 || ids[size_t(t)] != ids[size_t(t - 1)];
     if (starts_doc) {
       doc_first = t;
       row.doc_chunk.push_back(int32_t(row.chunk_begin.size()));
@@ -738,7 +737,7 @@ cuda::GatedDeltaRuleChunkTableRow chunk_table_of(const std::vector<int64_t>& ids
 // The chunk table on the GPU, each thread on 16 tokens and the block on 8,192 a tile, with
 // the carries across tiles: lengths about the tile's, documents that end, begin or run
 // across a tile's edge and a thread's 8 tokens, documents of one token, ids that come back
-// (a document is a run of equal ids), i32 and i64 ids, and no ids (one document a row).
+// (a document is a run of equal ids), i32 and i64 ids. Without ids there is no table.
 TEST(GatedDeltaRule, GpuChunkTableMatchesTheDocumentsAcrossTiles) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -764,14 +763,13 @@ TEST(GatedDeltaRule, GpuChunkTableMatchesTheDocumentsAcrossTiles) {
                                 std::begin(edges)));
       rows[2].push_back(t < 40 ? 3 + t % 2 : 7);
     }
-    const auto expect_table = [&](const Tensor& doc_ids, bool with_ids) {
+    const auto expect_table = [&](const Tensor& doc_ids) {
       const std::vector<cuda::GatedDeltaRuleChunkTableRow> table =
           cuda::gated_delta_rule_chunk_table(doc_ids, 3, seq_len);
       ASSERT_EQ(table.size(), 3u);
       for (size_t b = 0; b < 3; ++b) {
         SCOPED_TRACE("row " + std::to_string(b));
-        const cuda::GatedDeltaRuleChunkTableRow want =
-            chunk_table_of(with_ids ? rows[b] : std::vector<int64_t>{}, seq_len);
+        const cuda::GatedDeltaRuleChunkTableRow want = chunk_table_of(rows[b], seq_len);
         EXPECT_EQ(table[b].chunk_begin, want.chunk_begin);
         EXPECT_EQ(table[b].chunk_doc_start, want.chunk_doc_start);
         EXPECT_EQ(table[b].doc_chunk, want.doc_chunk);
@@ -780,10 +778,11 @@ TEST(GatedDeltaRule, GpuChunkTableMatchesTheDocumentsAcrossTiles) {
     std::vector<int64_t> ids;
     for (const auto& row : rows) ids.insert(ids.end(), row.begin(), row.end());
     const Tensor ids64 = Tensor::from_vector(ids, {3, seq_len}).to(Device::cuda());
-    expect_table(ids64, true);
-    expect_table(ids64.to(DType::I32), true);
-    expect_table(Tensor(), false);
+    expect_table(ids64);
+    expect_table(ids64.to(DType::I32));
   }
+  expect_error([] { cuda::gated_delta_rule_chunk_table(Tensor(), 3, 100); },
+               {"gated_delta_rule_chunk_table", "no doc_ids"});
 #endif
 }
 
@@ -907,10 +906,11 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
 }
 
 // GatedDeltaRuleKeep on the bf16 tensor-core path: the forward's outputs are unchanged, and
-// the backward that reads what the forward kept (every chunk state; or the chunk table and
-// each chunk's A, from which it forms the rest) equals, to the bit, the one that recomputes
-// everything (the same kernels make the same terms). Packed documents, h0, several value
-// tiles, K = 256 beside V = 384. Kept A takes 64 bf16 a token and head, beside the table.
+// the backward that reads what the forward kept (every chunk state; or each chunk's A and,
+// with documents, the chunk table, from which it forms the rest) equals, to the bit, the
+// one that recomputes everything (the same kernels make the same terms). Packed documents,
+// h0, several value tiles, K = 256 beside V = 384. Kept A takes 64 bf16 a token and head,
+// beside the table.
 void expect_kept_backward_equals_recomputing_one(const std::vector<GpuCase>& cases) {
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c));
@@ -930,12 +930,12 @@ void expect_kept_backward_equals_recomputing_one(const std::vector<GpuCase>& cas
       GatedDeltaRuleResult kept = poisoned_result(gpu);
       gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, kept);
       ASSERT_NE(kept.saved, nullptr);
-      // A of every chunk slot ([B, H, most chunks of a row, 64, 64] f32), the table's four
-      // i32 arrays ([B, T + 1] three times, [2, B]); every chunk term besides at least v's
-      // size more.
+      // A of every chunk slot ([B, H, most chunks of a row, 64, 64] bf16), with documents
+      // the table's four i32 arrays ([B, T + 1] three times, [2, B]; without them there is
+      // no table); every chunk term besides at least v's size more.
       const int64_t B = c.batch, T = c.seq_len, H = c.heads;
       const int64_t chunks = c.docs > 0 ? -1 : (T + 63) / 64;
-      const int64_t table_bytes = 4 * (3 * B * (T + 1) + 2 * B);
+      const int64_t table_bytes = c.docs > 0 ? 4 * (3 * B * (T + 1) + 2 * B) : 0;
       if (states) {
         EXPECT_GT(kept.saved->bytes(), gpu.v.numel() * 2 + table_bytes);
       } else if (chunks > 0) {
@@ -1285,6 +1285,24 @@ TEST(GatedDeltaRule, GpuBlockTimelinesOfTheTensorCorePasses) {
   }
   run();  // not recording: nothing more to take
   EXPECT_TRUE(cuda::take_block_timelines().empty());
+
+  // Without doc_ids no chunk table is built: the forward starts with its prepare kernel,
+  // and each state pass block takes one row's chunks (the state pass visits every chunk of
+  // every head once per value tile).
+  const GpuCase one_document{2, 300, 2, 64, 96, true, 0};
+  const GatedDeltaRuleArgs plain = on_gpu(gpu_case_inputs(one_document, 176), DType::BF16);
+  GatedDeltaRuleResult out = poisoned_result(plain);
+  cuda::record_block_timelines(true);
+  gated_delta_rule_chunked_kernels()(Device::cuda(), plain, out);
+  cuda::record_block_timelines(false);
+  const RecordedKernels k = take_recorded_kernels();
+  ASSERT_FALSE(k.names.empty());
+  EXPECT_EQ(k.names.front(), "gdr_prepare_mma");
+  EXPECT_EQ(k.launches.count("chunk_table_kernel"), 0u);
+  const int64_t plain_head_chunks = 2 * 5 * 2;  // 2 rows of 5 chunks, 2 heads
+  EXPECT_EQ(k.tiles.at("gdr_output_mma"), plain_head_chunks);
+  const int64_t visited = k.tiles.at("gdr_state_mma");
+  EXPECT_TRUE(visited == 2 * plain_head_chunks || visited == 3 * plain_head_chunks) << visited;
 #endif
 }
 
@@ -1574,7 +1592,8 @@ TEST(GatedDeltaRule, GpuDependentLaunchesAgree) {
     expect_settings_agree_bitwise(c, 91, {1, 0}, [](int on) {
       cuda::set_dependent_launches(on != 0);
     });
-    // The chunk table, prepare, state and output kernels of the forward, at least.
+    // The forward's prepare, state and output kernels (and the chunk table with
+    // documents), at least.
     if (counted) {
       EXPECT_GE(cuda::dependent_launch_count() - before, 4);
     }
