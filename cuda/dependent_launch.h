@@ -122,14 +122,10 @@ DependentLaunch<Params...> dependent_launch(dim3 grid, dim3 block, size_t shared
 // first statement is begin_dependent_kernel(), or which keeps the contract above itself.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH_DEPENDENT(grid, block, shared_bytes, stream, ...)                          \
-  ::ham::cuda::emulator::KernelLaunch(                                                        \
-      {#__VA_ARGS__, __FILE__, __LINE__, nullptr, 0,                                          \
-       ::ham::cuda::take_dependent_launch()},                                                 \
-      grid, block, shared_bytes, stream,                                                      \
-      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); },                                \
-      [=](const auto&... ham_args_) {                                                         \
-        return ::ham::cuda::emulator::kernel_address(0, __VA_ARGS__, ham_args_...);           \
-      })
+  HAM_EMULATED_LAUNCH((::ham::cuda::emulator::LaunchSite{#__VA_ARGS__, __FILE__, __LINE__,    \
+                                                         nullptr, 0,                          \
+                                                         ::ham::cuda::take_dependent_launch()}), \
+                      grid, block, shared_bytes, stream, __VA_ARGS__)
 #else
 #define HAM_LAUNCH_DEPENDENT(grid, block, shared_bytes, stream, ...) \
   ::ham::cuda::dependent_launch(grid, block, shared_bytes, stream, __VA_ARGS__)

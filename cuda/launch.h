@@ -24,16 +24,11 @@
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), spelled so that the same source
 // also compiles as C++ for the SIMT emulator (cuda/emulator/, HAM_CUDA_EMULATOR), which runs
 // the kernel's threads as fibers on the CPU. The kernel comes last: its template arguments
-// may hold commas. The emulator's call copies what it names ([=]): in its held stream orders
-// the kernel runs after the launching function has returned.
+// may hold commas.
 #ifdef HAM_CUDA_EMULATOR
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...)                                    \
-  ::ham::cuda::emulator::KernelLaunch(                                                        \
-      {#__VA_ARGS__, __FILE__, __LINE__}, grid, block, shared_bytes, stream,                  \
-      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); },                                \
-      [=](const auto&... ham_args_) {                                                         \
-        return ::ham::cuda::emulator::kernel_address(0, __VA_ARGS__, ham_args_...);           \
-      })
+  HAM_EMULATED_LAUNCH((::ham::cuda::emulator::LaunchSite{#__VA_ARGS__, __FILE__, __LINE__}),  \
+                      grid, block, shared_bytes, stream, __VA_ARGS__)
 #else
 #define HAM_LAUNCH(grid, block, shared_bytes, stream, ...) \
   __VA_ARGS__<<<grid, block, shared_bytes, stream>>>

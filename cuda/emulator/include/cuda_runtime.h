@@ -259,3 +259,15 @@ struct KernelLaunch {
 };
 
 }  // namespace ham::cuda::emulator
+
+// The emulator's HAM_LAUNCH and HAM_LAUNCH_DEPENDENT (cuda/launch.h,
+// cuda/dependent_launch.h): a KernelLaunch at `site` (a LaunchSite, in parentheses: its
+// braces hold commas) of the kernel named last. The calls copy what they name ([=]): in
+// held stream orders the kernel runs after the launching function has returned.
+#define HAM_EMULATED_LAUNCH(site, grid, block, shared_bytes, stream, ...)                     \
+  ::ham::cuda::emulator::KernelLaunch(                                                        \
+      site, grid, block, shared_bytes, stream,                                                \
+      [=](auto&&... ham_args_) { __VA_ARGS__(ham_args_...); },                                \
+      [=](const auto&... ham_args_) {                                                         \
+        return ::ham::cuda::emulator::kernel_address(0, __VA_ARGS__, ham_args_...);           \
+      })
