@@ -18,7 +18,7 @@
 // forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma, and the backward's small kernels
 // backward_prologue, summarize_query_tiles and gather_value_scale_grad, which visit no
 // tiles; cuda/routed_attention.cu), and the gated delta rule's tensor-core kernels, each
-// chunk a tile, with its chunk table (cuda/gated_delta_rule.cu).
+// chunk a tile, with its chunk table where there are document ids (cuda/gated_delta_rule.cu).
 // bench_routed_attention_cuda --timeline and bench_gated_delta_rule_cuda --timeline print
 // their summaries, each launch's window set against its pass's first block.
 #include <cstdint>
