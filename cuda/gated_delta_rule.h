@@ -146,8 +146,9 @@ int64_t gated_delta_rule_overlapped_local_passes();
 
 // The chunk table the tensor-core passes read where there are doc_ids (chunk_table_kernel),
 // built from doc_ids ([B, T] i32 or i64 on a GPU) and read back, for tests. (Without doc_ids
-// the passes build no table: each row is one document of 64-token chunks.) Per row: each chunk's first token, then T; whether each chunk begins a
-// document; each document's first chunk, then the row's chunk count.
+// the passes build no table: each row is one document of 64-token chunks.) Per row: each
+// chunk's first token, then T; whether each chunk begins a document; each document's first
+// chunk, then the row's chunk count.
 struct GatedDeltaRuleChunkTableRow {
   std::vector<int32_t> chunk_begin, chunk_doc_start, doc_chunk;
 };

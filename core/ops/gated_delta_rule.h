@@ -66,10 +66,9 @@ inline constexpr int64_t kGatedDeltaRuleChunkSize = 64;
 //   Nothing      the backward recomputes every chunk term from the inputs;
 //   Inverses     each chunk's A = (I + diag(beta) M)^-1 (bf16, 64 values a token and head)
 //                and, with doc_ids, the chunk table, as flash-linear-attention keeps A:
-//                the backward's recompute then skips K K^T, the triangular inverse, and
-//                (with doc_ids) the chunk table with its stream synchronisation, and still
-//                runs the state pass. At K = V = 128 half of v's memory; at 256 x 384 a
-//                sixth;
+//                the backward's recompute then skips K K^T, the triangular inverse and the
+//                table's kernel with its stream synchronisation, and still runs the state
+//                pass. At K = V = 128 half of v's memory; at 256 x 384 a sixth;
 //   ChunkStates  every chunk term (start states, v_new, W, A, gate cumsum): the backward
 //                recomputes nothing. About five times v's size at K = V = 128.
 // Memory for time, held from forward to backward; the backward's result is the same to the

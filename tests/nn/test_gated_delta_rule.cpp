@@ -910,7 +910,7 @@ TEST(GatedDeltaRule, GpuEmptySequenceKeepsInitialState) {
 // with documents, the chunk table, from which it forms the rest) equals, to the bit, the
 // one that recomputes everything (the same kernels make the same terms). Packed documents,
 // h0, several value tiles, K = 256 beside V = 384. Kept A takes 64 bf16 a token and head,
-// beside the table.
+// beside any table.
 void expect_kept_backward_equals_recomputing_one(const std::vector<GpuCase>& cases) {
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c));
