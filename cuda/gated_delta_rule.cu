@@ -371,14 +371,18 @@ struct Problem {
 // as one document cut from t = 0, chunk c being [64 c, min(64 c + 64, T)). Without ids no
 // table is built: a kernel and its launch fewer in each forward and recomputing backward.
 struct RowChunks {
-  const int32_t* begins;      // the table's row, or null
-  const int32_t* doc_starts;  // the table's row, or null
+  const int32_t* begins;      // the table's rows, or null
+  const int32_t* doc_starts;
+  const int32_t* doc_firsts;
+  const int32_t* doc_count;   // the table's count for the row, or null
   int seq_len, count;         // T < 2^30 (check_sizes)
 
   template <class T>
   __device__ RowChunks(const Problem<T>& pr, int64_t b)
       : begins(pr.chunk_begin ? pr.chunk_begin + b * (pr.seq_len + 1) : nullptr),
         doc_starts(pr.chunk_doc_start ? pr.chunk_doc_start + b * (pr.seq_len + 1) : nullptr),
+        doc_firsts(pr.doc_chunk ? pr.doc_chunk + b * (pr.seq_len + 1) : nullptr),
+        doc_count(pr.doc_count ? pr.doc_count + b : nullptr),
         seq_len(int(pr.seq_len)),
         count(pr.chunk_count ? pr.chunk_count[b] : (seq_len + kChunk - 1) / kChunk) {}
 
@@ -389,6 +393,10 @@ struct RowChunks {
   __device__ bool starts_document(int chunk) const {
     return doc_starts ? doc_starts[chunk] != 0 : chunk == 0;
   }
+  // The row's documents (without a table one, none in a row of T = 0), and document d's
+  // first chunk; document_begin(documents()) = count.
+  __device__ int documents() const { return doc_count ? *doc_count : (count > 0 ? 1 : 0); }
+  __device__ int document_begin(int d) const { return doc_firsts ? doc_firsts[d] : d * count; }
 };
 
 // The log-decay gate of row i ([B, T, H] index), from the f32 gates when given.
@@ -1664,15 +1672,11 @@ struct StateTile {
         state_base((b * pr.heads + h) * pr.key_dim * pr.value_dim), value_dim(pr.value_dim),
         chunks(pr, b) {
     const int tiles = int((pr.value_dim + width - 1) / width);
-    // Without a table, one document of all the row's chunks (none in a row of T = 0).
-    const int doc = int(blockIdx.x) / tiles,
-              docs = pr.doc_count ? pr.doc_count[b] : (chunks.count > 0 ? 1 : 0);
+    const int doc = int(blockIdx.x) / tiles, docs = chunks.documents();
     col0 = int64_t(int(blockIdx.x) % tiles) * width;
     cols = int(min(int64_t(width), pr.value_dim - col0));
-    const int32_t* doc_chunks = pr.doc_chunk ? pr.doc_chunk + b * (pr.seq_len + 1) : nullptr;
-    auto doc_chunk = [&](int d) { return doc_chunks ? doc_chunks[d] : d * chunks.count; };
-    first_chunk = doc < docs ? doc_chunk(doc) : 0;
-    end_chunk = doc < docs ? doc_chunk(doc + 1) : 0;
+    first_chunk = doc < docs ? chunks.document_begin(doc) : 0;
+    end_chunk = doc < docs ? chunks.document_begin(doc + 1) : 0;
     first_document = doc == 0;
     last_document = doc == docs - 1;
   }
