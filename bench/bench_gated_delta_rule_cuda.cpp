@@ -486,7 +486,7 @@ int main(int argc, char** argv) {
             csv << ',' << s.min << ',' << s.median << ',' << s.max;
           }
         } else {
-          csv << ",,,,,,,,";
+          csv << ",,,,,,,,,";  // the three tuned spreads
         }
         csv << '\n';
       }
