@@ -6,6 +6,9 @@
 //   ./build/bench/bench_gated_delta_rule_cuda --csv gdr_ham.csv [--reps 5] [--filter T4096]
 //   ./build/bench/bench_gated_delta_rule_cuda --timeline [--filter T16384] [--csv blocks.csv]
 //   python3 bench/bench_gated_delta_rule_fla.py gdr_ham.csv --out gdr_ratio.csv
+// --smoke (with either) runs small cases that take every table's path instead, on the SIMT
+// emulator in CI (bench_gated_delta_rule_cuda_on_emulated_gpu, bench/smoke_on_emulated_gpu.sh),
+// so that no GPU session is the first to run a table; the times mean nothing there.
 //
 // Each case calls the kernel tables directly on preallocated outputs (no autograd, no
 // argument checks): "fwd" is the chunked forward (o, h_final, fit_error), "bwd" the
@@ -77,8 +80,18 @@ struct BenchCase {
   int64_t batch, seq_len, heads, key_dim, value_dim, docs;
 };
 
-std::vector<BenchCase> bench_cases() {
+std::vector<BenchCase> bench_cases(bool smoke) {
   std::vector<BenchCase> cases;
+  if (smoke) {  // --smoke: every table's path on the emulator in seconds
+    for (std::string dtype : {"bf16", "f32"}) {
+      // 32-column state passes at K = 128, which take two partial sums; 3 chunks, so that
+      // 2 to 8 windows each run their state pass in windows.
+      cases.push_back({"smoke_T130_H1_D128", dtype, 1, 130, 1, 128, 128, 0});
+    }
+    cases.push_back({"smoke_T70_H1_K256_V64", "bf16", 1, 70, 1, 256, 64, 0});  // keys ahead
+    cases.push_back({"smoke_T150_docs3", "bf16", 1, 150, 1, 64, 64, 3});
+    return cases;
+  }
   for (std::string dtype : {"bf16", "f32"}) {
     cases.push_back({"T4096_H16_D128", dtype, 4, 4096, 16, 128, 128, 0});
     cases.push_back({"T16384_H16_D128", dtype, 2, 16384, 16, 128, 128, 0});
@@ -348,13 +361,14 @@ Timing run_case(const BenchCase& c, int reps) {
 // the gaps between kernels and the kernels beside each other show. Then the forward and the
 // backward with their state passes in 4 windows of chunks, whose per-chunk kernels run on
 // the current stream beside the next window's pass on the second.
-void timeline_tables(const std::string& filter, int reps, const std::string& csv_path) {
+void timeline_tables(const std::string& filter, int reps, const std::string& csv_path,
+                     bool smoke) {
   std::ofstream csv = bench::open_csv(csv_path, bench::kBlockTimelineCsvHeader);
   std::printf("block timelines (cuda/block_timeline.h): us at p10 / median / p90 over the "
               "blocks that visited a chunk\n(prologue: the block's start to its chunk loop; a "
               "tile: a chunk); fixed and a tile: least squares over all blocks; gaps and tail:\n"
               "the SMs' idle shares of the span\n");
-  for (const BenchCase& c : bench_cases()) {
+  for (const BenchCase& c : bench_cases(smoke)) {
     const std::string label = c.name + "_" + c.dtype;
     if (c.dtype != "bf16" || (!filter.empty() && label.find(filter) == std::string::npos)) {
       continue;
@@ -431,14 +445,16 @@ int main(int argc, char** argv) {
     else shared_args.push_back(argv[i]);
   }
   const ham::bench::CudaBenchArgs args =
-      ham::bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 5);
+      ham::bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 5,
+                                        /*takes_smoke=*/true);
   const int reps = args.reps;
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
     if (!ham::bench::gpu_available("bench_gated_delta_rule_cuda")) return 1;
+    if (args.smoke) ham::bench::shorten_autotune_for_smoke();
     if (timeline) {
-      timeline_tables(filter, reps, csv_path);
+      timeline_tables(filter, reps, csv_path, args.smoke);
       return 0;
     }
     std::ofstream csv = ham::bench::open_csv(
@@ -455,7 +471,7 @@ int main(int argc, char** argv) {
                 "fwd min ms", "fwd med ms", "bwd min ms", "bwd med ms", "fwd bare med",
                 "bwd recomp", "fwd keep med", "bwd kept med");
     std::vector<std::pair<std::string, Timing>> bf16_timings;
-    for (const BenchCase& c : bench_cases()) {
+    for (const BenchCase& c : bench_cases(args.smoke)) {
       const std::string label = c.name + "_" + c.dtype;
       if (!filter.empty() && label.find(filter) == std::string::npos) continue;
       const Timing t = run_case(c, reps);

@@ -9,6 +9,9 @@
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 // --part main prints only the first table (and writes the CSV), --part variants only the
 // tables after it, so that a run with a deadline times the reference before the variants.
+// --smoke runs small cases that take every table's path instead, on the SIMT emulator in CI
+// (bench_routed_attention_cuda_on_emulated_gpu, bench/smoke_on_emulated_gpu.sh), so that no
+// GPU session is the first to run a table; the times mean nothing there.
 //
 // The masks are a pure function of (b, t) that the Python script recomputes bit for bit:
 //   selected(b, t) = splitmix64(seed + b * T + t) >> 40  <  density * 2^24   (density 1: all)
@@ -92,8 +95,16 @@ struct BenchCase {
   }
 };
 
+// --smoke (set once by main): bench_cases() gives small cases for the SIMT emulator.
+bool smoke_cases = false;
+
 // 16k tokens per step (B * T), 16 heads of 128, as in flash-attention's published tables.
 std::vector<BenchCase> bench_cases() {
+  if (smoke_cases) {  // every table's path on the emulator: each head dims a table picks
+    return {{1, 256, 2, 2, 128, 128, 0.25, 1}, {1, 256, 2, 2, 128, 128, 0.5, 3},
+            {1, 256, 2, 1, 128, 128, 1.0, 1},  {1, 192, 2, 2, 128, 192, 0.5, 1},
+            {1, 128, 1, 1, 64, 64, 0.25, 3},   {1, 128, 1, 1, 256, 256, 0.25, 1}};
+  }
   std::vector<BenchCase> cases;
   for (int64_t seq_len : {4096, 16384}) {
     for (int64_t docs : {1, 20}) {
@@ -611,12 +622,15 @@ int main(int argc, char** argv) {
     }
   }
   const bench::CudaBenchArgs args =
-      bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 10);
+      bench::parse_cuda_bench_args(int(shared_args.size()), shared_args.data(), 10,
+                                   /*takes_smoke=*/true);
   const int reps = args.reps;
   const std::string& csv_path = args.csv_path;
   const std::string& filter = args.filter;
   try {
     if (!bench::gpu_available("bench_routed_attention_cuda")) return 1;
+    smoke_cases = args.smoke;
+    if (args.smoke) bench::shorten_autotune_for_smoke();
     if (timeline) {
       timeline_tables(filter, reps, csv_path);
       return 0;

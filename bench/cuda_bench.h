@@ -27,10 +27,15 @@ struct CudaBenchArgs {
   int reps = 10;
   std::string csv_path;  // "" = no CSV
   std::string filter;    // run only cases whose label contains it
+  // Small cases in place of the benchmark's, sized for the SIMT emulator, that take every
+  // table's path: the CI's check that a GPU session's benchmark runs (times meaningless).
+  bool smoke = false;
 };
 
-// [--reps N] [--csv FILE] [--filter SUBSTRING]; anything else prints the usage and exits 2.
-inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_reps) {
+// [--reps N] [--csv FILE] [--filter SUBSTRING], and [--smoke] where the program has such
+// cases (`takes_smoke`); anything else prints the usage and exits 2.
+inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_reps,
+                                           bool takes_smoke = false) {
   CudaBenchArgs args;
   args.reps = default_reps;
   for (int i = 1; i < argc; ++i) {
@@ -38,12 +43,20 @@ inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_re
     if (arg == "--reps" && i + 1 < argc) args.reps = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--csv" && i + 1 < argc) args.csv_path = argv[++i];
     else if (arg == "--filter" && i + 1 < argc) args.filter = argv[++i];
+    else if (arg == "--smoke" && takes_smoke) args.smoke = true;
     else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]%s\n", argv[0],
+                   takes_smoke ? " [--smoke]" : "");
       std::exit(2);
     }
   }
   return args;
+}
+
+// --smoke: kernel.autotune times each combination once after its untimed call, not 3 x 2
+// times (the choice's path, not its quality).
+inline void shorten_autotune_for_smoke() {
+  cuda::exchange_autotune_plan({.rounds = 1, .reps = 1, .margin = 0.02});
 }
 
 // False, after saying why on stderr, when `program` finds no usable GPU.
