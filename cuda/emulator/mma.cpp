@@ -110,28 +110,16 @@ Descriptor decode(uint64_t desc, const char* operand) {
 // chunk bits 4-6 xor'd with row bits 7-9.
 uint32_t swizzled(uint32_t address) { return address ^ ((address >> 7 & 7) << 4); }
 
-// The block's dynamic shared memory (or a copy of it of the same size), looked up once a
-// wgmma rather than once an element.
-struct SharedBytes {
-  const unsigned char* memory;
-  size_t size;
-};
-SharedBytes block_shared(const void* memory = dynamic_shared_memory()) {
-  return {static_cast<const unsigned char*>(memory), dynamic_shared_size()};
-}
-
 [[noreturn]] __attribute__((cold, noinline)) void fail_past_shared(uint32_t at, size_t size) {
   HAM_FAIL("wgmma: operand reads shared address ", at, " past the block's ", size, " bytes");
 }
 
-// The raw bf16 at shared address `address` (before the swizzle), as the hardware reads it.
-// (Inlined, with its error out of line: it runs for every element of every operand.)
-inline uint16_t shared_bits(const SharedBytes& shared, uint32_t address) {
+// The byte of shared memory the hardware reads for shared address `address` (before the
+// swizzle), checked to lie in the block's `size` bytes.
+inline uint32_t swizzled_in(uint32_t address, size_t size) {
   const uint32_t at = swizzled(address);
-  if (at + 2 > shared.size) [[unlikely]] fail_past_shared(at, shared.size);
-  uint16_t bits;
-  std::memcpy(&bits, shared.memory + at, 2);
-  return bits;
+  if (at + 2 > size) [[unlikely]] fail_past_shared(at, size);
+  return at;
 }
 
 // Shared address (before the swizzle) of element (row r, reduction index k) of a K-major
@@ -151,69 +139,111 @@ struct WgmmaCall {
   int warp;  // within the warpgroup
 };
 
-// Where a warp's wgmma reads its shared operands: A's 16 x 16 (unless from registers) and
-// B's 16 x N, row-major by (row, k) and (k, column).
+// The bytes a warp's wgmma reads its shared operands from, after the swizzle (each checked
+// to lie in the block's shared memory): A's 16 x 16 (unless from registers) and B's 16 x N,
+// row-major by (row, k) and (k, column). And the same bytes as 16-byte pieces, which the
+// checks compare first: the swizzle moves 16-byte pieces whole, and each 8 elements of an
+// operand that are contiguous (A's k; B's k, K-major, or n, MN-major) from an aligned first
+// one fill one.
 struct OperandAddresses {
   std::vector<uint32_t> a, b;
+  std::vector<uint32_t> pieces;  // 16-byte aligned, after the swizzle
 };
 
-OperandAddresses operand_addresses(const WgmmaCall& call) {
+void add_piece(std::vector<uint32_t>& pieces, uint32_t first) {
+  HAM_CHECK(first % 16 == 0, "wgmma: an operand's piece starts at shared byte ", first);
+  pieces.push_back(first);
+}
+
+OperandAddresses operand_addresses(const WgmmaCall& call, size_t shared_size) {
   OperandAddresses at;
   if (!call.a_in_registers) {
     const Descriptor da = decode(call.desc_a, "A");
     at.a.reserve(16 * 16);
     for (int r = 0; r < 16; ++r) {
-      for (int k = 0; k < 16; ++k) at.a.push_back(k_major_address(da, 16 * call.warp + r, k));
+      for (int k = 0; k < 16; ++k) {
+        at.a.push_back(swizzled_in(k_major_address(da, 16 * call.warp + r, k), shared_size));
+        if (k % 8 == 0) add_piece(at.pieces, at.a.back());
+      }
     }
   }
   const Descriptor db = decode(call.desc_b, "B");
   at.b.reserve(size_t(16) * size_t(call.n));
   for (int k = 0; k < 16; ++k) {
     for (int n = 0; n < call.n; ++n) {
-      at.b.push_back(call.b_mn_major ? mn_major_address(db, k, n) : k_major_address(db, n, k));
+      const uint32_t address =
+          call.b_mn_major ? mn_major_address(db, k, n) : k_major_address(db, n, k);
+      at.b.push_back(swizzled_in(address, shared_size));
+      if ((call.b_mn_major ? n : k) % 8 == 0) add_piece(at.pieces, at.b.back());
     }
   }
   return at;
 }
 
-std::vector<uint16_t> read_bits(const SharedBytes& shared, const std::vector<uint32_t>& addresses) {
-  std::vector<uint16_t> bits(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) bits[i] = shared_bits(shared, addresses[i]);
+// The raw bf16 at each of `at` (bytes after the swizzle, checked) in `memory`.
+std::vector<uint16_t> read_bits(const unsigned char* memory, const std::vector<uint32_t>& at) {
+  std::vector<uint16_t> bits(at.size());
+  for (size_t i = 0; i < at.size(); ++i) std::memcpy(&bits[i], memory + at[i], 2);
   return bits;
 }
 
-// What a warp's wgmma read at issue, to be read again at the wait that completes it.
+// 16 bytes of an operand, as two words.
+struct Piece {
+  uint64_t bytes[2];
+};
+
+std::vector<Piece> read_pieces(const unsigned char* memory, const std::vector<uint32_t>& at) {
+  std::vector<Piece> pieces(at.size());
+  for (size_t i = 0; i < at.size(); ++i) std::memcpy(pieces[i].bytes, memory + at[i], 16);
+  return pieces;
+}
+
+// What a warp's wgmma read at issue, to be read again at the wait that completes it: each
+// element, and the same bytes by pieces.
 struct OperandReads {
   WgmmaCall call;
   OperandAddresses at;
   std::vector<uint16_t> a, b;
+  std::vector<Piece> pieces;
 };
 
 // "" where `memory` (the dynamic shared memory or a copy of it) holds at every operand
 // address what the wgmma read; else an error naming the first element that differs, and
-// `why`.
+// `why`. (The pieces first: where they all match, so do the elements.)
 std::string first_difference(const OperandReads& reads, const void* memory, const char* why) {
-  const SharedBytes shared = block_shared(memory);
+  const auto* bytes = static_cast<const unsigned char*>(memory);
+  bool same = true;
+  for (size_t i = 0; i < reads.pieces.size(); ++i) {
+    uint64_t now[2];
+    std::memcpy(now, bytes + reads.at.pieces[i], 16);
+    same &= now[0] == reads.pieces[i].bytes[0] && now[1] == reads.pieces[i].bytes[1];
+  }
+  if (same) return "";
+  auto bits_at = [bytes](uint32_t at) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes + at, 2);
+    return bits;
+  };
   const char* operand = "A";
   std::string element;
-  uint32_t address = 0;
+  uint32_t at = 0;
   const size_t n = size_t(reads.call.n);
   for (size_t i = 0; i < reads.a.size() && element.empty(); ++i) {
-    if (shared_bits(shared, reads.at.a[i]) == reads.a[i]) continue;
+    if (bits_at(reads.at.a[i]) == reads.a[i]) continue;
     element = detail::concat("row ", 16 * reads.call.warp + i / 16, ", k ", i % 16,
                              ") of its 64 x 16");
-    address = reads.at.a[i];
+    at = reads.at.a[i];
   }
   for (size_t i = 0; i < reads.b.size() && element.empty(); ++i) {
-    if (shared_bits(shared, reads.at.b[i]) == reads.b[i]) continue;
+    if (bits_at(reads.at.b[i]) == reads.b[i]) continue;
     operand = "B";
     element = detail::concat("k ", i / n, ", column ", i % n, ") of its 16 x ", n);
-    address = reads.at.b[i];
+    at = reads.at.b[i];
   }
-  if (element.empty()) return "";
+  HAM_CHECK(!element.empty(), "wgmma: a piece of an operand changed, but none of its elements");
   return detail::concat("wgmma.mma_async of warp ", reads.call.warp,
                         " of its warpgroup read operand ", operand, "'s element (", element,
-                        " at shared byte ", swizzled(address), ", ", why);
+                        " at shared byte ", at, ", ", why);
 }
 
 // The check at the wait (simt.h, wgmma_issued).
@@ -242,10 +272,11 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   auto issued = std::make_shared<OperandReads>();
   OperandReads& reads = *issued;
   reads.call = call;
-  reads.at = operand_addresses(call);
-  const SharedBytes shared = block_shared();
+  reads.at = operand_addresses(call, dynamic_shared_size());
+  const auto* shared = static_cast<const unsigned char*>(dynamic_shared_memory());
   reads.a = read_bits(shared, reads.at.a);
   reads.b = read_bits(shared, reads.at.b);
+  reads.pieces = read_pieces(shared, reads.at.pieces);
   const std::string unfenced = first_difference(
       reads, async_proxy_view(),
       "which holds a write that no fence.proxy.async and barrier after it handed to the "
@@ -290,12 +321,14 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
       for (int e = 0; e < 4; ++e) element(lane, j, e) = d[4 * j + e];
     }
   }
+  // Each vector of D summed over k in a local, so that it stays in registers (summed in
+  // place in D, GCC stored and reloaded it at every k through the stack); every element's
+  // sum runs over k in the same order either way.
   for (int r = 0; r < 16; ++r) {
-    EightDoubles* row = &D[size_t(r * vectors)];
-    for (int k = 0; k < 16; ++k) {
-      const double a = A[r][k];
-      const EightDoubles* b = &B[size_t(k * vectors)];
-      for (int c = 0; c < vectors; ++c) row[c] += a * b[c];
+    for (int c = 0; c < vectors; ++c) {
+      EightDoubles sum = D[size_t(r * vectors + c)];
+      for (int k = 0; k < 16; ++k) sum += A[r][k] * B[size_t(k * vectors + c)];
+      D[size_t(r * vectors + c)] = sum;
     }
   }
   for (int lane = 0; lane < 32; ++lane) {
