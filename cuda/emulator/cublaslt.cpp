@@ -171,7 +171,7 @@ void gemm_one(const cublasLtMatmulDescOpaque& desc, C alpha, C beta, const void*
     std::vector<EightDoubles> a_blocks(size_t(blocks * k));  // value-initialized: zeros
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t l = 0; l < k; ++l) {
-        a_blocks[size_t(i / 8 * k + l)][i % 8] = op_a[size_t(i * k + l)];
+        a_blocks[size_t(i / 8 * k + l)].set(int(i % 8), op_a[size_t(i * k + l)]);
       }
     }
     for (int64_t r = 0; r < blocks; ++r) {

@@ -43,13 +43,13 @@ void mma_combine(void* const* lanes, unsigned mask) {
       A[g][col + 1] = high_bf16(in->a[2 * half]);
       A[g + 8][col] = low_bf16(in->a[2 * half + 1]);
       A[g + 8][col + 1] = high_bf16(in->a[2 * half + 1]);
-      B[col][g] = low_bf16(in->b[half]);
-      B[col + 1][g] = high_bf16(in->b[half]);
+      B[col].set(g, low_bf16(in->b[half]));
+      B[col + 1].set(g, high_bf16(in->b[half]));
     }
-    D[g][2 * t] = in->d[0];
-    D[g][2 * t + 1] = in->d[1];
-    D[g + 8][2 * t] = in->d[2];
-    D[g + 8][2 * t + 1] = in->d[3];
+    D[g].set(2 * t, in->d[0]);
+    D[g].set(2 * t + 1, in->d[1]);
+    D[g + 8].set(2 * t, in->d[2]);
+    D[g + 8].set(2 * t + 1, in->d[3]);
   }
   for (int r = 0; r < 16; ++r) {
     for (int k = 0; k < 16; ++k) D[r] += A[r][k] * B[k];
@@ -308,22 +308,23 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   }
   // Rows of B (16 x N) and of D (16 x N), N / 8 vectors each.
   std::vector<EightDoubles> B(size_t(16 * vectors)), D(size_t(16 * vectors));
-  for (size_t i = 0; i < reads.b.size(); ++i) B[i / 8][i % 8] = value(reads.b[i]);
+  for (size_t i = 0; i < reads.b.size(); ++i) B[i / 8].set(int(i % 8), value(reads.b[i]));
   // Element e of a lane's accumulator block j: row g + 8 (e / 2), column 8 j + 2 t + e % 2,
-  // that is vector j of its row.
-  auto element = [&D, vectors](int lane, int j, int e) -> double& {
-    const int g = lane / 4, t = lane % 4;
-    return D[size_t((g + 8 * (e / 2)) * vectors + j)][2 * t + e % 2];
+  // that is element 2 t + e % 2 of vector j of its row.
+  auto vector_of = [&D, vectors](int lane, int j, int e) -> EightDoubles& {
+    return D[size_t((lane / 4 + 8 * (e / 2)) * vectors + j)];
   };
+  auto element_in_vector = [](int lane, int e) { return 2 * (lane % 4) + e % 2; };
   for (int lane = 0; lane < 32; ++lane) {
     const float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
     for (int j = 0; j < vectors; ++j) {
-      for (int e = 0; e < 4; ++e) element(lane, j, e) = d[4 * j + e];
+      for (int e = 0; e < 4; ++e) {
+        vector_of(lane, j, e).set(element_in_vector(lane, e), d[4 * j + e]);
+      }
     }
   }
-  // Each vector of D summed over k in a local, so that it stays in registers (summed in
-  // place in D, GCC stored and reloaded it at every k through the stack); every element's
-  // sum runs over k in the same order either way.
+  // Each vector of D summed over k in a local, so that it stays in registers; every
+  // element's sum runs over k in order from its C.
   for (int r = 0; r < 16; ++r) {
     for (int c = 0; c < vectors; ++c) {
       EightDoubles sum = D[size_t(r * vectors + c)];
@@ -334,7 +335,9 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   for (int lane = 0; lane < 32; ++lane) {
     float* d = static_cast<const WgmmaLane*>(lanes[lane])->d;
     for (int j = 0; j < vectors; ++j) {
-      for (int e = 0; e < 4; ++e) d[4 * j + e] = float(element(lane, j, e));
+      for (int e = 0; e < 4; ++e) {
+        d[4 * j + e] = float(vector_of(lane, j, e)[element_in_vector(lane, e)]);
+      }
     }
   }
 }
