@@ -603,8 +603,8 @@ class BlockRunner {
   }
 
   // Queues fibers in the schedule's order, behind the ready ones, or ahead of them with
-  // `first` (they run next, in that order).
-  void make_ready(std::vector<int> ids, bool first = false) {
+  // `first` (they run next, in that order). Reorders `ids` to that order.
+  void make_ready(std::vector<int>& ids, bool first = false) {
     if (schedule_ == Schedule::Reverse) std::reverse(ids.begin(), ids.end());
     if (schedule_ == Schedule::Shuffle) std::shuffle(ids.begin(), ids.end(), rng_);
     for (int id : ids) fibers_[size_t(id)].state = FiberState::Ready;
@@ -617,10 +617,9 @@ class BlockRunner {
     for (int id : at_barrier_) count += fibers_[size_t(id)].predicate != 0;
     const int total = int(at_barrier_.size());
     for (int id : at_barrier_) fibers_[size_t(id)].barrier_count = {count, total};
-    std::vector<int> released;
-    released.swap(at_barrier_);
-    std::sort(released.begin(), released.end());
-    make_ready(std::move(released));
+    std::sort(at_barrier_.begin(), at_barrier_.end());
+    make_ready(at_barrier_);
+    at_barrier_.clear();  // keeps its capacity for the next barrier
     if (Racecheck* check = racecheck()) check->barrier();
     // What the fences before this barrier handed to the async proxy is now what it sees.
     if (async_proxy_fenced_ && !shared_.empty()) {
@@ -647,7 +646,8 @@ class BlockRunner {
         fail_in(current(), e.what());
       }
     }
-    std::vector<int> released;
+    std::vector<int>& released = released_lanes_;  // reused: a collective allocates nothing
+    released.clear();
     for (int lane = 0; lane < kWarpSize; ++lane) {
       if (!(p.mask >> lane & 1u)) continue;
       Fiber& f = lanes[lane];
@@ -706,7 +706,7 @@ class BlockRunner {
     // In the reverse schedule a warp runs on from a collective before the other warps do,
     // so it reaches the next barrier (or its copies into a buffer they still read) first;
     // the other schedules move the warps through their collectives together.
-    make_ready(std::move(released), schedule_ == Schedule::Reverse);
+    make_ready(released, schedule_ == Schedule::Reverse);
   }
 
   [[noreturn]] void fail_deadlock() {
@@ -749,6 +749,7 @@ class BlockRunner {
   std::vector<unsigned> exited_;                         // per warp: lanes that have exited
   std::deque<int> ready_;
   std::vector<int> at_barrier_;
+  std::vector<int> released_lanes_;  // complete_collective's, kept for its capacity
   int live_ = 0;
   uint3 block_idx_{};
   Fiber* current_ = nullptr;
