@@ -114,14 +114,6 @@ uint32_t swizzled(uint32_t address) { return address ^ ((address >> 7 & 7) << 4)
   HAM_FAIL("wgmma: operand reads shared address ", at, " past the block's ", size, " bytes");
 }
 
-// The byte of shared memory the hardware reads for shared address `address` (before the
-// swizzle), checked to lie in the block's `size` bytes.
-inline uint32_t swizzled_in(uint32_t address, size_t size) {
-  const uint32_t at = swizzled(address);
-  if (at + 2 > size) [[unlikely]] fail_past_shared(at, size);
-  return at;
-}
-
 // Shared address (before the swizzle) of element (row r, reduction index k) of a K-major
 // operand, and of (k, column n) of an MN-major one.
 uint32_t k_major_address(const Descriptor& d, int r, int k) {
@@ -144,39 +136,54 @@ struct WgmmaCall {
 // row-major by (row, k) and (k, column). And the same bytes as 16-byte pieces, which the
 // checks compare first: the swizzle moves 16-byte pieces whole, and each 8 elements of an
 // operand that are contiguous (A's k; B's k, K-major, or n, MN-major) from an aligned first
-// one fill one.
+// one fill one, element j at the piece's byte 2 j.
 struct OperandAddresses {
   std::vector<uint32_t> a, b;
   std::vector<uint32_t> pieces;  // 16-byte aligned, after the swizzle
 };
 
-void add_piece(std::vector<uint32_t>& pieces, uint32_t first) {
-  HAM_CHECK(first % 16 == 0, "wgmma: an operand's piece starts at shared byte ", first);
-  pieces.push_back(first);
+// Fails naming the first of `at` (in element order) that lies past the block's shared memory.
+[[noreturn]] __attribute__((cold, noinline)) void fail_first_past_shared(
+    const std::vector<uint32_t>& at, size_t size) {
+  for (uint32_t byte : at) {
+    if (byte + 2 > size) fail_past_shared(byte, size);
+  }
+  HAM_FAIL("wgmma: an operand's piece passes the block's ", size, " bytes of shared memory");
 }
 
 OperandAddresses operand_addresses(const WgmmaCall& call, size_t shared_size) {
   OperandAddresses at;
+  bool past_end = false;
+  // The piece that holds shared address `first` (before the swizzle) and the 7 elements
+  // after it: elements[j * step] = its byte 2 j.
+  auto add_piece = [&](uint32_t first, uint32_t* elements, size_t step) {
+    const uint32_t piece = swizzled(first);
+    HAM_CHECK(piece % 16 == 0, "wgmma: an operand's piece starts at shared byte ", piece);
+    past_end |= piece + 16 > shared_size;
+    at.pieces.push_back(piece);
+    for (uint32_t j = 0; j < 8; ++j) elements[j * step] = piece + 2 * j;
+  };
   if (!call.a_in_registers) {
     const Descriptor da = decode(call.desc_a, "A");
-    at.a.reserve(16 * 16);
+    at.a.resize(16 * 16);
     for (int r = 0; r < 16; ++r) {
-      for (int k = 0; k < 16; ++k) {
-        at.a.push_back(swizzled_in(k_major_address(da, 16 * call.warp + r, k), shared_size));
-        if (k % 8 == 0) add_piece(at.pieces, at.a.back());
+      for (int k = 0; k < 16; k += 8) {
+        add_piece(k_major_address(da, 16 * call.warp + r, k), &at.a[size_t(r * 16 + k)], 1);
       }
     }
+    if (past_end) fail_first_past_shared(at.a, shared_size);
   }
   const Descriptor db = decode(call.desc_b, "B");
-  at.b.reserve(size_t(16) * size_t(call.n));
-  for (int k = 0; k < 16; ++k) {
-    for (int n = 0; n < call.n; ++n) {
-      const uint32_t address =
-          call.b_mn_major ? mn_major_address(db, k, n) : k_major_address(db, n, k);
-      at.b.push_back(swizzled_in(address, shared_size));
-      if ((call.b_mn_major ? n : k) % 8 == 0) add_piece(at.pieces, at.b.back());
+  const int n = call.n;
+  at.b.resize(size_t(16 * n));
+  for (int k = 0; k < 16; k += call.b_mn_major ? 1 : 8) {
+    for (int column = 0; column < n; column += call.b_mn_major ? 8 : 1) {
+      uint32_t* elements = &at.b[size_t(k * n + column)];
+      if (call.b_mn_major) add_piece(mn_major_address(db, k, column), elements, 1);
+      else add_piece(k_major_address(db, column, k), elements, size_t(n));
     }
   }
+  if (past_end) fail_first_past_shared(at.b, shared_size);
   return at;
 }
 
@@ -308,7 +315,13 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   }
   // Rows of B (16 x N) and of D (16 x N), N / 8 vectors each.
   std::vector<EightDoubles> B(size_t(16 * vectors)), D(size_t(16 * vectors));
-  for (size_t i = 0; i < reads.b.size(); ++i) B[i / 8].set(int(i % 8), value(reads.b[i]));
+  for (size_t v = 0; v < B.size(); ++v) {
+    const uint16_t* bits = &reads.b[8 * v];
+    for (int e = 0; e < 4; ++e) {
+      B[v].low[e] = value(bits[e]);
+      B[v].high[e] = value(bits[4 + e]);
+    }
+  }
   // Element e of a lane's accumulator block j: row g + 8 (e / 2), column 8 j + 2 t + e % 2,
   // that is element 2 t + e % 2 of vector j of its row.
   auto vector_of = [&D, vectors](int lane, int j, int e) -> EightDoubles& {

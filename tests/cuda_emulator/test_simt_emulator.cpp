@@ -879,6 +879,41 @@ TEST(SimtEmulator, AWgmmasSharedOperandsMustNotChangeBeforeItsWait) {
   cudaFree(out);
 }
 
+// One warpgroup's wgmma whose B (32 rows of a swizzled tile) ends past the block's dynamic
+// shared memory: its last 1024-byte atom starts in the last 1024 bytes, and row 31 reads
+// that atom's last bytes.
+__global__ void wgmma_reading_past_shared(float* out, uint32_t shared_bytes) {
+  HAM_DYNAMIC_SHARED(unsigned char, raw);
+  uint16_t* A = reinterpret_cast<uint16_t*>(wgmma::swizzle_aligned(raw));
+  // (Shared addresses count from the block's shared memory, as the swizzle's atoms do.)
+  const uint32_t last_atom = shared_bytes / wgmma::kSwizzleAtomBytes * wgmma::kSwizzleAtomBytes;
+  auto* B = reinterpret_cast<uint16_t*>(raw + last_atom - 3 * wgmma::kSwizzleAtomBytes);
+  for (int i = int(threadIdx.x); i < 64 * 64; i += 128) A[i] = kBf16One;
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  float d[4][4];
+  wgmma::fence();
+  wgmma::mma_ss<32, false>(d, wgmma::k_major<64>(wgmma::shared_address(A), 0),
+                           wgmma::k_major<32>(wgmma::shared_address(B), 0));
+  wgmma::commit();
+  wgmma::wait<0>();
+  out[threadIdx.x] = d[0][0];
+}
+
+TEST(SimtEmulator, AWgmmaOperandPastTheBlocksSharedMemoryIsNamed) {
+  float* out = nullptr;
+  HAM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), 128 * sizeof(float)));
+  constexpr uint32_t kShared = 40 * 1024;  // under the 48 KiB no launch must opt into
+  testing::expect_error(
+      [&] {
+        HAM_LAUNCH(1, 128, kShared, nullptr, wgmma_reading_past_shared)(out, kShared);
+        HAM_CUDA_CHECK_LAUNCH();
+      },
+      {"wgmma_reading_past_shared", "thread (", "wgmma: operand reads shared address ",
+       "past the block's 40960 bytes"});
+  cudaFree(out);
+}
+
 // Exempt from UBSan's null check (scripts/sanitize.sh), which would stop the read before
 // the fault this kernel is for.
 __global__ void __attribute__((no_sanitize("undefined"))) read_through(const float* p,
