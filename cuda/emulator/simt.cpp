@@ -646,7 +646,7 @@ class BlockRunner {
         fail_in(current(), e.what());
       }
     }
-    std::vector<int>& released = released_lanes_;  // reused: a collective allocates nothing
+    std::vector<int>& released = released_lanes_;  // reused, not grown anew each collective
     released.clear();
     for (int lane = 0; lane < kWarpSize; ++lane) {
       if (!(p.mask >> lane & 1u)) continue;
