@@ -1776,6 +1776,21 @@ struct StateRegisters {
       }
     }
   }
+  // Slice sl <- scale * slice + sum, and slice -= sum (sum: an mma accumulator of its shape).
+  __device__ void scale_and_add(int sl, float scale, const float (&sum)[NB][4]) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[sl][nb][e] = scale * s[sl][nb][e] + sum[nb][e];
+    }
+  }
+  __device__ void subtract(int sl, const float (&sum)[NB][4]) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[sl][nb][e] -= sum[nb][e];
+    }
+  }
 };
 
 // Copies a state tile in bf16 ([K][LDS] in shared memory, VT columns) to its [K, V] slot
@@ -2029,11 +2044,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
       float acc[NB][4];
       mma::zero(acc);
       mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sK, Registers::first_row(sl), sVn, acc);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S.s[sl][nb][e] = total * S.s[sl][nb][e] + acc[nb][e];
-      }
+      S.scale_and_add(sl, total, acc);
     }
     S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });  // next S0
     // Move the registers on by a chunk (the loads are used a chunk or more later).
@@ -2614,6 +2625,11 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   // columns (w / 4), NBP blocks of 8 (as the forward's v_new)
   constexpr int kColumnParts = kWarps / 4, NBP = VT / 8 / kColumnParts;
   static_assert(kWarps % 4 == 0 && NBP >= 1, "4 warps cover a chunk's 64 rows");
+  // dS's update forms its two products one after the other in one accumulator, not side by
+  // side in two, where the second's 32 registers made ptxas (sm_90a, nvcc 13) spill in the
+  // step loop: 64 columns at K = 32 and 64 (at K = 128 one accumulator spilled and two did
+  // not). The sums are the same to the bit.
+  constexpr bool kOneProductAtATime = VT == 64 && KD >= 32 && KD <= 64;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* dSb = reinterpret_cast<bf16*>(smem_raw);  // dS_end [K][VT] in bf16
   unsigned char* slots = smem_raw + L::s_bytes;
@@ -2837,18 +2853,22 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     for (int sl = 0; sl < Registers::kSlices; ++sl) {
       if (!Registers::owned(sl)) continue;
       const int a0 = Registers::first_row(sl);
-      float plus[NB][4], minus[NB][4];
-      mma::zero(plus);
-      mma::zero(minus);
-      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sQ, a0, sdO, plus);
-      mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sW, a0, sDu, minus);
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& x = dS.s[sl][nb][e];
-          x = lambda * x + plus[nb][e] - minus[nb][e];
-        }
+      if constexpr (kOneProductAtATime) {
+        float product[NB][4];
+        mma::zero(product);
+        mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sQ, a0, sdO, product);
+        dS.scale_and_add(sl, lambda, product);
+        mma::zero(product);
+        mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sW, a0, sDu, product);
+        dS.subtract(sl, product);
+      } else {
+        float plus[NB][4], minus[NB][4];
+        mma::zero(plus);
+        mma::zero(minus);
+        mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sQ, a0, sdO, plus);
+        mma::columns_times_matrix<kChunk, LDK, LDS, NB>(sW, a0, sDu, minus);
+        dS.scale_and_add(sl, lambda, plus);
+        dS.subtract(sl, minus);
       }
     }
     dS.each([&](float& x, int a, int c) { dSb[a * LDS + c] = store<bf16>(x); });  // next dS_end
