@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libicu-dev
   gnuplot-nox
+  python3 python3-numpy
 )
 
 missing=()

@@ -1,0 +1,10 @@
+"""flash-linear-attention's chunk_gated_delta_rule, on shapes alone (its 0.6.0 signature)."""
+from torch import Tensor
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, cu_seqlens=None):
+    batch, _, heads, key_dim = q.shape
+    sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    final = Tensor((sequences, heads, key_dim, v.shape[-1])) if output_final_state else None
+    return Tensor(v.shape), final
