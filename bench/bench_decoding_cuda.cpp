@@ -10,6 +10,9 @@
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_decoding_cuda --csv decoding_ham.csv [--reps 20] [--filter gdr]
 //   python3 bench/bench_decoding_torch.py decoding_ham.csv --out decoding_ratio.csv
+// --smoke runs small cases that take both tables' paths instead (a 4 MiB copy for the
+// reference), on the SIMT emulator in CI (bench_decoding_cuda_on_emulated_gpu,
+// bench/smoke_on_emulated_gpu.sh); the times there mean nothing.
 //
 // A decoding step is small (microseconds), so each rep times kCallsPerRep calls issued back
 // to back between two CUDA events and reports the time per call: launch costs count, as
@@ -59,8 +62,15 @@ struct DecodeCase {
   }
 };
 
-std::vector<DecodeCase> decode_cases() {
+std::vector<DecodeCase> decode_cases(bool smoke) {
   std::vector<DecodeCase> cases;
+  if (smoke) {  // each op, the paper's head dims, grouped-query heads; the tiles' table
+    cases.push_back({"gdr", 2, 2, 2, 64, 96, 0});
+    cases.push_back({"attn", 1, 2, 2, 64, 64, 100});
+    cases.push_back({"attn", 2, 2, 2, 128, 192, 70});
+    cases.push_back({"attn", 1, 4, 2, 128, 128, 130});
+    return cases;
+  }
   for (int64_t B : {1, 8, 32}) cases.push_back({"gdr", B, 5, 5, 256, 384, 0});  // the paper's GDN heads
   for (int64_t B : {1, 16}) cases.push_back({"gdr", B, 16, 16, 128, 128, 0});
   for (int64_t L : {4096, 16384, 65536}) {
@@ -126,13 +136,15 @@ std::pair<Spread, double> run_case(const DecodeCase& c, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::CudaBenchArgs args = bench::parse_cuda_bench_args(argc, argv, 20);
+  const bench::CudaBenchArgs args =
+      bench::parse_cuda_bench_args(argc, argv, 20, /*takes_smoke=*/true);
   try {
     if (!bench::gpu_available("bench_decoding_cuda")) return 1;
     // The reference: 1 GiB device to device, 2 GiB moved, median of the reps.
     double copy_gbps = 0;
     {
-      Tensor src = bench::uniform_on_gpu({int64_t(1) << 28}, DType::F32, 1, -1.f, 1.f);
+      const int64_t floats = int64_t(1) << (args.smoke ? 20 : 28);
+      Tensor src = bench::uniform_on_gpu({floats}, DType::F32, 1, -1.f, 1.f);
       Tensor dst = Tensor::empty(src.shape(), DType::F32, Device::cuda());
       const cudaStream_t stream = cuda::current_stream(0);
       std::vector<double> ms = bench::sorted_event_times_ms(args.reps, 1, [&](int) {
@@ -148,7 +160,7 @@ int main(int argc, char** argv) {
                        "ms_median,ms_max,gbps_median,copy_gbps,copy_fraction_median");
     std::printf("%-34s %10s %10s %10s %9s %8s\n", "case", "us min", "us median", "us max",
                 "GB/s", "of copy");
-    for (const DecodeCase& c : decode_cases()) {
+    for (const DecodeCase& c : decode_cases(args.smoke)) {
       const std::string label = c.label();
       if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;
       const auto [t, bytes] = run_case(c, args.reps);
@@ -168,7 +180,7 @@ int main(int argc, char** argv) {
     std::printf("\nattention decode, keys a tile set against the automatic choice (set / auto)\n");
     std::printf("%-34s %5s %10s %10s %22s\n", "case", "keys", "us auto", "us set",
                 "set/auto min/med/max");
-    for (const DecodeCase& c : decode_cases()) {
+    for (const DecodeCase& c : decode_cases(args.smoke)) {
       const std::string label = c.label();
       if (c.op != "attn") continue;
       if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;

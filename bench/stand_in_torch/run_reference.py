@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs one of bench/'s reference scripts (bench_routed_attention_torch.py,
-bench_gated_delta_rule_fla.py) on a CSV of the C++ benchmark with this directory's stand-in
-torch and flash-linear-attention, then checks what the script wrote.
+bench_gated_delta_rule_fla.py, bench_decoding_torch.py) on a CSV of the C++ benchmark with
+this directory's stand-in torch and flash-linear-attention, then checks what the script
+wrote.
 
 The stand-ins compute nothing and time every region as torch.EVENT_MS, so this checks the
 plumbing a GPU session would otherwise try first, in its few minutes: the CSV fields the
@@ -94,6 +95,19 @@ def check_fla(ham_rows, out_rows, printed, arguments):
         expect("aten::stand_in_op" not in printed, "a CPU event in the kernel tables")
 
 
+def check_decoding(ham_rows, out_rows, printed):
+    expect([row["name"] for row in out_rows] == [row["name"] for row in ham_rows],
+           f"output rows {[row['name'] for row in out_rows]} for {len(ham_rows)} cases")
+    calls = 20  # bench_decoding_torch.py's CALLS_PER_REP, as the C++ program's kCallsPerRep
+    references = {"gdr": "fla fused_recurrent_gated_delta_rule", "attn": "torch sdpa"}
+    for ham, out in zip(ham_rows, out_rows):
+        expect(out["reference"] == references[ham["op"]],
+               f"{ham['name']}: reference {out['reference']}")
+        ratio = float(out["ref_over_ham_median"])
+        expected = STAND_IN / calls / float(ham["ms_median"])
+        expect(close(ratio, expected), f"{ham['name']}: ref/ham {ratio}, not {expected}")
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
@@ -126,6 +140,8 @@ def main():
             check_routed(ham_rows, out_rows, printed)
         elif name == "bench_gated_delta_rule_fla.py":
             check_fla(ham_rows, out_rows, printed, arguments)
+        elif name == "bench_decoding_torch.py":
+            check_decoding(ham_rows, out_rows, printed)
         else:
             raise Failure("no checks for this script")
     except Failure as failure:

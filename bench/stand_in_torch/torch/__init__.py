@@ -14,7 +14,7 @@ class Tensor:
     def _same(self, *args, **kwargs):
         return Tensor(self.shape)
 
-    to = detach = cuda = requires_grad_ = _same
+    to = detach = cuda = requires_grad_ = bfloat16 = _same
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = _same
     __pow__ = __neg__ = __le__ = __eq__ = __and__ = _same
 
