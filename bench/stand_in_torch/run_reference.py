@@ -95,7 +95,7 @@ def check_fla(ham_rows, out_rows, printed, arguments):
         expect("aten::stand_in_op" not in printed, "a CPU event in the kernel tables")
 
 
-def check_decoding(ham_rows, out_rows, printed):
+def check_decoding(ham_rows, out_rows):
     expect([row["name"] for row in out_rows] == [row["name"] for row in ham_rows],
            f"output rows {[row['name'] for row in out_rows]} for {len(ham_rows)} cases")
     calls = 20  # bench_decoding_torch.py's CALLS_PER_REP, as the C++ program's kCallsPerRep
@@ -141,7 +141,7 @@ def main():
         elif name == "bench_gated_delta_rule_fla.py":
             check_fla(ham_rows, out_rows, printed, arguments)
         elif name == "bench_decoding_torch.py":
-            check_decoding(ham_rows, out_rows, printed)
+            check_decoding(ham_rows, out_rows)
         else:
             raise Failure("no checks for this script")
     except Failure as failure:

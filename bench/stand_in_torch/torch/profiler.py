@@ -1,4 +1,4 @@
-"""torch.profiler's profile, with two CUDA kernels and one CPU event a profiled call."""
+"""torch.profiler's profile: two CUDA kernels and one CPU event, however many calls ran."""
 import torch
 
 
@@ -21,7 +21,7 @@ class _Event:
 
 class profile:
     def __init__(self, activities=None):
-        self.calls = 0
+        pass
 
     def __enter__(self):
         return self
