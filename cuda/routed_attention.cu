@@ -2449,12 +2449,18 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
 // Where the dQ kernel runs on wgmma it forms D so (the host launches the dK/dV pass after
 // it), since its rows' dO is read there anyway (the load after its copy hits L2): the
 // backward reads dO from HBM once less than with D formed in backward_prologue.
+// A thread's loads go out in batches of at most 8 of each tensor, all of a batch before
+// any of its products: one round trip to memory at value dims up to 128, two above. (In
+// four-load steps, the 128-wide loads had taken two round trips, on the dQ blocks'
+// prologue path.) The sum runs over the elements in order either way.
 template <int DV, int BQ, int kThreads>
 __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, int64_t q0,
                            float* s_delta) {
   static_assert(kThreads == 2 * BQ && DV % 16 == 0, "two threads a row, 16 bytes a load");
   using P = Pack<bf16, 8>;
-  constexpr int kHalf = DV / 2;
+  constexpr int kHalf = DV / 2, kLoads = kHalf / 8;  // a thread's 16-byte loads a tensor
+  constexpr int kBatches = (kLoads + 7) / 8, kBatch = kLoads / kBatches;
+  static_assert(kBatch * kBatches == kLoads, "whole batches of loads");
   const int r = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;
   const int64_t t = q0 + r;
   float dot = 0.f;
@@ -2462,11 +2468,19 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
     const int64_t at = a.q_index(b, t, h) * DV + half * kHalf;
     const P* dout = reinterpret_cast<const P*>(a.dout + at);
     const P* out = reinterpret_cast<const P*>(a.out + at);
-#pragma unroll 4
-    for (int c = 0; c < kHalf / 8; ++c) {
-      const P x = dout[c], y = out[c];
+#pragma unroll 1
+    for (int c0 = 0; c0 < kLoads; c0 += kBatch) {
+      P x[kBatch], y[kBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dot += load(x.v[e]) * load(y.v[e]);
+      for (int c = 0; c < kBatch; ++c) {
+        x[c] = dout[c0 + c];
+        y[c] = out[c0 + c];
+      }
+#pragma unroll
+      for (int c = 0; c < kBatch; ++c) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot += load(x[c].v[e]) * load(y[c].v[e]);
+      }
     }
   }
   dot += __shfl_xor_sync(kFullMask, dot, 1);
