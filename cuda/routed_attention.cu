@@ -2040,8 +2040,8 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&p)[NQ][4],
 // block's BK keys (this lane's: key0 and key0 + 8 of the block); of these, those kPart
 // forms (the other's array is a placeholder of one block), staged in `staging` (the
 // block's tiles: see key_gradient_staging_elements). <dv', v> reads this lane's two
-// columns of v in one 4-byte load, only where the router asks for it (a.dp_partial), and
-// before any store (a load may not move above a store that could alias it).
+// columns of v in one 4-byte load, only where the router asks for it (a.dp_partial), all
+// of them before the sums' stores (a load may not move above a store that could alias it).
 template <int DK, int DV, int BK, KeyGrads kPart>
 constexpr int key_gradient_staging_elements() {
   return (kPart != KeyGrads::Values ? staged_elements<DK, BK>() : 0) +
@@ -2058,36 +2058,53 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
   static_assert(NK == (kDk ? DK / 8 : 1) && NV == (kDv ? DV / 8 : 1), "accumulator blocks");
   bf16* staged_dk = staging;
   bf16* staged_dv = kDk ? staging + staged_elements<DK, BK>() : staging;
-  if constexpr (kDv) {
-    if (a.dp_partial) {
-      using Pair = Pack<bf16, 2>;
-      const int t4 = mma::lane_id() % 4;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int key = key0 + 8 * i;
-        const int pos = s_pos[key];  // the same for the 4 lanes of a quad
-        float dp_share = 0.f;
-        if (pos >= 0) {
-          const bf16* v_row = a.v + a.kv_index(b, pos, g) * DV + 2 * t4;
-#pragma unroll
-          for (int nb = 0; nb < DV / 8; ++nb) {
-            const Pair v = *reinterpret_cast<const Pair*>(v_row + nb * 8);
-            dp_share += dv[nb][2 * i] * load(v.v[0]) + dv[nb][2 * i + 1] * load(v.v[1]);
-          }
-        }
-        dp_share = quad_sum(dp_share);
-        if (pos >= 0 && t4 == 0) {
-          a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key] = dp_share;
-        }
-      }
-    }
-  }
   __syncthreads();  // every warp's products are done with the tiles the staging overwrites
   if constexpr (kDk) {
     const float scale[2] = {a.scale, a.scale};
     stage_accumulator_rows<DK>(staged_dk, key0, dk, scale);
   }
   if constexpr (kDv) {
+    // <dv', v>, once dk is staged (its registers free). Up to value dims of 128 both of
+    // the lane's keys' v loads go out before either sum: one round trip to memory, where a
+    // key at a time, its sum's shuffles and store between, took two. Wider, a key at a
+    // time: both keys' rows in registers made ptxas spill (sm_90a).
+    if (a.dp_partial) {
+      using Pair = Pack<bf16, 2>;
+      constexpr int kKeysAtOnce = DV <= 128 ? 2 : 1;
+      const int t4 = mma::lane_id() % 4;
+#pragma unroll
+      for (int i0 = 0; i0 < 2; i0 += kKeysAtOnce) {
+        int pos[kKeysAtOnce];
+        Pair v[kKeysAtOnce][DV / 8];
+#pragma unroll
+        for (int k = 0; k < kKeysAtOnce; ++k) {
+          pos[k] = s_pos[key0 + 8 * (i0 + k)];  // the same for the 4 lanes of a quad
+          if (pos[k] >= 0) {
+            const bf16* v_row = a.v + a.kv_index(b, pos[k], g) * DV + 2 * t4;
+#pragma unroll
+            for (int nb = 0; nb < DV / 8; ++nb) {
+              v[k][nb] = *reinterpret_cast<const Pair*>(v_row + nb * 8);
+            }
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kKeysAtOnce; ++k) {
+          const int i = i0 + k;  // the lane's key key0 + 8 i: accumulator elements 2 i, 2 i + 1
+          float dp_share = 0.f;
+          if (pos[k] >= 0) {
+#pragma unroll
+            for (int nb = 0; nb < DV / 8; ++nb) {
+              const Pair pair = v[k][nb];
+              dp_share += dv[nb][2 * i] * load(pair.v[0]) + dv[nb][2 * i + 1] * load(pair.v[1]);
+            }
+          }
+          dp_share = quad_sum(dp_share);
+          if (pos[k] >= 0 && t4 == 0) {
+            a.dp_partial[(b * a.kv_heads + g) * a.seq_len + k0 + key0 + 8 * i] = dp_share;
+          }
+        }
+      }
+    }
     const float scale[2] = {s_pscale[key0], s_pscale[key0 + 8]};
     stage_accumulator_rows<DV>(staged_dv, key0, dv, scale);
   }
