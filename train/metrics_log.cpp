@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -30,21 +29,6 @@ void create_parent_directories(const fs::path& file) {
 void append_little_endian(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out += char(uint8_t(value >> (8 * i)));
 }
-
-// Table for the byte-at-a-time reflected CRC: entry b is the CRC register after shifting
-// byte b through eight steps of the polynomial.
-constexpr std::array<uint32_t, 256> make_crc32c_table() {
-  constexpr uint32_t kReflectedPolynomial = 0x82F63B78u;
-  std::array<uint32_t, 256> table{};
-  for (uint32_t byte = 0; byte < 256; ++byte) {
-    uint32_t reg = byte;
-    for (int bit = 0; bit < 8; ++bit)
-      reg = (reg & 1) ? (reg >> 1) ^ kReflectedPolynomial : reg >> 1;
-    table[byte] = reg;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
 
 std::string host_name() {
   char buffer[256] = {};
@@ -85,14 +69,7 @@ void JsonlMetricsWriter::write(int64_t step, const NamedScalars& scalars, double
   HAM_CHECK(out_.good(), path_, ": writing the metrics log failed");
 }
 
-// ---- CRC-32C and protobuf --------------------------------------------------------------------
-
-uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  uint32_t reg = ~crc;  // the standard pre- and post-inversion
-  for (size_t i = 0; i < size; ++i) reg = kCrc32cTable[(reg ^ bytes[i]) & 0xFF] ^ (reg >> 8);
-  return ~reg;
-}
+// ---- Masked CRC-32C and protobuf --------------------------------------------------------------------
 
 uint32_t masked_crc32c(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/crc32c.h"
+
 namespace ham {
 
 using NamedScalars = std::vector<std::pair<std::string, double>>;
@@ -32,11 +34,7 @@ class JsonlMetricsWriter {
 
 // ---- TensorBoard event files -------------------------------------------------------------
 
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78); `crc` continues an earlier value.
-// crc32c("123456789") = 0xE3069283.
-uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
-inline uint32_t crc32c(std::string_view bytes) { return crc32c(bytes.data(), bytes.size()); }
-// The TFRecord mask: rotate right by 15 and add 0xa282ead8 (mod 2^32), so that a CRC of
+// Records carry CRC-32Cs (core/crc32c.h) under the TFRecord mask: rotate right by 15 and add 0xa282ead8 (mod 2^32), so that a CRC of
 // data that itself holds CRCs is not degenerate.
 uint32_t masked_crc32c(uint32_t crc);
 uint32_t unmasked_crc32c(uint32_t masked);
