@@ -8,13 +8,17 @@
 #include <bit>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <tuple>
+
+#include "core/crc32c.h"
 
 namespace ham {
 
@@ -255,6 +259,23 @@ Header parse_header(const std::string& text, uint64_t data_size, const std::stri
   return header;
 }
 
+std::string checksum_text(uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", crc);
+  return text;
+}
+
+std::optional<uint32_t> parse_checksum(const std::string& text) {
+  if (text.size() != 8) return std::nullopt;
+  uint32_t value = 0;
+  for (char c : text) {
+    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return std::nullopt;
+    value = value << 4 | uint32_t(digit);
+  }
+  return value;
+}
+
 // Parses a safetensors source of `total_size` bytes read through
 // read_at(offset, destination, count).
 template <class ReadAt>
@@ -275,10 +296,25 @@ SafetensorsFile parse_source(uint64_t total_size, ReadAt&& read_at, const std::s
   SafetensorsFile file;
   file.label = label;
   file.metadata = std::move(header.metadata);
+  // The tensors tile the data section in offset order, so their bytes in that order are it.
+  uint32_t data_crc = 0;
   for (const Entry& e : header.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu());
-    if (e.end > e.begin) read_at(data_start + e.begin, t.raw_data(), size_t(e.end - e.begin));
+    if (e.end > e.begin) {
+      read_at(data_start + e.begin, t.raw_data(), size_t(e.end - e.begin));
+      data_crc = crc32c(t.raw_data(), size_t(e.end - e.begin), data_crc);
+    }
     file.tensors.emplace_back(e.name, std::move(t));
+  }
+  auto stored = file.metadata.find(kDataChecksumKey);
+  if (stored != file.metadata.end()) {
+    const std::optional<uint32_t> expected = parse_checksum(stored->second);
+    HAM_CHECK(expected, label, ": metadata ", kDataChecksumKey,
+              " must be 8 lowercase hex digits, got '", stored->second, "'");
+    HAM_CHECK(*expected == data_crc, label, ": the tensor data fails its checksum (",
+              kDataChecksumKey, " ", stored->second, ", the ", total_size - data_start,
+              " data bytes give ", checksum_text(data_crc), "): the file is corrupt");
+    file.metadata.erase(stored);
   }
   return file;
 }
@@ -305,20 +341,23 @@ void write_all(int fd, const void* data, size_t n, const std::string& what) {
 }
 
 // Validates names and returns the 8-byte length followed by the padded JSON header.
+// The header's length does not depend on data_crc (8 hex digits always), so
+// save_safetensors writes it before the data and again, with the data's CRC, after.
 std::string build_header(const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata,
-                         const std::string& label) {
+                         const std::string& label, uint32_t data_crc) {
   Json root = Json::object();
-  if (!metadata.empty()) {
-    Json meta = Json::object();
-    for (const auto& [key, value] : metadata) {
-      HAM_CHECK(find_invalid_utf8(key) == std::string::npos &&
-                    find_invalid_utf8(value) == std::string::npos,
-                label, ": metadata entry '", key, "' is not valid UTF-8");
-      meta[key] = value;
-    }
-    root[kMetadataKey] = std::move(meta);
+  Json meta = Json::object();
+  for (const auto& [key, value] : metadata) {
+    HAM_CHECK(key != kDataChecksumKey, label, ": metadata key '", key,
+              "' is reserved (the writer adds the data's CRC-32C under it)");
+    HAM_CHECK(find_invalid_utf8(key) == std::string::npos &&
+                  find_invalid_utf8(value) == std::string::npos,
+              label, ": metadata entry '", key, "' is not valid UTF-8");
+    meta[key] = value;
   }
+  meta[kDataChecksumKey] = checksum_text(data_crc);
+  root[kMetadataKey] = std::move(meta);
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
@@ -403,29 +442,37 @@ SafetensorsFile load_safetensors(const std::string& path) {
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata,
                                   const std::string& label) {
-  std::string out = build_header(tensors, metadata, label);
+  build_header(tensors, metadata, label, 0);  // names and metadata checked before any copy
+  std::string data;
   for (const auto& [name, tensor] : tensors) {
     Tensor host = tensor.to(Device::cpu());
-    out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+    data.append(static_cast<const char*>(host.raw_data()), host.nbytes());
   }
-  return out;
+  return build_header(tensors, metadata, label, crc32c(data)) + data;
 }
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::string label = "save_safetensors " + path;
-  std::string header = build_header(tensors, metadata, label);
+  std::string header = build_header(tensors, metadata, label, 0);
   std::string temp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   HAM_CHECK(fd >= 0, label, ": cannot create ", temp, ": ", errno_text(errno));
   try {
     std::string write_error = label + ": writing " + temp + " failed";
     write_all(fd, header.data(), header.size(), write_error);
+    uint32_t data_crc = 0;
     for (const auto& [name, tensor] : tensors) {
       Tensor host = tensor.to(Device::cpu());
       write_all(fd, host.raw_data(), host.nbytes(), write_error);
+      data_crc = crc32c(host.raw_data(), host.nbytes(), data_crc);
     }
+    // The header again, now with the data's CRC: the same length, over the first.
+    header = build_header(tensors, metadata, label, data_crc);
+    HAM_CHECK(::lseek(fd, 0, SEEK_SET) == 0, label, ": seeking in ", temp, " failed: ",
+              errno_text(errno));
+    write_all(fd, header.data(), header.size(), write_error);
     HAM_CHECK(::fsync(fd) == 0, label, ": fsync of ", temp, " failed: ", errno_text(errno));
     int closed = ::close(fd);
     fd = -1;

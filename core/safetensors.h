@@ -6,6 +6,10 @@
 // parse_safetensors); every error is one line that starts with the file's label.
 // Supported dtypes: F32, F64, BF16, I32, I64, U8; others (F16, I8, BOOL, F8_*, ...) are
 // rejected by name.
+// ham's writers add the CRC-32C of the data section to the metadata (kDataChecksumKey, 8
+// lowercase hex digits), and its readers check it where present: a flipped bit in a
+// checkpoint's weights is a one-line error naming the file, not a NaN steps later. Other
+// readers see one more metadata entry; files without it (other writers') load unchecked.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -19,6 +23,10 @@ namespace ham {
 
 // The reference reader's limit on the JSON header length.
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// The metadata key of the data section's CRC-32C. Reserved: a writer given it fails, and
+// a reader checks it and leaves it out of SafetensorsFile::metadata.
+constexpr const char* kDataChecksumKey = "ham.data_crc32c";
 
 struct SafetensorsFile {
   std::string label;  // the path (or the label given to parse_safetensors), for errors
@@ -38,7 +46,7 @@ SafetensorsFile load_safetensors(const std::string& path);
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& label);
 
 // The bytes save_safetensors writes: header padded with spaces to a multiple of 8, the
-// metadata entry first (when non-empty), tensors in the given order with no gaps. Tensors
+// metadata entry first (with kDataChecksumKey), tensors in the given order with no gaps. Tensors
 // may live on any device. Throws on duplicate or reserved names.
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {},

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -62,6 +63,17 @@ std::vector<fs::path> complete_checkpoints(const fs::path& out_dir) {
   }
   std::sort(found.begin(), found.end());
   return found;
+}
+
+// The complete checkpoint just older than `dir` in the same output directory, if any.
+std::optional<fs::path> checkpoint_before(fs::path dir) {
+  if (dir.filename().empty()) dir = dir.parent_path();  // given with a trailing slash
+  std::optional<fs::path> earlier;
+  for (const fs::path& other : complete_checkpoints(dir.parent_path())) {
+    if (other.filename() >= dir.filename()) break;
+    earlier = other;
+  }
+  return earlier;
 }
 
 // Removes temporary directories left by writers that died mid-write (their pid is gone).
@@ -146,8 +158,15 @@ CheckpointContents load_checkpoint(const std::string& path) {
   CheckpointContents c;
   c.state = load_checkpoint_state(path);
   const fs::path dir(c.state.at("checkpoint_dir").get<std::string>());
-  c.model = load_safetensors((dir / "model.safetensors").string()).tensors;
-  c.optimizer = load_safetensors((dir / "optimizer.safetensors").string()).tensors;
+  try {
+    c.model = load_safetensors((dir / "model.safetensors").string()).tensors;
+    c.optimizer = load_safetensors((dir / "optimizer.safetensors").string()).tensors;
+  } catch (const Error& e) {
+    // A damaged file (its checksum, say) need not cost the run: name the one before it.
+    const std::optional<fs::path> earlier = checkpoint_before(dir);
+    if (!earlier) throw;
+    HAM_FAIL(e.what(), " (the checkpoint before it: ", earlier->string(), ")");
+  }
   return c;
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,8 @@
 #include <functional>
 #include <limits>
 #include <string>
+
+#include "core/crc32c.h"
 
 namespace ham {
 namespace {
@@ -124,7 +127,7 @@ TEST_F(SafetensorsFiles, RoundTripEveryDtypeWithMetadata) {
 TEST_F(SafetensorsFiles, EmptyFileListAndNoMetadataRoundTrip) {
   fs::path path = dir_ / "empty.safetensors";
   save_safetensors(path.string(), {});
-  EXPECT_EQ(read_file(path), file_bytes("{}      "));
+  EXPECT_EQ(read_file(path), file_bytes(R"({"__metadata__":{"ham.data_crc32c":"00000000"}} )"));
   SafetensorsFile file = load_safetensors(path.string());
   EXPECT_TRUE(file.tensors.empty());
   EXPECT_TRUE(file.metadata.empty());
@@ -149,12 +152,14 @@ TEST(Safetensors, BytesMatchHandAssembledFile) {
   Tensor a = Tensor::from_vector<float>({1.0f, -2.0f}, {2});
   Tensor b = Tensor::from_vector<uint8_t>({0xab}, {1, 1});
   std::string header =
-      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"({"__metadata__":{"k":"v","ham.data_crc32c":"d22a8636"},)"
+      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"U8","shape":[1,1],"data_offsets":[8,9]}})";
   header.append((8 - header.size() % 8) % 8, ' ');
-  ASSERT_EQ(header.size(), 136u);  // 133 bytes of JSON + 3 spaces
+  ASSERT_EQ(header.size(), 168u);  // 162 bytes of JSON + 6 spaces
+  // CRC-32C of these 9 bytes: d22a8636 (a bitwise CRC in Python gives the same).
   std::string data("\x00\x00\x80\x3f\x00\x00\x00\xc0\xab", 9);
-  std::string expected = std::string("\x88\x00\x00\x00\x00\x00\x00\x00", 8) + header + data;
+  std::string expected = std::string("\xa8\x00\x00\x00\x00\x00\x00\x00", 8) + header + data;
   EXPECT_EQ(serialize_safetensors({{"a", a}, {"b", b}}, {{"k", "v"}}), expected);
   SafetensorsFile file = parse_safetensors(expected, "hand.safetensors");
   EXPECT_EQ(file.at("a").to_vector<float>(), (std::vector<float>{1.0f, -2.0f}));
@@ -204,6 +209,13 @@ std::string f32_entry(const std::string& name, const std::string& shape, uint64_
                       uint64_t end) {
   return "\"" + name + R"(":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":[)" +
          std::to_string(begin) + "," + std::to_string(end) + "]}";
+}
+
+// The checksum's metadata text for `data`: 8 lowercase hex digits of its CRC-32C.
+std::string checksum_of(const std::string& data) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", crc32c(data));
+  return text;
 }
 
 // "{e1,e2,...}" (built by appending: GCC 12 warns falsely on "literal" + std::string&&).
@@ -379,6 +391,47 @@ TEST_F(SafetensorsFiles, SaveReplacesAnExistingFile) {
   EXPECT_EQ(file.at("w").to_vector<float>(), (std::vector<float>{2.0f, 2.0f}));
   EXPECT_EQ(file.metadata.at("step"), "2");
   EXPECT_TRUE(other_entries("ckpt.safetensors").empty());
+}
+
+// A bit flipped anywhere in the data section (the first, a middle and the last byte of the
+// tensors) fails the load with the file's name; the untouched file loads.
+TEST_F(SafetensorsFiles, AFlippedBitInTheTensorDataIsACorruptFileError) {
+  fs::path path = dir_ / "model.safetensors";
+  save_safetensors(path.string(), every_dtype(), {{"step", "7"}});
+  const std::string good = read_file(path);
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, good.data(), 8);
+  const size_t data_start = 8 + size_t(header_size);
+  ASSERT_GT(good.size(), data_start + 2);
+  EXPECT_NO_THROW(load_safetensors(path.string()));
+  for (size_t at : {data_start, (data_start + good.size()) / 2, good.size() - 1}) {
+    std::string bad = good;
+    bad[at] = char(bad[at] ^ 0x10);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+    expect_error([&] { load_safetensors(path.string()); }, path.string(),
+                 {"tensor data fails its checksum", kDataChecksumKey, "the file is corrupt"});
+  }
+}
+
+TEST(SafetensorsRejects, ChecksumThatIsMalformedOrWrong) {
+  const std::string data("\x00\x00\x80\x3f", 4);
+  auto with_checksum = [&](const std::string& value) {
+    return file_bytes(R"({"__metadata__":{"ham.data_crc32c":")" + value + R"("},)" +
+                          f32_entry("a", "[1]", 0, 4) + "}",
+                      data);
+  };
+  expect_rejected(with_checksum("xyz"), {kDataChecksumKey, "8 lowercase hex digits", "'xyz'"});
+  expect_rejected(with_checksum("0000000G"), {"8 lowercase hex digits"});
+  expect_rejected(with_checksum("00000000"), {"fails its checksum", "4 data bytes"});
+  const std::string right = with_checksum(checksum_of(data));
+  SafetensorsFile file = parse_safetensors(right, "ok.safetensors");
+  EXPECT_EQ(file.at("a").item(), 1.0);
+  EXPECT_TRUE(file.metadata.empty());  // the checksum is the reader's, not the caller's
+}
+
+TEST(Safetensors, WriterReservesTheChecksumKey) {
+  expect_error([&] { serialize_safetensors({}, {{kDataChecksumKey, "00000000"}}); },
+               "safetensors", {"metadata key 'ham.data_crc32c' is reserved"});
 }
 
 TEST_F(SafetensorsFiles, FailedSaveOfInvalidListLeavesOldFileAndNoTemp) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -161,6 +163,43 @@ TEST(Checkpoint, AFailedWriteLeavesThePreviousCheckpointIntact) {
     EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos)
         << "temporary left behind: " << e.path();
   }
+  fs::remove_all(dir);
+}
+
+// A flipped bit in the newest checkpoint's optimizer moments: loading it fails with one
+// line that names the file and the checkpoint before it, which still loads.
+TEST(Checkpoint, ADamagedFileIsNamedWithTheCheckpointBeforeIt) {
+  fs::path dir = testing::fresh_temp_dir("damaged");
+  CheckpointContents c;
+  c.model = {{"w", Tensor::full({3}, 2.0)}};
+  c.optimizer = {{"w.exp_avg", Tensor::full({64}, 0.5)}};
+  for (int step = 1; step <= 2; ++step) {
+    c.state = {{"step", step}};
+    save_checkpoint(dir.string(), step, c, 0);
+  }
+  const fs::path damaged = dir / "step-00000002" / "optimizer.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(damaged, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 5] = char(bytes[bytes.size() - 5] ^ 0x01);
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    load_checkpoint(dir.string());
+    FAIL() << "a damaged checkpoint loaded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message.rfind(damaged.string(), 0), 0u) << message;
+    EXPECT_NE(message.find("fails its checksum"), std::string::npos) << message;
+    EXPECT_NE(message.find("the checkpoint before it: " + (dir / "step-00000001").string()),
+              std::string::npos)
+        << message;
+  }
+  CheckpointContents earlier = load_checkpoint((dir / "step-00000001").string());
+  EXPECT_EQ(earlier.state.at("step"), 1);
+  EXPECT_EQ(earlier.optimizer.at(0).second.to_vector<float>(), std::vector<float>(64, 0.5f));
   fs::remove_all(dir);
 }
 
