@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/ops/elementwise.h"
+#include "core/profiler.h"
 
 namespace ham {
 
@@ -26,6 +27,7 @@ void run_graph(const std::vector<Edge>& root_edges, const std::vector<Tensor>& r
                bool keep_graph, const std::vector<Edge>* captures,
                std::vector<Tensor>* captured) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  profiler::Phase phase("backward");  // the ops below, in a profile (core/profiler.h)
 
   // Count, for each node, how many edges inside the graph point at it.
   std::unordered_map<Node*, int> dependencies;

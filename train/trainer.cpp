@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -22,6 +23,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/cpu/fma_peak.h"
+#include "core/profiler.h"
 #include "core/ops/optim.h"
 #include "distributed/communicator.h"
 #include "distributed/flat_shard.h"
@@ -95,7 +97,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"peak_gflops", peak_gflops}, {"grad_norms_every", grad_norms_every},
           {"dump_grads", dump_grads}, {"dump_grads_at", dump_grads_at},
           {"shard", shard}, {"shard_group_size", shard_group_size}, {"device", device},
-          {"precision", precision}};
+          {"precision", precision}, {"profile_steps", profile_steps},
+          {"profile_trace", profile_trace}};
 }
 
 void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& source) {
@@ -133,6 +136,7 @@ void TrainOptions::update_from_json(const nlohmann::json& j, const std::string& 
   get("shard", o.shard); get("shard_group_size", o.shard_group_size);
   get("device", o.device);
   get("precision", o.precision);
+  get("profile_steps", o.profile_steps); get("profile_trace", o.profile_trace);
   dist::parse_sharding_stage(o.shard);  // fails here, naming the stages, when misspelt
   try {
     Device::parse(o.device);
@@ -184,6 +188,9 @@ void TrainOptions::validate(const std::string& source) const {
         ">= 0 (0: never)");
   check(shard_group_size >= 0, "'shard_group_size' (--shard-group-size)", shard_group_size,
         ">= 0 (0: all ranks)");
+  check(profile_steps >= 0, "'profile_steps' (--profile)", profile_steps, ">= 0 (0: none)");
+  HAM_CHECK(profile_trace.empty() || profile_steps > 0, from,
+            "train option 'profile_trace' (--profile-trace) needs 'profile_steps' (--profile) > 0");
 }
 
 void TrainOptions::update_from_file(const std::string& path) {
@@ -528,7 +535,39 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   int64_t window_tokens = 0;
   auto window_start = std::chrono::steady_clock::now();
 
+  // The op profile's steps: N of them, after the first where the run has more than N.
+  const int64_t profile_first =
+      opt.profile_steps > 0 && opt.steps - start_step > opt.profile_steps ? start_step + 1
+                                                                            : start_step;
+  const int64_t profile_end = std::min(opt.steps, profile_first + opt.profile_steps);
+  int64_t profiled_steps = 0;
+  struct StopProfileOnError {  // an error mid-profile must not leave it running
+    ~StopProfileOnError() {
+      if (!profiler::active()) return;
+      try {
+        profiler::stop();
+      } catch (...) {  // the error that unwinds here is the one to report
+      }
+    }
+  } stop_profile_on_error;
+  auto finish_profile = [&] {
+    if (!profiler::active()) return;
+    const profiler::Profile profile = profiler::stop();
+    if (rank != 0) return;
+    log << profiler::format_table(profile, std::max<int64_t>(profiled_steps, 1));
+    std::string trace = opt.profile_trace;
+    if (trace.empty() && !opt.out_dir.empty()) {
+      trace = (std::filesystem::path(opt.out_dir) / "profile.json").string();
+    }
+    if (!trace.empty()) {
+      profiler::write_chrome_trace(profile, trace);
+      log << "profile trace: " << trace << " (chrome://tracing or ui.perfetto.dev)\n";
+    }
+  };
+
   for (int64_t step = start_step; step < opt.steps; ++step) {
+    if (opt.profile_steps > 0 && step == profile_first) profiler::start();
+    if (step == profile_end) finish_profile();  // where the window's last step was skipped
     double lr = schedule.lr(step);
     double step_loss = 0;
     bool nonfinite = false;
@@ -540,6 +579,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       TokenBatch batch = sample_rows(opt.batch_size, opt.seq_len, data_gen);
       if (!sharded_run) {
         batch = batch_on_device(batch, device);
+        profiler::Phase forward_phase("forward");
         Tensor loss = model.loss(batch);
         double value = loss.item();
         if (!std::isfinite(value)) {
@@ -556,6 +596,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
         // the losses and of the gradients the one-process mean. 1 when nothing is ignored.
         const double weight = double(world_size) * double(counted_targets(local.targets)) /
                               double(counted_targets(batch.targets));
+        profiler::Phase forward_phase("forward");
         Tensor loss = model.loss(local);
         double value = world->all_reduce_scalar(loss.item() * weight, dist::ReduceOp::Avg);
         if (!std::isfinite(value)) {  // the same decision on every rank
@@ -572,6 +613,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       window_tokens += opt.batch_size * opt.seq_len;
     }
     if (!nonfinite) {
+      profiler::Phase check_phase("nonfinite_check");
       std::string bad = sharded_run ? sharded->first_non_finite_gradient()
                                     : first_nonfinite_grad(model);
       if (!bad.empty()) {
@@ -605,6 +647,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     double grad_norm = 0;
     // clip 0: no bound, the norm still measured for the progress line.
     const double max_norm = opt.clip > 0 ? opt.clip : std::numeric_limits<double>::infinity();
+    std::optional<profiler::Phase> optimizer_phase(std::in_place, "optimizer");
     if (sharded_run) {
       for (const auto& [name, p] : model.named_parameters()) clear_grad(p);
       grad_norm = sharded->clip_gradient_norm(max_norm);
@@ -616,6 +659,9 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       optimizer->zero_grad();
     }
     model.after_optimizer_step(step + 1);
+    optimizer_phase.reset();
+    if (profiler::active()) ++profiled_steps;
+    if (step + 1 == profile_end) finish_profile();
     if (step == start_step) result.first_loss = step_loss;
     result.step_losses.push_back(step_loss);
     window_loss += step_loss;

@@ -66,6 +66,11 @@ struct TrainOptions {
   // learned routers stay f32), f32 master weights and AdamW moments, loss in f32.
   // Checkpoints and the model train() leaves behind hold the f32 master weights.
   std::string precision = "f32";
+  // Op profile (core/profiler.h): time every op of N steps (after the first step, where
+  // more steps follow), by phase (forward, backward, optimizer) and op; prints a table and
+  // writes a Chrome trace to profile_trace ("" = <out_dir>/profile.json, if out_dir is set).
+  int64_t profile_steps = 0;
+  std::string profile_trace;
 
   nlohmann::json to_json() const;
   // Overrides fields present in `j`; unknown keys and values out of range (validate) are

@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
 #include "autograd/node.h"
+#include "core/profiler.h"
 #include "models/transformer.h"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 
 namespace ham {
 namespace {
@@ -112,6 +116,8 @@ TEST(TrainOptions, ValuesOutOfRangeAreOneLineErrorsNamingTheKeyAndFlag) {
       {{{"shard_group_size", -1}}, {"'shard_group_size' (--shard-group-size)"}},
       {{{"steps", 0}}, {"'steps' (--steps)", "> 0"}},
       {{{"grad_accum", -1}}, {"'grad_accum' (--grad-accum)"}},
+      {{{"profile_steps", -1}}, {"'profile_steps' (--profile)", ">= 0"}},
+      {{{"profile_trace", "p.json"}}, {"'profile_trace' (--profile-trace)", "(--profile) > 0"}},
   };
   for (const Case& c : cases) {
     TrainOptions o;
@@ -130,6 +136,59 @@ TEST(TrainOptions, ValuesOutOfRangeAreOneLineErrorsNamingTheKeyAndFlag) {
                           {"train option 'lr' (--lr)", "finite and > 0"});
     EXPECT_EQ(log.str(), "") << "no work before the check";
   }
+}
+
+// --profile 2 of 4 steps: steps 2 and 3 timed op by op, by phase, as a table in the log
+// and a Chrome trace in the output directory; the losses are those of a run without it.
+TEST(Trainer, ProfileTimesEveryOpOfItsStepsByPhase) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.05, "embedded");
+  const std::filesystem::path out = testing::fresh_temp_dir("profiled_run");
+  auto run = [&](int64_t profile_steps, std::string* log_text) {
+    Transformer model(small_config());
+    TrainOptions opt;
+    opt.update_from_json({{"steps", 4}, {"batch_size", 2}, {"seq_len", 16}, {"log_every", 1},
+                          {"eval_every", 0}, {"eval_batches", 1},
+                          {"profile_steps", profile_steps}},
+                         "run.json");
+    if (profile_steps > 0) opt.out_dir = out.string();
+    std::ostringstream log;
+    TrainResult r = train(model, train_data, val_data, opt, log);
+    if (log_text) *log_text = log.str();
+    return r.step_losses;
+  };
+  std::string log;
+  const std::vector<double> profiled = run(2, &log);
+  EXPECT_EQ(profiled, run(0, nullptr));
+  EXPECT_FALSE(profiler::active());
+  const size_t table = log.find("profile: 2 steps");
+  ASSERT_NE(table, std::string::npos) << log;
+  // Right after step 3's optimizer step (the window is steps 2 and 3), before its line.
+  EXPECT_GT(table, log.find("step     2/4 | loss")) << log;
+  EXPECT_LT(table, log.find("step     3/4 | loss")) << log;
+  // A row of the table: its phase and op, then the device.
+  auto has_row = [&](const std::string& phase, const std::string& op) {
+    std::istringstream lines(log.substr(table));
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string first, second, third;
+      words >> first >> second >> third;
+      if (first == phase && second == op && third == "cpu") return true;
+    }
+    return false;
+  };
+  for (auto [phase, op] : {std::pair{"forward", "gemm"}, {"backward", "gemm"},
+                           {"optimizer", "adamw_step_multi"},
+                           {"forward", "cross_entropy_with_grad"},
+                           {"nonfinite_check", "squared_norm"}}) {
+    EXPECT_TRUE(has_row(phase, op)) << phase << " " << op << " in:\n" << log;
+  }
+  EXPECT_NE(log.find("profile trace: " + (out / "profile.json").string()), std::string::npos);
+  std::ifstream in(out / "profile.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  size_t gemm_events = 0;
+  for (const auto& e : trace.at("traceEvents")) gemm_events += e.at("name") == "gemm";
+  EXPECT_GT(gemm_events, 0u);
+  std::filesystem::remove_all(out);
 }
 
 // clip 0 trains without a bound, as an unreachable bound does; eval_every 0 evaluates after

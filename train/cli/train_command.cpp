@@ -232,6 +232,8 @@ Command add_train_command(CLI::App& root) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   add("--dump-grads-at", &TrainOptions::dump_grads_at, "Steps (1-based, comma-separated) at which the --dump-grads gradients, before clipping, go to <out or log-dir>/grads/step-NNNNNNNN.safetensors")
       ->delimiter(',');
+  add("--profile", &TrainOptions::profile_steps, "Time every op of this many steps (after the first, where more follow): a table by phase (forward, backward, optimizer) and op, and a Chrome trace (--profile-trace, or <out>/profile.json); on a GPU each op is timed by CUDA events on its stream");
+  add("--profile-trace", &TrainOptions::profile_trace, "Where --profile writes its Chrome trace (chrome://tracing, ui.perfetto.dev)");
   CLI::Option* skip = cmd->add_flag("--skip-nonfinite", o.skip_nonfinite,
                                     "Skip steps whose loss or gradient is NaN/Inf instead of stopping");
   args->given.emplace_back(skip, [](TrainOptions& dst, const TrainOptions& src) {
