@@ -734,6 +734,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       write_checkpoint(step + 1);
     }
   }
+  finish_profile();  // where the run's last step, the window's, was skipped
   if (sharded_run) {
     const int64_t peak = sharded->peak_gathered_parameter_bytes();
     const int64_t whole = sharded->full_parameter_bytes();
