@@ -442,13 +442,17 @@ SafetensorsFile load_safetensors(const std::string& path) {
 std::string serialize_safetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                   const std::map<std::string, std::string>& metadata,
                                   const std::string& label) {
-  build_header(tensors, metadata, label, 0);  // names and metadata checked before any copy
-  std::string data;
+  std::string out = build_header(tensors, metadata, label, 0);
+  const size_t data_start = out.size();
   for (const auto& [name, tensor] : tensors) {
     Tensor host = tensor.to(Device::cpu());
-    data.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+    out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
   }
-  return build_header(tensors, metadata, label, crc32c(data)) + data;
+  // The header again, now with the data's CRC: the same length, over the first.
+  const uint32_t data_crc = crc32c(out.data() + data_start, out.size() - data_start);
+  const std::string header = build_header(tensors, metadata, label, data_crc);
+  out.replace(0, header.size(), header);
+  return out;
 }
 
 void save_safetensors(const std::string& path,
