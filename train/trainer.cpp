@@ -647,19 +647,20 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     double grad_norm = 0;
     // clip 0: no bound, the norm still measured for the progress line.
     const double max_norm = opt.clip > 0 ? opt.clip : std::numeric_limits<double>::infinity();
-    std::optional<profiler::Phase> optimizer_phase(std::in_place, "optimizer");
-    if (sharded_run) {
-      for (const auto& [name, p] : model.named_parameters()) clear_grad(p);
-      grad_norm = sharded->clip_gradient_norm(max_norm);
-      sharded_optimizer->step(lr);
-      sharded->zero_gradients();
-    } else {
-      grad_norm = clip_grad_norm(params, max_norm);
-      optimizer->step(lr);
-      optimizer->zero_grad();
+    {
+      profiler::Phase optimizer_phase("optimizer");
+      if (sharded_run) {
+        for (const auto& [name, p] : model.named_parameters()) clear_grad(p);
+        grad_norm = sharded->clip_gradient_norm(max_norm);
+        sharded_optimizer->step(lr);
+        sharded->zero_gradients();
+      } else {
+        grad_norm = clip_grad_norm(params, max_norm);
+        optimizer->step(lr);
+        optimizer->zero_grad();
+      }
+      model.after_optimizer_step(step + 1);
     }
-    model.after_optimizer_step(step + 1);
-    optimizer_phase.reset();
     if (profiler::active()) ++profiled_steps;
     if (step + 1 == profile_end) finish_profile();
     if (step == start_step) result.first_loss = step_loss;
