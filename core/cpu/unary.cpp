@@ -1,8 +1,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numbers>
 
+#include "core/cpu/packet_math.h"
+#include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/unary.h"
 
@@ -30,6 +31,17 @@ void zip(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   parallel_for(out.numel(), kUnaryCost, [&](int64_t i) { po[i] = f(pa[i], pb[i]); });
 }
 
+// Packet twins of map and zip for the vectorized functions.
+template <class T, class F>
+void map_packets(const Tensor& in, Tensor& out, F f) {
+  packet_map<T>(in.data<T>(), out.data<T>(), in.numel(), kUnaryCost, f);
+}
+
+template <class T, class F>
+void zip_packets(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  packet_zip<T>(a.data<T>(), b.data<T>(), out.data<T>(), out.numel(), kUnaryCost, f);
+}
+
 template <class T>
 T gelu_cdf(T x) {  // Phi(x) = 0.5 (1 + erf(x / sqrt 2))
   return T(0.5) * (T(1) + std::erf(x * (T(1) / std::numbers::sqrt2_v<T>)));
@@ -45,14 +57,17 @@ T gelu_pdf(T x) {  // phi(x) = e^(-x^2 / 2) / sqrt(2 pi)
 
 void unary(UnaryOp op, const Tensor& x, Tensor& y) {
   dispatch_floating(unary_op_name(op), x.dtype(), [&]<class T>() {
+    using P = Packet<T>;
     switch (op) {
-      case UnaryOp::Exp: map<T>(x, y, [](T v) { return std::exp(v); }); break;
-      case UnaryOp::Log: map<T>(x, y, [](T v) { return std::log(v); }); break;
-      case UnaryOp::Sigmoid: map<T>(x, y, [](T v) { return sigmoid_scalar(v); }); break;
-      case UnaryOp::Silu: map<T>(x, y, [](T v) { return v * sigmoid_scalar(v); }); break;
-      case UnaryOp::Softplus:
-        map<T>(x, y, [](T v) { return std::max(v, T(0)) + std::log1p(std::exp(-std::abs(v))); });
+      case UnaryOp::Exp: map_packets<T>(x, y, [](P v) { return exp_packet(v); }); break;
+      case UnaryOp::Log: map_packets<T>(x, y, [](P v) { return pk::plog(v); }); break;
+      case UnaryOp::Sigmoid:
+        map_packets<T>(x, y, [](P v) { return silu_packet(v, packet_ones<P>()); });
         break;
+      case UnaryOp::Silu:
+        map_packets<T>(x, y, [](P v) { return silu_packet(v, v); });
+        break;
+      case UnaryOp::Softplus: map_packets<T>(x, y, [](P v) { return softplus_packet(v); }); break;
       case UnaryOp::Gelu: map<T>(x, y, [](T v) { return v * gelu_cdf(v); }); break;
       case UnaryOp::Tanh: map<T>(x, y, [](T v) { return std::tanh(v); }); break;
       case UnaryOp::Neg: map<T>(x, y, [](T v) { return -v; }); break;
@@ -65,6 +80,7 @@ void unary(UnaryOp op, const Tensor& x, Tensor& y) {
 
 void unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved, Tensor& dx) {
   dispatch_floating(unary_op_name(op), dy.dtype(), [&]<class T>() {
+    using P = Packet<T>;
     // s is x or y as unary_saves(op) says.
     switch (op) {
       case UnaryOp::Exp: zip<T>(dy, saved, dx, [](T g, T s) { return g * s; }); break;
@@ -73,13 +89,14 @@ void unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved, Tensor& d
         zip<T>(dy, saved, dx, [](T g, T s) { return g * s * (T(1) - s); });
         break;
       case UnaryOp::Silu:  // d/dx x sig(x) = sig(x) (1 + x (1 - sig(x)))
-        zip<T>(dy, saved, dx, [](T g, T s) {
-          T sig = sigmoid_scalar(s);
-          return g * sig * (T(1) + s * (T(1) - sig));
+        zip_packets<T>(dy, saved, dx, [](P g, P s) {
+          P sig, complement;
+          sigmoid_and_complement(s, sig, complement);
+          return pk::pmul(pk::pmul(g, sig), pk::pmadd(s, complement, packet_ones<P>()));
         });
         break;
       case UnaryOp::Softplus:
-        zip<T>(dy, saved, dx, [](T g, T s) { return g * sigmoid_scalar(s); });
+        zip_packets<T>(dy, saved, dx, [](P g, P s) { return silu_packet(s, g); });
         break;
       case UnaryOp::Gelu:  // d/dx x Phi(x) = Phi(x) + x phi(x)
         zip<T>(dy, saved, dx, [](T g, T s) { return g * (gelu_cdf(s) + s * gelu_pdf(s)); });
