@@ -1,6 +1,10 @@
 #include "nn/elementwise.h"
 
+#include <omp.h>
+
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/ops/elementwise.h"
 #include "tests/testing.h"
@@ -65,6 +69,103 @@ TEST(Elementwise, ShapeMismatchNamesOpAndShapes) {
     EXPECT_NE(msg.find("add"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+  }
+}
+
+// Every operand shape that broadcasts to `out`: each dim kept or stretched to 1, and the
+// leading dims dropped where they are 1.
+std::vector<Shape> shapes_broadcasting_to(const Shape& out) {
+  std::vector<Shape> shapes;
+  for (uint32_t mask = 0; mask < (1u << out.size()); ++mask) {
+    Shape s = out;
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (mask & (1u << d)) s[d] = 1;
+    }
+    shapes.push_back(s);
+    size_t leading = 0;
+    while (leading < s.size() && s[leading] == 1) ++leading;
+    if (leading > 0) shapes.push_back(Shape(s.begin() + int64_t(leading), s.end()));
+  }
+  return shapes;
+}
+
+// Offset into a tensor of shape `s` of flat index `flat` of `out` (right-aligned broadcast).
+int64_t naive_offset(const Shape& s, const Shape& out, int64_t flat) {
+  int64_t offset = 0, stride = 1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    size_t o = out.size() - 1 - i;
+    int64_t index = flat % out[o];
+    flat /= out[o];
+    if (i < s.size()) {
+      int64_t size = s[s.size() - 1 - i];
+      if (size != 1) offset += index * stride;
+      stride *= size;
+    }
+  }
+  return offset;
+}
+
+// Output shapes for the CPU kernels' tests: small ones, one big enough to go parallel, and
+// rows longer than a binary op's piece (4096).
+const Shape kOutShapes[] = {{2, 3, 4, 5}, {7, 1, 9}, {64, 3, 200}, {2, 9000}, {5}, {}};
+
+// Each binary op of every broadcast pattern against a loop that maps each output element to
+// its operands: the same arithmetic, so the same bits.
+TEST(Elementwise, CpuBinaryMatchesANaiveLoopOverEveryBroadcastPattern) {
+  uint64_t seed = 40;
+  for (const Shape& out : kOutShapes) {
+    for (const Shape& sa : shapes_broadcasting_to(out)) {
+      for (const Shape& sb : shapes_broadcasting_to(out)) {
+        if (ops::broadcast_shapes("test", sa, sb) != out) continue;
+        Tensor a = randn64(sa, ++seed), b = uniform64(sb, ++seed, 0.5, 2.0);
+        const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+        for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
+          auto got = ops::binary(op, a, b).to_vector<double>();
+          ASSERT_EQ(int64_t(got.size()), shape_numel(out));
+          for (int64_t i = 0; i < int64_t(got.size()); ++i) {
+            double x = va[size_t(naive_offset(sa, out, i))];
+            double y = vb[size_t(naive_offset(sb, out, i))];
+            double want = op == BinaryOp::Add   ? x + y
+                          : op == BinaryOp::Sub ? x - y
+                          : op == BinaryOp::Mul ? x * y
+                                                : x / y;
+            ASSERT_EQ(got[size_t(i)], want) << binary_op_name(op) << " " << shape_str(sa)
+                                            << " " << shape_str(sb) << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// sum_to to every shape the input broadcasts from, against a long-double sum; and the same
+// bits on one thread as on all of them.
+TEST(Elementwise, CpuSumToMatchesANaiveSumOverEveryPatternOnAnyThreadCount) {
+  uint64_t seed = 70;
+  for (const Shape& in_shape : kOutShapes) {
+    for (DType dtype : {DType::F64, DType::F32}) {
+      Tensor x = randn64(in_shape, ++seed).to(dtype);
+      const auto vx = x.to_vector<double>();
+      for (const Shape& target : shapes_broadcasting_to(in_shape)) {
+        SCOPED_TRACE(shape_str(in_shape) + " to " + shape_str(target) + " " + dtype_name(dtype));
+        Tensor sum = ops::sum_to(x, target);
+        std::vector<long double> want(size_t(shape_numel(target)), 0.0L);
+        for (int64_t i = 0; i < int64_t(vx.size()); ++i) {
+          want[size_t(naive_offset(target, in_shape, i))] += vx[size_t(i)];
+        }
+        const auto got = sum.to_vector<double>();
+        const double tolerance = dtype == DType::F64 ? 1e-12 : 1e-5;
+        for (size_t j = 0; j < got.size(); ++j) {
+          ASSERT_NEAR(got[j], double(want[j]), tolerance * (1 + std::abs(double(want[j]))))
+              << "element " << j;
+        }
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const auto serial = ops::sum_to(x, target).to_vector<double>();
+        omp_set_num_threads(threads);
+        EXPECT_EQ(serial, got);
+      }
+    }
   }
 }
 
