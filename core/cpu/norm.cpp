@@ -1,17 +1,54 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "core/cpu/packet_math.h"
+#include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/norm.h"
-#include "core/ops/unary.h"
 
 namespace ham::cpu {
 
 namespace {
 
-// dweight columns summed together, so each row read is contiguous.
-constexpr int64_t kColumnBlock = 64;
+// Rows per task of the backward, fixed so that dweight's partial sums (one per task, added
+// in task order) do not depend on the thread count.
+constexpr int64_t kRowsPerTask = 64;
+
+// sum_j a_j b_j in f64, in four interleaved partial sums (which the compiler vectorizes).
+template <class T>
+double dot_in_f64(const T* a, const T* b, int64_t n) {
+  double lanes[4] = {};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    for (int l = 0; l < 4; ++l) lanes[l] += double(a[j + l]) * double(b[j + l]);
+  }
+  for (int l = 0; j < n; ++j, ++l) lanes[l] += double(a[j]) * double(b[j]);
+  return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+}
+
+// silu(z_j) for j < n, on packets.
+template <class T>
+void silu_row(const T* z, T* silu, int64_t n) {
+  for_each_packet_serial<T>(n, [&](int64_t j, int64_t count) {
+    const Packet<T> zj = load_padded(z + j, count);
+    store_partial(silu + j, silu_packet(zj, zj), count);
+  });
+}
+
+// silu(z_j) and silu'(z_j) = s (1 + z (1 - s)), s = sigmoid(z_j), for j < n, on packets.
+template <class T>
+void silu_and_derivative_row(const T* z, T* silu, T* derivative, int64_t n) {
+  for_each_packet_serial<T>(n, [&](int64_t j, int64_t count) {
+    const Packet<T> zj = load_padded(z + j, count);
+    Packet<T> s, complement;
+    sigmoid_and_complement(zj, s, complement);
+    store_partial(silu + j, pk::pmul(zj, s), count);
+    store_partial(derivative + j, pk::pmul(s, pk::pmadd(zj, complement, packet_ones<Packet<T>>())),
+                  count);
+  });
+}
 
 }  // namespace
 
@@ -24,27 +61,31 @@ void rms_norm(const Tensor& x, const Tensor& gate, const Tensor& weight, double 
     const T* pw = weight.defined() ? weight.data<T>() : nullptr;
     T* py = y.data<T>();
     T* pr = rstd.data<T>();
-    parallel_for(rows, d, [&](int64_t row) {
+    parallel_for(rows, d * (pg ? 4 : 1), [&](int64_t row) {
       const T* xr = px + row * d;
-      double sum_sq = 0;
-      for (int64_t j = 0; j < d; ++j) sum_sq += double(xr[j]) * double(xr[j]);
       // The backward reads rstd back in T, so the forward uses that same rounded value.
-      const T r = T(1.0 / std::sqrt(sum_sq / double(d) + eps));
+      const T r = T(1.0 / std::sqrt(dot_in_f64(xr, xr, d) / double(d) + eps));
       pr[row] = r;
       T* yr = py + row * d;
-      for (int64_t j = 0; j < d; ++j) {
-        T n = xr[j] * r;
-        if (pw) n *= pw[j];
-        if (pg) {
-          T z = pg[row * d + j];
-          n *= z * sigmoid_scalar(z);
+      if (pg) {
+        silu_row(pg + row * d, yr, d);  // y holds silu(gate) until the product below
+        if (pw) {
+          for (int64_t j = 0; j < d; ++j) yr[j] *= xr[j] * r * pw[j];
+        } else {
+          for (int64_t j = 0; j < d; ++j) yr[j] *= xr[j] * r;
         }
-        yr[j] = n;
+      } else if (pw) {
+        for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * r * pw[j];
+      } else {
+        for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * r;
       }
     });
   });
 }
 
+// Per task of kRowsPerTask rows: silu and silu' of the gate rows on packets, then plain
+// loops the compiler vectorizes, with a missing weight or gate read as ones. dweight sums
+// each task's rows into its own f64 partial, and the partials in task order.
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
                        const Tensor& weight, const Tensor& rstd, Tensor& dx, Tensor& dgate,
                        Tensor& dweight) {
@@ -53,58 +94,56 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
     const T* pdy = dy.data<T>();
     const T* px = x.data<T>();
     const T* pg = gate.defined() ? gate.data<T>() : nullptr;
-    const T* pw = weight.defined() ? weight.data<T>() : nullptr;
     const T* pr = rstd.data<T>();
     T* pdx = dx.defined() ? dx.data<T>() : nullptr;
     T* pdg = dgate.defined() ? dgate.data<T>() : nullptr;
+    const bool want_dweight = dweight.defined();
+    const std::vector<T> ones(size_t(d), T(1));
+    const T* pw = weight.defined() ? weight.data<T>() : ones.data();
 
-    if (pdx || pdg) {
-      parallel_for(rows, d, [&](int64_t row) {
+    const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+    std::vector<double> dweight_partials(want_dweight ? size_t(tasks * d) : 0);
+    parallel_for(tasks, kRowsPerTask * d * 4, [&](int64_t task) {
+      const size_t width = size_t(d);
+      std::vector<T> xhat(width), silu(width, T(1)), derivative(width);
+      std::vector<T> g(width);  // dy silu(gate) weight
+      double* partial = want_dweight ? dweight_partials.data() + task * d : nullptr;
+      const int64_t end = std::min(rows, (task + 1) * kRowsPerTask);
+      for (int64_t row = task * kRowsPerTask; row < end; ++row) {
         const int64_t base = row * d;
         const T r = pr[row];
-        double dot = 0;  // sum_j g_j xhat_j
+        const T* dyr = pdy + base;
+        const T* xr = px + base;
+        if (pg) silu_and_derivative_row(pg + base, silu.data(), derivative.data(), d);
         for (int64_t j = 0; j < d; ++j) {
-          const T xhat = px[base + j] * r;
-          const T w = pw ? pw[j] : T(1);
-          T g = pdy[base + j] * w;  // becomes dy silu(gate) w
-          if (pg) {
-            const T z = pg[base + j], s = sigmoid_scalar(z);
-            if (pdg) pdg[base + j] = pdy[base + j] * xhat * w * s * (T(1) + z * (T(1) - s));
-            g *= z * s;
+          xhat[size_t(j)] = xr[j] * r;
+          g[size_t(j)] = dyr[j] * silu[size_t(j)] * pw[j];
+        }
+        if (partial) {
+          for (int64_t j = 0; j < d; ++j) {
+            partial[j] += double(dyr[j] * silu[size_t(j)]) * double(xhat[size_t(j)]);
           }
-          if (pdx) pdx[base + j] = g;  // held here until the mean is known
-          dot += double(g) * double(xhat);
         }
-        if (!pdx) return;
-        const T mean_g_xhat = T(dot / double(d));
-        for (int64_t j = 0; j < d; ++j) {
-          const T xhat = px[base + j] * r;
-          pdx[base + j] = r * (pdx[base + j] - xhat * mean_g_xhat);
+        if (pdg) {  // dy n silu'(gate), n = xhat weight
+          for (int64_t j = 0; j < d; ++j) {
+            pdg[base + j] = dyr[j] * xhat[size_t(j)] * pw[j] * derivative[size_t(j)];
+          }
         }
-      });
-    }
-
-    if (dweight.defined()) {
-      // dweight_j = sum_rows dy silu(gate) xhat, rows in order per column block.
+        if (pdx) {
+          const T mean_g_xhat = T(dot_in_f64(g.data(), xhat.data(), d) / double(d));
+          for (int64_t j = 0; j < d; ++j) {
+            pdx[base + j] = r * (g[size_t(j)] - xhat[size_t(j)] * mean_g_xhat);
+          }
+        }
+      }
+    });
+    if (want_dweight) {
       T* pdw = dweight.data<T>();
-      const int64_t blocks = (d + kColumnBlock - 1) / kColumnBlock;
-      parallel_for(blocks, rows * kColumnBlock, [&](int64_t b) {
-        const int64_t begin = b * kColumnBlock, width = std::min(kColumnBlock, d - begin);
-        double acc[kColumnBlock] = {};
-        for (int64_t row = 0; row < rows; ++row) {
-          const T r = pr[row];
-          const int64_t base = row * d + begin;
-          for (int64_t j = 0; j < width; ++j) {
-            T dn = pdy[base + j];
-            if (pg) {
-              const T z = pg[base + j];
-              dn *= z * sigmoid_scalar(z);
-            }
-            acc[j] += double(dn) * double(px[base + j] * r);
-          }
-        }
-        for (int64_t j = 0; j < width; ++j) pdw[begin + j] = T(acc[j]);
-      });
+      for (int64_t j = 0; j < d; ++j) {
+        double sum = 0;
+        for (int64_t task = 0; task < tasks; ++task) sum += dweight_partials[size_t(task * d + j)];
+        pdw[j] = T(sum);
+      }
     }
   });
 }
@@ -117,9 +156,7 @@ void l2_norm(const Tensor& x, double eps, Tensor& y, Tensor& rstd) {
     T* pr = rstd.data<T>();
     parallel_for(rows, d, [&](int64_t row) {
       const T* xr = px + row * d;
-      double sum_sq = 0;
-      for (int64_t j = 0; j < d; ++j) sum_sq += double(xr[j]) * double(xr[j]);
-      const T r = T(1.0 / std::sqrt(sum_sq + eps));
+      const T r = T(1.0 / std::sqrt(dot_in_f64(xr, xr, d) + eps));
       pr[row] = r;
       T* yr = py + row * d;
       for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * r;
@@ -136,8 +173,7 @@ void l2_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& rstd, Ten
     T* pdx = dx.data<T>();
     parallel_for(rows, d, [&](int64_t row) {
       const int64_t base = row * d;
-      double dot = 0;  // sum_j dy_j x_j
-      for (int64_t j = 0; j < d; ++j) dot += double(pdy[base + j]) * double(px[base + j]);
+      const double dot = dot_in_f64(pdy + base, px + base, d);  // sum_j dy_j x_j
       const T r = pr[row];
       const T c = T(double(r) * double(r) * dot);
       for (int64_t j = 0; j < d; ++j) pdx[base + j] = r * (pdy[base + j] - px[base + j] * c);

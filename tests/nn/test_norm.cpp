@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Norm, LargeGradcheckSampled) {
   GradcheckOptions options;
   options.max_elements_per_input = 25;
-  Shape shape{300, 130};  // 130 = two full dweight column blocks and a partial one
+  Shape shape{300, 130};  // four 64-row backward tasks and a partial one; rows end in a tail packet
   Tensor x = randn64(shape, 41), gate = randn64(shape, 42), w = randn64({130}, 43);
   expect_gradcheck(
       [](const std::vector<Tensor>& v) { return std::vector{gated_rms_norm(v[0], v[1], v[2])}; },
