@@ -33,7 +33,7 @@ class KernelTable<R(Args...)> {
     Kernel kernel = kernels_[size_t(device.kind)];
     if (!kernel && is_emulated_on_cpu(device.kind)) kernel = kernels_[size_t(DeviceKind::CPU)];
     HAM_CHECK(kernel, "op '", op_name_, "' has no kernel for device ", device.str());
-    profiler::OpScope timed(op_name_, device);  // where `ham train --profile` runs
+    profiler::OpScope timed(op_name_, device, args...);  // where `ham train --profile` runs
     return kernel(std::forward<CallArgs>(args)...);
   }
 

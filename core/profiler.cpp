@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace ham::profiler {
 namespace {
@@ -31,6 +32,7 @@ struct Pending {
   Clock::time_point host_start, host_end;
   DeviceClock::Mark from = nullptr, to = nullptr;
   bool done = false;
+  std::string tensors;
 };
 
 std::array<DeviceClock*, kNumDeviceKinds> clocks{};
@@ -96,7 +98,7 @@ Profile stop() {
   try {
     for (const Pending& p : calls) {
       if (!p.done) continue;  // begun but not ended when the profile stopped
-      OpCall call{p.op, p.phase, p.device};
+      OpCall call{p.op, p.phase, p.device, 0, 0, p.tensors};
       call.start = seconds(p.host_start - started);
       DeviceClock* clock = clock_for(p.device);
       if (clock) {
@@ -123,10 +125,22 @@ Profile stop() {
 Phase::Phase(const char* name) : previous_(current_phase) { current_phase = name; }
 Phase::~Phase() { current_phase = previous_; }
 
-void OpScope::begin(const char* op, Device device) {
+std::string describe(const Tensor& tensor) {
+  if (!tensor.defined()) return "undefined";
+  return std::string(dtype_name(tensor.dtype())) + shape_str(tensor.shape());
+}
+
+std::string describe(const std::vector<Tensor>& tensors) {
+  return std::to_string(tensors.size()) + " tensors";
+}
+
+bool timing_an_op_on_this_thread() { return timing_an_op; }
+
+void OpScope::begin(const char* op, Device device, std::string tensors) {
   if (timing_an_op) return;  // inside another op: timed as part of it
   Pending p;
   p.op = op;
+  p.tensors = std::move(tensors);
   p.phase = current_phase;
   p.device = device;
   DeviceClock* clock = clock_for(device);
@@ -139,7 +153,7 @@ void OpScope::begin(const char* op, Device device) {
   }
   slot_ = pending.size();
   device_ = device;
-  pending.push_back(p);
+  pending.push_back(std::move(p));
   timing_an_op = true;
   timing_generation = generation;
   recording_ = true;
@@ -232,6 +246,31 @@ std::string format_table(const Profile& profile, int64_t steps) {
   return out;
 }
 
+std::string format_slowest_calls(const Profile& profile, size_t count) {
+  std::vector<const OpCall*> calls;
+  for (const OpCall& c : profile.calls) calls.push_back(&c);
+  count = std::min(count, calls.size());
+  std::partial_sort(calls.begin(), calls.begin() + int64_t(count), calls.end(),
+                    [](const OpCall* a, const OpCall* b) { return a->seconds > b->seconds; });
+  calls.resize(count);
+  int phase_width = 5, op_width = 2;
+  for (const OpCall* c : calls) {
+    phase_width = std::max(phase_width, int(std::strlen(c->phase)));
+    op_width = std::max(op_width, int(std::strlen(c->op)));
+  }
+  char line[512];
+  std::snprintf(line, sizeof(line), "  the %zu slowest calls:\n  %-*s %-*s %-7s %10s  %s\n", count,
+                phase_width, "phase", op_width, "op", "device", "ms", "tensors");
+  std::string out = line;
+  for (const OpCall* c : calls) {
+    std::snprintf(line, sizeof(line), "  %-*s %-*s %-7s %10.3f  ", phase_width, c->phase,
+                  op_width, c->op, c->device.str().c_str(), 1e3 * c->seconds);
+    out += line;
+    out += c->tensors + "\n";
+  }
+  return out;
+}
+
 void write_chrome_trace(const Profile& profile, const std::string& path) {
   nlohmann::json events = nlohmann::json::array();
   std::map<std::string, int> tracks;  // a device's track (Chrome's "tid")
@@ -242,7 +281,8 @@ void write_chrome_trace(const Profile& profile, const std::string& path) {
                         {"args", {{"name", it->first}}}});
     }
     events.push_back({{"name", c.op}, {"cat", c.phase}, {"ph", "X"}, {"pid", 1},
-                      {"tid", it->second}, {"ts", 1e6 * c.start}, {"dur", 1e6 * c.seconds}});
+                      {"tid", it->second}, {"ts", 1e6 * c.start}, {"dur", 1e6 * c.seconds},
+                      {"args", {{"tensors", c.tensors}}}});
   }
   const nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
   const std::string temp = path + ".tmp." + std::to_string(::getpid());

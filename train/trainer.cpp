@@ -555,6 +555,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     const profiler::Profile profile = profiler::stop();
     if (rank != 0) return;
     log << profiler::format_table(profile, std::max<int64_t>(profiled_steps, 1));
+    log << profiler::format_slowest_calls(profile, 10);
     std::string trace = opt.profile_trace;
     if (trace.empty() && !opt.out_dir.empty()) {
       trace = (std::filesystem::path(opt.out_dir) / "profile.json").string();

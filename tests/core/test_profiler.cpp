@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/ops/gated_delta_rule.h"
 #include "core/ops/matmul.h"
 #include "core/tensor.h"
 #include "tests/testing.h"
@@ -102,18 +103,63 @@ TEST(Profiler, FilesOutermostCallsByPhaseAndOp) {
 
 // Every op reaches its kernel through a KernelTable, which times it.
 TEST(Profiler, TimesOpsCalledThroughTheirKernelTables) {
-  Tensor a = testing::random_tensor({64, 64}, DType::F32, Device::cpu(), 1);
-  Tensor b = testing::random_tensor({64, 64}, DType::F32, Device::cpu(), 2);
+  Tensor a = testing::random_tensor({64, 32}, DType::F32, Device::cpu(), 1);
+  Tensor b = testing::random_tensor({32, 16}, DType::F32, Device::cpu(), 2);
   profiler::start();
   {
     Phase forward("forward");
     for (int i = 0; i < 4; ++i) ops::matmul(a, b);
   }
-  const auto rows = profiler::summarize(profiler::stop());
+  const profiler::Profile profile = profiler::stop();
+  const auto rows = profiler::summarize(profile);
   const auto* gemm = find_row(rows, "forward", "gemm");
   ASSERT_NE(gemm, nullptr);
   EXPECT_EQ(gemm->calls, 4);
   EXPECT_GT(gemm->total_seconds, 0.0);
+  // Each call keeps its kernel's tensor arguments: a, b and the product.
+  for (const profiler::OpCall& c : profile.calls) {
+    EXPECT_EQ(c.tensors, "f32[64, 32] f32[32, 16] f32[64, 16]");
+  }
+}
+
+TEST(Profiler, DescribesTensorArgumentsAndSkipsTheRest) {
+  const Tensor a = Tensor::zeros({2, 3}, DType::F64), undefined;
+  const std::vector<Tensor> list(63, a);
+  EXPECT_EQ(profiler::describe_tensor_args(a, 1.5, undefined, "x", list),
+            "f64[2, 3] undefined 63 tensors");
+  EXPECT_EQ(profiler::describe_tensor_args(7, 'c'), "");
+  EXPECT_EQ(profiler::describe_tensor_args(), "");
+  // A struct that lists its tensors (for_each_tensor), member by member.
+  GatedDeltaRuleArgs gdr;
+  gdr.q = gdr.k = Tensor::zeros({1, 4, 2, 8});
+  gdr.v = Tensor::zeros({1, 4, 2, 6});
+  gdr.g = gdr.beta = Tensor::zeros({1, 4, 2});
+  EXPECT_EQ(profiler::describe_tensor_args(gdr, 0.5),
+            "f32[1, 4, 2, 8] f32[1, 4, 2, 8] f32[1, 4, 2, 6] f32[1, 4, 2] f32[1, 4, 2] undefined "
+            "undefined");
+}
+
+// The slowest calls, slowest first, each with its tensors; no more than there are.
+TEST(Profiler, SlowestCallsComeFirstWithTheirTensors) {
+  profiler::Profile profile;
+  profile.wall_seconds = 1.0;
+  const Device cpu = Device::cpu();
+  profile.calls = {{"sum_to", "backward", cpu, 0.0, 0.004,
+                    "f32[8, 128, 4, 48] f32[8, 128, 4, 1]"},
+                   {"gemm", "forward", cpu, 0.1, 0.002, "f32[1024, 128] f32[128, 384]"},
+                   {"unary", "forward", cpu, 0.2, 0.001, "f32[1024, 384] f32[1024, 384]"}};
+  const std::string two = profiler::format_slowest_calls(profile, 2);
+  EXPECT_NE(two.find("the 2 slowest calls"), std::string::npos) << two;
+  const size_t sum_to = two.find("  backward sum_to cpu          4.000  f32[8, 128, 4, 48] "
+                                 "f32[8, 128, 4, 1]\n");
+  const size_t gemm =
+      two.find("  forward  gemm   cpu          2.000  f32[1024, 128] f32[128, 384]\n");
+  EXPECT_NE(sum_to, std::string::npos) << two;
+  EXPECT_NE(gemm, std::string::npos) << two;
+  EXPECT_LT(sum_to, gemm) << two;
+  EXPECT_EQ(two.find("unary"), std::string::npos) << two;
+  EXPECT_NE(profiler::format_slowest_calls(profile, 10).find("the 3 slowest calls"),
+            std::string::npos);
 }
 
 // A stand-in device clock: each mark a time the test sets, so the profile's device times
@@ -187,8 +233,9 @@ TEST(Profiler, TableGivesCallsAndTimeAStepAndShares) {
   profiler::Profile profile;
   profile.wall_seconds = 2.0;
   const Device cpu = Device::cpu();
-  profile.calls = {{"gemm", "forward", cpu, 0.0, 0.4}, {"gemm", "forward", cpu, 0.5, 0.2},
-                   {"gemm", "backward", cpu, 1.0, 0.6}, {"adamw_step", "optimizer", cpu, 1.7, 0.2}};
+  profile.calls = {{"gemm", "forward", cpu, 0.0, 0.4, ""}, {"gemm", "forward", cpu, 0.5, 0.2, ""},
+                   {"gemm", "backward", cpu, 1.0, 0.6, ""},
+                   {"adamw_step", "optimizer", cpu, 1.7, 0.2, ""}};
   const std::string table = profiler::format_table(profile, 2);
   EXPECT_NE(table.find("profile: 2 steps, 1000.000 ms a step"), std::string::npos) << table;
   EXPECT_NE(table.find("backward 30.0% forward 30.0% optimizer 10.0%; outside ops 30.0%"),
@@ -206,9 +253,10 @@ TEST(Profiler, TableGivesCallsAndTimeAStepAndShares) {
 TEST(Profiler, ChromeTraceHasAnEventForEveryCallOnItsDevicesTrack) {
   profiler::Profile profile;
   profile.wall_seconds = 1.0;
-  profile.calls = {{"gemm", "forward", Device::cpu(), 0.001, 0.002},
-                   {"routed_attention_forward", "forward", Device::cuda(0), 0.004, 0.0005},
-                   {"gemm", "backward", Device::cpu(), 0.01, 0.003}};
+  profile.calls = {{"gemm", "forward", Device::cpu(), 0.001, 0.002, ""},
+                   {"routed_attention_forward", "forward", Device::cuda(0), 0.004, 0.0005,
+                    "bf16[1, 4096, 16, 128]"},
+                   {"gemm", "backward", Device::cpu(), 0.01, 0.003, ""}};
   const fs::path dir = testing::fresh_temp_dir("profile_trace");
   fs::create_directories(dir);
   const fs::path path = dir / "profile.json";
@@ -226,6 +274,7 @@ TEST(Profiler, ChromeTraceHasAnEventForEveryCallOnItsDevicesTrack) {
   EXPECT_EQ(events[1].at("cat"), "forward");
   EXPECT_DOUBLE_EQ(events[1].at("ts").get<double>(), 4000.0);
   EXPECT_DOUBLE_EQ(events[1].at("dur").get<double>(), 500.0);
+  EXPECT_EQ(events[1].at("args").at("tensors"), "bf16[1, 4096, 16, 128]");
   EXPECT_EQ(track_names.at(events[0].at("tid").get<int>()), "cpu");
   EXPECT_EQ(track_names.at(events[1].at("tid").get<int>()), "cuda:0");
   EXPECT_EQ(events[2].at("tid"), events[0].at("tid"));

@@ -182,6 +182,9 @@ TEST(Trainer, ProfileTimesEveryOpOfItsStepsByPhase) {
                            {"nonfinite_check", "squared_norm"}}) {
     EXPECT_TRUE(has_row(phase, op)) << phase << " " << op << " in:\n" << log;
   }
+  // The slowest calls follow the table, with their tensors.
+  EXPECT_GT(log.find("the 10 slowest calls:"), table) << log;
+  EXPECT_NE(log.find(" f32["), std::string::npos) << log;
   EXPECT_NE(log.find("profile trace: " + (out / "profile.json").string()), std::string::npos);
   std::ifstream in(out / "profile.json");
   const nlohmann::json trace = nlohmann::json::parse(in);
