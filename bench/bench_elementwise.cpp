@@ -9,15 +9,16 @@
 //
 // Shapes are the tiny HAM config's (batch 8, 128 tokens): [8, 128, 384] for the feed-forward
 // activations, [8, 128, 4, 48] for the attention values and their per-head scale, f32.
-// References (the `_reference` rows), one per traffic pattern:
-//   - BM_Stream1to1: out[i] = x[i] (one read, one write: a unary map's traffic);
-//   - BM_Stream2to1: out[i] = a[i] + b[i] (two reads, one write: a backward's or a binary
-//     op's traffic);
-//   - BM_Stream1to0: the sum of x in any order (one read: a reduction's traffic).
+// References, one per traffic pattern:
+//   - stream_1to1_reference: out[i] = x[i] (one read, one write: a unary map's traffic);
+//   - stream_2to1_reference: out[i] = a[i] + b[i] (two reads, one write: a backward's or a
+//     binary op's traffic);
+//   - stream_1to0_reference: the sum of x in any order (one read: a reduction's traffic).
 // "bytes_per_second" counts the bytes each kernel must move, once.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <iterator>
 
 #include "core/ops/elementwise.h"
 #include "core/ops/unary.h"

@@ -35,7 +35,7 @@ void set_bytes(benchmark::State& state, int64_t bytes) {
   state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
 }
 
-// out_k[i] = sum of the inputs at i, for `reads` inputs and `writes` outputs of n floats.
+// A plain loop over n floats that reads `reads` arrays and writes `writes` (1 to 3, 1 or 2).
 void BM_Stream(benchmark::State& state) {
   const int reads = int(state.range(0)), writes = int(state.range(1));
   const int64_t n = state.range(2);

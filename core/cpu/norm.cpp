@@ -33,7 +33,7 @@ template <class T>
 void silu_row(const T* z, T* silu, int64_t n) {
   for_each_packet_serial<T>(n, [&](int64_t j, int64_t count) {
     const Packet<T> zj = load_padded(z + j, count);
-    store_partial(silu + j, silu_packet(zj, zj), count);
+    store_partial(silu + j, scaled_sigmoid_packet(zj, zj), count);
   });
 }
 

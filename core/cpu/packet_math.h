@@ -43,10 +43,10 @@ void sigmoid_and_complement(const P& x, P& sigmoid, P& complement) {
   complement = pk::pselect(negative, reciprocal, e_over);
 }
 
-// x sigmoid(x) as (x e^-x or x) / (1 + e^-|x|): one rounding fewer than a product with
-// sigmoid_and_complement's. silu_packet(ones) is sigmoid.
+// factor sigmoid(x) as (factor e^-|x| or factor) / (1 + e^-|x|), one rounding fewer than a
+// product with sigmoid_and_complement's: sigmoid with factor 1, silu with factor x.
 template <class P>
-P silu_packet(const P& x, const P& factor) {
+P scaled_sigmoid_packet(const P& x, const P& factor) {
   const P e = exp_packet(pk::pnegate(pk::pabs(x)));
   const P numerator = pk::pselect(pk::pcmp_lt(x, pk::pzero(x)), e, packet_ones<P>());
   return pk::pdiv(pk::pmul(factor, numerator), pk::padd(packet_ones<P>(), e));

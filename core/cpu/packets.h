@@ -69,8 +69,7 @@ void packet_map(const T* x, T* y, int64_t n, int64_t cost_per_element, F f) {
 template <class T, class F>
 void packet_zip(const T* a, const T* b, T* y, int64_t n, int64_t cost_per_element, F f) {
   detail::for_each_packet<T>(n, cost_per_element, [&](int64_t i, int64_t count) {
-    store_partial(
-        y + i, f(load_padded(a + i, count), load_padded(b + i, count)), count);
+    store_partial(y + i, f(load_padded(a + i, count), load_padded(b + i, count)), count);
   });
 }
 

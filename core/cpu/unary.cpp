@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 
 #include "core/cpu/packet_math.h"
 #include "core/cpu/packets.h"
@@ -62,10 +63,10 @@ void unary(UnaryOp op, const Tensor& x, Tensor& y) {
       case UnaryOp::Exp: map_packets<T>(x, y, [](P v) { return exp_packet(v); }); break;
       case UnaryOp::Log: map_packets<T>(x, y, [](P v) { return pk::plog(v); }); break;
       case UnaryOp::Sigmoid:
-        map_packets<T>(x, y, [](P v) { return silu_packet(v, packet_ones<P>()); });
+        map_packets<T>(x, y, [](P v) { return scaled_sigmoid_packet(v, packet_ones<P>()); });
         break;
       case UnaryOp::Silu:
-        map_packets<T>(x, y, [](P v) { return silu_packet(v, v); });
+        map_packets<T>(x, y, [](P v) { return scaled_sigmoid_packet(v, v); });
         break;
       case UnaryOp::Softplus: map_packets<T>(x, y, [](P v) { return softplus_packet(v); }); break;
       case UnaryOp::Gelu: map<T>(x, y, [](T v) { return v * gelu_cdf(v); }); break;
@@ -96,7 +97,7 @@ void unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved, Tensor& d
         });
         break;
       case UnaryOp::Softplus:
-        zip_packets<T>(dy, saved, dx, [](P g, P s) { return silu_packet(s, g); });
+        zip_packets<T>(dy, saved, dx, [](P g, P s) { return scaled_sigmoid_packet(s, g); });
         break;
       case UnaryOp::Gelu:  // d/dx x Phi(x) = Phi(x) + x phi(x)
         zip<T>(dy, saved, dx, [](T g, T s) { return g * (gelu_cdf(s) + s * gelu_pdf(s)); });

@@ -4,7 +4,6 @@
 //   softplus ln(1 + e^x) = max(x, 0) + log1p(e^-|x|)              gelu 0.5 x (1 + erf(x / sqrt 2))
 //   tanh               neg -x             square x^2               sqrt   relu max(x, 0)
 // The backward reads x or y, whichever gives f' cheapest (see unary_saves).
-#include <cmath>
 #include <cstdint>
 
 #include "core/dispatch.h"
@@ -37,14 +36,6 @@ Tensor unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved);
 namespace cpu {
 void unary(UnaryOp op, const Tensor& x, Tensor& y);
 void unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved, Tensor& dx);
-
-// 1 / (1 + e^-x), evaluating e^t only for t <= 0 so it never overflows.
-template <class T>
-inline T sigmoid_scalar(T x) {
-  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-  T e = std::exp(x);
-  return e / (T(1) + e);
-}
 }  // namespace cpu
 
 }  // namespace ham
