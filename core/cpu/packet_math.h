@@ -1,7 +1,7 @@
 #pragma once
 // Math on Eigen packets (8 floats or 4 doubles under AVX2) for the CPU kernels whose
 // transcendentals the compiler cannot vectorize from glibc's scalar functions: the unary
-// ops' exp, sigmoid, silu and softplus, and the gated rms_norm's silu. Eigen's pexp and
+// ops' exp, sigmoid, silu, softplus and tanh, and the gated rms_norm's silu. Eigen's pexp and
 // plog are within about an ulp of glibc's; tests/nn/test_unary.cpp measures the functions
 // built on them against f64.
 #include <Eigen/Core>
@@ -57,6 +57,16 @@ template <class P>
 P softplus_packet(const P& x) {
   const P e = exp_packet(pk::pnegate(pk::pabs(x)));
   return pk::padd(pk::pmax(x, pk::pzero(x)), pk::generic_plog1p(e));
+}
+
+// tanh(|x|) = -m / (2 + m), m = e^(-2|x|) - 1 by Eigen's expm1 (exact near 0, where
+// 1 - e^(-2|x|) would cancel), with x's sign; +-1 at the infinities.
+template <class P>
+P tanh_packet(const P& x) {
+  using T = typename pk::unpacket_traits<P>::type;
+  const P m = pk::generic_expm1(pk::pmul(pk::pset1<P>(T(-2)), pk::pabs(x)));
+  const P magnitude = pk::pdiv(pk::pnegate(m), pk::padd(pk::pset1<P>(T(2)), m));
+  return pk::pselect(pk::pcmp_lt(x, pk::pzero(x)), pk::pnegate(magnitude), magnitude);
 }
 
 }  // namespace ham::cpu

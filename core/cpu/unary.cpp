@@ -70,7 +70,7 @@ void unary(UnaryOp op, const Tensor& x, Tensor& y) {
         break;
       case UnaryOp::Softplus: map_packets<T>(x, y, [](P v) { return softplus_packet(v); }); break;
       case UnaryOp::Gelu: map<T>(x, y, [](T v) { return v * gelu_cdf(v); }); break;
-      case UnaryOp::Tanh: map<T>(x, y, [](T v) { return std::tanh(v); }); break;
+      case UnaryOp::Tanh: map_packets<T>(x, y, [](P v) { return tanh_packet(v); }); break;
       case UnaryOp::Neg: map<T>(x, y, [](T v) { return -v; }); break;
       case UnaryOp::Square: map<T>(x, y, [](T v) { return v * v; }); break;
       case UnaryOp::Sqrt: map<T>(x, y, [](T v) { return std::sqrt(v); }); break;

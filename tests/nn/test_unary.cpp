@@ -147,7 +147,7 @@ struct PacketCase {
 const PacketCase kPacketCases[] = {
     {UnaryOp::Exp, -100, 80, 1.5, 1, 0},   {UnaryOp::Log, 1e-30, 1e30, 1, 1, 0},
     {UnaryOp::Sigmoid, -100, 40, 3, 2, 0}, {UnaryOp::Silu, -100, 80, 3, 3, 1},
-    {UnaryOp::Softplus, -100, 80, 3, 3, 0},
+    {UnaryOp::Softplus, -100, 80, 3, 3, 0}, {UnaryOp::Tanh, -20, 20, 4, 2, 0},
 };
 
 // Spacing of f32 numbers at |y|: the unit of the errors below.
@@ -158,9 +158,9 @@ double f32_ulp(double y) {
 
 // f32 results against the f64 kernel's: within a few ulps across each function's range,
 // forward and backward, on a sweep of inputs (log-spaced for log). The bounds sit above
-// what Eigen's packets measured (exp 1.16 ulps, sigmoid 2.23, silu 2.40, softplus 1.89;
-// backwards up to 2.65); glibc's scalar functions, which these replaced, measured exp 0.50,
-// sigmoid 1.74, silu 2.85 and silu's backward 15.3.
+// what Eigen's packets measured (exp 1.16 ulps, sigmoid 2.23, silu 2.40, softplus 1.89,
+// tanh 3.75; backwards up to 2.65); glibc's scalar functions, which these replaced,
+// measured exp 0.50, sigmoid 1.74, silu 2.85, tanh 1.89 and silu's backward 15.3.
 TEST(Unary, PacketKernelsAreWithinUlpsOfF64) {
   for (const PacketCase& c : kPacketCases) {
     SCOPED_TRACE(unary_op_name(c.op));
@@ -236,12 +236,16 @@ TEST(Unary, PacketKernelsAtNonFiniteInputs) {
                    .to(dtype);
     auto run = [&](UnaryOp op) { return ops::unary(op, x).to_vector<double>(); };
     auto exp_y = run(UnaryOp::Exp), sig = run(UnaryOp::Sigmoid), sp = run(UnaryOp::Softplus);
-    auto silu_y = run(UnaryOp::Silu);
+    auto silu_y = run(UnaryOp::Silu), tanh_y = run(UnaryOp::Tanh);
     for (int i : {0, 4, 8}) {
       EXPECT_TRUE(std::isnan(exp_y[size_t(i)]) && std::isnan(sig[size_t(i)]) &&
-                  std::isnan(sp[size_t(i)]) && std::isnan(silu_y[size_t(i)]))
+                  std::isnan(sp[size_t(i)]) && std::isnan(silu_y[size_t(i)]) &&
+                  std::isnan(tanh_y[size_t(i)]))
           << "NaN at " << i;
     }
+    EXPECT_EQ(tanh_y[1], 1.0);
+    EXPECT_EQ(tanh_y[2], -1.0);
+    EXPECT_EQ(tanh_y[3], 0.0);
     EXPECT_EQ(exp_y[1], inf);
     EXPECT_EQ(exp_y[2], 0.0);
     EXPECT_EQ(exp_y[3], 1.0);
