@@ -137,7 +137,6 @@ std::string describe(const std::vector<Tensor>& tensors) {
 bool timing_an_op_on_this_thread() { return timing_an_op; }
 
 void OpScope::begin(const char* op, Device device, std::string tensors) {
-  if (timing_an_op) return;  // inside another op: timed as part of it
   Pending p;
   p.op = op;
   p.tensors = std::move(tensors);

@@ -146,16 +146,6 @@ void scale(double alpha, Tensor& x) {
 
 namespace {
 
-std::vector<int64_t> contiguous_strides(const Shape& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t stride = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= shape[d];
-  }
-  return strides;
-}
-
 // The sum of x[0, n) in eight interleaved partial sums (which the compiler vectorizes),
 // added in a fixed order at the end.
 template <class T>

@@ -1,10 +1,12 @@
 #pragma once
-// Helpers shared by CPU kernels: dtype dispatch and a parallel loop that only spawns
-// threads when the work is big enough to pay for them.
+// Helpers shared by CPU kernels: dtype dispatch, a parallel loop that only spawns
+// threads when the work is big enough to pay for them, and a shape's row-major strides.
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace ham::cpu {
 
@@ -39,6 +41,13 @@ void parallel_for(int64_t n, int64_t cost_per_item, Body&& body) {
   bool parallel = n > 1 && n * cost_per_item >= kParallelGrain;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Row-major strides (in elements) of a contiguous tensor of `shape`.
+inline std::vector<int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t k = shape.size(); k-- > 1;) strides[k - 1] = strides[k] * shape[k];
+  return strides;
 }
 
 }  // namespace ham::cpu

@@ -29,12 +29,6 @@ int64_t product(const Shape& shape, size_t begin, size_t end) {
   return n;
 }
 
-std::vector<int64_t> contiguous_strides(const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t k = shape.size(); k-- > 1;) strides[k - 1] = strides[k] * shape[k];
-  return strides;
-}
-
 void copy_bytes(void* dst, const void* src, size_t n) {
   if (n) std::memcpy(dst, src, n);
 }
