@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/address_sanitizer.h"
+#include "core/address_sanitizer.h"
 
 namespace ham::cuda {
 

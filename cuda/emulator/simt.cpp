@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/address_sanitizer.h"
+#include "core/address_sanitizer.h"
 #include "cuda/emulator/racecheck.h"
 
 #if !defined(__x86_64__)

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/address_sanitizer.h"
+#include "core/address_sanitizer.h"
 #include "cuda/caching_allocator.h"
 #include "tests/error_testing.h"
 

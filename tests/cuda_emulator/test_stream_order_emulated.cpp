@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "cuda/address_sanitizer.h"
+#include "core/address_sanitizer.h"
 #include "cuda/check.h"
 #include "cuda/launch.h"
 #include "cuda/stream.h"

@@ -1,9 +1,9 @@
 #pragma once
 // HAM_ADDRESS_SANITIZER is 1 where this code is compiled with AddressSanitizer
 // (-DHAM_SANITIZE=address: scripts/sanitize.sh), which then includes its interface for the
-// two places that tell it what it cannot see for itself: the SIMT emulator's fiber stacks
-// (cuda/emulator/simt.cpp) and the caching allocator's unowned bytes on the emulator's
-// device (cuda/caching_allocator.cpp).
+// places that tell it what it cannot see for itself: the SIMT emulator's fiber stacks
+// (cuda/emulator/simt.cpp), the caching allocator's unowned bytes on the emulator's device
+// (cuda/caching_allocator.cpp) and the CPU pool's cached blocks (core/cpu_memory_pool.cpp).
 #if defined(__SANITIZE_ADDRESS__)
 #define HAM_ADDRESS_SANITIZER 1
 #elif defined(__has_feature)
