@@ -1,11 +1,10 @@
 #include "core/device.h"
 
 #include <array>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
 
+#include "core/cpu_memory_pool.h"
 #include "core/error.h"
 
 namespace ham {
@@ -30,23 +29,24 @@ Device Device::parse(const std::string& text) {
 
 namespace {
 
-// 64-byte alignment keeps rows friendly to AVX-512 loads.
+// Host memory from the CPU pool (core/cpu_memory_pool.h): 64-byte aligned blocks, which keeps
+// rows friendly to AVX-512 loads.
 class CpuBackend final : public DeviceBackend {
  public:
-  void* allocate(size_t nbytes, Device) override {
-    if (nbytes == 0) return nullptr;
-    size_t rounded = (nbytes + 63) / 64 * 64;
-    void* ptr = std::aligned_alloc(64, rounded);
-    if (!ptr) HAM_FAIL("cpu: out of memory allocating ", nbytes, " bytes");
-    return ptr;
-  }
-  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+  void* allocate(size_t nbytes, Device) override { return cpu_memory_pool().allocate(nbytes); }
+  void deallocate(void* ptr, size_t, Device) override { cpu_memory_pool().free(ptr); }
   void copy_from_host(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
   void copy_within(void* dst, const void* src, size_t n, Device) override { copy(dst, src, n); }
   void memset_zero(void* dst, size_t n, Device) override {
     if (n) std::memset(dst, 0, n);
   }
+  DeviceMemoryStats memory_stats(Device) override {
+    CpuMemoryStats pool = cpu_memory_pool().stats();
+    return {pool.allocated_bytes, pool.peak_allocated_bytes,
+            pool.allocated_bytes + pool.cached_bytes};
+  }
+  void reset_peak_memory(Device) override { cpu_memory_pool().reset_peaks(); }
 
  private:
   static void copy(void* dst, const void* src, size_t n) {
@@ -93,5 +93,11 @@ DeviceBackend& device_backend(Device device) {
   }
   return *backend;
 }
+
+DeviceMemoryStats device_memory_stats(Device device) {
+  return device_backend(device).memory_stats(device);
+}
+
+void reset_peak_device_memory(Device device) { device_backend(device).reset_peak_memory(device); }
 
 }  // namespace ham

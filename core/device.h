@@ -23,6 +23,14 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
+// A device's memory as its pool sees it: the bytes in blocks tensors hold (rounded block
+// sizes), their peak since the last reset, and the bytes the pool keeps (held and cached).
+struct DeviceMemoryStats {
+  size_t allocated_bytes = 0;
+  size_t peak_allocated_bytes = 0;
+  size_t reserved_bytes = 0;
+};
+
 // Raw memory operations of one device kind.
 class DeviceBackend {
  public:
@@ -33,16 +41,21 @@ class DeviceBackend {
   virtual void copy_to_host(void* dst, const void* src, size_t nbytes, Device device) = 0;
   virtual void copy_within(void* dst, const void* src, size_t nbytes, Device device) = 0;
   virtual void memset_zero(void* dst, size_t nbytes, Device device) = 0;
+  virtual DeviceMemoryStats memory_stats(Device device) = 0;
+  virtual void reset_peak_memory(Device device) = 0;  // the peak becomes what is held now
 };
 
 void register_device_backend(DeviceKind kind, DeviceBackend* backend);
 // Throws a one-line error when the kind has no backend (e.g. CUDA in a CPU-only build).
 DeviceBackend& device_backend(Device device);
 bool has_device_backend(DeviceKind kind);
+DeviceMemoryStats device_memory_stats(Device device);
+void reset_peak_device_memory(Device device);
 
 // Device emulation, for testing device plumbing without the hardware: `kind` gets a
-// host-memory backend, and every op without a kernel for `kind` runs its CPU kernel. Code
-// that mixes devices, or reads device memory without a copy, still fails as on the device.
+// host-memory backend (the CPU's pool, whose statistics it shares), and every op without a
+// kernel for `kind` runs its CPU kernel. Code that mixes devices, or reads device memory
+// without a copy, still fails as on the device.
 // An error when `kind` already has a real backend (this build links the CUDA backend).
 void emulate_device_on_cpu(DeviceKind kind);
 bool is_emulated_on_cpu(DeviceKind kind);

@@ -141,6 +141,11 @@ class CudaBackend final : public DeviceBackend {
     HAM_CUDA_CHECK_CTX(cudaMemsetAsync(dst, 0, n, current_stream(device.index)), "zeroing ", n,
                        " bytes on ", device.str());
   }
+  DeviceMemoryStats memory_stats(Device device) override {
+    AllocatorStats pool = device_allocator(device.index).stats();
+    return {pool.allocated_bytes, pool.peak_allocated_bytes, pool.reserved_bytes};
+  }
+  void reset_peak_memory(Device device) override { device_allocator(device.index).reset_peaks(); }
 
  private:
   static void copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, Device device,
