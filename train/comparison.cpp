@@ -307,6 +307,7 @@ std::string markdown_table(const CompareResult& result) {
   }
   for (const NiahResult& n : first.niah) header.push_back(fmt::format("NIAH {} T={}", n.task, n.context_tokens));
   for (const ChoiceResult& c : first.choices) header.push_back(fmt::format("{} acc / acc_norm", c.name));
+  header.push_back("peak memory (MiB)");
   header.push_back("train time (s)");
 
   std::string md = "|";
@@ -327,6 +328,7 @@ std::string markdown_table(const CompareResult& result) {
     for (const ChoiceResult& c : r.eval.choices) {
       row.push_back(format_metric(c.acc) + " / " + format_metric(c.acc_norm));
     }
+    row.push_back(fmt::format("{:.1f}", double(r.train.peak_memory_bytes) / 1048576.0));
     row.push_back(fmt::format("{:.0f}", r.train_seconds));
     md += "|";
     for (const std::string& cell : row) md += " " + cell + " |";
@@ -430,7 +432,8 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     result.total_seconds);
   md += markdown_table(result);
   md += "\nKV fraction: HAM's measured selected-token fraction in evaluation (mean over layers); "
-        "for other families the share of layers that keep a full KV cache.\n\n";
+        "for other families the share of layers that keep a full KV cache. Peak memory: the most "
+        "tensor memory held on the training device during training.\n\n";
   md += "![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
   write_plot(loss_curves(result), (fs::path(out_dir) / "loss_curves.png").string());
   write_plot(kv_tradeoff(result), (fs::path(out_dir) / "kv_tradeoff.png").string());
@@ -444,6 +447,7 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     {"parameters", r.parameters},
                     {"kv_fraction", std::isfinite(r.mean_kv_fraction) ? nlohmann::json(r.mean_kv_fraction) : nlohmann::json()},
                     {"train_seconds", r.train_seconds},
+                    {"peak_memory_bytes", r.train.peak_memory_bytes},
                     {"final_train_loss", final_train_loss(r.train)},
                     {"step_losses", r.train.step_losses},
                     {"weights", r.weights_dir},

@@ -534,6 +534,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   int64_t window_steps = 0;
   int64_t window_tokens = 0;
   auto window_start = std::chrono::steady_clock::now();
+  // Each progress line shows the peak of tensor memory on the device since the line before.
+  reset_peak_device_memory(device);
 
   // The op profile's steps: N of them, after the first where the run has more than N.
   const int64_t profile_first =
@@ -698,8 +700,16 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                                                                   double(opt.seq_len), mean_kv));
       std::string throughput = fmt::format("{:.0f} tok/s | {:.1f} GFLOP/s", tokens_per_second, gflops);
       throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / peak_gflops);
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {}{} | eta {:.0f}s\n",
-                         step + 1, opt.steps, mean_loss, lr, grad_norm, throughput, kv, eta);
+      // The largest rank's, where ranks differ (rank 0 also holds the gathered checkpoint).
+      double peak_memory = double(device_memory_stats(device).peak_allocated_bytes);
+      if (sharded_run) peak_memory = world->all_reduce_scalar(peak_memory, dist::ReduceOp::Max);
+      reset_peak_device_memory(device);
+      result.peak_memory_bytes = std::max(result.peak_memory_bytes, int64_t(peak_memory));
+      const double peak_memory_mib = peak_memory / 1048576.0;
+      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {}{} | "
+                         "mem {:.1f} MiB | eta {:.0f}s\n",
+                         step + 1, opt.steps, mean_loss, lr, grad_norm, throughput, kv,
+                         peak_memory_mib, eta);
       if (!routing.empty()) {
         std::string line = "           kv fraction by layer:";
         for (const LayerRouting& r : routing) {
@@ -710,7 +720,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       if (metrics) {
         NamedScalars scalars = {{"train/loss", mean_loss}, {"train/lr", lr},
                                 {"train/grad_norm", grad_norm}, {"train/tokens_per_second", tokens_per_second},
-                                {"train/gflops", gflops}};
+                                {"train/gflops", gflops},
+                                {"train/peak_memory_mib", peak_memory_mib}};
         for (const LayerRouting& r : routing) {
           scalars.push_back({fmt::format("routing/kv_fraction/layer_{}", r.layer), r.kv_fraction});
           scalars.push_back({fmt::format("routing/tau/layer_{}", r.layer), r.tau});

@@ -93,6 +93,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   std::vector<double> step_losses;  // training loss of every step run by this call
   std::string last_checkpoint;
+  // The peak of tensor memory on the training device over the steps (blocks held, rounded
+  // sizes; the largest rank's), validation included.
+  int64_t peak_memory_bytes = 0;
 };
 
 // The device `spec` ("cpu", "cuda", "cuda:N") names for a process of local rank

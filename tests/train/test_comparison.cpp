@@ -135,6 +135,8 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
   CompareResult result = run_comparison(spec, out, log);
   ASSERT_EQ(result.runs.size(), 3u);
   EXPECT_EQ(result.runs[0].train.step_losses, result.runs[1].train.step_losses);
+  EXPECT_EQ(result.runs[0].train.peak_memory_bytes, result.runs[1].train.peak_memory_bytes);
+  EXPECT_GE(result.runs[0].train.peak_memory_bytes, 4 * 4 * result.runs[0].parameters);
   EXPECT_EQ(result.runs[0].mean_kv_fraction, 0.0);
   EXPECT_GT(result.runs[2].mean_kv_fraction, 0.0);
   ASSERT_EQ(result.runs[2].eval.mqar.size(), 1u);
@@ -142,7 +144,8 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
 
   if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (scripts/install_deps.sh)";
   std::string md = write_comparison_report(spec, result, out);
-  for (const char* row : {"| a | gdn |", "| b | gdn |", "| ham | ham |", "MQAR T=32 acc"}) {
+  for (const char* row :
+       {"| a | gdn |", "| b | gdn |", "| ham | ham |", "MQAR T=32 acc", "peak memory (MiB)"}) {
     EXPECT_NE(md.find(row), std::string::npos) << row << " not in:\n" << md;
   }
   EXPECT_TRUE(is_png_file(out + "/loss_curves.png"));
@@ -151,6 +154,7 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
   nlohmann::json report = nlohmann::json::parse(json_file);
   EXPECT_EQ(report["runs"].size(), 3u);
   EXPECT_EQ(report["runs"][2]["eval"]["mqar"][0]["seq_len"], 32);
+  EXPECT_EQ(report["runs"][2]["peak_memory_bytes"], result.runs[2].train.peak_memory_bytes);
   EXPECT_TRUE(fs::exists(out + "/runs/ham/weights/model.safetensors"));
   fs::remove_all(out);
 }

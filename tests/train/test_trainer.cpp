@@ -44,6 +44,10 @@ TEST(Trainer, LossFallsOnTheEmbeddedCorpus) {
   EXPECT_LT(r.final_loss, 0.8 * r.first_loss) << log.str();
   EXPECT_LT(r.final_val_loss, r.initial_val_loss) << log.str();
   EXPECT_NE(log.str().find("tok/s"), std::string::npos);
+  // Parameters, gradients and AdamW's two moments are held at once: four f32 copies at least.
+  EXPECT_GE(r.peak_memory_bytes, 4 * 4 * model.num_parameters());
+  EXPECT_LT(r.peak_memory_bytes, 64 * 4 * model.num_parameters());
+  EXPECT_NE(log.str().find(" MiB | eta"), std::string::npos) << log.str();
 }
 
 TEST(Trainer, NonFiniteGradientStopsAndNamesTheParameter) {
