@@ -155,7 +155,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
     out << fmt::format(", validation loss {:.4f} -> {:.4f}", r.initial_val_loss,
                              r.final_val_loss);
   }
-  out << fmt::format(", peak tensor memory {:.1f} MiB\n", double(r.peak_memory_bytes) / 1048576.0);
+  out << fmt::format(", peak memory {:.1f} MiB\n", double(r.peak_memory_bytes) / 1048576.0);
   if (!args.export_dir.empty() && world->rank() == 0) {
     export_trained_model(args.export_dir, *model);
     out << "weights exported to " << args.export_dir << " (model.safetensors, config.json)\n";
