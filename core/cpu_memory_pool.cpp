@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -92,9 +93,8 @@ void* CpuMemoryPool::allocate(size_t nbytes) {
   stats_.allocated_bytes += size;
   stats_.requested_bytes += nbytes;
   stats_.active_blocks += 1;
-  if (stats_.allocated_bytes > stats_.peak_allocated_bytes) {
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
-  }
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
   return block;
 }
 
@@ -133,6 +133,7 @@ CpuMemoryStats CpuMemoryPool::stats() const {
 void CpuMemoryPool::reset_peaks() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_requested_bytes = stats_.requested_bytes;
 }
 
 size_t CpuMemoryPool::block_size(void* ptr) const {

@@ -27,6 +27,7 @@ struct CpuMemoryStats {
   size_t requested_bytes = 0;       // as asked for
   size_t cached_bytes = 0;          // in free blocks the pool keeps
   size_t peak_allocated_bytes = 0;  // since construction or reset_peaks()
+  size_t peak_requested_bytes = 0;  // the same, as asked for (independent of the cache's state)
   size_t active_blocks = 0;
   size_t cached_blocks = 0;
   size_t system_allocations = 0;    // blocks ever taken from the system

@@ -43,7 +43,7 @@ class CpuBackend final : public DeviceBackend {
   }
   DeviceMemoryStats memory_stats(Device) override {
     CpuMemoryStats pool = cpu_memory_pool().stats();
-    return {pool.allocated_bytes, pool.peak_allocated_bytes,
+    return {pool.requested_bytes, pool.peak_requested_bytes, pool.allocated_bytes,
             pool.allocated_bytes + pool.cached_bytes};
   }
   void reset_peak_memory(Device) override { cpu_memory_pool().reset_peaks(); }

@@ -23,11 +23,14 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-// A device's memory as its pool sees it: the bytes in blocks tensors hold (rounded block
-// sizes), their peak since the last reset, and the bytes the pool keeps (held and cached).
+// A device's memory as its pool sees it. The bytes its blocks' holders asked for (tensors,
+// and on a GPU cuBLASLt's workspace) and their peak since the last reset, which depend only
+// on the program's requests; the bytes in the blocks they hold, which the pool's rounding and
+// cache raise; and the bytes the pool keeps, held and cached.
 struct DeviceMemoryStats {
+  size_t requested_bytes = 0;
+  size_t peak_requested_bytes = 0;
   size_t allocated_bytes = 0;
-  size_t peak_allocated_bytes = 0;
   size_t reserved_bytes = 0;
 };
 
@@ -42,7 +45,7 @@ class DeviceBackend {
   virtual void copy_within(void* dst, const void* src, size_t nbytes, Device device) = 0;
   virtual void memset_zero(void* dst, size_t nbytes, Device device) = 0;
   virtual DeviceMemoryStats memory_stats(Device device) = 0;
-  virtual void reset_peak_memory(Device device) = 0;  // the peak becomes what is held now
+  virtual void reset_peak_memory(Device device) = 0;  // the peak becomes what is asked for now
 };
 
 void register_device_backend(DeviceKind kind, DeviceBackend* backend);

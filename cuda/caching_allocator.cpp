@@ -135,6 +135,7 @@ void* CachingAllocator::allocate(size_t nbytes, StreamKey stream) {
   stats_.allocated_bytes += block->size;
   stats_.requested_bytes += nbytes;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
   ++stats_.active_blocks;
   return block->ptr;
 }
@@ -205,6 +206,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 

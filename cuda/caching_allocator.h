@@ -62,6 +62,7 @@ struct AllocatorStats {
   size_t requested_bytes = 0;       // as asked for
   size_t reserved_bytes = 0;        // in segments taken from the device
   size_t peak_allocated_bytes = 0;  // since construction or reset_peaks()
+  size_t peak_requested_bytes = 0;  // the same, as asked for (independent of the cache's state)
   size_t peak_reserved_bytes = 0;
   size_t active_blocks = 0;
   size_t segments = 0;

@@ -143,7 +143,8 @@ class CudaBackend final : public DeviceBackend {
   }
   DeviceMemoryStats memory_stats(Device device) override {
     AllocatorStats pool = device_allocator(device.index).stats();
-    return {pool.allocated_bytes, pool.peak_allocated_bytes, pool.reserved_bytes};
+    return {pool.requested_bytes, pool.peak_requested_bytes, pool.allocated_bytes,
+            pool.reserved_bytes};
   }
   void reset_peak_memory(Device device) override { device_allocator(device.index).reset_peaks(); }
 

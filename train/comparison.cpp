@@ -433,8 +433,8 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
   md += markdown_table(result);
   md += "\nKV fraction: HAM's measured selected-token fraction in evaluation (mean over layers); "
         "for other families the share of layers that keep a full KV cache. Peak memory: the most "
-        "memory held in the training device's pool during training (tensors; on a GPU also "
-        "cuBLASLt's workspace).\n\n";
+        "memory asked of the training device's pool at once during training (tensors; on a "
+        "GPU also cuBLASLt's workspace).\n\n";
   md += "![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
   write_plot(loss_curves(result), (fs::path(out_dir) / "loss_curves.png").string());
   write_plot(kv_tradeoff(result), (fs::path(out_dir) / "kv_tradeoff.png").string());

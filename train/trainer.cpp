@@ -534,7 +534,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   int64_t window_steps = 0;
   int64_t window_tokens = 0;
   auto window_start = std::chrono::steady_clock::now();
-  // Each progress line shows the peak of tensor memory on the device since the line before.
+  // Each progress line shows the peak of memory asked of the device since the line before.
   reset_peak_device_memory(device);
 
   // The op profile's steps: N of them, after the first where the run has more than N.
@@ -701,7 +701,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       std::string throughput = fmt::format("{:.0f} tok/s | {:.1f} GFLOP/s", tokens_per_second, gflops);
       throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / peak_gflops);
       // The largest rank's, where ranks differ (rank 0 also holds the gathered checkpoint).
-      double peak_memory = double(device_memory_stats(device).peak_allocated_bytes);
+      double peak_memory = double(device_memory_stats(device).peak_requested_bytes);
       if (sharded_run) peak_memory = world->all_reduce_scalar(peak_memory, dist::ReduceOp::Max);
       reset_peak_device_memory(device);
       result.peak_memory_bytes = std::max(result.peak_memory_bytes, int64_t(peak_memory));

@@ -93,8 +93,8 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   std::vector<double> step_losses;  // training loss of every step run by this call
   std::string last_checkpoint;
-  // The peak of memory held in the training device's pool over the steps (tensors, and on a
-  // GPU cuBLASLt's workspace; rounded block sizes; the largest rank's), validation included.
+  // The peak of the bytes asked of the training device's pool over the steps (tensors, and
+  // on a GPU cuBLASLt's workspace; the largest rank's), validation included.
   int64_t peak_memory_bytes = 0;
 };
 

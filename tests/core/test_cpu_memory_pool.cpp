@@ -111,13 +111,18 @@ TEST(CpuMemoryPool, ALimitOfZeroCachesNothing) {
 TEST(CpuMemoryPool, PeakCountsBlocksHeldUntilReset) {
   CpuMemoryPool pool(64 * MiB);
   void* a = pool.allocate(MiB);
-  void* b = pool.allocate(2 * MiB);
+  void* b = pool.allocate(2 * MiB - 100);
   pool.free(b);
   EXPECT_EQ(pool.stats().peak_allocated_bytes, 3 * MiB);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, 3 * MiB - 100);
   pool.reset_peaks();
   EXPECT_EQ(pool.stats().peak_allocated_bytes, MiB);
-  void* c = pool.allocate(64);
-  EXPECT_EQ(pool.stats().peak_allocated_bytes, MiB + 64);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, MiB);
+  // The 2 MiB block, cached, serves a smaller request: the blocks' peak counts all of it,
+  // the requests' peak only what was asked.
+  void* c = pool.allocate(2 * MiB - 200 * KiB);
+  EXPECT_EQ(pool.stats().peak_allocated_bytes, 3 * MiB);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, 3 * MiB - 200 * KiB);
   pool.free(a);
   pool.free(c);
 }
@@ -177,7 +182,7 @@ TEST(CpuMemoryPool, TensorsOnTheCpuDrawFromIt) {
   const Device cpu = Device::cpu();
   reset_peak_device_memory(cpu);
   DeviceMemoryStats before = device_memory_stats(cpu);
-  EXPECT_EQ(before.peak_allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(before.peak_requested_bytes, before.requested_bytes);
   const size_t rounded = CpuMemoryPool::round_request(4000000);
   size_t block = 0;
   {
@@ -186,12 +191,14 @@ TEST(CpuMemoryPool, TensorsOnTheCpuDrawFromIt) {
     EXPECT_GE(block, rounded);  // a cached block may be up to 1/8 larger
     EXPECT_LE(block, rounded + rounded / 8);
     DeviceMemoryStats during = device_memory_stats(cpu);
+    EXPECT_EQ(during.requested_bytes, before.requested_bytes + 4000000);
     EXPECT_EQ(during.allocated_bytes, before.allocated_bytes + block);
     EXPECT_GE(during.reserved_bytes, during.allocated_bytes);
   }
   DeviceMemoryStats after = device_memory_stats(cpu);
   EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
-  EXPECT_EQ(after.peak_allocated_bytes, before.allocated_bytes + block);
+  EXPECT_EQ(after.requested_bytes, before.requested_bytes);
+  EXPECT_EQ(after.peak_requested_bytes, before.requested_bytes + 4000000);
 }
 
 }  // namespace

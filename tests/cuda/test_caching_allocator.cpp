@@ -192,12 +192,14 @@ TEST(CudaCachingAllocator, PeaksTrackTheHighWaterMarkUntilReset) {
   FakeDevice device(64 * MiB);
   CachingAllocator pool(device, "cuda:0");
   void* a = pool.allocate(3 * MiB, 0);
-  void* b = pool.allocate(5 * MiB, 0);
+  void* b = pool.allocate(5 * MiB - 100, 0);
   pool.free(b);
   EXPECT_EQ(pool.stats().peak_allocated_bytes, 8 * MiB);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, 8 * MiB - 100);
   EXPECT_EQ(pool.stats().allocated_bytes, 3 * MiB);
   pool.reset_peaks();
   EXPECT_EQ(pool.stats().peak_allocated_bytes, 3 * MiB);
+  EXPECT_EQ(pool.stats().peak_requested_bytes, 3 * MiB);
   pool.free(a);
 }
 
