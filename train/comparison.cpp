@@ -276,8 +276,9 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       summary += fmt::format(" | {} {:.3f}", recall->first, recall->second);
     }
     if (r.eval.perplexity) summary += fmt::format(" | ppl {:.3f}", r.eval.perplexity->perplexity);
-    log << fmt::format("[{}/{}] {}: {} | KV fraction {:.3f} | {:.0f} s\n", i + 1, runs.size(),
-                       run.name, summary, r.mean_kv_fraction, r.train_seconds);
+    log << fmt::format("[{}/{}] {}: {} | KV fraction {:.3f} | peak memory {:.1f} MiB | {:.0f} s\n",
+                       i + 1, runs.size(), run.name, summary, r.mean_kv_fraction,
+                       double(r.train.peak_memory_bytes) / 1048576.0, r.train_seconds);
     log.flush();
     result.runs.push_back(std::move(r));
   }

@@ -137,6 +137,7 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
   EXPECT_EQ(result.runs[0].train.step_losses, result.runs[1].train.step_losses);
   EXPECT_EQ(result.runs[0].train.peak_memory_bytes, result.runs[1].train.peak_memory_bytes);
   EXPECT_GE(result.runs[0].train.peak_memory_bytes, 4 * 4 * result.runs[0].parameters);
+  EXPECT_NE(log.str().find("| peak memory "), std::string::npos) << log.str();
   EXPECT_EQ(result.runs[0].mean_kv_fraction, 0.0);
   EXPECT_GT(result.runs[2].mean_kv_fraction, 0.0);
   ASSERT_EQ(result.runs[2].eval.mqar.size(), 1u);
