@@ -700,7 +700,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                                                                   double(opt.seq_len), mean_kv));
       std::string throughput = fmt::format("{:.0f} tok/s | {:.1f} GFLOP/s", tokens_per_second, gflops);
       throughput += fmt::format(" | mfu {:.1f}%", 100.0 * gflops / peak_gflops);
-      // The largest rank's, where ranks differ (rank 0 also holds the gathered checkpoint).
+      // Under sharding, the largest rank's.
       double peak_memory = double(device_memory_stats(device).peak_requested_bytes);
       if (sharded_run) peak_memory = world->all_reduce_scalar(peak_memory, dist::ReduceOp::Max);
       reset_peak_device_memory(device);
