@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/address_sanitizer.h"
 #include "core/device.h"
 #include "core/tensor.h"
 #include "tests/error_testing.h"
@@ -165,6 +166,28 @@ TEST(CpuMemoryPool, ThreadsShareItSafely) {
   EXPECT_LE(stats.cached_bytes, 4 * MiB);
   EXPECT_EQ(stats.cache_hits + stats.system_allocations, 4u * 2000u);
   EXPECT_GT(stats.cache_hits, 0u);
+}
+
+// Under AddressSanitizer a cached block is poisoned, so a read of a freed tensor is still
+// reported, and handed out again whole.
+TEST(CpuMemoryPool, CachedBlocksArePoisonedUnderAddressSanitizer) {
+#if HAM_ADDRESS_SANITIZER
+  CpuMemoryPool pool(MiB);
+  char* block = static_cast<char*>(pool.allocate(4 * KiB));
+  EXPECT_FALSE(__asan_address_is_poisoned(block));
+  pool.free(block);
+  EXPECT_TRUE(__asan_address_is_poisoned(block));
+  EXPECT_TRUE(__asan_address_is_poisoned(block + 4 * KiB - 1));
+  char* again = static_cast<char*>(pool.allocate(4 * KiB));
+  ASSERT_EQ(again, block);
+  EXPECT_FALSE(__asan_address_is_poisoned(again));
+  EXPECT_FALSE(__asan_address_is_poisoned(again + 4 * KiB - 1));
+  pool.free(again);
+  pool.empty_cache();
+  EXPECT_EQ(cpu_memory_pool().stats().max_cached_bytes, 0u) << "the global pool caches nothing";
+#else
+  GTEST_SKIP() << "built without AddressSanitizer (scripts/sanitize.sh builds with it)";
+#endif
 }
 
 TEST(CpuMemoryPool, CacheLimitFromTheEnvironment) {
