@@ -5,12 +5,14 @@
 //   gather      each row's selected keys and scaled values v' = p v are copied into
 //               contiguous [B, Hkv, N, D] buffers (N = most keys in any row), so a query
 //               reads its visible keys as one contiguous block of rows.
-//   forward     parallel over (b, query head, block of queries); per query a two-pass
-//               softmax over exactly its visible keys (Eigen matrix-vector products).
-//   backward    parallel over (b, query head); each task accumulates the dk, dv' of its
-//               head in its own buffer, then one pass sums the heads of each kv group in a
-//               fixed order (deterministic), applies the value scaling and scatters to the
-//               original positions.
+//   forward     parallel over (b, query head, tile of 64 queries). A tile is cut into
+//               segments, one document's queries each; a segment's scores against the keys
+//               its queries see are one matrix product, masked past each query's last key,
+//               then a two-pass softmax per row and a second product for the output.
+//   backward    parallel over (b, query head); per segment five matrix products give dq and
+//               this head's dk, dv', accumulated in the task's own buffer. Then one pass
+//               sums the heads of each kv group in a fixed order (deterministic), applies the
+//               value scaling and scatters to the original positions.
 #include "core/ops/routed_attention.h"
 
 #include <Eigen/Core>
@@ -41,8 +43,10 @@ using VectorMap = Eigen::Map<Vector<T>>;
 template <class T>
 using ConstVectorMap = Eigen::Map<const Vector<T>>;
 
-std::atomic<int64_t> g_forward_score_count{0};
-std::atomic<int64_t> g_backward_score_count{0};
+std::atomic<int64_t> g_forward_visible_scores{0}, g_forward_computed_scores{0};
+std::atomic<int64_t> g_backward_visible_scores{0}, g_backward_computed_scores{0};
+
+constexpr int64_t kQueryTile = ops::kRoutedAttentionCpuQueryTile;
 
 // Sizes shared by the forward and backward kernels.
 struct Dims {
@@ -114,6 +118,52 @@ struct KeyValueBlock {
         values(kv.values.data() + d.compact_row(b, g) * d.value_dim, d.max_keys, d.value_dim) {}
 };
 
+template <class T>
+using StridedMatrixMap = Eigen::Map<RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using ConstStridedMatrixMap = Eigen::Map<const RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
+
+// Consecutive queries [first, last) of one query tile that share the start `lo` of their
+// visible key range: one document's queries (an empty document's may join the next
+// one's). Query t sees compacted keys [lo, visible_end[t]), all inside [lo, lo + width).
+struct QuerySegment {
+  int64_t first, last, lo, width;
+};
+
+// Calls fn(segment) for the segments of queries [t_first, t_last) of one batch row, whose
+// visible ranges are visible_begin/visible_end (already offset to the row).
+template <class Fn>
+void for_each_query_segment(const int64_t* visible_begin, const int64_t* visible_end,
+                            int64_t t_first, int64_t t_last, Fn&& fn) {
+  for (int64_t first = t_first; first < t_last;) {
+    const int64_t lo = visible_begin[first];
+    int64_t last = first, hi = lo;
+    while (last < t_last && visible_begin[last] == lo) hi = std::max(hi, visible_end[last++]);
+    fn(QuerySegment{first, last, lo, hi - lo});
+    first = last;
+  }
+}
+
+// Scores the kernels evaluated: `visible` enter a softmax (one per query, visible key and
+// head); `computed` also counts the masked ones of a segment's rectangular product.
+struct ScoreTally {
+  std::atomic<int64_t> visible{0}, computed{0};
+};
+
+// Rows [first, first + rows) of head h of a [B, T, H, D] tensor, as a strided matrix.
+template <class T>
+StridedMatrixMap<T> head_rows(T* data, const Dims& d, int64_t b, int64_t h, int64_t first,
+                              int64_t rows, int64_t heads, int64_t dim) {
+  const int64_t offset = ((b * d.seq_len + first) * heads + h) * dim;
+  return StridedMatrixMap<T>(data + offset, rows, dim, Eigen::OuterStride<>(heads * dim));
+}
+template <class T>
+ConstStridedMatrixMap<T> head_rows(const T* data, const Dims& d, int64_t b, int64_t h,
+                                   int64_t first, int64_t rows, int64_t heads, int64_t dim) {
+  const int64_t offset = ((b * d.seq_len + first) * heads + h) * dim;
+  return ConstStridedMatrixMap<T>(data + offset, rows, dim, Eigen::OuterStride<>(heads * dim));
+}
+
 // What the forward reads and writes, as raw row-major pointers.
 template <class T>
 struct ForwardBuffers {
@@ -124,88 +174,118 @@ struct ForwardBuffers {
   T scale;
 };
 
-constexpr int64_t kQueryBlock = 64;  // queries per forward task
-
-// Forward of queries [t_first, t_last) of batch row b, query head h. Per query, over its
-// visible compacted keys [lo, lo + n):
-//   s_i = scale <q_t, k_i>,  e_i = exp(s_i - max s),  o_t = sum e_i v'_i / sum e_i,
-//   lse_t = max s + log sum e_i.
-// Returns the number of scores evaluated.
+// Forward of one segment of batch row b, query head h. With Q the segment's queries
+// [m, Dk] and K, V' its keys and scaled values [lo, lo + width):
+//   S = scale Q K^T  (one product; entries past a query's visible end are masked)
+//   row t over its visible keys:  e_i = exp(s_i - max s),  lse_t = max s + log sum e_i
+//   O = diag(1 / sum e) E V'  (a second product); rows with no visible key: o = 0, lse = -inf.
+// `scores` is scratch of at least [m, width].
 template <class T>
-int64_t forward_query_block(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBlock<T>& kv,
-                            int64_t b, int64_t h, int64_t t_first, int64_t t_last) {
-  Vector<T> scores(d.max_keys);
-  int64_t scores_evaluated = 0;
-  for (int64_t t = t_first; t < t_last; ++t) {
-    const int64_t row = d.q_row(b, t, h);
-    const int64_t lo = f.visible_begin[b * d.seq_len + t];
-    const int64_t n = f.visible_end[b * d.seq_len + t] - lo;
-    VectorMap<T> o(f.out + row * d.value_dim, d.value_dim);
-    if (n == 0) {  // no visible key: o = 0 by definition, lse = log(0)
-      o.setZero();
-      f.lse[row] = -std::numeric_limits<T>::infinity();
+void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBlock<T>& kv,
+                     int64_t b, int64_t h, const QuerySegment& s, RowMajorMatrix<T>& scores,
+                     ScoreTally& tally) {
+  const int64_t m = s.last - s.first;
+  auto o = head_rows(f.out, d, b, h, s.first, m, d.q_heads, d.value_dim);
+  T* lse = f.lse + d.q_row(b, s.first, h);  // stride q_heads
+  if (s.width == 0) {
+    o.setZero();
+    for (int64_t r = 0; r < m; ++r) lse[r * d.q_heads] = -std::numeric_limits<T>::infinity();
+    return;
+  }
+  const int64_t* end = f.visible_end + b * d.seq_len + s.first;
+  auto e = scores.topLeftCorner(m, s.width);
+  e.noalias() = head_rows(f.q, d, b, h, s.first, m, d.q_heads, d.key_dim) *
+                kv.keys.middleRows(s.lo, s.width).transpose();
+  Vector<T> inverse_sum(m);
+  int64_t visible = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t n = end[r] - s.lo;
+    visible += n;
+    auto row = e.row(r);
+    row.tail(s.width - n).setZero();
+    if (n == 0) {
+      inverse_sum[r] = T(0);
+      lse[r * d.q_heads] = -std::numeric_limits<T>::infinity();
       continue;
     }
-    ConstVectorMap<T> q_t(f.q + row * d.key_dim, d.key_dim);
-    auto s = scores.head(n);
-    s.noalias() = kv.keys.middleRows(lo, n) * q_t;
-    s *= f.scale;
-    const T s_max = s.maxCoeff();
-    s = (s.array() - s_max).exp();
-    const T sum = s.sum();
-    o.noalias() = kv.values.middleRows(lo, n).transpose() * s;
-    o /= sum;
-    f.lse[row] = s_max + std::log(sum);
-    scores_evaluated += n;
+    auto head = row.head(n);
+    head *= f.scale;
+    const T s_max = head.maxCoeff();
+    head = (head.array() - s_max).exp();
+    const T sum = head.sum();
+    inverse_sum[r] = T(1) / sum;
+    lse[r * d.q_heads] = s_max + std::log(sum);
   }
-  return scores_evaluated;
+  o.noalias() = e * kv.values.middleRows(s.lo, s.width);
+  o.array().colwise() *= inverse_sum.array();
+  for (int64_t r = 0; r < m; ++r) {
+    if (end[r] == s.lo) o.row(r).setZero();  // exactly 0, even next to non-finite values
+  }
+  tally.visible += visible;
+  tally.computed += m * s.width;
 }
 
 // What the backward reads and writes, as raw row-major pointers.
 template <class T>
 struct BackwardBuffers {
-  const T *q, *dout, *out, *lse;
+  const T *q, *dout, *lse;
   T* dq;
   const int64_t *visible_begin, *visible_end;
   T scale;
 };
 
-// Backward of every query of batch row b, query head h. Writes dq_t and accumulates this
-// head's share of dk and dv' into head_dk [N, Dk] and head_dv [N, Dv] (compacted rows):
-//   P_i = exp(scale <q_t, k_i> - lse_t),   dS_i = P_i (<dO_t, v'_i> - D_t),  D_t = <dO_t, o_t>
-//   dq_t = scale sum_i dS_i k_i,   dk_i += scale dS_i q_t,   dv'_i += P_i dO_t
-// Returns the number of scores evaluated.
+// Backward of one segment of batch row b, query head h (Q, dO its rows; K, V' its keys):
+//   P  = exp(scale Q K^T - lse)  (masked entries 0),   dP = dO V'^T,   D_t = sum_i P_ti dP_ti
+//   dS = P * (dP - D)   (elementwise; masked entries 0)
+// D_t is the sum, not <dO_t, o_t>: equal in exact arithmetic, but the sum is rounded like dP
+// itself. So a query with one visible key gets exactly dS = 0, and dq, dk exactly 0 (their
+// true value), not rounding noise: its scaled score is recomputed bit for bit as the forward
+// rounded it, lse equals it, and P = exp(0) = 1.
+//   dQ = scale dS K,   head_dk[lo:] += scale dS^T Q,   head_dv[lo:] += P^T dO
+// Five matrix products; head_dk, head_dv [N, D] are this head's compacted rows.
+// `probs` and `dscores` are scratch of at least [m, width].
 template <class T>
-int64_t backward_query_head(const Dims& d, const BackwardBuffers<T>& f, const KeyValueBlock<T>& kv,
-                            int64_t b, int64_t h, MatrixMap<T> head_dk, MatrixMap<T> head_dv) {
-  Vector<T> probs(d.max_keys), dscores(d.max_keys);
-  int64_t scores_evaluated = 0;
-  for (int64_t t = 0; t < d.seq_len; ++t) {
-    const int64_t row = d.q_row(b, t, h);
-    const int64_t lo = f.visible_begin[b * d.seq_len + t];
-    const int64_t n = f.visible_end[b * d.seq_len + t] - lo;
-    VectorMap<T> dq_t(f.dq + row * d.key_dim, d.key_dim);
-    if (n == 0) {  // o_t = 0 whatever q_t is, and no key sees this query
-      dq_t.setZero();
-      continue;
-    }
-    ConstVectorMap<T> q_t(f.q + row * d.key_dim, d.key_dim);
-    ConstVectorMap<T> do_t(f.dout + row * d.value_dim, d.value_dim);
-    ConstVectorMap<T> o_t(f.out + row * d.value_dim, d.value_dim);
-    const T delta = do_t.dot(o_t);
-    auto p = probs.head(n);
-    auto ds = dscores.head(n);
-    p.noalias() = kv.keys.middleRows(lo, n) * q_t;
-    p = (p.array() * f.scale - f.lse[row]).exp();
-    ds.noalias() = kv.values.middleRows(lo, n) * do_t;  // dP_i = <dO_t, v'_i>
-    ds = p.cwiseProduct((ds.array() - delta).matrix());
-    dq_t.noalias() = kv.keys.middleRows(lo, n).transpose() * ds;
-    dq_t *= f.scale;
-    head_dk.middleRows(lo, n).noalias() += (f.scale * ds) * q_t.transpose();
-    head_dv.middleRows(lo, n).noalias() += p * do_t.transpose();
-    scores_evaluated += n;
+void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValueBlock<T>& kv,
+                      int64_t b, int64_t h, const QuerySegment& s, MatrixMap<T> head_dk,
+                      MatrixMap<T> head_dv, RowMajorMatrix<T>& probs, RowMajorMatrix<T>& dscores,
+                      ScoreTally& tally) {
+  const int64_t m = s.last - s.first;
+  auto dq = head_rows(f.dq, d, b, h, s.first, m, d.q_heads, d.key_dim);
+  if (s.width == 0) {  // o = 0 whatever q is, and no key sees these queries
+    dq.setZero();
+    return;
   }
-  return scores_evaluated;
+  const auto q = head_rows(f.q, d, b, h, s.first, m, d.q_heads, d.key_dim);
+  const auto dout = head_rows(f.dout, d, b, h, s.first, m, d.q_heads, d.value_dim);
+  const T* lse = f.lse + d.q_row(b, s.first, h);  // stride q_heads
+  const int64_t* end = f.visible_end + b * d.seq_len + s.first;
+  const auto keys = kv.keys.middleRows(s.lo, s.width);
+  auto p = probs.topLeftCorner(m, s.width);
+  auto ds = dscores.topLeftCorner(m, s.width);
+  p.noalias() = q * keys.transpose();
+  ds.noalias() = dout * kv.values.middleRows(s.lo, s.width).transpose();  // dP
+  int64_t visible = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t n = end[r] - s.lo;
+    visible += n;
+    p.row(r).tail(s.width - n).setZero();
+    ds.row(r).tail(s.width - n).setZero();
+    if (n == 0) continue;
+    auto p_head = p.row(r).head(n);
+    auto ds_head = ds.row(r).head(n);
+    p_head *= f.scale;  // rounded as the forward rounds it (no fused multiply-subtract)
+    p_head = (p_head.array() - lse[r * d.q_heads]).exp();
+    const T delta = p_head.dot(ds_head);
+    ds_head = p_head.cwiseProduct((ds_head.array() - delta).matrix());
+  }
+  dq.noalias() = f.scale * ds * keys;
+  for (int64_t r = 0; r < m; ++r) {
+    if (end[r] == s.lo) dq.row(r).setZero();  // exactly 0, even next to non-finite values
+  }
+  head_dk.middleRows(s.lo, s.width).noalias() += f.scale * ds.transpose() * q;
+  head_dv.middleRows(s.lo, s.width).noalias() += p.transpose() * dout;
+  tally.visible += visible;
+  tally.computed += m * s.width;
 }
 
 // For compacted key j of batch row b (original position i), sums the query heads of each
@@ -287,23 +367,30 @@ void routed_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               selection.visible_begin.data<int64_t>(),
                               selection.visible_end.data<int64_t>(),
                               T(scale)};
-    const int64_t blocks = (d.seq_len + kQueryBlock - 1) / kQueryBlock;
-    const int64_t cost = kQueryBlock * d.max_keys * (d.key_dim + d.value_dim);
-    std::atomic<int64_t> scores_evaluated{0};
-    parallel_for(d.batch * d.q_heads * blocks, cost, [&](int64_t task) {
-      const int64_t b = task / (d.q_heads * blocks), h = task / blocks % d.q_heads;
-      const int64_t t_first = task % blocks * kQueryBlock;
-      const int64_t t_last = std::min(t_first + kQueryBlock, d.seq_len);
+    const int64_t tiles = (d.seq_len + kQueryTile - 1) / kQueryTile;
+    const int64_t cost = kQueryTile * d.max_keys * (d.key_dim + d.value_dim);
+    ScoreTally tally;
+    parallel_for(d.batch * d.q_heads * tiles, cost, [&](int64_t task) {
+      const int64_t b = task / (d.q_heads * tiles), h = task / tiles % d.q_heads;
+      const int64_t t_first = task % tiles * kQueryTile;
+      const int64_t t_last = std::min(t_first + kQueryTile, d.seq_len);
       const KeyValueBlock<T> block(kv, d, b, d.kv_head_of(h));
-      scores_evaluated += forward_query_block(d, f, block, b, h, t_first, t_last);
+      RowMajorMatrix<T> scores(t_last - t_first, d.max_keys);
+      const int64_t row = b * d.seq_len;
+      for_each_query_segment(f.visible_begin + row, f.visible_end + row, t_first, t_last,
+                             [&](const QuerySegment& s) {
+                               forward_segment(d, f, block, b, h, s, scores, tally);
+                             });
     });
-    g_forward_score_count = scores_evaluated.load();
+    g_forward_visible_scores = tally.visible.load();
+    g_forward_computed_scores = tally.computed.load();
   });
 }
 
+// `out` is not read: D_t comes from P and dP (see backward_segment).
 void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& value_scale,
-                               const CompactSelection& selection, const Tensor& out,
+                               const CompactSelection& selection, const Tensor& /*out*/,
                                const Tensor& lse, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
                                Tensor& dvalue_scale) {
   dispatch_floating("routed_attention backward", q.dtype(), [&]<class T>() {
@@ -311,7 +398,6 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
     const CompactKeysValues<T> kv = gather_selected<T>(d, k, v, value_scale, selection);
     const BackwardBuffers<T> f{q.data<T>(),
                                dout.data<T>(),
-                               out.data<T>(),
                                lse.data<T>(),
                                dq.data<T>(),
                                selection.visible_begin.data<int64_t>(),
@@ -322,16 +408,27 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
     std::vector<T> head_dk(size_t(d.batch * d.q_heads * d.max_keys * d.key_dim), T(0));
     std::vector<T> head_dv(size_t(d.batch * d.q_heads * d.max_keys * d.value_dim), T(0));
     const int64_t cost = d.seq_len * d.max_keys * (d.key_dim + d.value_dim);
-    std::atomic<int64_t> scores_evaluated{0};
+    ScoreTally tally;
     parallel_for(d.batch * d.q_heads, cost, [&](int64_t task) {
       const int64_t b = task / d.q_heads, h = task % d.q_heads;
       const KeyValueBlock<T> block(kv, d, b, d.kv_head_of(h));
       MatrixMap<T> task_dk(head_dk.data() + task * d.max_keys * d.key_dim, d.max_keys, d.key_dim);
       MatrixMap<T> task_dv(head_dv.data() + task * d.max_keys * d.value_dim, d.max_keys,
                            d.value_dim);
-      scores_evaluated += backward_query_head(d, f, block, b, h, task_dk, task_dv);
+      RowMajorMatrix<T> probs(std::min(kQueryTile, d.seq_len), d.max_keys);
+      RowMajorMatrix<T> dscores(probs.rows(), d.max_keys);
+      const int64_t row = b * d.seq_len;
+      for (int64_t t_first = 0; t_first < d.seq_len; t_first += kQueryTile) {
+        const int64_t t_last = std::min(t_first + kQueryTile, d.seq_len);
+        for_each_query_segment(f.visible_begin + row, f.visible_end + row, t_first, t_last,
+                               [&](const QuerySegment& s) {
+                                 backward_segment(d, f, block, b, h, s, task_dk, task_dv, probs,
+                                                  dscores, tally);
+                               });
+      }
     });
-    g_backward_score_count = scores_evaluated.load();
+    g_backward_visible_scores = tally.visible.load();
+    g_backward_computed_scores = tally.computed.load();
 
     // 2. Group sums, value scaling and scatter; unselected positions keep their zeros.
     dk.zero_();
@@ -410,7 +507,8 @@ void masked_attention_naive(const Tensor& q, const Tensor& k, const Tensor& v, c
 }
 
 ops::RoutedAttentionScoreCounts routed_attention_last_score_counts() {
-  return {g_forward_score_count.load(), g_backward_score_count.load()};
+  return {g_forward_visible_scores.load(), g_backward_visible_scores.load(),
+          g_forward_computed_scores.load(), g_backward_computed_scores.load()};
 }
 
 }  // namespace ham::cpu

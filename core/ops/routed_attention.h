@@ -108,11 +108,21 @@ Tensor masked_attention_naive(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& select, const Tensor& value_scale = Tensor(),
                               const Tensor& doc_ids = Tensor(), double scale = 0.0);
 
-// Debug counters of the CPU kernels: how many scores s[t,i] (one per query, visible key
-// and query head) the last forward and the last backward evaluated. With compaction this
-// is Hq * sum_{b,t} |S(b,t)|, not Hq * T (T + 1) / 2. Meaningless while several run at once.
+// The CPU kernels take the queries of one (batch row, head) in tiles of this many, and
+// split a tile into segments: runs of consecutive queries with the same first visible key
+// (one document's). A segment is scored against every key any of its queries sees, as one
+// matrix product, and the keys past each query's own last one are masked.
+constexpr int64_t kRoutedAttentionCpuQueryTile = 64;
+
+// Debug counters of the CPU kernels for the last forward and the last backward. Meaningless
+// while several run at once.
 struct RoutedAttentionScoreCounts {
+  // Scores s[t,i] that enter a softmax, one per query, visible key and query head:
+  // Hq * sum_{b,t} |S(b,t)| (with compaction, not Hq * T (T + 1) / 2).
   int64_t forward = 0, backward = 0;
+  // Scores computed, the masked ones of each segment's rectangle included:
+  // Hq * sum over segments of (queries x keys its queries see together).
+  int64_t forward_computed = 0, backward_computed = 0;
 };
 RoutedAttentionScoreCounts routed_attention_last_score_counts();
 

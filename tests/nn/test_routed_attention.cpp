@@ -173,7 +173,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RoutedCase{2, 33, 4, 2, 6, 10, 0.9, true, Docs::Interleaved},
                       RoutedCase{2, 33, 4, 2, 6, 10, 1.0, false, Docs::Runs},
                       RoutedCase{2, 33, 2, 2, 10, 6, 0.5, true, Docs::Interleaved},
-                      RoutedCase{2, 33, 4, 1, 8, 8, 0.5, true, Docs::Runs}),
+                      RoutedCase{2, 33, 4, 1, 8, 8, 0.5, true, Docs::Runs},
+                      // Past one 64-query tile of the CPU kernels.
+                      RoutedCase{2, 150, 4, 2, 6, 10, 0.3, true, Docs::Runs},
+                      RoutedCase{1, 150, 4, 2, 6, 10, 0.5, true, Docs::Interleaved},
+                      RoutedCase{1, 150, 2, 1, 8, 8, 0.5, false, Docs::None},
+                      RoutedCase{1, 150, 2, 1, 8, 8, 1.0, true, Docs::None}),
     [](const ::testing::TestParamInfo<RoutedCase>& info) { return case_name(info.param); });
 
 TEST(RoutedAttention, SavedLogSumExpMatchesDefinition) {
@@ -270,9 +275,11 @@ TEST(RoutedAttention, NothingSelectedGivesExactZerosAndZeroGradients) {
   Tensor out = routed_attention(q, k, v, select, p, docs);
   EXPECT_TRUE(all_exactly_zero(out));
   EXPECT_EQ(ops::routed_attention_last_score_counts().forward, 0);
+  EXPECT_EQ(ops::routed_attention_last_score_counts().forward_computed, 0);
   Tensor dout = randn64(out.shape(), 36, 1.0, false);
   auto g = routed_gradients(q, k, v, select, p, docs, dout);
   EXPECT_EQ(ops::routed_attention_last_score_counts().backward, 0);
+  EXPECT_EQ(ops::routed_attention_last_score_counts().backward_computed, 0);
   for (const Tensor& grad : g) EXPECT_TRUE(all_exactly_zero(grad));
 }
 
@@ -416,6 +423,51 @@ TEST(RoutedAttention, DocumentWithoutSelectionsOutputsZero) {
   }
 }
 
+// Document 3 comes first and has no selected key, so its range starts where document 8's
+// does: its later queries, after document 8's, share that first key yet see nothing.
+TEST(RoutedAttention, EmptyDocumentReturningAfterAnotherSeesNothing) {
+  const int64_t seq_len = 7;
+  Tensor select = Tensor::from_vector<uint8_t>({0, 1, 1, 0, 1, 0, 0}, {1, seq_len});
+  Tensor docs = Tensor::from_vector<int64_t>({3, 8, 8, 3, 8, 3, 3}, {1, seq_len});
+  const CompactSelection selection = ops::compact_selection(select, docs);
+  EXPECT_EQ(selection.visible_begin.to_vector<int64_t>(), std::vector<int64_t>(7, 0));
+  EXPECT_EQ(selection.visible_end.to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 1, 2, 0, 3, 0, 0}));
+  Tensor q = randn64({1, seq_len, 2, 4}, 66), k = randn64({1, seq_len, 1, 4}, 67);
+  Tensor v = randn64({1, seq_len, 1, 3}, 68), p = uniform64({1, seq_len}, 69, 0.2, 1.5);
+  Tensor out = routed_attention(q, k, v, select, p, docs);
+  EXPECT_LT(relative_error(out, ops::masked_attention_naive(q, k, v, select, p, docs)), 1e-12);
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        return std::vector{routed_attention(x[0], x[1], x[2], select, x[3], docs)};
+      },
+      {q, k, v, p});
+}
+
+// With one visible key per query the output is that key's value whatever q and k are, so
+// dq and dk are exactly 0; the backward must give 0, not rounding noise. (HAM's first steps
+// look like this: a layer selects only the first token. Noise there made a bf16 run's
+// gradients disagree with the f32 run's.)
+TEST(RoutedAttention, OneVisibleKeyGivesExactlyZeroQueryAndKeyGradients) {
+  const int64_t batch = 2, seq_len = 70;
+  std::vector<uint8_t> picks(size_t(batch * seq_len), 0);
+  picks[0] = picks[size_t(seq_len)] = 1;  // each row's first token only
+  Tensor select = Tensor::from_vector(picks, {batch, seq_len});
+  for (DType dtype : {DType::F32, DType::F64}) {
+    std::vector<Tensor> x{randn64({batch, seq_len, 4, 8}, 111, 3.0, false).to(dtype),
+                          randn64({batch, seq_len, 2, 8}, 112, 3.0, false).to(dtype),
+                          randn64({batch, seq_len, 2, 6}, 113, 1.0, false).to(dtype),
+                          uniform64({batch, seq_len}, 114, 0.2, 1.5, false).to(dtype)};
+    for (Tensor& t : x) set_requires_grad(t);
+    Tensor out = routed_attention(x[0], x[1], x[2], select, x[3]);
+    auto g = gradients({out}, x, {randn64(out.shape(), 115, 1.0, false).to(dtype)});
+    EXPECT_TRUE(all_exactly_zero(g[0])) << dtype_name(dtype) << " dq";
+    EXPECT_TRUE(all_exactly_zero(g[1])) << dtype_name(dtype) << " dk";
+    EXPECT_GT(max_abs(g[2]), 0.0) << dtype_name(dtype) << " dv";
+    EXPECT_GT(max_abs(g[3]), 0.0) << dtype_name(dtype) << " dp";
+  }
+}
+
 // ---- Gradients ------------------------------------------------------------------------
 
 struct GradCase {
@@ -504,6 +556,31 @@ TEST(RoutedAttention, ValueScaleGradientIsSumOverHeadsOfDvDotV) {
   EXPECT_GT(checked, 5);
 }
 
+// Queries in three 64-query tiles, documents that cross a tile's edge, and a first
+// visible key that comes late: gradients on a sample of each input's elements.
+TEST(RoutedAttention, GradcheckAcrossQueryTiles) {
+  const int64_t batch = 2, seq_len = 150;
+  Tensor q = randn64({batch, seq_len, 2, 3}, 76), k = randn64({batch, seq_len, 1, 3}, 77);
+  Tensor v = randn64({batch, seq_len, 1, 4}, 78), p = uniform64({batch, seq_len}, 79, 0.2, 1.5);
+  std::vector<uint8_t> picks = random_select(batch, seq_len, 0.4, 80).to_vector<uint8_t>();
+  std::vector<int64_t> ids(size_t(batch * seq_len));
+  for (int64_t t = 0; t < seq_len; ++t) {
+    ids[size_t(t)] = t < 90 ? 0 : 1;                   // row 0: documents [0, 90), [90, 150)
+    ids[size_t(seq_len + t)] = t < 40 ? 5 : t < 70 ? 6 : 7;  // row 1: three
+  }
+  for (int64_t t = 0; t < 70; ++t) picks[size_t(t)] = 0;  // row 0: queries 0..69 see nothing
+  Tensor select = Tensor::from_vector(picks, {batch, seq_len});
+  Tensor docs = Tensor::from_vector(ids, {batch, seq_len});
+
+  GradcheckOptions options;
+  options.max_elements_per_input = 240;
+  expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        return std::vector{routed_attention(x[0], x[1], x[2], select, x[3], docs)};
+      },
+      {q, k, v, p}, options);
+}
+
 // ---- Cost -----------------------------------------------------------------------------
 
 TEST(RoutedAttention, ScoresEvaluatedEqualVisiblePairsNotTSquared) {
@@ -517,11 +594,40 @@ TEST(RoutedAttention, ScoresEvaluatedEqualVisiblePairsNotTSquared) {
   const int64_t expected = q_heads * visible_pairs;
   const int64_t causal_pairs = q_heads * batch * seq_len * (seq_len + 1) / 2;
 
+  // The CPU kernels score each segment (a 64-query tile's queries with the same first
+  // visible key) against the union of its queries' keys: a rectangle, masked per row.
+  const CompactSelection selection = ops::compact_selection(select, docs);
+  auto begin = selection.visible_begin.to_vector<int64_t>();
+  auto end = selection.visible_end.to_vector<int64_t>();
+  const int64_t tile = ops::kRoutedAttentionCpuQueryTile;
+  int64_t rectangles = 0, segments = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t first = 0; first < seq_len;) {
+      const size_t row = size_t(b * seq_len);
+      int64_t last = first, widest = 0;
+      while (last < seq_len && last / tile == first / tile &&
+             begin[row + size_t(last)] == begin[row + size_t(first)]) {
+        widest = std::max(widest, end[row + size_t(last)] - begin[row + size_t(last)]);
+        ++last;
+      }
+      rectangles += (last - first) * widest;
+      ++segments;
+      first = last;
+    }
+  }
+  const int64_t expected_computed = q_heads * rectangles;
+  ASSERT_GT(segments, 2 * batch);  // the documents and the tiles cut the rows
+  ASSERT_GT(expected_computed, expected);
+
   Tensor out = routed_attention(q, k, v, select, Tensor(), docs);
-  EXPECT_EQ(ops::routed_attention_last_score_counts().forward, expected);
+  auto counts = ops::routed_attention_last_score_counts();
+  EXPECT_EQ(counts.forward, expected);
+  EXPECT_EQ(counts.forward_computed, expected_computed);
   gradients({out}, {q, k, v}, {randn64(out.shape(), 96, 1.0, false)});
-  EXPECT_EQ(ops::routed_attention_last_score_counts().backward, expected);
-  EXPECT_LT(expected * 4, causal_pairs);  // ~rho and the documents cut it well below T^2
+  counts = ops::routed_attention_last_score_counts();
+  EXPECT_EQ(counts.backward, expected);
+  EXPECT_EQ(counts.backward_computed, expected_computed);
+  EXPECT_LT(expected_computed * 3, causal_pairs);  // ~rho and the documents cut it below T^2
 }
 
 // ---- Precision ------------------------------------------------------------------------
