@@ -75,18 +75,19 @@ struct Dims {
 };
 
 // The selected keys and scaled values, compacted: row j of (b, g) holds k and p v of
-// position key_positions[b, j].
+// position key_positions[b, j]. Rows from key_counts[b] on are never read, so never
+// written. Tensors, so that the pool serves them and the peak memory counts them.
 template <class T>
 struct CompactKeysValues {
-  std::vector<T> keys, values;  // [B, Hkv, N, Dk], [B, Hkv, N, Dv]
+  Tensor keys, values;  // [B, Hkv, N, Dk], [B, Hkv, N, Dv]
 };
 
 template <class T>
 CompactKeysValues<T> gather_selected(const Dims& d, const Tensor& k, const Tensor& v,
                                      const Tensor& value_scale, const CompactSelection& selection) {
   CompactKeysValues<T> kv;
-  kv.keys.assign(size_t(d.batch * d.kv_heads * d.max_keys * d.key_dim), T(0));
-  kv.values.assign(size_t(d.batch * d.kv_heads * d.max_keys * d.value_dim), T(0));
+  kv.keys = Tensor::empty({d.batch, d.kv_heads, d.max_keys, d.key_dim}, k.dtype());
+  kv.values = Tensor::empty({d.batch, d.kv_heads, d.max_keys, d.value_dim}, v.dtype());
   const T* pk = k.data<T>();
   const T* pv = v.data<T>();
   const T* pp = value_scale.defined() ? value_scale.data<T>() : nullptr;
@@ -99,8 +100,8 @@ CompactKeysValues<T> gather_selected(const Dims& d, const Tensor& k, const Tenso
       T p = pp ? pp[b * d.seq_len + i] : T(1);
       const T* k_src = pk + d.kv_row(b, i, g) * d.key_dim;
       const T* v_src = pv + d.kv_row(b, i, g) * d.value_dim;
-      T* k_dst = kv.keys.data() + (d.compact_row(b, g) + j) * d.key_dim;
-      T* v_dst = kv.values.data() + (d.compact_row(b, g) + j) * d.value_dim;
+      T* k_dst = kv.keys.template data<T>() + (d.compact_row(b, g) + j) * d.key_dim;
+      T* v_dst = kv.values.template data<T>() + (d.compact_row(b, g) + j) * d.value_dim;
       std::copy(k_src, k_src + d.key_dim, k_dst);
       for (int64_t e = 0; e < d.value_dim; ++e) v_dst[e] = p * v_src[e];
     }
@@ -114,8 +115,10 @@ struct KeyValueBlock {
   ConstMatrixMap<T> keys, values;
 
   KeyValueBlock(const CompactKeysValues<T>& kv, const Dims& d, int64_t b, int64_t g)
-      : keys(kv.keys.data() + d.compact_row(b, g) * d.key_dim, d.max_keys, d.key_dim),
-        values(kv.values.data() + d.compact_row(b, g) * d.value_dim, d.max_keys, d.value_dim) {}
+      : keys(kv.keys.template data<T>() + d.compact_row(b, g) * d.key_dim, d.max_keys,
+             d.key_dim),
+        values(kv.values.template data<T>() + d.compact_row(b, g) * d.value_dim, d.max_keys,
+               d.value_dim) {}
 };
 
 template <class T>
@@ -294,7 +297,7 @@ void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValue
 //   dp_i = sum_g <dv'_{i,g}, v_{i,g}>.
 template <class T>
 void scatter_key_gradients(const Dims& d, int64_t b, int64_t j, int64_t i,
-                           const std::vector<T>& head_dk, const std::vector<T>& head_dv, const T* v,
+                           const T* head_dk, const T* head_dv, const T* v,
                            const T* value_scale, T* dk, T* dv, T* dvalue_scale) {
   const T p = value_scale ? value_scale[b * d.seq_len + i] : T(1);
   T dp = T(0);
@@ -303,8 +306,8 @@ void scatter_key_gradients(const Dims& d, int64_t b, int64_t j, int64_t i,
     VectorMap<T> dv_i(dv + d.kv_row(b, i, g) * d.value_dim, d.value_dim);
     for (int64_t h = g * d.group_size; h < (g + 1) * d.group_size; ++h) {
       const int64_t head_row = (b * d.q_heads + h) * d.max_keys + j;
-      dk_i += ConstVectorMap<T>(head_dk.data() + head_row * d.key_dim, d.key_dim);
-      dv_i += ConstVectorMap<T>(head_dv.data() + head_row * d.value_dim, d.value_dim);
+      dk_i += ConstVectorMap<T>(head_dk + head_row * d.key_dim, d.key_dim);
+      dv_i += ConstVectorMap<T>(head_dv + head_row * d.value_dim, d.value_dim);
     }
     // dv_i holds dv'_i here.
     dp += dv_i.dot(ConstVectorMap<T>(v + d.kv_row(b, i, g) * d.value_dim, d.value_dim));
@@ -405,15 +408,16 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
                                T(scale)};
 
     // 1. Per (b, query head), in compacted key order: dq, and dk, dv' of that head alone.
-    std::vector<T> head_dk(size_t(d.batch * d.q_heads * d.max_keys * d.key_dim), T(0));
-    std::vector<T> head_dv(size_t(d.batch * d.q_heads * d.max_keys * d.value_dim), T(0));
+    Tensor head_dk = Tensor::zeros({d.batch, d.q_heads, d.max_keys, d.key_dim}, q.dtype());
+    Tensor head_dv = Tensor::zeros({d.batch, d.q_heads, d.max_keys, d.value_dim}, q.dtype());
     const int64_t cost = d.seq_len * d.max_keys * (d.key_dim + d.value_dim);
     ScoreTally tally;
     parallel_for(d.batch * d.q_heads, cost, [&](int64_t task) {
       const int64_t b = task / d.q_heads, h = task % d.q_heads;
       const KeyValueBlock<T> block(kv, d, b, d.kv_head_of(h));
-      MatrixMap<T> task_dk(head_dk.data() + task * d.max_keys * d.key_dim, d.max_keys, d.key_dim);
-      MatrixMap<T> task_dv(head_dv.data() + task * d.max_keys * d.value_dim, d.max_keys,
+      MatrixMap<T> task_dk(head_dk.data<T>() + task * d.max_keys * d.key_dim, d.max_keys,
+                           d.key_dim);
+      MatrixMap<T> task_dv(head_dv.data<T>() + task * d.max_keys * d.value_dim, d.max_keys,
                            d.value_dim);
       RowMajorMatrix<T> probs(std::min(kQueryTile, d.seq_len), d.max_keys);
       RowMajorMatrix<T> dscores(probs.rows(), d.max_keys);
@@ -441,8 +445,8 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
     parallel_for(d.batch * d.max_keys, d.q_heads * (d.key_dim + d.value_dim), [&](int64_t task) {
       const int64_t b = task / d.max_keys, j = task % d.max_keys;
       if (j >= counts[b]) return;
-      scatter_key_gradients(d, b, j, positions[b * d.seq_len + j], head_dk, head_dv, v.data<T>(),
-                            pp, dk.data<T>(), dv.data<T>(), pdp);
+      scatter_key_gradients(d, b, j, positions[b * d.seq_len + j], head_dk.data<T>(),
+                            head_dv.data<T>(), v.data<T>(), pp, dk.data<T>(), dv.data<T>(), pdp);
     });
   });
 }

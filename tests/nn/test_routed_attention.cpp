@@ -630,6 +630,25 @@ TEST(RoutedAttention, ScoresEvaluatedEqualVisiblePairsNotTSquared) {
   EXPECT_LT(expected_computed * 3, causal_pairs);  // ~rho and the documents cut it below T^2
 }
 
+// The CPU backward's per-head dk, dv' buffers ([B, Hq, N, D] each, the largest scratch) are
+// tensors from the pool, so a run's peak memory includes them.
+TEST(RoutedAttention, CpuBackwardScratchCountsInPeakMemory) {
+  const int64_t seq_len = 128, q_heads = 8, dim = 16;
+  Tensor q = randn64({1, seq_len, q_heads, dim}, 121), k = randn64({1, seq_len, 1, dim}, 122);
+  Tensor v = randn64({1, seq_len, 1, dim}, 123);
+  Tensor select = Tensor::full({1, seq_len}, 1, DType::U8);
+  Tensor out = routed_attention(q, k, v, select);
+  Tensor dout = randn64(out.shape(), 124, 1.0, false);
+  reset_peak_device_memory(Device::cpu());
+  const size_t before = device_memory_stats(Device::cpu()).requested_bytes;
+  auto g = gradients({out}, {q, k, v}, {dout});
+  const size_t rise = device_memory_stats(Device::cpu()).peak_requested_bytes - before;
+  const size_t scratch = size_t(2 * q_heads * seq_len * dim) * sizeof(double);
+  size_t results = 0;
+  for (const Tensor& t : g) results += size_t(t.numel()) * sizeof(double);
+  EXPECT_GE(rise, scratch + results);
+}
+
 // ---- Precision ------------------------------------------------------------------------
 
 TEST(RoutedAttention, Float32AgreesWithFloat64) {
