@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/fma_peak.h"
@@ -156,6 +157,13 @@ void register_all(int max_threads) {
   register_gemm<float>("gemm_f32/mlp", {1, 4096, 2048, 512, false, true});
   register_gemm<float>("gemm_f32/mlp", {1, 4096, 2048, 512, false, false});
   register_gemm<float>("gemm_f32/mlp", {1, 2048, 4096, 512, true, false});
+  // configs/tiny's linears, 1024 tokens (8 x 128), d_model 128, qkv 384, MLP width 384,
+  // LM head 257 (each linear's forward NT, dx NN, dW TN as above).
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{128, 384}, {384, 128}, {128, 257}}) {
+    register_gemm<float>("gemm_f32/tiny", {1, 1024, in, out, false, true});
+    register_gemm<float>("gemm_f32/tiny", {1, 1024, out, in, false, false});
+    register_gemm<float>("gemm_f32/tiny", {1, out, 1024, in, true, false});
+  }
   // Attention-like batched f32: 64 (batch x heads) of T=128, head dim 64.
   //   scores = Q K^T  NT  M=T K=D N=T;   out = P V  NN  M=T K=T N=D
   register_gemm<float>("gemm_f32_batched/attn", {64, 128, 64, 128, false, true});
