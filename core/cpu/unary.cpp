@@ -102,7 +102,9 @@ void unary_backward(UnaryOp op, const Tensor& dy, const Tensor& saved, Tensor& d
       case UnaryOp::Gelu:  // d/dx x Phi(x) = Phi(x) + x phi(x)
         zip<T>(dy, saved, dx, [](T g, T s) { return g * (gelu_cdf(s) + s * gelu_pdf(s)); });
         break;
-      case UnaryOp::Tanh: zip<T>(dy, saved, dx, [](T g, T s) { return g * (T(1) - s * s); }); break;
+      case UnaryOp::Tanh:  // 1 - s^2 in one rounding: near |s| = 1 a rounded s^2 would cancel
+        zip<T>(dy, saved, dx, [](T g, T s) { return g * std::fma(-s, s, T(1)); });
+        break;
       case UnaryOp::Neg: map<T>(dy, dx, [](T g) { return -g; }); break;
       case UnaryOp::Square: zip<T>(dy, saved, dx, [](T g, T s) { return T(2) * s * g; }); break;
       case UnaryOp::Sqrt: zip<T>(dy, saved, dx, [](T g, T s) { return g / (T(2) * s); }); break;
