@@ -157,8 +157,8 @@ int64_t score_columns(int64_t max_keys) {
 
 // x[0, n) = e^(x[0, n) - shift), by Eigen packets throughout (exp_packet), the last one
 // padded into x[n, n rounded up to a packet), which the caller's row has room for and which
-// is left 0. Eigen's own .exp() sends each row's last n mod 8 entries to glibc's scalar
-// expf: a tenth of the time of a softmax over short rows.
+// is left 0. Eigen's own .exp() sends the entries after a row's last whole packet to
+// glibc's scalar expf: a tenth of the time of a softmax over short rows.
 template <class T>
 void exp_shifted(T* x, int64_t n, T shift) {
   constexpr int64_t lanes = kPacketSize<T>;
@@ -228,7 +228,7 @@ void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBl
   for (int64_t r = 0; r < m; ++r) {
     const int64_t n = end[r] - s.lo;
     visible += n;
-    // The row as a plain contiguous vector, so that Eigen vectorizes exp over it.
+    // The row as a plain vector; the scratch row has room for exp_shifted's padding.
     VectorMap<T> row(e.row(r).data(), s.width);
     row.tail(s.width - n).setZero();
     if (n == 0) {
