@@ -149,15 +149,26 @@ void for_each_query_segment(const int64_t* visible_begin, const int64_t* visible
   }
 }
 
+// Columns of the score scratch: max_keys rounded up to whole packets, for exp_shifted.
+template <class T>
+int64_t score_columns(int64_t max_keys) {
+  return (max_keys + kPacketSize<T> - 1) / kPacketSize<T> * kPacketSize<T>;
+}
+
 // x[0, n) = e^(x[0, n) - shift), by Eigen packets throughout (exp_packet), the last one
-// padded (packets.h). Eigen's own .exp() sends the entries after a row's last whole packet
-// to glibc's scalar expf: a tenth of the time of a softmax over short rows.
+// padded into x[n, n rounded up to a packet), which the caller's row has room for and which
+// is left 0. Eigen's own .exp() sends the entries after a row's last whole packet to
+// glibc's scalar expf: a tenth of the time of a softmax over short rows.
 template <class T>
 void exp_shifted(T* x, int64_t n, T shift) {
+  constexpr int64_t lanes = kPacketSize<T>;
+  const int64_t padded = (n + lanes - 1) / lanes * lanes;
+  std::fill(x + n, x + padded, shift);  // e^0 there: finite whatever the shift
   const Packet<T> shift_packet = pk::pset1<Packet<T>>(shift);
-  for_each_packet_serial<T>(n, [&](int64_t i, int64_t count) {
-    store_partial(x + i, exp_packet(pk::psub(load_padded(x + i, count), shift_packet)), count);
-  });
+  for (int64_t j = 0; j < padded; j += lanes) {
+    pk::pstoreu(x + j, exp_packet(pk::psub(pk::ploadu<Packet<T>>(x + j), shift_packet)));
+  }
+  std::fill(x + n, x + padded, T(0));
 }
 
 // Scores the kernels evaluated: `visible` enter a softmax (one per query, visible key and
@@ -195,7 +206,7 @@ struct ForwardBuffers {
 //   S = scale Q K^T  (one product; entries past a query's visible end are masked)
 //   row t over its visible keys:  e_i = exp(s_i - max s),  lse_t = max s + log sum e_i
 //   O = diag(1 / sum e) E V'  (a second product); rows with no visible key: o = 0, lse = -inf.
-// `scores` is scratch of at least [m, width].
+// `scores` is scratch of at least [m, score_columns(width)].
 template <class T>
 void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBlock<T>& kv,
                      int64_t b, int64_t h, const QuerySegment& s, RowMajorMatrix<T>& scores,
@@ -217,7 +228,7 @@ void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBl
   for (int64_t r = 0; r < m; ++r) {
     const int64_t n = end[r] - s.lo;
     visible += n;
-    // The row as a plain contiguous vector.
+    // The row as a plain vector; the scratch row has room for exp_shifted's padding.
     VectorMap<T> row(e.row(r).data(), s.width);
     row.tail(s.width - n).setZero();
     if (n == 0) {
@@ -260,7 +271,7 @@ struct BackwardBuffers {
 // rounded it, lse equals it, and P = exp(0) = 1.
 //   dQ = scale dS K,   head_dk[lo:] += scale dS^T Q,   head_dv[lo:] += P^T dO
 // Five matrix products; head_dk, head_dv [N, D] are this head's compacted rows.
-// `probs` and `dscores` are scratch of at least [m, width].
+// `probs` and `dscores` are scratch of at least [m, score_columns(width)].
 template <class T>
 void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValueBlock<T>& kv,
                       int64_t b, int64_t h, const QuerySegment& s, MatrixMap<T> head_dk,
@@ -393,7 +404,7 @@ void routed_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       const int64_t t_first = task % tiles * kQueryTile;
       const int64_t t_last = std::min(t_first + kQueryTile, d.seq_len);
       const KeyValueBlock<T> block(kv, d, b, d.kv_head_of(h));
-      RowMajorMatrix<T> scores(t_last - t_first, d.max_keys);
+      RowMajorMatrix<T> scores(t_last - t_first, score_columns<T>(d.max_keys));
       const int64_t row = b * d.seq_len;
       for_each_query_segment(f.visible_begin + row, f.visible_end + row, t_first, t_last,
                              [&](const QuerySegment& s) {
@@ -434,7 +445,7 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
                            d.key_dim);
       MatrixMap<T> task_dv(head_dv.data<T>() + task * d.max_keys * d.value_dim, d.max_keys,
                            d.value_dim);
-      RowMajorMatrix<T> probs(std::min(kQueryTile, d.seq_len), d.max_keys);
+      RowMajorMatrix<T> probs(std::min(kQueryTile, d.seq_len), score_columns<T>(d.max_keys));
       RowMajorMatrix<T> dscores(probs.rows(), probs.cols());
       const int64_t row = b * d.seq_len;
       for (int64_t t_first = 0; t_first < d.seq_len; t_first += kQueryTile) {
