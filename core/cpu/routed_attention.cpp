@@ -149,7 +149,10 @@ void for_each_query_segment(const int64_t* visible_begin, const int64_t* visible
   }
 }
 
-// Columns of the score scratch: max_keys rounded up to whole packets, for exp_shifted.
+// Columns of the score scratch: max_keys rounded up to whole packets, for exp_shifted's
+// padding, and so that every row starts on a packet boundary. Eigen's sums and dots over a
+// row then add in the same order whatever max_keys is: the CPU (max_keys = most keys) and
+// an emulated device (max_keys = T) give the same bits (tests/device/test_emulated_device).
 template <class T>
 int64_t score_columns(int64_t max_keys) {
   return (max_keys + kPacketSize<T> - 1) / kPacketSize<T> * kPacketSize<T>;
