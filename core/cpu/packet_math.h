@@ -16,17 +16,28 @@ P packet_ones() {
   return pk::pset1<P>(typename pk::unpacket_traits<P>::type(1));
 }
 
-// e^x. Eigen's pexp clamps x at about -88.7 (f32) or -709.8 (f64), so far left it returns
-// the clamp's e^x, not the subnormals nor 0. There e^x = e^(x + 64 ln 2) 2^-64 instead: the
+// e^x by Eigen's generic pexp_float / pexp_double (Cody-Waite reduction, then a
+// polynomial). Not pk::pexp: under AVX-512 Eigen 3.4 swaps in a Packet16f exp of its own,
+// measured 4.1 ulps from f64 near x = 80, where the generic one (AVX2's pexp) stays
+// within the 1.5 ulps tests/nn/test_unary.cpp allows.
+template <class P>
+P exp_reduced_packet(const P& x) {
+  using T = typename pk::unpacket_traits<P>::type;
+  if constexpr (sizeof(T) == 4) return pk::pexp_float(x);
+  else return pk::pexp_double(x);
+}
+
+// e^x. pexp clamps x at about -88.7 (f32) or -709.8 (f64), so far left it returns the
+// clamp's e^x, not the subnormals nor 0. There e^x = e^(x + 64 ln 2) 2^-64 instead: the
 // shifted argument stays in pexp's range and the scaling rounds once, into the subnormals.
 template <class P>
 P exp_packet(const P& x) {
   using T = typename pk::unpacket_traits<P>::type;
   constexpr T far_left = sizeof(T) == 4 ? T(-85) : T(-700);
-  const P e = pk::pexp(x);
+  const P e = exp_reduced_packet(x);
   const P left = pk::pcmp_lt(x, pk::pset1<P>(far_left));
   if (!pk::predux_any(left)) return e;
-  const P shifted = pk::pexp(pk::padd(x, pk::pset1<P>(T(64 * std::numbers::ln2))));
+  const P shifted = exp_reduced_packet(pk::padd(x, pk::pset1<P>(T(64 * std::numbers::ln2))));
   return pk::pselect(left, pk::pmul(shifted, pk::pset1<P>(T(0x1p-64))), e);
 }
 
