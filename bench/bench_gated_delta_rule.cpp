@@ -23,16 +23,21 @@
 //                chunked backward 10cK + 18KV + 8cV  (recomputed chunk terms included)
 //              so GFLOP/s compares how well each keeps the core busy, while tokens/s
 //              compares the algorithms.
+//   peak_fraction  GFLOP/s over the fp32 FMA peak measured at start-up on
+//              OMP_NUM_THREADS threads (core/cpu/fma_peak.h).
 // The work is parallel over (b, h) pairs only: a single head runs on one thread.
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/cpu/fma_peak.h"
 #include "core/ops/gated_delta_rule.h"
 
 namespace {
@@ -77,6 +82,7 @@ GatedDeltaRuleArgs make_args(const GdnShape& s) {
 }
 
 constexpr double kChunk = double(ham::kGatedDeltaRuleChunkSize);
+double g_peak_flops = 0;  // fp32 FMA peak on the OpenMP threads the kernels use
 
 double naive_forward_flops(const GdnShape& s) {
   return double(s.batch * s.seq_len * s.heads) * 7.0 * double(s.key_dim * s.value_dim);
@@ -115,12 +121,14 @@ void BM_GatedDeltaRule(benchmark::State& state, GdnShape s, Work work) {
     }
   };
   run();  // warm-up
+  double seconds = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
     run();
     benchmark::ClobberMemory();
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
   }
   double flops = work == Work::NaiveForward ? naive_forward_flops(s)
                                             : chunked_forward_flops(s, args.want_fit_error);
@@ -130,6 +138,7 @@ void BM_GatedDeltaRule(benchmark::State& state, GdnShape s, Work work) {
                                                   benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] = benchmark::Counter(flops * iterations, benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1000);
+  state.counters["peak_fraction"] = flops * iterations / seconds / g_peak_flops;
 }
 
 template <class T>
@@ -154,8 +163,12 @@ void register_shape(const char* dtype, const GdnShape& s) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  g_peak_flops = ham::cpu::measure_fma_peak_flops(omp_get_max_threads());
+  std::fprintf(stderr, "bench_gated_delta_rule: fp32 FMA peak %.1f GFLOP/s on %d threads\n",
+               g_peak_flops * 1e-9, omp_get_max_threads());
   register_shape<float>("f32", {1, 2048, 2, 64, 64});
   register_shape<float>("f32", {1, 2048, 1, 256, 384});  // the 800M config's GDN head
+  register_shape<float>("f32", {8, 128, 2, 64, 96});    // configs/tiny's GDN layers
   register_shape<double>("f64", {1, 2048, 2, 64, 64});
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
