@@ -647,6 +647,29 @@ TEST(GatedDeltaRule, CpuKeepsNoChunkStates) {
       {"gated_delta_rule_backward (cpu)", "saved forward state"});
 }
 
+// The backward keeps a segment's chunk terms (each at least a [K, V] start state and a
+// [c, c] decay matrix) in a pool tensor, so the run's peak memory counts them.
+TEST(GatedDeltaRule, CpuBackwardScratchCountsInPeakMemory) {
+  const int64_t seq_len = 4 * kGatedDeltaRuleChunkSize, key_dim = 16, value_dim = 12;
+  const GdnInputs in = make_inputs(1, seq_len, 1, key_dim, value_dim, 4400, true, false);
+  const GatedDeltaRuleArgs args = args_of(in);
+  const GatedDeltaRuleResult out = ops::gated_delta_rule_chunked(args);
+  const Tensor grad_o = randn64(out.o.shape(), 4401, 1.0, false);
+  const Tensor grad_h = randn64(out.h_final.shape(), 4402, 1.0, false);
+  reset_peak_device_memory(Device::cpu());
+  const size_t before = device_memory_stats(Device::cpu()).requested_bytes;
+  const GatedDeltaRuleGrads grads = ops::gated_delta_rule_backward(args, grad_o, grad_h);
+  const size_t rise = device_memory_stats(Device::cpu()).peak_requested_bytes - before;
+  size_t results = 0;
+  for (const Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dg, &grads.dbeta, &grads.dh0}) {
+    results += size_t(t->numel()) * sizeof(double);
+  }
+  const size_t chunk_terms =
+      size_t(4 * (key_dim * value_dim + kGatedDeltaRuleChunkSize * kGatedDeltaRuleChunkSize)) *
+      sizeof(double);
+  EXPECT_GE(rise, results + chunk_terms);
+}
+
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<GpuCase> {};
 
 // The GPU forward and backward on `gpu` against the f64 CPU reference on the same values.
