@@ -65,7 +65,7 @@ std::vector<int64_t> doc_ids_of(const GatedDeltaRuleArgs& a) {
 
 // Scratch of one (b, h) pair: one pool tensor, handed out front to back. From the pool so
 // that repeated calls reuse the same memory (Eigen temporaries faulted fresh pages in on
-// every call: a fifth of the backward's time at T 2048), and so that the run's peak
+// every call: a fifth of forward + backward's time at T 2048), and so that the peak
 // memory counts it.
 template <class Scalar>
 class Scratch {
