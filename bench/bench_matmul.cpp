@@ -14,8 +14,8 @@
 //   - gemm_f32/..., gemm_f64/..., gemm_f32_batched/...: ham::ops::gemm into a
 //     preallocated output, C = op(A) op(B). The name gives the transpose flags (NN, NT,
 //     TN: A or B transposed), M, K, N and, for batched products, the batch count.
-//     GEMMs use as many threads as OMP_NUM_THREADS allows (Eigen's own OpenMP threads
-//     for one product, one matrix per thread for a batch).
+//     GEMMs use as many threads as OMP_NUM_THREADS allows (core/cpu/matmul.cpp: blocks of
+//     C for one product, one matrix per thread for a batch).
 //
 // How to read it:
 //   - "GFLOP/s" counts 2*M*N*K per product per second of wall time. The console shows it

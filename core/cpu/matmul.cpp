@@ -1,9 +1,30 @@
-// CPU GEMM on Eigen. One large product uses Eigen's own OpenMP threads; many small ones
-// (attention's per-head products) are spread over threads one matrix each.
+// CPU GEMM, C = alpha * op(A) op(B) + beta * C, blocked and packed as in Goto's GEMM:
+//
+//   for each NC-wide column panel of C (jc):
+//     for each KC-deep slice of K (pc):
+//       pack op(B)[pc:pc+KC, jc:jc+NC] into slivers NR columns wide
+//       for each MC-tall row block of C (ic):
+//         pack op(A)[ic:ic+MC, pc:pc+KC] into slivers MR rows tall
+//         for each MR x NR tile of the block: tile += A sliver * B sliver (the micro-kernel)
+//
+// The micro-kernel holds the MR x NR tile in MR * NR / P vector accumulators (P lanes) and
+// adds one rank-1 update per k: NR / P packet loads of B's sliver, MR broadcasts of A's.
+// Packing turns every transpose into the same two contiguous streams. A narrow sliver runs
+// a narrower kernel, and a partial tile runs on a full-size copy, so each element of C gets
+// the same sequence of FMAs wherever it sits: the result does not depend on the thread
+// count or on which tile an element falls in.
+//
+// Threads split C into blocks of whole tiles, one block each, every thread packing its own
+// slivers; a batch with at least as many products as threads runs one product per thread.
+// The packing buffers come from the tensor pool, so they count in the run's peak memory.
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include <Eigen/Core>
 
+#include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/matmul.h"
 
@@ -11,45 +32,334 @@ namespace ham::cpu {
 
 namespace {
 
+namespace ei = Eigen::internal;
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+int64_t ceil_div(int64_t value, int64_t divisor) { return (value + divisor - 1) / divisor; }
+
+// Tile and block sizes for one scalar type. The accumulators, B's packets and one
+// broadcast of A must fit the vector registers: 24 + 3 + 1 of AVX-512's 32, 12 + 2 + 1 of
+// AVX2's (or SSE's) 16. A B sliver, KC * NR elements (48 KiB of f32 under AVX-512), is
+// streamed from L2 by every MR-row sliver of A; NC bounds the packed B panel at 2 MiB.
 template <class T>
-using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+struct Blocking {
+  static constexpr int kLanes = int(kPacketSize<T>);
+  static constexpr bool kWideRegisterFile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32;
+  static constexpr int kColumnPackets = kWideRegisterFile ? 3 : 2;
+  static constexpr int kTileRows = kWideRegisterFile ? 8 : 6;         // MR
+  static constexpr int kTileCols = kColumnPackets * kLanes;           // NR
+  static constexpr int64_t kDepth = 256;                              // KC
+  static constexpr int64_t kBlockRows = 16 * kTileRows;               // MC
+  static constexpr int64_t kPanelCols =                               // NC
+      std::max<int64_t>(1, (int64_t(2) << 20) / (kDepth * int64_t(sizeof(T))) / kTileCols) *
+      kTileCols;
+};
+
+// op(A), op(B) and C as strided matrices: op(A)[i, p] = a[i * a_row + p * a_col].
+template <class T>
+struct Operands {
+  const T* a;
+  int64_t a_row, a_col;
+  const T* b;
+  int64_t b_row, b_col;
+  T* c;
+  int64_t ldc;
+  int64_t k;
+  T alpha, beta;
+};
+
+// Rows [row0, row0 + rows) x depth [p0, p0 + depth) of op(A) into slivers of MR rows: the
+// sliver starting at row s holds out[s * depth + p * MR + r] = op(A)[row0 + s + r, p0 + p],
+// 0 past the last row.
+template <class T>
+void pack_a(const Operands<T>& x, int64_t row0, int64_t rows, int64_t p0, int64_t depth,
+            T* out) {
+  constexpr int kMr = Blocking<T>::kTileRows;
+  for (int64_t s = 0; s < rows; s += kMr) {
+    const int64_t valid = std::min<int64_t>(kMr, rows - s);
+    for (int64_t p = 0; p < depth; ++p) {
+      const T* column = x.a + (row0 + s) * x.a_row + (p0 + p) * x.a_col;
+      T* packed = out + s * depth + p * kMr;
+      for (int64_t r = 0; r < valid; ++r) packed[r] = column[r * x.a_row];
+      for (int64_t r = valid; r < kMr; ++r) packed[r] = T(0);
+    }
+  }
+}
+
+// Columns of the next B sliver, out of `remaining`: NR, except that four packets left with
+// AVX-512's three-packet slivers go as two and two (two 16-accumulator tiles run faster
+// than a 24- and an 8-accumulator one). The last sliver may end inside a packet.
+template <class T>
+int64_t sliver_cols(int64_t remaining) {
+  using B = Blocking<T>;
+  if (B::kColumnPackets == 3 && remaining > 3 * B::kLanes && remaining <= 4 * B::kLanes) {
+    return 2 * B::kLanes;
+  }
+  return std::min<int64_t>(B::kTileCols, remaining);
+}
+
+// Depth [p0, p0 + depth) x columns [col0, col0 + cols) of op(B) into slivers of
+// sliver_cols() columns, each padded with zeros to whole packets: a sliver of width w
+// starting at column s holds out[s * depth + p * w + c] = op(B)[p0 + p, col0 + s + c].
+template <class T>
+void pack_b(const Operands<T>& x, int64_t p0, int64_t depth, int64_t col0, int64_t cols,
+            T* out) {
+  using B = Blocking<T>;
+  for (int64_t s = 0, valid = 0; s < cols; s += valid) {
+    valid = sliver_cols<T>(cols - s);
+    const int64_t width = round_up(valid, B::kLanes);
+    for (int64_t p = 0; p < depth; ++p) {
+      const T* row = x.b + (p0 + p) * x.b_row + (col0 + s) * x.b_col;
+      T* packed = out + s * depth + p * width;
+      if (x.b_col == 1) {
+        std::copy(row, row + valid, packed);
+      } else {
+        for (int64_t c = 0; c < valid; ++c) packed[c] = row[c * x.b_col];
+      }
+      std::fill(packed + valid, packed + width, T(0));
+    }
+  }
+}
+
+// The micro-kernel: for an MR x (kNp * P) tile with leading dimension ldc,
+//   tile = alpha * sum_p a[p, :]^T b[p, :] + (first_slice ? beta * tile : tile)
+// where a holds depth rows of MR packed values and b depth rows of kNp packets. beta = 0 on
+// the first slice never reads the tile, so NaN or garbage there does not leak into C.
+template <class T, int kNp>
+void multiply_tile(int64_t depth, const T* a, const T* b, T* tile, int64_t ldc, T alpha,
+                   T beta, bool first_slice) {
+  using P = Packet<T>;
+  constexpr int kMr = Blocking<T>::kTileRows, kLanes = Blocking<T>::kLanes;
+  P acc[kMr][kNp];
+  for (int r = 0; r < kMr; ++r)
+    for (int j = 0; j < kNp; ++j) acc[r][j] = ei::pset1<P>(T(0));
+  for (int64_t p = 0; p < depth; ++p) {
+    P b_row[kNp];
+    for (int j = 0; j < kNp; ++j) b_row[j] = ei::ploadu<P>(b + (p * kNp + j) * kLanes);
+    for (int r = 0; r < kMr; ++r) {
+      const P a_value = ei::pset1<P>(a[p * kMr + r]);
+      for (int j = 0; j < kNp; ++j) acc[r][j] = ei::pmadd(a_value, b_row[j], acc[r][j]);
+    }
+  }
+  const P alpha_p = ei::pset1<P>(alpha), beta_p = ei::pset1<P>(beta);
+  for (int r = 0; r < kMr; ++r) {
+    for (int j = 0; j < kNp; ++j) {
+      T* out = tile + r * ldc + j * kLanes;
+      const P scaled = ei::pmul(alpha_p, acc[r][j]);
+      P value;
+      if (!first_slice) value = ei::padd(ei::ploadu<P>(out), scaled);
+      else if (beta == T(0)) value = scaled;
+      else value = ei::pmadd(beta_p, ei::ploadu<P>(out), scaled);
+      ei::pstoreu(out, value);
+    }
+  }
+}
+
+// A tile of rows x cols of C (at most MR x kNp * P). A partial one goes through a
+// full-size copy, so it gets exactly the arithmetic of a whole one.
+template <class T, int kNp>
+void multiply_any_tile(int64_t depth, const T* a, const T* b, T* c, int64_t ldc, int64_t rows,
+                       int64_t cols, T alpha, T beta, bool first_slice) {
+  constexpr int kMr = Blocking<T>::kTileRows, kWidth = kNp * Blocking<T>::kLanes;
+  if (rows == kMr && cols == kWidth) {
+    return multiply_tile<T, kNp>(depth, a, b, c, ldc, alpha, beta, first_slice);
+  }
+  alignas(64) T tile[kMr * kWidth] = {};
+  const bool reads_c = !first_slice || beta != T(0);
+  if (reads_c) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(c + r * ldc, c + r * ldc + cols, tile + r * kWidth);
+    }
+  }
+  multiply_tile<T, kNp>(depth, a, b, tile, kWidth, alpha, beta, first_slice);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(tile + r * kWidth, tile + r * kWidth + cols, c + r * ldc);
+  }
+}
+
+// Picks the micro-kernel as wide as the sliver's packets, so a narrow sliver (the last of a
+// panel, or one of a two-and-two pair) does not multiply columns of zeros.
+template <class T>
+void multiply_sliver_pair(int64_t depth, const T* a, const T* b, T* c, int64_t ldc,
+                          int64_t rows, int64_t cols, T alpha, T beta, bool first_slice) {
+  using B = Blocking<T>;
+  static_assert(B::kColumnPackets == 2 || B::kColumnPackets == 3);
+  const int64_t packets = ceil_div(cols, B::kLanes);
+  if constexpr (B::kColumnPackets == 3) {
+    if (packets == 3) {
+      return multiply_any_tile<T, 3>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+    }
+  }
+  if (packets == 2) {
+    return multiply_any_tile<T, 2>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+  }
+  multiply_any_tile<T, 1>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+}
+
+// Elements of packing buffer one thread needs for a block of rows x cols of C.
+template <class T>
+int64_t packing_elements(int64_t rows, int64_t cols, int64_t k) {
+  using B = Blocking<T>;
+  const int64_t depth = std::min(B::kDepth, k);
+  const int64_t a_block = std::min(B::kBlockRows, round_up(rows, B::kTileRows)) * depth;
+  const int64_t b_panel = std::min(B::kPanelCols, round_up(cols, B::kTileCols)) * depth;
+  return a_block + b_panel + 2 * 64 / int64_t(sizeof(T));  // + room to align both to 64 bytes
+}
 
 template <class T>
-void gemm_one(const T* a, const T* b, T* c, const GemmShape& s) {
-  int64_t a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
-  int64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
-  Eigen::Map<const RowMajor<T>> A(a, a_rows, a_cols);
-  Eigen::Map<const RowMajor<T>> B(b, b_rows, b_cols);
-  Eigen::Map<RowMajor<T>> C(c, s.m, s.n);
-  const T alpha = T(s.alpha);
-  if (s.beta == 0.0) {
-    C.setZero();  // beta = 0 must ignore whatever C held (even NaN)
-  } else if (s.beta != 1.0) {
-    C *= T(s.beta);
+T* aligned_64(T* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return p + ((64 - address % 64) % 64) / sizeof(T);
+}
+
+// Rows [row0, row0 + rows) x columns [col0, col0 + cols) of C on the calling thread, with
+// `buffer` of packing_elements(rows, cols, k) elements.
+template <class T>
+void gemm_block(const Operands<T>& x, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                T* buffer) {
+  using B = Blocking<T>;
+  if (rows <= 0 || cols <= 0) return;
+  T* packed_a = aligned_64(buffer);
+  T* packed_b = aligned_64(packed_a + std::min(B::kBlockRows, round_up(rows, B::kTileRows)) *
+                                          std::min(B::kDepth, x.k));
+  for (int64_t jc = 0; jc < cols; jc += B::kPanelCols) {
+    const int64_t panel_cols = std::min(B::kPanelCols, cols - jc);
+    for (int64_t pc = 0; pc < x.k; pc += B::kDepth) {
+      const int64_t depth = std::min(B::kDepth, x.k - pc);
+      const bool first_slice = pc == 0;
+      pack_b(x, pc, depth, col0 + jc, panel_cols, packed_b);
+      for (int64_t ic = 0; ic < rows; ic += B::kBlockRows) {
+        const int64_t block_rows = std::min(B::kBlockRows, rows - ic);
+        pack_a(x, row0 + ic, block_rows, pc, depth, packed_a);
+        for (int64_t jr = 0, tile_cols = 0; jr < panel_cols; jr += tile_cols) {
+          tile_cols = sliver_cols<T>(panel_cols - jr);
+          const T* b_sliver = packed_b + jr * depth;
+          for (int64_t ir = 0; ir < block_rows; ir += B::kTileRows) {
+            const int64_t tile_rows = std::min<int64_t>(B::kTileRows, block_rows - ir);
+            const T* a_sliver = packed_a + ir * depth;
+            T* c = x.c + (row0 + ic + ir) * x.ldc + col0 + jc + jr;
+            multiply_sliver_pair(depth, a_sliver, b_sliver, c, x.ldc, tile_rows, tile_cols,
+                                 x.alpha, x.beta, first_slice);
+          }
+        }
+      }
+    }
   }
-  if (s.k == 0) return;
-  if (!s.trans_a && !s.trans_b) C.noalias() += alpha * A * B;
-  else if (s.trans_a && !s.trans_b) C.noalias() += alpha * A.transpose() * B;
-  else if (!s.trans_a && s.trans_b) C.noalias() += alpha * A * B.transpose();
-  else C.noalias() += alpha * A.transpose() * B.transpose();
+}
+
+// C = beta * C, for K = 0 (beta = 0 ignores whatever C held, even NaN).
+template <class T>
+void scale_only(T* c, int64_t count, T beta) {
+  if (beta == T(0)) std::fill(c, c + count, T(0));
+  else if (beta != T(1)) std::transform(c, c + count, c, [beta](T v) { return beta * v; });
+}
+
+// How `threads` threads split an m x n product: a grid of row_parts x col_parts blocks of
+// whole tiles. Picks the grid with the fewest tiles in its largest block; on a tie, more
+// row parts (a row split repeats the packing of B, a column split that of A, and B is the
+// smaller operand of a typical Linear product).
+struct ThreadGrid {
+  int64_t row_parts = 1, col_parts = 1;
+  int64_t rows_per_part = 0, cols_per_part = 0;  // multiples of MR and NR
+};
+
+template <class T>
+ThreadGrid thread_grid(int64_t m, int64_t n, int threads) {
+  using B = Blocking<T>;
+  const int64_t row_tiles = ceil_div(m, B::kTileRows), col_tiles = ceil_div(n, B::kTileCols);
+  ThreadGrid best;
+  int64_t best_tiles = -1;
+  for (int64_t row_parts = threads; row_parts >= 1; --row_parts) {
+    if (threads % row_parts != 0) continue;
+    const int64_t col_parts = threads / row_parts;
+    const int64_t tiles = ceil_div(row_tiles, row_parts) * ceil_div(col_tiles, col_parts);
+    if (best_tiles < 0 || tiles < best_tiles) {
+      best_tiles = tiles;
+      best = {row_parts, col_parts, ceil_div(row_tiles, row_parts) * B::kTileRows,
+              ceil_div(col_tiles, col_parts) * B::kTileCols};
+    }
+  }
+  return best;
+}
+
+// FMAs below which a product stays on one thread (a thread's start-up and its own packing
+// would cost more than it saves).
+constexpr int64_t kFmasPerThread = int64_t(1) << 16;
+
+template <class T>
+void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s) {
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* pc = c.data<T>();
+  auto operands = [&](int64_t i) {
+    Operands<T> x;
+    x.a = pa + i * s.a_batch_stride;
+    x.a_row = s.trans_a ? 1 : s.k;
+    x.a_col = s.trans_a ? s.m : 1;
+    x.b = pb + i * s.b_batch_stride;
+    x.b_row = s.trans_b ? 1 : s.n;
+    x.b_col = s.trans_b ? s.k : 1;
+    x.c = pc + i * s.m * s.n;
+    x.ldc = s.n;
+    x.k = s.k;
+    x.alpha = T(s.alpha);
+    x.beta = T(s.beta);
+    return x;
+  };
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {
+    scale_only(pc, s.batch * s.m * s.n, T(s.beta));
+    return;
+  }
+  const int64_t fmas = s.m * s.n * s.k;
+  const int available = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t per_product = packing_elements<T>(s.m, s.n, s.k);
+
+  if (s.batch >= available && available > 1 && s.batch * fmas >= kFmasPerThread * available) {
+    // One product per thread, each with its own buffer.
+    Tensor buffers = Tensor::empty({available * per_product}, dtype_of<T>());
+    T* base = buffers.data<T>();
+#pragma omp parallel for schedule(static) num_threads(available)
+    for (int64_t i = 0; i < s.batch; ++i) {
+      gemm_block(operands(i), 0, s.m, 0, s.n, base + omp_get_thread_num() * per_product);
+    }
+    return;
+  }
+
+  const int wanted = int(std::clamp<int64_t>(fmas / kFmasPerThread, 1, available));
+  const ThreadGrid grid = thread_grid<T>(s.m, s.n, wanted);
+  const int64_t per_thread =
+      packing_elements<T>(grid.rows_per_part, grid.cols_per_part, s.k);
+  Tensor buffers = Tensor::empty({wanted * per_thread}, dtype_of<T>());
+  T* base = buffers.data<T>();
+  for (int64_t i = 0; i < s.batch; ++i) {
+    const Operands<T> x = operands(i);
+    if (wanted == 1) {
+      gemm_block(x, 0, s.m, 0, s.n, base);
+      continue;
+    }
+#pragma omp parallel num_threads(wanted)
+    {
+      // Fewer threads than asked for (OMP_THREAD_LIMIT, a busy runtime) share the blocks.
+      const int64_t team = omp_get_num_threads();
+      for (int64_t part = omp_get_thread_num(); part < grid.row_parts * grid.col_parts;
+           part += team) {
+        const int64_t row0 = (part / grid.col_parts) * grid.rows_per_part;
+        const int64_t col0 = (part % grid.col_parts) * grid.cols_per_part;
+        gemm_block(x, row0, std::min(grid.rows_per_part, s.m - row0), col0,
+                   std::min(grid.cols_per_part, s.n - col0),
+                   base + omp_get_thread_num() * per_thread);
+      }
+    }
+  }
 }
 
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s) {
-  dispatch_floating("matmul", a.dtype(), [&]<class T>() {
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
-    T* pc = c.data<T>();
-    auto one = [&](int64_t i) {
-      gemm_one<T>(pa + i * s.a_batch_stride, pb + i * s.b_batch_stride, pc + i * s.m * s.n, s);
-    };
-    if (s.batch == 1) {
-      one(0);
-    } else {
-      parallel_for(s.batch, s.m * s.n * std::max<int64_t>(s.k, 1), one);
-    }
-  });
+  dispatch_floating("matmul", a.dtype(), [&]<class T>() { gemm_typed<T>(a, b, c, s); });
 }
 
 }  // namespace ham::cpu

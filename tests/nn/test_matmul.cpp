@@ -1,6 +1,14 @@
 #include "nn/matmul.h"
 
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
+
+#include "core/ops/matmul.h"
 
 #include "tests/testing.h"
 
@@ -69,6 +77,162 @@ TEST(Matmul, MismatchNamesBothShapes) {
     EXPECT_NE(msg.find("matmul"), std::string::npos);
     EXPECT_NE(msg.find("[2, 3]"), std::string::npos);
     EXPECT_NE(msg.find("[4, 5]"), std::string::npos);
+  }
+}
+
+// ---- The CPU kernel (core/cpu/matmul.cpp) against a plain f64 triple loop: every
+// transpose, shapes on both sides of each tile and block edge, alpha and beta, batches,
+// and bits that do not depend on the thread count.
+
+template <class T>
+Tensor random_matrix(const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> values(size_t(shape_numel(shape)));
+  for (T& v : values) v = T(normal(rng));
+  return Tensor::from_vector(values, shape);
+}
+
+struct Product {
+  int64_t batch, m, k, n;
+  bool trans_a, trans_b;
+  bool shared_b = false;  // one 2-D B for the whole batch (a Linear weight)
+};
+
+std::string describe(const Product& p, double alpha, double beta) {
+  return "batch " + std::to_string(p.batch) + " m " + std::to_string(p.m) + " k " +
+         std::to_string(p.k) + " n " + std::to_string(p.n) + (p.trans_a ? " A^T" : "") +
+         (p.trans_b ? " B^T" : "") + (p.shared_b ? " shared B" : "") + " alpha " +
+         std::to_string(alpha) + " beta " + std::to_string(beta);
+}
+
+// Checks C = alpha op(A) op(B) + beta C0 element by element against f64 sums, within
+// 2 k eps times the sum of the terms' magnitudes (the standard bound for a dot product).
+template <class T>
+void expect_gemm_matches_reference(const Product& p, double alpha, double beta, uint64_t seed) {
+  SCOPED_TRACE(describe(p, alpha, beta));
+  Shape a_shape = p.trans_a ? Shape{p.batch, p.k, p.m} : Shape{p.batch, p.m, p.k};
+  Shape b_shape = p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
+  if (!p.shared_b) b_shape.insert(b_shape.begin(), p.batch);
+  Tensor a = random_matrix<T>(a_shape, seed), b = random_matrix<T>(b_shape, seed + 1);
+  Tensor c = random_matrix<T>({p.batch, p.m, p.n}, seed + 2);
+  if (beta == 0.0) c = Tensor::full({p.batch, p.m, p.n}, std::nan(""), dtype_of<T>());
+  const std::vector<T> c0 = c.to_vector<T>();
+  ops::gemm(a, b, c, p.trans_a, p.trans_b, alpha, beta);
+
+  const std::vector<T> va = a.to_vector<T>(), vb = b.to_vector<T>(), vc = c.to_vector<T>();
+  const double eps = std::numeric_limits<T>::epsilon();
+  int64_t bad = 0;
+  for (int64_t l = 0; l < p.batch; ++l) {
+    const T* pa = va.data() + l * p.m * p.k;
+    const T* pb = vb.data() + (p.shared_b ? 0 : l * p.k * p.n);
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t j = 0; j < p.n; ++j) {
+        double sum = 0, magnitude = 0;
+        for (int64_t q = 0; q < p.k; ++q) {
+          const double x = p.trans_a ? pa[q * p.m + i] : pa[i * p.k + q];
+          const double y = p.trans_b ? pb[j * p.k + q] : pb[q * p.n + j];
+          sum += x * y;
+          magnitude += std::abs(x * y);
+        }
+        const size_t at = size_t((l * p.m + i) * p.n + j);
+        const double old = beta == 0.0 ? 0.0 : double(c0[at]);
+        const double want = alpha * sum + beta * old;
+        const double bound =
+            2 * double(p.k + 2) * eps * (std::abs(alpha) * magnitude + std::abs(beta * old));
+        if (!(std::abs(double(vc[at]) - want) <= bound) && bad++ < 3) {
+          ADD_FAILURE() << "C[" << l << ", " << i << ", " << j << "] = " << vc[at] << ", want "
+                        << want << " within " << bound;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// Shapes around the tile edges of both register files (MR 6 or 8, NR 16, 24 or 48 and
+// their neighbours), more than one K slice (256), more than one row block, and a panel
+// wider than one NC (2016 f32 columns under AVX-512, 1008 f64 ones).
+const Product kProducts[] = {
+    {1, 1, 1, 1, false, false},       {1, 7, 3, 5, false, false},
+    {1, 8, 16, 48, false, false},     {1, 9, 17, 49, false, false},
+    {1, 6, 40, 24, false, false},     {1, 13, 257, 47, false, false},
+    {1, 130, 300, 100, false, false}, {1, 3, 5, 2100, false, false},
+    {2, 33, 64, 70, false, false},    {3, 20, 31, 25, false, false, true},
+};
+
+template <class T>
+void check_all_transposes(uint64_t seed) {
+  for (Product p : kProducts) {
+    for (int flags = 0; flags < 4; ++flags) {
+      p.trans_a = flags & 1;
+      p.trans_b = flags & 2;
+      expect_gemm_matches_reference<T>(p, 1.0, 0.0, seed++);
+    }
+  }
+}
+
+TEST(MatmulCpuKernel, F32MatchesF64ReferenceForEveryTranspose) {
+  check_all_transposes<float>(100);
+}
+TEST(MatmulCpuKernel, F64MatchesReferenceForEveryTranspose) {
+  check_all_transposes<double>(200);
+}
+
+TEST(MatmulCpuKernel, AlphaAndBetaScaleAndAccumulate) {
+  const Product p{2, 19, 270, 53, true, false};
+  for (double beta : {0.0, 1.0, -0.75}) {
+    expect_gemm_matches_reference<float>(p, 0.5, beta, 300);
+    expect_gemm_matches_reference<double>(p, -1.5, beta, 301);
+  }
+}
+
+TEST(MatmulCpuKernel, EmptyInnerDimensionOnlyScalesC) {
+  Tensor a = Tensor::empty({3, 0}), b = Tensor::empty({0, 4});
+  Tensor c = Tensor::full({3, 4}, std::nan(""));
+  ops::gemm(a, b, c, false, false, 1.0, 0.0);
+  for (float v : c.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  c = Tensor::full({3, 4}, 1.5);
+  ops::gemm(a, b, c, false, false, 1.0, 2.0);
+  for (float v : c.to_vector<float>()) EXPECT_EQ(v, 3.0f);
+}
+
+// Restores OpenMP's thread count (the tests run under OMP_NUM_THREADS=1).
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ThreadCount() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Each element of C gets the same FMAs however the threads split C (and a batch), so the
+// bits are the same on 1, 2 and 3 threads.
+TEST(MatmulCpuKernel, BitsDoNotDependOnTheThreadCount) {
+  struct Case {
+    Shape a, b;
+    bool trans_a, trans_b;
+  };
+  const Case cases[] = {{{300, 200}, {200, 170}, false, false},
+                        {{1000, 90}, {257, 90}, false, true},
+                        {{500, 70}, {500, 140}, true, false},
+                        {{5, 40, 60}, {5, 60, 50}, false, false}};
+  for (const Case& c : cases) {
+    Tensor a = random_matrix<float>(c.a, 7), b = random_matrix<float>(c.b, 8);
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 3}) {
+      ThreadCount scope(threads);
+      // A NaN-filled C, so a block no thread wrote cannot pass as an earlier result.
+      Tensor product = ops::matmul(a, b, c.trans_a, c.trans_b);
+      product.copy_(Tensor::full(product.shape(), std::nan("")));
+      ops::gemm(a, b, product, c.trans_a, c.trans_b);
+      results.push_back(product.to_vector<float>());
+    }
+    EXPECT_EQ(results[0], results[1]) << shape_str(c.a) << " @ " << shape_str(c.b);
+    EXPECT_EQ(results[0], results[2]) << shape_str(c.a) << " @ " << shape_str(c.b);
   }
 }
 
