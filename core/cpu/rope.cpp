@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -9,7 +10,8 @@ namespace ham::cpu {
 
 namespace {
 
-// Rotates every (x_i, x_{i+D/2}) pair by sign * pos * base^(-2i/D).
+// Rotates every (x_i, x_{i+D/2}) pair by sign * pos * base^(-2i/D). The cosines and sines
+// are computed once per position, not once per row: a batch repeats positions [0, T).
 void rotate(const char* op, const Tensor& x, double base, const Tensor& positions, double sign,
             Tensor& y) {
   if (x.numel() == 0) return;
@@ -28,15 +30,31 @@ void rotate(const char* op, const Tensor& x, double base, const Tensor& position
   } else {
     for (size_t k = 0; k < pos.size(); ++k) pos[k] = int64_t(k) % seq;
   }
+  // Rows of the angle table: one per position up to the largest, unless that is more
+  // positions than rows (a decode step far into a sequence), then one per row.
+  const auto [smallest, largest] = std::minmax_element(pos.begin(), pos.end());
+  const bool by_position = *smallest >= 0 && *largest < int64_t(pos.size());
+  const int64_t table_rows = by_position ? *largest + 1 : int64_t(pos.size());
   dispatch_floating(op, x.dtype(), [&]<class T>() {
+    std::vector<T> cosines(size_t(table_rows * half)), sines(size_t(table_rows * half));
+    parallel_for(table_rows, half * 40, [&](int64_t r) {
+      const double position = double(by_position ? r : pos[size_t(r)]);
+      for (int64_t i = 0; i < half; ++i) {
+        double angle = position * inv_freq[size_t(i)];
+        cosines[size_t(r * half + i)] = T(std::cos(angle));
+        sines[size_t(r * half + i)] = T(sign * std::sin(angle));
+      }
+    });
     const T* px = x.data<T>();
     T* py = y.data<T>();
     parallel_for(batch * seq, heads * dim * 2, [&](int64_t bt) {
       const T* in = px + bt * heads * dim;
       T* out = py + bt * heads * dim;
+      const int64_t row = by_position ? pos[size_t(bt)] : bt;
+      const T* cos_row = cosines.data() + row * half;
+      const T* sin_row = sines.data() + row * half;
       for (int64_t i = 0; i < half; ++i) {
-        double angle = double(pos[size_t(bt)]) * inv_freq[size_t(i)];
-        T c = T(std::cos(angle)), s = T(sign * std::sin(angle));
+        T c = cos_row[i], s = sin_row[i];
         for (int64_t h = 0; h < heads; ++h) {
           T a = in[h * dim + i], b = in[h * dim + i + half];
           out[h * dim + i] = a * c - b * s;
