@@ -9,8 +9,8 @@
 //
 // What it measures:
 //   - BM_FmaPeak/threads:T: a loop of independent fused multiply-adds (16 vector
-//     accumulators, AVX-512 when the compiler targets it, else AVX2, else scalar) on T
-//     OpenMP threads: the fp32 arithmetic peak, 2 flops per lane per FMA.
+//     accumulators under AVX-512, else 12 under AVX2, else 12 scalar ones; as many as stay
+//     in registers) on T OpenMP threads: the fp32 arithmetic peak, 2 flops per lane per FMA.
 //   - gemm_f32/..., gemm_f64/..., gemm_f32_batched/...: ham::ops::gemm into a
 //     preallocated output, C = op(A) op(B). The name gives the transpose flags (NN, NT,
 //     TN: A or B transposed), M, K, N and, for batched products, the batch count.
