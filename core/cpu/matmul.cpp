@@ -1,16 +1,17 @@
-// CPU GEMM, C = alpha * op(A) op(B) + beta * C, blocked and packed as in Goto's GEMM:
+// CPU GEMM, C = alpha * op(A) op(B) + beta * C, blocked as in Goto's GEMM:
 //
 //   for each NC-wide column panel of C (jc):
 //     for each KC-deep slice of K (pc):
 //       pack op(B)[pc:pc+KC, jc:jc+NC] into slivers NR columns wide
 //       for each MC-tall row block of C (ic):
-//         pack op(A)[ic:ic+MC, pc:pc+KC] into slivers MR rows tall
 //         for each MR x NR tile of the block: tile += A sliver * B sliver (the micro-kernel)
 //
 // The micro-kernel holds the MR x NR tile in MR * NR / P vector accumulators (P lanes) and
-// adds one rank-1 update per k: NR / P packet loads of B's sliver, MR broadcasts of A's.
-// Packing turns every transpose into the same two contiguous streams. A narrow sliver runs
-// a narrower kernel, and a partial tile runs on a full-size copy, so each element of C gets
+// adds one rank-1 update per k: NR / P packet loads of B's packed sliver, MR broadcasts of
+// A's. It reads A's MR-row slivers in place, along A's rows or, when A is transposed, along
+// its columns; only a partial last sliver is packed, padded with zeros. (Packing all of A
+// took about 15% of the GEMM time of a tiny HAM run, by perf.) A narrow B sliver runs a
+// narrower kernel, and a partial tile runs on a full-size copy, so each element of C gets
 // the same sequence of FMAs wherever it sits: the result does not depend on the thread
 // count or on which tile an element falls in.
 //
@@ -82,8 +83,12 @@ void pack_a(const Operands<T>& x, int64_t row0, int64_t rows, int64_t p0, int64_
     for (int64_t p = 0; p < depth; ++p) {
       const T* column = x.a + (row0 + s) * x.a_row + (p0 + p) * x.a_col;
       T* packed = out + s * depth + p * kMr;
-      for (int64_t r = 0; r < valid; ++r) packed[r] = column[r * x.a_row];
-      for (int64_t r = valid; r < kMr; ++r) packed[r] = T(0);
+      if (x.a_row == 1) {
+        std::copy(column, column + valid, packed);
+      } else {
+        for (int64_t r = 0; r < valid; ++r) packed[r] = column[r * x.a_row];
+      }
+      std::fill(packed + valid, packed + kMr, T(0));
     }
   }
 }
@@ -123,12 +128,21 @@ void pack_b(const Operands<T>& x, int64_t p0, int64_t depth, int64_t col0, int64
   }
 }
 
+// An MR-row sliver of op(A), KC deep, as the micro-kernel reads it: a[p * stride + r]
+// (packed, stride MR, or A transposed, read in place) or, with kRowMajorA, a[r * stride + p]
+// (A not transposed, read in place).
+template <class T>
+struct ASliver {
+  const T* data;
+  int64_t stride;
+};
+
 // The micro-kernel: for an MR x (kNp * P) tile with leading dimension ldc,
 //   tile = alpha * sum_p a[p, :]^T b[p, :] + (first_slice ? beta * tile : tile)
-// where a holds depth rows of MR packed values and b depth rows of kNp packets. beta = 0 on
-// the first slice never reads the tile, so NaN or garbage there does not leak into C.
-template <class T, int kNp>
-void multiply_tile(int64_t depth, const T* a, const T* b, T* tile, int64_t ldc, T alpha,
+// where a is an A sliver and b holds depth rows of kNp packets. beta = 0 on the first
+// slice never reads the tile, so NaN or garbage there does not leak into C.
+template <class T, int kNp, bool kRowMajorA>
+void multiply_tile(int64_t depth, ASliver<T> a, const T* b, T* tile, int64_t ldc, T alpha,
                    T beta, bool first_slice) {
   using P = Packet<T>;
   constexpr int kMr = Blocking<T>::kTileRows, kLanes = Blocking<T>::kLanes;
@@ -139,7 +153,8 @@ void multiply_tile(int64_t depth, const T* a, const T* b, T* tile, int64_t ldc, 
     P b_row[kNp];
     for (int j = 0; j < kNp; ++j) b_row[j] = ei::ploadu<P>(b + (p * kNp + j) * kLanes);
     for (int r = 0; r < kMr; ++r) {
-      const P a_value = ei::pset1<P>(a[p * kMr + r]);
+      const T a_rp = kRowMajorA ? a.data[r * a.stride + p] : a.data[p * a.stride + r];
+      const P a_value = ei::pset1<P>(a_rp);
       for (int j = 0; j < kNp; ++j) acc[r][j] = ei::pmadd(a_value, b_row[j], acc[r][j]);
     }
   }
@@ -159,12 +174,12 @@ void multiply_tile(int64_t depth, const T* a, const T* b, T* tile, int64_t ldc, 
 
 // A tile of rows x cols of C (at most MR x kNp * P). A partial one goes through a
 // full-size copy, so it gets exactly the arithmetic of a whole one.
-template <class T, int kNp>
-void multiply_any_tile(int64_t depth, const T* a, const T* b, T* c, int64_t ldc, int64_t rows,
+template <class T, int kNp, bool kRowMajorA>
+void multiply_any_tile(int64_t depth, ASliver<T> a, const T* b, T* c, int64_t ldc, int64_t rows,
                        int64_t cols, T alpha, T beta, bool first_slice) {
   constexpr int kMr = Blocking<T>::kTileRows, kWidth = kNp * Blocking<T>::kLanes;
   if (rows == kMr && cols == kWidth) {
-    return multiply_tile<T, kNp>(depth, a, b, c, ldc, alpha, beta, first_slice);
+    return multiply_tile<T, kNp, kRowMajorA>(depth, a, b, c, ldc, alpha, beta, first_slice);
   }
   alignas(64) T tile[kMr * kWidth] = {};
   const bool reads_c = !first_slice || beta != T(0);
@@ -173,7 +188,7 @@ void multiply_any_tile(int64_t depth, const T* a, const T* b, T* c, int64_t ldc,
       std::copy(c + r * ldc, c + r * ldc + cols, tile + r * kWidth);
     }
   }
-  multiply_tile<T, kNp>(depth, a, b, tile, kWidth, alpha, beta, first_slice);
+  multiply_tile<T, kNp, kRowMajorA>(depth, a, b, tile, kWidth, alpha, beta, first_slice);
   for (int64_t r = 0; r < rows; ++r) {
     std::copy(tile + r * kWidth, tile + r * kWidth + cols, c + r * ldc);
   }
@@ -181,31 +196,34 @@ void multiply_any_tile(int64_t depth, const T* a, const T* b, T* c, int64_t ldc,
 
 // Picks the micro-kernel as wide as the sliver's packets, so a narrow sliver (the last of a
 // panel, or one of a two-and-two pair) does not multiply columns of zeros.
-template <class T>
-void multiply_sliver_pair(int64_t depth, const T* a, const T* b, T* c, int64_t ldc,
+template <class T, bool kRowMajorA>
+void multiply_sliver_pair(int64_t depth, ASliver<T> a, const T* b, T* c, int64_t ldc,
                           int64_t rows, int64_t cols, T alpha, T beta, bool first_slice) {
   using B = Blocking<T>;
   static_assert(B::kColumnPackets == 2 || B::kColumnPackets == 3);
   const int64_t packets = ceil_div(cols, B::kLanes);
   if constexpr (B::kColumnPackets == 3) {
     if (packets == 3) {
-      return multiply_any_tile<T, 3>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+      return multiply_any_tile<T, 3, kRowMajorA>(depth, a, b, c, ldc, rows, cols, alpha, beta,
+                                                first_slice);
     }
   }
   if (packets == 2) {
-    return multiply_any_tile<T, 2>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+    return multiply_any_tile<T, 2, kRowMajorA>(depth, a, b, c, ldc, rows, cols, alpha, beta,
+                                              first_slice);
   }
-  multiply_any_tile<T, 1>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
+  multiply_any_tile<T, 1, kRowMajorA>(depth, a, b, c, ldc, rows, cols, alpha, beta, first_slice);
 }
 
-// Elements of packing buffer one thread needs for a block of rows x cols of C.
+// Elements of packing buffer one thread needs for a block of C `cols` wide: one A sliver
+// and one B panel.
 template <class T>
-int64_t packing_elements(int64_t rows, int64_t cols, int64_t k) {
+int64_t packing_elements(int64_t cols, int64_t k) {
   using B = Blocking<T>;
   const int64_t depth = std::min(B::kDepth, k);
-  const int64_t a_block = std::min(B::kBlockRows, round_up(rows, B::kTileRows)) * depth;
+  const int64_t a_sliver = B::kTileRows * depth;
   const int64_t b_panel = std::min(B::kPanelCols, round_up(cols, B::kTileCols)) * depth;
-  return a_block + b_panel + 2 * 64 / int64_t(sizeof(T));  // + room to align both to 64 bytes
+  return a_sliver + b_panel + 2 * 64 / int64_t(sizeof(T));  // + room to align both to 64 bytes
 }
 
 template <class T>
@@ -215,15 +233,19 @@ T* aligned_64(T* p) {
 }
 
 // Rows [row0, row0 + rows) x columns [col0, col0 + cols) of C on the calling thread, with
-// `buffer` of packing_elements(rows, cols, k) elements.
+// `buffer` of packing_elements(cols, k) elements.
 template <class T>
 void gemm_block(const Operands<T>& x, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
                 T* buffer) {
   using B = Blocking<T>;
   if (rows <= 0 || cols <= 0) return;
+  // The micro-kernel reads whole slivers of op(A) in place, along rows of A (not
+  // transposed) or along its columns (transposed); only a partial last sliver is packed
+  // (padded with zeros). Packing a transposed A with 2048 rows whole was not measurably
+  // faster (bench_matmul, mlp/TN).
+  const bool a_row_major = x.a_col == 1;
   T* packed_a = aligned_64(buffer);
-  T* packed_b = aligned_64(packed_a + std::min(B::kBlockRows, round_up(rows, B::kTileRows)) *
-                                          std::min(B::kDepth, x.k));
+  T* packed_b = aligned_64(packed_a + B::kTileRows * std::min(B::kDepth, x.k));
   for (int64_t jc = 0; jc < cols; jc += B::kPanelCols) {
     const int64_t panel_cols = std::min(B::kPanelCols, cols - jc);
     for (int64_t pc = 0; pc < x.k; pc += B::kDepth) {
@@ -232,16 +254,30 @@ void gemm_block(const Operands<T>& x, int64_t row0, int64_t rows, int64_t col0, 
       pack_b(x, pc, depth, col0 + jc, panel_cols, packed_b);
       for (int64_t ic = 0; ic < rows; ic += B::kBlockRows) {
         const int64_t block_rows = std::min(B::kBlockRows, rows - ic);
-        pack_a(x, row0 + ic, block_rows, pc, depth, packed_a);
+        const int64_t whole_rows = block_rows / B::kTileRows * B::kTileRows;
+        if (whole_rows < block_rows) {  // only the partial last sliver, at packed_a
+          pack_a(x, row0 + ic + whole_rows, block_rows - whole_rows, pc, depth, packed_a);
+        }
         for (int64_t jr = 0, tile_cols = 0; jr < panel_cols; jr += tile_cols) {
           tile_cols = sliver_cols<T>(panel_cols - jr);
           const T* b_sliver = packed_b + jr * depth;
           for (int64_t ir = 0; ir < block_rows; ir += B::kTileRows) {
             const int64_t tile_rows = std::min<int64_t>(B::kTileRows, block_rows - ir);
-            const T* a_sliver = packed_a + ir * depth;
             T* c = x.c + (row0 + ic + ir) * x.ldc + col0 + jc + jr;
-            multiply_sliver_pair(depth, a_sliver, b_sliver, c, x.ldc, tile_rows, tile_cols,
-                                 x.alpha, x.beta, first_slice);
+            const T* in_place = x.a + (row0 + ic + ir) * x.a_row + pc * x.a_col;
+            if (ir == whole_rows) {
+              const ASliver<T> a{packed_a, B::kTileRows};
+              multiply_sliver_pair<T, false>(depth, a, b_sliver, c, x.ldc, tile_rows,
+                                             tile_cols, x.alpha, x.beta, first_slice);
+            } else if (a_row_major) {
+              const ASliver<T> a{in_place, x.a_row};
+              multiply_sliver_pair<T, true>(depth, a, b_sliver, c, x.ldc, tile_rows, tile_cols,
+                                            x.alpha, x.beta, first_slice);
+            } else {
+              const ASliver<T> a{in_place, x.a_col};
+              multiply_sliver_pair<T, false>(depth, a, b_sliver, c, x.ldc, tile_rows,
+                                             tile_cols, x.alpha, x.beta, first_slice);
+            }
           }
         }
       }
@@ -315,7 +351,7 @@ void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s)
   }
   const int64_t fmas = s.m * s.n * s.k;
   const int available = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t per_product = packing_elements<T>(s.m, s.n, s.k);
+  const int64_t per_product = packing_elements<T>(s.n, s.k);
 
   if (s.batch >= available && available > 1 && s.batch * fmas >= kFmasPerThread * available) {
     // One product per thread, each with its own buffer.
@@ -331,7 +367,7 @@ void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s)
   const int wanted = int(std::clamp<int64_t>(fmas / kFmasPerThread, 1, available));
   const ThreadGrid grid = thread_grid<T>(s.m, s.n, wanted);
   const int64_t per_thread =
-      packing_elements<T>(grid.rows_per_part, grid.cols_per_part, s.k);
+      packing_elements<T>(grid.cols_per_part, s.k);
   Tensor buffers = Tensor::empty({wanted * per_thread}, dtype_of<T>());
   T* base = buffers.data<T>();
   for (int64_t i = 0; i < s.batch; ++i) {
