@@ -138,12 +138,14 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
       }
     });
     if (want_dweight) {
-      T* pdw = dweight.data<T>();
-      for (int64_t j = 0; j < d; ++j) {
-        double sum = 0;
-        for (int64_t task = 0; task < tasks; ++task) sum += dweight_partials[size_t(task * d + j)];
-        pdw[j] = T(sum);
+      // Task 0's partials += each later task's, in task order, a contiguous row at a time.
+      double* sums = dweight_partials.data();
+      for (int64_t task = 1; task < tasks; ++task) {
+        const double* later = sums + task * d;
+        for (int64_t j = 0; j < d; ++j) sums[j] += later[j];
       }
+      T* pdw = dweight.data<T>();
+      for (int64_t j = 0; j < d; ++j) pdw[j] = T(sums[j]);
     }
   });
 }

@@ -1,5 +1,8 @@
 #include "nn/conv1d.h"
 
+#include <omp.h>
+
+#include <cmath>
 #include <string>
 
 #include "core/ops/conv1d.h"
@@ -107,6 +110,54 @@ TEST(CausalConv1d, F32ChannelBlocksMatchNaive) {
   expect_gradcheck(
       [](const std::vector<Tensor>& v) { return std::vector{causal_conv1d(v[0], v[1], v[2])}; },
       {xg, wg, bg}, sampled);
+}
+
+// The weight and bias gradients over many rows (row tasks of 64, at most 64 of them, with
+// documents) against sums in f64 straight from the definition, and the same bits on 1, 2
+// and 3 threads.
+TEST(CausalConv1d, F32WeightGradientOverManyRowTasksMatchesF64Sums) {
+  const int64_t B = 3, T = 1500, C = 40, W = 4;  // 4500 rows: 64 tasks of 71 rows
+  Tensor x = randn64({B, T, C}, 40, 1.0, false), dy = randn64({B, T, C}, 41, 1.0, false);
+  Tensor w = randn64({C, W}, 42, 1.0, false);
+  std::vector<int64_t> ids(size_t(B * T));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i / 97);  // documents of 97 tokens
+  Tensor docs = Tensor::from_vector(ids, {B, T});
+
+  std::vector<double> xv = x.to_vector<double>(), gv = dy.to_vector<double>();
+  std::vector<double> want_w(size_t(C * W), 0.0), want_b(size_t(C), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t row = size_t(b * T + t);
+        const double g = gv[row * size_t(C) + size_t(c)];
+        want_b[size_t(c)] += g;
+        for (int64_t j = 0; j < W; ++j) {
+          const int64_t s = t - (W - 1) + j;
+          if (s < 0 || ids[size_t(b * T + s)] != ids[row]) continue;
+          want_w[size_t(c * W + j)] += g * xv[size_t((b * T + s) * C + c)];
+        }
+      }
+
+  Tensor x32 = x.to(DType::F32), dy32 = dy.to(DType::F32), w32 = w.to(DType::F32);
+  std::vector<std::vector<float>> dweights, dbiases;
+  const int saved_threads = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    auto g = ops::causal_conv1d_backward(dy32, x32, w32, false, true, true, docs);
+    dweights.push_back(g.dweight.to_vector<float>());
+    dbiases.push_back(g.dbias.to_vector<float>());
+  }
+  omp_set_num_threads(saved_threads);
+  for (size_t i = 0; i < want_w.size(); ++i) {
+    EXPECT_NEAR(dweights[0][i], want_w[i], 1e-5 * (1 + std::abs(want_w[i]))) << i;
+  }
+  for (size_t i = 0; i < want_b.size(); ++i) {
+    EXPECT_NEAR(dbiases[0][i], want_b[i], 1e-5 * (1 + std::abs(want_b[i]))) << i;
+  }
+  EXPECT_EQ(dweights[0], dweights[1]);
+  EXPECT_EQ(dweights[0], dweights[2]);
+  EXPECT_EQ(dbiases[0], dbiases[1]);
+  EXPECT_EQ(dbiases[0], dbiases[2]);
 }
 
 // Row 0: documents of lengths 2, 1 (a one-token document), 3, and an id that comes back
