@@ -1,12 +1,53 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
+#include "core/cpu/packet_math.h"
+#include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/cross_entropy.h"
 
 namespace ham::cpu {
+
+namespace {
+
+// max_j z_j over j < n, by packets.
+template <class T>
+T row_max(const T* z, int64_t n) {
+  constexpr int64_t lanes = kPacketSize<T>;
+  const int64_t whole = n / lanes * lanes;
+  T m = -std::numeric_limits<T>::infinity();
+  if (whole > 0) {
+    Packet<T> acc = pk::ploadu<Packet<T>>(z);
+    for (int64_t j = lanes; j < whole; j += lanes) {
+      acc = pk::pmax(acc, pk::ploadu<Packet<T>>(z + j));
+    }
+    m = pk::predux_max(acc);
+  }
+  for (int64_t j = whole; j < n; ++j) m = std::max(m, z[j]);
+  return m;
+}
+
+// sum_j e^(z_j - shift) over j < n, in double: e^ by packets (exp_packet), summed per lane
+// (one double chain per lane, so the adds overlap), then the lanes in order. Every row
+// takes the same path, so the sum depends only on the row's values.
+template <class T>
+double sum_of_exp_shifted(const T* z, int64_t n, T shift) {
+  const Packet<T> shift_packet = pk::pset1<Packet<T>>(shift);
+  double lane_sums[kPacketSize<T>] = {};
+  for_each_packet_serial<T>(n, [&](int64_t j, int64_t count) {
+    T lanes[kPacketSize<T>];
+    pk::pstoreu(lanes, exp_packet(pk::psub(load_padded(z + j, count), shift_packet)));
+    for (int64_t l = 0; l < count; ++l) lane_sums[l] += double(lanes[l]);
+  });
+  double sum = 0;
+  for (double lane_sum : lane_sums) sum += lane_sum;
+  return sum;
+}
+
+}  // namespace
 
 int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                       Tensor& lse, Tensor& loss_sum) {
@@ -34,10 +75,8 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
           return;
         }
         const T* z = px + r * vocab;
-        const T m = *std::max_element(z, z + vocab);
-        double sum_exp = 0;
-        for (int64_t j = 0; j < vocab; ++j) sum_exp += double(std::exp(z[j] - m));
-        const double row_lse = double(m) + std::log(sum_exp);
+        const T m = row_max(z, vocab);
+        const double row_lse = double(m) + std::log(sum_of_exp_shifted(z, vocab, m));
         plse[r] = T(row_lse);
         row_loss[size_t(r)] = row_lse - double(z[t]);
       });
@@ -68,7 +107,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
           return;
         }
         const T* z = px + r * vocab;
-        for (int64_t j = 0; j < vocab; ++j) d[j] = std::exp(z[j] - plse[r]) * g;
+        const Packet<T> row_lse = pk::pset1<Packet<T>>(plse[r]), g_packet = pk::pset1<Packet<T>>(g);
+        for_each_packet_serial<T>(vocab, [&](int64_t j, int64_t count) {
+          const Packet<T> e = exp_packet(pk::psub(load_padded(z + j, count), row_lse));
+          store_partial(d + j, pk::pmul(e, g_packet), count);
+        });
         d[t] -= g;
       });
     });
