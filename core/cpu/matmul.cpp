@@ -71,6 +71,17 @@ struct Operands {
   T alpha, beta;
 };
 
+// out[0, valid) = in[0], in[stride], ..., then zeros up to out[width).
+template <class T>
+void copy_padded(const T* in, int64_t stride, int64_t valid, int64_t width, T* out) {
+  if (stride == 1) {
+    std::copy(in, in + valid, out);
+  } else {
+    for (int64_t i = 0; i < valid; ++i) out[i] = in[i * stride];
+  }
+  std::fill(out + valid, out + width, T(0));
+}
+
 // Rows [row0, row0 + rows) x depth [p0, p0 + depth) of op(A) into slivers of MR rows: the
 // sliver starting at row s holds out[s * depth + p * MR + r] = op(A)[row0 + s + r, p0 + p],
 // 0 past the last row.
@@ -82,13 +93,7 @@ void pack_a(const Operands<T>& x, int64_t row0, int64_t rows, int64_t p0, int64_
     const int64_t valid = std::min<int64_t>(kMr, rows - s);
     for (int64_t p = 0; p < depth; ++p) {
       const T* column = x.a + (row0 + s) * x.a_row + (p0 + p) * x.a_col;
-      T* packed = out + s * depth + p * kMr;
-      if (x.a_row == 1) {
-        std::copy(column, column + valid, packed);
-      } else {
-        for (int64_t r = 0; r < valid; ++r) packed[r] = column[r * x.a_row];
-      }
-      std::fill(packed + valid, packed + kMr, T(0));
+      copy_padded(column, x.a_row, valid, kMr, out + s * depth + p * kMr);
     }
   }
 }
@@ -117,13 +122,7 @@ void pack_b(const Operands<T>& x, int64_t p0, int64_t depth, int64_t col0, int64
     const int64_t width = round_up(valid, B::kLanes);
     for (int64_t p = 0; p < depth; ++p) {
       const T* row = x.b + (p0 + p) * x.b_row + (col0 + s) * x.b_col;
-      T* packed = out + s * depth + p * width;
-      if (x.b_col == 1) {
-        std::copy(row, row + valid, packed);
-      } else {
-        for (int64_t c = 0; c < valid; ++c) packed[c] = row[c * x.b_col];
-      }
-      std::fill(packed + valid, packed + width, T(0));
+      copy_padded(row, x.b_col, valid, width, out + s * depth + p * width);
     }
   }
 }
