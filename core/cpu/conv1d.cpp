@@ -114,7 +114,8 @@ void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
     // on the row count, so the sums do not depend on the thread count. (Summing every term
     // in double was 3-4x slower, one float-to-double conversion per factor; summing a
     // task's 64 rows in T lost up to 3e-5 of a sum of 4500 unit terms.)
-    const int64_t tasks = std::min(kMaxWeightTasks, (rows + kRowsPerTask - 1) / kRowsPerTask);
+    const int64_t tasks =
+        std::clamp<int64_t>((rows + kRowsPerTask - 1) / kRowsPerTask, 1, kMaxWeightTasks);
     const int64_t rows_per_task = (rows + tasks - 1) / tasks;
     T* pdw = dweight.defined() ? dweight.data<T>() : nullptr;
     T* pdb = dbias.defined() ? dbias.data<T>() : nullptr;

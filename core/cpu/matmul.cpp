@@ -293,8 +293,7 @@ void scale_only(T* c, int64_t count, T beta) {
 
 // How `threads` threads split an m x n product: a grid of row_parts x col_parts blocks of
 // whole tiles. Picks the grid with the fewest tiles in its largest block; on a tie, more
-// row parts (a row split repeats the packing of B, a column split that of A, and B is the
-// smaller operand of a typical Linear product).
+// row parts (each thread then reads only its own rows of A).
 struct ThreadGrid {
   int64_t row_parts = 1, col_parts = 1;
   int64_t rows_per_part = 0, cols_per_part = 0;  // multiples of MR and NR
@@ -365,8 +364,7 @@ void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s)
 
   const int wanted = int(std::clamp<int64_t>(fmas / kFmasPerThread, 1, available));
   const ThreadGrid grid = thread_grid<T>(s.m, s.n, wanted);
-  const int64_t per_thread =
-      packing_elements<T>(grid.cols_per_part, s.k);
+  const int64_t per_thread = packing_elements<T>(grid.cols_per_part, s.k);
   Tensor buffers = Tensor::empty({wanted * per_thread}, dtype_of<T>());
   T* base = buffers.data<T>();
   for (int64_t i = 0; i < s.batch; ++i) {

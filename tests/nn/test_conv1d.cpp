@@ -160,6 +160,16 @@ TEST(CausalConv1d, F32WeightGradientOverManyRowTasksMatchesF64Sums) {
   EXPECT_EQ(dbiases[0], dbiases[2]);
 }
 
+// No rows at all (T = 0): the weight and bias gradients are sums of nothing, zeros.
+TEST(CausalConv1d, EmptySequenceGivesZeroWeightAndBiasGradients) {
+  Tensor x = Tensor::zeros({2, 0, 3}), dy = Tensor::zeros({2, 0, 3});
+  Tensor w = randn64({3, 4}, 43, 1.0, false).to(DType::F32);
+  auto g = ops::causal_conv1d_backward(dy, x, w, true, true, true);
+  EXPECT_EQ(g.dx.shape(), (Shape{2, 0, 3}));
+  for (float v : g.dweight.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : g.dbias.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
 // Row 0: documents of lengths 2, 1 (a one-token document), 3, and an id that comes back
 // (0 after 2 is a new document). Row 1: one document (i32 ids take the same path).
 Tensor packed_doc_ids(DType dtype) {
