@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "core/cpu/packet_math.h"
@@ -12,23 +11,6 @@
 namespace ham::cpu {
 
 namespace {
-
-// max_j z_j over j < n, by packets.
-template <class T>
-T row_max(const T* z, int64_t n) {
-  constexpr int64_t lanes = kPacketSize<T>;
-  const int64_t whole = n / lanes * lanes;
-  T m = -std::numeric_limits<T>::infinity();
-  if (whole > 0) {
-    Packet<T> acc = pk::ploadu<Packet<T>>(z);
-    for (int64_t j = lanes; j < whole; j += lanes) {
-      acc = pk::pmax(acc, pk::ploadu<Packet<T>>(z + j));
-    }
-    m = pk::predux_max(acc);
-  }
-  for (int64_t j = whole; j < n; ++j) m = std::max(m, z[j]);
-  return m;
-}
 
 // sum_j e^(z_j - shift) over j < n, in double: e^ by packets (exp_packet), summed per lane
 // (one double chain per lane, so the adds overlap), then the lanes in order. Every row
@@ -75,7 +57,7 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
           return;
         }
         const T* z = px + r * vocab;
-        const T m = row_max(z, vocab);
+        const T m = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(z, vocab).maxCoeff();
         const double row_lse = double(m) + std::log(sum_of_exp_shifted(z, vocab, m));
         plse[r] = T(row_lse);
         row_loss[size_t(r)] = row_lse - double(z[t]);
