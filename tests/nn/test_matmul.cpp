@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -86,11 +85,7 @@ TEST(Matmul, MismatchNamesBothShapes) {
 
 template <class T>
 Tensor random_matrix(const Shape& shape, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<T> values(size_t(shape_numel(shape)));
-  for (T& v : values) v = T(normal(rng));
-  return Tensor::from_vector(values, shape);
+  return randn64(shape, seed, 1.0, false).to(dtype_of<T>());
 }
 
 struct Product {
