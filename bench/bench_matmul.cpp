@@ -164,6 +164,12 @@ void register_all(int max_threads) {
     register_gemm<float>("gemm_f32/tiny", {1, 1024, out, in, false, false});
     register_gemm<float>("gemm_f32/tiny", {1, out, 1024, in, true, false});
   }
+  // One chunk of the tiny HAM's gated delta rule (64 tokens, K 64, V 96), as its CPU kernel
+  // multiplies them on one thread (core/cpu/matmul.h): K dS (NN), [Q; K] K^T (NT),
+  // P^T dO (TN).
+  register_gemm<float>("gemm_f32/chunk", {1, 64, 64, 96, false, false});
+  register_gemm<float>("gemm_f32/chunk", {1, 128, 64, 64, false, true});
+  register_gemm<float>("gemm_f32/chunk", {1, 64, 64, 96, true, false});
   // Attention-like batched f32: 64 (batch x heads) of T=128, head dim 64.
   //   scores = Q K^T  NT  M=T K=D N=T;   out = P V  NN  M=T K=T N=D
   register_gemm<float>("gemm_f32_batched/attn", {64, 128, 64, 128, false, true});

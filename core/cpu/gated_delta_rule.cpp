@@ -1,5 +1,6 @@
-// CPU gated delta rule: the chunked forward and its backward (Eigen, one (b, h) pair per
-// thread), and the token-by-token recurrence. The math is in core/ops/gated_delta_rule.h;
+// CPU gated delta rule: the chunked forward and its backward (one (b, h) pair per thread;
+// matrix products by ham's GEMM on the pair's thread, the rest by Eigen), and the
+// token-by-token recurrence. The math is in core/ops/gated_delta_rule.h;
 // each step below names the formula it implements.
 //
 // Layout: each (b, h) pair's rows are copied out of [B, T, H, D] into contiguous
@@ -8,7 +9,6 @@
 // segments [begin, end): every segment is chunked from its own first token, so no chunk
 // holds a document start and no masking across documents is needed.
 #include <Eigen/Core>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/cpu/gated_delta_rule_step.h"
+#include "core/cpu/matmul.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/gated_delta_rule.h"
 
@@ -63,13 +64,15 @@ std::vector<int64_t> doc_ids_of(const GatedDeltaRuleArgs& a) {
   return a.doc_ids.defined() ? a.doc_ids.to_vector<int64_t>() : std::vector<int64_t>{};
 }
 
-// Scratch of one (b, h) pair: one pool tensor, handed out front to back. From the pool so
-// that repeated calls reuse the same memory (Eigen temporaries faulted fresh pages in on
-// every call: a fifth of forward + backward's time at T 2048), and so that the peak
-// memory counts it.
+// Scratch of one (b, h) pair: one pool tensor, handed out front to back, and the pair's
+// products with their packing buffer. From the pool so that repeated calls reuse the same
+// memory (Eigen temporaries faulted fresh pages in on every call: a fifth of forward +
+// backward's time at T 2048), and so that the peak memory counts it.
 template <class Scalar>
 class Scratch {
  public:
+  ProductOnThisThread<Scalar> product;
+
   // Every piece starts on a 64-byte line.
   static int64_t rounded(int64_t elements) {
     constexpr int64_t line = 64 / int64_t(sizeof(Scalar));
@@ -287,7 +290,7 @@ struct ChunkTerms {
 
 template <class Scalar>
 void compute_chunk_terms(const HeadInputs<Scalar>& in, const MatrixMap<Scalar>& state_in,
-                         ChunkTerms<Scalar>& c) {
+                         Scratch<Scalar>& scratch, ChunkTerms<Scalar>& c) {
   const int64_t n = c.chunk.size, begin = c.chunk.begin;
   const auto QK = in.queries_and_keys(c.chunk);
   const auto K = in.keys(c.chunk);
@@ -311,13 +314,13 @@ void compute_chunk_terms(const HeadInputs<Scalar>& in, const MatrixMap<Scalar>& 
 
   // [Q K^T; K K^T] in one product, then masked: Gamma is 0 above the diagonal, and M's
   // diagonal is 0 too.
-  c.masked_scores.noalias() = QK * K.transpose();
+  scratch.product.assign(c.masked_scores, QK, K.transpose());
   c.masked_scores.topRows(n).array() *= c.gamma.array();
   c.masked_scores.bottomRows(n).array() *= c.gamma.array();
   c.masked_scores.bottomRows(n).diagonal().setZero();
   c.write_lower = beta.asDiagonal() * c.kk_gamma();
 
-  c.states.noalias() = QK * c.state_in;  // [Q S0; K S0]
+  scratch.product.assign(c.states, QK, c.state_in);  // [Q S0; K S0]
   c.residual = V - c.decay.asDiagonal() * c.k_state();
   // Forward substitution with the unit lower-triangular I + diag(beta) M; this is
   // v_new = A diag(beta) V - A diag(beta E) K S0 = U - W S0 without forming A.
@@ -333,7 +336,7 @@ void chunk_end_state(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
   MatrixMap<Scalar> scaled_v_new = scratch.matrix(c.chunk.size, c.v_new.cols());
   scaled_v_new = c.decay_to_end.asDiagonal() * c.v_new;
   state = c.decay_total * c.state_in;
-  state.noalias() += in.keys(c.chunk).transpose() * scaled_v_new;
+  scratch.product.add(state, in.keys(c.chunk).transpose(), scaled_v_new);
   scratch.release_to(mark);
 }
 
@@ -358,18 +361,16 @@ void chunked_forward_head(const HeadInputs<Scalar>& in, const std::vector<Segmen
       const int64_t n = chunk.size;
       Scalar* mark = scratch.mark();
       ChunkTerms<Scalar> c(chunk, d, scratch);
-      compute_chunk_terms(in, state, c);
-      // O = diag(E) Q S0 + P v_new. (A product of its own, not a block of [P; M] v_new:
-      // Eigen's sums depend on a row's place in the product, and O must not depend on
-      // whether the fit error is wanted.)
+      compute_chunk_terms(in, state, scratch, c);
+      // O = diag(E) Q S0 + P v_new
       auto o_rows = o.middleRows(chunk.begin, n);
-      o_rows.noalias() = c.qk_gamma() * c.v_new;
+      scratch.product.assign(o_rows, c.qk_gamma(), c.v_new);
       o_rows += c.decay.asDiagonal() * c.q_state();
       if (fit_error != nullptr) {
         // Predictions of the decayed pre-write state: p = diag(E) K S0 + M v_new.
         // (p = V - v_new / beta too, but that divides by beta, which may be 0.)
         MatrixMap<Scalar> prediction = scratch.matrix(n, d.value_dim);
-        prediction.noalias() = c.kk_gamma() * c.v_new;
+        scratch.product.assign(prediction, c.kk_gamma(), c.v_new);
         prediction += c.decay.asDiagonal() * c.k_state();
         for (int64_t i = 0; i < n; ++i) {
           const auto p = prediction.row(i);
@@ -443,13 +444,13 @@ void chunk_backward(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
 
   // du = P^T dO + diag(e^{G_last-G}) K dS_end
   MatrixMap<Scalar> k_dstate = scratch.matrix(n, value_dim);
-  k_dstate.noalias() = K * dS_end;
+  scratch.product.assign(k_dstate, K, dS_end);
   // [dO; dX]: dX = (I + diag(beta) M)^-T du (back substitution) under dO, so that one
   // product with u^T gives dP = tril(dO u^T) (masked below) and dX u^T.
   MatrixMap<Scalar> do_dx = scratch.matrix(2 * n, value_dim);
   do_dx.topRows(n) = dO;
   auto d_rhs = do_dx.bottomRows(n);
-  d_rhs.noalias() = c.qk_gamma().transpose() * dO;
+  scratch.product.assign(d_rhs, c.qk_gamma().transpose(), dO);
   d_rhs.noalias() += c.decay_to_end.asDiagonal() * k_dstate;
   c.write_lower.template triangularView<Eigen::UnitLower>().transpose().solveInPlace(d_rhs);
   // Through (I + diag(beta) M) u = diag(beta) R: dR = diag(beta) dX, and
@@ -457,7 +458,7 @@ void chunk_backward(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
   auto d_residual = out.dv.middleRows(begin, n);
   d_residual = beta.asDiagonal() * d_rhs;
   MatrixMap<Scalar> d_scores = scratch.matrix(2 * n, n);  // [dO u^T; dX u^T]
-  d_scores.noalias() = do_dx * u.transpose();
+  scratch.product.assign(d_scores, do_dx, u.transpose());
   const auto d_qk = d_scores.topRows(n);
   const auto dx_u = d_scores.bottomRows(n);
   // dM = -strict_tril(diag(beta) dX u^T)
@@ -486,12 +487,12 @@ void chunk_backward(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
   //   dq += (dP * Gamma) K
   //   dk += diag(e^{G_last-G}) u dS_end^T + (dP * Gamma)^T Q + (dM * Gamma + (dM * Gamma)^T) K
   auto dqk = out.dqk.middleRows(2 * begin, 2 * n);
-  dqk.noalias() = e_grads * S0.transpose();
-  dqk.topRows(n).noalias() += d_qk_masked * K;
+  scratch.product.assign(dqk, e_grads, S0.transpose());
+  scratch.product.add(dqk.topRows(n), d_qk_masked, K);
   MatrixMap<Scalar> scaled_u = scratch.matrix(n, value_dim);
   scaled_u = c.decay_to_end.asDiagonal() * u;
-  dqk.bottomRows(n).noalias() += scaled_u * dS_end.transpose();
-  dqk.bottomRows(n).noalias() += dk_weights * QK;
+  scratch.product.add(dqk.bottomRows(n), scaled_u, dS_end.transpose());
+  scratch.product.add(dqk.bottomRows(n), dk_weights, QK);
 
   // dG_i = E_i <dO_i, (Q S0)_i> - E_i <dR_i, (K S0)_i> - e^{G_last-G_i} <(K dS_end)_i, u_i>
   //        + rowsum(Z)_i - colsum(Z)_i,  Z = dP * P + dM * M  (from Gamma_ij = e^{G_i-G_j})
@@ -512,7 +513,7 @@ void chunk_backward(const HeadInputs<Scalar>& in, const ChunkTerms<Scalar>& c,
 
   // dS0 = e^{G_last} dS_end + [Q; K]^T [diag(E) dO; -diag(E) dR]
   grad_state = c.decay_total * dS_end;
-  grad_state.noalias() += QK.transpose() * e_grads;
+  scratch.product.add(grad_state, QK.transpose(), e_grads);
   scratch.release_to(mark);
 }
 
@@ -535,7 +536,7 @@ void chunked_backward_head(const HeadInputs<Scalar>& in, const std::vector<Segme
     chunks.clear();
     for (const Chunk& chunk : chunks_of(segment)) {
       chunks.emplace_back(chunk, d, scratch);
-      compute_chunk_terms(in, state, chunks.back());
+      compute_chunk_terms(in, state, scratch, chunks.back());
       chunk_end_state(in, chunks.back(), scratch, state);
     }
     if (s + 1 == segments.size()) grad_state = grad_h_final;
@@ -559,21 +560,6 @@ int64_t backward_scratch_elements(const Dims& d, const std::vector<Segment>& seg
          most_chunks_in_a_segment(segments) * ChunkTerms<Scalar>::elements(d) + per_chunk;
 }
 
-// Keeps Eigen's products on the calling thread while alive. (b, h) pairs are the unit of
-// parallelism; with fewer pairs than threads Eigen would split each chunk-sized product
-// across threads, and on a busy machine every such split waits a scheduler quantum
-// (measured: 100x slower for one head on 2 threads). Restores the thread count after.
-class EigenOnThisThread {
- public:
-  EigenOnThisThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~EigenOnThisThread() { omp_set_num_threads(saved_); }
-  EigenOnThisThread(const EigenOnThisThread&) = delete;
-  EigenOnThisThread& operator=(const EigenOnThisThread&) = delete;
-
- private:
-  int saved_;
-};
-
 // Work per (b, h) pair, for parallel_for's serial/parallel decision.
 int64_t pair_cost(const Dims& d) {
   return std::max<int64_t>(1, d.seq_len * (d.key_dim + kGatedDeltaRuleChunkSize) * d.value_dim);
@@ -589,7 +575,6 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& args, GatedDeltaRuleResu
     Scalar* fit_data = out.fit_error.defined() ? out.fit_error.data<Scalar>() : nullptr;
     Scalar* state_data = out.h_final.data<Scalar>();
     parallel_for(d.batch * d.heads, pair_cost(d), [&](int64_t pair) {
-      EigenOnThisThread single_threaded;
       const int64_t b = pair / d.heads, h = pair % d.heads;
       const std::vector<Segment> segments = document_segments(doc_ids, b, d.seq_len);
       Scratch<Scalar> scratch(forward_scratch_elements<Scalar>(d, fit_data != nullptr));
@@ -618,7 +603,6 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& args, const Tensor& gra
     Scalar* dq = grads.dq.defined() ? grads.dq.data<Scalar>() : nullptr;
     Scalar* dk = grads.dk.defined() ? grads.dk.data<Scalar>() : nullptr;
     parallel_for(d.batch * d.heads, 3 * pair_cost(d), [&](int64_t pair) {
-      EigenOnThisThread single_threaded;
       const int64_t b = pair / d.heads, h = pair % d.heads;
       const std::vector<Segment> segments = document_segments(doc_ids, b, d.seq_len);
       Scratch<Scalar> scratch(backward_scratch_elements<Scalar>(d, segments));

@@ -25,6 +25,7 @@
 
 #include <Eigen/Core>
 
+#include "core/cpu/matmul.h"
 #include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
 #include "core/ops/matmul.h"
@@ -394,5 +395,43 @@ void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s)
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmShape& s) {
   dispatch_floating("matmul", a.dtype(), [&]<class T>() { gemm_typed<T>(a, b, c, s); });
 }
+
+template <class T>
+void ProductOnThisThread<T>::operator()(const StridedMatrix<T>& c,
+                                        const StridedMatrix<const T>& a,
+                                        const StridedMatrix<const T>& b, T alpha, T beta) {
+  HAM_CHECK(a.rows == c.rows && b.cols == c.cols && a.cols == b.rows,
+            "cpu product: [", c.rows, ", ", c.cols, "] = [", a.rows, ", ", a.cols, "] x [",
+            b.rows, ", ", b.cols, "] does not match");
+  HAM_CHECK(c.col_stride == 1 || c.cols <= 1,
+            "cpu product: the result's column stride is ", c.col_stride, ", not 1");
+  HAM_CHECK(a.col_stride == 1 || a.row_stride == 1, "cpu product: the left operand has strides ",
+            a.row_stride, " and ", a.col_stride, "; one must be 1");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (a.cols == 0) {
+    for (int64_t i = 0; i < c.rows; ++i) scale_only(c.data + i * c.row_stride, c.cols, beta);
+    return;
+  }
+  const int64_t needed = packing_elements<T>(c.cols, a.cols);
+  if (!buffer_.defined() || buffer_.numel() < needed) {
+    buffer_ = Tensor::empty({needed}, dtype_of<T>());
+  }
+  Operands<T> x;  // gemm_block reads A in place along rows if a_col is 1, else along columns
+  x.a = a.data;
+  x.a_row = a.row_stride;
+  x.a_col = a.col_stride;
+  x.b = b.data;
+  x.b_row = b.row_stride;
+  x.b_col = b.col_stride;
+  x.c = c.data;
+  x.ldc = c.row_stride;
+  x.k = a.cols;
+  x.alpha = alpha;
+  x.beta = beta;
+  gemm_block(x, 0, c.rows, 0, c.cols, buffer_.data<T>());
+}
+
+template class ProductOnThisThread<float>;
+template class ProductOnThisThread<double>;
 
 }  // namespace ham::cpu

@@ -9,6 +9,7 @@
 //               segments, one document's queries each; a segment's scores against the keys
 //               its queries see are one matrix product, masked past each query's last key,
 //               then a two-pass softmax per row and a second product for the output.
+//               The products are ham's GEMM on the task's thread (core/cpu/matmul.h).
 //   backward    parallel over (b, query head); per segment five matrix products give dq and
 //               this head's dk, dv', accumulated in the task's own buffer. Then one pass
 //               sums the heads of each kv group in a fixed order (deterministic), applies the
@@ -24,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cpu/matmul.h"
 #include "core/cpu/packet_math.h"
 #include "core/cpu/packets.h"
 #include "core/cpu/parallel.h"
@@ -213,7 +215,7 @@ struct ForwardBuffers {
 template <class T>
 void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBlock<T>& kv,
                      int64_t b, int64_t h, const QuerySegment& s, RowMajorMatrix<T>& scores,
-                     ScoreTally& tally) {
+                     ProductOnThisThread<T>& product, ScoreTally& tally) {
   const int64_t m = s.last - s.first;
   auto o = head_rows(f.out, d, b, h, s.first, m, d.q_heads, d.value_dim);
   T* lse = f.lse + d.q_row(b, s.first, h);  // stride q_heads
@@ -224,8 +226,8 @@ void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBl
   }
   const int64_t* end = f.visible_end + b * d.seq_len + s.first;
   auto e = scores.topLeftCorner(m, s.width);
-  e.noalias() = head_rows(f.q, d, b, h, s.first, m, d.q_heads, d.key_dim) *
-                kv.keys.middleRows(s.lo, s.width).transpose();
+  product.assign(e, head_rows(f.q, d, b, h, s.first, m, d.q_heads, d.key_dim),
+                 kv.keys.middleRows(s.lo, s.width).transpose());
   Vector<T> inverse_sum(m);
   int64_t visible = 0;
   for (int64_t r = 0; r < m; ++r) {
@@ -247,7 +249,7 @@ void forward_segment(const Dims& d, const ForwardBuffers<T>& f, const KeyValueBl
     inverse_sum[r] = T(1) / sum;
     lse[r * d.q_heads] = s_max + std::log(sum);
   }
-  o.noalias() = e * kv.values.middleRows(s.lo, s.width);
+  product.assign(o, e, kv.values.middleRows(s.lo, s.width));
   o.array().colwise() *= inverse_sum.array();
   for (int64_t r = 0; r < m; ++r) {
     if (end[r] == s.lo) o.row(r).setZero();  // exactly 0, even next to non-finite values
@@ -279,7 +281,7 @@ template <class T>
 void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValueBlock<T>& kv,
                       int64_t b, int64_t h, const QuerySegment& s, MatrixMap<T> head_dk,
                       MatrixMap<T> head_dv, RowMajorMatrix<T>& probs, RowMajorMatrix<T>& dscores,
-                      ScoreTally& tally) {
+                      ProductOnThisThread<T>& product, ScoreTally& tally) {
   const int64_t m = s.last - s.first;
   auto dq = head_rows(f.dq, d, b, h, s.first, m, d.q_heads, d.key_dim);
   if (s.width == 0) {  // o = 0 whatever q is, and no key sees these queries
@@ -293,8 +295,8 @@ void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValue
   const auto keys = kv.keys.middleRows(s.lo, s.width);
   auto p = probs.topLeftCorner(m, s.width);
   auto ds = dscores.topLeftCorner(m, s.width);
-  p.noalias() = q * keys.transpose();
-  ds.noalias() = dout * kv.values.middleRows(s.lo, s.width).transpose();  // dP
+  product.assign(p, q, keys.transpose());
+  product.assign(ds, dout, kv.values.middleRows(s.lo, s.width).transpose());  // dP
   int64_t visible = 0;
   for (int64_t r = 0; r < m; ++r) {
     const int64_t n = end[r] - s.lo;
@@ -310,12 +312,12 @@ void backward_segment(const Dims& d, const BackwardBuffers<T>& f, const KeyValue
     const T delta = p_head.dot(ds_head);
     ds_head = p_head.cwiseProduct((ds_head.array() - delta).matrix());
   }
-  dq.noalias() = f.scale * ds * keys;
+  product.assign(dq, ds, keys, f.scale);
   for (int64_t r = 0; r < m; ++r) {
     if (end[r] == s.lo) dq.row(r).setZero();  // exactly 0, even next to non-finite values
   }
-  head_dk.middleRows(s.lo, s.width).noalias() += f.scale * ds.transpose() * q;
-  head_dv.middleRows(s.lo, s.width).noalias() += p.transpose() * dout;
+  product.add(head_dk.middleRows(s.lo, s.width), ds.transpose(), q, f.scale);
+  product.add(head_dv.middleRows(s.lo, s.width), p.transpose(), dout);
   tally.visible += visible;
   tally.computed += m * s.width;
 }
@@ -408,10 +410,11 @@ void routed_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       const int64_t t_last = std::min(t_first + kQueryTile, d.seq_len);
       const KeyValueBlock<T> block(kv, d, b, d.kv_head_of(h));
       RowMajorMatrix<T> scores(t_last - t_first, score_columns<T>(d.max_keys));
+      ProductOnThisThread<T> product;
       const int64_t row = b * d.seq_len;
       for_each_query_segment(f.visible_begin + row, f.visible_end + row, t_first, t_last,
                              [&](const QuerySegment& s) {
-                               forward_segment(d, f, block, b, h, s, scores, tally);
+                               forward_segment(d, f, block, b, h, s, scores, product, tally);
                              });
     });
     g_forward_visible_scores = tally.visible.load();
@@ -450,13 +453,14 @@ void routed_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
                            d.value_dim);
       RowMajorMatrix<T> probs(std::min(kQueryTile, d.seq_len), score_columns<T>(d.max_keys));
       RowMajorMatrix<T> dscores(probs.rows(), probs.cols());
+      ProductOnThisThread<T> product;
       const int64_t row = b * d.seq_len;
       for (int64_t t_first = 0; t_first < d.seq_len; t_first += kQueryTile) {
         const int64_t t_last = std::min(t_first + kQueryTile, d.seq_len);
         for_each_query_segment(f.visible_begin + row, f.visible_end + row, t_first, t_last,
                                [&](const QuerySegment& s) {
                                  backward_segment(d, f, block, b, h, s, task_dk, task_dv, probs,
-                                                  dscores, tally);
+                                                  dscores, product, tally);
                                });
       }
     });

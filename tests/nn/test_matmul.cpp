@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/matmul.h"
 #include "core/ops/matmul.h"
+#include "tests/error_testing.h"
 
 #include "tests/testing.h"
 
@@ -16,6 +18,8 @@ namespace {
 
 using testing::expect_gradcheck;
 using testing::randn64;
+using cpu::ProductOnThisThread;
+using cpu::StridedMatrix;
 
 struct MatmulCase {
   Shape a, b;
@@ -229,6 +233,102 @@ TEST(MatmulCpuKernel, BitsDoNotDependOnTheThreadCount) {
     EXPECT_EQ(results[0], results[1]) << shape_str(c.a) << " @ " << shape_str(c.b);
     EXPECT_EQ(results[0], results[2]) << shape_str(c.a) << " @ " << shape_str(c.b);
   }
+}
+
+// ProductOnThisThread on blocks of larger row-major buffers: A read along rows or (as a
+// transposed block) along columns, B through both kinds of transposed view, C a block
+// whose neighbours must stay untouched. Against f64 sums, with the bound above.
+template <class T>
+void expect_strided_products_match_reference(uint64_t seed) {
+  struct Case {
+    int64_t m, k, n;
+    bool trans_a, trans_b;
+    double alpha, beta;
+  };
+  const Case cases[] = {{64, 64, 96, false, true, 1.0, 0.0},   {64, 128, 64, true, false, 1.0, 1.0},
+                        {9, 257, 49, false, false, -0.5, 1.0}, {17, 5, 130, true, true, 2.0, 0.0},
+                        {1, 3, 1, false, false, 1.0, 1.0},     {130, 70, 7, true, false, .25, 0}};
+  ProductOnThisThread<T> product;  // one object throughout: its buffer grows and is reused
+  const double eps = std::numeric_limits<T>::epsilon();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.m) + " x " + std::to_string(c.k) + " x " +
+                 std::to_string(c.n) + (c.trans_a ? " A^T" : "") + (c.trans_b ? " B^T" : ""));
+    // Each operand sits at row 2, column 3 of a buffer 5 columns wider than the block.
+    auto buffer = [&](int64_t rows, int64_t cols, uint64_t s) {
+      return randn64({rows + 4, cols + 5}, s, 1.0, false).to_vector<double>();
+    };
+    const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
+    const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+    const std::vector<double> a64 = buffer(a_rows, a_cols, seed++);
+    const std::vector<double> b64 = buffer(b_rows, b_cols, seed++);
+    const std::vector<double> c64 = buffer(c.m, c.n, seed++);
+    const std::vector<T> a(a64.begin(), a64.end()), b(b64.begin(), b64.end());
+    std::vector<T> out(c64.begin(), c64.end());
+    const int64_t lda = a_cols + 5, ldb = b_cols + 5, ldc = c.n + 5;
+    const int64_t corner_a = 2 * lda + 3, corner_b = 2 * ldb + 3, corner_c = 2 * ldc + 3;
+    // op(X)[i, j] of a block at the corner, row stride ld.
+    auto view = [](const T* corner, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
+      return transposed ? StridedMatrix<const T>{corner, rows, cols, 1, ld}
+                        : StridedMatrix<const T>{corner, rows, cols, ld, 1};
+    };
+    product(StridedMatrix<T>{out.data() + corner_c, c.m, c.n, ldc, 1},
+            view(a.data() + corner_a, c.m, c.k, lda, c.trans_a),
+            view(b.data() + corner_b, c.k, c.n, ldb, c.trans_b), T(c.alpha), T(c.beta));
+
+    int64_t bad = 0;
+    for (int64_t i = 0; i < c.m + 4; ++i) {
+      for (int64_t j = 0; j < c.n + 5; ++j) {
+        const size_t at = size_t(i * ldc + j);
+        const bool inside = i >= 2 && i < c.m + 2 && j >= 3 && j < c.n + 3;
+        if (!inside) {
+          if (out[at] != T(c64[at]) && bad++ < 3) ADD_FAILURE() << "wrote outside at " << i;
+          continue;
+        }
+        double sum = 0, magnitude = 0;
+        for (int64_t q = 0; q < c.k; ++q) {
+          const int64_t r = i - 2, col = j - 3;
+          const double x = c.trans_a ? a[size_t(corner_a + q * lda + r)]
+                                     : a[size_t(corner_a + r * lda + q)];
+          const double y = c.trans_b ? b[size_t(corner_b + col * ldb + q)]
+                                     : b[size_t(corner_b + q * ldb + col)];
+          sum += x * y;
+          magnitude += std::abs(x * y);
+        }
+        const double old = double(T(c64[at]));
+        const double want = c.alpha * sum + c.beta * old;
+        const double bound = 2 * double(c.k + 2) * eps *
+                             (std::abs(c.alpha) * magnitude + std::abs(c.beta * old));
+        if (!(std::abs(double(out[at]) - want) <= bound) && bad++ < 3) {
+          ADD_FAILURE() << "C[" << i - 2 << ", " << j - 3 << "] = " << out[at] << ", want "
+                        << want << " within " << bound;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+TEST(MatmulCpuKernel, ProductOnThisThreadMatchesF64SumsOnStridedBlocks) {
+  expect_strided_products_match_reference<float>(400);
+  expect_strided_products_match_reference<double>(500);
+}
+
+TEST(MatmulCpuKernel, ProductOnThisThreadRejectsMismatchedOrUnreadableOperands) {
+  std::vector<float> x(64, 1.0f);
+  ProductOnThisThread<float> product;
+  const StridedMatrix<const float> a{x.data(), 2, 3, 3, 1}, b{x.data(), 3, 4, 4, 1};
+  testing::expect_error(
+      [&] { product(StridedMatrix<float>{x.data(), 2, 5, 5, 1}, a, b, 1.0f, 0.0f); },
+      {"cpu product", "[2, 5] = [2, 3] x [3, 4]"});
+  testing::expect_error(
+      [&] { product(StridedMatrix<float>{x.data(), 2, 4, 1, 2}, a, b, 1.0f, 0.0f); },
+      {"cpu product", "column stride is 2"});
+  testing::expect_error(
+      [&] {
+        product(StridedMatrix<float>{x.data(), 2, 4, 4, 1},
+                StridedMatrix<const float>{x.data(), 2, 3, 6, 2}, b, 1.0f, 0.0f);
+      },
+      {"cpu product", "strides 6 and 2"});
 }
 
 }  // namespace
