@@ -53,7 +53,12 @@ double dot_in_f64(const T* a, const T* b, int64_t n) {
     }
     accumulate(acc0, acc1, acc2, acc3);
   }
-  return pk::predux(pk::padd(pk::padd(acc0, acc2), pk::padd(acc1, acc3)));
+  // The lanes summed from memory: Eigen's predux on an AVX-512 double packet sets off
+  // GCC 12's -Wuninitialized (in _mm512_extractf64x4_pd).
+  pk::pstore(xa, pk::padd(pk::padd(acc0, acc2), pk::padd(acc1, acc3)));
+  double sum = 0;
+  for (int64_t lane = 0; lane < kLanes; ++lane) sum += xa[lane];
+  return sum;
 }
 
 // silu(z_j) for j < n, on packets.
