@@ -416,18 +416,10 @@ void ProductOnThisThread<T>::operator()(const StridedMatrix<T>& c,
   if (!buffer_.defined() || buffer_.numel() < needed) {
     buffer_ = Tensor::empty({needed}, dtype_of<T>());
   }
-  Operands<T> x;  // gemm_block reads A in place along rows if a_col is 1, else along columns
-  x.a = a.data;
-  x.a_row = a.row_stride;
-  x.a_col = a.col_stride;
-  x.b = b.data;
-  x.b_row = b.row_stride;
-  x.b_col = b.col_stride;
-  x.c = c.data;
-  x.ldc = c.row_stride;
-  x.k = a.cols;
-  x.alpha = alpha;
-  x.beta = beta;
+  // gemm_block reads A in place along its rows if a_col is 1, else along its columns.
+  const Operands<T> x{a.data, a.row_stride, a.col_stride,
+                      b.data, b.row_stride, b.col_stride,
+                      c.data, c.row_stride, a.cols, alpha, beta};
   gemm_block(x, 0, c.rows, 0, c.cols, buffer_.data<T>());
 }
 
