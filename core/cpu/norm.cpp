@@ -30,11 +30,11 @@ double dot_in_f64(const T* a, const T* b, int64_t n) {
   // the last one's store.
   P acc0 = pk::pset1<P>(0.0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   alignas(64) double xa[kBlock], xb[kBlock];
-  auto accumulate = [&](P& a0, P& a1, P& a2, P& a3) {
-    a0 = pk::pmadd(pk::pload<P>(xa), pk::pload<P>(xb), a0);
-    a1 = pk::pmadd(pk::pload<P>(xa + kLanes), pk::pload<P>(xb + kLanes), a1);
-    a2 = pk::pmadd(pk::pload<P>(xa + 2 * kLanes), pk::pload<P>(xb + 2 * kLanes), a2);
-    a3 = pk::pmadd(pk::pload<P>(xa + 3 * kLanes), pk::pload<P>(xb + 3 * kLanes), a3);
+  auto accumulate = [&] {
+    acc0 = pk::pmadd(pk::pload<P>(xa), pk::pload<P>(xb), acc0);
+    acc1 = pk::pmadd(pk::pload<P>(xa + kLanes), pk::pload<P>(xb + kLanes), acc1);
+    acc2 = pk::pmadd(pk::pload<P>(xa + 2 * kLanes), pk::pload<P>(xb + 2 * kLanes), acc2);
+    acc3 = pk::pmadd(pk::pload<P>(xa + 3 * kLanes), pk::pload<P>(xb + 3 * kLanes), acc3);
   };
   int64_t j = 0;
   for (; j + kBlock <= n; j += kBlock) {
@@ -42,7 +42,7 @@ double dot_in_f64(const T* a, const T* b, int64_t n) {
       xa[i] = double(a[j + i]);
       xb[i] = double(b[j + i]);
     }
-    accumulate(acc0, acc1, acc2, acc3);
+    accumulate();
   }
   if (j < n) {  // the tail, zero-padded
     std::fill(xa, xa + kBlock, 0.0);
@@ -51,7 +51,7 @@ double dot_in_f64(const T* a, const T* b, int64_t n) {
       xa[i] = double(a[j + i]);
       xb[i] = double(b[j + i]);
     }
-    accumulate(acc0, acc1, acc2, acc3);
+    accumulate();
   }
   // The lanes summed from memory: Eigen's predux on an AVX-512 double packet sets off
   // GCC 12's -Wuninitialized (in _mm512_extractf64x4_pd).
