@@ -105,8 +105,16 @@ std::string describe(const Product& p, double alpha, double beta) {
          std::to_string(alpha) + " beta " + std::to_string(beta);
 }
 
+// How far a T element of alpha * (a k-term dot product) + beta * old may be from its f64
+// value: 2 (k + 2) eps times the terms' magnitudes (the standard bound for a dot product).
+template <class T>
+double gemm_error_bound(int64_t k, double alpha, double magnitude, double beta, double old) {
+  const double eps = std::numeric_limits<T>::epsilon();
+  return 2 * double(k + 2) * eps * (std::abs(alpha) * magnitude + std::abs(beta * old));
+}
+
 // Checks C = alpha op(A) op(B) + beta C0 element by element against f64 sums, within
-// 2 k eps times the sum of the terms' magnitudes (the standard bound for a dot product).
+// gemm_error_bound.
 template <class T>
 void expect_gemm_matches_reference(const Product& p, double alpha, double beta, uint64_t seed) {
   SCOPED_TRACE(describe(p, alpha, beta));
@@ -120,7 +128,6 @@ void expect_gemm_matches_reference(const Product& p, double alpha, double beta, 
   ops::gemm(a, b, c, p.trans_a, p.trans_b, alpha, beta);
 
   const std::vector<T> va = a.to_vector<T>(), vb = b.to_vector<T>(), vc = c.to_vector<T>();
-  const double eps = std::numeric_limits<T>::epsilon();
   int64_t bad = 0;
   for (int64_t l = 0; l < p.batch; ++l) {
     const T* pa = va.data() + l * p.m * p.k;
@@ -137,8 +144,7 @@ void expect_gemm_matches_reference(const Product& p, double alpha, double beta, 
         const size_t at = size_t((l * p.m + i) * p.n + j);
         const double old = beta == 0.0 ? 0.0 : double(c0[at]);
         const double want = alpha * sum + beta * old;
-        const double bound =
-            2 * double(p.k + 2) * eps * (std::abs(alpha) * magnitude + std::abs(beta * old));
+        const double bound = gemm_error_bound<T>(p.k, alpha, magnitude, beta, old);
         if (!(std::abs(double(vc[at]) - want) <= bound) && bad++ < 3) {
           ADD_FAILURE() << "C[" << l << ", " << i << ", " << j << "] = " << vc[at] << ", want "
                         << want << " within " << bound;
@@ -237,7 +243,7 @@ TEST(MatmulCpuKernel, BitsDoNotDependOnTheThreadCount) {
 
 // ProductOnThisThread on blocks of larger row-major buffers: A read along rows or (as a
 // transposed block) along columns, B through both kinds of transposed view, C a block
-// whose neighbours must stay untouched. Against f64 sums, with the bound above.
+// whose neighbours must stay untouched. Against f64 sums, within gemm_error_bound.
 template <class T>
 void expect_strided_products_match_reference(uint64_t seed) {
   struct Case {
@@ -245,11 +251,11 @@ void expect_strided_products_match_reference(uint64_t seed) {
     bool trans_a, trans_b;
     double alpha, beta;
   };
-  const Case cases[] = {{64, 64, 96, false, true, 1.0, 0.0},   {64, 128, 64, true, false, 1.0, 1.0},
-                        {9, 257, 49, false, false, -0.5, 1.0}, {17, 5, 130, true, true, 2.0, 0.0},
-                        {1, 3, 1, false, false, 1.0, 1.0},     {130, 70, 7, true, false, .25, 0}};
+  const Case cases[] = {
+      {64, 64, 96, false, true, 1.0, 0.0},   {64, 128, 64, true, false, 1.0, 1.0},
+      {9, 257, 49, false, false, -0.5, 1.0}, {17, 5, 130, true, true, 2.0, 0.0},
+      {1, 3, 1, false, false, 1.0, 1.0},     {130, 70, 7, true, false, 0.25, 0.0}};
   ProductOnThisThread<T> product;  // one object throughout: its buffer grows and is reused
-  const double eps = std::numeric_limits<T>::epsilon();
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.m) + " x " + std::to_string(c.k) + " x " +
                  std::to_string(c.n) + (c.trans_a ? " A^T" : "") + (c.trans_b ? " B^T" : ""));
@@ -296,8 +302,7 @@ void expect_strided_products_match_reference(uint64_t seed) {
         }
         const double old = double(T(c64[at]));
         const double want = c.alpha * sum + c.beta * old;
-        const double bound = 2 * double(c.k + 2) * eps *
-                             (std::abs(c.alpha) * magnitude + std::abs(c.beta * old));
+        const double bound = gemm_error_bound<T>(c.k, c.alpha, magnitude, c.beta, old);
         if (!(std::abs(double(out[at]) - want) <= bound) && bad++ < 3) {
           ADD_FAILURE() << "C[" << i - 2 << ", " << j - 3 << "] = " << out[at] << ", want "
                         << want << " within " << bound;
