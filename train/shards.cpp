@@ -66,7 +66,7 @@ void write_shard(const std::string& path, const std::vector<int64_t>& tokens, in
     }
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  HAM_CHECK(out, path, ": cannot create shard file");
+  HAM_CHECK(out, path, ": cannot create shard file: ", std::strerror(errno));
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
   out.write(reinterpret_cast<const char*>(body.data()), std::streamsize(body.size()));
   out.close();
@@ -316,7 +316,7 @@ class ShardWriter {
   void open() {
     path_ = fmt::format("{}_{}_{:06d}.bin", prefix_, split_, written_.size());
     out_.open(path_, std::ios::binary | std::ios::trunc);
-    HAM_CHECK(out_, path_, ": cannot create shard file");
+    HAM_CHECK(out_, path_, ": cannot create shard file: ", std::strerror(errno));
     int32_t header[256] = {};
     header[0] = width_ == 2 ? kShardMagicUint16 : kShardMagicUint32;
     header[1] = width_ == 2 ? kShardVersionUint16 : kShardVersionUint32;

@@ -1,5 +1,7 @@
 #include "train/training_data.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -13,7 +15,7 @@ namespace {
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, path, ": cannot open training text");
+  HAM_CHECK(in, path, ": cannot open the text file (--data): ", std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ham eval` on a model that `ham train --export` wrote: every task asked for gets a table
-# row and a JSON entry, a HAM model reports its KV fraction per layer, and a bad
-# multiple-choice line is a one-line error naming the file, the line and the key.
+# row and a JSON entry (its directory created), a HAM model reports its KV fraction per
+# layer, a bad multiple-choice line is a one-line error naming the file, the line and the
+# key, and a --json path that cannot be written fails before any task runs.
 set -euo pipefail
 ham="$1"
 config="$2"
@@ -15,9 +16,9 @@ printf '%s\n' '{"context": "The cat sat on the", "choices": [" mat", " moon"], "
 
 table="$("$ham" eval "$dir/model" --seq-len 32 --max-batches 1 --batch-size 2 \
   --mqar-lengths 32,64 --mqar-pairs 4 --samples 2 --niah single_1 --niah-lengths 400 \
-  --niah-margin 2 --choices "$dir/choices.jsonl" --json "$dir/eval.json" --threads 1)"
+  --niah-margin 2 --choices "$dir/choices.jsonl" --json "$dir/results/eval.json" --threads 1)"
 echo "$table"
-json="$(cat "$dir/eval.json")"
+json="$(cat "$dir/results/eval.json")"
 
 expect() {  # expect WHAT PATTERN TEXT
   grep -Eq -- "$2" <<< "$3" || { echo "FAIL: $1: no line matches '$2'"; exit 1; }
@@ -41,4 +42,13 @@ if "$ham" eval "$dir/model" --no-perplexity --choices "$dir/bad.jsonl" 2> "$dir/
   exit 1
 fi
 expect "bad line error" "^ham: error: .*bad.jsonl:1: key 'answer' is missing$" "$(cat "$dir/err.log")"
+if "$ham" eval "$dir/model" --seq-len 32 --json "$dir/train.log/eval.json" \
+    > "$dir/out.log" 2> "$dir/err.log"; then
+  echo "FAIL: --json under a file was accepted"
+  exit 1
+fi
+expect "unwritable --json error" "^ham: error: --json .*train.log/eval.json: cannot create its directory" \
+  "$(cat "$dir/err.log")"
+[ "$(wc -l < "$dir/err.log")" -eq 1 ] || { echo "FAIL: --json error is not one line"; exit 1; }
+[ ! -s "$dir/out.log" ] || { echo "FAIL: eval ran before the --json path was checked"; exit 1; }
 echo "eval_cli: passed"

@@ -3,8 +3,6 @@
 // per-head fit error and gate alpha_t = exp(g_t) with resets, per sequence and averaged,
 // and for NIAH prompts the score on the needle against the haystack. Writes CSVs and PNG
 // plots (gnuplot) into --out and prints a per-layer summary. See docs/analysis.md.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -470,7 +468,7 @@ void print_summary(const std::vector<LayerSummary>& summaries, double threshold,
 }
 
 int run_analyze(const AnalyzeArgs& args) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   HAM_CHECK(args.detail >= 0, "--detail must be >= 0, got ", args.detail);
   HAM_CHECK(std::isfinite(args.reset_threshold) && args.reset_threshold > 0 && args.reset_threshold < 1,
             "--reset-threshold must lie in (0, 1), got ", args.reset_threshold);
@@ -478,6 +476,7 @@ int run_analyze(const AnalyzeArgs& args) {
   // Fail before loading anything when plots cannot be drawn.
   HAM_CHECK(!find_gnuplot().empty(),
             "analyze: gnuplot is not installed (not found on PATH); run scripts/install_deps.sh");
+  prepare_output_directory(args.out_dir, "--out");
 
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer);
   TrainedModel trained = load_trained_model(args.model_dir);
@@ -507,8 +506,6 @@ int run_analyze(const AnalyzeArgs& args) {
     }
   }
 
-  fs::create_directories(args.out_dir);
-  HAM_CHECK(fs::is_directory(args.out_dir), "--out ", args.out_dir, ": cannot create directory");
   const fs::path dir(args.out_dir);
   std::vector<std::string> written, plots;
   auto path = [&](const std::string& name) { return (dir / name).string(); };
@@ -668,7 +665,7 @@ Command add_analyze_command(CLI::App& root) {
   cmd->add_option("--detail", args->detail, "Sequences that get per-token CSVs and their own plots")->capture_default_str();
   cmd->add_option("--reset-threshold", args->reset_threshold, "alpha_t below this counts as a state reset")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_analyze(*args); }};
 }
 

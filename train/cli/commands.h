@@ -13,8 +13,18 @@ struct Command {
   std::function<int()> run;
 };
 
+// Shared by the subcommands (common_options.cpp).
 // "" when `text` names a device (cpu, cuda, cuda:N), else why not: a CLI11 check.
-std::string device_check(const std::string& text);  // train_command.cpp
+std::string device_check(const std::string& text);
+// --threads N, N >= 1; without it OpenMP chooses. use_threads applies it.
+CLI::Option* add_threads_option(CLI::App* cmd, int* threads);
+void use_threads(int threads);
+// An output path is made ready before the work whose results it will hold, so that a path
+// that cannot be written fails at once and not after hours of training or evaluation:
+// the directory (and its parents) is created and must be writable; for a file, its
+// directory. `option` names the flag in the one-line error.
+void prepare_output_directory(const std::string& dir, const std::string& option);
+void prepare_output_file(const std::string& path, const std::string& option);
 
 Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp

@@ -26,7 +26,7 @@ struct CompareArgs {
 };
 
 int run_compare(const CompareArgs& args) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   CompareSpec spec = CompareSpec::from_file(args.spec_path);
   if (!args.sweep_kv.empty()) {
     for (double rho : args.sweep_kv) {
@@ -70,7 +70,7 @@ Command add_compare_command(CLI::App& root) {
       ->delimiter(',');
   cmd->add_option("--runs", args->only, "Only these runs of the spec, e.g. gdn,ham")->delimiter(',');
   cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)");
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_compare(*args); }};
 }
 

@@ -1,7 +1,5 @@
 // ham eval: a trained model's perplexity, MQAR and RULER NIAH accuracy at several lengths,
 // multiple-choice accuracy, and (HAM) KV fraction per layer; a table and, optionally, JSON.
-#include <omp.h>
-
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -31,10 +29,11 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& args) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   EvalOptions options = args.options;
   options.perplexity = !args.no_perplexity;
   options.validate();  // bad options fail before the weights load
+  if (!args.json_path.empty()) prepare_output_file(args.json_path, "--json");
   TrainedModel trained = load_trained_model(args.model_dir);
   if (args.tau) set_routing_threshold(*trained.model, *args.tau);
   const LanguageModel& model = *trained.model;
@@ -105,7 +104,7 @@ Command add_eval_command(CLI::App& root) {
   cmd->add_flag("--full-forward", args->full_forward, "Generate NIAH answers with the full forward pass over the growing sequence (the slow, exact reference) instead of the KV-cached decoder");
   cmd->add_option("--tau", args->tau, "HAM: set every layer's routing threshold tau (score units) for all tasks");
   cmd->add_option("--json", args->json_path, "Write the results as JSON to this file");
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_eval(*args); }};
 }
 

@@ -1,8 +1,6 @@
 // ham generate: continue a prompt with a trained model, and show what the decoder keeps
 // per layer (KV cache tokens and bytes, recurrent and conv state) - HAM's memory/quality
 // dial, turned with --tau or --kv-fraction.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -112,7 +110,7 @@ void print_state(const GenerateResult& r) {
 }
 
 int run_generate(GenerateArgs args) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   TrainedModel trained = load_trained_model(args.model_dir);
   trained.model->to(Device::parse(args.device));
   if (args.precision == "bf16") trained.model->to(DType::BF16);  // f32 where the model keeps it
@@ -184,7 +182,7 @@ Command add_generate_command(CLI::App& root) {
                   "'bytes' or a Hugging Face tokenizer.json (must match the model's training data)")
       ->capture_default_str();
   cmd->add_flag("--ignore-eot", args->ignore_eot, "Keep generating past the end-of-text token");
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N: where the model decodes")
       ->capture_default_str()
       ->check(device_check);

@@ -1,7 +1,5 @@
 // ham gradcheck: a model's loss gradient by autograd against central finite differences,
 // per parameter tensor, in f64 on CPU (train/gradient_check.h has the method).
-#include <omp.h>
-
 #include <iostream>
 #include <memory>
 #include <string>
@@ -23,7 +21,7 @@ struct GradcheckArgs {
 };
 
 int run_gradcheck(const GradcheckArgs& args) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   ModelConfig config = ModelConfig::from_file(args.config_path);
   std::shared_ptr<LanguageModel> model = make_model(config);
   model->to(DType::F64);
@@ -67,7 +65,7 @@ Command add_gradcheck_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of the tokens and of the entries drawn")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_gradcheck(*args); }};
 }
 

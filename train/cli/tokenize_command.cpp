@@ -32,6 +32,7 @@ void print_split(const char* split, int64_t documents, int64_t tokens, const std
 
 int run_tokenize(const TokenizeArgs& args) {
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer);
+  prepare_output_file(args.out_prefix, "--out");  // the shards are PREFIX_<split>_NNNNNN.bin
   TokenizeSummary s = tokenize_to_shards(*tokenizer, args.inputs, args.out_prefix, args.options);
   std::cout << fmt::format("tokenizer: {}; documents start with token {}; uint{} shards\n", tokenizer->name(),
                            tokenizer->document_start_id(), 8 * s.token_width);

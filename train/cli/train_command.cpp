@@ -95,7 +95,7 @@ int run_train(const TrainArgs& args) {
 }
 
 int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Communicator>& world) {
-  if (args.threads > 0) omp_set_num_threads(args.threads);
+  use_threads(args.threads);
   // Only rank 0 prints; the others' output would repeat it.
   std::ostringstream discarded;
   std::ostream& out = world->rank() == 0 ? std::cout : discarded;
@@ -132,6 +132,9 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
   options.validate("");  // before the data is read and the model built
+  if (!args.export_dir.empty() && world->rank() == 0) {
+    prepare_output_directory(args.export_dir, "--export");
+  }
   TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
   out << fmt::format("{} model: {} parameters\n", family_name(config.family),
@@ -165,15 +168,6 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 
 }  // namespace
 
-std::string device_check(const std::string& text) {
-  try {
-    Device::parse(text);
-  } catch (const Error& e) {
-    return std::string(e.what());
-  }
-  return std::string();
-}
-
 Command add_train_command(CLI::App& root) {
   auto args = std::make_shared<TrainArgs>();
   TrainOptions& o = args->options;
@@ -185,7 +179,7 @@ Command add_train_command(CLI::App& root) {
   cmd->add_option("--resume", args->resume_path, "Continue from a checkpoint directory (or the newest one in an output directory); flags given here override the saved options")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--export", args->export_dir, "Write the final weights as model.safetensors + config.json into this directory");
-  cmd->add_option("--threads", args->threads, "CPU threads (default: OpenMP's choice)");
+  add_threads_option(cmd, &args->threads);
   cmd->add_option("--set", args->overrides,
                   "Override a config field: model.KEY=VALUE or train.KEY=VALUE, or set a kernel "
                   "variant: kernel.NAME=VALUE (docs/kernel_settings.md) (repeatable)");

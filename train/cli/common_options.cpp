@@ -1,0 +1,66 @@
+// Options and checks every subcommand shares: --threads, --device, and output paths that
+// are created before the work whose results they will hold.
+#include <omp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "train/cli/commands.h"
+
+namespace ham::cli {
+
+namespace fs = std::filesystem;
+
+std::string device_check(const std::string& text) {
+  try {
+    Device::parse(text);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
+CLI::Option* add_threads_option(CLI::App* cmd, int* threads) {
+  auto at_least_one = [](const std::string& text) {
+    int value = 0;
+    const bool is_int = CLI::detail::lexical_cast(text, value);
+    return is_int && value >= 1 ? std::string() : "must be a whole number >= 1, got " + text;
+  };
+  return cmd->add_option("--threads", *threads, "CPU threads (default: OpenMP's choice)")
+      ->check(CLI::Validator(at_least_one, "INT>=1"));
+}
+
+void use_threads(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+void prepare_output_directory(const std::string& dir, const std::string& option) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  HAM_CHECK(!ec, option, " ", dir, ": cannot create the directory: ", ec.message());
+  HAM_CHECK(fs::is_directory(dir), option, " ", dir, ": exists and is not a directory");
+  HAM_CHECK(::access(dir.c_str(), W_OK) == 0, option, " ", dir, ": not writable: ",
+            std::strerror(errno));
+}
+
+void prepare_output_file(const std::string& path, const std::string& option) {
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    HAM_CHECK(!ec, option, " ", path, ": cannot create its directory ", parent.string(), ": ",
+              ec.message());
+  }
+  HAM_CHECK(!fs::is_directory(path), option, " ", path, ": is a directory, not a file");
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  HAM_CHECK(::access(dir.c_str(), W_OK) == 0, option, " ", path, ": its directory ", dir,
+            " is not writable: ", std::strerror(errno));
+}
+
+}  // namespace ham::cli
