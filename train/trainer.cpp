@@ -35,6 +35,7 @@
 #include "nn/optim.h"
 #include "train/gradient_monitor.h"
 #include "train/metrics_log.h"
+#include "train/stop_signals.h"
 #include "train/synthetic.h"
 
 namespace ham {
@@ -475,7 +476,9 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     return out;
   };
 
+  int64_t checkpointed_step = resume != nullptr ? start_step : -1;
   auto write_checkpoint = [&](int64_t step) {
+    checkpointed_step = step;
     CheckpointContents c;
     c.model = sharded_run ? sharded->full_master_parameters() : full_precision_weights();
     c.optimizer = sharded_run ? std::vector<std::pair<std::string, Tensor>>{}
@@ -569,6 +572,22 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   };
 
   for (int64_t step = start_step; step < opt.steps; ++step) {
+    // A stop request (Ctrl-C, a preemption's SIGTERM) ends the run between steps, on every
+    // rank at the same step, with the checkpoint a --resume continues from.
+    int stop_signal = stop_requested();
+    if (sharded_run) {
+      stop_signal = int(world->all_reduce_scalar(double(stop_signal), dist::ReduceOp::Max));
+    }
+    if (stop_signal != 0) {
+      result.stopped_by_signal = stop_signal;
+      result.steps = step;
+      log << fmt::format("step {:>5}/{} | stopping: {} received\n", step, opt.steps,
+                         stop_signal_name(stop_signal));
+      if (!opt.out_dir.empty() && step > start_step && step > checkpointed_step) {
+        write_checkpoint(step);
+      }
+      break;
+    }
     if (opt.profile_steps > 0 && step == profile_first) profiler::start();
     if (step == profile_end) finish_profile();  // where the window's last step was skipped
     double lr = schedule.lr(step);

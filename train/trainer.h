@@ -91,6 +91,9 @@ struct TrainResult {
   double final_val_loss = 0;
   int64_t steps = 0;
   int64_t skipped_steps = 0;
+  // The signal that stopped the run before opt.steps (stop_signals.h), else 0; `steps` is
+  // then where it stopped, and last_checkpoint holds that step when out_dir is set.
+  int stopped_by_signal = 0;
   std::vector<double> step_losses;  // training loss of every step run by this call
   std::string last_checkpoint;
   // The peak of the bytes asked of the training device's pool over the steps (tensors, and

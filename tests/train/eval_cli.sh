@@ -47,7 +47,8 @@ if "$ham" eval "$dir/model" --seq-len 32 --json "$dir/train.log/eval.json" \
   echo "FAIL: --json under a file was accepted"
   exit 1
 fi
-expect "unwritable --json error" "^ham: error: --json .*train.log/eval.json: cannot create its directory" \
+expect "unwritable --json error" \
+  "^ham: error: --json .*train.log/eval.json: cannot create its directory" \
   "$(cat "$dir/err.log")"
 [ "$(wc -l < "$dir/err.log")" -eq 1 ] || { echo "FAIL: --json error is not one line"; exit 1; }
 [ ! -s "$dir/out.log" ] || { echo "FAIL: eval ran before the --json path was checked"; exit 1; }

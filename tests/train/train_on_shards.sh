@@ -13,7 +13,8 @@ log="$("$ham" train --data "$dir/shards/corpus_train_*.bin" \
 grep -q "(token shards)" <<< "$log" || { echo "FAIL: shards were not used"; exit 1; }
 grep '^done:' <<< "$log"
 head -c 2000 "$dir/shards/corpus_val_000000.bin" > "$dir/truncated.bin"
-if err="$("$ham" train --data "$dir/shards/corpus_train_*.bin" --val-data "$dir/truncated.bin" --steps 1 2>&1)"; then
+if err="$("$ham" train --data "$dir/shards/corpus_train_*.bin" --val-data "$dir/truncated.bin" \
+             --steps 1 2>&1)"; then
   echo "FAIL: a truncated shard was accepted"; exit 1
 fi
 grep -q "ham: error: $dir/truncated.bin: " <<< "$err" || { echo "FAIL: error does not name the file: $err"; exit 1; }

@@ -19,6 +19,7 @@
 #include "train/checkpoint.h"
 #include "train/cli/commands.h"
 #include "train/shards.h"
+#include "train/stop_signals.h"
 #include "train/text_data.h"
 #include "train/tokenizer.h"
 #include "train/trained_model.h"
@@ -86,6 +87,8 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
 // Plain `ham train` is a world of one; under mpirun every rank runs the same command and
 // trains its share of the batch (a rank that fails ends the whole job, naming itself).
 int run_train(const TrainArgs& args) {
+  // Ctrl-C or SIGTERM stops between steps with a checkpoint; a second one kills.
+  StopSignals stop_signals;
   // CUDA tensors move between ranks over NCCL, CPU tensors over MPI.
   dist::WorldOptions world_options;
   world_options.use_nccl = Device::parse(training_device(args)).is_cuda();
@@ -132,8 +135,12 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
   options.validate("");  // before the data is read and the model built
-  if (!args.export_dir.empty() && world->rank() == 0) {
-    prepare_output_directory(args.export_dir, "--export");
+  if (world->rank() == 0) {  // the one that writes them
+    const std::pair<std::string, const char*> outputs[] = {
+        {options.out_dir, "--out"}, {options.log_dir, "--log-dir"}, {args.export_dir, "--export"}};
+    for (const auto& [dir, option] : outputs) {
+      if (!dir.empty()) prepare_output_directory(dir, option);
+    }
   }
   TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
@@ -151,6 +158,20 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
     ~NoteSinkReset() { set_kernel_note_sink(nullptr); }
   } note_sink_reset;
   TrainResult r = train(*model, *data.train, *data.val, options, out, resume.get(), world);
+  if (r.stopped_by_signal != 0) {
+    out << fmt::format("stopped at step {} of {} by {}: ", r.steps, options.steps,
+                       stop_signal_name(r.stopped_by_signal));
+    if (!r.last_checkpoint.empty()) {
+      out << fmt::format("checkpoint {}; continue with: ham train --resume {}\n",
+                         r.last_checkpoint, options.out_dir);
+    } else if (!options.out_dir.empty()) {
+      out << "no step ran, nothing new to save\n";
+    } else {
+      out << "nothing saved (no --out)\n";
+    }
+    if (!args.export_dir.empty()) out << "--export skipped: the run did not reach its last step\n";
+    return 128 + r.stopped_by_signal;  // the shell's convention for a signalled end
+  }
   double drop = 100.0 * (1.0 - r.final_loss / r.first_loss);
   out << fmt::format("done: training loss {:.4f} -> {:.4f} ({:.1f}% {})", r.first_loss,
                      r.final_loss, std::abs(drop), drop >= 0 ? "lower" : "higher");
