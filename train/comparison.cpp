@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <system_error>
@@ -203,8 +204,63 @@ ModelConfig with_kv_fraction(ModelConfig config, double rho) {
 
 // ---- running ----------------------------------------------------------------------------------
 
+namespace {
+
+// <out>/runs/<name>/trained.json: a finished run's training result with the settings that
+// produced it, written after its weights. A rerun with the same settings evaluates those
+// weights again instead of training, so an interrupted or extended comparison trains only
+// what is missing.
+constexpr const char* kTrainedRecord = "trained.json";
+
+nlohmann::json training_settings(const ModelConfig& config, const TrainOptions& options) {
+  nlohmann::json train = options.to_json();
+  train.erase("log_dir");  // where the metrics went, not how the run trained
+  return {{"config", config.to_json()}, {"train", train}};
+}
+
+nlohmann::json train_result_to_json(const TrainResult& r) {
+  return {{"first_loss", r.first_loss},           {"final_loss", r.final_loss},
+          {"initial_val_loss", r.initial_val_loss}, {"final_val_loss", r.final_val_loss},
+          {"steps", r.steps},                     {"skipped_steps", r.skipped_steps},
+          {"step_losses", r.step_losses},         {"peak_memory_bytes", r.peak_memory_bytes}};
+}
+
+TrainResult train_result_from_json(const nlohmann::json& j, const std::string& source) {
+  TrainResult r;
+  try {
+    r.first_loss = j.at("first_loss").get<double>();
+    r.final_loss = j.at("final_loss").get<double>();
+    r.initial_val_loss = j.at("initial_val_loss").get<double>();
+    r.final_val_loss = j.at("final_val_loss").get<double>();
+    r.steps = j.at("steps").get<int64_t>();
+    r.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    r.step_losses = j.at("step_losses").get<std::vector<double>>();
+    r.peak_memory_bytes = j.at("peak_memory_bytes").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    HAM_FAIL(source, ": not a training record (", e.what(),
+             "); delete it or rerun with --retrain");
+  }
+  return r;
+}
+
+void write_json_atomically(const fs::path& path, const nlohmann::json& j) {
+  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
+  {
+    std::ofstream out(tmp);
+    HAM_CHECK(out, tmp.string(), ": cannot open for writing");
+    out << j.dump(2) << "\n";
+    out.flush();
+    HAM_CHECK(out.good(), tmp.string(), ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  HAM_CHECK(!ec, tmp.string(), ": cannot rename to ", path.string(), ": ", ec.message());
+}
+
+}  // namespace
+
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log) {
+                             std::ostream& log, bool retrain) {
   std::vector<CompareRun> runs = spec.runs();
   spec.eval.validate();
   check_eval_feasible(spec.eval, spec.source);
@@ -225,38 +281,69 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
 
     TrainOptions options = spec.train;
     options.log_dir = (dir / "metrics").string();
-    // Rows come only from synthetic tasks when the mixture leaves no share for the data.
-    TrainingData data;
-    if (data_rows) {
-      try {
-        data = open_training_data(options, run.config);
-      } catch (const Error& e) {
-        HAM_FAIL("compare run '", run.name, "': ", e.what());
+    const fs::path record_path = dir / kTrainedRecord;
+    const nlohmann::json settings = training_settings(run.config, options);
+    std::optional<nlohmann::json> record;
+    if (!retrain && fs::exists(record_path)) {
+      nlohmann::json earlier = read_json_file(record_path.string(), "training record");
+      if (earlier.is_object() && earlier.value("settings", nlohmann::json()) == settings) {
+        record = std::move(earlier);
+      } else {
+        log << fmt::format("[{}/{}] {}: {} holds other settings; training again\n", i + 1,
+                           runs.size(), run.name, record_path.string());
       }
-    } else {
-      data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
-      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
-      data.description = "synthetic rows only";
     }
-
-    std::shared_ptr<LanguageModel> model = make_model(run.config);
-    log << fmt::format("[{}/{}] {}: {} model, {} parameters, training {} steps of {}x{} tokens "
-                       "({}; log: {})\n",
-                       i + 1, runs.size(), run.name, family_name(run.config.family),
-                       model->num_parameters(), options.steps, options.batch_size,
-                       options.seq_len, data.description, (dir / "train.log").string());
-    log.flush();
-    std::ofstream train_log(dir / "train.log");
-    HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
-    auto start = std::chrono::steady_clock::now();
     CompareRunResult r;
     r.run = run;
     r.family = family_name(run.config.family);
-    r.parameters = model->num_parameters();
-    r.train = train(*model, *data.train, *data.val, options, train_log);
-    r.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.weights_dir = (dir / "weights").string();
-    export_trained_model(r.weights_dir, *model);
+    std::shared_ptr<LanguageModel> model;
+    if (record) {
+      r.train = train_result_from_json(record->at("result"), record_path.string());
+      r.train_seconds = record->value("train_seconds", 0.0);
+      model = load_trained_model(r.weights_dir).model;
+      // Evaluated where it trained, as a model train() leaves behind (f32 weights).
+      model->to(resolve_training_device(options.device, 0));
+      r.parameters = model->num_parameters();
+      log << fmt::format("[{}/{}] {}: trained earlier ({}); evaluating its weights\n", i + 1,
+                         runs.size(), run.name, record_path.string());
+      log.flush();
+    } else {
+      fs::remove(record_path, ec);  // a record must never describe other weights
+      HAM_CHECK(!ec, record_path.string(), ": cannot remove: ", ec.message());
+      // Rows come only from synthetic tasks when the mixture leaves no share for the data.
+      TrainingData data;
+      if (data_rows) {
+        try {
+          data = open_training_data(options, run.config);
+        } catch (const Error& e) {
+          HAM_FAIL("compare run '", run.name, "': ", e.what());
+        }
+      } else {
+        data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
+        data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+        data.description = "synthetic rows only";
+      }
+
+      model = make_model(run.config);
+      log << fmt::format("[{}/{}] {}: {} model, {} parameters, training {} steps of {}x{} tokens "
+                         "({}; log: {})\n",
+                         i + 1, runs.size(), run.name, family_name(run.config.family),
+                         model->num_parameters(), options.steps, options.batch_size,
+                         options.seq_len, data.description, (dir / "train.log").string());
+      log.flush();
+      std::ofstream train_log(dir / "train.log");
+      HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
+      auto start = std::chrono::steady_clock::now();
+      r.parameters = model->num_parameters();
+      r.train = train(*model, *data.train, *data.val, options, train_log);
+      r.train_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      export_trained_model(r.weights_dir, *model);
+      write_json_atomically(record_path, {{"settings", settings},
+                                          {"result", train_result_to_json(r.train)},
+                                          {"train_seconds", r.train_seconds}});
+    }
 
     Completer complete;
     if (!spec.eval.niah_tasks.empty()) {

@@ -8,8 +8,9 @@
 //   <out>/loss_curves.png  training loss per step of every run (+ .csv, .gp)
 //   <out>/kv_tradeoff.png  final loss and recall accuracy versus KV fraction: the HAM
 //                          sweep as a line, other families as single points
-//   <out>/runs/<name>/     train.log, metrics, and the trained weights (`ham train
-//                          --export` layout, so `ham eval/generate/analyze` read them)
+//   <out>/runs/<name>/     train.log, metrics, the trained weights (`ham train --export`
+//                          layout, so `ham eval/generate/analyze` read them) and
+//                          trained.json (see run_comparison: what a rerun reuses)
 //
 // The spec is a JSON file:
 //   {"runs":     {"gdn": "mqar/gdn.json", "ham": "mqar/ham.json", ...},  (paths relative
@@ -74,9 +75,12 @@ struct CompareResult {
 };
 
 // Trains and evaluates every run in order, logging a line per run to `log` (each run's
-// full training log goes to <out>/runs/<name>/train.log).
+// full training log goes to <out>/runs/<name>/train.log). A run that finished in an
+// earlier call on the same out_dir with the same model config and training options (its
+// <out>/runs/<name>/trained.json) is not trained again: its weights are evaluated anew,
+// with the spec's current eval options. `retrain` trains every run regardless.
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log);
+                             std::ostream& log, bool retrain = false);
 
 // Writes report.md, report.json and the plots into out_dir; returns the markdown.
 std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,

@@ -160,5 +160,53 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
   fs::remove_all(out);
 }
 
+// A rerun on the same directory evaluates the weights of runs that finished with the same
+// settings instead of training them again, with identical results; changed training
+// settings, or retrain, train again; a damaged record is a one-line error naming it.
+TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
+  CompareSpec spec = CompareSpec::from_json(tiny_spec(), "spec.json", kTiny);
+  const std::string out = (fs::temp_directory_path() / "ham_test_comparison_rerun").string();
+  fs::remove_all(out);
+  std::ostringstream first_log;
+  const CompareResult first = run_comparison(spec, out, first_log);
+  ASSERT_EQ(first.runs.size(), 2u);
+
+  std::ostringstream again_log;
+  const CompareResult again = run_comparison(spec, out, again_log);
+  ASSERT_EQ(again.runs.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string name = first.runs[i].run.name;
+    EXPECT_NE(again_log.str().find("] " + name + ": trained earlier"), std::string::npos)
+        << again_log.str();
+    EXPECT_EQ(again.runs[i].train.step_losses, first.runs[i].train.step_losses) << name;
+    EXPECT_EQ(again.runs[i].train.peak_memory_bytes, first.runs[i].train.peak_memory_bytes);
+    EXPECT_EQ(again.runs[i].train_seconds, first.runs[i].train_seconds) << name;
+    EXPECT_EQ(again.runs[i].parameters, first.runs[i].parameters) << name;
+    // The reloaded weights evaluate exactly as the freshly trained ones did.
+    EXPECT_EQ(again.runs[i].eval.to_json(), first.runs[i].eval.to_json()) << name;
+    EXPECT_EQ(again.runs[i].mean_kv_fraction, first.runs[i].mean_kv_fraction) << name;
+  }
+  EXPECT_EQ(again_log.str().find("training 3 steps"), std::string::npos) << again_log.str();
+
+  std::ostringstream forced_log;
+  run_comparison(spec, out, forced_log, /*retrain=*/true);
+  EXPECT_EQ(forced_log.str().find("trained earlier"), std::string::npos) << forced_log.str();
+
+  CompareSpec longer = spec;
+  longer.train.steps = 4;
+  std::ostringstream longer_log;
+  const CompareResult extended = run_comparison(longer, out, longer_log);
+  EXPECT_NE(longer_log.str().find("holds other settings; training again"), std::string::npos)
+      << longer_log.str();
+  EXPECT_EQ(extended.runs[0].train.step_losses.size(), 4u);
+
+  const std::string record = out + "/runs/gdn/trained.json";
+  std::ofstream(record) << "{\"settings\": ";
+  std::ostringstream damaged_log;
+  expect_error([&] { run_comparison(longer, out, damaged_log); },
+               {"runs/gdn/trained.json", "invalid JSON"});
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace ham

@@ -1,6 +1,7 @@
 #pragma once
 // The `ham` subcommands. Each file registers one: its options live in the returned
 // closure, which main() runs when that subcommand was chosen.
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -16,6 +17,8 @@ struct Command {
 // Shared by the subcommands (common_options.cpp).
 // "" when `text` names a device (cpu, cuda, cuda:N), else why not: a CLI11 check.
 std::string device_check(const std::string& text);
+// A CLI11 check: "--flag: must be a whole number >= MINIMUM, got TEXT".
+CLI::Validator whole_number_at_least(int64_t minimum);
 // --threads N, N >= 1; without it OpenMP chooses. use_threads applies it.
 CLI::Option* add_threads_option(CLI::App* cmd, int* threads);
 void use_threads(int threads);

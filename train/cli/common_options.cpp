@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -26,14 +27,20 @@ std::string device_check(const std::string& text) {
   return std::string();
 }
 
-CLI::Option* add_threads_option(CLI::App* cmd, int* threads) {
-  auto at_least_one = [](const std::string& text) {
-    int value = 0;
-    const bool is_int = CLI::detail::lexical_cast(text, value);
-    return is_int && value >= 1 ? std::string() : "must be a whole number >= 1, got " + text;
+CLI::Validator whole_number_at_least(int64_t minimum) {
+  auto check = [minimum](const std::string& text) {
+    int64_t value = 0;
+    const bool is_whole = CLI::detail::lexical_cast(text, value);
+    return is_whole && value >= minimum
+               ? std::string()
+               : "must be a whole number >= " + std::to_string(minimum) + ", got " + text;
   };
+  return CLI::Validator(check, "INT>=" + std::to_string(minimum));
+}
+
+CLI::Option* add_threads_option(CLI::App* cmd, int* threads) {
   return cmd->add_option("--threads", *threads, "CPU threads (default: OpenMP's choice)")
-      ->check(CLI::Validator(at_least_one, "INT>=1"));
+      ->check(whole_number_at_least(1));
 }
 
 void use_threads(int threads) {

@@ -22,6 +22,7 @@ struct CompareArgs {
   std::vector<double> sweep_kv;
   std::vector<std::string> only;
   int64_t steps = 0;
+  bool retrain = false;
   int threads = 0;
 };
 
@@ -48,7 +49,7 @@ int run_compare(const CompareArgs& args) {
   std::vector<CompareRun> runs = spec.runs();
   std::cout << fmt::format("compare: {} runs ({}), {} steps each, {} threads\n", runs.size(),
                            spec.source, spec.train.steps, omp_get_max_threads());
-  CompareResult result = run_comparison(spec, args.out_dir, std::cout);
+  CompareResult result = run_comparison(spec, args.out_dir, std::cout, args.retrain);
   std::string markdown = write_comparison_report(spec, result, args.out_dir);
   std::cout << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and report.json, "
             << "loss_curves.png, kv_tradeoff.png)\n";
@@ -69,7 +70,12 @@ Command add_compare_command(CLI::App& root) {
   cmd->add_option("--sweep-kv", args->sweep_kv, "HAM KV fractions to sweep, e.g. 0,0.25,0.5,0.75,1 (each HAM run repeats per value; replaces the spec's sweep_kv)")
       ->delimiter(',');
   cmd->add_option("--runs", args->only, "Only these runs of the spec, e.g. gdn,ham")->delimiter(',');
-  cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)");
+  cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)")
+      ->check(whole_number_at_least(1));
+  cmd->add_flag("--retrain", args->retrain,
+                "Train every run again, even one whose runs/<name>/trained.json shows it "
+                "finished with the same config and training options (by default such a run's "
+                "weights are only evaluated again)");
   add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_compare(*args); }};
 }
