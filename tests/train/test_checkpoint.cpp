@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "models/transformer.h"
 #include "tests/testing.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 
 namespace ham {
@@ -73,6 +75,74 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   }
   fs::remove_all(dir_a);
   fs::remove_all(dir_b);
+}
+
+// The corpus, asking to stop (as a signal handler would) on its `stop_at_read`-th read:
+// a stop request arriving in the middle of a chosen step.
+class StopRequestingSource final : public TokenSource {
+ public:
+  StopRequestingSource(const TokenSource& source, int stop_at_read)
+      : source_(source), stop_at_read_(stop_at_read) {}
+  int64_t size() const override { return source_.size(); }
+  int64_t document_start_id() const override { return source_.document_start_id(); }
+  void read(int64_t begin, int64_t count, int64_t* out) const override {
+    if (++reads_ == stop_at_read_) request_stop(SIGTERM);
+    source_.read(begin, count, out);
+  }
+
+ private:
+  const TokenSource& source_;
+  int stop_at_read_;
+  mutable int reads_ = 0;
+};
+
+TEST(Checkpoint, AStopRequestEndsTheRunBetweenStepsWithACheckpointThatResumesBitForBit) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  fs::path straight_dir = testing::fresh_temp_dir("straight");
+  fs::path stopped_dir = testing::fresh_temp_dir("stopped");
+  const TrainOptions straight_options = small_options(30, straight_dir);
+  Transformer straight(small_config());
+  const TrainResult full = train(straight, train_data, val_data, straight_options, log);
+
+  // Each step reads its batch_size windows: the 24th read is in step 12's batch.
+  clear_stop_request();
+  const StopRequestingSource stopping(train_data, 2 * 12);
+  Transformer stopped(small_config());
+  const TrainOptions options = small_options(30, stopped_dir);
+  const TrainResult part = train(stopped, stopping, val_data, options, log);
+  clear_stop_request();
+  EXPECT_EQ(part.stopped_by_signal, SIGTERM);
+  ASSERT_EQ(part.steps, 12);  // the step in progress finished; none began after it
+  EXPECT_EQ(part.last_checkpoint, (stopped_dir / "step-00000012").string());
+  EXPECT_NE(log.str().find("step    12/30 | stopping: SIGTERM received"), std::string::npos)
+      << log.str();
+
+  CheckpointContents checkpoint = load_checkpoint(part.last_checkpoint);
+  Transformer resumed(small_config());
+  const TrainResult rest = train(resumed, train_data, val_data, options, log, &checkpoint);
+  EXPECT_EQ(rest.stopped_by_signal, 0);
+  ASSERT_EQ(rest.step_losses.size(), 18u);
+  for (size_t i = 0; i < rest.step_losses.size(); ++i) {
+    EXPECT_EQ(rest.step_losses[i], full.step_losses[12 + i]) << "step " << 13 + i;
+  }
+  fs::remove_all(straight_dir);
+  fs::remove_all(stopped_dir);
+}
+
+TEST(Checkpoint, AStopRequestBeforeTheFirstStepRunsNoneAndWritesNothing) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  fs::path dir = testing::fresh_temp_dir("stopped_at_once");
+  request_stop(SIGINT);
+  Transformer model(small_config());
+  const TrainResult result = train(model, train_data, val_data, small_options(30, dir), log);
+  clear_stop_request();
+  EXPECT_EQ(result.stopped_by_signal, SIGINT);
+  EXPECT_EQ(result.steps, 0);
+  EXPECT_TRUE(result.last_checkpoint.empty());
+  EXPECT_FALSE(fs::exists(dir / "step-00000000"));
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
