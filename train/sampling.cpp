@@ -117,6 +117,7 @@ GenerateResult generate(const LanguageModel& model, const std::vector<int64_t>& 
   Tensor logits = decoder.feed(std::vector<std::vector<int64_t>>{prompt});
   GenerateResult r;
   Clock::time_point decode_start = start;
+  Clock::duration in_callback{0};
   while (int64_t(r.tokens.size()) < options.max_new_tokens) {
     int64_t token = sampler.next(logits)[0];  // reads the logits: waits for the device
     if (r.tokens.empty()) decode_start = Clock::now();
@@ -125,13 +126,18 @@ GenerateResult generate(const LanguageModel& model, const std::vector<int64_t>& 
       break;
     }
     r.tokens.push_back(token);
+    if (options.on_token) {
+      const Clock::time_point called = Clock::now();
+      options.on_token(token);
+      in_callback += Clock::now() - called;
+    }
     if (int64_t(r.tokens.size()) == options.max_new_tokens) break;  // no logits needed
     logits = decoder.feed(std::vector<std::vector<int64_t>>{{token}});
   }
   const Clock::time_point end = Clock::now();
   if (decode_start == start) decode_start = end;  // nothing sampled: the prompt alone
   r.prompt_seconds = std::chrono::duration<double>(decode_start - start).count();
-  r.decode_seconds = std::chrono::duration<double>(end - decode_start).count();
+  r.decode_seconds = std::chrono::duration<double>(end - decode_start - in_callback).count();
   r.context_tokens = decoder.position();
   r.layers = decoder.layer_stats();
   r.bytes = decoder.cache_bytes();

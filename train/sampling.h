@@ -61,6 +61,9 @@ struct GenerateOptions {
   std::optional<int64_t> stop_token;  // generation ends when it is drawn (not returned)
   SamplingOptions sampling;
   RoutingOverride routing;  // HAM: tau per layer or a target KV fraction
+  // Called with each new token as soon as it is drawn (not with the stop token), e.g. to
+  // print the continuation as it grows; its time is left out of decode_seconds.
+  std::function<void(int64_t)> on_token;
 };
 
 struct GenerateResult {

@@ -194,6 +194,26 @@ TEST(Generate, StopsAtTheStopTokenAndReportsTheCache) {
   EXPECT_EQ(r.tokens, generate(*model, prompt, options).tokens);  // seeded
 }
 
+TEST(Generate, OnTokenSeesEveryNewTokenInOrderAndNotTheStopToken) {
+  std::shared_ptr<LanguageModel> model = tiny_model("ham-fixed-tau");
+  const std::vector<int64_t> prompt = {256, 84, 104, 101};
+  GenerateOptions options;
+  options.max_new_tokens = 7;
+  options.sampling = options_with(1.0, 10, 0.95, 5);
+  std::vector<int64_t> seen;
+  options.on_token = [&](int64_t token) { seen.push_back(token); };
+  const GenerateResult free_run = generate(*model, prompt, options);
+  EXPECT_EQ(seen, free_run.tokens);
+  ASSERT_EQ(seen.size(), 7u);
+
+  seen.clear();
+  options.stop_token = free_run.tokens[3];
+  const GenerateResult stopped = generate(*model, prompt, options);
+  ASSERT_TRUE(stopped.stopped);
+  EXPECT_EQ(seen, stopped.tokens);
+  EXPECT_LE(seen.size(), 3u);
+}
+
 TEST(Generate, BadArgumentsAreNamed) {
   std::shared_ptr<LanguageModel> model = tiny_model("gdn");
   GenerateOptions options;

@@ -321,6 +321,20 @@ TEST_F(TokenizerSentencePiece, DecodeUndoesTheSpaceMarks) {
   for (const auto& text : texts) EXPECT_EQ(tok.decode(tok.encode(text)), text);
 }
 
+// `ham generate` prints a continuation as it grows: decoding one more token may only add
+// text at the end (the first piece's stripped space included), never change what was there.
+TEST_F(TokenizerSentencePiece, DecodingOneMoreTokenOnlyAppends) {
+  const Ids ids = tok.encode_with_special("<s>the cat</s> a  b caf\xc3\xa9\n\xff<s> the");
+  ASSERT_GT(ids.size(), 10u);
+  std::string before;
+  for (size_t n = 1; n <= ids.size(); ++n) {
+    const std::string text = tok.decode(Ids(ids.begin(), ids.begin() + std::ptrdiff_t(n)));
+    EXPECT_EQ(text.substr(0, before.size()), before) << "after " << n << " tokens";
+    before = text;
+  }
+  EXPECT_EQ(before, "<s>the cat</s> a  b caf\xc3\xa9\n\xff<s> the");
+}
+
 TEST_F(TokenizerSentencePiece, SpecialTokensAndDocumentStart) {
   // Each text segment gets its own leading ▁, and decoding drops it again.
   EXPECT_EQ(tok.encode_with_special("<s>the cat</s>"), (Ids{1, 270, 273, 2}));

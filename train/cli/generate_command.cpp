@@ -8,6 +8,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -132,8 +134,21 @@ int run_generate(GenerateArgs args) {
                            trained.step >= 0 ? fmt::format(", step {}", trained.step) : "",
                            model.num_parameters(), tokenizer->name());
   std::cout << fmt::format("prompt: {} tokens (document start + {})\n", prompt.size(), text_ids.size());
+  // The continuation is printed as it is drawn: what decoding every token so far adds to
+  // the text already printed (decode's text only grows at its end as tokens are added).
+  std::vector<int64_t> drawn;
+  std::string printed;
+  args.options.on_token = [&](int64_t token) {
+    drawn.push_back(token);
+    std::string text = tokenizer->decode(drawn);
+    HAM_CHECK(text.compare(0, printed.size(), printed) == 0, "generate: decoding token ", token,
+              " changed the text printed before it");
+    std::cout << std::string_view(text).substr(printed.size()) << std::flush;
+    printed = std::move(text);
+  };
+  std::cout << "--- continuation ---\n" << std::flush;
   GenerateResult r = generate(model, prompt, args.options);
-  std::cout << "--- continuation ---\n" << tokenizer->decode(r.tokens) << "\n";
+  std::cout << "\n";
   std::cout << fmt::format("--- end: {} new tokens, {} ---\n", r.tokens.size(),
                            r.stopped ? fmt::format("stopped at end-of-text token {}", *args.options.stop_token)
                                      : std::string("--max-new-tokens reached"));
