@@ -1,9 +1,11 @@
 #include "train/evaluation.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -507,9 +509,8 @@ nlohmann::json EvalReport::to_json() const {
   return j;
 }
 
-std::string EvalReport::table() const {
-  std::vector<std::vector<std::string>> rows = {
-      {"task", "length", "samples", "metrics", "kv fraction: mean [per layer]"}};
+std::vector<std::vector<std::string>> EvalReport::rows() const {
+  std::vector<std::vector<std::string>> rows;
   if (perplexity) {
     const PerplexityResult& p = *perplexity;
     rows.push_back({"perplexity", std::to_string(p.seq_len), std::to_string(p.sequences),
@@ -533,6 +534,13 @@ std::string EvalReport::table() const {
                     fmt::format("acc {:.4f}  acc_norm {:.4f}", c.acc, c.acc_norm),
                     kv_fraction_cell(c.kv_fraction)});
   }
+  return rows;
+}
+
+std::string EvalReport::table() const {
+  std::vector<std::vector<std::string>> rows = {
+      {"task", "length", "samples", "metrics", "kv fraction: mean [per layer]"}};
+  for (std::vector<std::string>& row : this->rows()) rows.push_back(std::move(row));
   std::vector<size_t> widths(rows[0].size(), 0);
   for (const auto& row : rows) {
     for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
@@ -561,8 +569,21 @@ std::string EvalReport::table() const {
 }
 
 EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options,
-                          const Completer& complete) {
+                          const Completer& complete, std::ostream* progress) {
   options.validate();
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point task_start = Clock::now();
+  // The row of the task just finished is the report's last: rows() lists them in run order.
+  auto task_done = [&](const EvalReport& so_far) {
+    if (progress == nullptr) return;
+    const std::vector<std::string> row = so_far.rows().back();
+    const double seconds = std::chrono::duration<double>(Clock::now() - task_start).count();
+    const std::string at_length = row[1] == "-" ? "" : " at " + row[1];
+    *progress << fmt::format("eval: {}{} ({} samples): {} | kv {} | {:.1f} s\n", row[0],
+                             at_length, row[2], row[3], row[4], seconds)
+              << std::flush;
+    task_start = Clock::now();
+  };
   const ModelConfig& config = model.config();
   EvalReport report;
   report.family = family_name(config.family);
@@ -590,6 +611,7 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
         shards ? data.description : data.description + " (held-out 5% of documents)";
     report.perplexity = evaluate_perplexity(model, source, options.batch_size, options.seq_len,
                                             options.max_batches, description);
+    task_done(report);
   }
   for (int64_t length : options.mqar_lengths) {
     MqarConfig mqar;
@@ -598,6 +620,7 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
     mqar.num_pairs = options.mqar_pairs;
     mqar.seed = options.seed;
     report.mqar.push_back(evaluate_mqar(model, mqar, options.samples, options.batch_size));
+    task_done(report);
   }
   for (const std::string& task : options.niah_tasks) {
     for (int64_t length : options.niah_lengths) {
@@ -608,11 +631,13 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
       run.seed = options.seed;
       run.margin_tokens = options.niah_margin_tokens;
       report.niah.push_back(evaluate_niah(model, *tokenizer, complete, run));
+      task_done(report);
     }
   }
   for (const std::string& path : options.choice_files) {
     report.choices.push_back(
         evaluate_multiple_choice(model, *tokenizer, load_choice_file(path), path));
+    task_done(report);
   }
   return report;
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
@@ -202,12 +203,16 @@ struct EvalReport {
   std::vector<ChoiceResult> choices;
 
   nlohmann::json to_json() const;
-  // One aligned row per task: task, length, samples, metrics, KV fraction (mean [per layer]).
+  // The cells of one row per task, in the order evaluate_model runs them: task, length,
+  // samples, metrics, KV fraction (mean [per layer]).
+  std::vector<std::vector<std::string>> rows() const;
+  // The rows aligned under a header line naming the model.
   std::string table() const;
 };
 
-// Runs every task the options ask for. `complete` is needed only for NIAH tasks.
+// Runs every task the options ask for. `complete` is needed only for NIAH tasks. With
+// `progress`, each task's row goes there as soon as it is done, with its wall time.
 EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options,
-                          const Completer& complete);
+                          const Completer& complete, std::ostream* progress = nullptr);
 
 }  // namespace ham

@@ -29,6 +29,14 @@ expect "perplexity row" "^perplexity +32 +2 +loss [0-9.]+ +ppl [0-9.]+ +tokens 6
 expect "mqar row (32)" "^mqar 4 pairs +32 +2 +acc [0-9.]+ +seq_acc [0-9.]+ +$kv" "$table"
 expect "mqar row (64)" "^mqar 4 pairs +64 +2 +acc" "$table"
 expect "niah row" "^niah single_1 +400 +2 +acc [0-9.]+ +$kv" "$table"
+# A progress line per task as it finishes, before the table.
+expect "perplexity progress" \
+  "^eval: perplexity at 32 \(2 samples\): loss [0-9.]+ .* \| kv [0-9.]+ .*\| [0-9.]+ s$" "$table"
+expect "niah progress" "^eval: niah single_1 at 400 \(2 samples\): acc [0-9.]+ .*\| [0-9.]+ s$" \
+  "$table"
+expect "choices progress" "^eval: choices choices.jsonl \(2 samples\): acc" "$table"
+[ "$(grep -c '^eval: ' <<< "$table")" -eq 5 ] ||
+  { echo "FAIL: not one progress line per task"; exit 1; }
 expect "choices row" "^choices .*choices.jsonl +- +2 +acc [0-9.]+ +acc_norm [0-9.]+ +$kv" "$table"
 expect "json family" '"family": "ham"' "$json"
 expect "json perplexity" '"perplexity": [0-9.]+' "$json"

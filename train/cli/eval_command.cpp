@@ -49,7 +49,7 @@ int run_eval(const EvalArgs& args) {
       complete = greedy_completer(model, stop);
     }
   }
-  EvalReport report = evaluate_model(model, options, complete);
+  EvalReport report = evaluate_model(model, options, complete, &std::cout);
   if (complete) report.generation = args.full_forward ? "full forward" : "kv-cached decoder";
   report.source = trained.source;
   report.step = trained.step;
