@@ -1,6 +1,7 @@
 #include "train/comparison.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,13 @@ TEST(Comparison, ARunWhoseVocabularyCannotHoldTheTextNamesTheRunAndTheData) {
 // Same data, same budget: two runs of the same config give identical losses; the report
 // has a row per run and both plots.
 TEST(Comparison, RunsShareDataAndWriteTheReport) {
+  // Equal peak memory needs one thread: with more, the gated delta rule's per-head scratch
+  // buffers are live at the same time as the threads' timing allows.
+  struct OneThread {
+    int before = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(before); }
+  } one_thread;
   nlohmann::json j = tiny_spec();
   j["runs"] = {{"a", "gdn.json"}, {"b", "gdn.json"}, {"ham", "ham-fixed-tau.json"}};
   CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
