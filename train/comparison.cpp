@@ -225,9 +225,13 @@ nlohmann::json train_result_to_json(const TrainResult& r) {
           {"step_losses", r.step_losses},         {"peak_memory_bytes", r.peak_memory_bytes}};
 }
 
-TrainResult train_result_from_json(const nlohmann::json& j, const std::string& source) {
+// The TrainResult and training seconds of a record whose settings matched.
+TrainResult train_result_from_record(const nlohmann::json& record, const std::string& source,
+                                     double& train_seconds) {
   TrainResult r;
   try {
+    train_seconds = record.at("train_seconds").get<double>();
+    const nlohmann::json& j = record.at("result");
     r.first_loss = j.at("first_loss").get<double>();
     r.final_loss = j.at("final_loss").get<double>();
     r.initial_val_loss = j.at("initial_val_loss").get<double>();
@@ -299,8 +303,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
     r.weights_dir = (dir / "weights").string();
     std::shared_ptr<LanguageModel> model;
     if (record) {
-      r.train = train_result_from_json(record->at("result"), record_path.string());
-      r.train_seconds = record->value("train_seconds", 0.0);
+      r.train = train_result_from_record(*record, record_path.string(), r.train_seconds);
       model = load_trained_model(r.weights_dir).model;
       // Evaluated where it trained, as a model train() leaves behind (f32 weights).
       model->to(resolve_training_device(options.device, 0));

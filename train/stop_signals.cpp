@@ -16,6 +16,7 @@ std::atomic<int> requested_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
 
 struct sigaction previous_interrupt, previous_terminate;
+bool installed = false;  // one StopSignals at a time: it keeps the handlers it replaced
 
 // Async-signal-safe: an atomic store, or, for the second signal, the default action
 // restored and the signal raised again.
@@ -39,14 +40,18 @@ void install(int signal_number, struct sigaction* previous) {
 }  // namespace
 
 StopSignals::StopSignals() {
+  HAM_CHECK(!installed, "StopSignals: another one is live (one at a time)");
   clear_stop_request();
   install(SIGINT, &previous_interrupt);
   install(SIGTERM, &previous_terminate);
+  installed = true;
 }
 
 StopSignals::~StopSignals() {
+  // Restoring what sigaction returned cannot fail; a destructor could not report it.
   ::sigaction(SIGINT, &previous_interrupt, nullptr);
   ::sigaction(SIGTERM, &previous_terminate, nullptr);
+  installed = false;
 }
 
 int stop_requested() { return requested_signal.load(); }

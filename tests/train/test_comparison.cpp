@@ -209,8 +209,14 @@ TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
   EXPECT_EQ(extended.runs[0].train.step_losses.size(), 4u);
 
   const std::string record = out + "/runs/gdn/trained.json";
-  std::ofstream(record) << "{\"settings\": ";
+  std::ifstream record_file(record);
+  nlohmann::json without_losses = nlohmann::json::parse(record_file);
+  without_losses["result"].erase("step_losses");
+  std::ofstream(record) << without_losses.dump();
   std::ostringstream damaged_log;
+  expect_error([&] { run_comparison(longer, out, damaged_log); },
+               {"runs/gdn/trained.json", "not a training record", "step_losses", "--retrain"});
+  std::ofstream(record) << "{\"settings\": ";
   expect_error([&] { run_comparison(longer, out, damaged_log); },
                {"runs/gdn/trained.json", "invalid JSON"});
   fs::remove_all(out);

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "core/error.h"
+
 namespace ham {
 namespace {
 
@@ -16,6 +18,11 @@ TEST(StopSignals, ASignalIsRecordedNotFatal) {
   EXPECT_EQ(stop_requested(), SIGTERM);
   EXPECT_STREQ(stop_signal_name(stop_requested()), "SIGTERM");
   clear_stop_request();
+}
+
+TEST(StopSignals, OnlyOneAtATime) {
+  StopSignals handlers;
+  EXPECT_THROW(StopSignals(), Error);
 }
 
 TEST(StopSignals, ASecondSignalEndsTheProcessAtOnce) {
