@@ -35,6 +35,22 @@ nlohmann::json read_json_file(const std::string& path, const char* what) {
   }
 }
 
+// Writes `text` to a hidden temporary file beside `path`, then renames it over `path`: a
+// reader sees the old file or the new one, never a part.
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
+  {
+    std::ofstream out(tmp);
+    HAM_CHECK(out, tmp.string(), ": cannot open for writing");
+    out << text;
+    out.flush();
+    HAM_CHECK(out.good(), tmp.string(), ": write failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  HAM_CHECK(!ec, tmp.string(), ": cannot rename to ", path.string(), ": ", ec.message());
+}
+
 // "ham@kv=0.50" -> "ham_kv0.50": directory names without shell-special characters.
 std::string directory_name(const std::string& run_name) {
   std::string out;
@@ -247,20 +263,6 @@ TrainResult train_result_from_record(const nlohmann::json& record, const std::st
   return r;
 }
 
-void write_json_atomically(const fs::path& path, const nlohmann::json& j) {
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
-  {
-    std::ofstream out(tmp);
-    HAM_CHECK(out, tmp.string(), ": cannot open for writing");
-    out << j.dump(2) << "\n";
-    out.flush();
-    HAM_CHECK(out.good(), tmp.string(), ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  HAM_CHECK(!ec, tmp.string(), ": cannot rename to ", path.string(), ": ", ec.message());
-}
-
 }  // namespace
 
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
@@ -343,9 +345,10 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       r.train_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       export_trained_model(r.weights_dir, *model);
-      write_json_atomically(record_path, {{"settings", settings},
-                                          {"result", train_result_to_json(r.train)},
-                                          {"train_seconds", r.train_seconds}});
+      const nlohmann::json trained = {{"settings", settings},
+                                      {"result", train_result_to_json(r.train)},
+                                      {"train_seconds", r.train_seconds}};
+      write_text_atomically(record_path, trained.dump(2) + "\n");
     }
 
     Completer complete;
@@ -551,15 +554,7 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                            {"total_seconds", result.total_seconds}, {"runs", runs}};
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
-    fs::path path = fs::path(out_dir) / name;
-    fs::path tmp = fs::path(out_dir) / ("." + name + ".tmp");
-    {
-      std::ofstream out(tmp);
-      HAM_CHECK(out, tmp.string(), ": cannot open for writing");
-      out << text;
-      HAM_CHECK(out.good(), tmp.string(), ": write failed");
-    }
-    fs::rename(tmp, path);
+    write_text_atomically(fs::path(out_dir) / name, text);
   }
   return md;
 }
