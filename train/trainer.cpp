@@ -476,7 +476,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     return out;
   };
 
-  int64_t checkpointed_step = resume != nullptr ? start_step : -1;
+  int64_t checkpointed_step = start_step;  // a resumed run's start is a checkpoint already
   auto write_checkpoint = [&](int64_t step) {
     checkpointed_step = step;
     CheckpointContents c;
@@ -583,7 +583,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       result.steps = step;
       log << fmt::format("step {:>5}/{} | stopping: {} received\n", step, opt.steps,
                          stop_signal_name(stop_signal));
-      if (!opt.out_dir.empty() && step > start_step && step > checkpointed_step) {
+      if (!opt.out_dir.empty() && step > checkpointed_step) {
         write_checkpoint(step);
       }
       break;
