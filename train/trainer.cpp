@@ -319,6 +319,51 @@ class NullBuffer final : public std::streambuf {
 
 }  // namespace
 
+namespace {
+
+// JSON holds no NaN: nlohmann writes it as null, read back here as NaN.
+double number_or_nan(const nlohmann::json& j) {
+  return j.is_null() ? std::nan("") : j.get<double>();
+}
+
+// state.json's "history": the run's record up to the checkpoint, so that a resumed run's
+// TrainResult covers it from step 1.
+nlohmann::json history_to_json(const TrainResult& r) {
+  return {{"first_loss", r.first_loss},
+          {"initial_val_loss", r.initial_val_loss},
+          {"final_val_loss", r.final_val_loss},
+          {"skipped_steps", r.skipped_steps},
+          {"step_losses", r.step_losses},
+          {"peak_memory_bytes", r.peak_memory_bytes},
+          {"train_seconds", r.train_seconds}};
+}
+
+}  // namespace
+
+TrainResult train_result_at_checkpoint(const nlohmann::json& state, const std::string& source) {
+  TrainResult r;
+  try {
+    r.steps = state.at("step").get<int64_t>();
+    r.final_loss = number_or_nan(state.at("train_loss"));
+    if (!state.contains("history")) return r;
+    const nlohmann::json& h = state.at("history");
+    r.first_loss = number_or_nan(h.at("first_loss"));
+    r.initial_val_loss = number_or_nan(h.at("initial_val_loss"));
+    r.final_val_loss = number_or_nan(h.at("final_val_loss"));
+    r.skipped_steps = h.at("skipped_steps").get<int64_t>();
+    for (const nlohmann::json& loss : h.at("step_losses")) r.step_losses.push_back(number_or_nan(loss));
+    r.peak_memory_bytes = h.at("peak_memory_bytes").get<int64_t>();
+    r.train_seconds = h.at("train_seconds").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    HAM_FAIL(source, ": not a checkpoint's state (", e.what(), ")");
+  }
+  HAM_CHECK(int64_t(r.step_losses.size()) + r.skipped_steps == r.steps, source,
+            ": history.step_losses holds ", r.step_losses.size(), " losses and ",
+            r.skipped_steps, " skipped steps, not the checkpoint's ", r.steps, " steps");
+  r.last_checkpoint = state.value("checkpoint_dir", std::string());
+  return r;
+}
+
 TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   const TokenSource& val_data, const TrainOptions& opt, std::ostream& log_to,
                   const CheckpointContents* resume,
@@ -375,6 +420,12 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     start_step = resume->state.at("step").get<int64_t>();
     HAM_CHECK(start_step < opt.steps, "train: the checkpoint is at step ", start_step,
               ", nothing left to do for --steps ", opt.steps);
+    // The record goes on from the checkpoint's; last_checkpoint names only what this call
+    // writes.
+    result = train_result_at_checkpoint(
+        resume->state, resume->state.value("checkpoint_dir", std::string("checkpoint")) +
+                           "/state.json");
+    result.last_checkpoint.clear();
     // Before sharding: every rank starts from the same full parameters.
     model.load_parameters(resume->model);
   }
@@ -476,6 +527,13 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     return out;
   };
 
+  // Wall time: this call's since here, after the earlier calls' the checkpoint recorded.
+  const double earlier_seconds = result.train_seconds;
+  auto wall_start = std::chrono::steady_clock::now();
+  auto train_seconds_so_far = [&] {
+    return earlier_seconds +
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  };
   int64_t checkpointed_step = start_step;  // a resumed run's start is a checkpoint already
   auto write_checkpoint = [&](int64_t step) {
     checkpointed_step = step;
@@ -492,6 +550,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                {"config", model.config().to_json()},
                {"train", opt.to_json()},
                {"train_loss", result.final_loss}};
+    result.train_seconds = train_seconds_so_far();
+    c.state["history"] = history_to_json(result);
     if (!sharded_run) {
       result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints);
     } else {
@@ -531,7 +591,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                        peak_gflops, omp_get_max_threads(), cpu::fma_isa());
   }
   peak_gflops *= double(world_size);
-  auto wall_start = std::chrono::steady_clock::now();
+  wall_start = std::chrono::steady_clock::now();
 
   double window_loss = 0;
   int64_t window_steps = 0;
@@ -685,7 +745,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     }
     if (profiler::active()) ++profiled_steps;
     if (step + 1 == profile_end) finish_profile();
-    if (step == start_step) result.first_loss = step_loss;
+    if (result.step_losses.empty()) result.first_loss = step_loss;
     result.step_losses.push_back(step_loss);
     window_loss += step_loss;
     ++window_steps;
@@ -767,6 +827,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
     }
   }
   finish_profile();  // where the run's last step, the window's, was skipped
+  result.train_seconds = train_seconds_so_far();
   if (sharded_run) {
     const int64_t peak = sharded->peak_gathered_parameter_bytes();
     const int64_t whole = sharded->full_parameter_bytes();

@@ -84,22 +84,31 @@ struct TrainOptions {
   void update_from_file(const std::string& path);
 };
 
+// The whole run's record, from step 1: a resumed run's earlier steps come from its
+// checkpoint (state.json's "history"; a checkpoint written before 2026-12-03 has none, and
+// the record then starts at the resumed step).
 struct TrainResult {
-  double first_loss = 0;       // training loss of step 1
+  double first_loss = 0;       // training loss of the first step not skipped
   double final_loss = 0;       // mean training loss over the last log window
-  double initial_val_loss = 0;
+  double initial_val_loss = 0;  // before step 1 (0 without validation data)
   double final_val_loss = 0;
   int64_t steps = 0;
   int64_t skipped_steps = 0;
   // The signal that stopped the run before opt.steps (stop_signals.h), else 0; `steps` is
   // then where it stopped, and last_checkpoint holds that step when out_dir is set.
   int stopped_by_signal = 0;
-  std::vector<double> step_losses;  // training loss of every step run by this call
+  std::vector<double> step_losses;  // training loss of every step not skipped, in order
   std::string last_checkpoint;
   // The peak of the bytes asked of the training device's pool over the steps (tensors, and
   // on a GPU cuBLASLt's workspace; the largest rank's), validation included.
   int64_t peak_memory_bytes = 0;
+  double train_seconds = 0;  // wall time of the steps and validations
 };
+
+// The record a checkpoint's state.json keeps of its run up to its step ("history"), with
+// steps and last_checkpoint set; errors name `source` and the key. A checkpoint written
+// before the history was kept gives only its step and final loss.
+TrainResult train_result_at_checkpoint(const nlohmann::json& state, const std::string& source);
 
 // The device `spec` ("cpu", "cuda", "cuda:N") names for a process of local rank
 // `local_rank`. Checks that a tensor can be made there; the one-line error names the

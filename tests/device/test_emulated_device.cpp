@@ -147,9 +147,7 @@ TEST_F(EmulatedCuda, ADeviceCheckpointResumesOnTheCpu) {
   auto on_cpu = make_model(config);
   TrainResult resumed =
       train(*on_cpu, train_data, val_data, testing::short_run("cpu", 4), log, &saved);
-  ASSERT_EQ(resumed.step_losses.size(), 2u) << log.str();
-  EXPECT_EQ(resumed.step_losses[0], uninterrupted.step_losses[2]);
-  EXPECT_EQ(resumed.step_losses[1], uninterrupted.step_losses[3]);
+  EXPECT_EQ(resumed.step_losses, uninterrupted.step_losses) << log.str();
   std::filesystem::remove_all(dir);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "models/transformer.h"
+#include "tests/error_testing.h"
 #include "tests/testing.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
@@ -64,10 +66,18 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   CheckpointContents ck = load_checkpoint((dir_b / "step-00000020").string());
   EXPECT_EQ(ck.state.at("step").get<int64_t>(), 20);
   TrainResult rest = train(resumed, train_data, val_data, o, log, &ck);
-  ASSERT_EQ(rest.step_losses.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) {
-    EXPECT_EQ(rest.step_losses[i], full.step_losses[20 + i]) << "step " << 21 + i;
-  }
+  // The record covers the whole run, its first 20 steps taken from the checkpoint.
+  EXPECT_EQ(rest.step_losses, full.step_losses);
+  EXPECT_EQ(rest.first_loss, full.first_loss);
+  EXPECT_EQ(rest.final_loss, full.final_loss);
+  EXPECT_EQ(rest.steps, 40);
+  const TrainResult at_checkpoint = train_result_at_checkpoint(ck.state, "state.json");
+  EXPECT_EQ(at_checkpoint.steps, 20);
+  EXPECT_EQ(at_checkpoint.step_losses,
+            std::vector<double>(full.step_losses.begin(), full.step_losses.begin() + 20));
+  EXPECT_GT(at_checkpoint.peak_memory_bytes, 0);
+  EXPECT_GE(rest.peak_memory_bytes, at_checkpoint.peak_memory_bytes);
+  EXPECT_GT(rest.train_seconds, at_checkpoint.train_seconds);
   // And the final weights are identical bit for bit.
   auto pa = straight.named_parameters(), pb = resumed.named_parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
@@ -122,10 +132,7 @@ TEST(Checkpoint, AStopRequestEndsTheRunBetweenStepsWithACheckpointThatResumesBit
   Transformer resumed(small_config());
   const TrainResult rest = train(resumed, train_data, val_data, options, log, &checkpoint);
   EXPECT_EQ(rest.stopped_by_signal, 0);
-  ASSERT_EQ(rest.step_losses.size(), 18u);
-  for (size_t i = 0; i < rest.step_losses.size(); ++i) {
-    EXPECT_EQ(rest.step_losses[i], full.step_losses[12 + i]) << "step " << 13 + i;
-  }
+  EXPECT_EQ(rest.step_losses, full.step_losses);
   fs::remove_all(straight_dir);
   fs::remove_all(stopped_dir);
 }
@@ -143,6 +150,26 @@ TEST(Checkpoint, AStopRequestBeforeTheFirstStepRunsNoneAndWritesNothing) {
   EXPECT_TRUE(result.last_checkpoint.empty());
   EXPECT_FALSE(fs::exists(dir / "step-00000000"));
   fs::remove_all(dir);
+}
+
+TEST(Checkpoint, AHistoryThatDoesNotAddUpToTheStepIsNamed) {
+  nlohmann::json state = {{"step", 3}, {"train_loss", 2.5}};
+  const TrainResult without = train_result_at_checkpoint(state, "old/state.json");
+  EXPECT_EQ(without.steps, 3);  // written before histories were kept
+  EXPECT_TRUE(without.step_losses.empty());
+  state["history"] = {{"first_loss", 3.0},      {"initial_val_loss", nullptr},
+                      {"final_val_loss", 0.0},  {"skipped_steps", 1},
+                      {"step_losses", {3.0, 2.5}}, {"peak_memory_bytes", 10},
+                      {"train_seconds", 1.5}};
+  const TrainResult with = train_result_at_checkpoint(state, "a/state.json");
+  EXPECT_EQ(with.step_losses, (std::vector<double>{3.0, 2.5}));
+  EXPECT_TRUE(std::isnan(with.initial_val_loss));
+  state["history"]["skipped_steps"] = 0;
+  testing::expect_error([&] { train_result_at_checkpoint(state, "b/state.json"); },
+                        {"b/state.json", "history.step_losses holds 2 losses", "3 steps"});
+  state["history"].erase("train_seconds");
+  testing::expect_error([&] { train_result_at_checkpoint(state, "c/state.json"); },
+                        {"c/state.json", "train_seconds"});
 }
 
 TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
@@ -173,10 +200,7 @@ TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
   for (const auto& [name, t] : ck.optimizer) has_threshold_state |= name.find("p_tau") != std::string::npos;
   EXPECT_TRUE(has_threshold_state) << "the checkpoint holds no learned threshold";
   TrainResult rest = train(*resumed, train_data, val_data, o, log, &ck);
-  ASSERT_EQ(rest.step_losses.size(), 20u);
-  for (size_t i = 0; i < 20; ++i) {
-    EXPECT_EQ(rest.step_losses[i], full.step_losses[20 + i]) << "step " << 21 + i;
-  }
+  EXPECT_EQ(rest.step_losses, full.step_losses);
   auto ra = straight->routing(), rb = resumed->routing();
   ASSERT_EQ(ra.size(), rb.size());
   for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i].tau, rb[i].tau) << "layer " << i;
@@ -199,8 +223,7 @@ TEST(Checkpoint, SyntheticTaskMixtureResumesBitForBit) {
   Transformer resumed(small_config());
   CheckpointContents ck = load_checkpoint((dir / "step-00000008").string());
   TrainResult rest = train(resumed, train_data, val_data, o, log, &ck);
-  ASSERT_EQ(rest.step_losses.size(), 8u);
-  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(rest.step_losses[i], full.step_losses[8 + i]) << i;
+  EXPECT_EQ(rest.step_losses, full.step_losses);
   fs::remove_all(dir);
 }
 

@@ -154,8 +154,7 @@ TEST(MixedPrecision, ResumeIsBitIdenticalAndCheckpointsHoldF32) {
     for (const auto& [tensor, t] : ck.model) EXPECT_EQ(t.dtype(), DType::F32) << tensor;
     auto resumed = make_model(config);
     TrainResult rest = train(*resumed, train_data, val_data, o, log, &ck);
-    ASSERT_EQ(rest.step_losses.size(), 4u) << log.str();
-    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.step_losses[i], full.step_losses[4 + i]) << i;
+    EXPECT_EQ(rest.step_losses, full.step_losses) << log.str();
     auto a = straight->named_parameters(), b = resumed->named_parameters();
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
