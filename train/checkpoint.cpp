@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -132,6 +133,23 @@ std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
   std::vector<fs::path> all = complete_checkpoints(out_dir);
   if (all.empty()) return std::nullopt;
   return all.back().string();
+}
+
+void remove_checkpoints(const std::string& out_dir) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0) {
+      doomed.push_back(entry.path());
+    }
+  }
+  HAM_CHECK(!ec || ec == std::errc::no_such_file_or_directory, out_dir, ": cannot list: ",
+            ec.message());
+  for (const fs::path& path : doomed) {
+    fs::remove_all(path, ec);
+    HAM_CHECK(!ec, path.string(), ": cannot remove: ", ec.message());
+  }
 }
 
 nlohmann::json load_checkpoint_state(const std::string& path) {

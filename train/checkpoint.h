@@ -40,6 +40,10 @@ nlohmann::json load_checkpoint_state(const std::string& path);
 // The newest complete checkpoint directory in out_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
 
+// Deletes every checkpoint in out_dir, complete or not (a run starting again from step 0
+// must not leave another run's checkpoints for --resume to find); other files stay.
+void remove_checkpoints(const std::string& out_dir);
+
 // Weights-only export other tools read: <dir>/model.safetensors + <dir>/config.json.
 void export_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& params,
                     const nlohmann::json& config);

@@ -14,7 +14,9 @@
 #include <fmt/format.h>
 
 #include "train/plot.h"
+#include "train/checkpoint.h"
 #include "train/sampling.h"
+#include "train/stop_signals.h"
 #include "train/tokenizer.h"
 #include "train/trained_model.h"
 #include "train/training_data.h"
@@ -228,10 +230,24 @@ namespace {
 // what is missing.
 constexpr const char* kTrainedRecord = "trained.json";
 
-nlohmann::json training_settings(const ModelConfig& config, const TrainOptions& options) {
-  nlohmann::json train = options.to_json();
-  train.erase("log_dir");  // where the metrics went, not how the run trained
-  return {{"config", config.to_json()}, {"train", train}};
+// What decides a run's weights: its model config and training options, less where the
+// outputs go, how often checkpoints are kept, and the profile.
+nlohmann::json training_settings(const nlohmann::json& config, nlohmann::json train) {
+  for (const char* output : {"out_dir", "log_dir", "checkpoint_every", "keep_checkpoints",
+                             "profile_steps", "profile_trace", "peak_gflops"}) {
+    train.erase(output);
+  }
+  return {{"config", config}, {"train", train}};
+}
+
+// A training record's or a checkpoint's settings, comparable with training_settings'
+// (records written before the outputs were left out still hold them).
+nlohmann::json settings_of(const nlohmann::json& holder, const std::string& source) {
+  try {
+    return training_settings(holder.at("config"), holder.at("train"));
+  } catch (const nlohmann::json::exception& e) {
+    HAM_FAIL(source, ": holds no settings (", e.what(), "); delete it or rerun with --retrain");
+  }
 }
 
 nlohmann::json train_result_to_json(const TrainResult& r) {
@@ -241,12 +257,11 @@ nlohmann::json train_result_to_json(const TrainResult& r) {
           {"step_losses", r.step_losses},         {"peak_memory_bytes", r.peak_memory_bytes}};
 }
 
-// The TrainResult and training seconds of a record whose settings matched.
-TrainResult train_result_from_record(const nlohmann::json& record, const std::string& source,
-                                     double& train_seconds) {
+// The TrainResult of a record whose settings matched.
+TrainResult train_result_from_record(const nlohmann::json& record, const std::string& source) {
   TrainResult r;
   try {
-    train_seconds = record.at("train_seconds").get<double>();
+    r.train_seconds = record.at("train_seconds").get<double>();
     const nlohmann::json& j = record.at("result");
     r.first_loss = j.at("first_loss").get<double>();
     r.final_loss = j.at("final_loss").get<double>();
@@ -261,6 +276,44 @@ TrainResult train_result_from_record(const nlohmann::json& record, const std::st
              "); delete it or rerun with --retrain");
   }
   return r;
+}
+
+// Where a run starts: a finished record, a checkpoint of the same settings (a run stopped
+// midway, by a signal or a crash), or nothing. Anything of other settings is removed.
+struct RunStart {
+  std::optional<nlohmann::json> record;
+  std::optional<CheckpointContents> checkpoint;
+};
+
+RunStart find_run_start(const fs::path& dir, const nlohmann::json& settings, bool retrain,
+                        const std::string& prefix, std::ostream& log) {
+  RunStart start;
+  const fs::path record_path = dir / kTrainedRecord;
+  if (!retrain && fs::exists(record_path)) {
+    nlohmann::json earlier = read_json_file(record_path.string(), "training record");
+    if (earlier.is_object() &&
+        settings_of(earlier.value("settings", nlohmann::json::object()), record_path.string()) ==
+            settings) {
+      start.record = std::move(earlier);
+      return start;
+    }
+    log << fmt::format("{}: {} holds other settings; training again\n", prefix,
+                       record_path.string());
+  }
+  std::error_code ec;
+  fs::remove(record_path, ec);  // a record must never describe other weights
+  HAM_CHECK(!ec, record_path.string(), ": cannot remove: ", ec.message());
+  if (std::optional<std::string> latest = latest_checkpoint(dir.string()); latest && !retrain) {
+    const std::string state_file = *latest + "/state.json";
+    if (settings_of(load_checkpoint_state(*latest), state_file) == settings) {
+      start.checkpoint = load_checkpoint(*latest);
+      return start;
+    }
+    log << fmt::format("{}: {} holds other settings; training from the start\n", prefix,
+                       *latest);
+  }
+  remove_checkpoints(dir.string());
+  return start;
 }
 
 }  // namespace
@@ -279,75 +332,101 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
   const bool data_rows = spec.train.mix_mqar + spec.train.mix_niah < 1;
   CompareResult result;
   auto all_start = std::chrono::steady_clock::now();
+  auto finish = [&] {
+    result.total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - all_start).count();
+    return result;
+  };
   for (size_t i = 0; i < runs.size(); ++i) {
     const CompareRun& run = runs[i];
+    const std::string prefix = fmt::format("[{}/{}] {}", i + 1, runs.size(), run.name);
+    if (int signal = stop_requested()) {  // arrived during the previous run's evaluation
+      result.stopped_by_signal = signal;
+      log << fmt::format("{}: not started: {} received\n", prefix, stop_signal_name(signal));
+      return finish();
+    }
     fs::path dir = fs::path(out_dir) / "runs" / directory_name(run.name);
     fs::create_directories(dir, ec);
     HAM_CHECK(!ec, dir.string(), ": cannot create: ", ec.message());
 
     TrainOptions options = spec.train;
     options.log_dir = (dir / "metrics").string();
+    options.out_dir = dir.string();  // checkpoints: <dir>/step-NNNNNNNN
+    const nlohmann::json settings = training_settings(run.config.to_json(), options.to_json());
     const fs::path record_path = dir / kTrainedRecord;
-    const nlohmann::json settings = training_settings(run.config, options);
-    std::optional<nlohmann::json> record;
-    if (!retrain && fs::exists(record_path)) {
-      nlohmann::json earlier = read_json_file(record_path.string(), "training record");
-      if (earlier.is_object() && earlier.value("settings", nlohmann::json()) == settings) {
-        record = std::move(earlier);
-      } else {
-        log << fmt::format("[{}/{}] {}: {} holds other settings; training again\n", i + 1,
-                           runs.size(), run.name, record_path.string());
-      }
-    }
+    RunStart start = find_run_start(dir, settings, retrain, prefix, log);
     CompareRunResult r;
     r.run = run;
     r.family = family_name(run.config.family);
     r.weights_dir = (dir / "weights").string();
     std::shared_ptr<LanguageModel> model;
-    if (record) {
-      r.train = train_result_from_record(*record, record_path.string(), r.train_seconds);
+    if (start.record) {
+      r.train = train_result_from_record(*start.record, record_path.string());
       model = load_trained_model(r.weights_dir).model;
       // Evaluated where it trained, as a model train() leaves behind (f32 weights).
       model->to(resolve_training_device(options.device, 0));
       r.parameters = model->num_parameters();
-      log << fmt::format("[{}/{}] {}: trained earlier ({}); evaluating its weights\n", i + 1,
-                         runs.size(), run.name, record_path.string());
+      log << fmt::format("{}: trained earlier ({}); evaluating its weights\n", prefix,
+                         record_path.string());
       log.flush();
     } else {
-      fs::remove(record_path, ec);  // a record must never describe other weights
-      HAM_CHECK(!ec, record_path.string(), ": cannot remove: ", ec.message());
-      // Rows come only from synthetic tasks when the mixture leaves no share for the data.
-      TrainingData data;
-      if (data_rows) {
-        try {
-          data = open_training_data(options, run.config);
-        } catch (const Error& e) {
-          HAM_FAIL("compare run '", run.name, "': ", e.what());
-        }
-      } else {
-        data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
-        data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
-        data.description = "synthetic rows only";
-      }
-
       model = make_model(run.config);
-      log << fmt::format("[{}/{}] {}: {} model, {} parameters, training {} steps of {}x{} tokens "
-                         "({}; log: {})\n",
-                         i + 1, runs.size(), run.name, family_name(run.config.family),
-                         model->num_parameters(), options.steps, options.batch_size,
-                         options.seq_len, data.description, (dir / "train.log").string());
-      log.flush();
-      std::ofstream train_log(dir / "train.log");
-      HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
-      auto start = std::chrono::steady_clock::now();
       r.parameters = model->num_parameters();
-      r.train = train(*model, *data.train, *data.val, options, train_log);
-      r.train_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const CheckpointContents* resume = start.checkpoint ? &*start.checkpoint : nullptr;
+      const int64_t resume_step = resume ? resume->state.at("step").get<int64_t>() : 0;
+      const std::string checkpoint_dir =
+          resume ? resume->state.at("checkpoint_dir").get<std::string>() : "";
+      if (resume_step >= options.steps) {
+        // Stopped after its last checkpoint and before its record: nothing left to train.
+        r.train = train_result_at_checkpoint(resume->state, checkpoint_dir + "/state.json");
+        model->load_parameters(resume->model);
+        model->to(resolve_training_device(options.device, 0));
+        log << fmt::format("{}: trained to its last step earlier ({}); evaluating it\n",
+                           prefix, checkpoint_dir);
+      } else {
+        // Rows come only from synthetic tasks when the mixture leaves no share for the data.
+        TrainingData data;
+        if (data_rows) {
+          try {
+            data = open_training_data(options, run.config);
+          } catch (const Error& e) {
+            HAM_FAIL("compare run '", run.name, "': ", e.what());
+          }
+        } else {
+          data.train = std::make_unique<TokenStream>(std::vector<int64_t>{});
+          data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+          data.description = "synthetic rows only";
+        }
+        const std::string what =
+            resume ? fmt::format("resuming from {} at step {} of {}", checkpoint_dir,
+                                 resume_step, options.steps)
+                   : fmt::format("training {} steps", options.steps);
+        log << fmt::format("{}: {} model, {} parameters, {}, {}x{} tokens a step ({}; "
+                           "log: {})\n",
+                           prefix, family_name(run.config.family), r.parameters, what,
+                           options.batch_size, options.seq_len, data.description,
+                           (dir / "train.log").string());
+        log.flush();
+        // A resumed run's log goes on where the stopped one's ended.
+        std::ofstream train_log(dir / "train.log", resume ? std::ios::app : std::ios::trunc);
+        HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
+        r.train = train(*model, *data.train, *data.val, options, train_log, resume);
+        if (r.train.stopped_by_signal != 0) {
+          result.stopped_by_signal = r.train.stopped_by_signal;
+          log << fmt::format(
+              "{}: stopped at step {} of {} by {}; {}\n", prefix, r.train.steps, options.steps,
+              stop_signal_name(r.train.stopped_by_signal),
+              r.train.last_checkpoint.empty() && !resume
+                  ? std::string("no step ran")
+                  : "the same command resumes it from " +
+                        latest_checkpoint(dir.string()).value_or("?"));
+          return finish();
+        }
+      }
       export_trained_model(r.weights_dir, *model);
       const nlohmann::json trained = {{"settings", settings},
                                       {"result", train_result_to_json(r.train)},
-                                      {"train_seconds", r.train_seconds}};
+                                      {"train_seconds", r.train.train_seconds}};
       write_text_atomically(record_path, trained.dump(2) + "\n");
     }
 
@@ -369,15 +448,13 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       summary += fmt::format(" | {} {:.3f}", recall->first, recall->second);
     }
     if (r.eval.perplexity) summary += fmt::format(" | ppl {:.3f}", r.eval.perplexity->perplexity);
-    log << fmt::format("[{}/{}] {}: {} | KV fraction {:.3f} | peak memory {:.1f} MiB | {:.0f} s\n",
-                       i + 1, runs.size(), run.name, summary, r.mean_kv_fraction,
-                       double(r.train.peak_memory_bytes) / 1048576.0, r.train_seconds);
+    log << fmt::format("{}: {} | KV fraction {:.3f} | peak memory {:.1f} MiB | {:.0f} s\n",
+                       prefix, summary, r.mean_kv_fraction,
+                       double(r.train.peak_memory_bytes) / 1048576.0, r.train.train_seconds);
     log.flush();
     result.runs.push_back(std::move(r));
   }
-  result.total_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - all_start).count();
-  return result;
+  return finish();
 }
 
 // ---- report -----------------------------------------------------------------------------------
@@ -423,7 +500,7 @@ std::string markdown_table(const CompareResult& result) {
       row.push_back(format_metric(c.acc) + " / " + format_metric(c.acc_norm));
     }
     row.push_back(fmt::format("{:.1f}", double(r.train.peak_memory_bytes) / 1048576.0));
-    row.push_back(fmt::format("{:.0f}", r.train_seconds));
+    row.push_back(fmt::format("{:.0f}", r.train.train_seconds));
     md += "|";
     for (const std::string& cell : row) md += " " + cell + " |";
     md += "\n";
@@ -541,7 +618,7 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     {"kv_target", r.run.kv_target ? nlohmann::json(*r.run.kv_target) : nlohmann::json()},
                     {"parameters", r.parameters},
                     {"kv_fraction", std::isfinite(r.mean_kv_fraction) ? nlohmann::json(r.mean_kv_fraction) : nlohmann::json()},
-                    {"train_seconds", r.train_seconds},
+                    {"train_seconds", r.train.train_seconds},
                     {"peak_memory_bytes", r.train.peak_memory_bytes},
                     {"final_train_loss", final_train_loss(r.train)},
                     {"step_losses", r.train.step_losses},

@@ -8,7 +8,8 @@
 //   <out>/loss_curves.png  training loss per step of every run (+ .csv, .gp)
 //   <out>/kv_tradeoff.png  final loss and recall accuracy versus KV fraction: the HAM
 //                          sweep as a line, other families as single points
-//   <out>/runs/<name>/     train.log, metrics, the trained weights (`ham train --export`
+//   <out>/runs/<name>/     train.log, metrics, checkpoints (step-NNNNNNNN, as `ham train
+//                          --out` writes them), the trained weights (`ham train --export`
 //                          layout, so `ham eval/generate/analyze` read them) and
 //                          trained.json (see run_comparison: what a rerun reuses)
 //
@@ -64,21 +65,30 @@ struct CompareRunResult {
   int64_t parameters = 0;
   TrainResult train;
   EvalReport eval;
-  double train_seconds = 0;
   double mean_kv_fraction = 1;  // measured in evaluation; 1 for attention, 0 for GDN
   std::string weights_dir;
 };
 
 struct CompareResult {
-  std::vector<CompareRunResult> runs;
+  std::vector<CompareRunResult> runs;  // the finished ones, in order
   double total_seconds = 0;
+  // The signal that stopped the comparison (stop_signals.h), else 0: `runs` then holds the
+  // runs finished before it.
+  int stopped_by_signal = 0;
 };
 
 // Trains and evaluates every run in order, logging a line per run to `log` (each run's
-// full training log goes to <out>/runs/<name>/train.log). A run that finished in an
-// earlier call on the same out_dir with the same model config and training options (its
-// <out>/runs/<name>/trained.json) is not trained again: its weights are evaluated anew,
-// with the spec's current eval options. `retrain` trains every run regardless.
+// full training log goes to <out>/runs/<name>/train.log). Nothing done is lost to a rerun
+// with the same model configs and training options (checkpoint frequency, output paths
+// and the profile aside) on the same out_dir:
+//   - a run that finished (its <out>/runs/<name>/trained.json) is not trained again: its
+//     weights are evaluated anew, with the spec's current eval options;
+//   - a run stopped midway, by a stop request (Ctrl-C, SIGTERM: the run in progress writes
+//     a checkpoint and run_comparison returns) or a crash (its newest checkpoint; the
+//     spec's train.checkpoint_every sets how often), resumes from its checkpoint, bit for
+//     bit as if never stopped;
+//   - checkpoints and records of other settings are deleted, and the run trains anew.
+// `retrain` trains every run from step 0 regardless.
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
                              std::ostream& log, bool retrain = false);
 

@@ -2,15 +2,18 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
 #include "autograd/grad_mode.h"
 #include "tests/error_testing.h"
 #include "train/plot.h"
+#include "train/stop_signals.h"
 #include "train/synthetic.h"
 
 namespace ham {
@@ -188,7 +191,7 @@ TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
         << again_log.str();
     EXPECT_EQ(again.runs[i].train.step_losses, first.runs[i].train.step_losses) << name;
     EXPECT_EQ(again.runs[i].train.peak_memory_bytes, first.runs[i].train.peak_memory_bytes);
-    EXPECT_EQ(again.runs[i].train_seconds, first.runs[i].train_seconds) << name;
+    EXPECT_EQ(again.runs[i].train.train_seconds, first.runs[i].train.train_seconds) << name;
     EXPECT_EQ(again.runs[i].parameters, first.runs[i].parameters) << name;
     // The reloaded weights evaluate exactly as the freshly trained ones did.
     EXPECT_EQ(again.runs[i].eval.to_json(), first.runs[i].eval.to_json()) << name;
@@ -219,6 +222,110 @@ TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
   std::ofstream(record) << "{\"settings\": ";
   expect_error([&] { run_comparison(longer, out, damaged_log); },
                {"runs/gdn/trained.json", "invalid JSON"});
+  fs::remove_all(out);
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A run stopped midway (here: crashed after its step-2 checkpoint) resumes from its newest
+// checkpoint, and one stopped after its last checkpoint but before its record is only
+// evaluated; both give what an uninterrupted comparison gives. A checkpoint of other
+// settings is deleted.
+TEST(Comparison, ARunStoppedMidwayResumesFromItsNewestCheckpointBitForBit) {
+  nlohmann::json j = tiny_spec();
+  j["train"]["steps"] = 6;
+  const CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  const fs::path straight_out = fs::temp_directory_path() / "ham_test_comparison_straight";
+  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_resumed";
+  fs::remove_all(straight_out);
+  fs::remove_all(out);
+  std::ostringstream straight_log;
+  const CompareResult straight = run_comparison(spec, straight_out.string(), straight_log);
+  ASSERT_EQ(straight.runs.size(), 2u);
+  // What a run leaves behind: its last step's checkpoint, and no other.
+  EXPECT_TRUE(fs::exists(straight_out / "runs/gdn/step-00000006/state.json"));
+  EXPECT_FALSE(fs::exists(straight_out / "runs/gdn/step-00000002"));
+
+  // Both runs trained as compare trains them, checkpointing every 2 steps; gdn then loses
+  // every checkpoint after step 2 and neither writes its record.
+  const std::vector<CompareRun> runs = spec.runs();
+  for (const CompareRun& run : runs) {
+    const fs::path dir = out / "runs" / run.name;
+    TrainOptions options = spec.train;
+    options.out_dir = dir.string();
+    options.checkpoint_every = 2;
+    options.keep_checkpoints = 0;
+    const TokenStream no_rows(std::vector<int64_t>{});
+    std::ostringstream discarded;
+    auto model = make_model(run.config);
+    train(*model, no_rows, no_rows, options, discarded);
+  }
+  fs::remove_all(out / "runs/gdn/step-00000004");
+  fs::remove_all(out / "runs/gdn/step-00000006");
+
+  std::ostringstream log;
+  const CompareResult resumed = run_comparison(spec, out.string(), log);
+  ASSERT_EQ(resumed.runs.size(), 2u);
+  EXPECT_NE(log.str().find("] gdn: gdn model"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("resuming from " + (out / "runs/gdn/step-00000002").string() +
+                           " at step 2 of 6"),
+            std::string::npos)
+      << log.str();
+  EXPECT_NE(log.str().find("] ham: trained to its last step earlier"), std::string::npos)
+      << log.str();
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string name = straight.runs[i].run.name;
+    EXPECT_EQ(resumed.runs[i].train.step_losses, straight.runs[i].train.step_losses) << name;
+    EXPECT_EQ(resumed.runs[i].train.first_loss, straight.runs[i].train.first_loss) << name;
+    EXPECT_EQ(resumed.runs[i].train.final_loss, straight.runs[i].train.final_loss) << name;
+    EXPECT_EQ(read_bytes(out / "runs" / name / "weights/model.safetensors"),
+              read_bytes(straight_out / "runs" / name / "weights/model.safetensors"))
+        << name;
+    EvalReport resumed_eval = resumed.runs[i].eval, straight_eval = straight.runs[i].eval;
+    resumed_eval.source = straight_eval.source = "";  // the directories differ
+    EXPECT_EQ(resumed_eval.to_json(), straight_eval.to_json()) << name;
+    EXPECT_TRUE(fs::exists(out / "runs" / name / "trained.json")) << name;
+  }
+  // The next rerun finds the records.
+  std::ostringstream again_log;
+  run_comparison(spec, out.string(), again_log);
+  EXPECT_EQ(again_log.str().find("resuming"), std::string::npos) << again_log.str();
+
+  // Other settings: the record and every checkpoint of the old ones go.
+  CompareSpec longer = spec;
+  longer.train.steps = 8;
+  fs::remove(out / "runs/gdn/trained.json");
+  std::ostringstream longer_log;
+  run_comparison(longer, out.string(), longer_log);
+  EXPECT_NE(longer_log.str().find("runs/gdn/step-00000006 holds other settings; training "
+                                  "from the start"),
+            std::string::npos)
+      << longer_log.str();
+  EXPECT_FALSE(fs::exists(out / "runs/gdn/step-00000002"));
+  EXPECT_FALSE(fs::exists(out / "runs/gdn/step-00000006"));
+  EXPECT_TRUE(fs::exists(out / "runs/gdn/step-00000008"));
+  fs::remove_all(straight_out);
+  fs::remove_all(out);
+}
+
+// A stop request between runs (one that arrived while a run was evaluated) starts no other.
+TEST(Comparison, AStopRequestBetweenRunsStartsNoOther) {
+  const CompareSpec spec = CompareSpec::from_json(tiny_spec(), "spec.json", kTiny);
+  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_stopped";
+  fs::remove_all(out);
+  std::ostringstream log;
+  request_stop(SIGTERM);
+  const CompareResult result = run_comparison(spec, out.string(), log);
+  clear_stop_request();
+  EXPECT_EQ(result.stopped_by_signal, SIGTERM);
+  EXPECT_TRUE(result.runs.empty());
+  EXPECT_NE(log.str().find("[1/2] gdn: not started: SIGTERM received"), std::string::npos)
+      << log.str();
+  EXPECT_FALSE(fs::exists(out / "runs/gdn/trained.json"));
   fs::remove_all(out);
 }
 

@@ -11,6 +11,7 @@
 
 #include "train/cli/commands.h"
 #include "train/comparison.h"
+#include "train/stop_signals.h"
 
 namespace ham::cli {
 
@@ -49,7 +50,17 @@ int run_compare(const CompareArgs& args) {
   std::vector<CompareRun> runs = spec.runs();
   std::cout << fmt::format("compare: {} runs ({}), {} steps each, {} threads\n", runs.size(),
                            spec.source, spec.train.steps, omp_get_max_threads());
+  // Ctrl-C or SIGTERM stops the run in progress with a checkpoint; a second one kills.
+  StopSignals stop_signals;
   CompareResult result = run_comparison(spec, args.out_dir, std::cout, args.retrain);
+  if (result.stopped_by_signal != 0) {
+    std::cout << fmt::format("compare stopped by {} after {} of {} runs; the same command "
+                             "continues it (finished runs are kept, a stopped one resumes "
+                             "from its checkpoint)\n",
+                             stop_signal_name(result.stopped_by_signal), result.runs.size(),
+                             runs.size());
+    return 128 + result.stopped_by_signal;  // the shell's convention for a signalled end
+  }
   std::string markdown = write_comparison_report(spec, result, args.out_dir);
   std::cout << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and report.json, "
             << "loss_curves.png, kv_tradeoff.png)\n";
@@ -73,9 +84,10 @@ Command add_compare_command(CLI::App& root) {
   cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)")
       ->check(whole_number_at_least(1));
   cmd->add_flag("--retrain", args->retrain,
-                "Train every run again, even one whose runs/<name>/trained.json shows it "
-                "finished with the same config and training options (by default such a run's "
-                "weights are only evaluated again)");
+                "Train every run again from step 0 (by default a run that finished with the "
+                "same config and training options, as its runs/<name>/trained.json shows, is "
+                "only evaluated again, and one stopped midway resumes from its newest "
+                "checkpoint)");
   add_threads_option(cmd, &args->threads);
   return {cmd, [args] { return run_compare(*args); }};
 }
