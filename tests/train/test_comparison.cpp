@@ -277,6 +277,10 @@ TEST(Comparison, ARunStoppedMidwayResumesFromItsNewestCheckpointBitForBit) {
       << log.str();
   EXPECT_NE(log.str().find("] ham: trained to its last step earlier"), std::string::npos)
       << log.str();
+  // Trained from step 2 on, not from the start (which gives the same losses).
+  const std::string gdn_log = read_bytes(out / "runs/gdn/train.log");
+  EXPECT_EQ(gdn_log.find("step     1/6 | loss"), std::string::npos) << gdn_log;
+  EXPECT_NE(gdn_log.find("resumed from "), std::string::npos) << gdn_log;
   for (size_t i = 0; i < 2; ++i) {
     const std::string name = straight.runs[i].run.name;
     EXPECT_EQ(resumed.runs[i].train.step_losses, straight.runs[i].train.step_losses) << name;
