@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "train/plot.h"
 #include "train/checkpoint.h"
@@ -155,8 +156,9 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
   HAM_CHECK(j.is_object(), source, ": a compare spec must be a JSON object");
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
-    HAM_CHECK(key == "runs" || key == "train" || key == "eval" || key == "sweep_kv", source,
-              ": unknown key '", key, "' (known: runs, train, eval, sweep_kv)");
+    HAM_CHECK(key == "runs" || key == "train" || key == "eval" || key == "sweep_kv" ||
+                  key == "seeds",
+              source, ": unknown key '", key, "' (known: runs, train, eval, sweep_kv, seeds)");
   }
   CompareSpec spec;
   spec.source = source;
@@ -187,18 +189,50 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
       spec.sweep_kv.push_back(v.get<double>());
     }
   }
+  if (j.contains("seeds")) {
+    const nlohmann::json& seeds = j.at("seeds");
+    HAM_CHECK(seeds.is_array() && !seeds.empty(), source,
+              ": key 'seeds' must be a non-empty list of whole numbers >= 0");
+    for (const nlohmann::json& seed : seeds) {
+      HAM_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
+                source, ": key 'seeds' holds ", seed.dump(),
+                ", not a whole number >= 0");
+      spec.seeds.push_back(seed.get<uint64_t>());
+    }
+  }
+  check_seeds(spec.seeds, source + ": key 'seeds'");
   return spec;
 }
 
+void check_seeds(const std::vector<uint64_t>& seeds, const std::string& what) {
+  std::vector<uint64_t> sorted = seeds;
+  std::sort(sorted.begin(), sorted.end());
+  const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
+  HAM_CHECK(repeated == sorted.end(), what, ": seed ", repeated == sorted.end() ? 0 : *repeated,
+            " is listed twice (its runs would repeat each other)");
+}
+
 std::vector<CompareRun> CompareSpec::runs() const {
-  std::vector<CompareRun> out;
+  std::vector<CompareRun> groups;  // one per config and sweep value
   for (const auto& [name, config] : configs) {
     if (config.family == ModelFamily::HAM && !sweep_kv.empty()) {
       for (double rho : sweep_kv) {
-        out.push_back({fmt::format("{}@kv={:.2f}", name, rho), with_kv_fraction(config, rho), rho});
+        const std::string group = fmt::format("{}@kv={:.2f}", name, rho);
+        groups.push_back({group, group, with_kv_fraction(config, rho), rho, std::nullopt});
       }
     } else {
-      out.push_back({name, config, std::nullopt});
+      groups.push_back({name, name, config, std::nullopt, std::nullopt});
+    }
+  }
+  if (seeds.empty()) return groups;
+  std::vector<CompareRun> out;
+  for (const CompareRun& group : groups) {
+    for (uint64_t seed : seeds) {
+      CompareRun run = group;
+      run.name = fmt::format("{}@seed={}", group.group, seed);
+      run.config.seed = seed;
+      run.seed = seed;
+      out.push_back(std::move(run));
     }
   }
   return out;
@@ -350,6 +384,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
     HAM_CHECK(!ec, dir.string(), ": cannot create: ", ec.message());
 
     TrainOptions options = spec.train;
+    if (run.seed) options.seed = *run.seed;
     options.log_dir = (dir / "metrics").string();
     options.out_dir = dir.string();  // checkpoints: <dir>/step-NNNNNNNN
     const nlohmann::json settings = training_settings(run.config.to_json(), options.to_json());
@@ -465,45 +500,131 @@ std::string format_metric(double v, const char* format = "{:.3f}") {
   return std::isfinite(v) ? fmt::format(fmt::runtime(format), v) : std::string("-");
 }
 
-// One row per run; the task columns are those of the first run's report (all runs share
-// the eval options, so all have the same tasks).
-std::string markdown_table(const CompareResult& result) {
-  const EvalReport& first = result.runs.front().eval;
-  std::vector<std::string> header = {"run", "family", "parameters", "KV fraction",
-                                     "train loss (last 20 steps)"};
-  if (first.perplexity) header.push_back(fmt::format("perplexity (T={})", first.perplexity->seq_len));
-  for (const MqarResult& m : first.mqar) {
-    header.push_back(fmt::format("MQAR T={} acc", m.seq_len));
-    header.push_back(fmt::format("MQAR T={} all-correct", m.seq_len));
-  }
-  for (const NiahResult& n : first.niah) header.push_back(fmt::format("NIAH {} T={}", n.task, n.context_tokens));
-  for (const ChoiceResult& c : first.choices) header.push_back(fmt::format("{} acc / acc_norm", c.name));
-  header.push_back("peak memory (MiB)");
-  header.push_back("train time (s)");
+// One number of a run's report row.
+struct RunMetric {
+  std::string name;
+  double value;
+  const char* format;
+};
 
-  std::string md = "|";
-  for (const std::string& h : header) md += " " + h + " |";
-  md += "\n|";
-  for (size_t i = 0; i < header.size(); ++i) md += i < 2 ? "---|" : "---:|";
-  md += "\n";
+// The report's numbers of one run, in column order. The task columns follow the run's
+// EvalReport; all runs share the eval options, so all have the same columns.
+std::vector<RunMetric> run_metrics(const CompareRunResult& r) {
+  std::vector<RunMetric> out = {{"KV fraction", r.mean_kv_fraction, "{:.3f}"},
+                                {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};
+  if (r.eval.perplexity) {
+    out.push_back({fmt::format("perplexity (T={})", r.eval.perplexity->seq_len),
+                   r.eval.perplexity->perplexity, "{:.3f}"});
+  }
+  for (const MqarResult& m : r.eval.mqar) {
+    out.push_back({fmt::format("MQAR T={} acc", m.seq_len), m.accuracy, "{:.3f}"});
+    out.push_back({fmt::format("MQAR T={} all-correct", m.seq_len), m.sequence_accuracy, "{:.3f}"});
+  }
+  for (const NiahResult& n : r.eval.niah) {
+    out.push_back({fmt::format("NIAH {} T={}", n.task, n.context_tokens), n.accuracy, "{:.3f}"});
+  }
+  for (const ChoiceResult& c : r.eval.choices) {
+    out.push_back({c.name + " acc", c.acc, "{:.3f}"});
+    out.push_back({c.name + " acc_norm", c.acc_norm, "{:.3f}"});
+  }
+  out.push_back({"peak memory (MiB)", double(r.train.peak_memory_bytes) / 1048576.0, "{:.1f}"});
+  out.push_back({"train time (s)", r.train.train_seconds, "{:.0f}"});
+  return out;
+}
+
+// The runs of one CompareRun::group (one per seed, or a single run without seeds).
+struct RunGroup {
+  std::string name;
+  std::vector<const CompareRunResult*> members;
+};
+
+std::vector<RunGroup> group_runs(const CompareResult& result) {
+  std::vector<RunGroup> groups;
   for (const CompareRunResult& r : result.runs) {
-    std::vector<std::string> row = {r.run.name, r.family, fmt::format("{}", r.parameters),
-                                    format_metric(r.mean_kv_fraction),
-                                    format_metric(final_train_loss(r.train), "{:.4f}")};
-    if (r.eval.perplexity) row.push_back(format_metric(r.eval.perplexity->perplexity));
-    for (const MqarResult& m : r.eval.mqar) {
-      row.push_back(format_metric(m.accuracy));
-      row.push_back(format_metric(m.sequence_accuracy));
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const RunGroup& g) { return g.name == r.run.group; });
+    if (it == groups.end()) it = groups.insert(groups.end(), RunGroup{r.run.group, {}});
+    it->members.push_back(&r);
+  }
+  return groups;
+}
+
+// Mean, sample standard deviation (0 for one value), min and max of the finite values.
+struct Spread {
+  int64_t count = 0;
+  double mean = std::nan(""), stddev = std::nan(""), min = std::nan(""), max = std::nan("");
+};
+
+Spread spread_of(const std::vector<double>& values) {
+  Spread s;
+  double total = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    s.min = s.count == 0 ? v : std::min(s.min, v);
+    s.max = s.count == 0 ? v : std::max(s.max, v);
+    total += v;
+    ++s.count;
+  }
+  if (s.count == 0) return s;
+  s.mean = total / double(s.count);
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - s.mean) * (v - s.mean);
+  }
+  s.stddev = s.count > 1 ? std::sqrt(squares / double(s.count - 1)) : 0.0;
+  return s;
+}
+
+// Metric `index` of run_metrics over a group's runs.
+Spread group_metric(const RunGroup& group, size_t index) {
+  std::vector<double> values;
+  for (const CompareRunResult* r : group.members) values.push_back(run_metrics(*r)[index].value);
+  return spread_of(values);
+}
+
+std::string markdown_row(const std::vector<std::string>& cells) {
+  std::string md = "|";
+  for (const std::string& cell : cells) md += " " + cell + " |";
+  return md + "\n";
+}
+
+// `header`, then the separator: the first `text_columns` left-aligned, the rest right.
+std::string markdown_header(const std::vector<std::string>& header, size_t text_columns) {
+  std::string md = markdown_row(header) + "|";
+  for (size_t i = 0; i < header.size(); ++i) md += i < text_columns ? "---|" : "---:|";
+  return md + "\n";
+}
+
+// One row per run.
+std::string markdown_table(const CompareResult& result) {
+  std::vector<std::string> header = {"run", "family", "parameters"};
+  for (const RunMetric& m : run_metrics(result.runs.front())) header.push_back(m.name);
+  std::string md = markdown_header(header, 2);
+  for (const CompareRunResult& r : result.runs) {
+    std::vector<std::string> row = {r.run.name, r.family, fmt::format("{}", r.parameters)};
+    for (const RunMetric& m : run_metrics(r)) row.push_back(format_metric(m.value, m.format));
+    md += markdown_row(row);
+  }
+  return md;
+}
+
+// One row per group: each metric's mean +- sample standard deviation over the seeds.
+std::string markdown_seed_table(const std::vector<RunGroup>& groups) {
+  const std::vector<RunMetric> columns = run_metrics(*groups.front().members.front());
+  std::vector<std::string> header = {"run", "family", "seeds", "parameters"};
+  for (const RunMetric& m : columns) header.push_back(m.name);
+  std::string md = markdown_header(header, 2);
+  for (const RunGroup& g : groups) {
+    const CompareRunResult& first = *g.members.front();
+    std::vector<std::string> row = {g.name, first.family, fmt::format("{}", g.members.size()),
+                                    fmt::format("{}", first.parameters)};
+    for (size_t i = 0; i < columns.size(); ++i) {
+      const Spread s = group_metric(g, i);
+      std::string cell = format_metric(s.mean, columns[i].format);
+      if (s.count > 1) cell += " ± " + format_metric(s.stddev, columns[i].format);
+      row.push_back(cell);
     }
-    for (const NiahResult& n : r.eval.niah) row.push_back(format_metric(n.accuracy));
-    for (const ChoiceResult& c : r.eval.choices) {
-      row.push_back(format_metric(c.acc) + " / " + format_metric(c.acc_norm));
-    }
-    row.push_back(fmt::format("{:.1f}", double(r.train.peak_memory_bytes) / 1048576.0));
-    row.push_back(fmt::format("{:.0f}", r.train.train_seconds));
-    md += "|";
-    for (const std::string& cell : row) md += " " + cell + " |";
-    md += "\n";
+    md += markdown_row(row);
   }
   return md;
 }
@@ -520,30 +641,67 @@ std::vector<double> running_mean(const std::vector<double>& values, size_t windo
   return out;
 }
 
-PlotFigure loss_curves(const CompareResult& result) {
+// A group's step losses, averaged over its seeds step by step (up to the shortest run).
+std::vector<double> mean_step_losses(const RunGroup& group) {
+  size_t steps = group.members.front()->train.step_losses.size();
+  for (const CompareRunResult* r : group.members) {
+    steps = std::min(steps, r->train.step_losses.size());
+  }
+  std::vector<double> mean(steps, 0.0);
+  for (const CompareRunResult* r : group.members) {
+    for (size_t i = 0; i < steps; ++i) mean[i] += r->train.step_losses[i];
+  }
+  for (double& v : mean) v /= double(group.members.size());
+  return mean;
+}
+
+std::string series_label(const RunGroup& group) {
+  return group.members.size() > 1
+             ? fmt::format("{} (mean of {} seeds)", group.name, group.members.size())
+             : group.name;
+}
+
+PlotFigure loss_curves(const std::vector<RunGroup>& groups) {
   constexpr size_t kWindow = 10;
   PlotPanel panel;
   panel.title = "training loss (" + std::to_string(kWindow) + "-step running mean)";
   panel.x_label = "step";
   panel.y_label = "loss";
-  for (const CompareRunResult& r : result.runs) {
-    std::vector<double> steps(r.train.step_losses.size());
+  for (const RunGroup& g : groups) {
+    const std::vector<double> losses = mean_step_losses(g);
+    std::vector<double> steps(losses.size());
     for (size_t i = 0; i < steps.size(); ++i) steps[i] = double(i + 1);
-    panel.series.push_back(make_series(r.run.name, steps, running_mean(r.train.step_losses, kWindow)));
+    panel.series.push_back(make_series(series_label(g), steps, running_mean(losses, kWindow)));
   }
   return PlotFigure{"", {panel}};
 }
 
+// A group's means of what the trade-off figure plots.
+struct TradeoffPoint {
+  double kv, loss, recall;
+};
+
+TradeoffPoint tradeoff_point(const RunGroup& g) {
+  std::vector<double> kv, loss, recall;
+  for (const CompareRunResult* r : g.members) {
+    kv.push_back(r->mean_kv_fraction);
+    loss.push_back(final_train_loss(r->train));
+    auto acc = recall_accuracy(r->eval);
+    recall.push_back(acc ? acc->second : std::nan(""));
+  }
+  return {spread_of(kv).mean, spread_of(loss).mean, spread_of(recall).mean};
+}
+
 // The paper's trade-off figure: loss and recall versus KV fraction; the HAM sweep is one
-// line, every other run a single marked point.
-PlotFigure kv_tradeoff(const CompareResult& result) {
+// line, every other run a single marked point (means over seeds).
+PlotFigure kv_tradeoff(const std::vector<RunGroup>& groups) {
   PlotPanel loss_panel;
   loss_panel.title = "final training loss vs KV fraction";
   loss_panel.x_label = "KV fraction (vs a Transformer's cache)";
   loss_panel.y_label = "train loss";
   std::optional<std::string> recall_name;
-  for (const CompareRunResult& r : result.runs) {
-    if (auto recall = recall_accuracy(r.eval)) recall_name = recall->first;
+  for (const RunGroup& g : groups) {
+    if (auto recall = recall_accuracy(g.members.front()->eval)) recall_name = recall->first;
   }
   PlotPanel recall_panel;
   recall_panel.title = recall_name.value_or("recall") + " vs KV fraction";
@@ -552,31 +710,31 @@ PlotFigure kv_tradeoff(const CompareResult& result) {
   recall_panel.y_min = 0;
   recall_panel.y_max = 1;
 
-  // HAM runs grouped by base config name, sorted by KV fraction.
-  std::map<std::string, std::vector<const CompareRunResult*>> sweeps;
-  for (const CompareRunResult& r : result.runs) {
-    if (r.run.kv_target) sweeps[r.run.name.substr(0, r.run.name.find('@'))].push_back(&r);
+  // Sweep groups by base config name, sorted by KV fraction.
+  std::map<std::string, std::vector<TradeoffPoint>> sweeps;
+  for (const RunGroup& g : groups) {
+    if (g.members.front()->run.kv_target) {
+      sweeps[g.name.substr(0, g.name.find('@'))].push_back(tradeoff_point(g));
+    }
   }
-  for (auto& [name, members] : sweeps) {
-    std::sort(members.begin(), members.end(), [](auto* a, auto* b) {
-      return a->mean_kv_fraction < b->mean_kv_fraction;
-    });
+  for (auto& [name, points] : sweeps) {
+    std::sort(points.begin(), points.end(),
+              [](const TradeoffPoint& a, const TradeoffPoint& b) { return a.kv < b.kv; });
     std::vector<double> kv, loss, recall;
-    for (const CompareRunResult* r : members) {
-      kv.push_back(r->mean_kv_fraction);
-      loss.push_back(final_train_loss(r->train));
-      auto acc = recall_accuracy(r->eval);
-      recall.push_back(acc ? acc->second : std::nan(""));
+    for (const TradeoffPoint& p : points) {
+      kv.push_back(p.kv);
+      loss.push_back(p.loss);
+      recall.push_back(p.recall);
     }
     loss_panel.series.push_back(make_series(name + " sweep", kv, loss, PlotStyle::LinesPoints));
     recall_panel.series.push_back(make_series(name + " sweep", kv, recall, PlotStyle::LinesPoints));
   }
-  for (const CompareRunResult& r : result.runs) {
-    if (r.run.kv_target) continue;
-    double kv = std::isfinite(r.mean_kv_fraction) ? r.mean_kv_fraction : 0.0;
-    auto acc = recall_accuracy(r.eval);
-    PlotSeries loss_point = make_series(r.run.name, {kv}, {final_train_loss(r.train)}, PlotStyle::Points);
-    PlotSeries recall_point = make_series(r.run.name, {kv}, {acc ? acc->second : std::nan("")}, PlotStyle::Points);
+  for (const RunGroup& g : groups) {
+    if (g.members.front()->run.kv_target) continue;
+    const TradeoffPoint p = tradeoff_point(g);
+    const double kv = std::isfinite(p.kv) ? p.kv : 0.0;
+    PlotSeries loss_point = make_series(g.name, {kv}, {p.loss}, PlotStyle::Points);
+    PlotSeries recall_point = make_series(g.name, {kv}, {p.recall}, PlotStyle::Points);
     loss_point.width = recall_point.width = 3;  // point size: a lone point must stand out
     loss_panel.series.push_back(loss_point);
     recall_panel.series.push_back(recall_point);
@@ -589,35 +747,70 @@ PlotFigure kv_tradeoff(const CompareResult& result) {
   return figure;
 }
 
+nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+// report.json's summary of a group: its runs, seeds and each metric's spread.
+nlohmann::json group_to_json(const RunGroup& g) {
+  nlohmann::json runs = nlohmann::json::array(), seeds = nlohmann::json::array();
+  for (const CompareRunResult* r : g.members) {
+    runs.push_back(r->run.name);
+    if (r->run.seed) seeds.push_back(*r->run.seed);
+  }
+  nlohmann::json metrics = nlohmann::json::object();
+  const std::vector<RunMetric> columns = run_metrics(*g.members.front());
+  for (size_t i = 0; i < columns.size(); ++i) {
+    const Spread s = group_metric(g, i);
+    metrics[columns[i].name] = {{"mean", finite_or_null(s.mean)},
+                                {"std", finite_or_null(s.stddev)},
+                                {"min", finite_or_null(s.min)},
+                                {"max", finite_or_null(s.max)},
+                                {"count", s.count}};
+  }
+  return {{"name", g.name}, {"family", g.members.front()->family}, {"runs", runs},
+          {"seeds", seeds}, {"metrics", metrics}};
+}
+
 }  // namespace
 
 std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,
                                     const std::string& out_dir) {
   HAM_CHECK(!result.runs.empty(), "write_comparison_report: no runs to report");
+  const std::vector<RunGroup> groups = group_runs(result);
   const TrainOptions& t = spec.train;
+  const std::string seeds =
+      spec.seeds.empty() ? fmt::format("data seed {}", t.seed)
+                         : fmt::format("seeds {} (each the model's and the data's)",
+                                       fmt::join(spec.seeds, ", "));
   std::string md = "# ham compare\n\n";
-  md += fmt::format("Spec: `{}`. Every run trained {} steps of {} x {} tokens ({} tokens), data "
-                    "seed {}, then was evaluated with the same options. Total time {:.0f} s.\n\n",
+  md += fmt::format("Spec: `{}`. Every run trained {} steps of {} x {} tokens ({} tokens), {}, "
+                    "then was evaluated with the same options. Total time {:.0f} s.\n\n",
                     spec.source, t.steps, t.batch_size * t.grad_accum, t.seq_len,
-                    t.steps * t.batch_size * t.grad_accum * t.seq_len, t.seed,
+                    t.steps * t.batch_size * t.grad_accum * t.seq_len, seeds,
                     result.total_seconds);
+  if (!spec.seeds.empty()) {
+    md += "Over the seeds: mean ± sample standard deviation.\n\n";
+    md += markdown_seed_table(groups);
+    md += "\nEvery run:\n\n";
+  }
   md += markdown_table(result);
   md += "\nKV fraction: HAM's measured selected-token fraction in evaluation (mean over layers); "
         "for other families the share of layers that keep a full KV cache. Peak memory: the most "
         "memory asked of the training device's pool at once during training (tensors; on a "
         "GPU also cuBLASLt's workspace).\n\n";
   md += "![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
-  write_plot(loss_curves(result), (fs::path(out_dir) / "loss_curves.png").string());
-  write_plot(kv_tradeoff(result), (fs::path(out_dir) / "kv_tradeoff.png").string());
+  write_plot(loss_curves(groups), (fs::path(out_dir) / "loss_curves.png").string());
+  write_plot(kv_tradeoff(groups), (fs::path(out_dir) / "kv_tradeoff.png").string());
 
   nlohmann::json runs = nlohmann::json::array();
   for (const CompareRunResult& r : result.runs) {
     runs.push_back({{"name", r.run.name},
+                    {"group", r.run.group},
+                    {"seed", r.run.seed ? nlohmann::json(*r.run.seed) : nlohmann::json()},
                     {"family", r.family},
                     {"config", r.run.config.to_json()},
                     {"kv_target", r.run.kv_target ? nlohmann::json(*r.run.kv_target) : nlohmann::json()},
                     {"parameters", r.parameters},
-                    {"kv_fraction", std::isfinite(r.mean_kv_fraction) ? nlohmann::json(r.mean_kv_fraction) : nlohmann::json()},
+                    {"kv_fraction", finite_or_null(r.mean_kv_fraction)},
                     {"train_seconds", r.train.train_seconds},
                     {"peak_memory_bytes", r.train.peak_memory_bytes},
                     {"final_train_loss", final_train_loss(r.train)},
@@ -625,10 +818,13 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     {"weights", r.weights_dir},
                     {"eval", r.eval.to_json()}});
   }
+  nlohmann::json group_summaries = nlohmann::json::array();
+  for (const RunGroup& g : groups) group_summaries.push_back(group_to_json(g));
   // Generated NIAH answers may hold bytes that are not UTF-8: they become U+FFFD in JSON.
   nlohmann::json report = {{"spec", spec.source}, {"train", spec.train.to_json()},
                            {"eval", spec.eval.to_json()}, {"sweep_kv", spec.sweep_kv},
-                           {"total_seconds", result.total_seconds}, {"runs", runs}};
+                           {"seeds", spec.seeds}, {"total_seconds", result.total_seconds},
+                           {"runs", runs}, {"groups", group_summaries}};
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
     write_text_atomically(fs::path(out_dir) / name, text);

@@ -18,8 +18,12 @@
 //                 to the spec file, or inline config objects)
 //    "train":    {TrainOptions keys, e.g. "steps": 1500, "mix_mqar": 1},
 //    "eval":     {"mqar_lengths": [128], "mqar_pairs": 32, "samples": 256, ...},
-//    "sweep_kv": [0.5]}                        (optional; see with_kv_fraction)
-// Every HAM run is repeated once per sweep value; runs of other families run once.
+//    "sweep_kv": [0.5],                        (optional; see with_kv_fraction)
+//    "seeds":    [0, 1, 2]}                    (optional)
+// Every HAM run is repeated once per sweep value; runs of other families run once. With
+// seeds, every run is repeated once per seed, which sets both the model's initialisation
+// seed and the data seed (runs of one seed see the same rows); the report then adds each
+// metric's mean and spread over the seeds.
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -34,9 +38,11 @@
 namespace ham {
 
 struct CompareRun {
-  std::string name;  // "gdn", "ham@kv=0.50", ...
+  std::string name;   // "gdn", "ham@kv=0.50", "gdn@seed=1", "ham@kv=0.50@seed=1", ...
+  std::string group;  // the name less its seed: a group's runs differ only in their seed
   ModelConfig config;
   std::optional<double> kv_target;  // the sweep value this HAM run was given
+  std::optional<uint64_t> seed;     // the spec's seed this run was given (config and data)
 };
 
 struct CompareSpec {
@@ -44,15 +50,20 @@ struct CompareSpec {
   TrainOptions train;
   EvalOptions eval;
   std::vector<double> sweep_kv;  // empty: HAM runs keep their own tau settings
+  std::vector<uint64_t> seeds;   // empty: each run once, with its config's and train's seeds
   std::string source;            // the spec file, for messages
 
   // One-line errors name the file and the key at fault.
   static CompareSpec from_file(const std::string& path);
   static CompareSpec from_json(const nlohmann::json& j, const std::string& source,
                                const std::string& base_dir);
-  // The runs in order: each config, HAM configs once per sweep value.
+  // The runs in order: each config, HAM configs once per sweep value, each of those once
+  // per seed.
   std::vector<CompareRun> runs() const;
 };
+
+// Seeds must differ: the error names `what` and the repeated seed.
+void check_seeds(const std::vector<uint64_t>& seeds, const std::string& what);
 
 // HAM at KV fraction rho: rho in (0, 1) learns tau toward kv_target rho (Algorithm 2);
 // rho = 0 fixes tau at the top of its range (s (1 - 1e-6): no token is selected) and

@@ -4,11 +4,14 @@
 #include <omp.h>
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "autograd/grad_mode.h"
 #include "tests/error_testing.h"
@@ -96,6 +99,42 @@ TEST(Comparison, BadSpecsNameTheFileAndKey) {
   expect_error([&] { CompareSpec::from_json(missing, "spec.json", kTiny); },
                {"no-such-config.json"});
   expect_error([] { with_kv_fraction(ModelConfig{}, 0.5); }, {"with_kv_fraction", "transformer"});
+  for (const nlohmann::json& seeds :
+       {nlohmann::json::array(), nlohmann::json{1, -1}, nlohmann::json{0.5}, nlohmann::json("1")}) {
+    nlohmann::json bad = tiny_spec();
+    bad["seeds"] = seeds;
+    expect_error([&] { CompareSpec::from_json(bad, "spec.json", kTiny); },
+                 {"spec.json", "key 'seeds'", "whole number"});
+  }
+  nlohmann::json twice = tiny_spec();
+  twice["seeds"] = {2, 7, 2};
+  expect_error([&] { CompareSpec::from_json(twice, "spec.json", kTiny); },
+               {"spec.json", "key 'seeds'", "seed 2 is listed twice"});
+}
+
+TEST(Comparison, SeedsRepeatEveryRunWithThatModelAndDataSeed) {
+  nlohmann::json j = tiny_spec();
+  j["sweep_kv"] = {0.5};
+  j["seeds"] = {3, 5};
+  const std::vector<CompareRun> runs = CompareSpec::from_json(j, "spec.json", kTiny).runs();
+  ASSERT_EQ(runs.size(), 4u);
+  const char* names[] = {"gdn@seed=3", "gdn@seed=5", "ham@kv=0.50@seed=3", "ham@kv=0.50@seed=5"};
+  const char* groups[] = {"gdn", "gdn", "ham@kv=0.50", "ham@kv=0.50"};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].name, names[i]);
+    EXPECT_EQ(runs[i].group, groups[i]);
+    const uint64_t seed = i % 2 == 0 ? 3 : 5;
+    EXPECT_EQ(runs[i].seed, seed) << names[i];
+    EXPECT_EQ(runs[i].config.seed, seed) << names[i];
+  }
+  EXPECT_EQ(runs[2].kv_target, 0.5);
+  EXPECT_EQ(runs[3].config.kv_target, std::vector<double>{0.5});
+  j.erase("seeds");
+  const std::vector<CompareRun> once = CompareSpec::from_json(j, "spec.json", kTiny).runs();
+  ASSERT_EQ(once.size(), 2u);
+  EXPECT_EQ(once[1].name, "ham@kv=0.50");
+  EXPECT_EQ(once[1].group, "ham@kv=0.50");
+  EXPECT_FALSE(once[1].seed);
 }
 
 // A NIAH length too short for its needles fails before any run trains.
@@ -314,6 +353,64 @@ TEST(Comparison, ARunStoppedMidwayResumesFromItsNewestCheckpointBitForBit) {
   EXPECT_TRUE(fs::exists(out / "runs/gdn/step-00000008"));
   fs::remove_all(straight_out);
   fs::remove_all(out);
+}
+
+// Each seed's run is that seed's training alone (another comparison of the seed alone
+// gives it bit for bit), seeds differ, and the report gives every group's mean and sample
+// standard deviation over its seeds.
+TEST(Comparison, SeededRunsAreReproducibleAndTheReportSummarisesThem) {
+  nlohmann::json j = tiny_spec();
+  j["seeds"] = {0, 1};
+  const CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_seeds";
+  const fs::path alone_out = fs::temp_directory_path() / "ham_test_comparison_seed_alone";
+  fs::remove_all(out);
+  fs::remove_all(alone_out);
+  std::ostringstream log;
+  const CompareResult result = run_comparison(spec, out.string(), log);
+  ASSERT_EQ(result.runs.size(), 4u);
+  EXPECT_NE(result.runs[0].train.step_losses, result.runs[1].train.step_losses);
+  std::ifstream record_file(out / "runs/gdn_seed1/trained.json");
+  const nlohmann::json settings = nlohmann::json::parse(record_file)["settings"];
+  EXPECT_EQ(settings["config"]["seed"], 1);  // the initialisation
+  EXPECT_EQ(settings["train"]["seed"], 1);   // the rows
+
+  CompareSpec seed_one = spec;
+  seed_one.seeds = {1};
+  const CompareResult alone = run_comparison(seed_one, alone_out.string(), log);
+  ASSERT_EQ(alone.runs.size(), 2u);
+  EXPECT_EQ(alone.runs[0].run.name, "gdn@seed=1");
+  EXPECT_EQ(alone.runs[0].train.step_losses, result.runs[1].train.step_losses);
+  EXPECT_EQ(alone.runs[1].train.step_losses, result.runs[3].train.step_losses);
+
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (scripts/install_deps.sh)";
+  const std::string md = write_comparison_report(spec, result, out.string());
+  std::ifstream json_file(out / "report.json");
+  const nlohmann::json report = nlohmann::json::parse(json_file);
+  ASSERT_EQ(report["groups"].size(), 2u);
+  const nlohmann::json& ham = report["groups"][1];
+  EXPECT_EQ(ham["name"], "ham");
+  EXPECT_EQ(ham["runs"], (nlohmann::json{"ham@seed=0", "ham@seed=1"}));
+  EXPECT_EQ(ham["seeds"], (nlohmann::json{0, 1}));
+  const double a = report["runs"][2]["final_train_loss"], b = report["runs"][3]["final_train_loss"];
+  const nlohmann::json& loss = ham["metrics"]["train loss (last 20 steps)"];
+  EXPECT_DOUBLE_EQ(loss["mean"].get<double>(), (a + b) / 2);
+  EXPECT_DOUBLE_EQ(loss["std"].get<double>(), std::abs(a - b) / std::sqrt(2.0));
+  EXPECT_EQ(loss["min"].get<double>(), std::min(a, b));
+  EXPECT_EQ(loss["count"], 2);
+  EXPECT_EQ(report["runs"][3]["group"], "ham");
+  EXPECT_EQ(report["runs"][3]["seed"], 1);
+  const std::string row = fmt::format("| ham | ham | 2 | {} | ", result.runs[2].parameters);
+  EXPECT_NE(md.find(row), std::string::npos) << md;
+  EXPECT_NE(md.find(fmt::format("{:.4f} ± {:.4f}", (a + b) / 2, std::abs(a - b) / std::sqrt(2.0))),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| gdn@seed=1 | gdn |"), std::string::npos) << md;
+  std::ifstream csv(out / "loss_curves.csv");
+  const std::string curves(std::istreambuf_iterator<char>(csv), {});
+  EXPECT_NE(curves.find("ham (mean of 2 seeds)"), std::string::npos) << curves;
+  fs::remove_all(out);
+  fs::remove_all(alone_out);
 }
 
 // A stop request between runs (one that arrived while a run was evaluated) starts no other.

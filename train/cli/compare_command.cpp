@@ -21,6 +21,7 @@ struct CompareArgs {
   std::string spec_path;
   std::string out_dir;
   std::vector<double> sweep_kv;
+  std::vector<uint64_t> seeds;
   std::vector<std::string> only;
   int64_t steps = 0;
   bool retrain = false;
@@ -35,6 +36,10 @@ int run_compare(const CompareArgs& args) {
       HAM_CHECK(rho >= 0 && rho <= 1, "--sweep-kv: ", rho, " is not a fraction in [0, 1]");
     }
     spec.sweep_kv = args.sweep_kv;
+  }
+  if (!args.seeds.empty()) {
+    check_seeds(args.seeds, "--seeds");
+    spec.seeds = args.seeds;
   }
   if (args.steps > 0) spec.train.steps = args.steps;
   if (!args.only.empty()) {
@@ -79,6 +84,8 @@ Command add_compare_command(CLI::App& root) {
   cmd->add_option("--out", args->out_dir, "Output directory: report.md, report.json, plots, runs/<name>/")
       ->required();
   cmd->add_option("--sweep-kv", args->sweep_kv, "HAM KV fractions to sweep, e.g. 0,0.25,0.5,0.75,1 (each HAM run repeats per value; replaces the spec's sweep_kv)")
+      ->delimiter(',');
+  cmd->add_option("--seeds", args->seeds, "Repeat every run once per seed, e.g. 0,1,2: each sets the model's initialisation seed and the data seed; the report adds mean +- standard deviation over seeds (replaces the spec's seeds)")
       ->delimiter(',');
   cmd->add_option("--runs", args->only, "Only these runs of the spec, e.g. gdn,ham")->delimiter(',');
   cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)")
