@@ -129,6 +129,12 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step,
   return final_dir.string();
 }
 
+std::vector<std::string> list_checkpoints(const std::string& out_dir) {
+  std::vector<std::string> out;
+  for (const fs::path& dir : complete_checkpoints(out_dir)) out.push_back(dir.string());
+  return out;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& out_dir) {
   std::vector<fs::path> all = complete_checkpoints(out_dir);
   if (all.empty()) return std::nullopt;

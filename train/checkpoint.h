@@ -37,6 +37,9 @@ CheckpointContents load_checkpoint(const std::string& path);
 // Only its state.json (with "checkpoint_dir" set to the directory it was read from).
 nlohmann::json load_checkpoint_state(const std::string& path);
 
+// The complete checkpoint directories in out_dir, oldest first (none if it is not a
+// directory).
+std::vector<std::string> list_checkpoints(const std::string& out_dir);
 // The newest complete checkpoint directory in out_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir);
 

@@ -67,25 +67,10 @@ std::string directory_name(const std::string& run_name) {
   return out;
 }
 
-double mean(const std::vector<double>& values) {
-  if (values.empty()) return std::nan("");
-  double total = 0;
-  for (double v : values) total += v;
-  return total / double(values.size());
-}
-
 // The run's KV cache relative to a Transformer of the same depth: HAM's measured fraction
 // (mean over layers and evaluated tasks), the share of attention layers for GDN-GSA, 1 for
 // the Transformer and 0 for GDN.
 double relative_kv_fraction(const ModelConfig& config, const EvalReport& report) {
-  std::vector<double> measured;
-  auto add = [&](const std::vector<double>& per_layer) {
-    if (!per_layer.empty()) measured.push_back(mean(per_layer));
-  };
-  if (report.perplexity) add(report.perplexity->kv_fraction);
-  for (const MqarResult& r : report.mqar) add(r.kv_fraction);
-  for (const NiahResult& r : report.niah) add(r.kv_fraction);
-  for (const ChoiceResult& r : report.choices) add(r.kv_fraction);
   switch (config.family) {
     case ModelFamily::Transformer: return 1.0;
     case ModelFamily::GDN: return 0.0;
@@ -94,7 +79,7 @@ double relative_kv_fraction(const ModelConfig& config, const EvalReport& report)
       for (int64_t i = 0; i < config.n_layers; ++i) attention += config.is_attention_layer(i);
       return double(attention) / double(config.n_layers);
     }
-    case ModelFamily::HAM: return mean(measured);
+    case ModelFamily::HAM: return report.mean_kv_fraction();
   }
   return std::nan("");
 }
@@ -512,21 +497,7 @@ struct RunMetric {
 std::vector<RunMetric> run_metrics(const CompareRunResult& r) {
   std::vector<RunMetric> out = {{"KV fraction", r.mean_kv_fraction, "{:.3f}"},
                                 {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};
-  if (r.eval.perplexity) {
-    out.push_back({fmt::format("perplexity (T={})", r.eval.perplexity->seq_len),
-                   r.eval.perplexity->perplexity, "{:.3f}"});
-  }
-  for (const MqarResult& m : r.eval.mqar) {
-    out.push_back({fmt::format("MQAR T={} acc", m.seq_len), m.accuracy, "{:.3f}"});
-    out.push_back({fmt::format("MQAR T={} all-correct", m.seq_len), m.sequence_accuracy, "{:.3f}"});
-  }
-  for (const NiahResult& n : r.eval.niah) {
-    out.push_back({fmt::format("NIAH {} T={}", n.task, n.context_tokens), n.accuracy, "{:.3f}"});
-  }
-  for (const ChoiceResult& c : r.eval.choices) {
-    out.push_back({c.name + " acc", c.acc, "{:.3f}"});
-    out.push_back({c.name + " acc_norm", c.acc_norm, "{:.3f}"});
-  }
+  for (const EvalMetric& m : r.eval.metrics()) out.push_back({m.name, m.value, "{:.3f}"});
   out.push_back({"peak memory (MiB)", double(r.train.peak_memory_bytes) / 1048576.0, "{:.1f}"});
   out.push_back({"train time (s)", r.train.train_seconds, "{:.0f}"});
   return out;

@@ -537,6 +537,42 @@ std::vector<std::vector<std::string>> EvalReport::rows() const {
   return rows;
 }
 
+std::vector<EvalMetric> EvalReport::metrics() const {
+  std::vector<EvalMetric> out;
+  if (perplexity) {
+    out.push_back({fmt::format("perplexity (T={})", perplexity->seq_len), perplexity->perplexity});
+  }
+  for (const MqarResult& m : mqar) {
+    out.push_back({fmt::format("MQAR T={} acc", m.seq_len), m.accuracy});
+    out.push_back({fmt::format("MQAR T={} all-correct", m.seq_len), m.sequence_accuracy});
+  }
+  for (const NiahResult& n : niah) {
+    out.push_back({fmt::format("NIAH {} T={}", n.task, n.context_tokens), n.accuracy});
+  }
+  for (const ChoiceResult& c : choices) {
+    out.push_back({c.name + " acc", c.acc});
+    out.push_back({c.name + " acc_norm", c.acc_norm});
+  }
+  return out;
+}
+
+double EvalReport::mean_kv_fraction() const {
+  double total = 0;
+  int64_t tasks = 0;
+  auto add = [&](const std::vector<double>& per_layer) {
+    if (per_layer.empty()) return;
+    double layers = 0;
+    for (double f : per_layer) layers += f;
+    total += layers / double(per_layer.size());
+    ++tasks;
+  };
+  if (perplexity) add(perplexity->kv_fraction);
+  for (const MqarResult& m : mqar) add(m.kv_fraction);
+  for (const NiahResult& n : niah) add(n.kv_fraction);
+  for (const ChoiceResult& c : choices) add(c.kv_fraction);
+  return tasks > 0 ? total / double(tasks) : std::nan("");
+}
+
 std::string EvalReport::table() const {
   std::vector<std::vector<std::string>> rows = {
       {"task", "length", "samples", "metrics", "kv fraction: mean [per layer]"}};

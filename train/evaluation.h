@@ -189,6 +189,12 @@ struct EvalOptions {
   void update_from_json(const nlohmann::json& j, const std::string& source);
 };
 
+// One headline number of an EvalReport.
+struct EvalMetric {
+  std::string name;  // "perplexity (T=128)", "MQAR T=64 acc", "NIAH single_1 T=512", ...
+  double value = 0;
+};
+
 struct EvalReport {
   std::string family;
   std::string source;  // where the weights came from
@@ -208,6 +214,13 @@ struct EvalReport {
   std::vector<std::vector<std::string>> rows() const;
   // The rows aligned under a header line naming the model.
   std::string table() const;
+  // The headline numbers, in the order of rows(): perplexity, each MQAR length's accuracy
+  // and all-correct rate, each NIAH task and length's accuracy, each choice file's acc and
+  // acc_norm. Reports made with the same options give the same names.
+  std::vector<EvalMetric> metrics() const;
+  // HAM: the selected-token fraction, mean over the tasks of each task's mean over
+  // layers; NaN for families that do not route.
+  double mean_kv_fraction() const;
 };
 
 // Runs every task the options ask for. `complete` is needed only for NIAH tasks. With

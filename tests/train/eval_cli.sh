@@ -2,7 +2,8 @@
 # `ham eval` on a model that `ham train --export` wrote: every task asked for gets a table
 # row and a JSON entry (its directory created), a HAM model reports its KV fraction per
 # layer, a bad multiple-choice line is a one-line error naming the file, the line and the
-# key, and a --json path that cannot be written fails before any task runs.
+# key, a --json path that cannot be written fails before any task runs, and
+# --every-checkpoint gives each metric against the step of the run's checkpoints.
 set -euo pipefail
 ham="$1"
 config="$2"
@@ -10,7 +11,8 @@ dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 
 "$ham" train --config "$config" --steps 3 --batch-size 2 --seq-len 32 --log-every 3 \
-  --eval-every 1000 --threads 1 --export "$dir/model" > "$dir/train.log"
+  --eval-every 1000 --threads 1 --export "$dir/model" --out "$dir/run" --checkpoint-every 1 \
+  --keep 0 > "$dir/train.log"
 printf '%s\n' '{"context": "The cat sat on the", "choices": [" mat", " moon"], "answer": 0}' \
   '{"context": "1, 2,", "choices": [" 3", " 7"], "answer": 0}' > "$dir/choices.jsonl"
 
@@ -60,4 +62,39 @@ expect "unwritable --json error" \
   "$(cat "$dir/err.log")"
 [ "$(wc -l < "$dir/err.log")" -eq 1 ] || { echo "FAIL: --json error is not one line"; exit 1; }
 [ ! -s "$dir/out.log" ] || { echo "FAIL: eval ran before the --json path was checked"; exit 1; }
+# Every checkpoint of the run: a progress line each, then each metric against the step, in
+# the table, the JSON and the plot; the last equals the evaluation of that checkpoint alone.
+curves="$("$ham" eval "$dir/run" --every-checkpoint --no-perplexity --mqar-lengths 32 \
+  --mqar-pairs 4 --samples 2 --json "$dir/curves.json" --plot "$dir/plots/curves.png" \
+  --threads 1)"
+echo "$curves"
+for step in 1 2 3; do
+  expect "checkpoint $step progress" \
+    "^checkpoint $step/3: $dir/run/step-0000000$step\$" "$curves"
+  expect "row of step $step" "^ +$step +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$curves"
+done
+expect "curve header" "^ *step +MQAR T=32 acc +MQAR T=32 all-correct +KV fraction$" "$curves"
+[ "$(grep -c '"step": [123],' "$dir/curves.json")" -eq 3 ] ||
+  { echo "FAIL: curves.json does not hold steps 1, 2 and 3"; exit 1; }
+[ "$(head -c 8 "$dir/plots/curves.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] ||
+  { echo "FAIL: no PNG at $dir/plots/curves.png"; exit 1; }
+expect "plot data" "MQAR T=32 acc" "$(cat "$dir/plots/curves.csv")"
+"$ham" eval "$dir/run/step-00000003" --no-perplexity --mqar-lengths 32 --mqar-pairs 4 \
+  --samples 2 --json "$dir/last.json" --threads 1 > /dev/null
+accuracies() { grep -Eo '"(accuracy|sequence_accuracy)": [0-9.e+-]+' "$1"; }
+[ "$(accuracies "$dir/curves.json" | tail -2)" = "$(accuracies "$dir/last.json")" ] ||
+  { echo "FAIL: the last checkpoint's curve point differs from its own evaluation"; exit 1; }
+
+if "$ham" eval "$dir/model" --every-checkpoint --no-perplexity 2> "$dir/err.log"; then
+  echo "FAIL: --every-checkpoint on an export was accepted"
+  exit 1
+fi
+expect "no checkpoints error" "^ham: error: $dir/model: holds no complete checkpoint" \
+  "$(cat "$dir/err.log")"
+if "$ham" eval "$dir/model" --plot "$dir/p.png" 2> "$dir/err.log"; then
+  echo "FAIL: --plot without --every-checkpoint was accepted"
+  exit 1
+fi
+expect "plot without curves error" "^ham: error: --plot draws the metrics of --every-checkpoint" \
+  "$(cat "$dir/err.log")"
 echo "eval_cli: passed"
