@@ -483,5 +483,28 @@ TEST(Evaluation, ReportHasEveryTaskInItsTableAndJson) {
   std::filesystem::remove(choices);
 }
 
+// The headline numbers come in the table's order under names that say the task and its
+// length; the KV fraction is the mean over tasks of each task's mean over layers.
+TEST(Evaluation, MetricsNameEveryHeadlineNumberAndTheKvFractionAveragesTasks) {
+  EvalReport report;
+  EXPECT_TRUE(report.metrics().empty());
+  EXPECT_TRUE(std::isnan(report.mean_kv_fraction()));  // no routing: no fraction
+  report.perplexity = PerplexityResult{"text", 64, 2, 128, 1.5, 4.5, {0.5, 0.25}};
+  report.mqar.push_back(MqarResult{32, 4, 8, 32, 0.75, 0.5, {1.0, 0.5}});
+  report.niah.push_back(NiahResult{"single_1", 400, 2, 0.5, {0.125, 0.125}, {}});
+  report.choices.push_back(ChoiceResult{"c.jsonl", 2, 1.0, 0.5, {}});
+  const std::vector<EvalMetric> metrics = report.metrics();
+  const std::vector<std::pair<std::string, double>> expected = {
+      {"perplexity (T=64)", 4.5}, {"MQAR T=32 acc", 0.75}, {"MQAR T=32 all-correct", 0.5},
+      {"NIAH single_1 T=400", 0.5}, {"c.jsonl acc", 1.0}, {"c.jsonl acc_norm", 0.5}};
+  ASSERT_EQ(metrics.size(), expected.size());
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    EXPECT_EQ(metrics[i].name, expected[i].first);
+    EXPECT_EQ(metrics[i].value, expected[i].second) << expected[i].first;
+  }
+  // (0.375 + 0.75 + 0.125) / 3: the choices reported no fraction and do not count.
+  EXPECT_DOUBLE_EQ(report.mean_kv_fraction(), 1.25 / 3);
+}
+
 }  // namespace
 }  // namespace ham
