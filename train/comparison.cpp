@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "train/plot.h"
 #include "train/checkpoint.h"
+#include "train/plot.h"
 #include "train/sampling.h"
 #include "train/stop_signals.h"
 #include "train/tokenizer.h"
@@ -179,9 +179,9 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
     HAM_CHECK(seeds.is_array() && !seeds.empty(), source,
               ": key 'seeds' must be a non-empty list of whole numbers >= 0");
     for (const nlohmann::json& seed : seeds) {
-      HAM_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0),
-                source, ": key 'seeds' holds ", seed.dump(),
-                ", not a whole number >= 0");
+      const bool whole = seed.is_number_unsigned() ||
+                         (seed.is_number_integer() && seed.get<int64_t>() >= 0);
+      HAM_CHECK(whole, source, ": key 'seeds' holds ", seed.dump(), ", not a whole number >= 0");
       spec.seeds.push_back(seed.get<uint64_t>());
     }
   }
@@ -399,7 +399,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       if (resume_step >= options.steps) {
         // Stopped after its last checkpoint and before its record: nothing left to train.
         r.train = train_result_at_checkpoint(resume->state, checkpoint_dir + "/state.json");
-        model->load_parameters(resume->model);
+        model = load_trained_model(checkpoint_dir).model;  // HAM's learned thresholds too
         model->to(resolve_training_device(options.device, 0));
         log << fmt::format("{}: trained to its last step earlier ({}); evaluating it\n",
                            prefix, checkpoint_dir);

@@ -317,10 +317,6 @@ class NullBuffer final : public std::streambuf {
   std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
 };
 
-}  // namespace
-
-namespace {
-
 // JSON holds no NaN: nlohmann writes it as null, read back here as NaN.
 double number_or_nan(const nlohmann::json& j) {
   return j.is_null() ? std::nan("") : j.get<double>();
@@ -329,7 +325,8 @@ double number_or_nan(const nlohmann::json& j) {
 // state.json's "history": the run's record up to the checkpoint, so that a resumed run's
 // TrainResult covers it from step 1.
 nlohmann::json history_to_json(const TrainResult& r) {
-  return {{"first_loss", r.first_loss},
+  return {{"recorded_from_step", r.recorded_from_step},
+          {"first_loss", r.first_loss},
           {"initial_val_loss", r.initial_val_loss},
           {"final_val_loss", r.final_val_loss},
           {"skipped_steps", r.skipped_steps},
@@ -345,21 +342,26 @@ TrainResult train_result_at_checkpoint(const nlohmann::json& state, const std::s
   try {
     r.steps = state.at("step").get<int64_t>();
     r.final_loss = number_or_nan(state.at("train_loss"));
+    r.recorded_from_step = r.steps;
     if (!state.contains("history")) return r;
     const nlohmann::json& h = state.at("history");
+    r.recorded_from_step = h.at("recorded_from_step").get<int64_t>();
     r.first_loss = number_or_nan(h.at("first_loss"));
     r.initial_val_loss = number_or_nan(h.at("initial_val_loss"));
     r.final_val_loss = number_or_nan(h.at("final_val_loss"));
     r.skipped_steps = h.at("skipped_steps").get<int64_t>();
-    for (const nlohmann::json& loss : h.at("step_losses")) r.step_losses.push_back(number_or_nan(loss));
+    for (const nlohmann::json& loss : h.at("step_losses")) {
+      r.step_losses.push_back(number_or_nan(loss));
+    }
     r.peak_memory_bytes = h.at("peak_memory_bytes").get<int64_t>();
     r.train_seconds = h.at("train_seconds").get<double>();
   } catch (const nlohmann::json::exception& e) {
     HAM_FAIL(source, ": not a checkpoint's state (", e.what(), ")");
   }
-  HAM_CHECK(int64_t(r.step_losses.size()) + r.skipped_steps == r.steps, source,
-            ": history.step_losses holds ", r.step_losses.size(), " losses and ",
-            r.skipped_steps, " skipped steps, not the checkpoint's ", r.steps, " steps");
+  HAM_CHECK(r.recorded_from_step + int64_t(r.step_losses.size()) + r.skipped_steps == r.steps,
+            source, ": history.step_losses holds ", r.step_losses.size(), " losses and ",
+            r.skipped_steps, " skipped steps after step ", r.recorded_from_step,
+            ", not the checkpoint's ", r.steps, " steps");
   r.last_checkpoint = state.value("checkpoint_dir", std::string());
   return r;
 }

@@ -86,8 +86,9 @@ struct TrainOptions {
 
 // The whole run's record, from step 1: a resumed run's earlier steps come from its
 // checkpoint (state.json's "history"; a checkpoint written before 2026-12-03 has none, and
-// the record then starts at the resumed step).
+// the record then starts after the resumed step: recorded_from_step).
 struct TrainResult {
+  int64_t recorded_from_step = 0;  // the record covers the steps after this one
   double first_loss = 0;       // training loss of the first step not skipped
   double final_loss = 0;       // mean training loss over the last log window
   double initial_val_loss = 0;  // before step 1 (0 without validation data)
@@ -97,7 +98,7 @@ struct TrainResult {
   // The signal that stopped the run before opt.steps (stop_signals.h), else 0; `steps` is
   // then where it stopped, and last_checkpoint holds that step when out_dir is set.
   int stopped_by_signal = 0;
-  std::vector<double> step_losses;  // training loss of every step not skipped, in order
+  std::vector<double> step_losses;  // loss of every recorded step not skipped, in order
   std::string last_checkpoint;
   // The peak of the bytes asked of the training device's pool over the steps (tensors, and
   // on a GPU cuBLASLt's workspace; the largest rank's), validation included.

@@ -156,8 +156,10 @@ TEST(Checkpoint, AHistoryThatDoesNotAddUpToTheStepIsNamed) {
   nlohmann::json state = {{"step", 3}, {"train_loss", 2.5}};
   const TrainResult without = train_result_at_checkpoint(state, "old/state.json");
   EXPECT_EQ(without.steps, 3);  // written before histories were kept
+  EXPECT_EQ(without.recorded_from_step, 3);
   EXPECT_TRUE(without.step_losses.empty());
-  state["history"] = {{"first_loss", 3.0},      {"initial_val_loss", nullptr},
+  state["history"] = {{"recorded_from_step", 0},
+                      {"first_loss", 3.0},      {"initial_val_loss", nullptr},
                       {"final_val_loss", 0.0},  {"skipped_steps", 1},
                       {"step_losses", {3.0, 2.5}}, {"peak_memory_bytes", 10},
                       {"train_seconds", 1.5}};
@@ -167,9 +169,41 @@ TEST(Checkpoint, AHistoryThatDoesNotAddUpToTheStepIsNamed) {
   state["history"]["skipped_steps"] = 0;
   testing::expect_error([&] { train_result_at_checkpoint(state, "b/state.json"); },
                         {"b/state.json", "history.step_losses holds 2 losses", "3 steps"});
+  state["history"]["recorded_from_step"] = 1;  // resumed from a checkpoint without history
+  EXPECT_EQ(train_result_at_checkpoint(state, "d/state.json").recorded_from_step, 1);
   state["history"].erase("train_seconds");
   testing::expect_error([&] { train_result_at_checkpoint(state, "c/state.json"); },
                         {"c/state.json", "train_seconds"});
+}
+
+// A checkpoint written before runs kept their record resumes with a record of the steps
+// after it, which its own checkpoints carry on.
+TEST(Checkpoint, ACheckpointWithoutHistoryResumesWithTheRecordOfTheStepsAfterIt) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  const fs::path dir = testing::fresh_temp_dir("without_history");
+  TrainOptions o = small_options(12, dir);
+  o.checkpoint_every = 4;
+  o.keep_checkpoints = 0;
+  Transformer straight(small_config());
+  const TrainResult full = train(straight, train_data, val_data, o, log);
+
+  CheckpointContents old = load_checkpoint((dir / "step-00000004").string());
+  old.state.erase("history");
+  Transformer resumed(small_config());
+  const TrainResult after_old = train(resumed, train_data, val_data, o, log, &old);
+  EXPECT_EQ(after_old.recorded_from_step, 4);
+  EXPECT_EQ(after_old.step_losses,
+            std::vector<double>(full.step_losses.begin() + 4, full.step_losses.end()));
+  EXPECT_EQ(after_old.first_loss, full.step_losses[4]);
+
+  // Its step-8 checkpoint records steps 5 to 8, and resuming from it gives 5 to 12.
+  CheckpointContents later = load_checkpoint((dir / "step-00000008").string());
+  Transformer again(small_config());
+  const TrainResult after_later = train(again, train_data, val_data, o, log, &later);
+  EXPECT_EQ(after_later.recorded_from_step, 4);
+  EXPECT_EQ(after_later.step_losses, after_old.step_losses);
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
