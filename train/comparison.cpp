@@ -248,6 +248,8 @@ namespace {
 // weights again instead of training, so an interrupted or extended comparison trains only
 // what is missing.
 constexpr const char* kTrainedRecord = "trained.json";
+// Seconds between the progress lines of a run that the comparison's log repeats.
+constexpr double kProgressSeconds = 60;
 
 // What decides a run's weights: its model config and training options, less where the
 // outputs go, how often checkpoints are kept, and the profile.
@@ -296,6 +298,51 @@ TrainResult train_result_from_record(const nlohmann::json& record, const std::st
   }
   return r;
 }
+
+// A run's training log: every character goes to its train.log; a progress line ("step
+// N/M | loss ...") also goes to the comparison's log, prefixed with the run, when it is
+// the first or `every` seconds have passed since the last one shown. So a long comparison
+// shows where it is without the full logs.
+class ProgressTee final : public std::streambuf {
+ public:
+  ProgressTee(std::ostream& file, std::ostream& log, std::string prefix, double every)
+      : file_(file), log_(log), prefix_(std::move(prefix)), every_(every) {}
+
+ protected:
+  int overflow(int ch) override {
+    if (ch == traits_type::eof()) return 0;
+    file_.put(char(ch));
+    line_ += char(ch);
+    if (ch == '\n') end_line();
+    return file_ ? ch : traits_type::eof();
+  }
+  int sync() override {
+    file_.flush();
+    return file_ ? 0 : -1;
+  }
+
+ private:
+  void end_line() {
+    const auto now = std::chrono::steady_clock::now();
+    const bool progress =
+        line_.rfind("step ", 0) == 0 && line_.find("| loss ") != std::string::npos;
+    const bool due =
+        !shown_ || std::chrono::duration<double>(now - *shown_).count() >= every_;
+    if (progress && due) {
+      log_ << prefix_ << ": " << line_;
+      log_.flush();
+      shown_ = now;
+    }
+    line_.clear();
+  }
+
+  std::ostream& file_;
+  std::ostream& log_;
+  std::string prefix_;
+  double every_;
+  std::string line_;
+  std::optional<std::chrono::steady_clock::time_point> shown_;
+};
 
 // Where a run starts: a finished record, a checkpoint of the same settings (a run stopped
 // midway, by a signal or a crash), or nothing. Anything of other settings is removed.
@@ -430,7 +477,11 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         // A resumed run's log goes on where the stopped one's ended.
         std::ofstream train_log(dir / "train.log", resume ? std::ios::app : std::ios::trunc);
         HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
-        r.train = train(*model, *data.train, *data.val, options, train_log, resume);
+        ProgressTee tee(train_log, log, prefix, kProgressSeconds);
+        std::ostream train_output(&tee);
+        r.train = train(*model, *data.train, *data.val, options, train_output, resume);
+        train_output.flush();
+        HAM_CHECK(train_log.good(), (dir / "train.log").string(), ": write failed");
         if (r.train.stopped_by_signal != 0) {
           result.stopped_by_signal = r.train.stopped_by_signal;
           log << fmt::format(

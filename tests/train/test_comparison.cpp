@@ -35,6 +35,12 @@ nlohmann::json tiny_spec() {
                     {"samples", 4}, {"batch_size", 4}}}};
 }
 
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 TEST(Comparison, SweepRepeatsOnlyHamRunsOncePerValue) {
   nlohmann::json j = tiny_spec();
   j["sweep_kv"] = {0, 0.5, 1};
@@ -188,6 +194,12 @@ TEST(Comparison, RunsShareDataAndWriteTheReport) {
   EXPECT_EQ(result.runs[0].train.peak_memory_bytes, result.runs[1].train.peak_memory_bytes);
   EXPECT_GE(result.runs[0].train.peak_memory_bytes, 4 * 4 * result.runs[0].parameters);
   EXPECT_NE(log.str().find("| peak memory "), std::string::npos) << log.str();
+  // The first progress line of each run is repeated in the comparison's log, the next
+  // ones only a minute later; train.log has them all.
+  EXPECT_NE(log.str().find("[1/3] a: step     1/3 | loss "), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("[1/3] a: step     2/3"), std::string::npos) << log.str();
+  const std::string train_log = read_bytes(fs::path(out) / "runs/a/train.log");
+  EXPECT_NE(train_log.find("step     3/3 | loss "), std::string::npos) << train_log;
   EXPECT_EQ(result.runs[0].mean_kv_fraction, 0.0);
   EXPECT_GT(result.runs[2].mean_kv_fraction, 0.0);
   ASSERT_EQ(result.runs[2].eval.mqar.size(), 1u);
@@ -262,12 +274,6 @@ TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
   expect_error([&] { run_comparison(longer, out, damaged_log); },
                {"runs/gdn/trained.json", "invalid JSON"});
   fs::remove_all(out);
-}
-
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << path;
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // A run stopped midway (here: crashed after its step-2 checkpoint) resumes from its newest
