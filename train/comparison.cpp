@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "distributed/communicator.h"
 #include "train/checkpoint.h"
 #include "train/plot.h"
 #include "train/sampling.h"
@@ -299,6 +300,13 @@ TrainResult train_result_from_record(const nlohmann::json& record, const std::st
   return r;
 }
 
+// What the ranks other than the lead would log.
+class DiscardingBuffer final : public std::streambuf {
+ protected:
+  int overflow(int ch) override { return traits_type::not_eof(ch); }
+  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+};
+
 // A run's training log: every character goes to its train.log; a progress line ("step
 // N/M | loss ...") also goes to the comparison's log, prefixed with the run, when it is
 // the first or `every` seconds have passed since the last one shown. So a long comparison
@@ -385,12 +393,19 @@ RunStart find_run_start(const fs::path& dir, const nlohmann::json& settings, boo
 }  // namespace
 
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log, bool retrain) {
+                             std::ostream& log_to, bool retrain,
+                             const std::shared_ptr<dist::Communicator>& world_or_null) {
+  const std::shared_ptr<dist::Communicator> world =
+      world_or_null ? world_or_null : std::make_shared<dist::SingleProcessCommunicator>();
+  const bool lead = world->rank() == 0;  // the rank that logs and writes the run's files
+  DiscardingBuffer discard;
+  std::ostream silent(&discard);
+  std::ostream& log = lead ? log_to : silent;
   std::vector<CompareRun> runs = spec.runs();
   spec.eval.validate();
   check_eval_feasible(spec.eval, spec.source);
   std::error_code ec;
-  fs::create_directories(fs::path(out_dir) / "runs", ec);
+  if (lead) fs::create_directories(fs::path(out_dir) / "runs", ec);
   HAM_CHECK(!ec, out_dir, ": cannot create: ", ec.message());
   HAM_CHECK(spec.train.out_dir.empty(), spec.source, ": train option 'out_dir' is set by ham "
             "compare (each run writes to <out>/runs/<name>); remove it");
@@ -406,13 +421,16 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
   for (size_t i = 0; i < runs.size(); ++i) {
     const CompareRun& run = runs[i];
     const std::string prefix = fmt::format("[{}/{}] {}", i + 1, runs.size(), run.name);
-    if (int signal = stop_requested()) {  // arrived during the previous run's evaluation
+    // A stop that arrived during the previous run's evaluation, on any rank.
+    const int signal =
+        int(world->all_reduce_scalar(double(stop_requested()), dist::ReduceOp::Max));
+    if (signal != 0) {
       result.stopped_by_signal = signal;
       log << fmt::format("{}: not started: {} received\n", prefix, stop_signal_name(signal));
       return finish();
     }
     fs::path dir = fs::path(out_dir) / "runs" / directory_name(run.name);
-    fs::create_directories(dir, ec);
+    if (lead) fs::create_directories(dir, ec);  // the others look after the barrier below
     HAM_CHECK(!ec, dir.string(), ": cannot create: ", ec.message());
 
     TrainOptions options = spec.train;
@@ -421,7 +439,21 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
     options.out_dir = dir.string();  // checkpoints: <dir>/step-NNNNNNNN
     const nlohmann::json settings = training_settings(run.config.to_json(), options.to_json());
     const fs::path record_path = dir / kTrainedRecord;
-    RunStart start = find_run_start(dir, settings, retrain, prefix, log);
+    // The lead rank decides, deleting what other settings left; the others then find what
+    // it kept (a shared filesystem; they must agree, or the job would hang later).
+    RunStart start;
+    if (lead) start = find_run_start(dir, settings, retrain, prefix, log);
+    world->barrier();
+    if (!lead) start = find_run_start(dir, settings, /*retrain=*/false, prefix, log);
+    const double start_code = start.record ? -1.0
+                              : start.checkpoint
+                                  ? double(start.checkpoint->state.at("step").get<int64_t>())
+                                  : -2.0;
+    HAM_CHECK(world->all_reduce_scalar(start_code, dist::ReduceOp::Max) ==
+                  world->all_reduce_scalar(start_code, dist::ReduceOp::Min),
+              dir.string(), ": the ranks found different records or checkpoints there (ham "
+              "compare under mpirun needs one filesystem shared by every rank)");
+    const Device device = resolve_training_device(options.device, world->local_rank());
     CompareRunResult r;
     r.run = run;
     r.family = family_name(run.config.family);
@@ -431,7 +463,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       r.train = train_result_from_record(*start.record, record_path.string());
       model = load_trained_model(r.weights_dir).model;
       // Evaluated where it trained, as a model train() leaves behind (f32 weights).
-      model->to(resolve_training_device(options.device, 0));
+      model->to(device);
       r.parameters = model->num_parameters();
       log << fmt::format("{}: trained earlier ({}); evaluating its weights\n", prefix,
                          record_path.string());
@@ -447,7 +479,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         // Stopped after its last checkpoint and before its record: nothing left to train.
         r.train = train_result_at_checkpoint(resume->state, checkpoint_dir + "/state.json");
         model = load_trained_model(checkpoint_dir).model;  // HAM's learned thresholds too
-        model->to(resolve_training_device(options.device, 0));
+        model->to(device);
         log << fmt::format("{}: trained to its last step earlier ({}); evaluating it\n",
                            prefix, checkpoint_dir);
       } else {
@@ -475,13 +507,16 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
                            (dir / "train.log").string());
         log.flush();
         // A resumed run's log goes on where the stopped one's ended.
-        std::ofstream train_log(dir / "train.log", resume ? std::ios::app : std::ios::trunc);
-        HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
+        std::ofstream train_log;
+        if (lead) {
+          train_log.open(dir / "train.log", resume ? std::ios::app : std::ios::trunc);
+          HAM_CHECK(train_log, (dir / "train.log").string(), ": cannot open for writing");
+        }
         ProgressTee tee(train_log, log, prefix, kProgressSeconds);
-        std::ostream train_output(&tee);
-        r.train = train(*model, *data.train, *data.val, options, train_output, resume);
+        std::ostream train_output(lead ? static_cast<std::streambuf*>(&tee) : &discard);
+        r.train = train(*model, *data.train, *data.val, options, train_output, resume, world);
         train_output.flush();
-        HAM_CHECK(train_log.good(), (dir / "train.log").string(), ": write failed");
+        HAM_CHECK(!lead || train_log.good(), (dir / "train.log").string(), ": write failed");
         if (r.train.stopped_by_signal != 0) {
           result.stopped_by_signal = r.train.stopped_by_signal;
           log << fmt::format(
@@ -494,12 +529,16 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
           return finish();
         }
       }
-      export_trained_model(r.weights_dir, *model);
-      const nlohmann::json trained = {{"settings", settings},
-                                      {"result", train_result_to_json(r.train)},
-                                      {"train_seconds", r.train.train_seconds}};
-      write_text_atomically(record_path, trained.dump(2) + "\n");
+      if (lead) {
+        export_trained_model(r.weights_dir, *model);
+        const nlohmann::json trained = {{"settings", settings},
+                                        {"result", train_result_to_json(r.train)},
+                                        {"train_seconds", r.train.train_seconds}};
+        write_text_atomically(record_path, trained.dump(2) + "\n");
+      }
+      world->barrier();  // the record is in place before any rank looks for the next
     }
+    // Every rank evaluates the whole model alike; the lead's report is the one written.
 
     Completer complete;
     if (!spec.eval.niah_tasks.empty()) {

@@ -25,6 +25,7 @@
 // seed and the data seed (runs of one seed see the same rows); the report then adds each
 // metric's mean and spread over the seeds.
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@
 #include "train/trainer.h"
 
 namespace ham {
+
+namespace dist {
+class Communicator;
+}
 
 struct CompareRun {
   std::string name;   // "gdn", "ham@kv=0.50", "gdn@seed=1", "ham@kv=0.50@seed=1", ...
@@ -100,8 +105,14 @@ struct CompareResult {
 //     bit as if never stopped;
 //   - checkpoints and records of other settings are deleted, and the run trains anew.
 // `retrain` trains every run from step 0 regardless.
+//
+// With a `world` of N > 1 ranks (mpirun; every rank calls this alike, on one shared
+// filesystem), each run trains with sharded data parallelism over them (train()), and
+// every rank evaluates the trained model; only rank 0 logs and writes the run's files.
+// nullptr: a world of one.
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log, bool retrain = false);
+                             std::ostream& log, bool retrain = false,
+                             const std::shared_ptr<dist::Communicator>& world = nullptr);
 
 // Writes report.md, report.json and the plots into out_dir; returns the markdown.
 std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "distributed/communicator.h"
 #include "train/cli/commands.h"
 #include "train/comparison.h"
 #include "train/stop_signals.h"
@@ -52,24 +54,40 @@ int run_compare(const CompareArgs& args) {
     }
     spec.configs = kept;
   }
-  std::vector<CompareRun> runs = spec.runs();
-  std::cout << fmt::format("compare: {} runs ({}), {} steps each, {} threads\n", runs.size(),
-                           spec.source, spec.train.steps, omp_get_max_threads());
   // Ctrl-C or SIGTERM stops the run in progress with a checkpoint; a second one kills.
   StopSignals stop_signals;
-  CompareResult result = run_comparison(spec, args.out_dir, std::cout, args.retrain);
-  if (result.stopped_by_signal != 0) {
-    std::cout << fmt::format("compare stopped by {} after {} of {} runs; the same command "
-                             "continues it (finished runs are kept, a stopped one resumes "
-                             "from its checkpoint)\n",
-                             stop_signal_name(result.stopped_by_signal), result.runs.size(),
-                             runs.size());
-    return 128 + result.stopped_by_signal;  // the shell's convention for a signalled end
-  }
-  std::string markdown = write_comparison_report(spec, result, args.out_dir);
-  std::cout << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and report.json, "
-            << "loss_curves.png, kv_tradeoff.png)\n";
-  return 0;
+  // Under mpirun every run trains on all ranks (sharded data parallel); CUDA tensors move
+  // between them over NCCL, CPU tensors over MPI.
+  dist::WorldOptions world_options;
+  world_options.use_nccl = Device::parse(spec.train.device).is_cuda();
+  std::shared_ptr<dist::Communicator> world = dist::make_world_communicator(world_options);
+  auto compare = [&] {
+    // Only rank 0 prints; the others' output would repeat it.
+    std::ostringstream discarded;
+    std::ostream& out = world->rank() == 0 ? std::cout : discarded;
+    std::vector<CompareRun> runs = spec.runs();
+    out << fmt::format("compare: {} runs ({}), {} steps each, {} threads{}\n", runs.size(),
+                       spec.source, spec.train.steps, omp_get_max_threads(),
+                       world->size() > 1 ? fmt::format(" on each of {} ranks", world->size())
+                                         : std::string());
+    CompareResult result = run_comparison(spec, args.out_dir, out, args.retrain, world);
+    if (result.stopped_by_signal != 0) {
+      out << fmt::format("compare stopped by {} after {} of {} runs; the same command "
+                         "continues it (finished runs are kept, a stopped one resumes from "
+                         "its checkpoint)\n",
+                         stop_signal_name(result.stopped_by_signal), result.runs.size(),
+                         runs.size());
+      return 128 + result.stopped_by_signal;  // the shell's convention for a signalled end
+    }
+    if (world->rank() == 0) {
+      const std::string markdown = write_comparison_report(spec, result, args.out_dir);
+      out << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and "
+          << "report.json, loss_curves.png, kv_tradeoff.png)\n";
+    }
+    return 0;
+  };
+  if (world->size() == 1) return compare();
+  return dist::run_or_abort_job(*world, compare);
 }
 
 }  // namespace
