@@ -15,6 +15,7 @@
 
 #include "autograd/grad_mode.h"
 #include "tests/error_testing.h"
+#include "tests/testing.h"
 #include "train/plot.h"
 #include "train/stop_signals.h"
 #include "train/synthetic.h"
@@ -288,10 +289,8 @@ TEST(Comparison, ARunStoppedMidwayResumesFromItsNewestCheckpointBitForBit) {
   j["runs"]["ham"] = nlohmann::json::parse(learned_tau);
   j["runs"]["ham"]["tau_freeze_steps"] = 0;
   const CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
-  const fs::path straight_out = fs::temp_directory_path() / "ham_test_comparison_straight";
-  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_resumed";
-  fs::remove_all(straight_out);
-  fs::remove_all(out);
+  const fs::path straight_out = testing::fresh_temp_dir("comparison_straight");
+  const fs::path out = testing::fresh_temp_dir("comparison_resumed");
   std::ostringstream straight_log;
   const CompareResult straight = run_comparison(spec, straight_out.string(), straight_log);
   ASSERT_EQ(straight.runs.size(), 2u);
@@ -373,10 +372,8 @@ TEST(Comparison, SeededRunsAreReproducibleAndTheReportSummarisesThem) {
   nlohmann::json j = tiny_spec();
   j["seeds"] = {0, 1};
   const CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
-  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_seeds";
-  const fs::path alone_out = fs::temp_directory_path() / "ham_test_comparison_seed_alone";
-  fs::remove_all(out);
-  fs::remove_all(alone_out);
+  const fs::path out = testing::fresh_temp_dir("comparison_seeds");
+  const fs::path alone_out = testing::fresh_temp_dir("comparison_seed_alone");
   std::ostringstream log;
   const CompareResult result = run_comparison(spec, out.string(), log);
   ASSERT_EQ(result.runs.size(), 4u);
@@ -427,8 +424,7 @@ TEST(Comparison, SeededRunsAreReproducibleAndTheReportSummarisesThem) {
 // A stop request between runs (one that arrived while a run was evaluated) starts no other.
 TEST(Comparison, AStopRequestBetweenRunsStartsNoOther) {
   const CompareSpec spec = CompareSpec::from_json(tiny_spec(), "spec.json", kTiny);
-  const fs::path out = fs::temp_directory_path() / "ham_test_comparison_stopped";
-  fs::remove_all(out);
+  const fs::path out = testing::fresh_temp_dir("comparison_stopped");
   std::ostringstream log;
   request_stop(SIGTERM);
   const CompareResult result = run_comparison(spec, out.string(), log);
