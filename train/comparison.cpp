@@ -585,8 +585,9 @@ struct RunMetric {
 // The report's numbers of one run, in column order. The task columns follow the run's
 // EvalReport; all runs share the eval options, so all have the same columns.
 std::vector<RunMetric> run_metrics(const CompareRunResult& r) {
-  std::vector<RunMetric> out = {{"KV fraction", r.mean_kv_fraction, "{:.3f}"},
-                                {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};
+  std::vector<RunMetric> out = {
+      {"KV fraction", r.mean_kv_fraction, "{:.3f}"},
+      {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};
   for (const EvalMetric& m : r.eval.metrics()) out.push_back({m.name, m.value, "{:.3f}"});
   out.push_back({"peak memory (MiB)", double(r.train.peak_memory_bytes) / 1048576.0, "{:.1f}"});
   out.push_back({"train time (s)", r.train.train_seconds, "{:.0f}"});
@@ -808,7 +809,9 @@ PlotFigure kv_tradeoff(const std::vector<RunGroup>& groups) {
   return figure;
 }
 
-nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
 
 // report.json's summary of a group: its runs, seeds and each metric's spread.
 nlohmann::json group_to_json(const RunGroup& g) {

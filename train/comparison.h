@@ -5,9 +5,11 @@
 // one report is written:
 //   <out>/report.md        a markdown table (parameters, KV fraction, losses, accuracies)
 //   <out>/report.json      everything, including each run's full EvalReport and losses
-//   <out>/loss_curves.png  training loss per step of every run (+ .csv, .gp)
+//   <out>/loss_curves.png  training loss per step of every run (+ .csv, .gp); with seeds,
+//                          of every group, averaged over its seeds
 //   <out>/kv_tradeoff.png  final loss and recall accuracy versus KV fraction: the HAM
-//                          sweep as a line, other families as single points
+//                          sweep as a line, other families as single points (with seeds,
+//                          means over them)
 //   <out>/runs/<name>/     train.log, metrics, checkpoints (step-NNNNNNNN, as `ham train
 //                          --out` writes them), the trained weights (`ham train --export`
 //                          layout, so `ham eval/generate/analyze` read them) and

@@ -32,7 +32,8 @@ two=("$mpirun_sh" "$mpirun" 2 "$ham" compare "$out/spec.json" --out "$out/two" -
 "${two[@]}" > "$out/two.log" 2>&1 || fail "two ranks: $(tail -5 "$out/two.log")"
 grep -q "^compare: 2 runs .* on each of 2 ranks$" "$out/two.log" ||
   fail "no 2-rank header: $(head -2 "$out/two.log")"
-[ "$(grep -c "^report: " "$out/two.log")" -eq 1 ] || fail "not one report line: $(cat "$out/two.log")"
+[ "$(grep -c "^report: " "$out/two.log")" -eq 1 ] ||
+  fail "not one report line: $(cat "$out/two.log")"
 for run in gdn ham; do
   grep -q "^sharded data parallel: 2 ranks" "$out/two/runs/$run/train.log" ||
     fail "$run did not train on 2 ranks: $(head -3 "$out/two/runs/$run/train.log")"
