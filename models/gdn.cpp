@@ -5,7 +5,6 @@
 
 #include "autograd/node.h"
 #include "nn/cast.h"
-#include "nn/conv1d.h"
 #include "nn/elementwise.h"
 #include "nn/gated_delta_rule.h"
 #include "nn/norm.h"
@@ -56,18 +55,6 @@ Tensor init_dt_bias(int64_t heads, Generator& gen) {
 
 Tensor gdn_log_decay(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias) {
   return mul(neg(exp(A_log)), softplus(add(cast(a, A_log.dtype()), dt_bias)));
-}
-
-ShortConvolution::ShortConvolution(int64_t channels, int64_t width, Generator& gen) {
-  // Depthwise conv: fan-in is the width, so U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's Conv1d).
-  double bound = 1.0 / std::sqrt(double(width));
-  register_parameter("weight", weight,
-                     SkipInitGuard::active() ? Tensor::empty({channels, width})
-                                             : uniform({channels, width}, gen, -bound, bound));
-}
-
-Tensor ShortConvolution::forward(const Tensor& x, const Tensor& doc_ids) const {
-  return silu(causal_conv1d(x, weight, Tensor(), doc_ids));
 }
 
 GatedDeltaNet::GatedDeltaNet(const ModelConfig& c, Generator& gen)

@@ -25,15 +25,6 @@ namespace ham {
 // bf16; the gated delta rule takes f32 gates with bf16 q, k, v.
 Tensor gdn_log_decay(const Tensor& a, const Tensor& A_log, const Tensor& dt_bias);
 
-// Depthwise short causal conv over time followed by SiLU; weight [C, W], no bias.
-class ShortConvolution : public Module {
- public:
-  ShortConvolution(int64_t channels, int64_t width, Generator& gen);
-  // x [B, T, C]; doc_ids [B, T] optional (taps never reach into the previous document).
-  Tensor forward(const Tensor& x, const Tensor& doc_ids) const;
-  Tensor weight;
-};
-
 // The GDN sequence mixer (formulas at the top of this file).
 class GatedDeltaNet : public Module {
  public:

@@ -1,5 +1,8 @@
 #include "nn/layers.h"
 
+#include <cmath>
+
+#include "nn/conv1d.h"
 #include "nn/elementwise.h"
 #include "nn/embedding.h"
 #include "nn/matmul.h"
@@ -50,6 +53,18 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden, Generator& gen, InitOptions init, do
 
 Tensor SwiGLU::forward(const Tensor& x) const {
   return down->forward(mul(silu(gate->forward(x)), up->forward(x)));
+}
+
+ShortConvolution::ShortConvolution(int64_t channels, int64_t width, Generator& gen) {
+  // Depthwise conv: fan-in is the width, so U(-1/sqrt(W), 1/sqrt(W)) (PyTorch's Conv1d).
+  double bound = 1.0 / std::sqrt(double(width));
+  register_parameter("weight", weight,
+                     SkipInitGuard::active() ? Tensor::empty({channels, width})
+                                             : uniform({channels, width}, gen, -bound, bound));
+}
+
+Tensor ShortConvolution::forward(const Tensor& x, const Tensor& doc_ids) const {
+  return silu(causal_conv1d(x, weight, Tensor(), doc_ids));
 }
 
 }  // namespace ham

@@ -60,4 +60,14 @@ class SwiGLU : public Module {
   std::shared_ptr<Linear> gate, up, down;
 };
 
+// y = silu(causal_conv1d(x, weight)): a depthwise short conv over time followed by SiLU,
+// weight [C, W], no bias. x [B, T, C]; doc_ids [B, T] optional (taps never reach into the
+// previous document).
+class ShortConvolution : public Module {
+ public:
+  ShortConvolution(int64_t channels, int64_t width, Generator& gen);
+  Tensor forward(const Tensor& x, const Tensor& doc_ids) const;
+  Tensor weight;
+};
+
 }  // namespace ham
