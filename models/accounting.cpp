@@ -226,11 +226,14 @@ bool has_learned_router(const ModelConfig& c) { return c.router != RouterKind::F
 
 std::vector<ParameterRow> attention_parameter_rows(const ModelConfig& c) {
   auto a = attention_dims(c);
-  return {{"Pre-norm", a.d},
-          {"W_Q", a.d * a.q},
-          {"W_K", a.d * a.k},
-          {"W_V", a.d * a.v},
-          {"W_O", a.o * a.d}};
+  std::vector<ParameterRow> rows = {{"Pre-norm", a.d},
+                                    {"W_Q", a.d * a.q},
+                                    {"W_K", a.d * a.k},
+                                    {"W_V", a.d * a.v},
+                                    {"W_O", a.o * a.d}};
+  // Not in the paper's Transformer: the attn_conv_size ablation's q/k/v convs.
+  if (c.attn_conv_size > 0) rows.push_back({"W_Q^conv, W_K^conv, W_V^conv", (a.q + a.k + a.v) * c.attn_conv_size});
+  return rows;
 }
 
 std::vector<ParameterRow> gdn_parameter_rows(const ModelConfig& c) {
@@ -340,16 +343,21 @@ namespace {
 std::vector<FlopsRow> attention_flops_rows(const ModelConfig& c, SequenceShape s) {
   auto a = attention_dims(c);
   double d = double(a.d), T = s.seq_len;  // causal attention over every token
-  return {{"Pre-norm", 4 * d},
-          {"W_Q", 2 * d * double(a.q)},
-          {"W_K", 2 * d * double(a.k)},
-          {"W_V", 2 * d * double(a.v)},
-          {"RoPE on Q", 6 * double(a.q)},
-          {"RoPE on K", 6 * double(a.k)},
-          {"QK^T (causal)", T * double(a.q)},              // T^2 d_hidden
-          {"Softmax (causal)", 2 * T * double(a.heads)},   // 2 T^2 h
-          {"Attn V (causal)", T * double(a.o)},            // T^2 d_hidden
-          {"W_O", 2 * double(a.o) * d}};
+  std::vector<FlopsRow> rows = {{"Pre-norm", 4 * d},
+                                {"W_Q", 2 * d * double(a.q)},
+                                {"W_K", 2 * d * double(a.k)},
+                                {"W_V", 2 * d * double(a.v)},
+                                {"RoPE on Q", 6 * double(a.q)},
+                                {"RoPE on K", 6 * double(a.k)},
+                                {"QK^T (causal)", T * double(a.q)},             // T^2 d_hidden
+                                {"Softmax (causal)", 2 * T * double(a.heads)},  // 2 T^2 h
+                                {"Attn V (causal)", T * double(a.o)},           // T^2 d_hidden
+                                {"W_O", 2 * double(a.o) * d}};
+  if (c.attn_conv_size > 0) {
+    // As the GDN table counts its convs: per channel 2 per tap and 3 for the SiLU.
+    rows.push_back({"Q, K, V conv", double(a.q + a.k + a.v) * (2 * double(c.attn_conv_size) + 3)});
+  }
+  return rows;
 }
 
 // tab:flops_rnn's rows (shared by tab:flops_gdn's "RNN scalars" and "Chunked delta rule").
@@ -502,6 +510,7 @@ std::string recurrent_relations_fail(const ModelConfig& c) {
 }
 
 std::string full_attention_relations_fail(const ModelConfig& c) {
+  if (c.attn_conv_size != 0) return "the paper's attention has no q/k/v convs (attn_conv_size 0)";
   if (c.n_heads * c.head_dim != c.d_model) return "n_heads x head_dim must equal d_model";
   if (c.n_kv_heads != c.n_heads) return "n_kv_heads must equal n_heads";
   if (c.head_dim != 128) return "head_dim must be 128";

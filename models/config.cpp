@@ -82,7 +82,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   HAM_CHECK(j.is_object(), source, ": model config must be a JSON object");
   static const std::set<std::string> known = {
       "family", "vocab_size", "d_model", "n_layers", "d_ff", "norm_eps", "init_std", "recompute",
-      "seed", "n_heads", "n_kv_heads", "head_dim", "v_head_dim", "rope_base", "gdn_heads",
+      "seed", "n_heads", "n_kv_heads", "head_dim", "v_head_dim", "rope_base", "attn_conv_size", "gdn_heads",
       "gdn_head_dim", "gdn_v_head_dim", "conv_size", "gdn_keep_chunk_states", "gsa_every",
       "router", "router_hidden", "router_aggregate", "eda", "tau", "learn_tau", "kv_target",
       "tau_freeze_steps", "tau_gain", "tau_clip", "tau_lr"};
@@ -111,6 +111,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& s
   c.v_head_dim = c.head_dim;
   read_key(j, source, "v_head_dim", c.v_head_dim);
   read_key(j, source, "rope_base", c.rope_base);
+  read_key(j, source, "attn_conv_size", c.attn_conv_size);
   read_key(j, source, "gdn_heads", c.gdn_heads);
   read_key(j, source, "gdn_head_dim", c.gdn_head_dim);
   c.gdn_v_head_dim = c.gdn_head_dim;
@@ -176,6 +177,8 @@ nlohmann::json ModelConfig::to_json() const {
   if (attention) {
     j.update({{"n_heads", n_heads}, {"n_kv_heads", n_kv_heads}, {"head_dim", head_dim},
               {"v_head_dim", v_head_dim}, {"rope_base", rope_base}});
+    // Written only when set, so configs and checkpoints from before the key read back equal.
+    if (attn_conv_size != 0) j["attn_conv_size"] = attn_conv_size;
   }
   if (recurrent) {
     j.update({{"gdn_heads", gdn_heads}, {"gdn_head_dim", gdn_head_dim},
@@ -214,6 +217,11 @@ void ModelConfig::validate(const std::string& source) const {
     HAM_CHECK(head_dim % 2 == 0, source, ": key 'head_dim' must be even for RoPE, got ", head_dim);
     HAM_CHECK(rope_base > 1.0, source, ": key 'rope_base' must be > 1, got ", rope_base);
   }
+  HAM_CHECK(attn_conv_size >= 0, source, ": key 'attn_conv_size' must be >= 0, got ", attn_conv_size);
+  HAM_CHECK(attn_conv_size == 0 || family == ModelFamily::Transformer ||
+                family == ModelFamily::GDNGSA,
+            source, ": key 'attn_conv_size' applies to transformer and gdn-gsa attention layers, not to family '",
+            family_name(family), "'", family == ModelFamily::HAM ? " (HAM's KV path has its conv of conv_size)" : "");
   if (family != ModelFamily::Transformer) {
     positive("gdn_heads", gdn_heads);
     positive("gdn_head_dim", gdn_head_dim);

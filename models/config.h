@@ -6,6 +6,8 @@
 //   every family        vocab_size d_model n_layers d_ff norm_eps init_std seed recompute
 //   softmax attention   n_heads n_kv_heads head_dim v_head_dim rope_base
 //     (Transformer layers, the GSA layers of GDN-GSA, HAM's KV path)
+//                       attn_conv_size (Transformer and GSA layers only; HAM's KV path
+//                       has its own conv of conv_size)
 //   gated delta rule    gdn_heads gdn_head_dim gdn_v_head_dim conv_size gdn_keep_chunk_states
 //     (GDN layers, HAM's RNN path)
 //   GDN-GSA             gsa_every (every k-th layer, counting from 1, is attention)
@@ -44,6 +46,10 @@ struct ModelConfig {
   int64_t head_dim = 32;
   int64_t v_head_dim = 32;  // defaults to head_dim
   double rope_base = 10000.0;
+  // Width of a short conv + SiLU on q, k and v before RoPE in Transformer and GSA layers
+  // (as GDN and HAM's KV path have); 0, the default, is plain attention. An ablation: it
+  // gives attention the local token mixing recall tasks otherwise need a layer for.
+  int64_t attn_conv_size = 0;
 
   // Gated delta rule.
   int64_t gdn_heads = 2;

@@ -264,23 +264,35 @@ class Decoder::LayerState {
 
 namespace {
 
-// TransformerBlock (Transformer layers, GDN-GSA's GSA layers): a KV cache of every token.
+// TransformerBlock (Transformer layers, GDN-GSA's GSA layers): a KV cache of every token,
+// and the q/k/v conv windows where the attention has convs (attn_conv_size > 0).
 class AttentionLayerState final : public Decoder::LayerState {
  public:
   AttentionLayerState(std::shared_ptr<const TransformerBlock> block, const ModelConfig& c,
                       int64_t layer, int64_t batch, DType dtype, Device device)
       : block_(std::move(block)), c_(c), layer_(layer),
-        cache_(batch, c.n_kv_heads, c.head_dim, c.v_head_dim, false, dtype, device) {}
+        cache_(batch, c.n_kv_heads, c.head_dim, c.v_head_dim, false, dtype, device) {
+    const CausalSelfAttention& attn = *block_->attn;
+    if (attn.q_conv) {
+      for (const auto& conv : {attn.q_conv, attn.k_conv, attn.v_conv}) {
+        conv_windows_.emplace_back(conv, batch, dtype, device);
+      }
+    }
+  }
 
   Output step(const Tensor& x, const Tensor& positions, const Tensor&) override {
     const int64_t B = x.size(0), n = x.size(1);
     const CausalSelfAttention& attn = *block_->attn;
     Tensor h = block_->attn_norm->forward(x);
-    Tensor q = rope(reshape(attn.q_proj->forward(h), {B, n, c_.n_heads, c_.head_dim}),
-                    c_.rope_base, positions);
-    Tensor k = rope(reshape(attn.k_proj->forward(h), {B, n, c_.n_kv_heads, c_.head_dim}),
-                    c_.rope_base, positions);
-    Tensor v = reshape(attn.v_proj->forward(h), {B, n, c_.n_kv_heads, c_.v_head_dim});
+    Tensor q = attn.q_proj->forward(h), k = attn.k_proj->forward(h), v = attn.v_proj->forward(h);
+    if (!conv_windows_.empty()) {
+      q = conv_windows_[0].step(q);
+      k = conv_windows_[1].step(k);
+      v = conv_windows_[2].step(v);
+    }
+    q = rope(reshape(q, {B, n, c_.n_heads, c_.head_dim}), c_.rope_base, positions);
+    k = rope(reshape(k, {B, n, c_.n_kv_heads, c_.head_dim}), c_.rope_base, positions);
+    v = reshape(v, {B, n, c_.n_kv_heads, c_.v_head_dim});
     std::vector<int64_t> visible = cache_.append(k, v, Tensor(), std::vector<uint8_t>(size_t(B * n), 1));
     Tensor o = cache_.attend(q, visible, 1.0 / std::sqrt(double(c_.head_dim)));
     Tensor mixed = add(x, attn.o_proj->forward(reshape(o, {B, n, c_.n_heads * c_.v_head_dim})));
@@ -293,6 +305,7 @@ class AttentionLayerState final : public Decoder::LayerState {
     s.kind = LayerKind::Attention;
     s.kv_tokens = cache_.counts();
     s.kv_bytes = cache_.bytes();
+    for (const ConvWindow& window : conv_windows_) s.conv_bytes += window.bytes();
     return s;
   }
   std::vector<int64_t> kv_tokens() const override { return cache_.counts(); }
@@ -302,6 +315,7 @@ class AttentionLayerState final : public Decoder::LayerState {
   ModelConfig c_;
   int64_t layer_;
   KVCache cache_;
+  std::vector<ConvWindow> conv_windows_;  // q, k, v; empty without attention convs
 };
 
 // GDNBlock: conv windows and the recurrent state.

@@ -20,13 +20,24 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& c, Generator& gen)
   k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.n_kv_heads * c.head_dim, false, gen, init));
   v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.n_kv_heads * c.v_head_dim, false, gen, init));
   o_proj = register_module("o_proj", std::make_shared<Linear>(c.n_heads * c.v_head_dim, c.d_model, false, gen, out_init));
+  if (c.attn_conv_size > 0) {
+    q_conv = register_module("q_conv", std::make_shared<ShortConvolution>(c.n_heads * c.head_dim, c.attn_conv_size, gen));
+    k_conv = register_module("k_conv", std::make_shared<ShortConvolution>(c.n_kv_heads * c.head_dim, c.attn_conv_size, gen));
+    v_conv = register_module("v_conv", std::make_shared<ShortConvolution>(c.n_kv_heads * c.v_head_dim, c.attn_conv_size, gen));
+  }
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, const TokenBatch& batch) const {
   int64_t B = x.size(0), T = x.size(1);
-  Tensor q = reshape(q_proj->forward(x), {B, T, n_heads_, head_dim_});
-  Tensor k = reshape(k_proj->forward(x), {B, T, n_kv_heads_, head_dim_});
-  Tensor v = reshape(v_proj->forward(x), {B, T, n_kv_heads_, v_head_dim_});
+  Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  if (q_conv) {
+    q = q_conv->forward(q, batch.doc_ids);
+    k = k_conv->forward(k, batch.doc_ids);
+    v = v_conv->forward(v, batch.doc_ids);
+  }
+  q = reshape(q, {B, T, n_heads_, head_dim_});
+  k = reshape(k, {B, T, n_kv_heads_, head_dim_});
+  v = reshape(v, {B, T, n_kv_heads_, v_head_dim_});
   q = rope(q, rope_base_, batch.positions);
   k = rope(k, rope_base_, batch.positions);
   // Dense causal attention is routed attention with every token selected.

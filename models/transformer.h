@@ -1,6 +1,8 @@
 #pragma once
 // Pre-norm Transformer: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); with RoPE on q, k,
-// grouped-query heads, and an untied output head.
+// grouped-query heads, and an untied output head. With attn_conv_size W > 0 the attention
+// reads q = silu(conv_q(q_proj x)), likewise k and v (depthwise causal convs of width W,
+// stopping at document starts), before RoPE.
 #include "models/language_model.h"
 #include "nn/layers.h"
 
@@ -11,6 +13,7 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(const ModelConfig& c, Generator& gen);
   Tensor forward(const Tensor& x, const TokenBatch& batch) const;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<ShortConvolution> q_conv, k_conv, v_conv;  // null unless attn_conv_size > 0
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_, v_head_dim_;

@@ -10,7 +10,7 @@
 namespace ham {
 namespace {
 
-ModelConfig tiny_gdn_config(ModelFamily family) {
+ModelConfig tiny_gdn_config(ModelFamily family, int64_t attn_conv_size = 0) {
   ModelConfig c;
   c.family = family;
   c.vocab_size = 11;
@@ -26,6 +26,7 @@ ModelConfig tiny_gdn_config(ModelFamily family) {
   c.head_dim = 4;
   c.v_head_dim = 4;
   c.gsa_every = 2;
+  c.attn_conv_size = attn_conv_size;
   c.init_std = 0.3;  // large enough that every path carries signal in the check
   c.seed = 7;
   return c;
@@ -38,16 +39,19 @@ std::shared_ptr<LanguageModel> build(const ModelConfig& c) {
 
 struct FamilyCase {
   ModelFamily family;
+  int64_t attn_conv_size = 0;  // the GSA layers' q/k/v convs
 };
-void PrintTo(const FamilyCase& c, std::ostream* os) { *os << family_name(c.family); }
+void PrintTo(const FamilyCase& c, std::ostream* os) {
+  *os << family_name(c.family) << " attn_conv_size " << c.attn_conv_size;
+}
 
 class GDNFamilies : public ::testing::TestWithParam<FamilyCase> {
  protected:
-  ModelFamily family() const { return GetParam().family; }
+  ModelConfig config() const { return tiny_gdn_config(GetParam().family, GetParam().attn_conv_size); }
 };
 
 TEST_P(GDNFamilies, WholeModelGradcheckF64) {
-  auto model = build(tiny_gdn_config(family()));
+  auto model = build(config());
   model->to(DType::F64);
   TokenBatch batch = testing::packed_batch(2, 6, 11, /*packed=*/true);
   GradcheckResult r = testing::model_gradcheck(*model, batch);
@@ -69,7 +73,7 @@ TEST_P(GDNFamilies, WholeModelGradcheckF64) {
 TEST_P(GDNFamilies, PackedDocumentsDoNotSeeEachOther) {
   // The second document's logits equal those of the same tokens run on their own: the
   // convs and the recurrent state restart at the document boundary.
-  auto model = build(tiny_gdn_config(family()));
+  auto model = build(config());
   model->to(DType::F64);
   TokenBatch packed = testing::packed_batch(1, 10, 11, true);
   Tensor logits = model->forward(packed);
@@ -93,7 +97,7 @@ TEST_P(GDNFamilies, PackedDocumentsDoNotSeeEachOther) {
 }
 
 TEST_P(GDNFamilies, RecomputeGivesIdenticalGradients) {
-  ModelConfig c = tiny_gdn_config(family());
+  ModelConfig c = config();
   TokenBatch batch = testing::packed_batch(2, 6, 11, true);
   auto plain = build(c);
   c.recompute = true;
@@ -104,7 +108,7 @@ TEST_P(GDNFamilies, RecomputeGivesIdenticalGradients) {
 }
 
 TEST_P(GDNFamilies, SameSeedSameWeights) {
-  ModelConfig c = tiny_gdn_config(family());
+  ModelConfig c = config();
   auto a = build(c), b = build(c);
   c.seed = 8;
   auto other = build(c);
@@ -118,9 +122,11 @@ TEST_P(GDNFamilies, SameSeedSameWeights) {
 
 INSTANTIATE_TEST_SUITE_P(Families, GDNFamilies,
                          ::testing::Values(FamilyCase{ModelFamily::GDN},
-                                           FamilyCase{ModelFamily::GDNGSA}),
+                                           FamilyCase{ModelFamily::GDNGSA},
+                                           FamilyCase{ModelFamily::GDNGSA, 4}),
                          [](const auto& info) {
-                           return info.param.family == ModelFamily::GDN ? "GDN" : "GDNGSA";
+                           if (info.param.family == ModelFamily::GDN) return std::string("GDN");
+                           return std::string(info.param.attn_conv_size ? "GDNGSAWithAttentionConvs" : "GDNGSA");
                          });
 
 TEST(GDN, DecayAndStepInitialisation) {

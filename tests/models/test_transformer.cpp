@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/engine.h"
+#include "models/accounting.h"
 #include "models/transformer.h"
 #include "tests/error_testing.h"
 #include "tests/models/model_testing.h"
@@ -61,14 +62,60 @@ TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
 }
 
 TEST(Transformer, ParameterCountMatchesFormula) {
+  for (int64_t conv : {0, 3}) {
+    ModelConfig c = tiny_config();
+    c.attn_conv_size = conv;
+    Transformer model(c);
+    int64_t d = c.d_model, q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim;
+    int64_t v = c.n_kv_heads * c.v_head_dim, o = c.n_heads * c.v_head_dim;
+    int64_t per_layer = 2 * d + d * q + d * k + d * v + o * d + 3 * d * c.d_ff + (q + k + v) * conv;
+    EXPECT_EQ(model.num_parameters(), 2 * c.vocab_size * d + d + c.n_layers * per_layer) << conv;
+    EXPECT_EQ(model.num_parameters(), formula_parameter_count(c)) << conv;
+    EXPECT_NO_THROW(model.parameter("layers.1.attn.q_proj.weight"));
+    EXPECT_NO_THROW(model.parameter("layers.0.mlp.down.weight"));
+    if (conv) {
+      EXPECT_EQ(model.parameter("layers.1.attn.k_conv.weight").shape(), (Shape{k, conv}));
+    } else {
+      EXPECT_THROW(model.parameter("layers.1.attn.k_conv.weight"), Error);
+    }
+  }
+}
+
+// attn_conv_size: q, k and v pass a short conv + SiLU before RoPE. Every parameter, the
+// convs' included, gets a gradient that agrees with finite differences.
+TEST(Transformer, AttentionConvsGradcheckF64) {
   ModelConfig c = tiny_config();
+  c.attn_conv_size = 3;
   Transformer model(c);
-  int64_t d = c.d_model, q = c.n_heads * c.head_dim, k = c.n_kv_heads * c.head_dim;
-  int64_t v = c.n_kv_heads * c.v_head_dim, o = c.n_heads * c.v_head_dim;
-  int64_t per_layer = 2 * d + d * q + d * k + d * v + o * d + 3 * d * c.d_ff;
-  EXPECT_EQ(model.num_parameters(), 2 * c.vocab_size * d + d + c.n_layers * per_layer);
-  EXPECT_NO_THROW(model.parameter("layers.1.attn.q_proj.weight"));
-  EXPECT_NO_THROW(model.parameter("layers.0.mlp.down.weight"));
+  model.to(DType::F64);
+  TokenBatch batch = testing::packed_batch(2, 6, 11, /*packed=*/true);
+  GradcheckResult r = testing::model_gradcheck(model, batch);
+  EXPECT_TRUE(r.passed) << r.summary();
+  EXPECT_LT(r.worst_relative_error, 1e-6) << r.summary();
+  EXPECT_EQ(r.inputs.size(), model.named_parameters().size());
+}
+
+// The convs' taps stop at document starts: the second document's logits equal those of
+// its tokens run alone, and without document ids the first document leaks in.
+TEST(Transformer, AttentionConvsStopAtDocumentStarts) {
+  ModelConfig c = tiny_config();
+  c.attn_conv_size = 3;
+  Transformer model(c);
+  model.to(DType::F64);
+  TokenBatch packed = testing::packed_batch(1, 10, 11, true);
+  std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
+  std::vector<int64_t> second(ids.begin() + 5, ids.end());
+  TokenBatch alone{Tensor::from_vector(second, {1, 5}), Tensor::from_vector(second, {1, 5}), {}, {}};
+  auto full = model.forward(packed).to_vector<double>();
+  auto solo = model.forward(alone).to_vector<double>();
+  for (size_t i = 0; i < solo.size(); ++i) EXPECT_NEAR(full[5 * 11 + i], solo[i], 1e-12) << i;
+  TokenBatch unpacked = packed;
+  unpacked.doc_ids = Tensor();
+  unpacked.positions = Tensor();
+  auto leaked = model.forward(unpacked).to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < solo.size(); ++i) worst = std::max(worst, std::abs(leaked[5 * 11 + i] - solo[i]));
+  EXPECT_GT(worst, 1e-6);
 }
 
 TEST(ModelConfig, UnknownKeyNamesSourceAndKey) {
@@ -100,6 +147,27 @@ TEST(ModelConfig, JsonRoundTrip) {
   ModelConfig c = tiny_config();
   ModelConfig back = ModelConfig::from_json(c.to_json(), "roundtrip");
   EXPECT_EQ(back.to_json(), c.to_json());
+  // attn_conv_size is written only when set, so configs from before the key stay equal.
+  EXPECT_FALSE(c.to_json().contains("attn_conv_size"));
+  c.attn_conv_size = 4;
+  EXPECT_EQ(ModelConfig::from_json(c.to_json(), "roundtrip").attn_conv_size, 4);
+}
+
+// attn_conv_size belongs to the Transformer's and GDN-GSA's attention layers.
+TEST(ModelConfig, AttentionConvSizeIsChecked) {
+  testing::expect_error([] { ModelConfig::from_json({{"attn_conv_size", -1}}, "model.json"); },
+                        {"model.json", "'attn_conv_size'", ">= 0"});
+  testing::expect_error(
+      [] { ModelConfig::from_json({{"family", "gdn"}, {"attn_conv_size", 4}}, "model.json"); },
+      {"model.json", "'attn_conv_size'", "'gdn'"});
+  testing::expect_error(
+      [] {
+        ModelConfig::from_json({{"family", "ham"}, {"attn_conv_size", 4}, {"n_heads", 2},
+                                {"head_dim", 64}, {"v_head_dim", 64}, {"n_kv_heads", 2}},
+                               "model.json");
+      },
+      {"model.json", "'attn_conv_size'", "conv_size"});
+  EXPECT_EQ(ModelConfig::from_json({{"family", "gdn-gsa"}, {"attn_conv_size", 4}}, "x").attn_conv_size, 4);
 }
 
 // gdn_keep_chunk_states travels with the recurrent families' keys; a non-boolean value is
