@@ -390,6 +390,36 @@ TEST(Accounting, TransformerModelMatchesTheTablePerLayer) {
   EXPECT_EQ(b.layers[0].count(ParameterPart::OutputProjection), 1920 * 1920);
 }
 
+// attn_conv_size adds W (d_Q + d_K + d_V) parameters and (d_Q + d_K + d_V)(2W + 3) FLOPs
+// per token to each attention layer, grouped with the other short convs; the paper's
+// closed forms then no longer apply.
+TEST(Accounting, AttentionConvsAddTheirRows) {
+  ModelConfig plain;  // the built-in tiny Transformer
+  plain.n_kv_heads = 2;
+  ModelConfig conv = plain;
+  conv.attn_conv_size = 4;
+  const int64_t qkv = plain.n_heads * plain.head_dim + 2 * plain.n_kv_heads * plain.head_dim;
+  EXPECT_EQ(mixer_parameter_count(conv, 0) - mixer_parameter_count(plain, 0), 4 * qkv);
+  EXPECT_DOUBLE_EQ(mixer_flops_per_token(conv, 0, {256, 256}) - mixer_flops_per_token(plain, 0, {256, 256}),
+                   double(qkv) * (2 * 4 + 3));
+  expect_model_matches_formulas(conv);
+  SkipInitGuard structure_only;
+  ParameterBreakdown b = count_parameters(*make_model(conv));
+  EXPECT_EQ(b.layers[1].count(ParameterPart::Convs), 4 * qkv);
+  for (const char* name : {"transformer", "gdn-gsa"}) {
+    ModelConfig paper = paper_config(name);
+    paper.attn_conv_size = 4;
+    PaperClosedForm p = paper_closed_form(paper, kPaperShape);
+    EXPECT_FALSE(p.applies) << name;
+    EXPECT_NE(p.reason.find("attn_conv_size"), std::string::npos) << p.reason;
+    expect_model_matches_formulas([&] {
+      paper.n_layers = 2;
+      paper.vocab_size = 300;
+      return paper;
+    }());
+  }
+}
+
 TEST(Accounting, GdnAndGdnGsaModelsMatchTheTablePerLayer) {
   // The 800M layer dims with 4 layers (2 GDN + 2 GSA for GDN-GSA) and a small vocabulary.
   for (const char* name : {"gdn", "gdn-gsa"}) {
