@@ -26,13 +26,21 @@ ModelConfig tiny_config() {
   return c;
 }
 
+// Without and with attn_conv_size (a short conv + SiLU on q, k, v before RoPE): every
+// parameter, the convs' included, agrees with f64 finite differences.
 TEST(Transformer, WholeModelGradcheckF64) {
-  Transformer model(tiny_config());
-  model.to(DType::F64);
-  TokenBatch batch = testing::packed_batch(2, 5, 11, /*packed=*/true);
-  GradcheckResult r = testing::model_gradcheck(model, batch);
-  EXPECT_TRUE(r.passed) << r.summary();
-  EXPECT_LT(r.worst_relative_error, 1e-6) << r.summary();
+  for (int64_t conv : {0, 3}) {
+    SCOPED_TRACE("attn_conv_size " + std::to_string(conv));
+    ModelConfig c = tiny_config();
+    c.attn_conv_size = conv;
+    Transformer model(c);
+    model.to(DType::F64);
+    TokenBatch batch = testing::packed_batch(2, 5, 11, /*packed=*/true);
+    GradcheckResult r = testing::model_gradcheck(model, batch);
+    EXPECT_TRUE(r.passed) << r.summary();
+    EXPECT_LT(r.worst_relative_error, 1e-6) << r.summary();
+    EXPECT_EQ(r.inputs.size(), model.named_parameters().size());
+  }
 }
 
 TEST(Transformer, RecomputeGivesIdenticalGradients) {
@@ -47,18 +55,30 @@ TEST(Transformer, RecomputeGivesIdenticalGradients) {
 }
 
 TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
-  // The second document's logits equal those of the same tokens run on their own.
-  ModelConfig c = tiny_config();
-  Transformer model(c);
-  model.to(DType::F64);
-  TokenBatch packed = testing::packed_batch(1, 8, 11, true);
-  Tensor logits = model.forward(packed);
-  std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
-  std::vector<int64_t> second(ids.begin() + 4, ids.end());
-  TokenBatch alone{Tensor::from_vector(second, {1, 4}), Tensor::from_vector(second, {1, 4}), {}, {}};
-  Tensor alone_logits = model.forward(alone);
-  auto full = logits.to_vector<double>(), solo = alone_logits.to_vector<double>();
-  for (size_t i = 0; i < solo.size(); ++i) EXPECT_NEAR(full[4 * 11 + i], solo[i], 1e-12);
+  // The second document's logits equal those of the same tokens run on their own: the
+  // attention mask and, with attn_conv_size, the convs' taps stop at the document start.
+  // Without document ids the first document leaks in (the check has teeth).
+  for (int64_t conv : {0, 3}) {
+    SCOPED_TRACE("attn_conv_size " + std::to_string(conv));
+    ModelConfig c = tiny_config();
+    c.attn_conv_size = conv;
+    Transformer model(c);
+    model.to(DType::F64);
+    TokenBatch packed = testing::packed_batch(1, 8, 11, true);
+    std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
+    std::vector<int64_t> second(ids.begin() + 4, ids.end());
+    TokenBatch alone{Tensor::from_vector(second, {1, 4}), Tensor::from_vector(second, {1, 4}), {}, {}};
+    auto full = model.forward(packed).to_vector<double>();
+    auto solo = model.forward(alone).to_vector<double>();
+    for (size_t i = 0; i < solo.size(); ++i) EXPECT_NEAR(full[4 * 11 + i], solo[i], 1e-12) << i;
+    TokenBatch unpacked = packed;
+    unpacked.doc_ids = Tensor();
+    unpacked.positions = Tensor();
+    auto leaked = model.forward(unpacked).to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < solo.size(); ++i) worst = std::max(worst, std::abs(leaked[4 * 11 + i] - solo[i]));
+    EXPECT_GT(worst, 1e-6);
+  }
 }
 
 TEST(Transformer, ParameterCountMatchesFormula) {
@@ -79,43 +99,6 @@ TEST(Transformer, ParameterCountMatchesFormula) {
       EXPECT_THROW(model.parameter("layers.1.attn.k_conv.weight"), Error);
     }
   }
-}
-
-// attn_conv_size: q, k and v pass a short conv + SiLU before RoPE. Every parameter, the
-// convs' included, gets a gradient that agrees with finite differences.
-TEST(Transformer, AttentionConvsGradcheckF64) {
-  ModelConfig c = tiny_config();
-  c.attn_conv_size = 3;
-  Transformer model(c);
-  model.to(DType::F64);
-  TokenBatch batch = testing::packed_batch(2, 6, 11, /*packed=*/true);
-  GradcheckResult r = testing::model_gradcheck(model, batch);
-  EXPECT_TRUE(r.passed) << r.summary();
-  EXPECT_LT(r.worst_relative_error, 1e-6) << r.summary();
-  EXPECT_EQ(r.inputs.size(), model.named_parameters().size());
-}
-
-// The convs' taps stop at document starts: the second document's logits equal those of
-// its tokens run alone, and without document ids the first document leaks in.
-TEST(Transformer, AttentionConvsStopAtDocumentStarts) {
-  ModelConfig c = tiny_config();
-  c.attn_conv_size = 3;
-  Transformer model(c);
-  model.to(DType::F64);
-  TokenBatch packed = testing::packed_batch(1, 10, 11, true);
-  std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
-  std::vector<int64_t> second(ids.begin() + 5, ids.end());
-  TokenBatch alone{Tensor::from_vector(second, {1, 5}), Tensor::from_vector(second, {1, 5}), {}, {}};
-  auto full = model.forward(packed).to_vector<double>();
-  auto solo = model.forward(alone).to_vector<double>();
-  for (size_t i = 0; i < solo.size(); ++i) EXPECT_NEAR(full[5 * 11 + i], solo[i], 1e-12) << i;
-  TokenBatch unpacked = packed;
-  unpacked.doc_ids = Tensor();
-  unpacked.positions = Tensor();
-  auto leaked = model.forward(unpacked).to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < solo.size(); ++i) worst = std::max(worst, std::abs(leaked[5 * 11 + i] - solo[i]));
-  EXPECT_GT(worst, 1e-6);
 }
 
 TEST(ModelConfig, UnknownKeyNamesSourceAndKey) {
