@@ -1,3 +1,4 @@
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,15 +27,22 @@ ModelConfig tiny_config() {
   return c;
 }
 
+// The tiny Transformer in f64, with attention convs of width attn_conv_size (0: none).
+std::unique_ptr<Transformer> tiny_f64_model(int64_t attn_conv_size) {
+  ModelConfig c = tiny_config();
+  c.attn_conv_size = attn_conv_size;
+  auto model = std::make_unique<Transformer>(c);
+  model->to(DType::F64);
+  return model;
+}
+
 // Without and with attn_conv_size (a short conv + SiLU on q, k, v before RoPE): every
 // parameter, the convs' included, agrees with f64 finite differences.
 TEST(Transformer, WholeModelGradcheckF64) {
   for (int64_t conv : {0, 3}) {
     SCOPED_TRACE("attn_conv_size " + std::to_string(conv));
-    ModelConfig c = tiny_config();
-    c.attn_conv_size = conv;
-    Transformer model(c);
-    model.to(DType::F64);
+    std::unique_ptr<Transformer> owned = tiny_f64_model(conv);
+    Transformer& model = *owned;
     TokenBatch batch = testing::packed_batch(2, 5, 11, /*packed=*/true);
     GradcheckResult r = testing::model_gradcheck(model, batch);
     EXPECT_TRUE(r.passed) << r.summary();
@@ -60,10 +68,8 @@ TEST(Transformer, PackedDocumentsDoNotSeeEachOther) {
   // Without document ids the first document leaks in (the check has teeth).
   for (int64_t conv : {0, 3}) {
     SCOPED_TRACE("attn_conv_size " + std::to_string(conv));
-    ModelConfig c = tiny_config();
-    c.attn_conv_size = conv;
-    Transformer model(c);
-    model.to(DType::F64);
+    std::unique_ptr<Transformer> owned = tiny_f64_model(conv);
+    Transformer& model = *owned;
     TokenBatch packed = testing::packed_batch(1, 8, 11, true);
     std::vector<int64_t> ids = packed.inputs.to_vector<int64_t>();
     std::vector<int64_t> second(ids.begin() + 4, ids.end());
