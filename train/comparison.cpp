@@ -143,8 +143,9 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
     HAM_CHECK(key == "runs" || key == "train" || key == "eval" || key == "sweep_kv" ||
-                  key == "seeds",
-              source, ": unknown key '", key, "' (known: runs, train, eval, sweep_kv, seeds)");
+                  key == "seeds" || key == "loss_below",
+              source, ": unknown key '", key,
+              "' (known: runs, train, eval, sweep_kv, seeds, loss_below)");
   }
   CompareSpec spec;
   spec.source = source;
@@ -187,7 +188,35 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
     }
   }
   check_seeds(spec.seeds, source + ": key 'seeds'");
+  if (j.contains("loss_below")) {
+    const nlohmann::json& below = j.at("loss_below");
+    HAM_CHECK(below.is_array(), source, ": key 'loss_below' must be a list of losses > 0");
+    for (const nlohmann::json& v : below) {
+      HAM_CHECK(v.is_number(), source, ": key 'loss_below' holds ", v.dump(), ", not a loss > 0");
+      spec.loss_below.push_back(v.get<double>());
+    }
+  }
+  check_loss_thresholds(spec.loss_below, source + ": key 'loss_below'");
   return spec;
+}
+
+void check_loss_thresholds(const std::vector<double>& thresholds, const std::string& what) {
+  for (double threshold : thresholds) {
+    HAM_CHECK(std::isfinite(threshold) && threshold > 0, what, ": ", threshold,
+              " is not a loss > 0");
+  }
+}
+
+std::optional<int64_t> first_step_below(const std::vector<double>& step_losses,
+                                        double threshold, size_t window) {
+  HAM_CHECK(window > 0, "first_step_below: the window must hold at least one step");
+  for (size_t end = 1; end <= step_losses.size(); ++end) {
+    const size_t begin = end > window ? end - window : 0;
+    double total = 0;  // summed afresh: a skipped step's NaN stays inside its windows
+    for (size_t i = begin; i < end; ++i) total += step_losses[i];
+    if (total / double(end - begin) < threshold) return int64_t(end);
+  }
+  return std::nullopt;
 }
 
 void check_seeds(const std::vector<uint64_t>& seeds, const std::string& what) {
@@ -584,10 +613,15 @@ struct RunMetric {
 
 // The report's numbers of one run, in column order. The task columns follow the run's
 // EvalReport; all runs share the eval options, so all have the same columns.
-std::vector<RunMetric> run_metrics(const CompareRunResult& r) {
+std::vector<RunMetric> run_metrics(const CompareRunResult& r, const std::vector<double>& loss_below) {
   std::vector<RunMetric> out = {
       {"KV fraction", r.mean_kv_fraction, "{:.3f}"},
       {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};
+  for (double threshold : loss_below) {
+    const std::optional<int64_t> step = first_step_below(r.train.step_losses, threshold);
+    out.push_back({fmt::format("first step with loss < {}", threshold),
+                   step ? double(*step) : std::nan(""), "{:.0f}"});
+  }
   for (const EvalMetric& m : r.eval.metrics()) out.push_back({m.name, m.value, "{:.3f}"});
   out.push_back({"peak memory (MiB)", double(r.train.peak_memory_bytes) / 1048576.0, "{:.1f}"});
   out.push_back({"train time (s)", r.train.train_seconds, "{:.0f}"});
@@ -638,9 +672,11 @@ Spread spread_of(const std::vector<double>& values) {
 }
 
 // Metric `index` of run_metrics over a group's runs.
-Spread group_metric(const RunGroup& group, size_t index) {
+Spread group_metric(const RunGroup& group, size_t index, const std::vector<double>& loss_below) {
   std::vector<double> values;
-  for (const CompareRunResult* r : group.members) values.push_back(run_metrics(*r)[index].value);
+  for (const CompareRunResult* r : group.members) {
+    values.push_back(run_metrics(*r, loss_below)[index].value);
+  }
   return spread_of(values);
 }
 
@@ -658,21 +694,25 @@ std::string markdown_header(const std::vector<std::string>& header, size_t text_
 }
 
 // One row per run.
-std::string markdown_table(const CompareResult& result) {
+std::string markdown_table(const CompareResult& result, const std::vector<double>& loss_below) {
   std::vector<std::string> header = {"run", "family", "parameters"};
-  for (const RunMetric& m : run_metrics(result.runs.front())) header.push_back(m.name);
+  for (const RunMetric& m : run_metrics(result.runs.front(), loss_below)) header.push_back(m.name);
   std::string md = markdown_header(header, 2);
   for (const CompareRunResult& r : result.runs) {
     std::vector<std::string> row = {r.run.name, r.family, fmt::format("{}", r.parameters)};
-    for (const RunMetric& m : run_metrics(r)) row.push_back(format_metric(m.value, m.format));
+    for (const RunMetric& m : run_metrics(r, loss_below)) {
+      row.push_back(format_metric(m.value, m.format));
+    }
     md += markdown_row(row);
   }
   return md;
 }
 
-// One row per group: each metric's mean +- sample standard deviation over the seeds.
-std::string markdown_seed_table(const std::vector<RunGroup>& groups) {
-  const std::vector<RunMetric> columns = run_metrics(*groups.front().members.front());
+// One row per group: each metric's mean +- sample standard deviation over the seeds that
+// have it (a run that never reached a loss threshold has no step for it).
+std::string markdown_seed_table(const std::vector<RunGroup>& groups,
+                                const std::vector<double>& loss_below) {
+  const std::vector<RunMetric> columns = run_metrics(*groups.front().members.front(), loss_below);
   std::vector<std::string> header = {"run", "family", "seeds", "parameters"};
   for (const RunMetric& m : columns) header.push_back(m.name);
   std::string md = markdown_header(header, 2);
@@ -681,9 +721,12 @@ std::string markdown_seed_table(const std::vector<RunGroup>& groups) {
     std::vector<std::string> row = {g.name, first.family, fmt::format("{}", g.members.size()),
                                     fmt::format("{}", first.parameters)};
     for (size_t i = 0; i < columns.size(); ++i) {
-      const Spread s = group_metric(g, i);
+      const Spread s = group_metric(g, i, loss_below);
       std::string cell = format_metric(s.mean, columns[i].format);
       if (s.count > 1) cell += " ± " + format_metric(s.stddev, columns[i].format);
+      if (s.count > 0 && s.count < int64_t(g.members.size())) {
+        cell += fmt::format(" ({} of {} seeds)", s.count, g.members.size());
+      }
       row.push_back(cell);
     }
     md += markdown_row(row);
@@ -814,16 +857,16 @@ nlohmann::json finite_or_null(double v) {
 }
 
 // report.json's summary of a group: its runs, seeds and each metric's spread.
-nlohmann::json group_to_json(const RunGroup& g) {
+nlohmann::json group_to_json(const RunGroup& g, const std::vector<double>& loss_below) {
   nlohmann::json runs = nlohmann::json::array(), seeds = nlohmann::json::array();
   for (const CompareRunResult* r : g.members) {
     runs.push_back(r->run.name);
     if (r->run.seed) seeds.push_back(*r->run.seed);
   }
   nlohmann::json metrics = nlohmann::json::object();
-  const std::vector<RunMetric> columns = run_metrics(*g.members.front());
+  const std::vector<RunMetric> columns = run_metrics(*g.members.front(), loss_below);
   for (size_t i = 0; i < columns.size(); ++i) {
-    const Spread s = group_metric(g, i);
+    const Spread s = group_metric(g, i, loss_below);
     metrics[columns[i].name] = {{"mean", finite_or_null(s.mean)},
                                 {"std", finite_or_null(s.stddev)},
                                 {"min", finite_or_null(s.min)},
@@ -853,20 +896,30 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     result.total_seconds);
   if (!spec.seeds.empty()) {
     md += "Over the seeds: mean ± sample standard deviation.\n\n";
-    md += markdown_seed_table(groups);
+    md += markdown_seed_table(groups, spec.loss_below);
     md += "\nEvery run:\n\n";
   }
-  md += markdown_table(result);
+  md += markdown_table(result, spec.loss_below);
   md += "\nKV fraction: HAM's measured selected-token fraction in evaluation (mean over layers); "
         "for other families the share of layers that keep a full KV cache. Peak memory: the most "
         "memory asked of the training device's pool at once during training (tensors; on a "
-        "GPU also cuBLASLt's workspace).\n\n";
-  md += "![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
+        "GPU also cuBLASLt's workspace).";
+  if (!spec.loss_below.empty()) {
+    md += " First step with loss < x: the first step where the mean of the last 20 training "
+          "losses is below x; - where no step is (with seeds, the mean is over the seeds that "
+          "got there).";
+  }
+  md += "\n\n![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
   write_plot(loss_curves(groups), (fs::path(out_dir) / "loss_curves.png").string());
   write_plot(kv_tradeoff(groups), (fs::path(out_dir) / "kv_tradeoff.png").string());
 
   nlohmann::json runs = nlohmann::json::array();
   for (const CompareRunResult& r : result.runs) {
+    nlohmann::json below = nlohmann::json::array();
+    for (double threshold : spec.loss_below) {
+      const std::optional<int64_t> step = first_step_below(r.train.step_losses, threshold);
+      below.push_back({{"loss", threshold}, {"step", step ? nlohmann::json(*step) : nlohmann::json()}});
+    }
     runs.push_back({{"name", r.run.name},
                     {"group", r.run.group},
                     {"seed", r.run.seed ? nlohmann::json(*r.run.seed) : nlohmann::json()},
@@ -878,16 +931,18 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                     {"train_seconds", r.train.train_seconds},
                     {"peak_memory_bytes", r.train.peak_memory_bytes},
                     {"final_train_loss", final_train_loss(r.train)},
+                    {"first_step_below", below},
                     {"step_losses", r.train.step_losses},
                     {"weights", r.weights_dir},
                     {"eval", r.eval.to_json()}});
   }
   nlohmann::json group_summaries = nlohmann::json::array();
-  for (const RunGroup& g : groups) group_summaries.push_back(group_to_json(g));
+  for (const RunGroup& g : groups) group_summaries.push_back(group_to_json(g, spec.loss_below));
   // Generated NIAH answers may hold bytes that are not UTF-8: they become U+FFFD in JSON.
   nlohmann::json report = {{"spec", spec.source}, {"train", spec.train.to_json()},
                            {"eval", spec.eval.to_json()}, {"sweep_kv", spec.sweep_kv},
-                           {"seeds", spec.seeds}, {"total_seconds", result.total_seconds},
+                           {"seeds", spec.seeds}, {"loss_below", spec.loss_below},
+                           {"total_seconds", result.total_seconds},
                            {"runs", runs}, {"groups", group_summaries}};
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {

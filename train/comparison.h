@@ -21,7 +21,8 @@
 //    "train":    {TrainOptions keys, e.g. "steps": 1500, "mix_mqar": 1},
 //    "eval":     {"mqar_lengths": [128], "mqar_pairs": 32, "samples": 256, ...},
 //    "sweep_kv": [0.5],                        (optional; see with_kv_fraction)
-//    "seeds":    [0, 1, 2]}                    (optional)
+//    "seeds":    [0, 1, 2],                    (optional)
+//    "loss_below": [1.0]}                      (optional; see first_step_below)
 // Every HAM run is repeated once per sweep value; runs of other families run once. With
 // seeds, every run is repeated once per seed, which sets both the model's initialisation
 // seed and the data seed (runs of one seed see the same rows); the report then adds each
@@ -58,6 +59,8 @@ struct CompareSpec {
   EvalOptions eval;
   std::vector<double> sweep_kv;  // empty: HAM runs keep their own tau settings
   std::vector<uint64_t> seeds;   // empty: each run once, with its config's and train's seeds
+  // Report columns: for each threshold, the step where each run's loss first falls below it.
+  std::vector<double> loss_below;
   std::string source;            // the spec file, for messages
 
   // One-line errors name the file and the key at fault.
@@ -71,6 +74,15 @@ struct CompareSpec {
 
 // Seeds must differ: the error names `what` and the repeated seed.
 void check_seeds(const std::vector<uint64_t>& seeds, const std::string& what);
+
+// Loss thresholds must be finite and > 0: the error names `what` and the value.
+void check_loss_thresholds(const std::vector<double>& thresholds, const std::string& what);
+
+// How soon a run learns: the first step (1-based) at which the mean of the last `window`
+// step losses (of all of them, before step `window`) is below `threshold`; nullopt if none
+// is. On MQAR, the step where the loss leaves its plateau and recall emerges.
+std::optional<int64_t> first_step_below(const std::vector<double>& step_losses,
+                                        double threshold, size_t window = 20);
 
 // HAM at KV fraction rho: rho in (0, 1) learns tau toward kv_target rho (Algorithm 2);
 // rho = 0 fixes tau at the top of its range (s (1 - 1e-6): no token is selected) and

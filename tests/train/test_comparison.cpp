@@ -117,6 +117,81 @@ TEST(Comparison, BadSpecsNameTheFileAndKey) {
   twice["seeds"] = {2, 7, 2};
   expect_error([&] { CompareSpec::from_json(twice, "spec.json", kTiny); },
                {"spec.json", "key 'seeds'", "seed 2 is listed twice"});
+  nlohmann::json not_a_list = tiny_spec();
+  not_a_list["loss_below"] = 1.0;
+  expect_error([&] { CompareSpec::from_json(not_a_list, "spec.json", kTiny); },
+               {"spec.json", "key 'loss_below'", "list"});
+  for (const nlohmann::json& value : {nlohmann::json(0), nlohmann::json(-1.5), nlohmann::json("1")}) {
+    nlohmann::json bad = tiny_spec();
+    bad["loss_below"] = {1.0, value};
+    expect_error([&] { CompareSpec::from_json(bad, "spec.json", kTiny); },
+                 {"spec.json", "key 'loss_below'", value.dump(), "not a loss > 0"});
+  }
+  expect_error([] { check_loss_thresholds({0.5, std::nan("")}, "--loss-below"); },
+               {"--loss-below", "nan", "not a loss > 0"});
+}
+
+TEST(Comparison, FirstStepBelowAveragesTheLastWindowOfSteps) {
+  const std::vector<double> losses = {4, 2, 0.5, 0.5, 3};
+  EXPECT_EQ(first_step_below(losses, 1.0, 1), 3);
+  EXPECT_EQ(first_step_below(losses, 1.0, 2), 4);         // (2 + 0.5) / 2 at step 3 is not
+  EXPECT_EQ(first_step_below(losses, 3.0, 20), 3);  // before a full window, all steps: 6.5 / 3
+  EXPECT_EQ(first_step_below(losses, 0.5, 1), std::nullopt);  // equal is not below
+  EXPECT_EQ(first_step_below(losses, 5.0, 3), 1);
+  EXPECT_EQ(first_step_below({}, 1.0), std::nullopt);
+  // A skipped step's NaN keeps only its own windows from counting.
+  const std::vector<double> skipped = {4, std::nan(""), 0.5, 0.5};
+  EXPECT_EQ(first_step_below(skipped, 1.0, 2), 4);
+  expect_error([] { first_step_below({1.0}, 1.0, 0); }, {"first_step_below", "window"});
+}
+
+// The report's loss-threshold columns: each run's step, and over seeds the mean of those
+// that got there and how many did.
+TEST(Comparison, TheReportGivesTheStepEachRunsLossFellBelowAThreshold) {
+  CompareSpec spec = CompareSpec::from_json(tiny_spec(), "spec.json", kTiny);
+  spec.seeds = {0, 1, 2};
+  spec.loss_below = {1.0};
+  CompareResult result;
+  const std::vector<std::vector<double>> losses = {
+      {4, 0, 0, 0, 0, 0},              // gdn@seed=0: means 4, 2, 1.33, 1, 0.8: step 5
+      {4, 4, 4, 4, 4, 4},              // gdn@seed=1: never
+      {4, 4, 4, 4, 4, 4},              // gdn@seed=2: never
+      {0.5, 0.5, 0.5, 0.5, 0.5, 0.5},  // ham@seed=0: step 1
+      {2, 0, 0, 0, 0, 0},              // ham@seed=1: means 2, 1, 0.67: step 3
+      {1, 1, 1, 1, 1, 1}};             // ham@seed=2: 1 is never below 1
+  const std::vector<CompareRun> runs = spec.runs();
+  ASSERT_EQ(runs.size(), losses.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    CompareRunResult r;
+    r.run = runs[i];
+    r.family = family_name(r.run.config.family);
+    r.parameters = 100;
+    r.mean_kv_fraction = 0.5;
+    r.train.step_losses = losses[i];
+    result.runs.push_back(r);
+  }
+  if (find_gnuplot().empty()) GTEST_SKIP() << "gnuplot is not installed (scripts/install_deps.sh)";
+  const fs::path out = testing::fresh_temp_dir("comparison_loss_below");
+  const std::string md = write_comparison_report(spec, result, out.string());
+  EXPECT_NE(md.find("first step with loss < 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 5 (1 of 3 seeds) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 2 ± 1 (2 of 3 seeds) |"), std::string::npos) << md;  // steps 1 and 3
+  for (const char* row : {"| gdn@seed=0 | gdn | 100 | 0.500 | 0.6667 | 5 |",
+                          "| gdn@seed=1 | gdn | 100 | 0.500 | 4.0000 | - |",
+                          "| ham@seed=1 | ham | 100 | 0.500 | 0.3333 | 3 |"}) {
+    EXPECT_NE(md.find(row), std::string::npos) << row << " not in:\n" << md;
+  }
+  std::ifstream json_file(out / "report.json");
+  const nlohmann::json report = nlohmann::json::parse(json_file);
+  EXPECT_EQ(report["loss_below"], (nlohmann::json{1.0}));
+  EXPECT_EQ(report["runs"][4]["first_step_below"],
+            (nlohmann::json{{{"loss", 1.0}, {"step", 3}}}));
+  EXPECT_TRUE(report["runs"][1]["first_step_below"][0]["step"].is_null());
+  const nlohmann::json& ham = report["groups"][1]["metrics"]["first step with loss < 1"];
+  EXPECT_EQ(ham["count"], 2);
+  EXPECT_EQ(ham["mean"], 2.0);
+  EXPECT_EQ(ham["max"], 3.0);
+  fs::remove_all(out);
 }
 
 TEST(Comparison, SeedsRepeatEveryRunWithThatModelAndDataSeed) {

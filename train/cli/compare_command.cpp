@@ -24,6 +24,7 @@ struct CompareArgs {
   std::string out_dir;
   std::vector<double> sweep_kv;
   std::vector<uint64_t> seeds;
+  std::vector<double> loss_below;
   std::vector<std::string> only;
   int64_t steps = 0;
   bool retrain = false;
@@ -44,6 +45,10 @@ int run_compare(const CompareArgs& args) {
     spec.seeds = args.seeds;
   }
   if (args.steps > 0) spec.train.steps = args.steps;
+  if (!args.loss_below.empty()) {
+    check_loss_thresholds(args.loss_below, "--loss-below");
+    spec.loss_below = args.loss_below;
+  }
   if (!args.only.empty()) {
     std::vector<std::pair<std::string, ModelConfig>> kept;
     for (const std::string& name : args.only) {
@@ -104,6 +109,8 @@ Command add_compare_command(CLI::App& root) {
   cmd->add_option("--sweep-kv", args->sweep_kv, "HAM KV fractions to sweep, e.g. 0,0.25,0.5,0.75,1 (each HAM run repeats per value; replaces the spec's sweep_kv)")
       ->delimiter(',');
   cmd->add_option("--seeds", args->seeds, "Repeat every run once per seed, e.g. 0,1,2: each sets the model's initialisation seed and the data seed; the report adds mean +- standard deviation over seeds (replaces the spec's seeds)")
+      ->delimiter(',');
+  cmd->add_option("--loss-below", args->loss_below, "Report, for each of these losses, the first step where each run's 20-step mean training loss falls below it, e.g. 1 (replaces the spec's loss_below)")
       ->delimiter(',');
   cmd->add_option("--runs", args->only, "Only these runs of the spec, e.g. gdn,ham")->delimiter(',');
   cmd->add_option("--steps", args->steps, "Override the spec's training steps (the token budget)")
