@@ -271,6 +271,10 @@ ModelConfig with_kv_fraction(ModelConfig config, double rho) {
 
 // ---- running ----------------------------------------------------------------------------------
 
+std::string run_directory(const std::string& out_dir, const std::string& run_name) {
+  return (fs::path(out_dir) / "runs" / directory_name(run_name)).string();
+}
+
 namespace {
 
 // <out>/runs/<name>/trained.json: a finished run's training result with the settings that
@@ -422,7 +426,7 @@ RunStart find_run_start(const fs::path& dir, const nlohmann::json& settings, boo
 }  // namespace
 
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log_to, bool retrain,
+                             std::ostream& log_to, const CompareOptions& compare_options,
                              const std::shared_ptr<dist::Communicator>& world_or_null) {
   const std::shared_ptr<dist::Communicator> world =
       world_or_null ? world_or_null : std::make_shared<dist::SingleProcessCommunicator>();
@@ -431,6 +435,17 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
   std::ostream silent(&discard);
   std::ostream& log = lead ? log_to : silent;
   std::vector<CompareRun> runs = spec.runs();
+  if (!compare_options.only.empty()) {
+    std::vector<CompareRun> kept;
+    for (const std::string& name : compare_options.only) {
+      auto it = std::find_if(runs.begin(), runs.end(),
+                             [&](const CompareRun& run) { return run.name == name; });
+      HAM_CHECK(it != runs.end(), spec.source, ": no run is named '", name, "'");
+      kept.push_back(*it);
+    }
+    runs = std::move(kept);
+  }
+  const bool retrain = compare_options.retrain;
   spec.eval.validate();
   check_eval_feasible(spec.eval, spec.source);
   std::error_code ec;
@@ -458,7 +473,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       log << fmt::format("{}: not started: {} received\n", prefix, stop_signal_name(signal));
       return finish();
     }
-    fs::path dir = fs::path(out_dir) / "runs" / directory_name(run.name);
+    fs::path dir = run_directory(out_dir, run.name);
     if (lead) fs::create_directories(dir, ec);  // the others look after the barrier below
     HAM_CHECK(!ec, dir.string(), ": cannot create: ", ec.message());
 
@@ -488,6 +503,10 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
     r.family = family_name(run.config.family);
     r.weights_dir = (dir / "weights").string();
     std::shared_ptr<LanguageModel> model;
+    if (start.record && compare_options.train_only) {
+      log << fmt::format("{}: trained earlier ({})\n", prefix, record_path.string());
+      continue;
+    }
     if (start.record) {
       r.train = train_result_from_record(*start.record, record_path.string());
       model = load_trained_model(r.weights_dir).model;
@@ -566,6 +585,11 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         write_text_atomically(record_path, trained.dump(2) + "\n");
       }
       world->barrier();  // the record is in place before any rank looks for the next
+      if (compare_options.train_only) {
+        log << fmt::format("{}: trained | train loss {:.4f} | {:.0f} s\n", prefix,
+                           final_train_loss(r.train), r.train.train_seconds);
+        continue;
+      }
     }
     // Every rank evaluates the whole model alike; the lead's report is the one written.
 

@@ -118,14 +118,28 @@ struct CompareResult {
 //     spec's train.checkpoint_every sets how often), resumes from its checkpoint, bit for
 //     bit as if never stopped;
 //   - checkpoints and records of other settings are deleted, and the run trains anew.
-// `retrain` trains every run from step 0 regardless.
+// `options` can ask to train every run again from step 0, to do only some runs, or to
+// train without evaluating.
 //
 // With a `world` of N > 1 ranks (mpirun; every rank calls this alike, on one shared
 // filesystem), each run trains with sharded data parallelism over them (train()), and
 // every rank evaluates the trained model; only rank 0 logs and writes the run's files.
 // nullptr: a world of one.
+// Where a run's files go: <out_dir>/runs/<its name less shell-special characters>
+// ("ham@kv=0.50@seed=1" -> "ham_kv0.50_seed1").
+std::string run_directory(const std::string& out_dir, const std::string& run_name);
+
+struct CompareOptions {
+  bool retrain = false;  // train every run again from step 0
+  // Only the runs of these names (CompareRun::name; each must be one of the spec's runs).
+  std::vector<std::string> only;
+  // Train what is missing and stop: nothing is evaluated and the result holds no runs. A
+  // job of `ham compare --jobs`, whose parent evaluates every run once all have trained.
+  bool train_only = false;
+};
+
 CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir,
-                             std::ostream& log, bool retrain = false,
+                             std::ostream& log, const CompareOptions& options = {},
                              const std::shared_ptr<dist::Communicator>& world = nullptr);
 
 // Writes report.md, report.json and the plots into out_dir; returns the markdown.
