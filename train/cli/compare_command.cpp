@@ -118,15 +118,21 @@ pid_t start_job(const std::vector<std::string>& argv, const fs::path& dir) {
   return pid;
 }
 
-// Trains `runs` in up to args.jobs child processes at once. Returns the signal that
-// stopped them (each job checkpoints its run; the same command resumes it), else 0; a
-// job that failed is a one-line error naming its run, once the other jobs have finished.
-int train_in_jobs(const CompareArgs& args, const std::vector<CompareRun>& runs,
-                  int threads_per_job, std::ostream& out) {
+struct JobsOutcome {
+  int stopped_by_signal = 0;  // else every run trained
+  size_t trained = 0;
+};
+
+// Trains `runs` in up to args.jobs child processes at once. A stop request is passed on
+// to every job (each checkpoints its run; the same command resumes it); a job that failed
+// is a one-line error naming its run, once the other jobs have finished.
+JobsOutcome train_in_jobs(const CompareArgs& args, const std::vector<CompareRun>& runs,
+                          int threads_per_job, std::ostream& out) {
   using Clock = std::chrono::steady_clock;
   std::vector<Job> active;
   size_t next = 0;
   int stop = 0;
+  size_t trained = 0;
   bool stop_passed_on = false;
   std::string failure;
   Clock::time_point last_progress = Clock::now();
@@ -164,6 +170,7 @@ int train_in_jobs(const CompareArgs& args, const std::vector<CompareRun>& runs,
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       const fs::path job_log = it->dir / "job.log";
       if (code == 0) {
+        ++trained;
         // The job's own last line: "[1/1] NAME: trained | train loss ... | ... s".
         const std::string line = last_line(job_log, "[1/1] ");
         const size_t colon = line.find(": ");
@@ -197,7 +204,7 @@ int train_in_jobs(const CompareArgs& args, const std::vector<CompareRun>& runs,
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!failure.empty()) HAM_FAIL(failure);
-  return stop;
+  return {stop, trained};
 }
 
 int run_compare(const CompareArgs& args) {
@@ -262,9 +269,8 @@ int run_compare(const CompareArgs& args) {
       out << fmt::format("compare: {} runs ({}), {} steps each, in up to {} jobs of {} thread{}\n",
                          runs.size(), spec.source, spec.train.steps, args.jobs, threads,
                          threads == 1 ? "" : "s");
-      if (const int signal = train_in_jobs(args, runs, threads, out); signal != 0) {
-        return stopped(signal, 0);
-      }
+      const JobsOutcome jobs = train_in_jobs(args, runs, threads, out);
+      if (jobs.stopped_by_signal != 0) return stopped(jobs.stopped_by_signal, jobs.trained);
       if (args.train_only) {
         out << "compare: trained; the same command without --train-only evaluates the runs "
                "and writes the report\n";
