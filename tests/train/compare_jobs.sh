@@ -2,8 +2,9 @@
 # `ham compare --jobs 2` trains two runs at once in child processes. A SIGTERM to it (as a
 # scheduler sends one) stops both jobs with their checkpoints and exit status 143; the same
 # command resumes both and ends with the losses, weights and report rows of a comparison
-# run one run after the other. A job that fails is a one-line error naming its run, and
-# --train-only leaves the evaluation to a later call.
+# run one run after the other. Jobs run the program the comparison started with; a job
+# that fails is a one-line error naming its run; --train-only leaves the evaluation to a
+# later call.
 set -euo pipefail
 ham="$1"
 dir="$(mktemp -d)"
@@ -77,6 +78,29 @@ rows() { grep -E '^\| (narrow|wide) \|' "$1/report.md" | sed -E 's/[^|]*\|[^|]*\
 [ "$(rows "$dir/jobs" | wc -l)" -eq 2 ] || fail "the report lacks its rows: $(cat "$dir/jobs/report.md")"
 [ "$(rows "$dir/jobs")" = "$(rows "$dir/straight")" ] ||
   fail "the report rows differ: $(rows "$dir/jobs") against $(rows "$dir/straight")"
+
+# Jobs run the program their comparison started with, even once a rebuild has replaced
+# its file: here the later two of four jobs start after it is replaced by a failing script.
+cp "$ham" "$dir/ham_copy"
+"$dir/ham_copy" compare "$dir/spec.json" --threads 1 --out "$dir/replaced" --jobs 2 \
+  --seeds 0,1 > "$dir/replaced.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  grep -Eqs "^step +3/" "$dir/replaced/runs/narrow_seed0/train.log" && break
+  sleep 0.1
+done
+printf '#!/bin/sh\nexit 3\n' > "$dir/ham_new"
+chmod +x "$dir/ham_new"
+mv -f "$dir/ham_new" "$dir/ham_copy"
+status=0
+wait "$pid" || status=$?
+pid=""
+[ "$status" -eq 0 ] || fail "with its program replaced: exit status $status: $(tail -3 "$dir/replaced.log")"
+grep -q "^\[3/4\] wide@seed=0: started" "$dir/replaced.log" ||
+  fail "the third job did not start: $(cat "$dir/replaced.log")"
+for run in narrow_seed0 narrow_seed1 wide_seed0 wide_seed1; do
+  [ -e "$dir/replaced/runs/$run/trained.json" ] || fail "$run did not train: $(cat "$dir/replaced.log")"
+done
 
 # A run whose vocabulary cannot hold the byte-level text fails in its job.
 cat > "$dir/failing.json" << 'SPEC'

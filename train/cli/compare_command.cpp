@@ -78,7 +78,7 @@ struct Job {
 // The command line of a job: this command's options with the run's name, training only.
 std::vector<std::string> job_command(const CompareArgs& args, const std::string& run_name,
                                      int threads) {
-  std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "compare",
+  std::vector<std::string> argv = {"ham", "compare",
                                    args.spec_path, "--out", args.out_dir, "--job", run_name,
                                    "--train-only", "--threads", std::to_string(threads)};
   if (!args.sweep_kv.empty()) argv.insert(argv.end(), {"--sweep-kv", fmt::format("{}", fmt::join(args.sweep_kv, ","))});
@@ -109,7 +109,11 @@ pid_t start_job(const std::vector<std::string>& argv, const fs::path& dir) {
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
     ::dup2(log_fd, STDOUT_FILENO);
     ::dup2(log_fd, STDERR_FILENO);
-    ::execv(c_argv[0], c_argv.data());
+    // This very program, even where a rebuild has replaced its file since it started: a
+    // comparison's jobs all run the code it started with.
+    ::execv("/proc/self/exe", c_argv.data());
+    constexpr char kExecFailed[] = "ham: error: ham compare --jobs: cannot execute /proc/self/exe\n";
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kExecFailed, sizeof kExecFailed - 1);
     ::_exit(127);
   }
   const int fork_errno = errno;
@@ -263,6 +267,11 @@ int run_compare(const CompareArgs& args) {
                          stop_signal_name(signal), done, runs.size());
       return 128 + signal;  // the shell's convention for a signalled end
     };
+    const auto trained_only = [&] {
+      out << "compare: trained; the same command without --train-only evaluates the runs and "
+             "writes the report\n";
+      return 0;
+    };
     if (args.jobs > 1) {
       // Without --threads the cores are shared out among the jobs.
       const int threads = args.threads > 0 ? args.threads : std::max(1, omp_get_num_procs() / args.jobs);
@@ -271,11 +280,7 @@ int run_compare(const CompareArgs& args) {
                          threads == 1 ? "" : "s");
       const JobsOutcome jobs = train_in_jobs(args, runs, threads, out);
       if (jobs.stopped_by_signal != 0) return stopped(jobs.stopped_by_signal, jobs.trained);
-      if (args.train_only) {
-        out << "compare: trained; the same command without --train-only evaluates the runs "
-               "and writes the report\n";
-        return 0;
-      }
+      if (args.train_only) return trained_only();
       out << "compare: every run trained; evaluating them\n";
       options.retrain = false;  // the jobs did
     } else if (args.job_runs.empty()) {
@@ -289,11 +294,7 @@ int run_compare(const CompareArgs& args) {
     result.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (result.stopped_by_signal != 0) return stopped(result.stopped_by_signal, result.runs.size());
-    if (args.train_only) {
-      out << "compare: trained; the same command without --train-only evaluates the runs and "
-             "writes the report\n";
-      return 0;
-    }
+    if (args.train_only) return trained_only();
     if (world->rank() == 0) {
       const std::string markdown = write_comparison_report(spec, result, args.out_dir);
       out << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and "
