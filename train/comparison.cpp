@@ -562,7 +562,9 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         }
         ProgressTee tee(train_log, log, prefix, kProgressSeconds);
         std::ostream train_output(lead ? static_cast<std::streambuf*>(&tee) : &discard);
-        r.train = train(*model, *data.train, *data.val, options, train_output, resume, world);
+        const bool resuming = resume != nullptr;
+        r.train = train(*model, *data.train, *data.val, options, train_output,
+                        std::move(start.checkpoint), world);
         train_output.flush();
         HAM_CHECK(!lead || train_log.good(), (dir / "train.log").string(), ": write failed");
         if (r.train.stopped_by_signal != 0) {
@@ -570,7 +572,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
           log << fmt::format(
               "{}: stopped at step {} of {} by {}; {}\n", prefix, r.train.steps, options.steps,
               stop_signal_name(r.train.stopped_by_signal),
-              r.train.last_checkpoint.empty() && !resume
+              r.train.last_checkpoint.empty() && !resuming
                   ? std::string("no step ran")
                   : "the same command resumes it from " +
                         latest_checkpoint(dir.string()).value_or("?"));

@@ -368,7 +368,7 @@ TrainResult train_result_at_checkpoint(const nlohmann::json& state, const std::s
 
 TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   const TokenSource& val_data, const TrainOptions& opt, std::ostream& log_to,
-                  const CheckpointContents* resume,
+                  std::optional<CheckpointContents> resume,
                   const std::shared_ptr<dist::Communicator>& world_or_null) {
   opt.validate("");
   std::shared_ptr<dist::Communicator> world =
@@ -509,6 +509,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                        st.at("data_rng").at("offset").get<uint64_t>());
     log << fmt::format("resumed from {} at step {}{}\n", checkpoint_dir, start_step,
                        shards_dir.empty() ? "" : " (sharded optimizer state)");
+    resume.reset();  // the model and optimizer hold its values now
   } else if (has_val) {
     result.initial_val_loss =
         sharded_run ? evaluate_distributed(model, val_data, opt, *world)

@@ -3,6 +3,7 @@
 // clip -> AdamW step, with a progress line and periodic validation loss.
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,14 +130,17 @@ double evaluate(const LanguageModel& model, const TokenSource& data, int64_t bat
                 int64_t seq_len, int64_t max_batches);
 
 // Trains from scratch, or continues from `resume` (a loaded checkpoint) so that the
-// losses are bit-identical to an uninterrupted run. With a `world` of N > 1 ranks (every
+// losses are bit-identical to an uninterrupted run. train() lets go of the checkpoint's
+// tensors once the model and optimizer hold their values, so a caller that moves it in
+// keeps no second copy of the weights and moments while the run trains (a copy shares
+// the tensors, which the caller's object then keeps). With a `world` of N > 1 ranks (every
 // rank calls this with a model built from the same config), each rank trains on its
 // batch_size / N rows of the global batch with sharded data parallelism; losses, metrics
 // and checkpoints are those of the whole job (only rank 0 writes to `log`), and a
 // checkpoint resumes on any number of ranks. nullptr: a world of one.
 TrainResult train(LanguageModel& model, const TokenSource& train_data,
                   const TokenSource& val_data, const TrainOptions& options, std::ostream& log,
-                  const CheckpointContents* resume = nullptr,
+                  std::optional<CheckpointContents> resume = std::nullopt,
                   const std::shared_ptr<dist::Communicator>& world = nullptr);
 
 }  // namespace ham

@@ -146,7 +146,7 @@ TEST_F(EmulatedCuda, ADeviceCheckpointResumesOnTheCpu) {
 
   auto on_cpu = make_model(config);
   TrainResult resumed =
-      train(*on_cpu, train_data, val_data, testing::short_run("cpu", 4), log, &saved);
+      train(*on_cpu, train_data, val_data, testing::short_run("cpu", 4), log, saved);
   EXPECT_EQ(resumed.step_losses, uninterrupted.step_losses) << log.str();
   std::filesystem::remove_all(dir);
 }

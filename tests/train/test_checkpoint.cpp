@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <signal.h>
 
 #include <cmath>
@@ -65,7 +66,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   Transformer resumed(small_config());
   CheckpointContents ck = load_checkpoint((dir_b / "step-00000020").string());
   EXPECT_EQ(ck.state.at("step").get<int64_t>(), 20);
-  TrainResult rest = train(resumed, train_data, val_data, o, log, &ck);
+  TrainResult rest = train(resumed, train_data, val_data, o, log, ck);
   // The record covers the whole run, its first 20 steps taken from the checkpoint.
   EXPECT_EQ(rest.step_losses, full.step_losses);
   EXPECT_EQ(rest.first_loss, full.first_loss);
@@ -85,6 +86,49 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   }
   fs::remove_all(dir_a);
   fs::remove_all(dir_b);
+}
+
+// A resumed run that was handed its checkpoint holds no copy of it while it trains: its
+// peak memory is the uninterrupted run's. A caller that keeps the checkpoint keeps its
+// weights and moments in memory, and the peak shows them.
+TEST(Checkpoint, AResumedRunHoldsNoCopyOfItsCheckpoint) {
+  struct OneThread {  // equal peaks need one thread: scratch buffers depend on the threads
+    int before = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(before); }
+  } one_thread;
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  std::ostringstream log;
+  const fs::path dir = testing::fresh_temp_dir("peak_on_resume");
+  TrainOptions o = small_options(20, dir);
+  o.checkpoint_every = 10;
+  o.keep_checkpoints = 0;
+  const std::string step_10 = (dir / "step-00000010").string();
+  // One model alive at a time: the peak counts every live tensor of the device's pool.
+  TrainResult full, moved, copied;
+  {
+    Transformer straight(small_config());
+    full = train(straight, train_data, val_data, o, log);
+  }
+  {
+    Transformer handed_over(small_config());
+    moved = train(handed_over, train_data, val_data, o, log, load_checkpoint(step_10));
+  }
+  EXPECT_EQ(moved.step_losses, full.step_losses);
+  EXPECT_EQ(moved.peak_memory_bytes, full.peak_memory_bytes) << log.str();
+
+  int64_t checkpoint_bytes = 0;
+  {
+    const CheckpointContents kept = load_checkpoint(step_10);
+    for (const auto* tensors : {&kept.model, &kept.optimizer}) {
+      for (const auto& [name, t] : *tensors) checkpoint_bytes += t.numel() * int64_t(sizeof(float));
+    }
+    Transformer kept_by_caller(small_config());
+    copied = train(kept_by_caller, train_data, val_data, o, log, kept);
+  }
+  EXPECT_EQ(copied.step_losses, full.step_losses);
+  EXPECT_GE(copied.peak_memory_bytes, full.peak_memory_bytes + checkpoint_bytes);
+  fs::remove_all(dir);
 }
 
 // The corpus, asking to stop (as a signal handler would) on its `stop_at_read`-th read:
@@ -130,7 +174,7 @@ TEST(Checkpoint, AStopRequestEndsTheRunBetweenStepsWithACheckpointThatResumesBit
 
   CheckpointContents checkpoint = load_checkpoint(part.last_checkpoint);
   Transformer resumed(small_config());
-  const TrainResult rest = train(resumed, train_data, val_data, options, log, &checkpoint);
+  const TrainResult rest = train(resumed, train_data, val_data, options, log, checkpoint);
   EXPECT_EQ(rest.stopped_by_signal, 0);
   EXPECT_EQ(rest.step_losses, full.step_losses);
   fs::remove_all(straight_dir);
@@ -191,7 +235,7 @@ TEST(Checkpoint, ACheckpointWithoutHistoryResumesWithTheRecordOfTheStepsAfterIt)
   CheckpointContents old = load_checkpoint((dir / "step-00000004").string());
   old.state.erase("history");
   Transformer resumed(small_config());
-  const TrainResult after_old = train(resumed, train_data, val_data, o, log, &old);
+  const TrainResult after_old = train(resumed, train_data, val_data, o, log, old);
   EXPECT_EQ(after_old.recorded_from_step, 4);
   EXPECT_EQ(after_old.step_losses,
             std::vector<double>(full.step_losses.begin() + 4, full.step_losses.end()));
@@ -200,7 +244,7 @@ TEST(Checkpoint, ACheckpointWithoutHistoryResumesWithTheRecordOfTheStepsAfterIt)
   // Its step-8 checkpoint records steps 5 to 8, and resuming from it gives 5 to 12.
   CheckpointContents later = load_checkpoint((dir / "step-00000008").string());
   Transformer again(small_config());
-  const TrainResult after_later = train(again, train_data, val_data, o, log, &later);
+  const TrainResult after_later = train(again, train_data, val_data, o, log, later);
   EXPECT_EQ(after_later.recorded_from_step, 4);
   EXPECT_EQ(after_later.step_losses, after_old.step_losses);
   fs::remove_all(dir);
@@ -233,7 +277,7 @@ TEST(Checkpoint, HamWithLearnedThresholdResumesBitForBit) {
   bool has_threshold_state = false;
   for (const auto& [name, t] : ck.optimizer) has_threshold_state |= name.find("p_tau") != std::string::npos;
   EXPECT_TRUE(has_threshold_state) << "the checkpoint holds no learned threshold";
-  TrainResult rest = train(*resumed, train_data, val_data, o, log, &ck);
+  TrainResult rest = train(*resumed, train_data, val_data, o, log, ck);
   EXPECT_EQ(rest.step_losses, full.step_losses);
   auto ra = straight->routing(), rb = resumed->routing();
   ASSERT_EQ(ra.size(), rb.size());
@@ -256,7 +300,7 @@ TEST(Checkpoint, SyntheticTaskMixtureResumesBitForBit) {
   TrainResult full = train(straight, train_data, val_data, o, log);
   Transformer resumed(small_config());
   CheckpointContents ck = load_checkpoint((dir / "step-00000008").string());
-  TrainResult rest = train(resumed, train_data, val_data, o, log, &ck);
+  TrainResult rest = train(resumed, train_data, val_data, o, log, ck);
   EXPECT_EQ(rest.step_losses, full.step_losses);
   fs::remove_all(dir);
 }

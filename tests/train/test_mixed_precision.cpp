@@ -153,7 +153,7 @@ TEST(MixedPrecision, ResumeIsBitIdenticalAndCheckpointsHoldF32) {
     CheckpointContents ck = load_checkpoint((dir / "step-00000004").string());
     for (const auto& [tensor, t] : ck.model) EXPECT_EQ(t.dtype(), DType::F32) << tensor;
     auto resumed = make_model(config);
-    TrainResult rest = train(*resumed, train_data, val_data, o, log, &ck);
+    TrainResult rest = train(*resumed, train_data, val_data, o, log, ck);
     EXPECT_EQ(rest.step_losses, full.step_losses) << log.str();
     auto a = straight->named_parameters(), b = resumed->named_parameters();
     for (size_t i = 0; i < a.size(); ++i) {

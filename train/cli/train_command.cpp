@@ -104,10 +104,10 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   std::ostream& out = world->rank() == 0 ? std::cout : discarded;
   ModelConfig config;
   TrainOptions options = args.options;
-  std::unique_ptr<CheckpointContents> resume;
+  std::optional<CheckpointContents> resume;
   if (!args.resume_path.empty()) {
     HAM_CHECK(args.config_path.empty(), "--resume takes the model config from the checkpoint; drop --config");
-    resume = std::make_unique<CheckpointContents>(load_checkpoint(args.resume_path));
+    resume = load_checkpoint(args.resume_path);
     std::string state_file = resume->state.value("checkpoint_dir", args.resume_path) + "/state.json";
     config = ModelConfig::from_json(resume->state.at("config"), state_file);
     options = TrainOptions{};
@@ -130,7 +130,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   if (!args.overrides.empty()) {
     nlohmann::json model_json = config.to_json();
     kernel_settings_applied =
-        apply_overrides(args.overrides, model_json, options, resume != nullptr);
+        apply_overrides(args.overrides, model_json, options, resume.has_value());
     config = ModelConfig::from_json(
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
@@ -157,7 +157,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   struct NoteSinkReset {
     ~NoteSinkReset() { set_kernel_note_sink(nullptr); }
   } note_sink_reset;
-  TrainResult r = train(*model, *data.train, *data.val, options, out, resume.get(), world);
+  TrainResult r = train(*model, *data.train, *data.val, options, out, std::move(resume), world);
   if (r.stopped_by_signal != 0) {
     out << fmt::format("stopped at step {} of {} by {}: ", r.steps, options.steps,
                        stop_signal_name(r.stopped_by_signal));
