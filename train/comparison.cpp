@@ -548,10 +548,12 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
             resume ? fmt::format("resuming from {} at step {} of {}", checkpoint_dir,
                                  resume_step, options.steps)
                    : fmt::format("training {} steps", options.steps);
-        log << fmt::format("{}: {} model, {} parameters, {}, {}x{} tokens a step ({}; "
+        const std::string data_use =
+            data_rows ? "; " + data_use_summary(options, data.train->size()) : "";
+        log << fmt::format("{}: {} model, {} parameters, {}, {}x{} tokens a step ({}{}; "
                            "log: {})\n",
                            prefix, family_name(run.config.family), r.parameters, what,
-                           options.batch_size, options.seq_len, data.description,
+                           options.batch_size, options.seq_len, data.description, data_use,
                            (dir / "train.log").string());
         log.flush();
         // A resumed run's log goes on where the stopped one's ended.

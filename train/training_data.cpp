@@ -1,10 +1,13 @@
 #include "train/training_data.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "train/shards.h"
 #include "train/tokenizer.h"
@@ -60,6 +63,21 @@ TrainingData open_training_data(const TrainOptions& options, const ModelConfig& 
   data.val = std::make_unique<TokenStream>(std::move(val_stream));
   data.description = source;
   return data;
+}
+
+double passes_over_data(const TrainOptions& options, int64_t data_tokens) {
+  HAM_CHECK(data_tokens > 0, "passes_over_data: the data holds no tokens");
+  const double data_share = std::max(0.0, 1.0 - options.mix_mqar - options.mix_niah);
+  return double(options.steps) * double(options.batch_size * options.grad_accum) *
+         double(options.seq_len) * data_share / double(data_tokens);
+}
+
+std::string data_use_summary(const TrainOptions& options, int64_t data_tokens) {
+  if (data_tokens <= 0 || options.mix_mqar + options.mix_niah >= 1) {
+    return fmt::format("{} train tokens, not read (every row synthetic)", data_tokens);
+  }
+  return fmt::format("{} train tokens, each read about {:.2g}x in {} steps", data_tokens,
+                     passes_over_data(options, data_tokens), options.steps);
 }
 
 }  // namespace ham

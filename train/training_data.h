@@ -24,4 +24,14 @@ struct TrainingData {
 // val_data_path and tokenizer from `options`.
 TrainingData open_training_data(const TrainOptions& options, const ModelConfig& config);
 
+// How many times a run is expected to read its training data: the tokens of its data rows
+// (steps x batch x grad_accum x seq_len, times the share of rows not drawn from synthetic
+// tasks; rows are windows at random offsets) over the data's `data_tokens`. Above 1 the
+// model sees text again, and on a small corpus learns it by heart: its validation loss
+// then rises while its training loss falls.
+double passes_over_data(const TrainOptions& options, int64_t data_tokens);
+
+// "N train tokens, each read about Px in S steps", for the logs.
+std::string data_use_summary(const TrainOptions& options, int64_t data_tokens);
+
 }  // namespace ham

@@ -149,9 +149,9 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   out << "config: " << config.to_json().dump() << "\n";
   out << "train: " << options.to_json().dump() << "\n";
   for (const std::string& applied : kernel_settings_applied) out << "kernel: " << applied << "\n";
-  out << fmt::format("data: {} ({} train tokens, {} validation tokens), {} threads\n",
-                           data.description, data.train->size(), data.val->size(),
-                           omp_get_max_threads());
+  out << fmt::format("data: {} ({}; {} validation tokens), {} threads\n", data.description,
+                     data_use_summary(options, data.train->size()), data.val->size(),
+                     omp_get_max_threads());
   // The kernels' run-time choices (kernel.autotune's, one line each) go to the log as made.
   set_kernel_note_sink([&out](const std::string& line) { out << line << "\n"; });
   struct NoteSinkReset {
