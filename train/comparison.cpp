@@ -641,7 +641,8 @@ struct RunMetric {
 
 // The report's numbers of one run, in column order. The task columns follow the run's
 // EvalReport; all runs share the eval options, so all have the same columns.
-std::vector<RunMetric> run_metrics(const CompareRunResult& r, const std::vector<double>& loss_below) {
+std::vector<RunMetric> run_metrics(const CompareRunResult& r,
+                                   const std::vector<double>& loss_below) {
   std::vector<RunMetric> out = {
       {"KV fraction", r.mean_kv_fraction, "{:.3f}"},
       {"train loss (last 20 steps)", final_train_loss(r.train), "{:.4f}"}};

@@ -78,11 +78,15 @@ struct Job {
 // The command line of a job: this command's options with the run's name, training only.
 std::vector<std::string> job_command(const CompareArgs& args, const std::string& run_name,
                                      int threads) {
-  std::vector<std::string> argv = {"ham", "compare",
-                                   args.spec_path, "--out", args.out_dir, "--job", run_name,
-                                   "--train-only", "--threads", std::to_string(threads)};
-  if (!args.sweep_kv.empty()) argv.insert(argv.end(), {"--sweep-kv", fmt::format("{}", fmt::join(args.sweep_kv, ","))});
-  if (!args.seeds.empty()) argv.insert(argv.end(), {"--seeds", fmt::format("{}", fmt::join(args.seeds, ","))});
+  std::vector<std::string> argv = {"ham",        "compare",      args.spec_path, "--out",
+                                   args.out_dir, "--job",        run_name,       "--train-only",
+                                   "--threads",  std::to_string(threads)};
+  if (!args.sweep_kv.empty()) {
+    argv.insert(argv.end(), {"--sweep-kv", fmt::format("{}", fmt::join(args.sweep_kv, ","))});
+  }
+  if (!args.seeds.empty()) {
+    argv.insert(argv.end(), {"--seeds", fmt::format("{}", fmt::join(args.seeds, ","))});
+  }
   if (args.steps > 0) argv.insert(argv.end(), {"--steps", std::to_string(args.steps)});
   if (args.retrain) argv.push_back("--retrain");
   return argv;
@@ -112,8 +116,10 @@ pid_t start_job(const std::vector<std::string>& argv, const fs::path& dir) {
     // This very program, even where a rebuild has replaced its file since it started: a
     // comparison's jobs all run the code it started with.
     ::execv("/proc/self/exe", c_argv.data());
-    constexpr char kExecFailed[] = "ham: error: ham compare --jobs: cannot execute /proc/self/exe\n";
-    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kExecFailed, sizeof kExecFailed - 1);
+    constexpr char kExecFailed[] =
+        "ham: error: ham compare --jobs: cannot execute /proc/self/exe\n";
+    [[maybe_unused]] const ssize_t written =
+        ::write(STDERR_FILENO, kExecFailed, sizeof kExecFailed - 1);
     ::_exit(127);
   }
   const int fork_errno = errno;
@@ -186,7 +192,8 @@ JobsOutcome train_in_jobs(const CompareArgs& args, const std::vector<CompareRun>
         out << fmt::format("{}: stopped by {}\n", prefix(*it), stop_signal_name(code - 128));
       } else {
         std::string error = last_line(job_log);
-        if (error.rfind("ham: error: ", 0) == 0) error.erase(0, std::string("ham: error: ").size());
+        const std::string error_prefix = "ham: error: ";
+        if (error.rfind(error_prefix, 0) == 0) error.erase(0, error_prefix.size());
         const std::string message =
             fmt::format("compare run '{}' failed (exit {}): {} (its output: {})",
                         runs[it->index].name, code, error, job_log.string());
@@ -274,8 +281,10 @@ int run_compare(const CompareArgs& args) {
     };
     if (args.jobs > 1) {
       // Without --threads the cores are shared out among the jobs.
-      const int threads = args.threads > 0 ? args.threads : std::max(1, omp_get_num_procs() / args.jobs);
-      out << fmt::format("compare: {} runs ({}), {} steps each, in up to {} jobs of {} thread{}\n",
+      const int threads =
+          args.threads > 0 ? args.threads : std::max(1, omp_get_num_procs() / args.jobs);
+      out << fmt::format("compare: {} runs ({}), {} steps each, in up to {} jobs of {} "
+                         "thread{}\n",
                          runs.size(), spec.source, spec.train.steps, args.jobs, threads,
                          threads == 1 ? "" : "s");
       const JobsOutcome jobs = train_in_jobs(args, runs, threads, out);
@@ -293,7 +302,9 @@ int run_compare(const CompareArgs& args) {
     // The report's total time is the whole command's: with jobs, their training too.
     result.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (result.stopped_by_signal != 0) return stopped(result.stopped_by_signal, result.runs.size());
+    if (result.stopped_by_signal != 0) {
+      return stopped(result.stopped_by_signal, result.runs.size());
+    }
     if (args.train_only) return trained_only();
     if (world->rank() == 0) {
       const std::string markdown = write_comparison_report(spec, result, args.out_dir);
