@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
 #include <unistd.h>
 
 #include "autograd/gradcheck.h"
@@ -49,6 +50,21 @@ inline Tensor uniform64(const Shape& shape, uint64_t seed, double lo, double hi,
 
 // An empty directory path under the system's temp folder, unique to this process and
 // `name` (removed first if a previous run left it).
+// OpenMP's thread count for a scope, restored after it: results that depend on the
+// threads (peak memory, the order of sums) are compared at a fixed count.
+class ScopedThreadCount {
+ public:
+  explicit ScopedThreadCount(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ScopedThreadCount() { omp_set_num_threads(saved_); }
+  ScopedThreadCount(const ScopedThreadCount&) = delete;
+  ScopedThreadCount& operator=(const ScopedThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
+
 inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() /
                               ("ham_test_" + name + "_" + std::to_string(::getpid()));

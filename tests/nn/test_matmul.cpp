@@ -1,6 +1,5 @@
 #include "nn/matmul.h"
 
-#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -202,18 +201,6 @@ TEST(MatmulCpuKernel, EmptyInnerDimensionOnlyScalesC) {
   for (float v : c.to_vector<float>()) EXPECT_EQ(v, 3.0f);
 }
 
-// Restores OpenMP's thread count (the tests run under OMP_NUM_THREADS=1).
-class ThreadCount {
- public:
-  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~ThreadCount() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 // Each element of C gets the same FMAs however the threads split C (and a batch), so the
 // bits are the same on 1, 2 and 3 threads.
 TEST(MatmulCpuKernel, BitsDoNotDependOnTheThreadCount) {
@@ -229,7 +216,7 @@ TEST(MatmulCpuKernel, BitsDoNotDependOnTheThreadCount) {
     Tensor a = random_matrix<float>(c.a, 7), b = random_matrix<float>(c.b, 8);
     std::vector<std::vector<float>> results;
     for (int threads : {1, 2, 3}) {
-      ThreadCount scope(threads);
+      testing::ScopedThreadCount scope(threads);
       // A NaN-filled C, so a block no thread wrote cannot pass as an earlier result.
       Tensor product = ops::matmul(a, b, c.trans_a, c.trans_b);
       product.copy_(Tensor::full(product.shape(), std::nan("")));

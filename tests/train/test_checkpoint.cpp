@@ -1,7 +1,6 @@
 #include "train/checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 #include <signal.h>
 
 #include <cmath>
@@ -92,11 +91,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
 // peak memory is the uninterrupted run's. A caller that keeps the checkpoint keeps its
 // weights and moments in memory, and the peak shows them.
 TEST(Checkpoint, AResumedRunHoldsNoCopyOfItsCheckpoint) {
-  struct OneThread {  // equal peaks need one thread: scratch buffers depend on the threads
-    int before = omp_get_max_threads();
-    OneThread() { omp_set_num_threads(1); }
-    ~OneThread() { omp_set_num_threads(before); }
-  } one_thread;
+  testing::ScopedThreadCount one_thread(1);  // scratch buffers depend on the threads
   auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
   std::ostringstream log;
   const fs::path dir = testing::fresh_temp_dir("peak_on_resume");

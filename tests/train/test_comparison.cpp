@@ -1,7 +1,6 @@
 #include "train/comparison.h"
 
 #include <gtest/gtest.h>
-#include <omp.h>
 #include <signal.h>
 
 #include <cmath>
@@ -253,11 +252,7 @@ TEST(Comparison, ARunWhoseVocabularyCannotHoldTheTextNamesTheRunAndTheData) {
 TEST(Comparison, RunsShareDataAndWriteTheReport) {
   // Equal peak memory needs one thread: with more, the gated delta rule's per-head scratch
   // buffers are live at the same time as the threads' timing allows.
-  struct OneThread {
-    int before = omp_get_max_threads();
-    OneThread() { omp_set_num_threads(1); }
-    ~OneThread() { omp_set_num_threads(before); }
-  } one_thread;
+  testing::ScopedThreadCount one_thread(1);
   nlohmann::json j = tiny_spec();
   j["runs"] = {{"a", "gdn.json"}, {"b", "gdn.json"}, {"ham", "ham-fixed-tau.json"}};
   CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
