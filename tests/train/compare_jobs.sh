@@ -11,6 +11,12 @@ dir="$(mktemp -d)"
 pid=""
 trap '[ -n "$pid" ] && kill -9 "$pid" 2> /dev/null; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# Waits for the background comparison $pid; its exit status goes to $status.
+wait_for_comparison() {
+  status=0
+  wait "$pid" || status=$?
+  pid=""
+}
 
 # Two small GDNs, so that 2000 steps take a few seconds and the signal lands among them.
 cat > "$dir/spec.json" << 'SPEC'
@@ -38,9 +44,7 @@ for run in narrow wide; do
     fail "$run: no third step within 60 s: $(cat "$dir/stopped.log")"
 done
 kill -TERM "$pid"
-status=0
-wait "$pid" || status=$?
-pid=""
+wait_for_comparison
 [ "$status" -eq 143 ] || fail "exit status $status, expected 143: $(tail -3 "$dir/stopped.log")"
 grep -q "^compare stopped by SIGTERM" "$dir/stopped.log" ||
   fail "no 'compare stopped' line: $(tail -3 "$dir/stopped.log")"
@@ -92,9 +96,7 @@ done
 printf '#!/bin/sh\nexit 3\n' > "$dir/ham_new"
 chmod +x "$dir/ham_new"
 mv -f "$dir/ham_new" "$dir/ham_copy"
-status=0
-wait "$pid" || status=$?
-pid=""
+wait_for_comparison
 [ "$status" -eq 0 ] || fail "with its program replaced: exit status $status: $(tail -3 "$dir/replaced.log")"
 grep -q "^\[3/4\] wide@seed=0: started" "$dir/replaced.log" ||
   fail "the third job did not start: $(cat "$dir/replaced.log")"
