@@ -323,7 +323,7 @@ Command add_compare_command(CLI::App& root) {
   auto args = std::make_shared<CompareArgs>();
   CLI::App* cmd = root.add_subcommand(
       "compare", "Train several model families on the same data, token budget and seed, evaluate them alike, and write one report (markdown, JSON, plots)");
-  cmd->add_option("spec", args->spec_path, "Compare spec JSON: {\"runs\": {name: config path or object}, \"train\": {...}, \"eval\": {...}, \"sweep_kv\": [...]} (e.g. configs/compare/mqar.json)")
+  cmd->add_option("spec", args->spec_path, "Compare spec JSON: {\"runs\": {name: config path or object}, \"train\": {...}, \"eval\": {...}, \"sweep_kv\": [...], \"seeds\": [...], \"loss_below\": [...]} (e.g. configs/compare/mqar.json)")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", args->out_dir, "Output directory: report.md, report.json, plots, runs/<name>/")
