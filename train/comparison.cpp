@@ -700,13 +700,17 @@ Spread spread_of(const std::vector<double>& values) {
   return s;
 }
 
-// Metric `index` of run_metrics over a group's runs.
-Spread group_metric(const RunGroup& group, size_t index, const std::vector<double>& loss_below) {
-  std::vector<double> values;
+// Each run_metrics column over a group's runs, in column order.
+std::vector<Spread> group_metrics(const RunGroup& group, const std::vector<double>& loss_below) {
+  std::vector<std::vector<double>> columns;
   for (const CompareRunResult* r : group.members) {
-    values.push_back(run_metrics(*r, loss_below)[index].value);
+    const std::vector<RunMetric> metrics = run_metrics(*r, loss_below);
+    columns.resize(metrics.size());
+    for (size_t i = 0; i < metrics.size(); ++i) columns[i].push_back(metrics[i].value);
   }
-  return spread_of(values);
+  std::vector<Spread> spreads;
+  for (const std::vector<double>& values : columns) spreads.push_back(spread_of(values));
+  return spreads;
 }
 
 std::string markdown_row(const std::vector<std::string>& cells) {
@@ -749,8 +753,9 @@ std::string markdown_seed_table(const std::vector<RunGroup>& groups,
     const CompareRunResult& first = *g.members.front();
     std::vector<std::string> row = {g.name, first.family, fmt::format("{}", g.members.size()),
                                     fmt::format("{}", first.parameters)};
+    const std::vector<Spread> spreads = group_metrics(g, loss_below);
     for (size_t i = 0; i < columns.size(); ++i) {
-      const Spread s = group_metric(g, i, loss_below);
+      const Spread& s = spreads[i];
       std::string cell = format_metric(s.mean, columns[i].format);
       if (s.count > 1) cell += " ± " + format_metric(s.stddev, columns[i].format);
       if (s.count > 0 && s.count < int64_t(g.members.size())) {
@@ -894,8 +899,9 @@ nlohmann::json group_to_json(const RunGroup& g, const std::vector<double>& loss_
   }
   nlohmann::json metrics = nlohmann::json::object();
   const std::vector<RunMetric> columns = run_metrics(*g.members.front(), loss_below);
+  const std::vector<Spread> spreads = group_metrics(g, loss_below);
   for (size_t i = 0; i < columns.size(); ++i) {
-    const Spread s = group_metric(g, i, loss_below);
+    const Spread& s = spreads[i];
     metrics[columns[i].name] = {{"mean", finite_or_null(s.mean)},
                                 {"std", finite_or_null(s.stddev)},
                                 {"min", finite_or_null(s.min)},
