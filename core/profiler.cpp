@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/tensor.h"
 
 namespace ham::profiler {
@@ -284,20 +285,7 @@ void write_chrome_trace(const Profile& profile, const std::string& path) {
                       {"args", {{"tensors", c.tensors}}}});
   }
   const nlohmann::json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    HAM_CHECK(out, path, ": cannot write the profile trace: ", std::strerror(errno));
-    out << trace.dump() << '\n';
-    out.flush();
-    HAM_CHECK(out, path, ": writing the profile trace failed: ", std::strerror(errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::filesystem::remove(temp);
-    HAM_FAIL(path, ": cannot move the profile trace into place: ", ec.message());
-  }
+  write_file_atomically(path, trace.dump() + "\n");
 }
 
 }  // namespace ham::profiler

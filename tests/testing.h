@@ -48,8 +48,6 @@ inline Tensor uniform64(const Shape& shape, uint64_t seed, double lo, double hi,
   return t;
 }
 
-// An empty directory path under the system's temp folder, unique to this process and
-// `name` (removed first if a previous run left it).
 // OpenMP's thread count for a scope, restored after it: results that depend on the
 // threads (peak memory, the order of sums) are compared at a fixed count.
 class ScopedThreadCount {
@@ -65,6 +63,8 @@ class ScopedThreadCount {
   int saved_;
 };
 
+// An empty directory path under the system's temp folder, unique to this process and
+// `name` (removed first if a previous run left it).
 inline std::filesystem::path fresh_temp_dir(const std::string& name) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() /
                               ("ham_test_" + name + "_" + std::to_string(::getpid()));

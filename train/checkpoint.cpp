@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "core/file_io.h"
 #include "core/safetensors.h"
 
 namespace ham {
@@ -201,10 +202,7 @@ void export_weights(const std::string& dir, const std::vector<std::pair<std::str
   HAM_CHECK(!ec, dir, ": cannot create: ", ec.message());
   save_safetensors((fs::path(dir) / "model.safetensors").string(), params,
                    {{"format", "ham"}});
-  fs::path cfg = fs::path(dir) / "config.json";
-  fs::path tmp = fs::path(dir) / ".config.json.tmp";
-  write_text_file(tmp, config.dump(2));
-  fs::rename(tmp, cfg);
+  write_file_atomically((fs::path(dir) / "config.json").string(), config.dump(2));
 }
 
 }  // namespace ham

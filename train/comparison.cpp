@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/file_io.h"
 #include "distributed/communicator.h"
 #include "train/checkpoint.h"
 #include "train/plot.h"
@@ -37,22 +38,6 @@ nlohmann::json read_json_file(const std::string& path, const char* what) {
   } catch (const nlohmann::json::parse_error& e) {
     HAM_FAIL(path, ": invalid JSON: ", e.what());
   }
-}
-
-// Writes `text` to a hidden temporary file beside `path`, then renames it over `path`: a
-// reader sees the old file or the new one, never a part.
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
-  {
-    std::ofstream out(tmp);
-    HAM_CHECK(out, tmp.string(), ": cannot open for writing");
-    out << text;
-    out.flush();
-    HAM_CHECK(out.good(), tmp.string(), ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  HAM_CHECK(!ec, tmp.string(), ": cannot rename to ", path.string(), ": ", ec.message());
 }
 
 // "ham@kv=0.50" -> "ham_kv0.50": directory names without shell-special characters.
@@ -586,7 +571,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         const nlohmann::json trained = {{"settings", settings},
                                         {"result", train_result_to_json(r.train)},
                                         {"train_seconds", r.train.train_seconds}};
-        write_text_atomically(record_path, trained.dump(2) + "\n");
+        write_file_atomically(record_path.string(), trained.dump(2) + "\n");
       }
       world->barrier();  // the record is in place before any rank looks for the next
       if (compare_options.train_only) {
@@ -981,7 +966,7 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                            {"runs", runs}, {"groups", group_summaries}};
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
-    write_text_atomically(fs::path(out_dir) / name, text);
+    write_file_atomically((fs::path(out_dir) / name).string(), text);
   }
   return md;
 }

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/text_data.h"
 #include "train/tokenizer.h"
 
@@ -248,24 +249,21 @@ std::vector<int64_t> ShardDataset::tokens(int64_t begin, int64_t count) const {
 
 // ---- Tokenizing text into shards ---------------------------------------------------------
 
-namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, path, ": cannot open text file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::vector<std::string> documents_of(const std::string& path, const TokenizeOptions& options) {
-  std::string text = read_file(path);
-  if (options.one_document_per_file) {
+std::vector<std::string> read_documents(const std::string& path, bool one_document_per_file) {
+  std::string text = read_file(path, "the text file");
+  if (one_document_per_file) {
     if (text.empty()) return {};
     return {std::move(text)};
   }
   return split_documents(text);
 }
+
+int64_t held_out_documents(int64_t total_documents, double validation_fraction) {
+  if (validation_fraction <= 0 || total_documents < 2) return 0;
+  return std::max<int64_t>(1, int64_t(double(total_documents) * validation_fraction));
+}
+
+namespace {
 
 // Fills shards of options.shard_tokens tokens, cutting documents where a shard ends (as
 // llm.c's data scripts do), and names them PREFIX_SPLIT_000000.bin, ... Tokens go to disk
@@ -354,12 +352,11 @@ TokenizeSummary tokenize_to_shards(const Tokenizer& tokenizer, const std::vector
 
   // First pass: count documents, so that the last ones can form the validation split.
   int64_t total_documents = 0;
-  for (const auto& path : inputs) total_documents += int64_t(documents_of(path, options).size());
-  HAM_CHECK(total_documents > 0, "tokenize: the input files hold no text");
-  int64_t val_documents = 0;
-  if (options.validation_fraction > 0 && total_documents >= 2) {
-    val_documents = std::max<int64_t>(1, int64_t(double(total_documents) * options.validation_fraction));
+  for (const auto& path : inputs) {
+    total_documents += int64_t(read_documents(path, options.one_document_per_file).size());
   }
+  HAM_CHECK(total_documents > 0, "tokenize: the input files hold no text");
+  const int64_t val_documents = held_out_documents(total_documents, options.validation_fraction);
 
   TokenizeSummary summary;
   summary.token_width = shard_token_width(tokenizer.vocab_size());
@@ -368,7 +365,7 @@ TokenizeSummary tokenize_to_shards(const Tokenizer& tokenizer, const std::vector
   int64_t index = 0;
   std::vector<int64_t> tokens;
   for (const auto& path : inputs) {
-    for (const auto& document : documents_of(path, options)) {
+    for (const auto& document : read_documents(path, options.one_document_per_file)) {
       bool is_val = index++ >= total_documents - val_documents;
       tokens.assign(1, doc_start);
       std::vector<int64_t> ids = tokenizer.encode(document);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/text_data.h"
 
 namespace ham {
@@ -974,13 +975,10 @@ BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 BpeTokenizer::~BpeTokenizer() = default;
 
 BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, path, ": cannot open tokenizer file");
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = read_file(path, "the tokenizer file");
   json document;
   try {
-    document = json::parse(text.str());
+    document = json::parse(text);
   } catch (const json::exception& e) {
     HAM_FAIL(path, ": tokenizer file is not valid JSON: ", printable(e.what()));
   }

@@ -9,22 +9,11 @@
 
 #include <fmt/format.h>
 
+#include "core/file_io.h"
 #include "train/shards.h"
 #include "train/tokenizer.h"
 
 namespace ham {
-
-namespace {
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, path, ": cannot open the text file (--data): ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-}  // namespace
 
 bool is_shard_spec(const std::string& path) {
   return path.find('*') != std::string::npos || path.find('?') != std::string::npos ||
@@ -54,7 +43,7 @@ TrainingData open_training_data(const TrainOptions& options, const ModelConfig& 
             "its last 5% of documents");
   std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
   std::string text = options.data_path.empty() ? std::string(default_corpus())
-                                               : read_text_file(options.data_path);
+                                               : read_file(options.data_path, "the text file (--data)");
   auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
   HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, source, " is byte-level text: the "
             "model config's key 'vocab_size' must be at least ", ByteTokenizer::kVocabSize,

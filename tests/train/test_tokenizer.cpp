@@ -461,7 +461,7 @@ TEST(Tokenizer, MalformedFilesNameTheFileAndTheField) {
                            {path, "not valid JSON"});
   }
   expect_one_line_naming(error_of([] { BpeTokenizer::from_tokenizer_json("/no/such/tokenizer.json"); }),
-                         {"/no/such/tokenizer.json", "cannot open"});
+                         {"/no/such/tokenizer.json", "cannot read the tokenizer file", "No such file"});
 }
 
 }  // namespace

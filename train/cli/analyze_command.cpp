@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/analysis.h"
 #include "train/cli/commands.h"
 #include "train/plot.h"
@@ -47,14 +48,6 @@ struct AnalyzeArgs {
 const std::vector<std::string> kPalette = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                                            "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 std::string palette(size_t i) { return i < kPalette.size() ? kPalette[i] : ""; }
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  HAM_CHECK(in, "--text-file ", path, ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 struct Inputs {
   std::vector<AnalysisInput> sequences;
@@ -104,7 +97,7 @@ Inputs build_inputs(const AnalyzeArgs& args, const Tokenizer& tokenizer) {
     out.sequences.push_back({truncated(tokenizer.encode(args.text)), {}, {}, {}});
     out.description = "the --text sequence";
   } else {
-    std::vector<std::string> documents = split_documents(read_file(args.text_file));
+    std::vector<std::string> documents = split_documents(read_file(args.text_file, "the --text-file"));
     HAM_CHECK(!documents.empty(), "--text-file ", args.text_file, ": holds no text");
     size_t count = args.samples > 0 ? std::min(documents.size(), size_t(args.samples)) : documents.size();
     for (size_t i = 0; i < count; ++i) {

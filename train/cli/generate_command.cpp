@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/file_io.h"
 #include "train/cli/commands.h"
 #include "train/sampling.h"
 #include "train/tokenizer.h"
@@ -74,11 +75,7 @@ RoutingOverride routing_from(const GenerateArgs& args) {
 
 std::string read_prompt(const GenerateArgs& args) {
   if (args.prompt_file.empty()) return args.prompt;
-  std::ifstream in(args.prompt_file, std::ios::binary);
-  HAM_CHECK(in, "--prompt-file ", args.prompt_file, ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_file(args.prompt_file, "the --prompt-file");
 }
 
 std::string bytes_str(int64_t bytes) {
