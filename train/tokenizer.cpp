@@ -6,11 +6,9 @@
 
 #include <array>
 #include <climits>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 

@@ -1,10 +1,6 @@
 #include "train/training_data.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>

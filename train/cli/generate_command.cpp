@@ -3,10 +3,8 @@
 // dial, turned with --tau or --kv-fraction.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
