@@ -33,6 +33,7 @@ Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp
 Command add_tokenize_command(CLI::App& root);    // tokenize_command.cpp
 Command add_detokenize_command(CLI::App& root);  // tokenize_command.cpp
+Command add_train_tokenizer_command(CLI::App& root);  // tokenize_command.cpp
 Command add_op_command(CLI::App& root);          // op_command.cpp
 Command add_generate_command(CLI::App& root);    // generate_command.cpp
 Command add_analyze_command(CLI::App& root);     // analyze_command.cpp

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
       ham::cli::add_info_command(app),
       ham::cli::add_tokenize_command(app),
       ham::cli::add_detokenize_command(app),
+      ham::cli::add_train_tokenizer_command(app),
       ham::cli::add_op_command(app),
       ham::cli::add_generate_command(app),
       ham::cli::add_analyze_command(app),

@@ -1,10 +1,12 @@
-// ham tokenize: text files -> llm.c token shards; ham detokenize: a shard -> text.
+// ham tokenize: text files -> llm.c token shards; ham detokenize: a shard -> text;
+// ham train-tokenizer: text files -> a byte-level BPE tokenizer.json.
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "train/bpe_training.h"
 #include "train/cli/commands.h"
 #include "train/shards.h"
 #include "train/tokenizer.h"
@@ -58,6 +60,34 @@ int run_detokenize(const DetokenizeArgs& args) {
   return 0;
 }
 
+struct TrainTokenizerArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  BpeTrainingOptions options;
+  int threads = 0;
+};
+
+int run_train_tokenizer(const TrainTokenizerArgs& args) {
+  use_threads(args.threads);
+  prepare_output_file(args.out, "--out");
+  BpeTrainingSummary s = train_bpe_tokenizer(args.inputs, args.out, args.options);
+  const LearnedMerges& learned = s.learned;
+  std::cout << fmt::format("documents: {}{}; {} pre-tokens, {} distinct, counted in {:.3f} s\n", s.documents,
+                           s.held_out_documents > 0 ? fmt::format(" ({} held out)", s.held_out_documents) : "",
+                           s.pretokens, s.distinct_words, s.counting_seconds);
+  std::cout << fmt::format("merges: {} in {:.3f} s; {}\n", learned.merges.size(), s.merging_seconds,
+                           learned.vocabulary_full
+                               ? fmt::format("the vocabulary is full ({} ids)", learned.pieces.size())
+                               : fmt::format("stopped at {} ids: no pair occurs {} times", learned.pieces.size(),
+                                             args.options.min_frequency));
+  std::cout << fmt::format("the training documents' {} bytes encode to {} tokens ({:.2f} bytes a token)\n",
+                           learned.symbols_before, learned.symbols_after,
+                           double(learned.symbols_before) / double(std::max<int64_t>(1, learned.symbols_after)));
+  std::cout << fmt::format("wrote {}: <|endoftext|> is id {}, bytes are ids 0-255\n", args.out,
+                           LearnedMerges::kEndOfText);
+  return 0;
+}
+
 }  // namespace
 
 Command add_tokenize_command(CLI::App& root) {
@@ -86,6 +116,34 @@ Command add_detokenize_command(CLI::App& root) {
   cmd->add_option("--max-tokens", args->max_tokens, "Decode at most this many tokens (0: all)")
       ->capture_default_str();
   return {cmd, [args] { return run_detokenize(*args); }};
+}
+
+Command add_train_tokenizer_command(CLI::App& root) {
+  auto args = std::make_shared<TrainTokenizerArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "train-tokenizer",
+      "Learn a byte-level BPE tokenizer (GPT-2 style) from text files and write it as a Hugging Face "
+      "tokenizer.json for ham tokenize, ham train --tokenizer and Hugging Face's tokenizers");
+  cmd->add_option("--in", args->inputs, "Text files; documents end at lines holding only '<|endoftext|>'")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", args->out, "The tokenizer.json to write")->required();
+  cmd->add_option("--vocab-size", args->options.vocab_size,
+                  "Ids in all: the 256 bytes, <|endoftext|> (id 256) and the merges")
+      ->capture_default_str()
+      ->check(whole_number_at_least(257));
+  cmd->add_option("--min-frequency", args->options.min_frequency,
+                  "Stop before the vocabulary is full when no pair occurs this many times")
+      ->capture_default_str()
+      ->check(whole_number_at_least(1));
+  cmd->add_option("--val-fraction", args->options.validation_fraction,
+                  "Leave out the last documents, as ham tokenize --val-fraction holds them out, so the "
+                  "tokenizer never sees the validation text")
+      ->capture_default_str();
+  cmd->add_flag("--one-doc-per-file", args->options.one_document_per_file,
+                "Each file is one document ('<|endoftext|>' lines are ordinary text)");
+  add_threads_option(cmd, &args->threads);
+  return {cmd, [args] { return run_train_tokenizer(*args); }};
 }
 
 }  // namespace ham::cli
