@@ -3,8 +3,9 @@
 
 Both learn a byte-level BPE with the GPT-2 pre-tokenizer, <|endoftext|> as the special token
 and the 256 byte characters as the initial alphabet. The script checks that both learn the
-same merges (as piece pairs; the two number bytes differently) and that the documents encode
-to as many tokens with either tokenizer, then times each, alternating,
+same merges (as piece pairs; the two number bytes differently), and that Hugging Face's
+tokenizer, loading ham's tokenizer.json, encodes the documents to the ids `ham tokenize` writes
+with it, then times each trainer, alternating,
 and prints the time ratio ham / Hugging Face with its min, median and max.
 
   python3 bench/bench_bpe_training_hf.py build/ham VOCAB_SIZE REPEATS FILE...
@@ -14,10 +15,13 @@ ham's time is the one it prints (reading, counting and merging, not the process 
 write); Hugging Face's is train_from_iterator over the documents already in memory. Both use
 all the cores unless RAYON_NUM_THREADS / --threads say otherwise (HAM_THREADS here).
 """
+import array
+import glob
 import json
 import os
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -69,6 +73,20 @@ def ham_train(ham, files, vocab_size, out):
     return counted + merged, log
 
 
+def shard_ids(paths):
+    """The tokens of llm.c shards, in order (uint16 for version 1, uint32 for version 7)."""
+    ids = []
+    for path in paths:
+        with open(path, "rb") as f:
+            magic, version, count = struct.unpack("<3i", f.read(12))
+            f.seek(1024)
+            tokens = array.array("H" if version == 1 else "I")
+            tokens.frombytes(f.read())
+        assert len(tokens) == count, f"{path}: {len(tokens)} tokens, the header says {count}"
+        ids.extend(tokens)
+    return ids
+
+
 def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
@@ -93,6 +111,16 @@ def main():
         ham_tokens = int(re.search(r"encode to (\d+) tokens", ham_log).group(1))
         hf_tokens = sum(len(e.ids) for e in hf.encode_batch(documents))
         print(f"the documents encode to {ham_tokens} tokens with ham's merges, {hf_tokens} with Hugging Face's")
+        subprocess.run([ham, "tokenize", "--tokenizer", ham_out, "--in", *files, "--out",
+                        os.path.join(tmp, "shard")], check=True, capture_output=True)
+        ham_ids = shard_ids(sorted(glob.glob(os.path.join(tmp, "shard_train_*.bin"))))
+        ham_tokenizer = Tokenizer.from_file(ham_out)
+        hf_ids = []
+        for encoding in ham_tokenizer.encode_batch(documents):
+            hf_ids += [256] + encoding.ids  # ham tokenize opens each document with <|endoftext|>
+        same_ids = ham_ids == hf_ids
+        print(f"ham tokenize and Hugging Face's encoder with ham's tokenizer.json: {len(ham_ids)} and "
+              f"{len(hf_ids)} ids, {'identical' if same_ids else 'DIFFERENT'}")
         ratios = []
         for _ in range(repeats):
             h, _ = ham_train(ham, files, vocab_size, ham_out)
@@ -101,7 +129,8 @@ def main():
             print(f"  ham {h:.3f} s, Hugging Face {r:.3f} s, ratio {h / r:.3f}")
         print(f"time ratio ham / Hugging Face: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, "
               f"max {max(ratios):.3f} ({repeats} repetitions, alternating)")
-        sys.exit(0 if same == len(ham_merges) == len(hf_merges) and ham_tokens == hf_tokens else 1)
+        agree = same == len(ham_merges) == len(hf_merges) and ham_tokens == hf_tokens and same_ids
+        sys.exit(0 if agree else 1)
 
 
 if __name__ == "__main__":
