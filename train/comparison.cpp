@@ -600,6 +600,9 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
       summary += fmt::format(" | {} {:.3f}", recall->first, recall->second);
     }
     if (r.eval.perplexity) summary += fmt::format(" | ppl {:.3f}", r.eval.perplexity->perplexity);
+    if (r.eval.perplexity && r.eval.perplexity->bytes > 0) {
+      summary += fmt::format(" | {:.4f} bits per byte", r.eval.perplexity->bits_per_byte);
+    }
     log << fmt::format("{}: {} | KV fraction {:.3f} | peak memory {:.1f} MiB | {:.0f} s\n",
                        prefix, summary, r.mean_kv_fraction,
                        double(r.train.peak_memory_bytes) / 1048576.0, r.train.train_seconds);

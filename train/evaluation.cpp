@@ -148,7 +148,7 @@ void set_routing_threshold(LanguageModel& model, double tau) {
 
 PerplexityResult evaluate_perplexity(const LanguageModel& model, const TokenSource& data,
                                      int64_t batch_size, int64_t seq_len, int64_t max_batches,
-                                     std::string description) {
+                                     std::string description, const Tokenizer* tokenizer) {
   HAM_CHECK(batch_size >= 1 && seq_len >= 1 && max_batches >= 0, "evaluate_perplexity: "
             "batch_size and seq_len must be >= 1 and max_batches >= 0, got ", batch_size, ", ",
             seq_len, " and ", max_batches);
@@ -166,8 +166,17 @@ PerplexityResult evaluate_perplexity(const LanguageModel& model, const TokenSour
   auto run_batch = [&] {
     TokenBatch batch = data.batch_at(starts, seq_len);
     std::vector<int64_t> targets = batch.targets.to_vector<int64_t>();
-    int64_t counted = std::count_if(targets.begin(), targets.end(),
-                                    [](int64_t t) { return t != kSyntheticIgnoreIndex; });
+    int64_t counted = 0;
+    for (int64_t t : targets) {
+      if (t == kSyntheticIgnoreIndex) continue;
+      ++counted;
+      if (!tokenizer) continue;
+      HAM_CHECK(t >= 0 && t < tokenizer->vocab_size(), "evaluate_perplexity: ",
+                result.data.empty() ? std::string("the data") : result.data, " holds token id ", t,
+                ", outside the tokenizer's vocabulary (", tokenizer->name(), ", ", tokenizer->vocab_size(),
+                " ids): give the data's tokenizer (--tokenizer)");
+      result.bytes += tokenizer->text_bytes(t);
+    }
     if (counted > 0) loss_sum += model.loss(batch).item() * double(counted);  // loss is the mean
     kv.add(model, int64_t(starts.size()));
     result.tokens += counted;
@@ -186,6 +195,7 @@ PerplexityResult evaluate_perplexity(const LanguageModel& model, const TokenSour
   HAM_CHECK(result.tokens > 0, "evaluate_perplexity: no target takes part in the loss");
   result.mean_loss = loss_sum / double(result.tokens);
   result.perplexity = std::exp(result.mean_loss);
+  if (result.bytes > 0) result.bits_per_byte = loss_sum / (std::log(2.0) * double(result.bytes));
   result.kv_fraction = kv.mean();
   return result;
 }
@@ -483,6 +493,10 @@ nlohmann::json EvalReport::to_json() const {
     j["perplexity"] = {{"data", p.data}, {"seq_len", p.seq_len}, {"sequences", p.sequences},
                        {"tokens", p.tokens}, {"mean_loss", p.mean_loss},
                        {"perplexity", p.perplexity}, {"kv_fraction", p.kv_fraction}};
+    if (p.bytes > 0) {
+      j["perplexity"]["bytes"] = p.bytes;
+      j["perplexity"]["bits_per_byte"] = p.bits_per_byte;
+    }
   }
   j["mqar"] = nlohmann::json::array();
   for (const MqarResult& m : mqar) {
@@ -514,8 +528,8 @@ std::vector<std::vector<std::string>> EvalReport::rows() const {
   if (perplexity) {
     const PerplexityResult& p = *perplexity;
     rows.push_back({"perplexity", std::to_string(p.seq_len), std::to_string(p.sequences),
-                    fmt::format("loss {:.4f}  ppl {:.3f}  tokens {}", p.mean_loss, p.perplexity,
-                                p.tokens),
+                    fmt::format("loss {:.4f}  ppl {:.3f}  {}tokens {}", p.mean_loss, p.perplexity,
+                                p.bytes > 0 ? fmt::format("bpb {:.4f}  ", p.bits_per_byte) : "", p.tokens),
                     kv_fraction_cell(p.kv_fraction)});
   }
   for (const MqarResult& m : mqar) {
@@ -541,6 +555,9 @@ std::vector<EvalMetric> EvalReport::metrics() const {
   std::vector<EvalMetric> out;
   if (perplexity) {
     out.push_back({fmt::format("perplexity (T={})", perplexity->seq_len), perplexity->perplexity});
+    if (perplexity->bytes > 0) {
+      out.push_back({fmt::format("bits per byte (T={})", perplexity->seq_len), perplexity->bits_per_byte});
+    }
   }
   for (const MqarResult& m : mqar) {
     out.push_back({fmt::format("MQAR T={} acc", m.seq_len), m.accuracy});
@@ -645,8 +662,10 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
     const TokenSource& source = shards ? *data.train : *data.val;
     std::string description =
         shards ? data.description : data.description + " (held-out 5% of documents)";
+    // Text files are read as bytes whatever options.tokenizer says.
+    std::unique_ptr<Tokenizer> data_tokenizer = load_tokenizer(shards ? options.tokenizer : "bytes");
     report.perplexity = evaluate_perplexity(model, source, options.batch_size, options.seq_len,
-                                            options.max_batches, description);
+                                            options.max_batches, description, data_tokenizer.get());
     task_done(report);
   }
   for (int64_t length : options.mqar_lengths) {

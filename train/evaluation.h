@@ -61,6 +61,10 @@ struct PerplexityResult {
   double mean_loss = 0;    // nats per token
   double perplexity = 0;   // exp(mean_loss)
   std::vector<double> kv_fraction;
+  // With a tokenizer: the bytes of text the predicted tokens stand for, and the loss in
+  // bits per byte, sum(-log2 p) / bytes, which compares across tokenizers. 0 without one.
+  int64_t bytes = 0;
+  double bits_per_byte = 0;
 };
 
 struct MqarResult {
@@ -100,10 +104,12 @@ struct ChoiceResult {
 
 // Mean next-token loss over consecutive windows of seq_len + 1 tokens of `data`, batch_size
 // windows per forward, at most max_batches batches (0: all). Every target counts once, so
-// mean_loss is the per-token mean even when the last batch is short.
+// mean_loss is the per-token mean even when the last batch is short. With `tokenizer` (the
+// data's), the targets' text bytes give bits per byte; an id outside its vocabulary is an
+// error naming it.
 PerplexityResult evaluate_perplexity(const LanguageModel& model, const TokenSource& data,
                                      int64_t batch_size, int64_t seq_len, int64_t max_batches,
-                                     std::string description = "");
+                                     std::string description = "", const Tokenizer* tokenizer = nullptr);
 
 // Examples 0 .. samples - 1 of `config`'s dataset (config.seed), batch_size per forward.
 MqarResult evaluate_mqar(const LanguageModel& model, const MqarConfig& config, int64_t samples,

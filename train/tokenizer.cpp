@@ -359,6 +359,11 @@ std::string RawBytesTokenizer::decode(const std::vector<int64_t>& ids) const {
   return ByteTokenizer().decode(ids);
 }
 
+int64_t RawBytesTokenizer::text_bytes(int64_t id) const {
+  HAM_CHECK(id >= 0 && id < kVocabSize, "bytes tokenizer: id ", id, " is neither a byte nor <|endoftext|> (256)");
+  return id < 256 ? 1 : 0;
+}
+
 // ---- BpeTokenizer ------------------------------------------------------------------------
 
 struct BpeTokenizer::Impl {
@@ -370,6 +375,7 @@ struct BpeTokenizer::Impl {
   std::vector<std::string> decoded;  // the bytes each id decodes to
   std::vector<uint8_t> used;
   std::vector<uint8_t> is_added;      // decodes to its content, whatever the style
+  std::vector<int32_t> text_bytes;    // decoded[id].size(), 0 for special tokens
   std::vector<uint8_t> ends_segment;  // an added token the encoder splits text at
   StringMap<int32_t> vocab;  // model.vocab only: what BPE symbols may be
   std::vector<AddedToken> added;
@@ -948,6 +954,14 @@ void finish(Impl& t) {
     t.words_split_at_markers = !spanning_piece && !t.ignore_merges;
   }
 
+  t.text_bytes.assign(t.pieces.size(), 0);
+  for (size_t id = 0; id < t.pieces.size(); ++id) {
+    if (t.used[id]) t.text_bytes[id] = int32_t(t.decoded[id].size());
+  }
+  for (const auto& token : t.added) {
+    if (token.special) t.text_bytes[size_t(token.id)] = 0;
+  }
+
   // EOT and BOS by their conventional names, preferring added (special) tokens.
   auto find_named = [&](std::initializer_list<const char*> names) -> int64_t {
     for (const char* name : names) {
@@ -1023,6 +1037,11 @@ std::vector<int64_t> BpeTokenizer::encode_with_special(std::string_view text) co
 }
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const { return impl_->decode(ids); }
 int64_t BpeTokenizer::vocab_size() const { return int64_t(impl_->pieces.size()); }
+int64_t BpeTokenizer::text_bytes(int64_t id) const {
+  HAM_CHECK(id >= 0 && id < vocab_size(), impl_->source, ": id ", id, " is not in the vocabulary (", vocab_size(),
+            " ids)");
+  return impl_->text_bytes[size_t(id)];
+}
 int64_t BpeTokenizer::eot_id() const { return impl_->eot; }
 int64_t BpeTokenizer::bos_id() const { return impl_->bos; }
 BpeTokenizer::Style BpeTokenizer::style() const { return impl_->style; }

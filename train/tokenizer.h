@@ -30,6 +30,10 @@ class Tokenizer {
   virtual std::vector<int64_t> encode_with_special(std::string_view text) const = 0;
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;  // ids are in [0, vocab_size)
+  // The bytes of text an id stands for: 0 for special tokens (a document's start or end),
+  // which hold no text; a sentencepiece word-start marker counts as its space. Bits per
+  // byte divide a loss by these, so models with different tokenizers compare.
+  virtual int64_t text_bytes(int64_t id) const = 0;
   virtual int64_t eot_id() const = 0;      // end-of-text token, -1 when there is none
   virtual int64_t bos_id() const = 0;      // beginning-of-sequence token, -1 when none
   virtual std::string name() const = 0;    // for messages: "bytes" or the file and style
@@ -47,6 +51,7 @@ class RawBytesTokenizer final : public Tokenizer {
   std::vector<int64_t> encode_with_special(std::string_view text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override { return kVocabSize; }
+  int64_t text_bytes(int64_t id) const override;
   int64_t eot_id() const override { return kEndOfText; }
   int64_t bos_id() const override { return -1; }
   std::string name() const override { return "bytes"; }
@@ -70,6 +75,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int64_t> encode_with_special(std::string_view text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override;
+  int64_t text_bytes(int64_t id) const override;
   int64_t eot_id() const override;
   int64_t bos_id() const override;
   std::string name() const override;

@@ -27,7 +27,7 @@ expect() {  # expect WHAT PATTERN TEXT
 }
 kv='[0-9.]+ \[[0-9.]+ [0-9.]+\]$'  # mean [layer 0, layer 1] of the tiny HAM
 expect "table header" '^task +length +samples +metrics +kv fraction' "$table"
-expect "perplexity row" "^perplexity +32 +2 +loss [0-9.]+ +ppl [0-9.]+ +tokens 64 +$kv" "$table"
+expect "perplexity row" "^perplexity +32 +2 +loss [0-9.]+ +ppl [0-9.]+ +bpb [0-9.]+ +tokens 64 +$kv" "$table"
 expect "mqar row (32)" "^mqar 4 pairs +32 +2 +acc [0-9.]+ +seq_acc [0-9.]+ +$kv" "$table"
 expect "mqar row (64)" "^mqar 4 pairs +64 +2 +acc" "$table"
 expect "niah row" "^niah single_1 +400 +2 +acc [0-9.]+ +$kv" "$table"
@@ -42,6 +42,7 @@ expect "choices progress" "^eval: choices choices.jsonl \(2 samples\): acc" "$ta
 expect "choices row" "^choices .*choices.jsonl +- +2 +acc [0-9.]+ +acc_norm [0-9.]+ +$kv" "$table"
 expect "json family" '"family": "ham"' "$json"
 expect "json perplexity" '"perplexity": [0-9.]+' "$json"
+expect "json bits per byte" '"bits_per_byte": [0-9.]+' "$json"
 expect "json mqar" '"sequence_accuracy": [0-9.]+' "$json"
 expect "json niah" '"task": "single_1"' "$json"
 expect "json choices" '"acc_norm": [0-9.]+' "$json"

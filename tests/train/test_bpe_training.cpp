@@ -118,6 +118,9 @@ TEST(BpeTraining, TheTokenizerEncodesTheTrainingTextAsTrainingLeftIt) {
     tokens += int64_t(ids.size());
     bytes += int64_t(document.size());
     ASSERT_EQ(tokenizer.decode(ids), document);
+    int64_t text_bytes = 0;  // what bits per byte divide by
+    for (int64_t id : ids) text_bytes += tokenizer.text_bytes(id);
+    ASSERT_EQ(text_bytes, int64_t(document.size()));
   }
   EXPECT_EQ(tokens, learned.symbols_after);
   EXPECT_EQ(bytes, learned.symbols_before);
@@ -125,6 +128,7 @@ TEST(BpeTraining, TheTokenizerEncodesTheTrainingTextAsTrainingLeftIt) {
   // Bytes keep their own ids; the marker is one token only where asked for.
   EXPECT_EQ(tokenizer.encode("\x01\xff"), (std::vector<int64_t>{1, 255}));
   EXPECT_EQ(tokenizer.encode_with_special("<|endoftext|>"), (std::vector<int64_t>{256}));
+  EXPECT_EQ(tokenizer.text_bytes(256), 0);
   EXPECT_GT(tokenizer.encode("<|endoftext|>").size(), 1u);
 }
 

@@ -128,6 +128,31 @@ TEST(Evaluation, PerplexityIsExpOfTheMeanTokenLossComputedDirectly) {
   EXPECT_EQ(first.tokens, 16);
 }
 
+// Bits per byte divide the summed loss by the bytes of text the targets stand for: one per
+// byte, none for the document-start token 256.
+TEST(Evaluation, BitsPerByteCountOnlyTheTargetsTextBytes) {
+  auto model = make_model(small_config());
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 33; ++i) tokens.push_back(i % 8 == 0 ? 256 : (i * 37 + 11) % 256);
+  TokenStream data(tokens);
+  RawBytesTokenizer bytes;
+  PerplexityResult without = evaluate_perplexity(*model, data, 2, 8, 0, "numbers");
+  EXPECT_EQ(without.bytes, 0);
+  EXPECT_EQ(without.bits_per_byte, 0);
+  PerplexityResult r = evaluate_perplexity(*model, data, 2, 8, 0, "numbers", &bytes);
+  EXPECT_EQ(r.tokens, 32);
+  EXPECT_EQ(r.bytes, 32 - 4);  // targets 1..32; 8, 16, 24 and 32 are document starts
+  EXPECT_EQ(r.mean_loss, without.mean_loss);
+  EXPECT_NEAR(r.bits_per_byte, r.mean_loss * 32 / (std::log(2.0) * 28), 1e-12);
+
+  ModelConfig wide = small_config();
+  wide.vocab_size = 300;
+  auto wide_model = make_model(wide);
+  TokenStream bpe_ids(std::vector<int64_t>{1, 2, 299, 3, 4, 5, 6, 7, 8, 9});
+  expect_error([&] { evaluate_perplexity(*wide_model, bpe_ids, 1, 8, 0, "ids.bin", &bytes); },
+               {"ids.bin", "token id 299", "bytes", "--tokenizer"});
+}
+
 TEST(Evaluation, PerplexityOnTooLittleDataNamesIt) {
   auto model = make_model(small_config());
   TokenStream data(std::vector<int64_t>{1, 2, 3});
@@ -489,13 +514,13 @@ TEST(Evaluation, MetricsNameEveryHeadlineNumberAndTheKvFractionAveragesTasks) {
   EvalReport report;
   EXPECT_TRUE(report.metrics().empty());
   EXPECT_TRUE(std::isnan(report.mean_kv_fraction()));  // no routing: no fraction
-  report.perplexity = PerplexityResult{"text", 64, 2, 128, 1.5, 4.5, {0.5, 0.25}};
+  report.perplexity = PerplexityResult{"text", 64, 2, 128, 1.5, 4.5, {0.5, 0.25}, 400, 0.7};
   report.mqar.push_back(MqarResult{32, 4, 8, 32, 0.75, 0.5, {1.0, 0.5}});
   report.niah.push_back(NiahResult{"single_1", 400, 2, 0.5, {0.125, 0.125}, {}});
   report.choices.push_back(ChoiceResult{"c.jsonl", 2, 1.0, 0.5, {}});
   const std::vector<EvalMetric> metrics = report.metrics();
   const std::vector<std::pair<std::string, double>> expected = {
-      {"perplexity (T=64)", 4.5}, {"MQAR T=32 acc", 0.75}, {"MQAR T=32 all-correct", 0.5},
+      {"perplexity (T=64)", 4.5}, {"bits per byte (T=64)", 0.7}, {"MQAR T=32 acc", 0.75}, {"MQAR T=32 all-correct", 0.5},
       {"NIAH single_1 T=400", 0.5}, {"c.jsonl acc", 1.0}, {"c.jsonl acc_norm", 0.5}};
   ASSERT_EQ(metrics.size(), expected.size());
   for (size_t i = 0; i < metrics.size(); ++i) {

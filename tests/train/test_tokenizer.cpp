@@ -84,6 +84,9 @@ TEST(Tokenizer, BytesKeepsByteTokenizerIds) {
   EXPECT_EQ(tok.bos_id(), -1);
   EXPECT_EQ(tok.document_start_id(), 256);
   EXPECT_EQ(tok.name(), "bytes");
+  EXPECT_EQ(tok.text_bytes(65), 1);
+  EXPECT_EQ(tok.text_bytes(256), 0);  // the document start holds no text
+  testing::expect_error([&] { tok.text_bytes(257); }, {"bytes tokenizer", "257"});
 }
 
 TEST(Tokenizer, BytesRoundTripsAnyUtf8AndInvalidBytes) {
@@ -319,6 +322,10 @@ TEST_F(TokenizerSentencePiece, DecodeUndoesTheSpaceMarks) {
                                     all_bytes().substr(1), "\xc3\x28 invalid \xff\xfe",
                                     "\xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80"};
   for (const auto& text : texts) EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  // Text bytes count the marker the encoder prepends as its space; <s> and </s> hold none.
+  int64_t bytes = 0;
+  for (int64_t id : tok.encode_with_special("<s>the cat</s>")) bytes += tok.text_bytes(id);
+  EXPECT_EQ(bytes, int64_t(std::string(" the cat").size()));
 }
 
 // `ham generate` prints a continuation as it grows: decoding one more token may only add
