@@ -322,7 +322,9 @@ TEST(Comparison, ARerunReusesFinishedRunsAndTrainsChangedOnes) {
   EXPECT_EQ(again_log.str().find("training 3 steps"), std::string::npos) << again_log.str();
 
   std::ostringstream forced_log;
-  run_comparison(spec, out, forced_log, {.retrain = true});
+  CompareOptions retrain;
+  retrain.retrain = true;
+  run_comparison(spec, out, forced_log, retrain);
   EXPECT_EQ(forced_log.str().find("trained earlier"), std::string::npos) << forced_log.str();
 
   CompareSpec longer = spec;
