@@ -662,8 +662,7 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
     const TokenSource& source = shards ? *data.train : *data.val;
     std::string description =
         shards ? data.description : data.description + " (held-out 5% of documents)";
-    // Text files are read as bytes whatever options.tokenizer says.
-    std::unique_ptr<Tokenizer> data_tokenizer = load_tokenizer(shards ? options.tokenizer : "bytes");
+    std::unique_ptr<Tokenizer> data_tokenizer = load_tokenizer(options.tokenizer);
     report.perplexity = evaluate_perplexity(model, source, options.batch_size, options.seq_len,
                                             options.max_batches, description, data_tokenizer.get());
     task_done(report);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "train/tokenizer.h"
 
 namespace ham {
 
@@ -54,7 +55,8 @@ std::vector<std::string> split_documents(std::string_view text) {
 
 std::pair<TokenStream, TokenStream> TokenStream::from_text(std::string_view text,
                                                            double validation_fraction,
-                                                           const std::string& source) {
+                                                           const std::string& source,
+                                                           const Tokenizer* tokenizer) {
   HAM_CHECK(validation_fraction >= 0 && validation_fraction < 1, source,
             ": validation fraction must be in [0, 1), got ", validation_fraction);
   std::vector<std::string> docs = split_documents(text);
@@ -63,15 +65,17 @@ std::pair<TokenStream, TokenStream> TokenStream::from_text(std::string_view text
                      ? std::max<size_t>(1, size_t(double(docs.size()) * validation_fraction))
                      : 0;
   if (validation_fraction == 0) n_val = 0;
-  ByteTokenizer tok;
+  const int64_t doc_start = tokenizer ? tokenizer->document_start_id() : ByteTokenizer::kEndOfText;
+  HAM_CHECK(doc_start >= 0, source, ": the tokenizer ", tokenizer ? tokenizer->name() : "",
+            " has no end-of-text or beginning-of-sequence token to start documents with");
   std::vector<int64_t> train, val;
   for (size_t i = 0; i < docs.size(); ++i) {
     auto& dst = i < docs.size() - n_val ? train : val;
-    dst.push_back(ByteTokenizer::kEndOfText);
-    auto ids = tok.encode(docs[i]);
+    dst.push_back(doc_start);
+    auto ids = tokenizer ? tokenizer->encode(docs[i]) : ByteTokenizer().encode(docs[i]);
     dst.insert(dst.end(), ids.begin(), ids.end());
   }
-  return {TokenStream(std::move(train)), TokenStream(std::move(val))};
+  return {TokenStream(std::move(train), doc_start), TokenStream(std::move(val), doc_start)};
 }
 
 void TokenStream::read(int64_t begin, int64_t count, int64_t* out) const {

@@ -1,7 +1,7 @@
 #pragma once
-// Text data for training: byte-level tokens (ids 0..255 are bytes, 256 marks a document
-// start), documents split into train/validation, and random windows packed into batches
-// with document ids and restarting positions.
+// Text data for training: documents split into train/validation, encoded as bytes (ids
+// 0..255 are bytes, 256 marks a document start) or by a tokenizer, and random windows
+// packed into batches with document ids and restarting positions.
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +10,8 @@
 #include "models/language_model.h"
 
 namespace ham {
+
+class Tokenizer;  // train/tokenizer.h
 
 std::string_view default_corpus();  // the embedded text (generated at build time)
 
@@ -47,20 +49,24 @@ class TokenSource {
 
 class TokenStream : public TokenSource {
  public:
-  // Each document becomes [EOT, bytes...]; the last `validation_fraction` of documents
-  // (at least one when there are two or more) form the validation stream.
+  // Each document becomes [EOT, bytes...], or with a tokenizer [its document start,
+  // encode(document)...]; the last `validation_fraction` of documents (at least one when
+  // there are two or more) form the validation stream.
   static std::pair<TokenStream, TokenStream> from_text(std::string_view text,
                                                        double validation_fraction,
-                                                       const std::string& source);
-  explicit TokenStream(std::vector<int64_t> tokens) : tokens_(std::move(tokens)) {}
+                                                       const std::string& source,
+                                                       const Tokenizer* tokenizer = nullptr);
+  explicit TokenStream(std::vector<int64_t> tokens, int64_t document_start_id = ByteTokenizer::kEndOfText)
+      : tokens_(std::move(tokens)), document_start_id_(document_start_id) {}
   int64_t size() const override { return int64_t(tokens_.size()); }
   const std::vector<int64_t>& tokens() const { return tokens_; }
 
   void read(int64_t begin, int64_t count, int64_t* out) const override;
-  int64_t document_start_id() const override { return ByteTokenizer::kEndOfText; }
+  int64_t document_start_id() const override { return document_start_id_; }
 
  private:
   std::vector<int64_t> tokens_;
+  int64_t document_start_id_;
 };
 
 }  // namespace ham

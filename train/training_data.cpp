@@ -18,8 +18,8 @@ bool is_shard_spec(const std::string& path) {
 
 TrainingData open_training_data(const TrainOptions& options, const ModelConfig& config) {
   TrainingData data;
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options.tokenizer);
   if (is_shard_spec(options.data_path)) {
-    auto tokenizer = load_tokenizer(options.tokenizer);
     int64_t doc_start = tokenizer->document_start_id();
     HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), "model config: key 'vocab_size' (",
               config.vocab_size, ") is smaller than the tokenizer's vocabulary (",
@@ -30,7 +30,7 @@ TrainingData open_training_data(const TrainOptions& options, const ModelConfig& 
       data.val = std::make_unique<ShardDataset>(std::vector<std::string>{options.val_data_path},
                                                 config.vocab_size, doc_start);
     } else {
-      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{});
+      data.val = std::make_unique<TokenStream>(std::vector<int64_t>{}, doc_start);
     }
     data.description = options.data_path + " (token shards)";
     return data;
@@ -40,13 +40,21 @@ TrainingData open_training_data(const TrainOptions& options, const ModelConfig& 
   std::string source = options.data_path.empty() ? "<embedded corpus>" : options.data_path;
   std::string text = options.data_path.empty() ? std::string(default_corpus())
                                                : read_file(options.data_path, "the text file (--data)");
-  auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source);
-  HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, source, " is byte-level text: the "
-            "model config's key 'vocab_size' must be at least ", ByteTokenizer::kVocabSize,
-            ", got ", config.vocab_size);
+  // Text is encoded with the tokenizer: bytes by default.
+  const bool bytes = options.tokenizer == "bytes";
+  if (bytes) {
+    HAM_CHECK(config.vocab_size >= ByteTokenizer::kVocabSize, source, " is byte-level text: the "
+              "model config's key 'vocab_size' must be at least ", ByteTokenizer::kVocabSize,
+              ", got ", config.vocab_size);
+  } else {
+    HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), source, ": model config: key 'vocab_size' (",
+              config.vocab_size, ") is smaller than the tokenizer's vocabulary (", tokenizer->vocab_size(),
+              ", ", options.tokenizer, ")");
+  }
+  auto [train_stream, val_stream] = TokenStream::from_text(text, 0.05, source, tokenizer.get());
   data.train = std::make_unique<TokenStream>(std::move(train_stream));
   data.val = std::make_unique<TokenStream>(std::move(val_stream));
-  data.description = source;
+  data.description = bytes ? source : source + " (" + tokenizer->name() + ")";
   return data;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ham train-tokenizer` learns a BPE tokenizer that `ham tokenize` and `ham train` use: the
-# training split encodes to the tokens it reports (plus one document-start token each), a
-# model trains on them, and bad options fail at once with a one-line error naming them.
+# training split encodes to the tokens it reports (plus one document-start token each), in
+# shards or read from the text by `ham train --tokenizer`, a model trains on them, and bad
+# options fail at once with a one-line error naming them.
 set -euo pipefail
 ham="$1"
 corpus="$2"
@@ -28,6 +29,12 @@ log="$("$ham" train --data "$dir/shards/c_train_*.bin" --val-data "$dir/shards/c
         --tokenizer "$dir/tok/tokenizer.json" --set model.vocab_size=512 \
         --steps 20 --seq-len 32 --batch-size 4 --warmup 5 --log-every 10 --threads 1)"
 grep '^done:' <<< "$log" || fail "training on the learned tokens did not finish: $log"
+
+# The text itself, encoded by the tokenizer as it is read: the same training split.
+log="$("$ham" train --data "$corpus" --tokenizer "$dir/tok/tokenizer.json" --set model.vocab_size=512 \
+        --steps 2 --seq-len 32 --batch-size 4 --warmup 1 --log-every 1 --threads 1)"
+grep -q -F "(byte-level BPE, 512 tokens)) ($((tokens + documents)) train tokens" <<< "$log" ||
+  fail "text read through the tokenizer is not the $((tokens + documents))-token training split: $log"
 
 expect_error() {  # expect_error "what the message names" ham args...
   local want="$1"; shift

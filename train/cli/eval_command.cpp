@@ -192,7 +192,7 @@ Command add_eval_command(CLI::App& root) {
   cmd->add_option("--data", o.data_path, "Perplexity data as for `ham train --data`: text is measured on its held-out last 5% of documents, token shards (.bin or glob) whole (default: the embedded corpus)")
       ->capture_default_str();
   cmd->add_flag("--no-perplexity", args->no_perplexity, "Skip the perplexity measurement");
-  cmd->add_option("--tokenizer", o.tokenizer, "bytes or a tokenizer.json: the shards' document-start id, and the encoder for NIAH prompts and multiple-choice text")
+  cmd->add_option("--tokenizer", o.tokenizer, "bytes or a tokenizer.json: the data's tokenizer (text is encoded with it, shards were; it gives the document-start id and the bytes for bits per byte), and the encoder for NIAH prompts and multiple-choice text")
       ->capture_default_str();
   cmd->add_option("--seq-len", o.seq_len, "Tokens per perplexity window")->capture_default_str();
   cmd->add_option("--batch-size", o.batch_size, "Sequences per forward pass (perplexity, MQAR)")

@@ -215,7 +215,7 @@ Command add_train_command(CLI::App& root) {
   };
   add("--data", &TrainOptions::data_path, "Training text (documents separated by lines '<|endoftext|>'), or llm.c token shards: a .bin file or a glob (default: the embedded corpus)");
   add("--val-data", &TrainOptions::val_data_path, "Validation token shards (.bin file or glob)");
-  add("--tokenizer", &TrainOptions::tokenizer, "Tokenizer of the shards: bytes or a tokenizer.json (gives the document-start token)");
+  add("--tokenizer", &TrainOptions::tokenizer, "Tokenizer of the data: bytes, or a tokenizer.json that text files are encoded with (and shards were); it gives the document-start token");
   add("--steps", &TrainOptions::steps, "Optimizer steps (total, counting those before a resume)");
   add("--batch-size", &TrainOptions::batch_size, "Sequences per micro-batch");
   add("--seq-len", &TrainOptions::seq_len, "Tokens per sequence");
