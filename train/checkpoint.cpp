@@ -112,6 +112,7 @@ std::string save_checkpoint(const std::string& out_dir, int64_t step,
   try {
     save_safetensors((tmp_dir / "model.safetensors").string(), contents.model);
     save_safetensors((tmp_dir / "optimizer.safetensors").string(), contents.optimizer);
+    if (!contents.tokenizer_json.empty()) write_text_file(tmp_dir / kTokenizerFile, contents.tokenizer_json);
     if (write_more) write_more(tmp_dir.string());
     // state.json last: its presence marks the checkpoint complete.
     write_text_file(tmp_dir / kStateFile, contents.state.dump(2));
@@ -192,17 +193,29 @@ CheckpointContents load_checkpoint(const std::string& path) {
     if (!earlier) throw;
     HAM_FAIL(e.what(), " (the checkpoint before it: ", earlier->string(), ")");
   }
+  if (fs::exists(dir / kTokenizerFile)) c.tokenizer_json = read_file((dir / kTokenizerFile).string(), "the run's tokenizer");
   return c;
 }
 
+std::string tokenizer_file_text(const std::string& tokenizer) {
+  return tokenizer == "bytes" ? std::string() : read_file(tokenizer, "the tokenizer file");
+}
+
 void export_weights(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& params,
-                    const nlohmann::json& config) {
+                    const nlohmann::json& config, const std::string& tokenizer_json) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   HAM_CHECK(!ec, dir, ": cannot create: ", ec.message());
   save_safetensors((fs::path(dir) / "model.safetensors").string(), params,
                    {{"format", "ham"}});
   write_file_atomically((fs::path(dir) / "config.json").string(), config.dump(2));
+  const fs::path tokenizer = fs::path(dir) / kTokenizerFile;
+  if (!tokenizer_json.empty()) {
+    write_file_atomically(tokenizer.string(), tokenizer_json);
+  } else {
+    fs::remove(tokenizer, ec);  // a bytes model: no tokenizer of an earlier export stays
+    HAM_CHECK(!ec, tokenizer.string(), ": cannot remove: ", ec.message());
+  }
 }
 
 }  // namespace ham

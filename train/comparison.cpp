@@ -151,6 +151,20 @@ CompareSpec CompareSpec::from_json(const nlohmann::json& j, const std::string& s
   }
   if (j.contains("train")) spec.train.update_from_json(j.at("train"), source + ": train");
   if (j.contains("eval")) spec.eval.update_from_json(j.at("eval"), source + ": eval");
+  // The evaluation reads what the runs trained on unless the eval block names its own: the
+  // training tokenizer, and the training text's held-out documents or validation shards.
+  const nlohmann::json& eval_block = j.contains("eval") ? j.at("eval") : nlohmann::json::object();
+  if (!eval_block.contains("tokenizer")) spec.eval.tokenizer = spec.train.tokenizer;
+  if (!eval_block.contains("data_path")) {
+    if (!spec.train.val_data_path.empty()) {
+      spec.eval.data_path = spec.train.val_data_path;
+    } else {
+      HAM_CHECK(!spec.eval.perplexity || !is_shard_spec(spec.train.data_path), source,
+                ": train.data_path holds token shards and no held-out ones are named: set "
+                "train.val_data_path or eval.data_path for the perplexity (or eval.perplexity false)");
+      spec.eval.data_path = spec.train.data_path;
+    }
+  }
   spec.eval.validate();
   if (j.contains("sweep_kv")) {
     const nlohmann::json& sweep = j.at("sweep_kv");
@@ -567,7 +581,7 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
         }
       }
       if (lead) {
-        export_trained_model(r.weights_dir, *model);
+        export_trained_model(r.weights_dir, *model, tokenizer_file_text(spec.train.tokenizer));
         const nlohmann::json trained = {{"settings", settings},
                                         {"result", train_result_to_json(r.train)},
                                         {"train_seconds", r.train.train_seconds}};

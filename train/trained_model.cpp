@@ -43,6 +43,7 @@ TrainedModel load_trained_model(const std::string& path) {
     out.model->load_parameters(params);
     out.model->load_training_state(with_prefix_removed(all, kTrainingPrefix));
     out.source = path;
+    if (fs::exists(fs::path(path) / kTokenizerFile)) out.tokenizer = (fs::path(path) / kTokenizerFile).string();
     return out;
   }
   CheckpointContents c = load_checkpoint(path);
@@ -54,13 +55,14 @@ TrainedModel load_trained_model(const std::string& path) {
   out.model->load_training_state(with_prefix_removed(c.optimizer, kTrainingPrefix));
   out.source = c.state.value("checkpoint_dir", path);
   out.step = c.state.value("step", int64_t(-1));
+  if (!c.tokenizer_json.empty()) out.tokenizer = (fs::path(out.source) / kTokenizerFile).string();
   return out;
 }
 
-void export_trained_model(const std::string& dir, const LanguageModel& model) {
+void export_trained_model(const std::string& dir, const LanguageModel& model, const std::string& tokenizer_json) {
   std::vector<std::pair<std::string, Tensor>> entries = model.named_parameters();
   for (auto& [name, t] : model.training_state()) entries.emplace_back(kTrainingPrefix + name, t);
-  export_weights(dir, entries, model.config().to_json());
+  export_weights(dir, entries, model.config().to_json(), tokenizer_json);
 }
 
 }  // namespace ham

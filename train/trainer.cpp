@@ -538,6 +538,8 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   };
   int64_t checkpointed_step = start_step;  // a resumed run's start is a checkpoint already
+  // Read once: every checkpoint keeps the tokenizer the data was encoded with at the start.
+  const std::string tokenizer_json = opt.out_dir.empty() ? std::string() : tokenizer_file_text(opt.tokenizer);
   auto write_checkpoint = [&](int64_t step) {
     checkpointed_step = step;
     CheckpointContents c;
@@ -555,6 +557,7 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
                {"train_loss", result.final_loss}};
     result.train_seconds = train_seconds_so_far();
     c.state["history"] = history_to_json(result);
+    c.tokenizer_json = tokenizer_json;
     if (!sharded_run) {
       result.last_checkpoint = save_checkpoint(opt.out_dir, step, c, opt.keep_checkpoints);
     } else {

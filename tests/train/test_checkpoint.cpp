@@ -13,7 +13,9 @@
 #include "models/transformer.h"
 #include "tests/error_testing.h"
 #include "tests/testing.h"
+#include "core/file_io.h"
 #include "train/stop_signals.h"
+#include "train/trained_model.h"
 #include "train/trainer.h"
 
 namespace ham {
@@ -366,6 +368,48 @@ TEST(Checkpoint, ADamagedFileIsNamedWithTheCheckpointBeforeIt) {
   CheckpointContents earlier = load_checkpoint((dir / "step-00000001").string());
   EXPECT_EQ(earlier.state.at("step"), 1);
   EXPECT_EQ(earlier.optimizer.at(0).second.to_vector<float>(), std::vector<float>(64, 0.5f));
+  fs::remove_all(dir);
+}
+
+// A run on a tokenizer keeps a copy of its tokenizer.json in every checkpoint and export,
+// and load_trained_model points eval, generate and analyze at it; a
+// bytes run keeps none, and its export removes an older export's.
+TEST(Checkpoint, CheckpointsAndExportsKeepTheRunsTokenizer) {
+  auto [train_data, val_data] = TokenStream::from_text(default_corpus(), 0.0, "embedded");
+  fs::path dir = testing::fresh_temp_dir("tokenizer_kept");
+  fs::create_directories(dir);
+  const std::string tokenizer_path = std::string(HAM_SOURCE_DIR) + "/tests/data/tokenizers/byte_level_bpe.json";
+  const std::string tokenizer_text = read_file(tokenizer_path, "the fixture");
+  fs::copy_file(tokenizer_path, dir / "run_tokenizer.json");
+  TrainOptions o = small_options(4, dir / "run");
+  o.tokenizer = (dir / "run_tokenizer.json").string();  // the token ids below are bytes: any vocabulary holds them
+  o.checkpoint_every = 2;
+  ModelConfig config = small_config();
+  Transformer model(config);
+  std::ostringstream log;
+  TrainResult r = train(model, train_data, val_data, o, log);
+  write_file_atomically(o.tokenizer, "changed after the run");  // the checkpoints keep their copies
+  ASSERT_EQ(list_checkpoints(o.out_dir).size(), 2u);
+  for (const std::string& checkpoint : list_checkpoints(o.out_dir)) {
+    EXPECT_EQ(read_file(checkpoint + "/tokenizer.json", "the kept tokenizer"), tokenizer_text) << checkpoint;
+    EXPECT_EQ(load_checkpoint(checkpoint).tokenizer_json, tokenizer_text);
+    TrainedModel trained = load_trained_model(checkpoint);
+    EXPECT_EQ(trained.tokenizer, checkpoint + "/tokenizer.json");
+  }
+  EXPECT_EQ(load_trained_model(o.out_dir).tokenizer, r.last_checkpoint + "/tokenizer.json");
+
+  const std::string exported = (dir / "export").string();
+  export_trained_model(exported, model, tokenizer_text);
+  EXPECT_EQ(load_trained_model(exported).tokenizer, exported + "/tokenizer.json");
+  export_trained_model(exported, model);  // now a bytes model
+  EXPECT_FALSE(fs::exists(exported + "/tokenizer.json"));
+  EXPECT_EQ(load_trained_model(exported).tokenizer, "bytes");
+
+  TrainOptions bytes = small_options(2, dir / "bytes");
+  Transformer bytes_model(config);
+  train(bytes_model, train_data, val_data, bytes, log);
+  EXPECT_FALSE(fs::exists(fs::path(latest_checkpoint(bytes.out_dir).value()) / "tokenizer.json"));
+  EXPECT_EQ(load_trained_model(bytes.out_dir).tokenizer, "bytes");
   fs::remove_all(dir);
 }
 

@@ -231,6 +231,32 @@ TEST(Comparison, InfeasibleEvaluationFailsBeforeTraining) {
   fs::remove_all(out);
 }
 
+// Unless its eval block says otherwise, a spec's evaluation reads what its runs trained
+// on: the training tokenizer, and the training text (its held-out documents) or the
+// validation shards. Training shards alone name no held-out data for the perplexity.
+TEST(Comparison, TheEvaluationReadsTheTrainingDataAndTokenizerUnlessToldOtherwise) {
+  nlohmann::json j = tiny_spec();
+  j["train"]["data_path"] = "notes.txt";
+  j["train"]["tokenizer"] = "tok.json";
+  j["eval"].erase("data_path");
+  j["eval"].erase("tokenizer");
+  CompareSpec spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  EXPECT_EQ(spec.eval.data_path, "notes.txt");
+  EXPECT_EQ(spec.eval.tokenizer, "tok.json");
+  j["eval"]["data_path"] = "other.txt";
+  j["eval"]["tokenizer"] = "bytes";
+  spec = CompareSpec::from_json(j, "spec.json", kTiny);
+  EXPECT_EQ(spec.eval.data_path, "other.txt");
+  EXPECT_EQ(spec.eval.tokenizer, "bytes");
+  j["eval"].erase("data_path");
+  j["train"]["data_path"] = "x_train_*.bin";
+  j["eval"]["perplexity"] = true;
+  expect_error([&] { CompareSpec::from_json(j, "spec.json", kTiny); },
+               {"spec.json", "train.data_path", "train.val_data_path", "eval.data_path"});
+  j["train"]["val_data_path"] = "x_val_000000.bin";
+  EXPECT_EQ(CompareSpec::from_json(j, "spec.json", kTiny).eval.data_path, "x_val_000000.bin");
+}
+
 TEST(Comparison, ARunWhoseVocabularyCannotHoldTheTextNamesTheRunAndTheData) {
   nlohmann::json small = nlohmann::json::parse(std::ifstream(kTiny + "gdn.json"));
   small["vocab_size"] = 128;

@@ -26,9 +26,15 @@ grep -q "^train: $documents documents, $((tokens + documents)) tokens" <<< "$sha
   fail "the training split does not encode to the $tokens tokens train-tokenizer reported (+ $documents starts)"
 
 log="$("$ham" train --data "$dir/shards/c_train_*.bin" --val-data "$dir/shards/c_val_000000.bin" \
-        --tokenizer "$dir/tok/tokenizer.json" --set model.vocab_size=512 \
-        --steps 20 --seq-len 32 --batch-size 4 --warmup 5 --log-every 10 --threads 1)"
+        --tokenizer "$dir/tok/tokenizer.json" --set model.vocab_size=512 --out "$dir/run" \
+        --export "$dir/export" --steps 20 --seq-len 32 --batch-size 4 --warmup 5 --log-every 10 --threads 1)"
 grep '^done:' <<< "$log" || fail "training on the learned tokens did not finish: $log"
+# The checkpoint and the export keep the tokenizer, and generate reads text with it unasked.
+cmp -s "$dir/tok/tokenizer.json" "$dir/run/step-00000020/tokenizer.json" || fail "the checkpoint has no tokenizer copy"
+cmp -s "$dir/tok/tokenizer.json" "$dir/export/tokenizer.json" || fail "the export has no tokenizer copy"
+out="$("$ham" generate "$dir/export" --prompt "The " --max-new-tokens 4 --threads 1)"
+grep -q "tokenizer $dir/export/tokenizer.json (byte-level BPE, 512 tokens)" <<< "$out" ||
+  fail "generate did not read the exported tokenizer: $out"
 
 # The text itself, encoded by the tokenizer as it is read: the same training split.
 log="$("$ham" train --data "$corpus" --tokenizer "$dir/tok/tokenizer.json" --set model.vocab_size=512 \

@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 struct AnalyzeArgs {
   std::string model_dir, out_dir;
   std::string text, text_file, niah;
-  std::string tokenizer = "bytes";
+  std::string tokenizer;  // "": the model's own
   int64_t length = 0;   // NIAH: prompt tokens (default 1024); text: truncate to this many
   int64_t samples = 0;  // NIAH: prompts (default 8); text file: first documents (0: all)
   double depth = -1;    // NIAH needle depth in [0, 1]; negative: random per prompt
@@ -470,8 +470,8 @@ int run_analyze(const AnalyzeArgs& args) {
             "analyze: gnuplot is not installed (not found on PATH); run scripts/install_deps.sh");
   prepare_output_directory(args.out_dir, "--out");
 
-  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer);
   TrainedModel trained = load_trained_model(args.model_dir);
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer.empty() ? trained.tokenizer : args.tokenizer);
   const LanguageModel& model = *trained.model;
   HAM_CHECK(model.config().vocab_size >= tokenizer->vocab_size(), "analyze: the model's vocab_size (",
             model.config().vocab_size, ") is smaller than the tokenizer's vocabulary (",
@@ -653,7 +653,7 @@ Command add_analyze_command(CLI::App& root) {
   cmd->add_option("--samples", args->samples, "NIAH: number of prompts (default 8); text file: first documents (default all)");
   cmd->add_option("--depth", args->depth, "NIAH: needle depth in [0, 1] (default: random per prompt)");
   cmd->add_option("--seed", args->seed, "NIAH: seed of the first prompt (prompt i uses seed + i)")->capture_default_str();
-  cmd->add_option("--tokenizer", args->tokenizer, "'bytes' or a tokenizer.json")->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer, "'bytes' or a tokenizer.json (default: the tokenizer.json saved with the model, else bytes)");
   cmd->add_option("--detail", args->detail, "Sequences that get per-token CSVs and their own plots")->capture_default_str();
   cmd->add_option("--reset-threshold", args->reset_threshold, "alpha_t below this counts as a state reset")
       ->capture_default_str();

@@ -34,12 +34,13 @@ struct EvalArgs {
   bool every_checkpoint = false;  // each step-NNNNNNNN/ of a run directory, oldest first
   std::string plot_path;          // with every_checkpoint: the metrics against the step
   int threads = 0;
+  std::string tokenizer;  // "": the one saved with each model, else bytes
 };
 
 // Evaluates the model at `path` (checkpoint, run directory or export).
-EvalReport evaluate_one(const EvalArgs& args, const EvalOptions& options,
-                        const std::string& path) {
+EvalReport evaluate_one(const EvalArgs& args, EvalOptions options, const std::string& path) {
   TrainedModel trained = load_trained_model(path);
+  options.tokenizer = args.tokenizer.empty() ? trained.tokenizer : args.tokenizer;
   if (args.tau) set_routing_threshold(*trained.model, *args.tau);
   const LanguageModel& model = *trained.model;
   Completer complete;
@@ -192,8 +193,7 @@ Command add_eval_command(CLI::App& root) {
   cmd->add_option("--data", o.data_path, "Perplexity data as for `ham train --data`: text is measured on its held-out last 5% of documents, token shards (.bin or glob) whole (default: the embedded corpus)")
       ->capture_default_str();
   cmd->add_flag("--no-perplexity", args->no_perplexity, "Skip the perplexity measurement");
-  cmd->add_option("--tokenizer", o.tokenizer, "bytes or a tokenizer.json: the data's tokenizer (text is encoded with it, shards were; it gives the document-start id and the bytes for bits per byte), and the encoder for NIAH prompts and multiple-choice text")
-      ->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer, "bytes or a tokenizer.json: the data's tokenizer (text is encoded with it, shards were; it gives the document-start id and the bytes for bits per byte), and the encoder for NIAH prompts and multiple-choice text (default: the tokenizer.json saved with the model, else bytes)");
   cmd->add_option("--seq-len", o.seq_len, "Tokens per perplexity window")->capture_default_str();
   cmd->add_option("--batch-size", o.batch_size, "Sequences per forward pass (perplexity, MQAR)")
       ->capture_default_str();

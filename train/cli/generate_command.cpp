@@ -22,7 +22,7 @@ namespace ham::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir, prompt, prompt_file, tokenizer = "bytes";
+  std::string model_dir, prompt, prompt_file, tokenizer;  // "": the model's own
   GenerateOptions options;
   std::vector<std::string> taus;  // "TAU" (every layer) or "LAYER:TAU"
   std::optional<double> kv_fraction;
@@ -113,7 +113,7 @@ int run_generate(GenerateArgs args) {
   if (args.precision == "bf16") trained.model->to(DType::BF16);  // f32 where the model keeps it
   const LanguageModel& model = *trained.model;
   const ModelConfig& c = model.config();
-  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer);
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(args.tokenizer.empty() ? trained.tokenizer : args.tokenizer);
   HAM_CHECK(tokenizer->vocab_size() <= c.vocab_size, "--tokenizer ", tokenizer->name(), ": ",
             tokenizer->vocab_size(), " token ids, but the model's vocabulary has ", c.vocab_size);
   args.options.routing = routing_from(args);
@@ -189,8 +189,7 @@ Command add_generate_command(CLI::App& root) {
   cmd->add_option("--kv-fraction", args->kv_fraction,
                   "HAM: per layer, set tau on the prompt so that this fraction of its tokens enters the KV cache");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "'bytes' or a Hugging Face tokenizer.json (must match the model's training data)")
-      ->capture_default_str();
+                  "'bytes' or a Hugging Face tokenizer.json (must match the model's training data) (default: the tokenizer.json saved with the model, else bytes)");
   cmd->add_flag("--ignore-eot", args->ignore_eot, "Keep generating past the end-of-text token");
   add_threads_option(cmd, &args->threads);
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N: where the model decodes")

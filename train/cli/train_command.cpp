@@ -181,8 +181,10 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   }
   out << fmt::format(", peak memory {:.1f} MiB\n", double(r.peak_memory_bytes) / 1048576.0);
   if (!args.export_dir.empty() && world->rank() == 0) {
-    export_trained_model(args.export_dir, *model);
-    out << "weights exported to " << args.export_dir << " (model.safetensors, config.json)\n";
+    const std::string tokenizer_json = tokenizer_file_text(options.tokenizer);
+    export_trained_model(args.export_dir, *model, tokenizer_json);
+    out << "weights exported to " << args.export_dir << " (model.safetensors, config.json"
+        << (tokenizer_json.empty() ? "" : ", tokenizer.json") << ")\n";
   }
   return 0;
 }
