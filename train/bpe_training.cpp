@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <numeric>
 #include <queue>
 #include <string_view>
 #include <unordered_map>
@@ -71,6 +70,8 @@ class MergeLearner {
       id_of_piece_.emplace(learned_.pieces.back(), b);
     }
     learned_.pieces.emplace_back(kEndOfTextText);  // id 256; never a merge's piece
+    HAM_CHECK(counted.size() < size_t(INT32_MAX), "learn_bpe_merges: ", counted.size(),
+              " distinct words; at most 2^31 - 1 are supported");
     words_.reserve(counted.size());
     for (auto& wc : counted) {
       if (wc.word.empty() || wc.count <= 0) continue;

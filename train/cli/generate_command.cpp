@@ -189,7 +189,7 @@ Command add_generate_command(CLI::App& root) {
   cmd->add_option("--kv-fraction", args->kv_fraction,
                   "HAM: per layer, set tau on the prompt so that this fraction of its tokens enters the KV cache");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "'bytes' or a Hugging Face tokenizer.json (must match the model's training data) (default: the tokenizer.json saved with the model, else bytes)");
+                  "'bytes' or a Hugging Face tokenizer.json, which must match the model's training data (default: the tokenizer.json saved with the model, else bytes)");
   cmd->add_flag("--ignore-eot", args->ignore_eot, "Keep generating past the end-of-text token");
   add_threads_option(cmd, &args->threads);
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N: where the model decodes")
