@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "train/shards.h"
+#include "train/text_data.h"
 #include "train/tokenizer.h"
 
 namespace ham {

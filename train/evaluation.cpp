@@ -643,9 +643,11 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
   report.parameters = model.num_parameters();
   report.options = options.to_json();
   for (const LayerRouting& layer : model.routing()) report.tau.push_back(layer.tau);
+  // The data's tokenizer: bits per byte, NIAH prompts and multiple-choice text.
+  const bool reads_text = !options.niah_tasks.empty() || !options.choice_files.empty();
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!options.niah_tasks.empty() || !options.choice_files.empty()) {
-    tokenizer = load_tokenizer(options.tokenizer);
+  if (reads_text || options.perplexity) tokenizer = load_tokenizer(options.tokenizer);
+  if (reads_text) {
     HAM_CHECK(config.vocab_size >= tokenizer->vocab_size(), "model config: key 'vocab_size' (",
               config.vocab_size, ") is smaller than the tokenizer's vocabulary (",
               tokenizer->vocab_size(), ", ", options.tokenizer, ")");
@@ -662,9 +664,8 @@ EvalReport evaluate_model(const LanguageModel& model, const EvalOptions& options
     const TokenSource& source = shards ? *data.train : *data.val;
     std::string description =
         shards ? data.description : data.description + " (held-out 5% of documents)";
-    std::unique_ptr<Tokenizer> data_tokenizer = load_tokenizer(options.tokenizer);
     report.perplexity = evaluate_perplexity(model, source, options.batch_size, options.seq_len,
-                                            options.max_batches, description, data_tokenizer.get());
+                                            options.max_batches, description, tokenizer.get());
     task_done(report);
   }
   for (int64_t length : options.mqar_lengths) {

@@ -16,7 +16,6 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/file_io.h"
 #include "train/text_data.h"
 #include "train/tokenizer.h"
 
@@ -247,20 +246,6 @@ std::vector<int64_t> ShardDataset::tokens(int64_t begin, int64_t count) const {
 
 
 // ---- Tokenizing text into shards ---------------------------------------------------------
-
-std::vector<std::string> read_documents(const std::string& path, bool one_document_per_file) {
-  std::string text = read_file(path, "the text file");
-  if (one_document_per_file) {
-    if (text.empty()) return {};
-    return {std::move(text)};
-  }
-  return split_documents(text);
-}
-
-int64_t held_out_documents(int64_t total_documents, double validation_fraction) {
-  if (validation_fraction <= 0 || total_documents < 2) return 0;
-  return std::max<int64_t>(1, int64_t(double(total_documents) * validation_fraction));
-}
 
 namespace {
 

@@ -83,13 +83,6 @@ class ShardDataset : public TokenSource {
   int64_t document_start_id_;
 };
 
-// A text file's documents: the whole file (when not empty) or its pieces between lines
-// "<|endoftext|>" (split_documents). A file that cannot be read is an error naming it.
-std::vector<std::string> read_documents(const std::string& path, bool one_document_per_file);
-// How many of the last documents a validation fraction holds out: none for a fraction of 0
-// or fewer than 2 documents, else at least one.
-int64_t held_out_documents(int64_t total_documents, double validation_fraction);
-
 // `ham tokenize`: text files -> train and validation shards PREFIX_{train,val}_NNNNNN.bin.
 struct TokenizeOptions {
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last one may hold fewer)

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/tokenizer.h"
 
 namespace ham {
@@ -53,6 +54,20 @@ std::vector<std::string> split_documents(std::string_view text) {
   return docs;
 }
 
+std::vector<std::string> read_documents(const std::string& path, bool one_document_per_file) {
+  std::string text = read_file(path, "the text file");
+  if (one_document_per_file) {
+    if (text.empty()) return {};
+    return {std::move(text)};
+  }
+  return split_documents(text);
+}
+
+int64_t held_out_documents(int64_t total_documents, double validation_fraction) {
+  if (validation_fraction <= 0 || total_documents < 2) return 0;
+  return std::max<int64_t>(1, int64_t(double(total_documents) * validation_fraction));
+}
+
 std::pair<TokenStream, TokenStream> TokenStream::from_text(std::string_view text,
                                                            double validation_fraction,
                                                            const std::string& source,
@@ -61,10 +76,7 @@ std::pair<TokenStream, TokenStream> TokenStream::from_text(std::string_view text
             ": validation fraction must be in [0, 1), got ", validation_fraction);
   std::vector<std::string> docs = split_documents(text);
   HAM_CHECK(!docs.empty(), source, ": no text to train on");
-  size_t n_val = docs.size() >= 2
-                     ? std::max<size_t>(1, size_t(double(docs.size()) * validation_fraction))
-                     : 0;
-  if (validation_fraction == 0) n_val = 0;
+  const size_t n_val = size_t(held_out_documents(int64_t(docs.size()), validation_fraction));
   const int64_t doc_start = tokenizer ? tokenizer->document_start_id() : ByteTokenizer::kEndOfText;
   HAM_CHECK(doc_start >= 0, source, ": the tokenizer ", tokenizer ? tokenizer->name() : "",
             " has no end-of-text or beginning-of-sequence token to start documents with");

@@ -25,6 +25,13 @@ class ByteTokenizer {
 
 // Splits text at lines holding only "<|endoftext|>"; empty documents are dropped.
 std::vector<std::string> split_documents(std::string_view text);
+// A text file's documents: the whole file (when not empty) or split_documents of it. A
+// file that cannot be read is an error naming it.
+std::vector<std::string> read_documents(const std::string& path, bool one_document_per_file);
+// How many of the last documents a validation fraction holds out: none for a fraction of 0
+// or fewer than 2 documents, else at least one. TokenStream::from_text, `ham tokenize` and
+// `ham train-tokenizer` hold out the same documents.
+int64_t held_out_documents(int64_t total_documents, double validation_fraction);
 
 // Where training and validation batches come from: an in-memory TokenStream or token
 // shards on disk (train/shards.h). Both read as one stream of token ids in which

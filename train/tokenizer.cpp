@@ -955,9 +955,7 @@ void finish(Impl& t) {
   }
 
   t.text_bytes.assign(t.pieces.size(), 0);
-  for (size_t id = 0; id < t.pieces.size(); ++id) {
-    if (t.used[id]) t.text_bytes[id] = int32_t(t.decoded[id].size());
-  }
+  for (size_t id = 0; id < t.pieces.size(); ++id) t.text_bytes[id] = int32_t(t.decoded[id].size());
   for (const auto& token : t.added) {
     if (token.special) t.text_bytes[size_t(token.id)] = 0;
   }
