@@ -3838,7 +3838,7 @@ const MmaSaved& saved_by_mma_forward(const char* op, const GatedDeltaRuleSaved& 
 }
 
 std::atomic<int> g_state_columns{0};  // set_gated_delta_rule_state_columns
-std::atomic<bool> g_backward_keys_ahead{false};  // set_gated_delta_rule_backward_keys_ahead
+std::atomic<bool> g_backward_keys_ahead{true};   // set_gated_delta_rule_backward_keys_ahead
 std::atomic<int64_t> g_keys_ahead_passes{0};     // gated_delta_rule_keys_ahead_passes
 std::atomic<int64_t> g_kept_inverse_reads{0};  // gated_delta_rule_kept_inverse_reads
 std::atomic<int> g_forward_windows{1};        // set_gated_delta_rule_forward_windows
@@ -4191,7 +4191,7 @@ TuneProblem backward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d, bo
   std::vector<TunedSetting> settings = {{"gated_delta_rule_prepare_warps", {"4", "8"}}};
   if (recomputes) settings.push_back({"gated_delta_rule_recompute_windows", {"1", "4"}});
   settings.push_back({"gated_delta_rule_backward_windows", {"1", "4"}});
-  if (d.key_dim == 256) settings.push_back({"gated_delta_rule_backward_keys_ahead", {"off", "on"}});
+  if (d.key_dim == 256) settings.push_back({"gated_delta_rule_backward_keys_ahead", {"on", "off"}});
   return {tune_shape(a, d) + (recomputes ? "" : ", from chunk states"), settings};
 }
 

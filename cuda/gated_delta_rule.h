@@ -25,9 +25,9 @@ int64_t gated_delta_rule_kept_inverse_reads();
 // block's shared memory (K = 256), copies each chunk's K and dvl a chunk ahead in two slots
 // and its Q, W and dO at the step's start, to land during the step's first product
 // (kKeysAheadSlots in cuda/gated_delta_rule.cu), instead of all five tiles at the step's
-// start, waited for before the first product (one slot). Off by default: untimed on a GPU
-// (written in the thirty-seventh session, after ncu put that pass at 38% of the paper's
-// backward at 16,384 tokens, 5.0 us a chunk step). The gradients are the same to the bit
+// start, waited for before the first product (one slot). On by default: on the H200 the
+// backward took 0.91-0.92x the one slot's time at the paper's heads, 4,096 and 16,384
+// tokens (docs/gpu_results.md, sixty-eighth session). The gradients are the same to the bit
 // either way. Returns the previous setting.
 bool set_gated_delta_rule_backward_keys_ahead(bool ahead);
 
