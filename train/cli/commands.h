@@ -28,6 +28,11 @@ void use_threads(int threads);
 // directory. `option` names the flag in the one-line error.
 void prepare_output_directory(const std::string& dir, const std::string& option);
 void prepare_output_file(const std::string& path, const std::string& option);
+// Training on a GPU tunes its kernels by default: each tuned op times its bit-equal variants
+// at the first call of a shape and keeps the fastest (cuda/autotune.h), as Triton's kernels
+// autotune. A run that sets any kernel setting itself (--set kernel.NAME=VALUE) keeps the
+// process's defaults instead. Returns the setting applied ("autotune off -> on") or "".
+std::string tune_kernels_by_default(const std::string& device, bool kernel_settings_given);
 
 Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp

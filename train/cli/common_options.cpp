@@ -1,17 +1,20 @@
-// Options and checks every subcommand shares: --threads, --device, and output paths that
-// are created before the work whose results they will hold.
+// Options and checks every subcommand shares: --threads, --device, output paths that are
+// created before the work whose results they will hold, and the kernels' default tuning.
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/kernel_settings.h"
 #include "train/cli/commands.h"
 
 namespace ham::cli {
@@ -68,6 +71,17 @@ void prepare_output_file(const std::string& path, const std::string& option) {
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
   HAM_CHECK(::access(dir.c_str(), W_OK) == 0, option, " ", path, ": its directory ", dir,
             " is not writable: ", std::strerror(errno));
+}
+
+std::string tune_kernels_by_default(const std::string& device, bool kernel_settings_given) {
+  if (kernel_settings_given || !Device::parse(device).is_cuda()) return "";
+  // Without a CUDA backend there is no autotuner; the run then fails where it asks for the
+  // device, with that error.
+  const std::vector<KernelSetting> settings = kernel_settings();
+  const bool has_autotune = std::any_of(settings.begin(), settings.end(), [](const auto& s) {
+    return s.name == "autotune";
+  });
+  return has_autotune ? apply_kernel_setting("autotune", "on") : "";
 }
 
 }  // namespace ham::cli

@@ -263,6 +263,8 @@ int run_compare(const CompareArgs& args) {
     std::ostringstream discarded;
     std::ostream& out = world->rank() == 0 ? std::cout : discarded;
     std::vector<CompareRun> runs = spec.runs();
+    const std::string tuning = tune_kernels_by_default(spec.train.device, false);
+    if (!tuning.empty()) out << "kernel: " << tuning << " (the default on a GPU)\n";
     CompareOptions options;
     options.retrain = args.retrain;
     options.only = args.job_runs;

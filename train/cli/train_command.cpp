@@ -135,6 +135,12 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
         model_json, (args.config_path.empty() ? std::string("<built-in config>") : args.config_path) + " with --set");
   }
   options.validate("");  // before the data is read and the model built
+  const std::string tuning =
+      tune_kernels_by_default(options.device, !kernel_settings_applied.empty());
+  if (!tuning.empty()) {
+    kernel_settings_applied.push_back(
+        tuning + " (the default on a GPU; any --set kernel.NAME=VALUE keeps the defaults)");
+  }
   if (world->rank() == 0) {  // the one that writes them
     const std::pair<std::string, const char*> outputs[] = {
         {options.out_dir, "--out"}, {options.log_dir, "--log-dir"}, {args.export_dir, "--export"}};
