@@ -14,11 +14,18 @@
 #include "autograd/grad_mode.h"
 #include "models/ham.h"
 #include "train/tokenizer.h"
+#include "train/trainer.h"
 #include "train/training_data.h"
 
 namespace ham {
 
 namespace {
+
+// The model's forward with the batch moved to where its parameters are: a model trained on
+// a GPU is evaluated there.
+Tensor forward_where_the_model_is(const LanguageModel& model, const TokenBatch& batch) {
+  return model.forward(batch_on_device(batch, model_device(model)));
+}
 
 // One sequence as a [1, T] batch: one document, positions 0 .. T - 1.
 TokenBatch single_sequence(const std::vector<int64_t>& tokens) {
@@ -107,7 +114,7 @@ Completer full_forward_completer(const LanguageModel& model, std::vector<int64_t
     NoGradGuard no_grad;
     std::vector<int64_t> sequence = prompt, generated;
     for (int64_t i = 0; i < max_new_tokens; ++i) {
-      Tensor logits = model.forward(single_sequence(sequence));  // [1, T, V]
+      Tensor logits = forward_where_the_model_is(model, single_sequence(sequence));  // [1, T, V]
       const int64_t vocab = logits.size(-1);
       const int64_t last_position = int64_t(sequence.size()) - 1;
       std::vector<float> last = logits.select(0).select(last_position).to_vector<float>();
@@ -220,7 +227,7 @@ MqarResult evaluate_mqar(const LanguageModel& model, const MqarConfig& config, i
   for (int64_t first = 0; first < samples; first += batch_size) {
     const int64_t rows = std::min(batch_size, samples - first);
     TokenBatch batch = mqar_batch(config, first, rows);
-    Tensor logits = model.forward(batch);  // [rows, T, V]
+    Tensor logits = forward_where_the_model_is(model, batch);  // [rows, T, V]
     kv.add(model, rows);
     const int64_t vocab = logits.size(-1);
     std::vector<float> values = logits.to_vector<float>();
@@ -288,7 +295,7 @@ NiahResult evaluate_niah(const LanguageModel& model, const Tokenizer& tokenizer,
     }
     if (routes) {
       NoGradGuard no_grad;
-      model.forward(single_sequence(prompt));
+      forward_where_the_model_is(model, single_sequence(prompt));
       kv.add(model, 1);
     }
   }
@@ -372,7 +379,7 @@ double continuation_log_likelihood(const LanguageModel& model, const Continuatio
   std::vector<int64_t> sequence = tokens.context;
   sequence.insert(sequence.end(), tokens.continuation.begin(), tokens.continuation.end() - 1);
   NoGradGuard no_grad;
-  Tensor logits = model.forward(single_sequence(sequence));  // [1, T, V]
+  Tensor logits = forward_where_the_model_is(model, single_sequence(sequence));  // [1, T, V]
   const int64_t vocab = logits.size(-1);
   std::vector<float> values = logits.to_vector<float>();
   double sum = 0;

@@ -64,14 +64,10 @@ TokenBatch batch_on_device(const TokenBatch& batch, Device device) {
           moved(batch.positions)};
 }
 
-namespace {
-
 Device model_device(const LanguageModel& model) {
   std::vector<Tensor> params = model.parameters();
   return params.empty() ? Device::cpu() : params.front().device();
 }
-
-}  // namespace
 
 double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,
                 int64_t seq_len, int64_t max_batches) {

@@ -124,6 +124,9 @@ DType training_dtype(const std::string& precision);
 // The batch's tensors on `device` (a no-op when they are there already).
 TokenBatch batch_on_device(const TokenBatch& batch, Device device);
 
+// Where the model's parameters are (the CPU for a model without any).
+Device model_device(const LanguageModel& model);
+
 // Mean loss over up to `max_batches` consecutive windows of `data`, without gradients,
 // on the device of the model's parameters.
 double evaluate(const LanguageModel& model, const TokenSource& data, int64_t batch,

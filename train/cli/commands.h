@@ -3,6 +3,7 @@
 // closure, which main() runs when that subcommand was chosen.
 #include <cstdint>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +34,15 @@ void prepare_output_file(const std::string& path, const std::string& option);
 // autotune. A run that sets any kernel setting itself (--set kernel.NAME=VALUE) keeps the
 // process's defaults instead. Returns the setting applied ("autotune off -> on") or "".
 std::string tune_kernels_by_default(const std::string& device, bool kernel_settings_given);
+// Writes the kernels' run-time notes (the autotuner's choices, one line each) to `out` as
+// they are made, until it is destroyed.
+class KernelNotesTo {
+ public:
+  explicit KernelNotesTo(std::ostream& out);
+  ~KernelNotesTo();
+  KernelNotesTo(const KernelNotesTo&) = delete;
+  KernelNotesTo& operator=(const KernelNotesTo&) = delete;
+};
 
 Command add_train_command(CLI::App& root);  // train_command.cpp
 Command add_info_command(CLI::App& root);   // info_command.cpp

@@ -84,4 +84,10 @@ std::string tune_kernels_by_default(const std::string& device, bool kernel_setti
   return has_autotune ? apply_kernel_setting("autotune", "on") : "";
 }
 
+KernelNotesTo::KernelNotesTo(std::ostream& out) {
+  set_kernel_note_sink([&out](const std::string& line) { out << line << "\n"; });
+}
+
+KernelNotesTo::~KernelNotesTo() { set_kernel_note_sink(nullptr); }
+
 }  // namespace ham::cli

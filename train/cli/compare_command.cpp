@@ -265,6 +265,7 @@ int run_compare(const CompareArgs& args) {
     std::vector<CompareRun> runs = spec.runs();
     const std::string tuning = tune_kernels_by_default(spec.train.device, false);
     if (!tuning.empty()) out << "kernel: " << tuning << " (the default on a GPU)\n";
+    const KernelNotesTo kernel_notes(out);  // the autotuner's choices, as made
     CompareOptions options;
     options.retrain = args.retrain;
     options.only = args.job_runs;

@@ -158,11 +158,7 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   out << fmt::format("data: {} ({}; {} validation tokens), {} threads\n", data.description,
                      data_use_summary(options, data.train->size()), data.val->size(),
                      omp_get_max_threads());
-  // The kernels' run-time choices (kernel.autotune's, one line each) go to the log as made.
-  set_kernel_note_sink([&out](const std::string& line) { out << line << "\n"; });
-  struct NoteSinkReset {
-    ~NoteSinkReset() { set_kernel_note_sink(nullptr); }
-  } note_sink_reset;
+  const KernelNotesTo kernel_notes(out);  // kernel.autotune's choices, in the log as made
   TrainResult r = train(*model, *data.train, *data.val, options, out, std::move(resume), world);
   if (r.stopped_by_signal != 0) {
     out << fmt::format("stopped at step {} of {} by {}: ", r.steps, options.steps,
