@@ -148,6 +148,10 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
       if (!dir.empty()) prepare_output_directory(dir, option);
     }
   }
+  // The export's copy of the tokenizer, read before training as the checkpoints' is: a file
+  // changed or gone during the run neither fails the export after it nor differs from theirs.
+  const std::string export_tokenizer_json =
+      args.export_dir.empty() ? std::string() : tokenizer_file_text(options.tokenizer);
   TrainingData data = open_training_data(options, config);
   auto model = make_model(config);
   out << fmt::format("{} model: {} parameters\n", family_name(config.family),
@@ -183,10 +187,9 @@ int train_on_this_rank(const TrainArgs& args, const std::shared_ptr<dist::Commun
   }
   out << fmt::format(", peak memory {:.1f} MiB\n", double(r.peak_memory_bytes) / 1048576.0);
   if (!args.export_dir.empty() && world->rank() == 0) {
-    const std::string tokenizer_json = tokenizer_file_text(options.tokenizer);
-    export_trained_model(args.export_dir, *model, tokenizer_json);
+    export_trained_model(args.export_dir, *model, export_tokenizer_json);
     out << "weights exported to " << args.export_dir << " (model.safetensors, config.json"
-        << (tokenizer_json.empty() ? "" : ", tokenizer.json") << ")\n";
+        << (export_tokenizer_json.empty() ? "" : ", tokenizer.json") << ")\n";
   }
   return 0;
 }
