@@ -10,10 +10,10 @@
 #include <sstream>
 #include <string>
 
+#include "core/file_io.h"
 #include "models/transformer.h"
 #include "tests/error_testing.h"
 #include "tests/testing.h"
-#include "core/file_io.h"
 #include "train/stop_signals.h"
 #include "train/trained_model.h"
 #include "train/trainer.h"
