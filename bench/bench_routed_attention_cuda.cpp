@@ -23,10 +23,11 @@
 // "bwd tuned" is the backward with kernel.autotune on (cuda/autotune.h: its bit-equal
 // variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
 // after the table give each choice and every combination's time.
-// A second table times the tensor-core forward of the 128 x 128 cases with 64-row blocks
-// (one 16-row tile per warp) against the default 128-row blocks (two), in the same run
-// (cuda/routed_attention.h; not in the CSV), and the next 64 against 128 rows for value
-// heads of 192.
+// The tables after it (not in the CSV) time the variants in the same run: first the
+// backward's unselected keys' zeros written by its first pass against by the dQ blocks
+// (set_attention_backward_zeros_in_dq); then the tensor-core forward of the 128 x 128 cases
+// with 64-row blocks (one 16-row tile per warp) against the default 128-row blocks (two)
+// (cuda/routed_attention.h), and 64 against 128 rows for value heads of 192.
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
 // against mma.sync, for the head dims those have (64 and 128, 128 x 192, 256 x 256); then the
 // wgmma dQ kernel's key tiles of 32 against 64 and 16 against 32
@@ -45,7 +46,9 @@
 // least-squares fixed cost and cost a tile, the SMs' idle share between blocks and at the
 // tail), beside the event time of each pass and the host's time to issue it (when that is
 // near the event time, the pass waits on the host, not the GPU); then the backward once
-// more with its first pass in order, not beside the others on a second stream (the
+// more with the unselected keys' zeros in the dQ blocks
+// (set_attention_backward_zeros_in_dq), once with its first pass in order, not beside the
+// others on a second stream (the
 // default; set_attention_backward_overlap), once with the dQ kernel's blocks started
 // from the query tiles' records (set_attention_backward_dq_records), once with the dQ
 // kernel in 16-key tiles (set_attention_backward_dq_keys), and once with the
@@ -401,6 +404,16 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     const int64_t beside_before = cuda::attention_overlapped_prologues();
     timeline_rows("backward", c.name(), run_backward, csv);
     const bool ran_beside = cuda::attention_overlapped_prologues() != beside_before;
+    // The backward again with the unselected keys' zeros written by the dQ blocks
+    // (set_attention_backward_zeros_in_dq): no first pass, the dQ kernel first.
+    const bool previous_zeros = cuda::set_attention_backward_zeros_in_dq(true);
+    const int64_t zeros_before = cuda::attention_backward_zeros_in_dq_launches();
+    timeline_rows("backward, the unselected keys' zeros in the dQ blocks", c.name() + " zeros",
+                  run_backward, csv);
+    if (cuda::attention_backward_zeros_in_dq_launches() == zeros_before) {
+      std::printf("(the dQ kernel does not form D here: the first pass zeroes)\n");
+    }
+    cuda::set_attention_backward_zeros_in_dq(previous_zeros);
     // The backward again with its first pass in order, where by default it runs on the
     // second stream (set_attention_backward_overlap): what its blocks cost when they run
     // under no others'.
@@ -489,6 +502,15 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
 
 // The tables after the first: the kernels' variants against each other.
 void variant_tables(const std::string& filter, int reps) {
+  // First, as the newest: the unselected keys' zeros from the backward's first pass (on the
+  // second stream, the dQ kernel starting 25-30 us into the backward after it on the
+  // H200's timelines) or written by the dQ blocks, with no first pass.
+  backward_setting_table(
+      "the unselected keys' zeros from the first pass vs from the dQ blocks", "first pass",
+      "dQ blocks", "dQ blocks faster", "the dQ kernel does not form D here: the first pass zeroes",
+      filter, reps, &cuda::set_attention_backward_zeros_in_dq,
+      &cuda::attention_backward_zeros_in_dq_launches,
+      [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
   std::printf("\nforward, block rows 64 vs 128 and, at 128 rows, key tiles of 32 vs 64\n"
               "(median ms; ratios above 1: 128 rows faster than 64, 64 keys than 32)\n");
   std::printf("%-40s %11s %11s %11s %6s %6s\n", "case", "64 x 64", "128 x 32", "128 x 64",

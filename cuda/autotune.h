@@ -16,8 +16,8 @@
 //   gated_delta_rule forward (bf16, tensor cores): prepare_warps x forward_windows;
 //   gated_delta_rule backward (bf16, tensor cores): prepare_warps x recompute_windows x
 //     backward_windows, and keys_ahead at K = 256;
-//   routed_attention backward (bf16): key_order, and where the wgmma dQ kernel runs on one
-//     warpgroup, dq_keys x dq_records.
+//   routed_attention backward (bf16): key_order, where the wgmma dQ kernel runs on one
+//     warpgroup dq_keys x dq_records, and where it runs zeros_in_dq.
 // Only variants equal to the bit are tuned, so a tuned run computes what an untuned one does.
 // The shape is the tensors' sizes (not the documents' boundaries nor the selection, which
 // change from batch to batch: the first batch of a shape is the one timed); a shape whose

@@ -45,6 +45,7 @@ const bool registered = [] {
   add_bool("attention_backward_overlap", &set_attention_backward_overlap);
   add_bool("attention_backward_dq_records", &set_attention_backward_dq_records);
   add_bool("attention_backward_key_order", &set_attention_backward_key_order);
+  add_bool("attention_backward_zeros_in_dq", &set_attention_backward_zeros_in_dq);
   add_int("attention_decode_keys", "0 (automatic), 8, 16, 32 or 64", &set_attention_decode_keys);
   add_int("gated_delta_rule_state_columns", "0 (automatic), 32 or 64",
           &set_gated_delta_rule_state_columns);

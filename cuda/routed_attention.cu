@@ -397,6 +397,11 @@ struct AttentionArgs {
   // it where the kernel just ahead on the stream is the dQ pass or the dK half of a split
   // pass, neither of which writes what that prologue reads (backward_dkdv_wgmma).
   bool key_prologue_before_wait = false;
+  // Where set (set_attention_backward_zeros_in_dq), the wgmma dQ blocks write the zero
+  // gradients of the keys not selected (UnselectedRows), dp's into dp_zeros ([B, T], null
+  // without value scales), and the backward runs no first pass.
+  bool zero_unselected = false;
+  T* dp_zeros = nullptr;
   // The launch's block stamps while recording (cuda/block_timeline.h), else null.
   BlockStamps* timeline = nullptr;
 
@@ -2461,6 +2466,65 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
 #endif
 }
 
+// The gradients of the keys not selected, zeroed by the dQ blocks where
+// set_attention_backward_zeros_in_dq asks (a.zero_unselected), in place of the backward's
+// first pass: dk[b, t, g] = 0, dv[b, t, g] = 0 and dp[b, t] = 0 for the block's rows t
+// that are not selected, rows no later kernel writes. As in backward_prologue, t is
+// selected exactly where the last key it sees is t: end > begin and positions[end - 1] == t.
+// Only the blocks of the first query head of each kv head's group zero (dp: query head 0's),
+// so each row is written once. Each warp takes kWarpRows of the block's rows, lane k row
+// k of them, in three steps that leave the loads' round trips under the prologue's:
+// its range loads (after the first copies are out), the position its end names (before D's
+// loads), then a ballot of the rows to zero and the warp's 16-byte stores of each, DK + DV
+// elements a row (after D).
+template <int BQ, int kThreads>
+struct UnselectedRows {
+  static constexpr int kWarpRows = BQ / (kThreads / 32);
+  static_assert(kWarpRows <= 32 && kWarpRows * (kThreads / 32) == BQ, "a lane a row of its warp");
+  int64_t b, g, first;  // this warp's rows are first, first + 1, ...
+  bool zeroes, dp_too;  // the same in the whole block
+  int row = -1, begin = 0, end = 0, last_key = -1;  // this lane's (row -1: none)
+
+  __device__ UnselectedRows(const AttentionArgs<bf16>& a, int64_t b_, int64_t h, int64_t q0)
+      : b(b_), g(h / a.group()),
+        first(q0 + int64_t(threadIdx.x / 32) * kWarpRows),
+        zeroes(a.zero_unselected && h % a.group() == 0),
+        dp_too(a.zero_unselected && a.dp_zeros != nullptr && h == 0) {
+    const int lane = int(threadIdx.x % 32);
+    if (zeroes && lane < kWarpRows && first + lane < a.seq_len) {
+      row = int(first) + lane;
+      begin = int(a.begin[b * a.seq_len + row]);
+      end = int(a.end[b * a.seq_len + row]);
+    }
+  }
+  __device__ void load_last_keys(const AttentionArgs<bf16>& a) {
+    if (row >= 0 && end > begin) last_key = int(a.positions[b * a.seq_len + end - 1]);
+  }
+  template <int DK, int DV>
+  __device__ void zero(const AttentionArgs<bf16>& a) const {
+    if (!zeroes) return;
+    using P = Pack<bf16, 8>;
+    constexpr int kKeyPacks = DK / 8, kPacks = (DK + DV) / 8;
+    const int lane = int(threadIdx.x % 32);
+    uint32_t rows = __ballot_sync(kFullMask, row >= 0 && last_key != row);
+    if (dp_too && (rows >> lane & 1u)) a.dp_zeros[b * a.seq_len + row] = store<bf16>(0.f);
+    const P zeros{};
+    while (rows != 0u) {  // the same rows in every lane
+      const int k = __ffs(int(rows)) - 1;
+      rows &= rows - 1u;
+      const int64_t at = a.kv_index(b, first + k, g);
+#pragma unroll
+      for (int c = lane; c < kPacks; c += 32) {
+        if (c < kKeyPacks) {
+          reinterpret_cast<P*>(a.dk + at * DK)[c] = zeros;
+        } else {
+          reinterpret_cast<P*>(a.dv + at * DV)[c - kKeyPacks] = zeros;
+        }
+      }
+    }
+  }
+};
+
 // D = rowsum(dO o) of a block's BQ query rows, two threads a row, each half of its DV
 // values in 16-byte loads, into s_delta and a.delta_out (rows past T: 0, not written).
 // Where the dQ kernel runs on wgmma it forms D so (the host launches the dK/dV pass after
@@ -2586,6 +2650,7 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
   }
   // This lane's rows: r0[0] and r0[0] + 8 of the block.
   const int r0[1] = {warp * 16 + lane / 4};
+  UnselectedRows<BQ, kThreads> unselected(a, b, h, q0);  // where the first pass's zeros are ours
   float lse_log2[2], delta[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -2596,7 +2661,9 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
   let_later_kernels_launch();
   if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
     HAM_STATIC_SHARED(float, s_delta, [BQ]);
+    unselected.load_last_keys(a);
     row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
+    unselected.template zero<DK, DV>(a);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; ++i) delta[i] = s_delta[r0[0] + 8 * i];
@@ -3279,6 +3346,9 @@ std::atomic<int64_t> g_key_prologues_before_wait{0};
 // set_attention_backward_key_order, and the calls whose dK/dV blocks took their tiles so.
 std::atomic<bool> g_backward_key_order{false};
 std::atomic<int64_t> g_backward_key_order_launches{0};
+// set_attention_backward_zeros_in_dq, and the calls whose dQ blocks wrote those zeros.
+std::atomic<bool> g_backward_zeros_in_dq{false};
+std::atomic<int64_t> g_backward_zeros_in_dq_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
 // automatic choice where wgmma runs, else 0; a pass set to wgmma where it cannot run is an
@@ -3526,11 +3596,14 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // what they leave; with equal priorities the prologue's blocks, launched first, held
     // the SMs until they were done (the H200's block timelines, thirty-sixth session).
     // Joined before the backward returns.
+    // Where set (set_attention_backward_zeros_in_dq) and the dQ kernel forms D, its blocks
+    // write those zeros too, and no first pass runs.
+    const bool zeros_in_dq = dq_forms_delta && g_backward_zeros_in_dq.load();
     std::optional<ForkedStream> passes_beside;
-    if (dq_forms_delta && g_backward_overlap.load()) {
+    if (dq_forms_delta && !zeros_in_dq && g_backward_overlap.load()) {
       passes_beside.emplace(q.device().index, StreamPriority::High);
     }
-    launch_prologue();
+    if (!zeros_in_dq) launch_prologue();
     auto launch_passes = [&] {
       // Counted by the stream the passes take, not by the setting.
       if (passes_beside && has_greatest_priority(launch_stream())) {
@@ -3545,6 +3618,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
       a.dout = ptr<const T>(dout);
       a.delta = ptr<const C>(delta);
       a.delta_out = dq_forms_delta ? ptr<C>(delta) : nullptr;
+      a.zero_unselected = zeros_in_dq;
+      a.dp_zeros = zeros_in_dq ? ptr_or_null<T>(dvalue_scale) : nullptr;
       a.out = const_cast<T*>(ptr<const T>(out));  // read: row_deltas
       a.dq = ptr<T>(dq);
       a.dk = ptr<T>(dk);
@@ -3600,6 +3675,7 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                                             dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
                     HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                               ": the wgmma dQ kernel that was to form D did not launch");
+                    if (zeros_in_dq) g_backward_zeros_in_dq_launches.fetch_add(1);
                     if (tiled_dq && dq_pass.keys == 32) g_backward_dq_32_key_launches.fetch_add(1);
                     if (tiled_dq && dq_pass.keys == 16) g_backward_dq_16_key_launches.fetch_add(1);
                     if (tiled_dq && dq_pass.from_records) {
@@ -3698,8 +3774,9 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
 }
 
 // The backward under the autotuner's choice (cuda/autotune.h), for bf16: the dK/dV blocks'
-// key order and, where the wgmma dQ kernel runs on one warpgroup a block, its key tile and
-// its start from records. Each variant gives the same gradients to the bit.
+// key order; where the wgmma dQ kernel runs on one warpgroup a block, its key tile and its
+// start from records; where it runs at all, whether it writes the unselected keys' zeros.
+// Each variant gives the same gradients to the bit.
 void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& value_scale, const CompactSelection& selection,
                     const Tensor& out, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
@@ -3725,6 +3802,11 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
       settings.push_back({"attention_backward_dq_records", {"off", "on"}});
     }
     settings.push_back({"attention_backward_key_order", {"off", "on"}});
+    // Where the wgmma dQ kernel forms D (one warpgroup a block or two).
+    if (attention_wgmma_available() && attention_wgmma_takes_head_dims(key_dim, value_dim) &&
+        groups_set != 0) {
+      settings.push_back({"attention_backward_zeros_in_dq", {"off", "on"}});
+    }
     return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
                                       k.size(2), " D", key_dim, "x", value_dim,
                                       value_scale.defined() ? ", value scale" : ""),
@@ -3785,6 +3867,14 @@ bool set_attention_backward_key_order(bool by_work) {
 }
 
 int64_t attention_backward_key_order_launches() { return g_backward_key_order_launches.load(); }
+
+bool set_attention_backward_zeros_in_dq(bool in_dq) {
+  return g_backward_zeros_in_dq.exchange(in_dq);
+}
+
+int64_t attention_backward_zeros_in_dq_launches() {
+  return g_backward_zeros_in_dq_launches.load();
+}
 
 Tensor attention_key_tile_order(const CompactSelection& selection, int rows) {
   const Tensor& positions = selection.key_positions;

@@ -108,6 +108,19 @@ bool set_attention_backward_key_order(bool by_work);
 // How many backward calls of this process ran their dK/dV blocks in that order.
 int64_t attention_backward_key_order_launches();
 
+// Whether the backward's wgmma dQ kernel, where it forms D, also writes the zero gradients
+// of the keys not selected (dk, dv and dp at those tokens), so that no first pass runs.
+// That pass writes them on its own (101 MB at B4 T4096 H16 D128 rho 0.25): beside the
+// others or not, the H200's timelines (sixty-eighth session) show the dQ kernel starting
+// 25-30 us into the backward, after it, in every case. In the dQ blocks, the blocks of each
+// kv head's first query head zero their rows' (two dependent loads a row under the
+// prologue, then a warp's 16-byte stores a row). The outputs are the same bit for bit.
+// Off by default: untimed on a GPU (sixty-ninth session). Returns the previous setting.
+bool set_attention_backward_zeros_in_dq(bool in_dq);
+
+// How many backward calls of this process wrote those zeros in the dQ kernel.
+int64_t attention_backward_zeros_in_dq_launches();
+
 // The order the dK/dV blocks take the key tiles of `rows` compacted keys of `selection`
 // (on a GPU) in: [B, ceil(T / rows)] i32, rank by rank, each row's tiles by work falling (in
 // 1023 bins of equal width up to the row's greatest), by index within a bin, the tiles past

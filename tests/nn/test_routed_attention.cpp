@@ -1271,9 +1271,10 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
 }
 
 // The bf16 backward with the autotuner on (cuda/autotune.h): the first call of a shape
-// times the key order and, where the wgmma dQ kernel runs on one warpgroup (heads of 64
-// and 128), its key tile and its start from records (8 combinations; elsewhere 2), and
-// keeps the fastest. Each tuned backward matches the CPU and equals the untuned one bit for
+// times the key order, where the wgmma dQ kernel runs on one warpgroup (heads of 64 and
+// 128) its key tile and its start from records, and where it runs at all whether it writes
+// the unselected keys' zeros (16 combinations; 4 at 128 x 192; without wgmma 2), and keeps
+// the fastest. Each tuned backward matches the CPU and equals the untuned one bit for
 // bit; the settings are as they were after each call.
 TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
   HAM_SKIP_UNLESS_CUDA();
@@ -1299,15 +1300,17 @@ TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
   ASSERT_EQ(choices.size(), 2u);
   EXPECT_EQ(choices[0].op, "routed_attention backward");
   EXPECT_EQ(choices[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
-  ASSERT_EQ(choices[0].variants.size(), wgmma ? 8u : 2u);
+  ASSERT_EQ(choices[0].variants.size(), wgmma ? 16u : 2u);
   EXPECT_EQ(choices[0].variants.back().label,
             wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
-                    "attention_backward_key_order=on"
+                    "attention_backward_key_order=on attention_backward_zeros_in_dq=on"
                   : "attention_backward_key_order=on");
   EXPECT_EQ(choices[1].shape, "bf16 B1 T150 H4x2 D128x192");
-  EXPECT_EQ(choices[1].variants.size(), 2u) << "two warpgroups at 128 x 192: the key order only";
+  EXPECT_EQ(choices[1].variants.size(), wgmma ? 4u : 2u)
+      << "at 128 x 192: the key order and the zeros";
   EXPECT_EQ(cuda::set_attention_backward_dq_keys(32), 32) << "restored after each call";
   EXPECT_FALSE(cuda::set_attention_backward_key_order(false));
+  EXPECT_FALSE(cuda::set_attention_backward_zeros_in_dq(false));
 #endif
 }
 
@@ -1580,6 +1583,53 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesOrInOrder
   const int64_t before = cuda::attention_overlapped_prologues();
   expect_gpu_matches_cpu(cases[0], DType::BF16);
   EXPECT_EQ(cuda::attention_overlapped_prologues(), before) << "mma.sync: D from the prologue";
+#endif
+}
+
+// The unselected keys' zero gradients written by the wgmma dQ kernel
+// (set_attention_backward_zeros_in_dq) in place of the backward's first pass: into
+// poisoned buffers against the CPU, exact zeros included, and bit for bit the gradients of
+// the first pass. On one warpgroup a block and on two, every wgmma head case (grouped
+// query heads, value scales or none, rows past T), nothing selected and everything. Where
+// D comes from the first pass (mma.sync) the setting leaves it running.
+TEST(RoutedAttentionGpu, Bf16BackwardWithTheZerosInTheDqKernelMatchesCpuAndTheFirstPass) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.insert(cases.end(), kWgmmaWideHeadCases.begin(), kWgmmaWideHeadCases.end());
+  cases.push_back(GpuCase{2, 130, 4, 2, 128, 128, 0.0, true, GpuDocs::Packed20, true});
+  auto gradients_with = [&](const GpuCase& c, bool in_dq) {
+    const testing::ScopedSetting zeros(&cuda::set_attention_backward_zeros_in_dq, in_dq);
+    return gpu_case_gradients(c, DType::BF16);
+  };
+  for (int kernels : {1, 2}) {
+    const testing::ScopedSetting groups(&cuda::set_attention_backward_wgmma, kernels);
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(kernels) + " warpgroups a block");
+      const int64_t launches = cuda::attention_backward_zeros_in_dq_launches();
+      const int64_t beside = cuda::attention_overlapped_prologues();
+      {
+        const testing::ScopedSetting zeros(&cuda::set_attention_backward_zeros_in_dq, true);
+        expect_gpu_matches_cpu(c, DType::BF16);
+      }
+      const ops::RoutedAttentionGrads in_dq = gradients_with(c, true);
+      EXPECT_EQ(cuda::attention_backward_zeros_in_dq_launches() - launches, 2);
+      EXPECT_EQ(cuda::attention_overlapped_prologues(), beside) << "no first pass to overlap";
+      expect_same_gradients(in_dq, gradients_with(c, false));
+    }
+  }
+  {
+    const testing::ScopedSetting mma_sync(&cuda::set_attention_backward_wgmma, 0);
+    const testing::ScopedSetting zeros(&cuda::set_attention_backward_zeros_in_dq, true);
+    const int64_t launches = cuda::attention_backward_zeros_in_dq_launches();
+    expect_gpu_matches_cpu(cases[0], DType::BF16);
+    EXPECT_EQ(cuda::attention_backward_zeros_in_dq_launches(), launches)
+        << "mma.sync: D and the zeros from the first pass";
+  }
+  EXPECT_FALSE(cuda::set_attention_backward_zeros_in_dq(false)) << "off by default";
 #endif
 }
 
