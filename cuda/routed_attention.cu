@@ -2287,12 +2287,19 @@ constexpr bool kWgmmaHeads =
 //   forward: 128 x 128 0.85-1.04 (above 1 only at 20 documents, rho 0.5 and 1) /
 //     0.73-0.98; 64 x 64 1.26-1.28 / 1.12-1.14; 128 x 192 1.08-1.11 / 1.18-1.23; 256 x 256
 //     0.93-0.95 / 1.70-1.78. The forward at 64 x 128 and 128 x 64 is untimed: mma.sync.
+// With the kernels of 2026-12-04 (sixty-eighth session, one run):
+//   backward: 128 x 128 1.23-1.44 / 0.86-1.37; 128 x 192 1.35-1.42 / 1.31-1.38, so one
+//     warpgroup there since (1.03-1.04x faster); 256 x 256 1.40-1.45 / 1.75-1.89;
+//   forward: 128 x 128 1.02-1.21 in 15 of its 17 cases, 0.98-1.00 at rho 0.05 with 20
+//     documents / 0.86-1.06, so one warpgroup there since; 128 x 192 1.35-1.39 /
+//     1.33-1.38 (within 2%: two kept); 256 x 256 1.25-1.30 / 1.79-1.83.
 template <int DK, int DV>
 constexpr bool kWgmmaWide = (DK == 128 && DV == 192) || (DK == 256 && DV == 256);
 template <int DK, int DV>
-constexpr int kWgmmaAutomaticBackward = kWgmmaWide<DK, DV> ? 2 : kWgmmaFits<DK, DV> ? 1 : 0;
+constexpr int kWgmmaAutomaticBackward = DK == 256 && DV == 256 ? 2 : kWgmmaHeads<DK, DV> ? 1 : 0;
 template <int DK, int DV>
-constexpr int kWgmmaAutomaticForward = kWgmmaWide<DK, DV> ? 2 : DK == 64 && DV == 64 ? 1 : 0;
+constexpr int kWgmmaAutomaticForward =
+    kWgmmaWide<DK, DV> ? 2 : (DK == DV && (DK == 64 || DK == 128)) ? 1 : 0;
 // dK and dV of a warpgroup's 64 keys beside S^T, dP^T and their bf16 copies take
 // DK / 2 + DV / 2 + 3 kTile / 2 registers a thread before any other value (kTile: the
 // visited tiles' rows, WgmmaBackwardShape): with tiles of 64 up to DK + DV = 256, with
