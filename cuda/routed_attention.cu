@@ -27,7 +27,8 @@
 //
 // Backward, tiled, deterministic (no float atomics anywhere):
 //   D = rowsum(dO * o), and zeros for the gradients of unselected keys (backward_prologue,
-//   one warp per token);
+//   one warp per token; the wgmma dQ kernel forms D itself, and where
+//   set_attention_backward_zeros_in_dq the zeros too, so that no such pass runs);
 //   dK/dV' pass: one block per (key tile of 64 compacted keys, kv head, batch row); it
 //     loops over the query heads of its group and over the query tiles at or after its
 //     first key's position, skipping tiles none of whose rows see it, and accumulates
@@ -2607,7 +2608,8 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
   // writes only the query tiles' summary. The rows' ranges, the key positions, Q, dO, K, V,
   // the value scales and the lse come from the compaction, the forward and the caller, two
   // or more launches back. The records are the summary's: a block from them waits first.
-  // D and dq are written after the wait.
+  // D, dq and (where a.zero_unselected) the unselected keys' zeros are written after the
+  // wait.
   if constexpr (kFromRecords) wait_for_earlier_kernels();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
@@ -3003,8 +3005,9 @@ __global__ void backward_dkdv_generic(AttentionArgs<T> a) {
 // three memsets (each a full pass over its tensor):
 //   delta[b, t, h] = <dO[b, t, h], o[b, t, h]> for every query head h (f32; f64 for f64),
 //   unless the dQ kernel forms it (row_deltas: delta null here);
-//   dk[b, t], dv[b, t] and dp[b, t] = 0 where t is not selected; the dK/dV kernels write
-//   the selected rows, and gather_value_scale_grad their dp.
+//   dk[b, t], dv[b, t] and dp[b, t] = 0 where t is not selected (unless the wgmma dQ
+//   blocks write them, UnselectedRows: this pass is then not launched); the dK/dV kernels
+//   write the selected rows, and gather_value_scale_grad their dp.
 // A query sees its document's keys selected so far, itself included, so t is selected
 // exactly where the last key it sees is t: end > begin and positions[end - 1] == t.
 // Groups of kDotLanes lanes dot one row each, kPack elements (16 bytes where the rows are

@@ -1479,9 +1479,9 @@ TEST(RoutedAttentionGpu, BackwardWithKeyTilesByWorkMatchesCpuAndRankOrder) {
 // Dependent launches (cuda::set_dependent_launches, cuda/dependent_launch.h): the compaction,
 // the forward and the backward match the CPU and give the gradients of plain launches bit
 // for bit, on the wgmma kernels (one and two warpgroups), mma.sync and the f32 tiled ones,
-// the zeroing pass beside the others and not. On the emulator every thread of a dependent
-// launch must pass its griddepcontrol.wait, and the racecheck holds what it touches before
-// that against the kernel ahead of it.
+// the zeroing pass beside the others, in order, or in the dQ blocks. On the emulator every
+// thread of a dependent launch must pass its griddepcontrol.wait, and the racecheck holds
+// what it touches before that against the kernel ahead of it.
 TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -1490,7 +1490,7 @@ TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
     DType dtype;
     int wgmma;  // set_attention_backward_wgmma and _forward_wgmma
     bool overlap;
-    bool dq_records = false, key_order = false;
+    bool dq_records = false, key_order = false, zeros_in_dq = false;
   };
   std::vector<LaunchCase> cases = {
       {GpuCase{2, 200, 4, 2, 64, 64, 0.5, true, GpuDocs::Packed20, true}, DType::BF16, 0, true},
@@ -1511,19 +1511,25 @@ TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
                      DType::BF16, 2, false});
     cases.push_back({GpuCase{1, 130, 2, 2, 256, 256, 0.5, true, GpuDocs::Runs, true},
                      DType::BF16, 2, true, false, true});
+    // The unselected keys' zeros in the dQ blocks (stored after their wait), no first pass.
+    cases.push_back({GpuCase{2, 200, 8, 2, 128, 128, 0.25, true, GpuDocs::Packed20, true},
+                     DType::BF16, 1, false, false, false, true});
   }
   const bool counted = cuda::dependent_launches_supported();
   for (const LaunchCase& lc : cases) {
     SCOPED_TRACE(gpu_case_name(lc.c) + " " + dtype_name(lc.dtype) + ", wgmma " +
                  std::to_string(lc.wgmma) + (lc.overlap ? ", overlapped" : "") +
                  (lc.dq_records ? ", dQ from records" : "") +
-                 (lc.key_order ? ", key tiles ordered" : ""));
+                 (lc.key_order ? ", key tiles ordered" : "") +
+                 (lc.zeros_in_dq ? ", zeros in the dQ blocks" : ""));
     const testing::ScopedSetting backward(&cuda::set_attention_backward_wgmma, lc.wgmma);
     const testing::ScopedSetting forward(&cuda::set_attention_forward_wgmma, lc.wgmma);
     const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, lc.overlap);
     const testing::ScopedSetting records(&cuda::set_attention_backward_dq_records,
                                          lc.dq_records);
     const testing::ScopedSetting order(&cuda::set_attention_backward_key_order, lc.key_order);
+    const testing::ScopedSetting zeros(&cuda::set_attention_backward_zeros_in_dq,
+                                       lc.zeros_in_dq);
     ops::RoutedAttentionGrads dependent;
     const int64_t before = cuda::dependent_launch_count();
     {
