@@ -372,6 +372,20 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
   }
 }
 
+// The backward's block timeline once more with a setting of it set to `value` (restored
+// after), titled `pass`; where the setting's launch counter did not move, the line
+// `why_not` says the kernel that takes it did not run.
+template <class Value, class Run>
+void backward_timeline_with(const char* pass, const std::string& case_name, Value (*set)(Value),
+                            Value value, int64_t (*launches)(), const char* why_not,
+                            const Run& run_backward, std::ofstream& csv) {
+  const Value previous = set(value);
+  const int64_t before = launches();
+  timeline_rows(pass, case_name, run_backward, csv);
+  if (launches() == before) std::printf("(%s)\n", why_not);
+  set(previous);
+}
+
 // --timeline: each case's forward and backward, timed by events and by the host's issue,
 // then once more with the kernels' block stamps recorded, one row per kernel launch (and,
 // with a CSV, one row per block there).
@@ -406,14 +420,11 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     const bool ran_beside = cuda::attention_overlapped_prologues() != beside_before;
     // The backward again with the unselected keys' zeros written by the dQ blocks
     // (set_attention_backward_zeros_in_dq): no first pass, the dQ kernel first.
-    const bool previous_zeros = cuda::set_attention_backward_zeros_in_dq(true);
-    const int64_t zeros_before = cuda::attention_backward_zeros_in_dq_launches();
-    timeline_rows("backward, the unselected keys' zeros in the dQ blocks", c.name() + " zeros",
-                  run_backward, csv);
-    if (cuda::attention_backward_zeros_in_dq_launches() == zeros_before) {
-      std::printf("(the dQ kernel does not form D here: the first pass zeroes)\n");
-    }
-    cuda::set_attention_backward_zeros_in_dq(previous_zeros);
+    backward_timeline_with("backward, the unselected keys' zeros in the dQ blocks",
+                           c.name() + " zeros", &cuda::set_attention_backward_zeros_in_dq, true,
+                           &cuda::attention_backward_zeros_in_dq_launches,
+                           "the dQ kernel does not form D here: the first pass zeroes",
+                           run_backward, csv);
     // The backward again with its first pass in order, where by default it runs on the
     // second stream (set_attention_backward_overlap): what its blocks cost when they run
     // under no others'.
@@ -427,24 +438,19 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     cuda::set_attention_backward_overlap(previous);
     // And with the dQ kernel's blocks started from the query tiles' records
     // (set_attention_backward_dq_records): its prologue, against the default's above.
-    const bool previous_records = cuda::set_attention_backward_dq_records(true);
-    const int64_t records_before = cuda::attention_backward_dq_record_launches();
-    timeline_rows("backward, the dQ blocks from the query tiles' records", c.name() + " records",
-                  run_backward, csv);
-    if (cuda::attention_backward_dq_record_launches() == records_before) {
-      std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: no records)\n");
-    }
-    cuda::set_attention_backward_dq_records(previous_records);
+    backward_timeline_with("backward, the dQ blocks from the query tiles' records",
+                           c.name() + " records", &cuda::set_attention_backward_dq_records, true,
+                           &cuda::attention_backward_dq_record_launches,
+                           "the dQ kernel here is not the one-warpgroup wgmma kernel: no records",
+                           run_backward, csv);
     // And with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys): four blocks
     // an SM at 128 x 128 where 32-key tiles fit three, each with twice the tiles.
-    const int previous_keys = cuda::set_attention_backward_dq_keys(16);
-    const int64_t sixteen_before = cuda::attention_backward_dq_16_key_launches();
-    timeline_rows("backward, the dQ kernel in 16-key tiles", c.name() + " dq16", run_backward,
-                  csv);
-    if (cuda::attention_backward_dq_16_key_launches() == sixteen_before) {
-      std::printf("(the dQ kernel here is not the one-warpgroup wgmma kernel: its own tiles)\n");
-    }
-    cuda::set_attention_backward_dq_keys(previous_keys);
+    backward_timeline_with("backward, the dQ kernel in 16-key tiles", c.name() + " dq16",
+                           &cuda::set_attention_backward_dq_keys, 16,
+                           &cuda::attention_backward_dq_16_key_launches,
+                           "the dQ kernel here is not the one-warpgroup wgmma kernel: its own "
+                           "tiles",
+                           run_backward, csv);
     // And with the dK/dV blocks' key tiles by work (set_attention_backward_key_order): the
     // dK/dV kernel's span and tail against the rank order's above.
     const bool previous_order = cuda::set_attention_backward_key_order(true);
