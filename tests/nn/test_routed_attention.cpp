@@ -1737,6 +1737,56 @@ TEST(RoutedAttentionGpu, Bf16PassesTakeWgmmaByDefaultWhereFaster) {
 #endif
 }
 
+// By default the wgmma passes take the warpgroups a block that the H200 timed faster
+// (kWgmmaAutomaticForward and kWgmmaAutomaticBackward in cuda/routed_attention.cu), read
+// from the kernels' names on the block timelines: one at 64 x 64 and 128 x 128 in both
+// passes, at 128 x 192 two in the forward and one in the backward (sixty-eighth session),
+// two at 256 x 256 (its dK and dV from two kernels).
+TEST(RoutedAttentionGpu, Bf16PassesTakeTheWarpgroupsTimedFasterByDefault) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting automatic_forward(&cuda::set_attention_forward_wgmma,
+                                                 cuda::kAttentionWgmmaAutomatic);
+  const testing::ScopedSetting automatic_backward(&cuda::set_attention_backward_wgmma,
+                                                  cuda::kAttentionWgmmaAutomatic);
+  struct Expected {
+    int64_t key_dim, value_dim;
+    std::vector<std::string> kernels;  // the passes' tensor-core kernels, in launch order
+  };
+  const std::vector<Expected> expected = {
+      {64, 64,
+       {"forward_wgmma<64, 64, 1>", "backward_dq_wgmma<64, 64, 1, 32>",
+        "backward_dkdv_wgmma<64, 64, 1, 0>"}},
+      {128, 128,
+       {"forward_wgmma<128, 128, 1>", "backward_dq_wgmma<128, 128, 1, 32>",
+        "backward_dkdv_wgmma<128, 128, 1, 0>"}},
+      {128, 192,
+       {"forward_wgmma<128, 192, 2>", "backward_dq_wgmma<128, 192, 1, 32>",
+        "backward_dkdv_wgmma<128, 192, 1, 0>"}},
+      {256, 256,
+       {"forward_wgmma<256, 256, 2>", "backward_dq_wgmma<256, 256, 2, 32>",
+        "backward_dkdv_wgmma<256, 256, 2, 1>", "backward_dkdv_wgmma<256, 256, 2, 2>"}}};
+  for (const Expected& e : expected) {
+    const GpuCase c{1, 100, 2, 1, e.key_dim, e.value_dim, 0.5, true, GpuDocs::Runs, true};
+    SCOPED_TRACE(gpu_case_name(c));
+    cuda::record_block_timelines(true);
+    gpu_case_gradients(c, DType::BF16);
+    cuda::record_block_timelines(false);
+    std::vector<std::string> kernels;
+    for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
+      if (launch.kernel.find("wgmma") != std::string::npos ||
+          launch.kernel.find("_mma") != std::string::npos) {
+        kernels.push_back(launch.kernel);
+      }
+    }
+    EXPECT_EQ(kernels, e.kernels);
+  }
+#endif
+}
+
 // By default, where the backward runs on wgmma (its dQ kernel then forming D), that kernel
 // takes 32-key tiles at head dims of 64 and 128 (one warpgroup a block) and the first pass
 // runs beside the others on the second stream: each was the faster on the H200
