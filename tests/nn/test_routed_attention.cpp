@@ -1162,6 +1162,15 @@ constexpr const char* kNoWgmmaHere =
     "the wgmma kernels need sm_90a code (90a in CMAKE_CUDA_ARCHITECTURES) and a GPU of "
     "compute capability 9.0";
 
+// Both passes' kernels chosen automatically (the default) for a scope, whatever an earlier
+// test left set.
+struct AutomaticKernels {
+  testing::ScopedSetting<int> forward{&cuda::set_attention_forward_wgmma,
+                                      cuda::kAttentionWgmmaAutomatic};
+  testing::ScopedSetting<int> backward{&cuda::set_attention_backward_wgmma,
+                                       cuda::kAttentionWgmmaAutomatic};
+};
+
 // The bf16 cases against the CPU with a pass's kernels set to wgmma (warpgroup tensor
 // cores, sm_90a), with one and with two warpgroups a block; skips where this build or GPU
 // has no such kernels. Each case must run on them.
@@ -1748,10 +1757,7 @@ TEST(RoutedAttentionGpu, Bf16PassesTakeTheWarpgroupsTimedFasterByDefault) {
   if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << kNoWgmmaHere;
   }
-  const testing::ScopedSetting automatic_forward(&cuda::set_attention_forward_wgmma,
-                                                 cuda::kAttentionWgmmaAutomatic);
-  const testing::ScopedSetting automatic_backward(&cuda::set_attention_backward_wgmma,
-                                                  cuda::kAttentionWgmmaAutomatic);
+  const AutomaticKernels automatic;
   struct Expected {
     int64_t key_dim, value_dim;
     std::vector<std::string> kernels;  // the passes' tensor-core kernels, in launch order
@@ -1893,10 +1899,7 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   if (!cuda::attention_wgmma_available()) {
     GTEST_SKIP() << kNoWgmmaHere;
   }
-  const testing::ScopedSetting automatic_forward(&cuda::set_attention_forward_wgmma,
-                                                 cuda::kAttentionWgmmaAutomatic);
-  const testing::ScopedSetting automatic_backward(&cuda::set_attention_backward_wgmma,
-                                                  cuda::kAttentionWgmmaAutomatic);
+  const AutomaticKernels automatic;
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 64);
   const Device gpu = Device::cuda();
   const int64_t seq_len = 256, heads = 2, dim = 64;
