@@ -111,8 +111,9 @@ int64_t attention_backward_key_order_launches();
 // Whether the backward's wgmma dQ kernel, where it forms D, also writes the zero gradients
 // of the keys not selected (dk, dv and dp at those tokens), so that no first pass runs.
 // That pass writes them on its own (101 MB at B4 T4096 H16 D128 rho 0.25): beside the
-// others or not, the H200's timelines (sixty-eighth session) show the dQ kernel starting
-// 25-30 us into the backward, after it, in every case. The dQ blocks of each kv head's
+// others or not, the H200's timelines of single calls (sixty-eighth session) show the dQ
+// kernel starting 25-30 us into the backward, after it, in every case (part of that may be
+// the host issuing the call; docs/gpu_results.md, sixty-ninth session). The dQ blocks of each kv head's
 // first query head zero the unselected ones of their rows (two dependent loads a row under
 // their prologue, then a warp's 16-byte stores a row). The outputs are the same bit for bit.
 // Off by default: untimed on a GPU (sixty-ninth session). Returns the previous setting.
