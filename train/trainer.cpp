@@ -24,6 +24,7 @@
 #include "autograd/node.h"
 #include "core/cpu/fma_peak.h"
 #include "core/profiler.h"
+#include "core/ops/matmul.h"
 #include "core/ops/optim.h"
 #include "distributed/communicator.h"
 #include "distributed/flat_shard.h"
@@ -584,10 +585,15 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
   std::string log_dir = opt.log_dir.empty() ? opt.out_dir : opt.log_dir;
   std::unique_ptr<MetricsLogger> metrics;
   if (!log_dir.empty() && rank == 0) metrics = std::make_unique<MetricsLogger>(log_dir);
-  // MFU's denominator: the given peak, else this CPU's fp32 FMA peak on the threads in use,
-  // measured now (about 0.1 s), times the ranks.
+  // MFU's denominator: the given peak, else measured now (about 0.1 s), times the ranks: on a
+  // GPU its GEMM peak in the compute dtype, on the CPU the fp32 FMA peak on the threads in
+  // use.
   double peak_gflops = opt.peak_gflops;
-  if (peak_gflops <= 0 && rank == 0) {
+  if (peak_gflops <= 0 && rank == 0 && device.is_cuda()) {
+    peak_gflops = ops::measure_matmul_peak_flops(device, compute_dtype) * 1e-9;
+    log << fmt::format("{} {} GEMM peak: {:.4g} TFLOP/s (measured)\n", device.str(),
+                       dtype_name(compute_dtype), peak_gflops * 1e-3);
+  } else if (peak_gflops <= 0 && rank == 0) {
     peak_gflops = cpu::measure_fma_peak_flops(omp_get_max_threads(), 5) * 1e-9;
     log << fmt::format("cpu fp32 FMA peak: {:.1f} GFLOP/s on {} threads ({}, measured)\n",
                        peak_gflops, omp_get_max_threads(), cpu::fma_isa());

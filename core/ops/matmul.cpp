@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "core/ops/matmul.h"
+#include "core/random.h"
 
 namespace ham {
 
@@ -78,6 +81,29 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_
             "gemm: output ", c.str(), " must be on the operands' device with their dtype ",
             dtype_name(a.dtype()), a.dtype() == DType::BF16 ? " (or f32)" : "");
   gemm_kernels()(a.device(), a, b, c, s);
+}
+
+double measure_matmul_peak_flops(Device device, DType dtype, int trials) {
+  HAM_CHECK(trials >= 1, "measure_matmul_peak_flops: trials must be at least 1, got ", trials);
+  Generator gen(0);
+  auto seconds_for = [&](int64_t n, int gemms) {
+    const Tensor a = uniform({n, n}, gen, -1, 1, dtype, device);
+    const Tensor b = uniform({n, n}, gen, -1, 1, dtype, device);
+    Tensor c = Tensor::empty({n, n}, dtype, device);
+    gemm(a, b, c, false, false);  // warm-up: the library's first call may set itself up
+    unsigned char last = 0;
+    device_backend(device).copy_to_host(&last, c.raw_data(), 1, device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < gemms; ++i) gemm(a, b, c, false, false);
+    device_backend(device).copy_to_host(&last, c.raw_data(), 1, device);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  int64_t n = 256;
+  while (n < 8192 && seconds_for(n, 1) < 2e-3) n *= 2;
+  constexpr int kGemms = 4;
+  double best = 1e30;
+  for (int t = 0; t < trials; ++t) best = std::min(best, seconds_for(n, kGemms));
+  return kGemms * 2.0 * double(n) * double(n) * double(n) / best;
 }
 
 }  // namespace ops

@@ -33,6 +33,13 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_
 // The GemmShape for the operands (also validates them; throws naming both shapes).
 GemmShape gemm_shape(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 
+// The device's GEMM peak in `dtype`, measured: the trainer's MFU denominator on a GPU (on
+// the CPU it is the FMA peak, cpu::measure_fma_peak_flops). Square GEMMs of random
+// operands, n doubling from 256 until one GEMM takes 2 ms or n is 8192; then the best of
+// `trials` runs of 4 GEMMs at that n, each run ended by a read of its last result (which
+// waits for the device). Best, not mean: a disturbance only slows a run down.
+double measure_matmul_peak_flops(Device device, DType dtype, int trials = 5);
+
 }  // namespace ops
 
 namespace cpu {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 
 #include "core/ops/matmul.h"
@@ -110,6 +111,35 @@ TEST(CudaMatmul, LargeSquareF32AndBf16) {
   HAM_SKIP_UNLESS_CUDA();
   check_case({{1024, 1536}, {1536, 768}}, DType::F32);
   check_case({{1024, 1536}, {768, 1536}, false, true}, DType::BF16);
+}
+
+// The trainer's MFU denominator on a GPU (ops::measure_matmul_peak_flops): with tensor
+// cores the bf16 GEMM peak is several times the f32 one (TF32 off; the H200's spec sheet:
+// 989 against 67 TFLOP/s), and a large bf16 GEMM timed here alone never beats it by more
+// than the clock's noise.
+TEST(CudaMatmul, MeasuredPeakOfBf16ExceedsF32AndBoundsALargeGemm) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_TESTS_ON_SIMT_EMULATOR
+  GTEST_SKIP() << "the SIMT emulator has no tensor cores: the two peaks' ratio is the GPU's";
+#endif
+  const Device gpu = Device::cuda();
+  const double bf16_peak = ops::measure_matmul_peak_flops(gpu, DType::BF16);
+  const double f32_peak = ops::measure_matmul_peak_flops(gpu, DType::F32);
+  EXPECT_GT(bf16_peak, 3 * f32_peak) << "bf16 " << bf16_peak << ", f32 " << f32_peak;
+  const int64_t n = 4096;
+  const Tensor a = random_tensor({n, n}, DType::BF16, gpu, next_seed++);
+  const Tensor b = random_tensor({n, n}, DType::BF16, gpu, next_seed++);
+  Tensor c = Tensor::empty({n, n}, DType::BF16, gpu);
+  ops::gemm(a, b, c, false, false);
+  c.to(Device::cpu());  // waits for the warm-up
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) ops::gemm(a, b, c, false, false);
+  c.to(Device::cpu());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LE(8 * 2.0 * double(n * n * n) / seconds, 1.1 * bf16_peak) << "bf16 peak " << bf16_peak;
+  testing::expect_error([&] { ops::measure_matmul_peak_flops(gpu, DType::BF16, 0); },
+                        {"measure_matmul_peak_flops", "trials must be at least 1", "0"});
 }
 
 TEST(CudaMatmul, UnalignedViewsMatchCpuReference) {

@@ -1,11 +1,14 @@
 #include "nn/matmul.h"
 
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/cpu/fma_peak.h"
 #include "core/cpu/matmul.h"
 #include "core/ops/matmul.h"
 #include "tests/error_testing.h"
@@ -321,6 +324,19 @@ TEST(MatmulCpuKernel, ProductOnThisThreadRejectsMismatchedOrUnreadableOperands) 
                 StridedMatrix<const float>{x.data(), 2, 3, 6, 2}, b, 1.0f, 0.0f);
       },
       {"cpu product", "strides 6 and 2"});
+}
+
+// ops::measure_matmul_peak_flops on the CPU: between a tenth of the FMA peak on the same
+// threads (other tests may share the cores) and 1.3 times it, which a flop count twice
+// too high would pass (ham's GEMM reaches 0.8-0.9 of it on one thread).
+TEST(MatmulPeak, MeasuredOnTheCpuIsWithinTheFmaPeak) {
+  const int threads = omp_get_max_threads();
+  const double gemm_peak = ops::measure_matmul_peak_flops(Device::cpu(), DType::F32, 3);
+  const double fma_peak = cpu::measure_fma_peak_flops(threads, 5);
+  EXPECT_GT(gemm_peak, 0.1 * fma_peak) << "GEMM " << gemm_peak << ", FMA " << fma_peak;
+  EXPECT_LT(gemm_peak, 1.3 * fma_peak) << "GEMM " << gemm_peak << ", FMA " << fma_peak;
+  testing::expect_error([] { ops::measure_matmul_peak_flops(Device::cpu(), DType::F32, 0); },
+                        {"measure_matmul_peak_flops", "trials must be at least 1", "0"});
 }
 
 }  // namespace

@@ -241,7 +241,7 @@ Command add_train_command(CLI::App& root) {
   add("--mix-mqar", &TrainOptions::mix_mqar, "Fraction of training rows drawn from MQAR (associative recall)");
   add("--mqar-pairs", &TrainOptions::mqar_pairs, "Key-value pairs per MQAR row (4 x pairs <= seq-len)");
   add("--mix-niah", &TrainOptions::mix_niah, "Fraction of training rows drawn from RULER needle-in-a-haystack (byte-level data)");
-  add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s for the MFU estimate (0: measure this CPU's fp32 FMA peak)");
+  add("--peak-gflops", &TrainOptions::peak_gflops, "Hardware peak in GFLOP/s for the MFU estimate (0: measure it: the GPU's GEMM peak in the training precision, or this CPU's fp32 FMA peak)");
   add("--grad-norms-every", &TrainOptions::grad_norms_every, "Steps between gradient-norm reports, before clipping (0: never): metrics grad_norm/<parameter> and grad_norm/layer_<i>, a per-layer log line, and for HAM with a learned router router/grad_norm/layer_<i> and statistics of dL/de_t (router/score_grad/{mean,abs_mean,abs_max,nonzero_fraction}/layer_<i>)");
   add("--dump-grads", &TrainOptions::dump_grads, "Parameters whose gradients --dump-grads-at writes: exact names or globs ('*' any run, '?' one character; comma-separated or repeated), or score_grad for HAM's dL/de_t and selection per learned-router layer; a pattern matching nothing is an error")
       ->delimiter(',');
