@@ -27,8 +27,10 @@
 #                    tree and build directory it was made in; the script links those paths
 #                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed timeline
-#                    profile sanitize diagnose
-#                    (default: all but fla, sanitize and diagnose; fla = gdr's bf16 cases with
+#                    profile sanitize diagnose cli
+#                    (default: all but fla, sanitize, diagnose and cli; cli = `ham train`
+#                    and `ham compare` on the GPU (the ham target), tiny and paper-sized
+#                    models, with their logs and the comparison's report; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
 #                    8 minutes: give it a call of its own, e.g. HAM_GPU_BENCH=fla with
 #                    HAM_GPU_TESTS=NONE; profile = per-kernel
@@ -304,6 +306,68 @@ sanitize() {
   done
 }
 
+# cli_logs_have LOG TEXT...: each TEXT is in LOG, else the stage fails naming it.
+cli_logs_have() {
+  local log=$1 text; shift
+  tail -4 "$log"
+  for text in "$@"; do
+    grep -qF -- "$text" "$log" || { echo "gpu_check: no '$text' in $log" >&2; status=1; }
+  done
+}
+
+# cli_paper_run FAMILY: `ham train` of configs/paper/FAMILY.json on the GPU, 6 steps of 4096
+# tokens, with cli's $ham.
+cli_paper_run() {
+  local log="$out/cli_train_paper_$1.log"
+  echo "== [$(date +%T)] ham train: configs/paper/$1.json, cuda, bf16, B1 T4096, 6 steps"
+  timeout 75 "$ham" train --config "configs/paper/$1.json" --device cuda \
+    --precision bf16 --steps 6 --batch-size 1 --seq-len 4096 --warmup 1 --log-every 1 \
+    --eval-every 1000 --set train.eval_batches=1 >"$log" 2>&1
+  cli_logs_have "$log" "GEMM peak" "done: training loss"
+}
+
+# cli: the training commands on the GPU as a user runs them, each under its own time limit:
+# `ham train` of the tiny HAM in bf16 with the kernels tuned by default; the paper-sized
+# HAM (configs/paper, 0.8B parameters) for 6 steps of 4096 tokens, for its tokens/s and
+# MFU against the GPU's measured GEMM peak; `ham compare` of the four tiny families with
+# "device": "cuda" in two jobs at once; then the other paper-sized families as the HAM.
+cli() {
+  local ham="$build/ham" log family
+  [[ -x $ham ]] || { echo "gpu_check: no $ham (build the ham target)" >&2; status=1; return; }
+  log="$out/cli_train_tiny_ham.log"
+  echo "== [$(date +%T)] ham train: tiny HAM, cuda, bf16, kernels tuned by default"
+  timeout 60 "$ham" train --config configs/tiny/ham-fixed-tau.json --device cuda \
+    --precision bf16 --steps 200 --batch-size 8 --seq-len 256 --log-every 50 \
+    --eval-every 100 >"$log" 2>&1
+  cli_logs_have "$log" "kernel: autotune off -> on" "GEMM peak" "done: training loss"
+  cli_paper_run ham-fixed-tau
+  local spec="$out/compare_cuda.json"
+  cat >"$spec" <<SPEC
+{
+  "runs": {"transformer": "$root/configs/tiny/transformer.json",
+           "gdn": "$root/configs/tiny/gdn.json",
+           "gdn-gsa": "$root/configs/tiny/gdn-gsa.json",
+           "ham": "$root/configs/tiny/ham-fixed-tau.json"},
+  "train": {"steps": 100, "batch_size": 8, "seq_len": 256, "log_every": 50, "device": "cuda",
+            "precision": "bf16", "mix_mqar": 1, "mqar_pairs": 8},
+  "eval": {"perplexity": false, "mqar_lengths": [256], "mqar_pairs": 8, "samples": 64,
+           "batch_size": 16}
+}
+SPEC
+  # Its checkpoints stay behind (tens of MB: the results must come back in 16 MiB); the
+  # report and each run's logs come along.
+  local runs
+  runs=$(mktemp -d)
+  log="$out/cli_compare_cuda.log"
+  echo "== [$(date +%T)] ham compare: four tiny families, cuda, bf16, --jobs 2"
+  timeout 120 "$ham" compare "$spec" --out "$runs" --jobs 2 --threads 4 >"$log" 2>&1
+  cli_logs_have "$log" "report:"
+  mkdir -p "$out/compare_cuda"
+  (cd "$runs" && find . -name '*.md' -o -name '*.json' -o -name '*.log' -o -name '*.jsonl' |
+     grep -v '/step-' | tar -cf - -T -) | tar -C "$out/compare_cuda" -xf -
+  for family in transformer gdn gdn-gsa; do cli_paper_run "$family"; done
+}
+
 # HAM_GPU_BENCH (see the top): default all but fla, sanitize and diagnose.
 benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed timeline profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
@@ -430,6 +494,7 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
   [[ $benches == *" lce "* ]] &&
     HAM_ARGS=$lce_args bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
       bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
+  [[ $benches == *" cli "* ]] && cli
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"

@@ -7,7 +7,7 @@
 #
 # Usage (on the GPU machine, from anywhere): scripts/gpu_session.sh OUT [STAGE...]
 #   STAGE: tests, or one of gpu_check's benchmarks (fla gdr routed timeline decode memory
-#   lce gemm profile sanitize diagnose). Default: tests timeline fla routed lce profile
+#   lce gemm profile sanitize diagnose cli). Default: tests timeline fla routed lce profile
 #   memory decode diagnose, most wanted first. tests runs every GPU test once; the
 #   benchmark stages run no tests.
 #   OUT receives gpu_session.tgz (STAGE.log and STAGE/ for each stage) and summary.txt.
@@ -67,9 +67,11 @@ work=$(mktemp -d)
 # 50 s a case): 500. Sixty-ninth session: routed's variant tables now start with the
 # unselected keys' zeros in the dQ blocks (12 cases), and timeline records one more
 # backward a case (about 8 s more): limits unchanged, untimed.
+# Seventieth session: cli (the training commands: tiny HAM 60, four paper-sized families
+# 75 each, compare 120, each its own limit): 280, untimed.
 declare -A limit=([tests]=150 [fla]=200 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=500 [sanitize]=580
-                  [diagnose]=300)
+                  [diagnose]=300 [cli]=280)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
   [[ $pair =~ ^([a-z]+)=([0-9]+)$ ]] ||
     { echo "gpu_session: HAM_GPU_STAGE_SECONDS: '$pair' is not STAGE=SECONDS" >&2; exit 2; }
