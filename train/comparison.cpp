@@ -917,7 +917,7 @@ nlohmann::json group_to_json(const RunGroup& g, const std::vector<double>& loss_
 }  // namespace
 
 std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,
-                                    const std::string& out_dir) {
+                                    const std::string& out_dir, bool plots) {
   HAM_CHECK(!result.runs.empty(), "write_comparison_report: no runs to report");
   const std::vector<RunGroup> groups = group_runs(result);
   const TrainOptions& t = spec.train;
@@ -946,9 +946,8 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
           "losses is below x; - where no step is (with seeds, the mean is over the seeds that "
           "got there).";
   }
-  md += "\n\n![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n";
-  write_plot(loss_curves(groups), (fs::path(out_dir) / "loss_curves.png").string());
-  write_plot(kv_tradeoff(groups), (fs::path(out_dir) / "kv_tradeoff.png").string());
+  md += plots ? "\n\n![training loss](loss_curves.png)\n\n![KV trade-off](kv_tradeoff.png)\n"
+               : "\n\n(No plots: written with --no-plots.)\n";
 
   nlohmann::json runs = nlohmann::json::array();
   for (const CompareRunResult& r : result.runs) {
@@ -984,6 +983,10 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
     write_file_atomically((fs::path(out_dir) / name).string(), text);
+  }
+  if (plots) {
+    write_plot(loss_curves(groups), (fs::path(out_dir) / "loss_curves.png").string());
+    write_plot(kv_tradeoff(groups), (fs::path(out_dir) / "kv_tradeoff.png").string());
   }
   return md;
 }

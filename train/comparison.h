@@ -142,8 +142,9 @@ CompareResult run_comparison(const CompareSpec& spec, const std::string& out_dir
                              std::ostream& log, const CompareOptions& options = {},
                              const std::shared_ptr<dist::Communicator>& world = nullptr);
 
-// Writes report.md, report.json and the plots into out_dir; returns the markdown.
+// Writes report.md and report.json into out_dir, then (with `plots`) the plots, so that a
+// plot that fails loses no report; returns the markdown.
 std::string write_comparison_report(const CompareSpec& spec, const CompareResult& result,
-                                    const std::string& out_dir);
+                                    const std::string& out_dir, bool plots = true);
 
 }  // namespace ham

@@ -25,6 +25,7 @@
 #include "distributed/communicator.h"
 #include "train/cli/commands.h"
 #include "train/comparison.h"
+#include "train/plot.h"
 #include "train/stop_signals.h"
 
 namespace ham::cli {
@@ -41,6 +42,7 @@ struct CompareArgs {
   int64_t steps = 0;
   bool retrain = false;
   bool train_only = false;
+  bool plots = true;  // --no-plots: the report without its two figures (no gnuplot needed)
   int threads = 0;
   int jobs = 1;
   std::vector<std::string> job_runs;  // --job: the runs of one job of a --jobs parent
@@ -246,6 +248,11 @@ int run_compare(const CompareArgs& args) {
     }
     spec.configs = kept;
   }
+  // The report's plots need gnuplot: its absence is an error before any training, not
+  // after it.
+  HAM_CHECK(!args.plots || args.train_only || !args.job_runs.empty() || !find_gnuplot().empty(),
+            "compare: gnuplot is not installed (not found on PATH), and the report's plots need "
+            "it: run scripts/install_deps.sh, or pass --no-plots");
   // Ctrl-C or SIGTERM stops the run in progress with a checkpoint; a second one kills.
   StopSignals stop_signals;
   // Under mpirun every run trains on all ranks (sharded data parallel); CUDA tensors move
@@ -310,9 +317,10 @@ int run_compare(const CompareArgs& args) {
     }
     if (args.train_only) return trained_only();
     if (world->rank() == 0) {
-      const std::string markdown = write_comparison_report(spec, result, args.out_dir);
-      out << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and "
-          << "report.json, loss_curves.png, kv_tradeoff.png)\n";
+      const std::string markdown =
+          write_comparison_report(spec, result, args.out_dir, args.plots);
+      out << "\n" << markdown << "\nreport: " << args.out_dir << "/report.md (and report.json"
+          << (args.plots ? ", loss_curves.png, kv_tradeoff.png" : "") << ")\n";
     }
     return 0;
   };
@@ -348,6 +356,9 @@ Command add_compare_command(CLI::App& root) {
   cmd->add_flag("--train-only", args->train_only,
                 "Train what is missing and stop, evaluating nothing and writing no report (the "
                 "same command without it then evaluates the runs)");
+  cmd->add_flag("--no-plots", [args](int64_t) { args->plots = false; },
+                "Write the report without its two plots, which need gnuplot (e.g. on a GPU "
+                "machine without it)");
   cmd->add_option("--jobs", args->jobs,
                   "Train up to this many runs at once, each in a process of its own with "
                   "--threads threads (default: the cores shared out); each run's output goes to "
