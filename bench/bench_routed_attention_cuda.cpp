@@ -46,12 +46,11 @@
 // least-squares fixed cost and cost a tile, the SMs' idle share between blocks and at the
 // tail), beside the event time of each pass and the host's time to issue it (when that is
 // near the event time, the pass waits on the host, not the GPU); then the backward once
-// more with the unselected keys' zeros in the dQ blocks
-// (set_attention_backward_zeros_in_dq), once with its first pass in order, not beside the
-// others on a second stream (the
-// default; set_attention_backward_overlap), once with the dQ kernel's blocks started
-// from the query tiles' records (set_attention_backward_dq_records), once with the dQ
-// kernel in 16-key tiles (set_attention_backward_dq_keys), and once with the
+// more with the unselected keys' zeros from its first pass, not the dQ blocks (the default;
+// set_attention_backward_zeros_in_dq), once with that pass in order, not beside the others
+// on a second stream (its default; set_attention_backward_overlap), once with the dQ
+// kernel's blocks started from the query tiles' records (set_attention_backward_dq_records),
+// once with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys), once with the
 // dK/dV blocks' key tiles by work (set_attention_backward_key_order), and once as dependent
 // launches (set_dependent_launches). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
@@ -415,27 +414,24 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                 c.name().c_str(), forward_ms.median * 1e3, forward_host,
                 backward_ms.median * 1e3, backward_host, cuda::timeline_summary_header().c_str());
     timeline_rows("forward", c.name(), run_forward, csv);
-    const int64_t beside_before = cuda::attention_overlapped_prologues();
     timeline_rows("backward", c.name(), run_backward, csv);
-    const bool ran_beside = cuda::attention_overlapped_prologues() != beside_before;
-    // The backward again with the unselected keys' zeros written by the dQ blocks
-    // (set_attention_backward_zeros_in_dq): no first pass, the dQ kernel first.
-    backward_timeline_with("backward, the unselected keys' zeros in the dQ blocks",
-                           c.name() + " zeros", &cuda::set_attention_backward_zeros_in_dq, true,
-                           &cuda::attention_backward_zeros_in_dq_launches,
-                           "the dQ kernel does not form D here: the first pass zeroes",
-                           run_backward, csv);
-    // The backward again with its first pass in order, where by default it runs on the
-    // second stream (set_attention_backward_overlap): what its blocks cost when they run
-    // under no others'.
-    const bool previous = cuda::set_attention_backward_overlap(false);
-    if (ran_beside) {
+    // The backward again with the unselected keys' zeros from its first pass, on the second
+    // stream beside the others (set_attention_backward_zeros_in_dq off, the default until
+    // the seventieth session), then with that pass in order (set_attention_backward_overlap
+    // off): what its blocks cost when they run under no others'.
+    const bool zeros_in_dq = cuda::set_attention_backward_zeros_in_dq(false);
+    const int64_t beside_before = cuda::attention_overlapped_prologues();
+    timeline_rows("backward, the unselected keys' zeros from its first pass",
+                  c.name() + " first pass", run_backward, csv);
+    if (cuda::attention_overlapped_prologues() != beside_before) {
+      const bool overlap = cuda::set_attention_backward_overlap(false);
       timeline_rows("backward, its first pass in order", c.name() + " in order", run_backward,
                     csv);
+      cuda::set_attention_backward_overlap(overlap);
     } else {
       std::printf("(the first pass forms D here: it runs in order)\n");
     }
-    cuda::set_attention_backward_overlap(previous);
+    cuda::set_attention_backward_zeros_in_dq(zeros_in_dq);
     // And with the dQ kernel's blocks started from the query tiles' records
     // (set_attention_backward_dq_records): its prologue, against the default's above.
     backward_timeline_with("backward, the dQ blocks from the query tiles' records",
@@ -510,7 +506,8 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
 void variant_tables(const std::string& filter, int reps) {
   // First, as the newest: the unselected keys' zeros from the backward's first pass (on the
   // second stream, the dQ kernel starting 25-30 us into the backward after it on the
-  // H200's timelines) or written by the dQ blocks, with no first pass.
+  // H200's timelines) or written by the dQ blocks, with no first pass (the default since
+  // the seventieth session: 1.00-1.02x).
   backward_setting_table(
       "the unselected keys' zeros from the first pass vs from the dQ blocks", "first pass",
       "dQ blocks", "dQ blocks faster", "the dQ kernel does not form D here: the first pass zeroes",
@@ -600,6 +597,8 @@ void variant_tables(const std::string& filter, int reps) {
     // Where the dQ kernel forms D, the first pass only zeroes the unselected rows of dk,
     // dv and dp (at rho 0.25, 101 MB at B4 T4096 H16 D128): bound by HBM, it may run
     // under the latency-bound tensor-core passes.
+    // (With the zeros in the dQ blocks, the default, no first pass runs: off here.)
+    const bool zeros_in_dq = cuda::set_attention_backward_zeros_in_dq(false);
     backward_setting_table(
         "its first pass (zeroing the unselected rows) in order vs beside the others on a "
         "second stream",
@@ -607,6 +606,7 @@ void variant_tables(const std::string& filter, int reps) {
         filter, reps, &cuda::set_attention_backward_overlap,
         &cuda::attention_overlapped_prologues,
         [](const BenchCase& c) { return c.density != 1.0; });  // at 1 nothing to zero
+    cuda::set_attention_backward_zeros_in_dq(zeros_in_dq);
     // With packed documents the dK/dV blocks' work rises and falls with each document, so
     // by rank heavy blocks start in the last wave (scripts/attention_block_order.py
     // --documents: 1.05-1.09x heaviest first's time at T16384 rho 0.25, in a model).

@@ -3357,7 +3357,7 @@ std::atomic<int64_t> g_key_prologues_before_wait{0};
 std::atomic<bool> g_backward_key_order{false};
 std::atomic<int64_t> g_backward_key_order_launches{0};
 // set_attention_backward_zeros_in_dq, and the calls whose dQ blocks wrote those zeros.
-std::atomic<bool> g_backward_zeros_in_dq{false};
+std::atomic<bool> g_backward_zeros_in_dq{true};
 std::atomic<int64_t> g_backward_zeros_in_dq_launches{0};
 
 // Warpgroups a block for a pass set (by `setter`) to `setting`, 0 for mma.sync: the
@@ -3815,7 +3815,7 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
     // Where the wgmma dQ kernel forms D (one warpgroup a block or two).
     if (attention_wgmma_available() && attention_wgmma_takes_head_dims(key_dim, value_dim) &&
         groups_set != 0) {
-      settings.push_back({"attention_backward_zeros_in_dq", {"off", "on"}});
+      settings.push_back({"attention_backward_zeros_in_dq", {"on", "off"}});
     }
     return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
                                       k.size(2), " D", key_dim, "x", value_dim,

@@ -1312,14 +1312,14 @@ TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
   ASSERT_EQ(choices[0].variants.size(), wgmma ? 16u : 2u);
   EXPECT_EQ(choices[0].variants.back().label,
             wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
-                    "attention_backward_key_order=on attention_backward_zeros_in_dq=on"
+                    "attention_backward_key_order=on attention_backward_zeros_in_dq=off"
                   : "attention_backward_key_order=on");
   EXPECT_EQ(choices[1].shape, "bf16 B1 T150 H4x2 D128x192");
   EXPECT_EQ(choices[1].variants.size(), wgmma ? 4u : 2u)
       << "at 128 x 192: the key order and the zeros";
   EXPECT_EQ(cuda::set_attention_backward_dq_keys(32), 32) << "restored after each call";
   EXPECT_FALSE(cuda::set_attention_backward_key_order(false));
-  EXPECT_FALSE(cuda::set_attention_backward_zeros_in_dq(false));
+  EXPECT_TRUE(cuda::set_attention_backward_zeros_in_dq(true));
 #endif
 }
 
@@ -1565,7 +1565,8 @@ TEST(RoutedAttentionGpu, DependentLaunchesMatchCpuAndPlainLaunches) {
 
 // The backward's first pass on the second stream (set_attention_backward_overlap, the
 // default), where the wgmma dQ kernel forms D so that the pass only zeroes the unselected
-// rows, and in order (set so): the gradients into poisoned buffers, their exact zeros
+// rows (with set_attention_backward_zeros_in_dq off: on, the default, no first pass runs),
+// and in order (set so): the gradients into poisoned buffers, their exact zeros
 // included, against the CPU. It runs beside the other kernels only there, on one warpgroup
 // and on two; with mma.sync it stays in order. (On the emulator, HAM_EMULATOR_STREAMS=late
 // holds the second stream's work until the join waits for it; that the streams overlap is
@@ -1580,6 +1581,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithItsZeroingBesideTheOtherPassesOrInOrder
       GpuCase{2, 300, 4, 2, 64, 64, 0.25, true, GpuDocs::Runs, true},
       GpuCase{2, 200, 8, 2, 128, 128, 0.5, true, GpuDocs::Packed20, true},
       GpuCase{1, 150, 4, 2, 128, 192, 0.5, true, GpuDocs::Packed20, true}};
+  const testing::ScopedSetting first_pass(&cuda::set_attention_backward_zeros_in_dq, false);
   for (bool beside : {true, false}) {
     const testing::ScopedSetting overlap(&cuda::set_attention_backward_overlap, beside);
     for (int kernels : {1, 2}) {
@@ -1644,7 +1646,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithTheZerosInTheDqKernelMatchesCpuAndTheFi
     EXPECT_EQ(cuda::attention_backward_zeros_in_dq_launches(), launches)
         << "mma.sync: D and the zeros from the first pass";
   }
-  EXPECT_FALSE(cuda::set_attention_backward_zeros_in_dq(false)) << "off by default";
+  EXPECT_TRUE(cuda::set_attention_backward_zeros_in_dq(true)) << "on by default";
 #endif
 }
 
@@ -1794,11 +1796,11 @@ TEST(RoutedAttentionGpu, Bf16PassesTakeTheWarpgroupsTimedFasterByDefault) {
 }
 
 // By default, where the backward runs on wgmma (its dQ kernel then forming D), that kernel
-// takes 32-key tiles at head dims of 64 and 128 (one warpgroup a block) and the first pass
-// runs beside the others on the second stream: each was the faster on the H200
-// (docs/gpu_results.md, thirty-sixth session). At 128 x 192 the dQ kernel's own tile is
-// 32 keys either way.
-TEST(RoutedAttentionGpu, Bf16BackwardTakesThe32KeyDqAndItsZeroingBesideByDefault) {
+// takes 32-key tiles at head dims of 64 and 128 (one warpgroup a block; the faster on the
+// H200, docs/gpu_results.md, thirty-sixth session) and writes the unselected keys' zeros
+// itself, so that no first pass runs (the faster in the seventieth session). At 128 x 192
+// the dQ kernel's own tile is 32 keys either way.
+TEST(RoutedAttentionGpu, Bf16BackwardTakesThe32KeyDqWithTheZerosInItByDefault) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
@@ -1810,10 +1812,12 @@ TEST(RoutedAttentionGpu, Bf16BackwardTakesThe32KeyDqAndItsZeroingBesideByDefault
     const GpuCase c{1, 100, 2, 1, key_dim, value_dim, 0.5, true, GpuDocs::Runs, true};
     SCOPED_TRACE(gpu_case_name(c));
     const int64_t dq_32 = cuda::attention_backward_dq_32_key_launches();
+    const int64_t zeros_in_dq = cuda::attention_backward_zeros_in_dq_launches();
     const int64_t beside = cuda::attention_overlapped_prologues();
     expect_gpu_matches_cpu(c, DType::BF16);
     EXPECT_EQ(cuda::attention_backward_dq_32_key_launches() - dq_32, 1);
-    EXPECT_EQ(cuda::attention_overlapped_prologues() - beside, 1);
+    EXPECT_EQ(cuda::attention_backward_zeros_in_dq_launches() - zeros_in_dq, 1);
+    EXPECT_EQ(cuda::attention_overlapped_prologues(), beside) << "no first pass";
   }
 #endif
 }
@@ -1901,6 +1905,8 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   }
   const AutomaticKernels automatic;
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 64);
+  // The first pass (off by default: the zeros in the dQ blocks) must stamp its blocks too.
+  const testing::ScopedSetting first_pass(&cuda::set_attention_backward_zeros_in_dq, false);
   const Device gpu = Device::cuda();
   const int64_t seq_len = 256, heads = 2, dim = 64;
   Tensor q = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 11);
