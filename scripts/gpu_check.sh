@@ -316,13 +316,14 @@ cli_logs_have() {
 }
 
 # cli_paper_run FAMILY: `ham train` of configs/paper/FAMILY.json on the GPU, 6 steps of 4096
-# tokens, with cli's $ham.
+# tokens, with cli's $ham; steps 2 and 3 profiled (each op's time by CUDA events, a table
+# by phase and op in the log), steps 4 to 6 not.
 cli_paper_run() {
   local log="$out/cli_train_paper_$1.log"
   echo "== [$(date +%T)] ham train: configs/paper/$1.json, cuda, bf16, B1 T4096, 6 steps"
   timeout 75 "$ham" train --config "configs/paper/$1.json" --device cuda \
     --precision bf16 --steps 6 --batch-size 1 --seq-len 4096 --warmup 1 --log-every 1 \
-    --eval-every 1000 --set train.eval_batches=1 >"$log" 2>&1
+    --eval-every 1000 --set train.eval_batches=1 --profile 2 >"$log" 2>&1
   cli_logs_have "$log" "GEMM peak" "done: training loss"
 }
 
@@ -330,7 +331,8 @@ cli_paper_run() {
 # `ham train` of the tiny HAM in bf16 with the kernels tuned by default; the paper-sized
 # HAM (configs/paper, 0.8B parameters) for 6 steps of 4096 tokens, for its tokens/s and
 # MFU against the GPU's measured GEMM peak; `ham compare` of the four tiny families with
-# "device": "cuda" in two jobs at once; then the other paper-sized families as the HAM.
+# "device": "cuda" in two jobs at once (--no-plots: the GPU machine has no gnuplot); then
+# the other paper-sized families as the HAM.
 cli() {
   local ham="$build/ham" log family
   [[ -x $ham ]] || { echo "gpu_check: no $ham (build the ham target)" >&2; status=1; return; }
@@ -360,7 +362,8 @@ SPEC
   runs=$(mktemp -d)
   log="$out/cli_compare_cuda.log"
   echo "== [$(date +%T)] ham compare: four tiny families, cuda, bf16, --jobs 2"
-  timeout 120 "$ham" compare "$spec" --out "$runs" --jobs 2 --threads 4 >"$log" 2>&1
+  timeout 120 "$ham" compare "$spec" --out "$runs" --jobs 2 --threads 4 --no-plots \
+    >"$log" 2>&1
   cli_logs_have "$log" "report:"
   mkdir -p "$out/compare_cuda"
   (cd "$runs" && find . -name '*.md' -o -name '*.json' -o -name '*.log' -o -name '*.jsonl' |
