@@ -1,10 +1,11 @@
-// CUDA kernels of core/ops/optim.h (adamw_step, adamw_step_multi, squared_norm) and the
-// fused multi-tensor AdamW of cuda/optim.h:
+// CUDA kernels of core/ops/optim.h (adamw_step, adamw_step_multi, squared_norm,
+// squared_norms) and the fused multi-tensor AdamW of cuda/optim.h:
 //   adamw_step:   p <- p (1 - lr wd)
 //                 m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
 //                 p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //                 computed as p decay - step_size m / (sqrt(v) inv_sqrt_bias2 + eps), as on the CPU
 //   squared_norm: sum of g^2, accumulated in f64.
+//   squared_norms: each tensor's sum of g^2, its chunks' f64 sums added in order on the host.
 // Multi-tensor: every tensor is cut into chunks of kChunk elements and each chunk is one
 // block of a single launch; the (tensor, chunk) table and the tensors' pointers live in
 // a small device buffer uploaded per call, so the launch has no limit on tensor count.
@@ -88,6 +89,24 @@ __global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlo
   }
 }
 
+// Uploads the (slot, chunk) table (the slots, then the blocks, 8-byte aligned) into a byte
+// tensor on `device`, in stream order, as launch_adamw does (a copy from pageable memory
+// has read it when cudaMemcpyAsync returns); the tensor's memory goes back to the pool in
+// stream order.
+template <class Slot>
+Tensor upload_chunk_table(const std::vector<Slot>& slots, const std::vector<AdamWBlock>& blocks,
+                          Device device, cudaStream_t stream) {
+  const size_t slot_bytes = slots.size() * sizeof(Slot);
+  const size_t block_bytes = blocks.size() * sizeof(AdamWBlock);
+  std::vector<char> host(slot_bytes + block_bytes);
+  std::memcpy(host.data(), slots.data(), slot_bytes);
+  std::memcpy(host.data() + slot_bytes, blocks.data(), block_bytes);
+  Tensor table = Tensor::empty({int64_t(host.size())}, DType::U8, device);
+  HAM_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), host.data(), host.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  return table;
+}
+
 // Entry i is (params[i], grads[i], exp_avg[i], exp_avg_sq[i]); the lists are checked.
 template <class P, class G, class M>
 void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
@@ -106,19 +125,11 @@ void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& 
                      exp_avg_sq[i].raw_data(), n});
   }
   if (blocks.empty()) return;
-  // One upload: the slots, then the block table (8-byte aligned after the slots).
-  const size_t slot_bytes = slots.size() * sizeof(AdamWSlot);
-  const size_t block_bytes = blocks.size() * sizeof(AdamWBlock);
-  std::vector<char> host(slot_bytes + block_bytes);
-  std::memcpy(host.data(), slots.data(), slot_bytes);
-  std::memcpy(host.data() + slot_bytes, blocks.data(), block_bytes);
-  Tensor table = Tensor::empty({int64_t(host.size())}, DType::U8, params.front().device());
   const cudaStream_t stream = launch_stream();
-  HAM_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), host.data(), host.size(),
-                                 cudaMemcpyHostToDevice, stream));
+  const Tensor table = upload_chunk_table(slots, blocks, params.front().device(), stream);
   const auto* device_slots = static_cast<const AdamWSlot*>(table.raw_data());
-  const auto* device_blocks =
-      reinterpret_cast<const AdamWBlock*>(static_cast<const char*>(table.raw_data()) + slot_bytes);
+  const auto* device_blocks = reinterpret_cast<const AdamWBlock*>(
+      static_cast<const char*>(table.raw_data()) + slots.size() * sizeof(AdamWSlot));
 
   const double bias1 = 1.0 - std::pow(h.beta1, double(h.step));
   const double bias2 = 1.0 - std::pow(h.beta2, double(h.step));
@@ -207,10 +218,89 @@ double squared_norm(const Tensor& x) {
   return host;
 }
 
+struct NormSlot {
+  const void* x;
+  int64_t numel;
+};
+
+// squared_norms: one block a chunk of kChunk elements of one tensor (the AdamW table's
+// layout), its sum of squares in f64 into partial[blockIdx.x]; the host adds each tensor's
+// chunks in order, so the result never depends on scheduling.
+template <class T>
+__global__ void squared_norm_chunks_kernel(const NormSlot* slots, const AdamWBlock* blocks,
+                                           double* partial) {
+  using Block = RowGroup<false>;
+  const AdamWBlock work = blocks[blockIdx.x];
+  const NormSlot slot = slots[work.slot];
+  const T* __restrict__ x = static_cast<const T*>(slot.x);
+  const int64_t begin = int64_t(work.chunk) * kChunk;
+  const int64_t end = min(slot.numel, begin + kChunk);
+  double acc = 0;
+  for (int64_t i = begin + Block::lane(); i < end; i += Block::size()) {
+    const double v = double(load(x[i]));
+    acc += v * v;
+  }
+  acc = Block::sum(acc);
+  if (Block::lane() == 0) partial[blockIdx.x] = acc;
+}
+
+// Every tensor's chunks, one launch for each dtype present, then one copy of all the
+// partial sums to the host: one wait for the GPU in all.
+std::vector<double> squared_norms(const std::vector<Tensor>& xs) {
+  std::vector<double> norms(xs.size(), 0.0);
+  std::vector<int64_t> place(xs.size(), 0), chunks(xs.size(), 0);  // in the partial sums
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    chunks[i] = (xs[i].numel() + kChunk - 1) / kChunk;
+    total += chunks[i];
+  }
+  if (total == 0) return norms;
+  HAM_CHECK(total < (int64_t(1) << 31), "squared_norms: ", total, " chunks exceed one launch");
+  const Device device = xs.front().device();
+  use_device_of(xs.front());
+  const cudaStream_t stream = launch_stream();
+  Tensor partial = Tensor::empty({total}, DType::F64, device);
+  int64_t written = 0;
+  for (const DType dtype : {DType::F32, DType::BF16, DType::F64}) {
+    std::vector<NormSlot> slots;
+    std::vector<AdamWBlock> blocks;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i].dtype() != dtype || chunks[i] == 0) continue;
+      place[i] = written + int64_t(blocks.size());
+      for (int64_t c = 0; c < chunks[i]; ++c) {
+        blocks.push_back({int32_t(slots.size()), int32_t(c)});
+      }
+      slots.push_back({xs[i].raw_data(), xs[i].numel()});
+    }
+    if (blocks.empty()) continue;
+    const Tensor table = upload_chunk_table(slots, blocks, device, stream);
+    const auto* device_slots = static_cast<const NormSlot*>(table.raw_data());
+    const auto* device_blocks = reinterpret_cast<const AdamWBlock*>(
+        static_cast<const char*>(table.raw_data()) + slots.size() * sizeof(NormSlot));
+    dispatch_floating("squared_norms", dtype, [&]<class T>() {
+      HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream, squared_norm_chunks_kernel<T>)(
+          device_slots, device_blocks, ptr<double>(partial) + written);
+    });
+    HAM_CUDA_CHECK_LAUNCH();
+    written += int64_t(blocks.size());
+  }
+  HAM_CHECK(written == total, "squared_norms: ", total - written,
+            " chunks of a dtype the kernel does not take");
+  std::vector<double> host(static_cast<size_t>(total));
+  HAM_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial.raw_data(), host.size() * sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream));
+  HAM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    for (int64_t c = 0; c < chunks[i]; ++c) norms[i] += host[size_t(place[i] + c)];
+  }
+  return norms;
+}
+
 const bool registered = [] {
   adamw_step_kernels().register_kernel(DeviceKind::CUDA, &adamw_step);
   adamw_step_multi_kernels().register_kernel(DeviceKind::CUDA, &adamw_step_multi);
   squared_norm_kernels().register_kernel(DeviceKind::CUDA, &squared_norm);
+  squared_norms_kernels().register_kernel(DeviceKind::CUDA, &squared_norms);
   return true;
 }();
 

@@ -172,11 +172,13 @@ double CosineSchedule::lr(int64_t step) const {
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
-  double total = 0;
+  std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     Tensor g = grad(p);
-    if (g.defined()) total += ops::squared_norm(g);
+    if (g.defined()) grads.push_back(g);
   }
+  double total = 0;  // summed in the parameters' order (on the CPU, as squared_norm's were)
+  for (double squares : ops::squared_norms(grads)) total += squares;
   double norm = std::sqrt(total);
   if (!std::isfinite(norm)) return norm;
   if (norm > max_norm && norm > 0) {

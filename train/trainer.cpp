@@ -262,11 +262,22 @@ std::function<TokenBatch(int64_t, int64_t, Generator&)> make_row_sampler(
   };
 }
 
-// Name of the first parameter whose gradient holds a NaN or Inf, or "".
+// Name of the first parameter whose gradient holds a NaN or Inf, or "". Every gradient's
+// squared norm in one call (a NaN or Inf element makes it non-finite; finite bf16 or f32
+// squares cannot overflow its f64 sum): on a GPU one wait, where one a tensor took 8.6% of
+// the paper's HAM's step on the H200.
 std::string first_nonfinite_grad(const LanguageModel& model) {
+  std::vector<std::string> names;
+  std::vector<Tensor> grads;
   for (const auto& [name, p] : model.named_parameters()) {
     Tensor g = grad(p);
-    if (g.defined() && !ops::all_finite(g)) return name;
+    if (!g.defined()) continue;
+    names.push_back(name);
+    grads.push_back(g);
+  }
+  const std::vector<double> squares = ops::squared_norms(grads);
+  for (size_t i = 0; i < squares.size(); ++i) {
+    if (!std::isfinite(squares[i])) return names[i];
   }
   return "";
 }

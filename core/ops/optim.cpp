@@ -12,6 +12,8 @@ HAM_DEFINE_KERNEL_TABLE(adamw_step_multi, &cpu::adamw_step_multi,
                              std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
                              const AdamWHyper&))
 HAM_DEFINE_KERNEL_TABLE(squared_norm, &cpu::squared_norm, double(const Tensor& x))
+HAM_DEFINE_KERNEL_TABLE(squared_norms, &cpu::squared_norms,
+                        std::vector<double>(const std::vector<Tensor>& xs))
 
 namespace ops {
 
@@ -68,6 +70,19 @@ void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& gr
 }
 
 double squared_norm(const Tensor& x) { return squared_norm_kernels()(x.device(), x); }
+
+std::vector<double> squared_norms(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return {};
+  for (size_t i = 0; i < xs.size(); ++i) {
+    HAM_CHECK(xs[i].defined(), "squared_norms: tensor ", i, " is undefined");
+    HAM_CHECK(is_floating(xs[i].dtype()), "squared_norms: tensor ", i, " is ", xs[i].str(),
+              ", not floating");
+    HAM_CHECK(xs[i].device() == xs[0].device(), "squared_norms: tensor ", i, " is on ",
+              xs[i].device().str(), " but tensor 0 is on ", xs[0].device().str(),
+              " (one device for every tensor)");
+  }
+  return squared_norms_kernels()(xs[0].device(), xs);
+}
 
 bool all_finite(const Tensor& x) { return std::isfinite(squared_norm(x)); }
 

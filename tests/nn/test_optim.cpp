@@ -3,10 +3,12 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "autograd/node.h"
 #include "core/ops/optim.h"
 #include "core/ops/unary.h"
+#include "tests/error_testing.h"
 #include "tests/testing.h"
 #ifdef HAM_WITH_CUDA
 #include "cuda/optim.h"
@@ -356,6 +358,30 @@ TEST(AdamW, MultiTensorGpuMatchesCpu) {
   }
 }
 
+// ops::squared_norms on the CPU is the loop over squared_norm, bit for bit: mixed dtypes,
+// an empty tensor; its errors name the entry and what is wrong with it.
+TEST(SquaredNorms, CpuEqualsSquaredNormOfEachBitForBit) {
+  std::vector<Tensor> xs;
+  uint64_t seed = 300;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F64}) {
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(5000), int64_t(70001)}) {
+      xs.push_back(testing::random_tensor({n}, dtype, Device::cpu(), seed++));
+    }
+  }
+  const std::vector<double> norms = ops::squared_norms(xs);
+  ASSERT_EQ(norms.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(norms[i], ops::squared_norm(xs[i])) << "tensor " << i << " " << xs[i].str();
+  }
+  EXPECT_EQ(norms[0], 0.0);
+  EXPECT_TRUE(ops::squared_norms({}).empty());
+  testing::expect_error([&] { ops::squared_norms({xs[1], Tensor()}); },
+                        {"squared_norms", "tensor 1 is undefined"});
+  testing::expect_error(
+      [&] { ops::squared_norms({xs[1], Tensor::zeros({3}, DType::I64)}); },
+      {"squared_norms", "tensor 1", "i64", "not floating"});
+}
+
 #ifdef HAM_WITH_CUDA
 // AdamW and squared_norm on the GPU against the CPU kernel, with fresh random params,
 // moments and gradients: fp32 master weights and moments with f32 or bf16 gradients
@@ -395,8 +421,42 @@ TEST(AdamW, GpuMatchesCpu) {
     EXPECT_NEAR(ops::squared_norm(x), want_norm, 1e-9 * want_norm);
   }
 }
+
+// ops::squared_norms on the GPU (one launch a dtype, one read back) against the CPU
+// kernel: fresh random tensors of the three float dtypes in one call, in an order that
+// mixes them, with sizes around the 65,536-element chunk and an empty one; a NaN in one and
+// an Inf in another make those two non-finite and leave the rest alone.
+TEST(SquaredNorms, GpuMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  std::vector<Tensor> xs;
+  uint64_t seed = 400;
+  for (int64_t n : {int64_t(65537), int64_t(1), int64_t(0), int64_t(65536), int64_t(3000)}) {
+    for (DType dtype : {DType::BF16, DType::F64, DType::F32}) {
+      xs.push_back(testing::random_tensor({n}, dtype, gpu, seed++));
+    }
+  }
+  Tensor with_nan = testing::random_tensor({70000}, DType::F32, Device::cpu(), seed++);
+  with_nan.data<float>()[65536] = NAN;  // in the second chunk
+  Tensor with_inf = testing::random_tensor({100}, DType::F32, Device::cpu(), seed++);
+  with_inf.data<float>()[7] = INFINITY;
+  xs.insert(xs.begin() + 4, with_nan.to(DType::BF16).to(gpu));
+  xs.push_back(with_inf.to(gpu));
+  const std::vector<double> norms = ops::squared_norms(xs);
+  ASSERT_EQ(norms.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double want = ops::squared_norm(testing::cpu_reference(xs[i]));
+    if (i == 4 || i + 1 == xs.size()) {
+      EXPECT_FALSE(std::isfinite(norms[i])) << "tensor " << i << ": " << norms[i];
+      continue;
+    }
+    EXPECT_NEAR(norms[i], want, 1e-12 * want) << "tensor " << i << " " << xs[i].str();
+  }
+  EXPECT_EQ(norms[7], 0.0) << "the empty bf16 tensor";
+}
 #else
 TEST(AdamW, GpuMatchesCpu) { HAM_SKIP_UNLESS_CUDA(); }
+TEST(SquaredNorms, GpuMatchesCpu) { HAM_SKIP_UNLESS_CUDA(); }
 #endif
 
 }  // namespace

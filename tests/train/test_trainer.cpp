@@ -169,23 +169,27 @@ TEST(Trainer, ProfileTimesEveryOpOfItsStepsByPhase) {
   // Right after step 3's optimizer step (the window is steps 2 and 3), before its line.
   EXPECT_GT(table, log.find("step     2/4 | loss")) << log;
   EXPECT_LT(table, log.find("step     3/4 | loss")) << log;
-  // A row of the table: its phase and op, then the device.
-  auto has_row = [&](const std::string& phase, const std::string& op) {
+  // A row of the table: its phase and op, then the device and the calls a step ("" where
+  // there is no such row).
+  auto calls_in_row = [&](const std::string& phase, const std::string& op) {
     std::istringstream lines(log.substr(table));
     for (std::string line; std::getline(lines, line);) {
       std::istringstream words(line);
-      std::string first, second, third;
-      words >> first >> second >> third;
-      if (first == phase && second == op && third == "cpu") return true;
+      std::string first, second, third, calls;
+      words >> first >> second >> third >> calls;
+      if (first == phase && second == op && third == "cpu") return calls;
     }
-    return false;
+    return std::string();
   };
   for (auto [phase, op] : {std::pair{"forward", "gemm"}, {"backward", "gemm"},
                            {"optimizer", "adamw_step_multi"},
-                           {"forward", "cross_entropy_with_grad"},
-                           {"nonfinite_check", "squared_norm"}}) {
-    EXPECT_TRUE(has_row(phase, op)) << phase << " " << op << " in:\n" << log;
+                           {"forward", "cross_entropy_with_grad"}}) {
+    EXPECT_NE(calls_in_row(phase, op), "") << phase << " " << op << " in:\n" << log;
   }
+  // Every gradient's squared norm in one call a step, for the check and for the clipping.
+  EXPECT_EQ(calls_in_row("nonfinite_check", "squared_norms"), "1.0") << log;
+  EXPECT_EQ(calls_in_row("optimizer", "squared_norms"), "1.0") << log;
+  EXPECT_EQ(calls_in_row("nonfinite_check", "squared_norm"), "") << log;
   // The slowest calls follow the table, with their tensors.
   EXPECT_GT(log.find("the 10 slowest calls:"), table) << log;
   EXPECT_NE(log.find(" f32["), std::string::npos) << log;
