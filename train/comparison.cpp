@@ -980,6 +980,12 @@ std::string write_comparison_report(const CompareSpec& spec, const CompareResult
                            {"seeds", spec.seeds}, {"loss_below", spec.loss_below},
                            {"total_seconds", result.total_seconds},
                            {"runs", runs}, {"groups", group_summaries}};
+  // Written before the plots (which made the directory before), so that a plot that fails
+  // loses no report.
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  HAM_CHECK(fs::is_directory(out_dir), "compare: cannot create the report's directory ",
+            out_dir, ec ? ": " + ec.message() : std::string());
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"report.md", md},
                                    {"report.json", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"}}) {
     write_file_atomically((fs::path(out_dir) / name).string(), text);
