@@ -114,8 +114,9 @@ int64_t attention_backward_key_order_launches();
 // others or not, the H200's timelines of single calls (sixty-eighth session) show the dQ
 // kernel starting 25-30 us into the backward, after it, in every case (part of that may be
 // the host issuing the call; docs/gpu_results.md, sixty-ninth session). The dQ blocks of
-// each kv head's first query head zero the unselected ones of their rows (two dependent loads a row under
-// their prologue, then a warp's 16-byte stores a row). The outputs are the same bit for bit.
+// each kv head's first query head zero the unselected ones of their rows (two dependent
+// loads a row under their prologue, then a warp's 16-byte stores a row). The outputs are
+// the same bit for bit.
 // On by default: on the H200 (seventieth session) 1.00-1.02x the first pass's backward time
 // at the median in all 12 cases timed, never slower at the min or max; far less than the
 // 25-30 us the timelines suggested. Returns the previous setting.
