@@ -1,7 +1,7 @@
 // Memory-bound CUDA kernels against the device's copy bandwidth: elementwise add, scale,
-// axpy, RMSNorm forward and backward, and the multi-tensor AdamW step over a GPT-2-small
-// (124.5M-parameter) list of tensors, in f32 and bf16. The target is >= 70% of the copy
-// bandwidth measured in the same process.
+// axpy, RMSNorm forward and backward, the causal depthwise conv1d forward and backward, and
+// the multi-tensor AdamW step over a GPT-2-small (124.5M-parameter) list of tensors, in f32
+// and bf16. The target is >= 70% of the copy bandwidth measured in the same process.
 //
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_memory_bound_cuda --csv memory_bound.csv [--reps 20] [--filter bf16]
@@ -14,6 +14,7 @@
 // and max of GB/s = bytes / time / 1e9 over the repeats, and the same three divided by the
 // copy's median GB/s. Inputs are random (never zeros); every tensor is far larger than the
 // L2 cache (50 MiB), except AdamW's small vectors, which are part of the realistic list.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -22,11 +23,13 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "core/ops/conv1d.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/norm.h"
 #include "core/ops/optim.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
+#include "cuda/conv1d.h"
 #include "cuda/stream.h"
 
 namespace {
@@ -120,6 +123,49 @@ void run_dtype(const std::string& dtype_label, int reps,
                               grads = ops::rms_norm_backward(dy, x, Tensor(), w, fwd.rstd, true,
                                                              false, true);
                             }));
+    }
+  }
+
+  // causal_conv1d at the paper HAM's q/k and v widths (1280 and 1920 channels, width 4), 8
+  // sequences of 4096 tokens in documents of 512, so each tensor outgrows the L2 cache. The
+  // span kernels, then the per-element kernels (set_conv1d_spans off) for comparison.
+  // Forward: read x, write y: 2 N s (weight, bias and ids are small). Backward, all three
+  // gradients: read x and dy, write dx: 3 N s (the f64 partial sums are scratch, not counted).
+  for (int64_t channels : {int64_t(1280), int64_t(1920)}) {
+    const int64_t batch = 8, tokens = 4096, width = 4;
+    const std::string suffix = "_c" + std::to_string(channels);
+    std::vector<std::string> names;
+    for (const char* pass : {"conv1d_fwd", "conv1d_bwd"}) {
+      for (const char* kind : {"", "_per_element"}) names.push_back(pass + suffix + kind);
+    }
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return keep(label(n)); })) {
+      continue;
+    }
+    const double elements = double(batch * tokens * channels);
+    Tensor x = bench::uniform_on_gpu({batch, tokens, channels}, dtype, 31, -1.f, 1.f);
+    Tensor dy = bench::uniform_on_gpu({batch, tokens, channels}, dtype, 32, -1.f, 1.f);
+    Tensor weight = bench::uniform_on_gpu({channels, width}, dtype, 33, -0.5f, 0.5f);
+    Tensor bias = bench::uniform_on_gpu({channels}, dtype, 34, -0.5f, 0.5f);
+    std::vector<int32_t> ids(size_t(batch * tokens));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i / 512);
+    Tensor doc_ids = Tensor::from_vector(ids, {batch, tokens}).to(Device::cuda());
+    for (bool spans : {true, false}) {
+      const bool previous = cuda::set_conv1d_spans(spans);
+      const std::string kind = spans ? "" : "_per_element";
+      if (keep(label("conv1d_fwd" + suffix + kind))) {
+        Tensor y;
+        out.push_back(measure("conv1d_fwd" + suffix + kind, dtype_label, 2 * elements * s, reps,
+                              [&](int) { y = ops::causal_conv1d(x, weight, bias, doc_ids); }));
+      }
+      if (keep(label("conv1d_bwd" + suffix + kind))) {
+        ops::CausalConv1dGrads grads;
+        out.push_back(measure("conv1d_bwd" + suffix + kind, dtype_label, 3 * elements * s, reps,
+                              [&](int) {
+                                grads = ops::causal_conv1d_backward(dy, x, weight, true, true,
+                                                                    true, doc_ids);
+                              }));
+      }
+      cuda::set_conv1d_spans(previous);
     }
   }
 

@@ -5,10 +5,22 @@
 // wherever doc_ids changes). Backward, over the same kept taps (s = t - (W-1) + j):
 //   dx[b, s, c]   = sum_j weight[c, j] dy[b, s + (W-1) - j, c]
 //   dweight[c, j] = sum_{b,t} dy[b, t, c] x[b, t - (W-1) + j, c],   dbias[c] = sum_{b,t} dy[b, t, c]
-// Each thread finds how far its row reaches back (forward, dweight) or ahead (dx) inside
-// its document by reading at most W - 1 neighbouring ids. dweight and dbias are the
-// deterministic column reductions of cuda/reduce_utils.cuh. The models apply SiLU after
-// this op through the unary kernel (a fused conv + SiLU would save one round trip).
+//
+// Widths up to 8 (the models use 4) take the span kernels: a thread walks one channel down
+// a span of rows of one sequence, a warp 32 neighbouring channels, and keeps by lag
+// d = W-1-j the taps, the last W inputs and (backward) the W rows of dx still open in
+// registers. So x and dy are read once (plus W-1 rows at a span's edges) and y or dx written
+// once, where the per-element kernels read W inputs and W-1 ids an output. A row's kept taps
+// are its lags d <= past, past = the earlier steps of its document capped at W-1, stepped
+// from one id a row. The backward is one pass: dx, and each thread's dweight and dbias sums
+// over its span in f64, added over a block's 8 spans in fixed order, then over the blocks in
+// order (reduce_detail::add_splits), so the result depends on the shape, never on the GPU.
+// Wider convolutions (and all, with set_conv1d_spans(false)) take the per-element kernels (the *_any_width ones), with dweight and
+// dbias from the deterministic column sums of cuda/reduce_utils.cuh. The models apply SiLU
+// after this op through the unary kernel (a fused conv + SiLU would save one round trip).
+#include "cuda/conv1d.h"
+
+#include <atomic>
 #include <cstdint>
 
 #include "core/ops/conv1d.h"
@@ -18,6 +30,18 @@
 namespace ham::cuda {
 
 namespace {
+
+constexpr int kChannelLanes = 32;  // a span block's channels (threadIdx.x): one warp's row
+constexpr int kBlockSpans = 8;     // a span block's spans (threadIdx.y)
+constexpr int kRowsALoad = 4;      // rows whose loads a thread issues before using any
+constexpr int kMaxSpanWidth = 8;   // the widest convolution the span kernels take
+constexpr int kMaxSpanRows = 4096;
+// Blocks an SM holds at least, by register width: 3 (80 registers a thread) at widths up to 4.
+template <int kW>
+constexpr int kSpanBlocksAnSm = kW <= 4 ? 3 : 2;
+
+std::atomic<int> g_span_rows{0};     // set_conv1d_span_rows
+std::atomic<bool> g_spans_on{true};  // set_conv1d_spans
 
 // Earlier steps of row (b, t)'s document, capped at `cap`. ids may be null.
 template <class I>
@@ -38,9 +62,212 @@ __device__ __forceinline__ int64_t steps_ahead(const I* ids, int64_t row, int64_
   return ahead;
 }
 
+// ---------------------------------------------------------------------------------------
+// The span kernels (W <= kMaxSpanWidth)
+
+// How the rows are cut into spans: `length` rows each, `per_seq` spans a sequence (the last
+// may be shorter), `count` in all.
+struct Spans {
+  int64_t seq, length, per_seq, count;
+};
+
+Spans spans_for(int64_t batch, int64_t seq, int64_t channels) {
+  int64_t length = g_span_rows.load();
+  if (length == 0) {  // the longest power of two from 16 to 256 that leaves 2^18 threads
+    length = 16;
+    while (length < 256 && batch * seq * channels / (2 * length) >= (int64_t(1) << 18)) {
+      length *= 2;
+    }
+  }
+  const int64_t per_seq = (seq + length - 1) / length;
+  return {seq, length, per_seq, batch * per_seq};
+}
+
+// This thread's channel and span: rows t0 .. t1-1 of the sequence whose row t = 0 is `first`.
+struct SpanOfThread {
+  int64_t c, first, t0, t1;
+  bool active;
+  __device__ SpanOfThread(const Spans& s, int64_t channels) {
+    const int64_t span = int64_t(blockIdx.x) * kBlockSpans + threadIdx.y;
+    c = int64_t(blockIdx.y) * kChannelLanes + threadIdx.x;
+    active = span < s.count && c < channels;
+    const int64_t b = span / s.per_seq;
+    first = b * s.seq;
+    t0 = (span % s.per_seq) * s.length;
+    t1 = min(t0 + s.length, s.seq);
+  }
+};
+
+// past = earlier steps of the current row's document, capped at W-1; step() moves to the
+// next row given its id (ids null: one document a sequence).
+template <class I>
+struct DocumentPast {
+  const I* ids;
+  int cap, past;
+  I last;  // the current row's id
+  __device__ DocumentPast(const I* ids_, int width, int64_t row, int64_t t)
+      : ids(ids_), cap(width - 1), past(int(steps_back(ids_, row, t, width - 1))),
+        last(ids_ ? ids_[row] : I(0)) {}
+  __device__ void step(I id) {
+    past = (ids && id != last) ? 0 : min(past + 1, cap);
+    last = id;
+  }
+};
+
+// v[d] = v[d-1] down the lags, v[0] = newest.
+template <int kW, class C>
+__device__ __forceinline__ void shift_in(C (&v)[kW], C newest) {
+#pragma unroll
+  for (int d = kW - 1; d > 0; --d) v[d] = v[d - 1];
+  v[0] = newest;
+}
+
+// tap[d] = weight[c, W-1-d] (0 past W); window[d] = x at t0-1-d inside the sequence (0
+// elsewhere), so that after the first row's shift_in window[d] is x at t0-d.
+template <int kW, class T, class C>
+__device__ __forceinline__ void load_taps_and_window(const T* x, const T* weight, int width,
+                                                     int64_t channels, const SpanOfThread& at,
+                                                     C (&tap)[kW], C (&window)[kW]) {
+#pragma unroll
+  for (int d = 0; d < kW; ++d) {
+    tap[d] = d < width ? C(load(weight[at.c * width + width - 1 - d])) : C(0);
+    const int64_t t = at.t0 - 1 - d;
+    window[d] = d + 1 < width && t >= 0 ? C(load(x[(at.first + t) * channels + at.c])) : C(0);
+  }
+}
+
+template <int kW, class T, class I>
+__global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW>)
+    conv_forward_spans(const T* x, const T* weight, const T* bias, const I* ids,
+                       int64_t channels, int width, Spans spans, T* y) {
+  using C = compute_t<T>;
+  const SpanOfThread at(spans, channels);
+  if (!at.active) return;
+  C tap[kW], window[kW];
+  load_taps_and_window(x, weight, width, channels, at, tap, window);
+  const C bias_c = bias ? C(load(bias[at.c])) : C(0);
+  DocumentPast<I> doc(ids, width, at.first + at.t0, at.t0);
+  for (int64_t t = at.t0; t < at.t1; t += kRowsALoad) {
+    C xs[kRowsALoad];
+    I id[kRowsALoad];
+#pragma unroll
+    for (int r = 0; r < kRowsALoad; ++r) {
+      const bool in = t + r < at.t1;
+      xs[r] = in ? C(load(x[(at.first + t + r) * channels + at.c])) : C(0);
+      id[r] = ids && in ? ids[at.first + t + r] : I(0);
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsALoad; ++r) {
+      if (t + r >= at.t1) break;
+      if (t + r > at.t0) doc.step(id[r]);
+      shift_in(window, xs[r]);
+      C acc = bias_c;
+#pragma unroll
+      for (int d = kW - 1; d >= 0; --d) {  // j = W-1-d ascending
+        if (d <= doc.past) acc += tap[d] * window[d];
+      }
+      y[(at.first + t + r) * channels + at.c] = store<T>(acc);
+    }
+  }
+}
+
+// dx of rows t0 .. t1-1, and into weight_partial[blockIdx.x][c][j] and
+// bias_partial[blockIdx.x][c] (where not null) the block's sums of the dweight and dbias
+// terms of those rows. Row t's dy reaches dx of rows t-W+1 .. t, so a thread reads dy W-1
+// rows past its span, and dx of row t-(kW-1) is whole once row t is taken (kept lags are
+// below W <= kW): pending[d] holds row t-d.
+template <int kW, class T, class I>
+__global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW>)
+    conv_backward_spans(const T* dy, const T* x, const T* weight, const I* ids, int64_t channels,
+                        int width, Spans spans, T* dx, double* weight_partial,
+                        double* bias_partial) {
+  using C = compute_t<T>;
+  using reduce_detail::Acc;
+  HAM_STATIC_SHARED(Acc, sums, [kBlockSpans][kW + 1][kChannelLanes]);
+  const SpanOfThread at(spans, channels);
+  Acc weight_sum[kW] = {}, bias_sum = 0;  // by lag
+  if (at.active) {
+    C tap[kW], window[kW], pending[kW] = {};
+    load_taps_and_window(x, weight, width, channels, at, tap, window);
+    DocumentPast<I> doc(ids, width, at.first + at.t0, at.t0);
+    const int64_t reads_end = min(spans.seq, at.t1 + width - 1), walk_end = at.t1 + kW - 1;
+    for (int64_t t = at.t0; t < walk_end; t += kRowsALoad) {
+      C grad[kRowsALoad], xs[kRowsALoad];
+      I id[kRowsALoad];
+#pragma unroll
+      for (int r = 0; r < kRowsALoad; ++r) {
+        const int64_t row = at.first + t + r;
+        grad[r] = t + r < reads_end ? C(load(dy[row * channels + at.c])) : C(0);
+        xs[r] = t + r < at.t1 ? C(load(x[row * channels + at.c])) : C(0);
+        id[r] = ids && t + r < reads_end ? ids[row] : I(0);
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsALoad; ++r) {
+        const int64_t tr = t + r;
+        if (tr >= walk_end) break;
+        shift_in(pending, C(0));
+        shift_in(window, xs[r]);
+        if (tr < reads_end) {
+          if (tr > at.t0) doc.step(id[r]);
+          const bool own = tr < at.t1;  // row tr's dweight and dbias terms are this span's
+#pragma unroll
+          for (int d = 0; d < kW; ++d) {
+            if (d > doc.past) continue;
+            pending[d] += tap[d] * grad[r];
+            if (own) weight_sum[d] += Acc(grad[r] * window[d]);
+          }
+          if (own) bias_sum += Acc(grad[r]);
+        }
+        const int64_t done = tr - (kW - 1);
+        if (dx && done >= at.t0) dx[(at.first + done) * channels + at.c] = store<T>(pending[kW - 1]);
+      }
+    }
+  }
+  if (!weight_partial && !bias_partial) return;  // the same in the whole block
+#pragma unroll
+  for (int d = 0; d < kW; ++d) sums[threadIdx.y][d][threadIdx.x] = weight_sum[d];
+  sums[threadIdx.y][kW][threadIdx.x] = bias_sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || at.c >= channels) return;
+  const int64_t group = blockIdx.x;
+#pragma unroll
+  for (int k = 0; k <= kW; ++k) {
+    if (k < kW && k >= width) continue;
+    Acc total = 0;
+    for (int s = 0; s < kBlockSpans; ++s) total += sums[s][k][threadIdx.x];  // fixed order
+    if (k == kW) {
+      if (bias_partial) bias_partial[group * channels + at.c] = total;
+    } else if (weight_partial) {
+      weight_partial[(group * channels + at.c) * width + width - 1 - k] = total;
+    }
+  }
+}
+
+dim3 span_grid(const Spans& s, int64_t channels) {
+  const int64_t groups = (s.count + kBlockSpans - 1) / kBlockSpans;
+  const int64_t channel_blocks = (channels + kChannelLanes - 1) / kChannelLanes;
+  HAM_CHECK(groups < (int64_t(1) << 31) && channel_blocks <= 65535, "causal_conv1d: ", s.count,
+            " spans of ", s.length, " rows x ", channels, " channels exceed the grid");
+  return dim3(unsigned(groups), unsigned(channel_blocks));
+}
+
+// Whether `width` takes the span kernels.
+bool takes_spans(int64_t width) { return g_spans_on.load() && width <= kMaxSpanWidth; }
+
+// Calls fn.template operator()<kW>() with the span kernels' register width for `width`.
+template <class Fn>
+void dispatch_span_width(int64_t width, Fn&& fn) {
+  if (width <= 4) fn.template operator()<4>();
+  else fn.template operator()<kMaxSpanWidth>();
+}
+
+// ---------------------------------------------------------------------------------------
+// The per-element kernels (any width)
+
 template <class T, class I>
-__global__ void conv_forward(const T* x, const T* weight, const T* bias, const I* ids,
-                             int64_t seq, int64_t channels, int64_t width, T* y, int64_t n) {
+__global__ void conv_forward_any_width(const T* x, const T* weight, const T* bias, const I* ids,
+                                       int64_t seq, int64_t channels, int64_t width, T* y,
+                                       int64_t n) {
   using C = compute_t<T>;
   HAM_GRID_STRIDE_LOOP(k, n) {
     const int64_t row = k / channels, c = k % channels, t = row % seq;
@@ -54,8 +281,9 @@ __global__ void conv_forward(const T* x, const T* weight, const T* bias, const I
 }
 
 template <class T, class I>
-__global__ void conv_backward_input(const T* dy, const T* weight, const I* ids, int64_t seq,
-                                    int64_t channels, int64_t width, T* dx, int64_t n) {
+__global__ void conv_backward_input_any_width(const T* dy, const T* weight, const I* ids,
+                                              int64_t seq, int64_t channels, int64_t width, T* dx,
+                                              int64_t n) {
   using C = compute_t<T>;
   HAM_GRID_STRIDE_LOOP(k, n) {
     const int64_t row = k / channels, c = k % channels, t = row % seq;
@@ -91,6 +319,9 @@ struct BiasGradTerm {
   }
 };
 
+// ---------------------------------------------------------------------------------------
+// The kernel table's entries
+
 // Calls fn(ids pointer) with the doc_ids' index type, or a null int64 pointer without them.
 template <class Fn>
 void with_doc_ids(const char* op, const Tensor& doc_ids, Fn&& fn) {
@@ -109,36 +340,100 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   use_device_of(x);
   dispatch_floating("causal_conv1d", x.dtype(), [&]<class T>() {
     with_doc_ids("causal_conv1d", doc_ids, [&]<class I>(const I* ids) {
-      HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_forward)(
-          ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, seq, channels,
-          width, ptr<T>(y), n);
+      if (takes_spans(width)) {
+        const Spans spans = spans_for(x.size(0), seq, channels);
+        dispatch_span_width(width, [&]<int kW>() {
+          HAM_LAUNCH(span_grid(spans, channels), dim3(kChannelLanes, kBlockSpans), 0,
+                     launch_stream(), conv_forward_spans<kW, T, I>)(
+              ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, channels,
+              int(width), spans, ptr<T>(y));
+        });
+      } else {
+        HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_forward_any_width)(
+            ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, seq,
+            channels, width, ptr<T>(y), n);
+      }
       HAM_CUDA_CHECK_LAUNCH();
     });
   });
 }
 
-void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                            const Tensor& doc_ids, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+// The span kernel, then each wanted parameter gradient's sum over the blocks' partials.
+template <class T, class I>
+void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight, const I* ids,
+                       Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  using C = compute_t<T>;
+  const int64_t channels = x.size(2), width = weight.size(1);
+  const Spans spans = spans_for(x.size(0), x.size(1), channels);
+  const dim3 grid = span_grid(spans, channels);
+  const int64_t groups = grid.x;
+  Tensor scratch;
+  reduce_detail::Acc *weight_partial = nullptr, *bias_partial = nullptr;
+  const int64_t weight_count = dweight.defined() ? channels * width : 0;
+  const int64_t bias_count = dbias.defined() ? channels : 0;
+  if (groups > 0 && weight_count + bias_count > 0) {
+    scratch = Tensor::empty({groups * (weight_count + bias_count)}, DType::F64, x.device());
+    reduce_detail::Acc* base = ptr<reduce_detail::Acc>(scratch);
+    if (weight_count > 0) weight_partial = base;
+    if (bias_count > 0) bias_partial = base + groups * weight_count;
+  }
+  if (groups > 0 && channels > 0) {
+    dispatch_span_width(width, [&]<int kW>() {
+      HAM_LAUNCH(grid, dim3(kChannelLanes, kBlockSpans), 0, launch_stream(),
+                 conv_backward_spans<kW, T, I>)(ptr<const T>(dy), ptr<const T>(x),
+                                                ptr<const T>(weight), ids, channels, int(width),
+                                                spans, ptr_or_null<T>(dx), weight_partial,
+                                                bias_partial);
+    });
+    HAM_CUDA_CHECK_LAUNCH();
+  }
+  // With no rows (T = 0) there are no partials: the sums are 0.
+  if (weight_count > 0) {
+    HAM_LAUNCH(grid_for(weight_count), kThreads, 0, launch_stream(),
+               reduce_detail::add_splits<C, StoreScaled<T, C>>)(
+        weight_count, groups, weight_partial, StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+    HAM_CUDA_CHECK_LAUNCH();
+  }
+  if (bias_count > 0) {
+    HAM_LAUNCH(grid_for(bias_count), kThreads, 0, launch_stream(),
+               reduce_detail::add_splits<C, StoreScaled<T, C>>)(
+        bias_count, groups, bias_partial, StoreScaled<T, C>{ptr<T>(dbias), C(1)});
+    HAM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <class T, class I>
+void backward_any_width(const Tensor& dy, const Tensor& x, const Tensor& weight, const I* ids,
+                        Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  using C = compute_t<T>;
   const int64_t seq = x.size(1), channels = x.size(2), width = weight.size(1);
   const int64_t rows = x.size(0) * seq, n = x.numel();
+  if (dx.defined() && n > 0) {
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_backward_input_any_width)(
+        ptr<const T>(dy), ptr<const T>(weight), ids, seq, channels, width, ptr<T>(dx), n);
+    HAM_CUDA_CHECK_LAUNCH();
+  }
+  if (dweight.defined()) {
+    reduce_middle<C>(x.device(), 1, rows, channels * width,
+                     WeightGradTerm<T, I>{ptr<const T>(dy), ptr<const T>(x), ids, seq, channels,
+                                          width},
+                     StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+  }
+  if (dbias.defined()) {
+    reduce_middle<C>(x.device(), 1, rows, channels, BiasGradTerm<T>{ptr<const T>(dy), channels},
+                     StoreScaled<T, C>{ptr<T>(dbias), C(1)});
+  }
+}
+
+void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                            const Tensor& doc_ids, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   use_device_of(x);
   dispatch_floating("causal_conv1d_backward", x.dtype(), [&]<class T>() {
-    using C = compute_t<T>;
     with_doc_ids("causal_conv1d_backward", doc_ids, [&]<class I>(const I* ids) {
-      if (dx.defined() && n > 0) {
-        HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_backward_input)(
-            ptr<const T>(dy), ptr<const T>(weight), ids, seq, channels, width, ptr<T>(dx), n);
-        HAM_CUDA_CHECK_LAUNCH();
-      }
-      if (dweight.defined()) {
-        reduce_middle<C>(x.device(), 1, rows, channels * width,
-                         WeightGradTerm<T, I>{ptr<const T>(dy), ptr<const T>(x), ids, seq,
-                                              channels, width},
-                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
-      }
-      if (dbias.defined()) {
-        reduce_middle<C>(x.device(), 1, rows, channels, BiasGradTerm<T>{ptr<const T>(dy), channels},
-                         StoreScaled<T, C>{ptr<T>(dbias), C(1)});
+      if (takes_spans(weight.size(1))) {
+        backward_by_spans<T>(dy, x, weight, ids, dx, dweight, dbias);
+      } else {
+        backward_any_width<T>(dy, x, weight, ids, dx, dweight, dbias);
       }
     });
   });
@@ -151,5 +446,13 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+int set_conv1d_span_rows(int rows) {
+  HAM_CHECK(rows >= 0 && rows <= kMaxSpanRows, "set_conv1d_span_rows: ", rows,
+            " rows (0: automatic, else 1 to ", kMaxSpanRows, ")");
+  return g_span_rows.exchange(rows);
+}
+
+bool set_conv1d_spans(bool on) { return g_spans_on.exchange(on); }
 
 }  // namespace ham::cuda

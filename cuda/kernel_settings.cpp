@@ -7,6 +7,7 @@
 
 #include "core/kernel_settings.h"
 #include "cuda/autotune.h"
+#include "cuda/conv1d.h"
 #include "cuda/cublas.h"
 #include "cuda/dependent_launch.h"
 #include "cuda/gated_delta_rule.h"
@@ -47,6 +48,8 @@ const bool registered = [] {
   add_bool("attention_backward_key_order", &set_attention_backward_key_order);
   add_bool("attention_backward_zeros_in_dq", &set_attention_backward_zeros_in_dq);
   add_int("attention_decode_keys", "0 (automatic), 8, 16, 32 or 64", &set_attention_decode_keys);
+  add_bool("conv1d_spans", &set_conv1d_spans);
+  add_int("conv1d_span_rows", "0 (automatic) or 1 to 4096", &set_conv1d_span_rows);
   add_int("gated_delta_rule_state_columns", "0 (automatic), 32 or 64",
           &set_gated_delta_rule_state_columns);
   add_bool("gated_delta_rule_backward_keys_ahead", &set_gated_delta_rule_backward_keys_ahead);

@@ -2,10 +2,15 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/ops/conv1d.h"
+#ifdef HAM_WITH_CUDA
+#include "cuda/conv1d.h"
+#endif
 #include "nn/shape.h"
 #include "tests/testing.h"
 
@@ -314,6 +319,93 @@ TEST(CausalConv1d, GpuMatchesCpu) {
         testing::expect_matches_reference(dbias, want_grads.dbias, dtype, what + " dbias");
       }
     }
+  }
+}
+
+// The span kernels (widths up to 8) against the CPU: spans of 1, 3, 16 and the automatic
+// rows, and the per-element kernels at widths 4 and 8 (set_conv1d_spans off) (a span shorter than the width reads dy across several spans ahead and x behind),
+// widths 1 to 8 and 9 (the per-element kernels), documents of 1 to 40 tokens that start
+// inside and at the edges of spans, 70 channels (a partial last block of 32), each gradient
+// asked for alone and all together, f32 and bf16. Skips without a GPU.
+TEST(CausalConv1d, GpuSpansMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting automatic(&cuda::set_conv1d_span_rows, 0);
+  const testing::ScopedSetting spans_on(&cuda::set_conv1d_spans, true);
+  const Device gpu = Device::cuda();
+  const int64_t batch = 2, seq = 150, channels = 70;
+  std::vector<int64_t> ids(size_t(batch * seq));
+  for (int64_t t = 0, doc = 0, left = 1; t < seq; ++t, --left) {  // lengths 1, 2, 3, 5, 8, ...
+    if (left == 0) left = ++doc < 8 ? int64_t(1) << (doc / 2) : 40;
+    ids[size_t(t)] = doc % 2;  // alternating ids: A B A B ...
+  }
+  for (int64_t t = 0; t < seq; ++t) ids[size_t(seq + t)] = t < 16 ? 0 : t < 17 ? 1 : t / 37 + 2;
+  uint64_t seed = 300;
+  for (DType dtype : testing::kGpuDtypes) {
+    for (int span_rows : {1, 3, 16, 0, -1}) {  // -1: the per-element kernels at every width
+      for (int64_t width : {1, 2, 4, 5, 8, 9}) {
+        if ((span_rows == 3 || span_rows == -1) && width != 4 && width != 8) continue;
+        for (bool with_docs : {false, true}) {
+          const std::string what =
+              "causal_conv1d " + std::string(dtype_name(dtype)) +
+              (span_rows < 0 ? " per element" : " span rows " + std::to_string(span_rows)) +
+              " width " + std::to_string(width) + (with_docs ? " docs" : "");
+          cuda::set_conv1d_spans(span_rows >= 0);
+          cuda::set_conv1d_span_rows(std::max(span_rows, 0));
+          Tensor doc_ids = with_docs ? Tensor::from_vector(ids, {batch, seq}).to(gpu) : Tensor();
+          Tensor doc_ids_cpu = with_docs ? doc_ids.to(Device::cpu()) : Tensor();
+          Tensor x = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
+          Tensor weight = testing::random_tensor({channels, width}, dtype, gpu, seed++);
+          Tensor bias = testing::random_tensor({channels}, dtype, gpu, seed++);
+          Tensor dy = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
+          Tensor x_cpu = testing::cpu_reference(x), weight_cpu = testing::cpu_reference(weight);
+          Tensor want =
+              ops::causal_conv1d(x_cpu, weight_cpu, testing::cpu_reference(bias), doc_ids_cpu);
+          auto want_grads = ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu,
+                                                        weight_cpu, true, true, true, doc_ids_cpu);
+          Tensor y = testing::poisoned(x.shape(), dtype, gpu);
+          causal_conv1d_kernels()(gpu, x, weight, bias, doc_ids, y);
+          testing::expect_matches_reference(y, want, dtype, what);
+          // 0: all three; 1, 2, 3: dx, dweight or dbias alone.
+          for (int wanted = 0; wanted < 4; ++wanted) {
+            const std::string asked = what + (wanted == 0 ? "" : " alone");
+            Tensor dx = wanted == 0 || wanted == 1 ? testing::poisoned(x.shape(), dtype, gpu)
+                                                   : Tensor();
+            Tensor dweight = wanted == 0 || wanted == 2
+                                 ? testing::poisoned(weight.shape(), dtype, gpu)
+                                 : Tensor();
+            Tensor dbias =
+                wanted == 0 || wanted == 3 ? testing::poisoned({channels}, dtype, gpu) : Tensor();
+            causal_conv1d_backward_kernels()(gpu, dy, x, weight, doc_ids, dx, dweight, dbias);
+            if (dx.defined()) testing::expect_matches_reference(dx, want_grads.dx, dtype, asked + " dx");
+            if (dweight.defined()) {
+              testing::expect_matches_reference(dweight, want_grads.dweight, dtype,
+                                                asked + " dweight");
+            }
+            if (dbias.defined()) {
+              testing::expect_matches_reference(dbias, want_grads.dbias, dtype, asked + " dbias");
+            }
+          }
+        }
+      }
+    }
+  }
+  testing::expect_error([] { cuda::set_conv1d_span_rows(-1); }, {"set_conv1d_span_rows", "-1"});
+  testing::expect_error([] { cuda::set_conv1d_span_rows(4097); },
+                        {"set_conv1d_span_rows", "4097"});
+#endif
+}
+
+// A sequence of no rows: the span kernels have no spans, and dweight and dbias are zeros.
+TEST(CausalConv1d, GpuEmptySequenceGivesZeroParameterGradients) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  for (int64_t width : {4, 9}) {
+    Tensor x = Tensor::empty({2, 0, 5}, DType::F32, gpu);
+    Tensor weight = testing::random_tensor({5, width}, DType::F32, gpu, 40);
+    auto grads = ops::causal_conv1d_backward(x, x, weight, true, true, true);
+    EXPECT_EQ(grads.dweight.to(Device::cpu()).to_vector<float>(), std::vector<float>(size_t(5 * width), 0.f));
+    EXPECT_EQ(grads.dbias.to(Device::cpu()).to_vector<float>(), std::vector<float>(5, 0.f));
   }
 }
 
