@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "core/ops/cast.h"
 #include "core/ops/conv1d.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/norm.h"
@@ -171,7 +172,11 @@ void run_dtype(const std::string& dtype_label, int reps,
 
   // AdamW over GPT-2 small's tensors, moments always f32. f32: f32 params and grads;
   // bf16: f32 master params with bf16 grads, and bf16 params with bf16 grads. Per element:
-  // read p, g, m, v and write p, m, v: 2 s_p + s_g + 4 * 4 bytes.
+  // read p, g, m, v and write p, m, v: 2 s_p + s_g + 4 * 4 bytes. bf16 also times the
+  // mixed-precision step, f32 masters with bf16 grads whose bf16 parameters take the update
+  // rounded: adamw_multi_p32_rounded writes them in the update's launch (2 bytes more an
+  // element), adamw_multi_p32_then_cast casts each master after it (as nn's AdamW did
+  // before; counted by the same bytes, so its fraction shows what the second pass costs).
   struct AdamWCase {
     std::string name;
     DType param, grad;
@@ -210,6 +215,23 @@ void run_dtype(const std::string& dtype_label, int reps,
         for (size_t t = 0; t < params.size(); ++t) {
           ops::adamw_step(params[t], grads[t], exp_avg[t], exp_avg_sq[t], hyper(i));
         }
+      }));
+    }
+    const bool rounded = keep(label("adamw_multi_p32_rounded")),
+               then_cast = keep(label("adamw_multi_p32_then_cast"));
+    if (c.param != DType::F32 || c.grad != DType::BF16 || (!rounded && !then_cast)) continue;
+    std::vector<Tensor> copies;
+    for (const Tensor& p : params) copies.push_back(ops::cast(p, DType::BF16));
+    const double mixed_bytes = bytes + numel * double(dtype_size(DType::BF16));
+    if (rounded) {
+      out.push_back(measure("adamw_multi_p32_rounded", dtype_label, mixed_bytes, reps, [&](int i) {
+        ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper(i), copies);
+      }));
+    }
+    if (then_cast) {
+      out.push_back(measure("adamw_multi_p32_then_cast", dtype_label, mixed_bytes, reps, [&](int i) {
+        ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper(i));
+        for (size_t t = 0; t < params.size(); ++t) ops::cast_into(params[t], copies[t]);
       }));
     }
   }

@@ -1,6 +1,7 @@
 // CUDA kernels of core/ops/optim.h (adamw_step, adamw_step_multi, squared_norm,
 // squared_norms) and the fused multi-tensor AdamW of cuda/optim.h:
-//   adamw_step:   p <- p (1 - lr wd)
+//   adamw_step:   g = grad_scale grad (the clipping's factor, core/ops/optim.h)
+//                 p <- p (1 - lr wd)
 //                 m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
 //                 p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //                 computed as p decay - step_size m / (sqrt(v) inv_sqrt_bias2 + eps), as on the CPU
@@ -32,6 +33,7 @@ struct AdamWSlot {
   const void* grad;
   void* exp_avg;
   void* exp_avg_sq;
+  bf16* rounded;  // the updated param rounded to bf16 here too (null: no copy)
   int64_t numel;
 };
 
@@ -42,13 +44,13 @@ struct AdamWBlock {
 
 template <class M>
 struct AdamWCoefficients {
-  M decay, beta1, beta2, step_size, inv_sqrt_bias2, eps;
+  M decay, beta1, beta2, step_size, inv_sqrt_bias2, eps, grad_scale;
 };
 
 // One element's update (the formula at the top of this file).
 template <class P, class G, class M>
 __device__ __forceinline__ void adamw_update(P& p, G g, M& m, M& v, const AdamWCoefficients<M>& k) {
-  const M grad = M(load(g));
+  const M grad = M(load(g)) * k.grad_scale;
   const M m_new = k.beta1 * m + (M(1) - k.beta1) * grad;
   const M v_new = k.beta2 * v + (M(1) - k.beta2) * grad * grad;
   m = m_new;
@@ -59,8 +61,9 @@ __device__ __forceinline__ void adamw_update(P& p, G g, M& m, M& v, const AdamWC
 
 // N elements at a time as Packs (N > 1 when every tensor of the launch is 16-byte aligned;
 // a chunk starts at a multiple of kChunk, so its packs are aligned too), then the tail
-// of the chunk element by element.
-template <int N, class P, class G, class M>
+// of the chunk element by element. kRounded: every slot's param is also written, rounded,
+// to its bf16 copy.
+template <int N, class P, class G, class M, bool kRounded>
 __global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlock* blocks,
                                           AdamWCoefficients<M> k) {
   const AdamWBlock work = blocks[blockIdx.x];
@@ -83,9 +86,16 @@ __global__ void adamw_multi_tensor_kernel(const AdamWSlot* slots, const AdamWBlo
     *reinterpret_cast<Pack<M, N>*>(m + i) = mp;
     *reinterpret_cast<Pack<M, N>*>(v + i) = vp;
     *reinterpret_cast<Pack<P, N>*>(p + i) = pp;
+    if constexpr (kRounded) {
+      Pack<bf16, N> rp;
+#pragma unroll
+      for (int e = 0; e < N; ++e) rp.v[e] = store<bf16>(load(pp.v[e]));
+      *reinterpret_cast<Pack<bf16, N>*>(slot.rounded + i) = rp;
+    }
   }
   for (int64_t i = begin + packs * N + threadIdx.x; i < end; i += blockDim.x) {
     adamw_update(p[i], g[i], m[i], v[i], k);
+    if constexpr (kRounded) slot.rounded[i] = store<bf16>(load(p[i]));
   }
 }
 
@@ -107,11 +117,12 @@ Tensor upload_chunk_table(const std::vector<Slot>& slots, const std::vector<Adam
   return table;
 }
 
-// Entry i is (params[i], grads[i], exp_avg[i], exp_avg_sq[i]); the lists are checked.
+// Entry i is (params[i], grads[i], exp_avg[i], exp_avg_sq[i], rounded[i] where `rounded` is
+// not empty); the lists are checked.
 template <class P, class G, class M>
 void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                   const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
-                  const AdamWHyper& h) {
+                  const std::vector<Tensor>& rounded, const AdamWHyper& h) {
   std::vector<AdamWSlot> slots;
   std::vector<AdamWBlock> blocks;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -121,8 +132,9 @@ void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& 
     HAM_CHECK(chunks < (int64_t(1) << 31) && slots.size() < (size_t(1) << 31),
               "adamw_step: too many chunks for one launch");
     for (int64_t c = 0; c < chunks; ++c) blocks.push_back({int32_t(slots.size()), int32_t(c)});
+    bf16* copy = rounded.empty() ? nullptr : static_cast<bf16*>(rounded[i].raw_data());
     slots.push_back({params[i].raw_data(), grads[i].raw_data(), exp_avg[i].raw_data(),
-                     exp_avg_sq[i].raw_data(), n});
+                     exp_avg_sq[i].raw_data(), copy, n});
   }
   if (blocks.empty()) return;
   const cudaStream_t stream = launch_stream();
@@ -135,20 +147,32 @@ void launch_adamw(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   const double bias2 = 1.0 - std::pow(h.beta2, double(h.step));
   const AdamWCoefficients<M> k{M(1.0 - h.lr * h.weight_decay), M(h.beta1),       M(h.beta2),
                                M(h.lr / bias1),                M(1.0 / std::sqrt(bias2)),
-                               M(h.eps)};
+                               M(h.eps),                       M(h.grad_scale)};
   bool aligned = true;
   for (const AdamWSlot& slot : slots) {
     aligned = aligned && aligned_16(slot.param) && aligned_16(slot.grad) &&
-              aligned_16(slot.exp_avg) && aligned_16(slot.exp_avg_sq);
+              aligned_16(slot.exp_avg) && aligned_16(slot.exp_avg_sq) &&
+              (!slot.rounded || aligned_16(slot.rounded));
   }
   constexpr int N = kPackWidth<M>;  // 4 f32 moments (16 bytes), 2 f64
-  if (aligned) {
-    HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
-               adamw_multi_tensor_kernel<N, P, G, M>)(device_slots, device_blocks, k);
-  } else {
-    HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
-               adamw_multi_tensor_kernel<1, P, G, M>)(device_slots, device_blocks, k);
+  auto launch = [&]<bool kRounded>() {
+    if (aligned) {
+      HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
+                 adamw_multi_tensor_kernel<N, P, G, M, kRounded>)(device_slots, device_blocks, k);
+    } else {
+      HAM_LAUNCH(unsigned(blocks.size()), kThreads, 0, stream,
+                 adamw_multi_tensor_kernel<1, P, G, M, kRounded>)(device_slots, device_blocks, k);
+    }
+  };
+  if constexpr (std::is_same_v<P, float>) {
+    if (!rounded.empty()) {
+      launch.template operator()<true>();
+      HAM_CUDA_CHECK_LAUNCH();
+      return;
+    }
   }
+  HAM_CHECK(rounded.empty(), "adamw_step_multi: rounded copies are bf16 copies of f32 params");
+  launch.template operator()<false>();
   HAM_CUDA_CHECK_LAUNCH();
 }
 
@@ -170,14 +194,16 @@ void dispatch_adamw_dtypes(const char* op, DType param, DType grad, DType moment
 // (checked by the callers: ops::adamw_step_multi, adamw_step_multi_tensor).
 void launch_adamw_lists(const char* op, const std::vector<Tensor>& params,
                         const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
-                        const std::vector<Tensor>& exp_avg_sq, const AdamWHyper& hyper) {
+                        const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& rounded,
+                        const AdamWHyper& hyper) {
   if (params.empty()) return;
   HAM_CHECK(params.front().device().is_cuda(), op, ": tensors are on ",
             params.front().device().str(), ", not a GPU");
   use_device_of(params.front());
   dispatch_adamw_dtypes(op, params.front().dtype(), grads.front().dtype(),
                         exp_avg.front().dtype(), [&]<class P, class G, class M>() {
-                          launch_adamw<P, G, M>(params, grads, exp_avg, exp_avg_sq, hyper);
+                          launch_adamw<P, G, M>(params, grads, exp_avg, exp_avg_sq, rounded,
+                                                hyper);
                         });
 }
 
@@ -189,8 +215,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 // The kernel of ops::adamw_step_multi (which has checked the lists).
 void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                      const AdamWHyper& hyper) {
-  launch_adamw_lists("adamw_step_multi", params, grads, exp_avg, exp_avg_sq, hyper);
+                      std::vector<Tensor>& rounded, const AdamWHyper& hyper) {
+  launch_adamw_lists("adamw_step_multi", params, grads, exp_avg, exp_avg_sq, rounded, hyper);
 }
 
 template <class T>
@@ -334,7 +360,7 @@ void adamw_step_multi_tensor(const std::vector<AdamWTensors>& list, const AdamWH
     exp_avg.push_back(t.exp_avg);
     exp_avg_sq.push_back(t.exp_avg_sq);
   }
-  launch_adamw_lists("adamw_step", params, grads, exp_avg, exp_avg_sq, hyper);
+  launch_adamw_lists("adamw_step", params, grads, exp_avg, exp_avg_sq, {}, hyper);
 }
 
 }  // namespace ham::cuda

@@ -40,17 +40,19 @@ AdamW::AdamW(std::vector<ParamGroup> groups, Options options)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   // Parameters with a gradient, bucketed by what one multi-tensor call must share: the
-  // group's lr and weight decay, the dtypes of param, grad and moments, and the device.
+  // group's lr and weight decay, the dtypes of param, grad and moments, the device, and
+  // whether the params are masters whose bf16 parameters the call also writes (`rounded`).
   // Buckets keep the order in which they first appear, parameters their order within.
   struct Bucket {
     double lr, weight_decay;
     DType param_dtype, grad_dtype, moment_dtype;
     Device device;
-    std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
+    bool masters;
+    std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, rounded;
   };
   std::vector<Bucket> buckets;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -62,35 +64,31 @@ void AdamW::step(double lr) {
       Tensor gr = grad(g.params[pi].second);
       if (!gr.defined()) continue;
       const Tensor& m = exp_avg_[gi][pi];
+      const bool has_master = master.defined();
       auto same = [&](const Bucket& b) {
         return b.lr == group_lr && b.weight_decay == g.weight_decay &&
                b.param_dtype == param.dtype() && b.grad_dtype == gr.dtype() &&
-               b.moment_dtype == m.dtype() && b.device == param.device();
+               b.moment_dtype == m.dtype() && b.device == param.device() &&
+               b.masters == has_master;
       };
       auto it = std::find_if(buckets.begin(), buckets.end(), same);
       if (it == buckets.end()) {
         buckets.push_back({group_lr, g.weight_decay, param.dtype(), gr.dtype(), m.dtype(),
-                           param.device(), {}, {}, {}, {}});
+                           param.device(), has_master, {}, {}, {}, {}, {}});
         it = buckets.end() - 1;
       }
       it->params.push_back(param);
       it->grads.push_back(std::move(gr));
       it->exp_avg.push_back(m);
       it->exp_avg_sq.push_back(exp_avg_sq_[gi][pi]);
+      if (has_master) it->rounded.push_back(g.params[pi].second);
     }
   }
+  // bf16 parameters take their updated masters, rounded, in the same call.
   for (Bucket& b : buckets) {
-    const AdamWHyper hyper{b.lr, options_.beta1, options_.beta2, options_.eps, b.weight_decay,
-                           step_};
-    ops::adamw_step_multi(b.params, b.grads, b.exp_avg, b.exp_avg_sq, hyper);
-  }
-  // bf16 parameters take their updated masters, rounded.
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    for (size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
-      if (!master_[gi][pi].defined()) continue;
-      Tensor param = groups_[gi].params[pi].second;
-      if (grad(param).defined()) ops::cast_into(master_[gi][pi], param);
-    }
+    const AdamWHyper hyper{b.lr,           options_.beta1, options_.beta2, options_.eps,
+                           b.weight_decay, step_,          grad_scale};
+    ops::adamw_step_multi(b.params, b.grads, b.exp_avg, b.exp_avg_sq, hyper, b.rounded);
   }
 }
 
@@ -170,7 +168,7 @@ double CosineSchedule::lr(int64_t step) const {
   return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+double gradient_norm(const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
@@ -179,10 +177,18 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   }
   double total = 0;  // summed in the parameters' order (on the CPU, as squared_norm's were)
   for (double squares : ops::squared_norms(grads)) total += squares;
-  double norm = std::sqrt(total);
-  if (!std::isfinite(norm)) return norm;
-  if (norm > max_norm && norm > 0) {
-    double factor = max_norm / norm;
+  return std::sqrt(total);
+}
+
+double clip_factor(double norm, double max_norm) {
+  return std::isfinite(norm) && norm > max_norm && norm > 0 ? max_norm / norm : 1.0;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  const double norm = gradient_norm(params);
+  const double factor = clip_factor(norm, max_norm);
+  if (factor != 1.0) {
     for (const Tensor& p : params) {
       Tensor g = grad(p);
       if (g.defined()) ops::scale_(g, factor);

@@ -24,8 +24,9 @@ std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Te
 
 // Mixed precision: a bf16 parameter gets an f32 master copy. The update runs on the master
 // (f32 moments, the bf16 gradient read as f32) and the parameter is the master rounded to
-// bf16 after every step, so small updates accumulate in f32 instead of vanishing in bf16
-// rounding. Parameters of other dtypes are updated in place with moments of their dtype.
+// bf16 after every step (written by the update's own call, adamw_step_multi's rounded
+// copies), so small updates accumulate in f32 instead of vanishing in bf16 rounding.
+// Parameters of other dtypes are updated in place with moments of their dtype.
 class AdamW {
  public:
   struct Options {
@@ -35,8 +36,11 @@ class AdamW {
 
   // One update of every parameter that has a gradient, at learning rate `lr`: one
   // ops::adamw_step_multi call per (group lr, weight decay, dtypes, device), so groups with
-  // equal hyper-parameters share a call (one fused launch on CUDA).
-  void step(double lr);
+  // equal hyper-parameters share a call (one fused launch on CUDA). Each gradient is read as
+  // grad_scale * grad and left as it is: clip_factor's clipping, done in the update's own
+  // read of the gradients (clip_grad_norm then step(lr) scales them in place first, a pass
+  // and, on CUDA, a launch a tensor more).
+  void step(double lr, double grad_scale = 1.0);
   void zero_grad();
   int64_t steps_taken() const { return step_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
@@ -70,6 +74,15 @@ struct CosineSchedule {
   int64_t total_steps = 100000;
   double lr(int64_t step) const;  // step counts from 0
 };
+
+// The global L2 norm of the parameters' gradients (those without one are skipped): the
+// square root of their squared norms (one ops::squared_norms call) summed in order. NaN or
+// Inf where some gradient is not finite.
+double gradient_norm(const std::vector<Tensor>& params);
+
+// What clipping to max_norm multiplies the gradients by: max_norm / norm where the norm is
+// above max_norm, else 1 (also where the norm is not finite).
+double clip_factor(double norm, double max_norm);
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm
 // before clipping (NaN/Inf if some gradient is not finite: nothing is scaled then).

@@ -262,11 +262,18 @@ std::function<TokenBatch(int64_t, int64_t, Generator&)> make_row_sampler(
   };
 }
 
-// Name of the first parameter whose gradient holds a NaN or Inf, or "". Every gradient's
-// squared norm in one call (a NaN or Inf element makes it non-finite; finite bf16 or f32
-// squares cannot overflow its f64 sum): on a GPU one wait, where one a tensor took 8.6% of
-// the paper's HAM's step on the H200.
-std::string first_nonfinite_grad(const LanguageModel& model) {
+// What one look at every gradient's squared norm finds: the name of the first parameter
+// whose gradient holds a NaN or Inf ("" if none), and the global norm that the clipping
+// takes (their sum in the parameters' order, as gradient_norm sums it). One
+// ops::squared_norms call (a NaN or Inf element makes a square non-finite; finite bf16 or
+// f32 squares cannot overflow its f64 sum): on a GPU one wait for the check and the
+// clipping together, where one a tensor had taken 8.6% of the paper's HAM's step on the H200.
+struct GradientCheck {
+  std::string first_nonfinite;
+  double norm = 0;
+};
+
+GradientCheck check_gradients(const LanguageModel& model) {
   std::vector<std::string> names;
   std::vector<Tensor> grads;
   for (const auto& [name, p] : model.named_parameters()) {
@@ -276,10 +283,16 @@ std::string first_nonfinite_grad(const LanguageModel& model) {
     grads.push_back(g);
   }
   const std::vector<double> squares = ops::squared_norms(grads);
+  GradientCheck checked;
+  double total = 0;
   for (size_t i = 0; i < squares.size(); ++i) {
-    if (!std::isfinite(squares[i])) return names[i];
+    if (!std::isfinite(squares[i]) && checked.first_nonfinite.empty()) {
+      checked.first_nonfinite = names[i];
+    }
+    total += squares[i];
   }
-  return "";
+  checked.norm = std::sqrt(total);
+  return checked;
 }
 
 }  // namespace
@@ -405,7 +418,6 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
 
   Generator data_gen(opt.seed);
   CosineSchedule schedule{opt.lr, opt.lr * opt.min_lr_ratio, opt.warmup_steps, opt.steps};
-  std::vector<Tensor> params = model.parameters();
   auto sample_rows = make_row_sampler(train_data, opt, model.config());
   bool has_val = val_data.size() > opt.seq_len + 1;
   // Built first, so that a dump pattern matching nothing fails before any work. Only rank
@@ -713,10 +725,15 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
       gradient_monitor.after_micro_batch();
       window_tokens += opt.batch_size * opt.seq_len;
     }
+    GradientCheck checked;  // unsharded: the norm the clipping takes, the gradients untouched
     if (!nonfinite) {
       profiler::Phase check_phase("nonfinite_check");
-      std::string bad = sharded_run ? sharded->first_non_finite_gradient()
-                                    : first_nonfinite_grad(model);
+      if (sharded_run) {
+        checked.first_nonfinite = sharded->first_non_finite_gradient();
+      } else {
+        checked = check_gradients(model);
+      }
+      const std::string& bad = checked.first_nonfinite;
       if (!bad.empty()) {
         nonfinite = true;
         where = "gradient of '" + bad + "' holds NaN or Inf";
@@ -756,8 +773,9 @@ TrainResult train(LanguageModel& model, const TokenSource& train_data,
         sharded_optimizer->step(lr);
         sharded->zero_gradients();
       } else {
-        grad_norm = clip_grad_norm(params, max_norm);
-        optimizer->step(lr);
+        // Clipped in the update's read of the gradients (AdamW::step's grad_scale).
+        grad_norm = checked.norm;
+        optimizer->step(lr, clip_factor(grad_norm, max_norm));
         optimizer->zero_grad();
       }
       model.after_optimizer_step(step + 1);

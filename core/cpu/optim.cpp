@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/cpu/parallel.h"
+#include "core/ops/cast.h"
 #include "core/ops/optim.h"
 
 namespace ham::cpu {
@@ -25,21 +26,24 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
     const T step_size = T(h.lr / bias1);
     const T inv_sqrt_bias2 = T(1.0 / std::sqrt(bias2));
     const T eps = T(h.eps);
+    const T grad_scale = T(h.grad_scale);  // x 1 is exact: unscaled gradients stay as they are
     parallel_for(param.numel(), 4, [&](int64_t i) {
-      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+      const T gi = g[i] * grad_scale;
+      m[i] = b1 * m[i] + (T(1) - b1) * gi;
+      v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
       p[i] = p[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bias2 + eps);
     });
   });
 }
 
 // The per-tensor kernel on each entry in turn, so every entry is bit-identical to
-// adamw_step on that tensor.
+// adamw_step on that tensor, then the cast of the updated tensor into its rounded copy.
 void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                      const AdamWHyper& hyper) {
+                      std::vector<Tensor>& rounded, const AdamWHyper& hyper) {
   for (size_t i = 0; i < params.size(); ++i) {
     adamw_step(params[i], grads[i], exp_avg[i], exp_avg_sq[i], hyper);
+    if (!rounded.empty()) cast(params[i], rounded[i]);
   }
 }
 

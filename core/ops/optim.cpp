@@ -1,6 +1,8 @@
 #include "core/ops/optim.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace ham {
 
@@ -10,12 +12,21 @@ HAM_DEFINE_KERNEL_TABLE(adamw_step, &cpu::adamw_step,
 HAM_DEFINE_KERNEL_TABLE(adamw_step_multi, &cpu::adamw_step_multi,
                         void(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                              std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                             const AdamWHyper&))
+                             std::vector<Tensor>& rounded, const AdamWHyper&))
 HAM_DEFINE_KERNEL_TABLE(squared_norm, &cpu::squared_norm, double(const Tensor& x))
 HAM_DEFINE_KERNEL_TABLE(squared_norms, &cpu::squared_norms,
                         std::vector<double>(const std::vector<Tensor>& xs))
 
 namespace ops {
+
+namespace {
+
+void check_grad_scale(const char* op, const AdamWHyper& hyper) {
+  HAM_CHECK(std::isfinite(hyper.grad_scale) && hyper.grad_scale >= 0, op,
+            ": grad_scale must be finite and >= 0, got ", hyper.grad_scale);
+}
+
+}  // namespace
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 const AdamWHyper& hyper) {
@@ -24,25 +35,37 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
   check_same_shape("adamw_step (exp_avg_sq)", param, exp_avg_sq);
   HAM_CHECK(exp_avg.dtype() == exp_avg_sq.dtype(), "adamw_step: moment dtypes differ");
   HAM_CHECK(hyper.step >= 1, "adamw_step: step must be >= 1, got ", hyper.step);
+  check_grad_scale("adamw_step", hyper);
   adamw_step_kernels()(param.device(), param, grad, exp_avg, exp_avg_sq, hyper);
 }
 
 void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                       std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                      const AdamWHyper& hyper) {
+                      const AdamWHyper& hyper, const std::vector<Tensor>& rounded) {
   constexpr const char* op = "adamw_step_multi";
   HAM_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
-                exp_avg_sq.size() == params.size(),
+                exp_avg_sq.size() == params.size() &&
+                (rounded.empty() || rounded.size() == params.size()),
             op, ": the lists differ in length: ", params.size(), " params, ", grads.size(),
-            " grads, ", exp_avg.size(), " exp_avg, ", exp_avg_sq.size(), " exp_avg_sq");
+            " grads, ", exp_avg.size(), " exp_avg, ", exp_avg_sq.size(), " exp_avg_sq",
+            rounded.empty() ? "" : ", " + std::to_string(rounded.size()) + " rounded");
   HAM_CHECK(hyper.step >= 1, op, ": step must be >= 1, got ", hyper.step);
+  check_grad_scale(op, hyper);
   if (params.empty()) return;
   struct List {
     const char* name;
     const std::vector<Tensor>* tensors;
   };
-  const List lists[] = {{"params", &params}, {"grads", &grads}, {"exp_avg", &exp_avg},
-                        {"exp_avg_sq", &exp_avg_sq}};
+  std::vector<List> lists = {{"params", &params}, {"grads", &grads}, {"exp_avg", &exp_avg},
+                             {"exp_avg_sq", &exp_avg_sq}};
+  if (!rounded.empty()) {
+    lists.push_back({"rounded", &rounded});
+    HAM_CHECK(params[0].dtype() == DType::F32 && rounded[0].defined() &&
+                  rounded[0].dtype() == DType::BF16,
+              op, ": rounded copies are bf16 copies of f32 params; got params[0] ",
+              dtype_name(params[0].dtype()), " and rounded[0] ",
+              rounded[0].defined() ? dtype_name(rounded[0].dtype()) : "undefined");
+  }
   for (const List& list : lists) {
     for (size_t i = 0; i < list.tensors->size(); ++i) {
       HAM_CHECK((*list.tensors)[i].defined(), op, ": ", list.name, "[", i, "] is undefined");
@@ -66,7 +89,9 @@ void adamw_step_multi(std::vector<Tensor>& params, const std::vector<Tensor>& gr
                 " but params[0] is on ", device.str(), " (one device for every tensor)");
     }
   }
-  adamw_step_multi_kernels()(device, params, grads, exp_avg, exp_avg_sq, hyper);
+  // An output list (a non-const reference): on the CPU the bf16 widening writes it back.
+  std::vector<Tensor> copies = rounded;
+  adamw_step_multi_kernels()(device, params, grads, exp_avg, exp_avg_sq, copies, hyper);
 }
 
 double squared_norm(const Tensor& x) { return squared_norm_kernels()(x.device(), x); }

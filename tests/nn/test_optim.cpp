@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/ops/cast.h"
 #include "core/ops/optim.h"
 #include "core/ops/unary.h"
 #include "tests/error_testing.h"
@@ -105,6 +106,76 @@ TEST(ClipGradNorm, NonFiniteNormLeavesGradientsAlone) {
   EXPECT_EQ(grad(a).to_vector<double>()[1], 1.0);
 }
 
+TEST(ClipFactor, BitesAboveTheBoundOnlyAndNeverOnANonFiniteNorm) {
+  EXPECT_EQ(clip_factor(4.0, 1.0), 0.25);
+  EXPECT_EQ(clip_factor(1.0, 1.0), 1.0);
+  EXPECT_EQ(clip_factor(0.5, 1.0), 1.0);
+  EXPECT_EQ(clip_factor(0.0, 0.0), 1.0);
+  EXPECT_EQ(clip_factor(NAN, 1.0), 1.0);
+  EXPECT_EQ(clip_factor(INFINITY, 1.0), 1.0);
+  EXPECT_EQ(clip_factor(3.0, INFINITY), 1.0);  // the trainer's clip 0: no bound
+}
+
+// AdamW::step(lr, clip_factor(norm, max)) takes the same steps as clip_grad_norm then
+// step(lr), bit for bit on the CPU in f32 and f64 (both multiply each gradient by the factor
+// rounded to its dtype), and leaves the gradients as backward made them. Three steps, with
+// the bound biting at each, two groups of different decay, and a parameter without a
+// gradient.
+TEST(AdamW, GradScaleStepsAsClippingTheGradientsFirst) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    uint64_t seed = 900;
+    auto make = [&](const Shape& shape) {
+      Tensor p = testing::random_tensor(shape, dtype, Device::cpu(), seed++);
+      set_requires_grad(p);
+      return p;
+    };
+    const std::vector<Tensor> clipped = {make({3, 4}), make({5}), make({2, 2})};
+    std::vector<Tensor> fused;
+    for (const Tensor& p : clipped) {
+      fused.push_back(p.clone());
+      set_requires_grad(fused.back());
+    }
+    auto optimizer = [&](const std::vector<Tensor>& ps) {
+      return AdamW({ParamGroup{"decay", {{"w", ps[0]}, {"idle", ps[2]}}, 0.1, 1.0},
+                    ParamGroup{"no_decay", {{"b", ps[1]}}, 0.0, 1.0}},
+                   AdamW::Options{1e-2, 0.9, 0.95, 1e-8});
+    };
+    AdamW clip_first = optimizer(clipped), scale_in_step = optimizer(fused);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < 2; ++i) {  // ps[2] never gets a gradient
+        Tensor g = testing::random_tensor(clipped[i].shape(), dtype, Device::cpu(), seed++, 3.0);
+        set_grad(clipped[i], g.clone());
+        set_grad(fused[i], g.clone());
+      }
+      const double norm = gradient_norm(fused);
+      EXPECT_EQ(norm, clip_grad_norm(clipped, 0.5)) << dtype_name(dtype) << " step " << step;
+      ASSERT_LT(clip_factor(norm, 0.5), 1.0) << "the bound must bite";
+      const Tensor unscaled = grad(fused[0]).clone();
+      clip_first.step(1e-2);
+      scale_in_step.step(1e-2, clip_factor(norm, 0.5));
+      EXPECT_EQ(grad(fused[0]).to_vector<double>(), unscaled.to_vector<double>());
+      for (size_t i = 0; i < clipped.size(); ++i) {
+        EXPECT_EQ(fused[i].to_vector<double>(), clipped[i].to_vector<double>())
+            << dtype_name(dtype) << " step " << step << " parameter " << i;
+      }
+    }
+  }
+}
+
+TEST(AdamW, GradScaleThatIsNotFiniteOrIsNegativeIsNamed) {
+  Tensor p = Tensor::zeros({2}), g = Tensor::full({2}, 1.0), m = Tensor::zeros({2}),
+         v = Tensor::zeros({2});
+  for (double bad : {-1.0, double(NAN), double(INFINITY)}) {
+    AdamWHyper hyper;
+    hyper.grad_scale = bad;
+    testing::expect_error([&] { ops::adamw_step(p, g, m, v, hyper); },
+                          {"adamw_step", "grad_scale", "finite and >= 0"});
+    std::vector<Tensor> ps{p}, ms{m}, vs{v};
+    testing::expect_error([&] { ops::adamw_step_multi(ps, {g}, ms, vs, hyper); },
+                          {"adamw_step_multi", "grad_scale"});
+  }
+}
+
 // ---- adamw_step_multi: the per-tensor update over lists, in one call ----
 
 // One AdamW entry (param, grad, exp_avg, exp_avg_sq) of n elements with random values,
@@ -129,7 +200,10 @@ AdamWEntry clone_entry(const AdamWEntry& e) {
   return {e.param.clone(), e.grad.clone(), e.exp_avg.clone(), e.exp_avg_sq.clone()};
 }
 
-void step_multi(std::vector<AdamWEntry>& entries, const AdamWHyper& hyper) {
+// ops::adamw_step_multi over the entries, writing each updated param rounded into
+// rounded[i] where `rounded` is not empty.
+void step_multi(std::vector<AdamWEntry>& entries, const AdamWHyper& hyper,
+                const std::vector<Tensor>& rounded = {}) {
   std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
   for (const AdamWEntry& e : entries) {
     params.push_back(e.param);
@@ -137,7 +211,16 @@ void step_multi(std::vector<AdamWEntry>& entries, const AdamWHyper& hyper) {
     exp_avg.push_back(e.exp_avg);
     exp_avg_sq.push_back(e.exp_avg_sq);
   }
-  ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper);
+  ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper, rounded);
+}
+
+// bf16 copies of the entries' params, NaN-poisoned: an element never written fails.
+std::vector<Tensor> poisoned_copies(const std::vector<AdamWEntry>& entries) {
+  std::vector<Tensor> copies;
+  for (const AdamWEntry& e : entries) {
+    copies.push_back(testing::poisoned(e.param.shape(), DType::BF16, e.param.device()));
+  }
+  return copies;
 }
 
 // Sizes 1 and odd ones (no multiple of any vector width), and one past the CUDA chunk of
@@ -172,6 +255,28 @@ TEST(AdamW, MultiTensorOpEqualsPerTensorOpBitForBit) {
       EXPECT_NE(multi[i].param.to_vector<double>(), before[i].param.to_vector<double>())
           << what << ": not updated";
     }
+  }
+}
+
+// The rounded copies of f32 params are the cast of the updated params to bf16, bit for bit,
+// and asking for them changes nothing else (CPU, f32 params with f32 gradients).
+TEST(AdamW, MultiTensorRoundedCopiesAreTheCastOfTheUpdate) {
+  std::vector<AdamWEntry> plain, with_copies;
+  uint64_t seed = 1300;
+  for (int64_t n : kMultiSizes) {
+    plain.push_back(random_entry(n, DType::F32, DType::F32, Device::cpu(), seed));
+    with_copies.push_back(clone_entry(plain.back()));
+    seed += 4;
+  }
+  const AdamWHyper hyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
+  const std::vector<Tensor> copies = poisoned_copies(with_copies);
+  step_multi(plain, hyper);
+  step_multi(with_copies, hyper, copies);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(with_copies[i].param.to_vector<float>(), plain[i].param.to_vector<float>()) << i;
+    EXPECT_EQ(copies[i].to_vector<float>(),
+              ops::cast(plain[i].param, DType::BF16).to_vector<float>())
+        << "rounded copy " << i;
   }
 }
 
@@ -224,6 +329,26 @@ TEST(AdamW, MultiTensorErrorsNameTheOpTheEntryAndTheMismatch) {
   AdamWHyper step0 = hyper;
   step0.step = 0;
   testing::expect_error(run(lists({ok(3, 1)}), step0), {"adamw_step_multi", "step", ">= 1"});
+
+  // The rounded copies: one a param, bf16, of f32 params.
+  auto with_copies = [&](std::array<std::vector<Tensor>, 4> l, std::vector<Tensor> copies) {
+    return [l, copies, hyper]() mutable {
+      ops::adamw_step_multi(l[0], l[1], l[2], l[3], hyper, copies);
+    };
+  };
+  l = lists({ok(3, 1), ok(4, 2)});
+  testing::expect_error(with_copies(l, {Tensor::zeros({3}, DType::BF16)}),
+                        {"adamw_step_multi", "2 params", "1 rounded"});
+  testing::expect_error(
+      with_copies(l, {Tensor::zeros({3}, DType::BF16), Tensor::zeros({4}, DType::F32)}),
+      {"adamw_step_multi", "rounded[1]", "f32", "rounded[0]", "bf16"});
+  testing::expect_error(
+      with_copies(l, {Tensor::zeros({3}, DType::BF16), Tensor::zeros({5}, DType::BF16)}),
+      {"adamw_step_multi", "rounded[1]", "[5]", "params[1]", "[4]"});
+  testing::expect_error(
+      with_copies(lists({random_entry(3, DType::F64, DType::F64, cpu, 3)}),
+                  {Tensor::zeros({3}, DType::BF16)}),
+      {"adamw_step_multi", "bf16 copies of f32 params", "params[0] f64"});
 
   // Empty lists are no update at all.
   std::vector<Tensor> none;
@@ -293,13 +418,15 @@ TEST(AdamW, StepIsThePerTensorUpdateOfEveryParameter) {
 
 // The CUDA multi-tensor kernel of ops::adamw_step_multi against the CPU kernel on fresh
 // random params, gradients and moments: f32 params and moments with f32 or bf16 gradients,
-// and bf16 params (f32 moments). The update is in place, so instead of NaN-poisoned
-// outputs every element of an f32 result that still equals its input where the CPU
+// and bf16 params (f32 moments), unscaled and (the views' pass) with the gradients read
+// scaled by grad_scale 0.37; f32 params also write their bf16 copies (compared bit for bit
+// with the cast of the updated params). The update is in place, so instead of NaN-poisoned outputs
+// every element of an f32 result that still equals its input where the CPU
 // reference changed it counts as never written and fails the test.
 TEST(AdamW, MultiTensorGpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  const AdamWHyper hyper{1e-2, 0.9, 0.95, 1e-8, 0.1, 7};
+  const AdamWHyper unscaled{1e-2, 0.9, 0.95, 1e-8, 0.1, 7};
   // Every param/grad pair the CUDA kernel takes (dispatch_adamw_dtypes).
   const std::vector<std::pair<DType, DType>> combos = {
       {DType::F32, DType::F32}, {DType::F32, DType::BF16}, {DType::BF16, DType::BF16},
@@ -308,6 +435,8 @@ TEST(AdamW, MultiTensorGpuMatchesCpu) {
   // Fresh tensors take the 16-byte pack kernel; views one element in take the
   // element-by-element one.
   for (bool offset_views : {false, true}) {
+  AdamWHyper hyper = unscaled;
+  hyper.grad_scale = offset_views ? 0.37 : 1.0;  // the clipping's factor, in the kernel's read
   for (auto [param_dtype, grad_dtype] : combos) {
     std::vector<AdamWEntry> on_gpu, before, want;
     for (int64_t n : {int64_t(1), int64_t(3), int64_t(1000), int64_t(65537), int64_t(70001),
@@ -325,8 +454,11 @@ TEST(AdamW, MultiTensorGpuMatchesCpu) {
                         testing::cpu_reference(e.exp_avg), testing::cpu_reference(e.exp_avg_sq)});
       want.push_back(clone_entry(before.back()));
     }
-    step_multi(want, hyper);    // the CPU kernel, in f32 on the widened values
-    step_multi(on_gpu, hyper);  // one CUDA launch
+    // f32 params: their bf16 copies written in the same launch (mixed precision's parameters).
+    const bool copies_too = param_dtype == DType::F32;
+    const std::vector<Tensor> copies = copies_too ? poisoned_copies(on_gpu) : std::vector<Tensor>{};
+    step_multi(want, hyper);            // the CPU kernel, in f32 on the widened values
+    step_multi(on_gpu, hyper, copies);  // one CUDA launch
     auto unwritten = [](const Tensor& got, const Tensor& input, const Tensor& expected) {
       std::vector<double> g = got.to_vector<double>(), in = input.to_vector<double>(),
                           e = expected.to_vector<double>();
@@ -350,6 +482,11 @@ TEST(AdamW, MultiTensorGpuMatchesCpu) {
                                         what + " exp_avg_sq");
       if (param_dtype == DType::F32) {
         EXPECT_EQ(unwritten(got.param, before[i].param, want[i].param), 0) << what;
+      }
+      if (copies_too) {  // exactly the GPU's own params rounded (the cast kernel's rounding)
+        EXPECT_EQ(copies[i].to(Device::cpu()).to_vector<float>(),
+                  ops::cast(got.param, DType::BF16).to(Device::cpu()).to_vector<float>())
+            << what << " rounded copy";
       }
       EXPECT_EQ(unwritten(got.exp_avg, before[i].exp_avg, want[i].exp_avg), 0) << what;
       EXPECT_EQ(unwritten(got.exp_avg_sq, before[i].exp_avg_sq, want[i].exp_avg_sq), 0) << what;
