@@ -28,6 +28,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/norm.h"
 #include "core/ops/optim.h"
+#include "core/ops/unary.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
 #include "cuda/conv1d.h"
@@ -132,12 +133,19 @@ void run_dtype(const std::string& dtype_label, int reps,
   // span kernels, then the per-element kernels (set_conv1d_spans off) for comparison.
   // Forward: read x, write y: 2 N s (weight, bias and ids are small). Backward, all three
   // gradients: read x and dy, write dx: 3 N s (the f64 partial sums are scratch, not counted).
+  // The models' form, conv1d_silu (Conv1dActivation::SiLU, y recomputed in the backward), is
+  // counted by the same bytes, and so is conv1d_then_silu, the conv and the unary SiLU as
+  // two ops (the backward: SiLU's from the kept y, then the conv's).
   for (int64_t channels : {int64_t(1280), int64_t(1920)}) {
     const int64_t batch = 8, tokens = 4096, width = 4;
     const std::string suffix = "_c" + std::to_string(channels);
     std::vector<std::string> names;
     for (const char* pass : {"conv1d_fwd", "conv1d_bwd"}) {
       for (const char* kind : {"", "_per_element"}) names.push_back(pass + suffix + kind);
+    }
+    for (const char* pass : {"conv1d_silu_fwd", "conv1d_silu_bwd", "conv1d_then_silu_fwd",
+                             "conv1d_then_silu_bwd"}) {
+      names.push_back(pass + suffix);
     }
     if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return keep(label(n)); })) {
       continue;
@@ -167,6 +175,42 @@ void run_dtype(const std::string& dtype_label, int reps,
                               }));
       }
       cuda::set_conv1d_spans(previous);
+    }
+    const Tensor no_bias;
+    if (keep(label("conv1d_silu_fwd" + suffix))) {
+      Tensor z;
+      out.push_back(measure("conv1d_silu_fwd" + suffix, dtype_label, 2 * elements * s, reps,
+                            [&](int) {
+                              z = ops::causal_conv1d(x, weight, no_bias, doc_ids,
+                                                     Conv1dActivation::SiLU);
+                            }));
+    }
+    if (keep(label("conv1d_silu_bwd" + suffix))) {
+      ops::CausalConv1dGrads grads;
+      out.push_back(measure("conv1d_silu_bwd" + suffix, dtype_label, 3 * elements * s, reps,
+                            [&](int) {
+                              grads = ops::causal_conv1d_backward(dy, x, weight, true, true,
+                                                                  false, doc_ids, no_bias,
+                                                                  Conv1dActivation::SiLU);
+                            }));
+    }
+    if (keep(label("conv1d_then_silu_fwd" + suffix))) {
+      Tensor z;
+      out.push_back(measure("conv1d_then_silu_fwd" + suffix, dtype_label, 2 * elements * s,
+                            reps, [&](int) {
+                              z = ops::unary(UnaryOp::Silu,
+                                             ops::causal_conv1d(x, weight, no_bias, doc_ids));
+                            }));
+    }
+    if (keep(label("conv1d_then_silu_bwd" + suffix))) {
+      const Tensor y = ops::causal_conv1d(x, weight, no_bias, doc_ids);
+      ops::CausalConv1dGrads grads;
+      out.push_back(measure("conv1d_then_silu_bwd" + suffix, dtype_label, 3 * elements * s,
+                            reps, [&](int) {
+                              grads = ops::causal_conv1d_backward(
+                                  ops::unary_backward(UnaryOp::Silu, dy, y), x, weight, true,
+                                  true, false, doc_ids);
+                            }));
     }
   }
 

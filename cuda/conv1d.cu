@@ -16,8 +16,11 @@
 // over its span in f64, added over a block's 8 spans in fixed order, then over the blocks in
 // order (reduce_detail::add_splits), so the result depends on the shape, never on the GPU.
 // Wider convolutions (and all, with set_conv1d_spans(false)) take the per-element kernels (the *_any_width ones), with dweight and
-// dbias from the deterministic column sums of cuda/reduce_utils.cuh. The models apply SiLU
-// after this op through the unary kernel (a fused conv + SiLU would save one round trip).
+// dbias from the deterministic column sums of cuda/reduce_utils.cuh.
+// With SiLU (the models' short convs) the forward writes z = silu(y) and the backward takes
+// dz: the span kernels recompute each row's y from the taps and window they hold anyway
+// (the backward reads x W-1 rows past its span for it) and turn dz into dy in registers;
+// the per-element path recomputes y into a scratch tensor and forms dy there first.
 #include "cuda/conv1d.h"
 
 #include <atomic>
@@ -60,6 +63,24 @@ __device__ __forceinline__ int64_t steps_ahead(const I* ids, int64_t row, int64_
     ++ahead;
   }
   return ahead;
+}
+
+// 1 / (1 + e^-v), evaluating e^t only for t <= 0 (as cuda/unary.cu's sigmoid).
+template <class C>
+__device__ __forceinline__ C sigmoid(C v) {
+  if (v >= C(0)) return C(1) / (C(1) + exp(-v));
+  const C e = exp(v);
+  return e / (C(1) + e);
+}
+
+__device__ __forceinline__ float silu(float y) { return y * sigmoid(y); }
+__device__ __forceinline__ double silu(double y) { return y * sigmoid(y); }
+
+// dy = dz d/dy silu(y) = dz sigmoid(y) (1 + y (1 - sigmoid(y))).
+template <class C>
+__device__ __forceinline__ C silu_grad(C dz, C y) {
+  const C s = sigmoid(y);
+  return dz * s * (C(1) + y * (C(1) - s));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -136,10 +157,23 @@ __device__ __forceinline__ void load_taps_and_window(const T* x, const T* weight
   }
 }
 
+// y of the current row: bias + its kept taps, j = W-1-d ascending (the forward's and the
+// backward's recomputation's order, so that both get the same y).
+template <int kW, class C>
+__device__ __forceinline__ C row_output(const C (&tap)[kW], const C (&window)[kW], int past,
+                                        C bias) {
+  C acc = bias;
+#pragma unroll
+  for (int d = kW - 1; d >= 0; --d) {
+    if (d <= past) acc += tap[d] * window[d];
+  }
+  return acc;
+}
+
 template <int kW, class T, class I>
 __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW>)
     conv_forward_spans(const T* x, const T* weight, const T* bias, const I* ids,
-                       int64_t channels, int width, Spans spans, T* y) {
+                       int64_t channels, int width, bool with_silu, Spans spans, T* y) {
   using C = compute_t<T>;
   const SpanOfThread at(spans, channels);
   if (!at.active) return;
@@ -161,12 +195,8 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
       if (t + r >= at.t1) break;
       if (t + r > at.t0) doc.step(id[r]);
       shift_in(window, xs[r]);
-      C acc = bias_c;
-#pragma unroll
-      for (int d = kW - 1; d >= 0; --d) {  // j = W-1-d ascending
-        if (d <= doc.past) acc += tap[d] * window[d];
-      }
-      y[(at.first + t + r) * channels + at.c] = store<T>(acc);
+      const C out = row_output(tap, window, doc.past, bias_c);
+      y[(at.first + t + r) * channels + at.c] = store<T>(with_silu ? silu(out) : out);
     }
   }
 }
@@ -175,12 +205,13 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
 // bias_partial[blockIdx.x][c] (where not null) the block's sums of the dweight and dbias
 // terms of those rows. Row t's dy reaches dx of rows t-W+1 .. t, so a thread reads dy W-1
 // rows past its span, and dx of row t-(kW-1) is whole once row t is taken (kept lags are
-// below W <= kW): pending[d] holds row t-d.
+// below W <= kW): pending[d] holds row t-d. with_silu: `dy` holds dz, and each row's dy is
+// dz silu'(y) with y recomputed (so x is read as far as dy).
 template <int kW, class T, class I>
 __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW>)
-    conv_backward_spans(const T* dy, const T* x, const T* weight, const I* ids, int64_t channels,
-                        int width, Spans spans, T* dx, double* weight_partial,
-                        double* bias_partial) {
+    conv_backward_spans(const T* dy, const T* x, const T* weight, const T* bias, const I* ids,
+                        int64_t channels, int width, bool with_silu, Spans spans, T* dx,
+                        double* weight_partial, double* bias_partial) {
   using C = compute_t<T>;
   using reduce_detail::Acc;
   HAM_STATIC_SHARED(Acc, sums, [kBlockSpans][kW + 1][kChannelLanes]);
@@ -189,8 +220,10 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
   if (at.active) {
     C tap[kW], window[kW], pending[kW] = {};
     load_taps_and_window(x, weight, width, channels, at, tap, window);
+    const C bias_c = bias ? C(load(bias[at.c])) : C(0);
     DocumentPast<I> doc(ids, width, at.first + at.t0, at.t0);
     const int64_t reads_end = min(spans.seq, at.t1 + width - 1), walk_end = at.t1 + kW - 1;
+    const int64_t x_end = with_silu ? reads_end : at.t1;
     for (int64_t t = at.t0; t < walk_end; t += kRowsALoad) {
       C grad[kRowsALoad], xs[kRowsALoad];
       I id[kRowsALoad];
@@ -198,7 +231,7 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
       for (int r = 0; r < kRowsALoad; ++r) {
         const int64_t row = at.first + t + r;
         grad[r] = t + r < reads_end ? C(load(dy[row * channels + at.c])) : C(0);
-        xs[r] = t + r < at.t1 ? C(load(x[row * channels + at.c])) : C(0);
+        xs[r] = t + r < x_end ? C(load(x[row * channels + at.c])) : C(0);
         id[r] = ids && t + r < reads_end ? ids[row] : I(0);
       }
 #pragma unroll
@@ -209,6 +242,7 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
         shift_in(window, xs[r]);
         if (tr < reads_end) {
           if (tr > at.t0) doc.step(id[r]);
+          if (with_silu) grad[r] = silu_grad(grad[r], row_output(tap, window, doc.past, bias_c));
           const bool own = tr < at.t1;  // row tr's dweight and dbias terms are this span's
 #pragma unroll
           for (int d = 0; d < kW; ++d) {
@@ -266,8 +300,8 @@ void dispatch_span_width(int64_t width, Fn&& fn) {
 
 template <class T, class I>
 __global__ void conv_forward_any_width(const T* x, const T* weight, const T* bias, const I* ids,
-                                       int64_t seq, int64_t channels, int64_t width, T* y,
-                                       int64_t n) {
+                                       int64_t seq, int64_t channels, int64_t width,
+                                       bool with_silu, T* y, int64_t n) {
   using C = compute_t<T>;
   HAM_GRID_STRIDE_LOOP(k, n) {
     const int64_t row = k / channels, c = k % channels, t = row % seq;
@@ -276,7 +310,16 @@ __global__ void conv_forward_any_width(const T* x, const T* weight, const T* bia
     for (int64_t j = width - 1 - past; j < width; ++j) {
       acc += C(load(weight[c * width + j])) * C(load(x[(row - (width - 1) + j) * channels + c]));
     }
-    y[k] = store<T>(acc);
+    y[k] = store<T>(with_silu ? silu(acc) : acc);
+  }
+}
+
+// dy[k] = dz[k] silu'(y[k]), in place of y (the per-element path's pre-activation scratch).
+template <class T>
+__global__ void silu_grad_in_place(const T* dz, T* y_then_dy, int64_t n) {
+  using C = compute_t<T>;
+  HAM_GRID_STRIDE_LOOP(k, n) {
+    y_then_dy[k] = store<T>(silu_grad(C(load(dz[k])), C(load(y_then_dy[k]))));
   }
 }
 
@@ -333,10 +376,11 @@ void with_doc_ids(const char* op, const Tensor& doc_ids, Fn&& fn) {
 }
 
 void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   const Tensor& doc_ids, Tensor& y) {
+                   const Tensor& doc_ids, Conv1dActivation activation, Tensor& y) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const int64_t seq = x.size(1), channels = x.size(2), width = weight.size(1);
+  const bool with_silu = activation == Conv1dActivation::SiLU;
   use_device_of(x);
   dispatch_floating("causal_conv1d", x.dtype(), [&]<class T>() {
     with_doc_ids("causal_conv1d", doc_ids, [&]<class I>(const I* ids) {
@@ -346,12 +390,12 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           HAM_LAUNCH(span_grid(spans, channels), dim3(kChannelLanes, kBlockSpans), 0,
                      launch_stream(), conv_forward_spans<kW, T, I>)(
               ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, channels,
-              int(width), spans, ptr<T>(y));
+              int(width), with_silu, spans, ptr<T>(y));
         });
       } else {
         HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_forward_any_width)(
             ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, seq,
-            channels, width, ptr<T>(y), n);
+            channels, width, with_silu, ptr<T>(y), n);
       }
       HAM_CUDA_CHECK_LAUNCH();
     });
@@ -360,8 +404,9 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 // The span kernel, then each wanted parameter gradient's sum over the blocks' partials.
 template <class T, class I>
-void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight, const I* ids,
-                       Tensor& dx, Tensor& dweight, Tensor& dbias) {
+void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, const I* ids, bool with_silu, Tensor& dx,
+                       Tensor& dweight, Tensor& dbias) {
   using C = compute_t<T>;
   const int64_t channels = x.size(2), width = weight.size(1);
   const Spans spans = spans_for(x.size(0), x.size(1), channels);
@@ -380,10 +425,10 @@ void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight, 
   if (groups > 0 && channels > 0) {
     dispatch_span_width(width, [&]<int kW>() {
       HAM_LAUNCH(grid, dim3(kChannelLanes, kBlockSpans), 0, launch_stream(),
-                 conv_backward_spans<kW, T, I>)(ptr<const T>(dy), ptr<const T>(x),
-                                                ptr<const T>(weight), ids, channels, int(width),
-                                                spans, ptr_or_null<T>(dx), weight_partial,
-                                                bias_partial);
+                 conv_backward_spans<kW, T, I>)(
+          ptr<const T>(dy), ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias),
+          ids, channels, int(width), with_silu, spans, ptr_or_null<T>(dx), weight_partial,
+          bias_partial);
     });
     HAM_CUDA_CHECK_LAUNCH();
   }
@@ -403,11 +448,23 @@ void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight, 
 }
 
 template <class T, class I>
-void backward_any_width(const Tensor& dy, const Tensor& x, const Tensor& weight, const I* ids,
-                        Tensor& dx, Tensor& dweight, Tensor& dbias) {
+void backward_any_width(const Tensor& dz_or_dy, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias, const I* ids, bool with_silu, Tensor& dx,
+                        Tensor& dweight, Tensor& dbias) {
   using C = compute_t<T>;
   const int64_t seq = x.size(1), channels = x.size(2), width = weight.size(1);
   const int64_t rows = x.size(0) * seq, n = x.numel();
+  Tensor dy = dz_or_dy;
+  if (with_silu && n > 0) {  // dy = dz silu'(y), y recomputed into the scratch first
+    dy = Tensor::empty(x.shape(), x.dtype(), x.device());
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_forward_any_width)(
+        ptr<const T>(x), ptr<const T>(weight), ptr_or_null<const T>(bias), ids, seq, channels,
+        width, false, ptr<T>(dy), n);
+    HAM_CUDA_CHECK_LAUNCH();
+    HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), silu_grad_in_place)(
+        ptr<const T>(dz_or_dy), ptr<T>(dy), n);
+    HAM_CUDA_CHECK_LAUNCH();
+  }
   if (dx.defined() && n > 0) {
     HAM_LAUNCH(grid_for(n), kThreads, 0, launch_stream(), conv_backward_input_any_width)(
         ptr<const T>(dy), ptr<const T>(weight), ids, seq, channels, width, ptr<T>(dx), n);
@@ -426,14 +483,17 @@ void backward_any_width(const Tensor& dy, const Tensor& x, const Tensor& weight,
 }
 
 void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                            const Tensor& doc_ids, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+                            const Tensor& bias, const Tensor& doc_ids,
+                            Conv1dActivation activation, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias) {
   use_device_of(x);
+  const bool with_silu = activation == Conv1dActivation::SiLU;
   dispatch_floating("causal_conv1d_backward", x.dtype(), [&]<class T>() {
     with_doc_ids("causal_conv1d_backward", doc_ids, [&]<class I>(const I* ids) {
       if (takes_spans(weight.size(1))) {
-        backward_by_spans<T>(dy, x, weight, ids, dx, dweight, dbias);
+        backward_by_spans<T>(dy, x, weight, bias, ids, with_silu, dx, dweight, dbias);
       } else {
-        backward_any_width<T>(dy, x, weight, ids, dx, dweight, dbias);
+        backward_any_width<T>(dy, x, weight, bias, ids, with_silu, dx, dweight, dbias);
       }
     });
   });

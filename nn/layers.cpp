@@ -64,7 +64,7 @@ ShortConvolution::ShortConvolution(int64_t channels, int64_t width, Generator& g
 }
 
 Tensor ShortConvolution::forward(const Tensor& x, const Tensor& doc_ids) const {
-  return silu(causal_conv1d(x, weight, Tensor(), doc_ids));
+  return causal_conv1d(x, weight, Tensor(), doc_ids, Conv1dActivation::SiLU);
 }
 
 }  // namespace ham

@@ -61,8 +61,9 @@ class SwiGLU : public Module {
 };
 
 // y = silu(causal_conv1d(x, weight)): a depthwise short conv over time followed by SiLU,
-// weight [C, W], no bias. x [B, T, C]; doc_ids [B, T] optional (taps never reach into the
-// previous document).
+// weight [C, W], no bias, as one op (Conv1dActivation::SiLU: one kernel each way on a GPU,
+// and the pre-activation recomputed in the backward, not kept). x [B, T, C]; doc_ids
+// [B, T] optional (taps never reach into the previous document).
 class ShortConvolution : public Module {
  public:
   ShortConvolution(int64_t channels, int64_t width, Generator& gen);

@@ -4,6 +4,7 @@
 
 #include "core/cpu/parallel.h"
 #include "core/ops/conv1d.h"
+#include "core/ops/unary.h"
 
 namespace ham::cpu {
 
@@ -59,7 +60,7 @@ DocumentExtent document_extent(const Tensor& doc_ids, int64_t batch, int64_t seq
 }  // namespace
 
 void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                   const Tensor& doc_ids, Tensor& y) {
+                   const Tensor& doc_ids, Conv1dActivation activation, Tensor& y) {
   if (x.numel() == 0) return;
   int64_t seq = x.size(1), channels = x.size(2), width = weight.size(1);
   int64_t rows = x.size(0) * seq;
@@ -81,10 +82,21 @@ void causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
       }
     });
   });
+  if (activation == Conv1dActivation::SiLU) unary(UnaryOp::Silu, y, y);  // in place
 }
 
-void causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                            const Tensor& doc_ids, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+void causal_conv1d_backward(const Tensor& dy_out, const Tensor& x, const Tensor& weight,
+                            const Tensor& bias, const Tensor& doc_ids,
+                            Conv1dActivation activation, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias) {
+  // With SiLU, dy_out is dz: dy = dz silu'(y), y recomputed (the forward kept only x).
+  Tensor dy = dy_out;
+  if (activation == Conv1dActivation::SiLU) {
+    Tensor y = Tensor::empty(x.shape(), x.dtype());
+    causal_conv1d(x, weight, bias, doc_ids, Conv1dActivation::None, y);
+    dy = Tensor::empty(x.shape(), x.dtype());
+    unary_backward(UnaryOp::Silu, dy_out, y, dy);
+  }
   int64_t batch = x.size(0), seq = x.size(1), channels = x.size(2), width = weight.size(1);
   int64_t rows = batch * seq;
   DocumentExtent extent = document_extent(doc_ids, batch, seq);

@@ -4,10 +4,12 @@ namespace ham {
 
 HAM_DEFINE_KERNEL_TABLE(causal_conv1d, &cpu::causal_conv1d,
                         void(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                             const Tensor& doc_ids, Tensor& y))
+                             const Tensor& doc_ids, Conv1dActivation activation, Tensor& y))
 HAM_DEFINE_KERNEL_TABLE(causal_conv1d_backward, &cpu::causal_conv1d_backward,
                         void(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                             const Tensor& doc_ids, Tensor& dx, Tensor& dweight, Tensor& dbias))
+                             const Tensor& bias, const Tensor& doc_ids,
+                             Conv1dActivation activation, Tensor& dx, Tensor& dweight,
+                             Tensor& dbias))
 
 namespace ops {
 
@@ -42,17 +44,18 @@ void check_conv(const char* op, const Tensor& x, const Tensor& weight, const Ten
 }  // namespace
 
 Tensor causal_conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                     const Tensor& doc_ids) {
+                     const Tensor& doc_ids, Conv1dActivation activation) {
   check_conv("causal_conv1d", x, weight, bias, doc_ids);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  causal_conv1d_kernels()(x.device(), x, weight, bias, doc_ids, y);
+  causal_conv1d_kernels()(x.device(), x, weight, bias, doc_ids, activation, y);
   return y;
 }
 
 CausalConv1dGrads causal_conv1d_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                          bool want_dx, bool want_dweight, bool want_dbias,
-                                         const Tensor& doc_ids) {
-  check_conv("causal_conv1d_backward", x, weight, Tensor(), doc_ids);
+                                         const Tensor& doc_ids, const Tensor& bias,
+                                         Conv1dActivation activation) {
+  check_conv("causal_conv1d_backward", x, weight, bias, doc_ids);
   check_same_shape("causal_conv1d_backward", x, dy);
   HAM_CHECK(dy.dtype() == x.dtype(), "causal_conv1d_backward: dtypes differ (", x.str(),
             " and ", dy.str(), ")");
@@ -60,8 +63,8 @@ CausalConv1dGrads causal_conv1d_backward(const Tensor& dy, const Tensor& x, cons
   if (want_dx) g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (want_dweight) g.dweight = Tensor::empty(weight.shape(), x.dtype(), x.device());
   if (want_dbias) g.dbias = Tensor::empty({x.size(2)}, x.dtype(), x.device());
-  causal_conv1d_backward_kernels()(x.device(), dy, x, weight, doc_ids, g.dx, g.dweight,
-                                   g.dbias);
+  causal_conv1d_backward_kernels()(x.device(), dy, x, weight, bias, doc_ids, activation, g.dx,
+                                   g.dweight, g.dbias);
   return g;
 }
 

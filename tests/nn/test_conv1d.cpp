@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops/conv1d.h"
+#include "core/ops/unary.h"
 #ifdef HAM_WITH_CUDA
 #include "cuda/conv1d.h"
 #endif
@@ -215,6 +216,41 @@ TEST(CausalConv1dDocuments, Gradcheck) {
       {x, w});
 }
 
+// The SiLU form is the conv then silu: on the CPU the same kernels, so bit for bit in f64
+// and f32, forward and every gradient (its backward recomputes y and applies silu's
+// backward); and its own f64 gradcheck, with bias and documents.
+TEST(CausalConv1dSilu, EqualsSiluOfTheConvAndPassesGradcheck) {
+  Tensor docs = packed_doc_ids(DType::I64);
+  for (DType dtype : {DType::F64, DType::F32}) {
+    Tensor x = randn64({2, 8, 3}, 40, 1.0, false).to(dtype);
+    Tensor w = randn64({3, 4}, 41, 1.0, false).to(dtype);
+    Tensor b = randn64({3}, 42, 1.0, false).to(dtype);
+    Tensor dz = randn64({2, 8, 3}, 43, 1.0, false).to(dtype);
+    Tensor y = ops::causal_conv1d(x, w, b, docs);
+    EXPECT_EQ(ops::causal_conv1d(x, w, b, docs, Conv1dActivation::SiLU).to_vector<double>(),
+              ops::unary(UnaryOp::Silu, y).to_vector<double>())
+        << dtype_name(dtype);
+    Tensor dy = ops::unary_backward(UnaryOp::Silu, dz, y);
+    auto want = ops::causal_conv1d_backward(dy, x, w, true, true, true, docs);
+    auto got = ops::causal_conv1d_backward(dz, x, w, true, true, true, docs, b,
+                                           Conv1dActivation::SiLU);
+    EXPECT_EQ(got.dx.to_vector<double>(), want.dx.to_vector<double>()) << dtype_name(dtype);
+    EXPECT_EQ(got.dweight.to_vector<double>(), want.dweight.to_vector<double>());
+    EXPECT_EQ(got.dbias.to_vector<double>(), want.dbias.to_vector<double>());
+  }
+  Tensor x = randn64({2, 8, 3}, 44), w = randn64({3, 4}, 45), b = randn64({3}, 46);
+  expect_gradcheck(
+      [docs](const std::vector<Tensor>& v) {
+        return std::vector{causal_conv1d(v[0], v[1], v[2], docs, Conv1dActivation::SiLU)};
+      },
+      {x, w, b});
+  expect_gradcheck(
+      [](const std::vector<Tensor>& v) {
+        return std::vector{causal_conv1d(v[0], v[1], Tensor(), Tensor(), Conv1dActivation::SiLU)};
+      },
+      {x, w});
+}
+
 TEST(CausalConv1dDocuments, PackedPairEqualsEachDocumentAlone) {
   // Documents of lengths 3 and 5 packed in one row: outputs, dx and dweight equal those
   // of the two documents run on their own (dweight summed over the two).
@@ -308,12 +344,13 @@ TEST(CausalConv1d, GpuMatchesCpu) {
         auto want_grads = ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu, weight_cpu,
                                                       true, true, true, doc_ids_cpu);
         Tensor y = testing::poisoned(x.shape(), dtype, gpu);
-        causal_conv1d_kernels()(gpu, x, weight, bias, doc_ids, y);
+        causal_conv1d_kernels()(gpu, x, weight, bias, doc_ids, Conv1dActivation::None, y);
         testing::expect_matches_reference(y, want, dtype, what);
         Tensor dx = testing::poisoned(x.shape(), dtype, gpu);
         Tensor dweight = testing::poisoned(weight.shape(), dtype, gpu);
         Tensor dbias = testing::poisoned({channels}, dtype, gpu);
-        causal_conv1d_backward_kernels()(gpu, dy, x, weight, doc_ids, dx, dweight, dbias);
+        causal_conv1d_backward_kernels()(gpu, dy, x, weight, Tensor(), doc_ids,
+                                         Conv1dActivation::None, dx, dweight, dbias);
         testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
         testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
         testing::expect_matches_reference(dbias, want_grads.dbias, dtype, what + " dbias");
@@ -325,7 +362,7 @@ TEST(CausalConv1d, GpuMatchesCpu) {
 // The span kernels (widths up to 8) against the CPU: spans of 1, 3, 16 and the automatic
 // rows, and the per-element kernels at widths 4 and 8 (set_conv1d_spans off) (a span shorter than the width reads dy across several spans ahead and x behind),
 // widths 1 to 8 and 9 (the per-element kernels), documents of 1 to 40 tokens that start
-// inside and at the edges of spans, 70 channels (a partial last block of 32), each gradient
+// inside and at the edges of spans, the SiLU form (y recomputed in the backward), 70 channels (a partial last block of 32), each gradient
 // asked for alone and all together, f32 and bf16. Skips without a GPU.
 TEST(CausalConv1d, GpuSpansMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
@@ -345,11 +382,15 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
     for (int span_rows : {1, 3, 16, 0, -1}) {  // -1: the per-element kernels at every width
       for (int64_t width : {1, 2, 4, 5, 8, 9}) {
         if ((span_rows == 3 || span_rows == -1) && width != 4 && width != 8) continue;
-        for (bool with_docs : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {  // no docs; docs; docs and SiLU
+          const bool with_docs = variant > 0;
+          const Conv1dActivation activation =
+              variant == 2 ? Conv1dActivation::SiLU : Conv1dActivation::None;
           const std::string what =
               "causal_conv1d " + std::string(dtype_name(dtype)) +
               (span_rows < 0 ? " per element" : " span rows " + std::to_string(span_rows)) +
-              " width " + std::to_string(width) + (with_docs ? " docs" : "");
+              " width " + std::to_string(width) + (with_docs ? " docs" : "") +
+              (variant == 2 ? " silu" : "");
           cuda::set_conv1d_spans(span_rows >= 0);
           cuda::set_conv1d_span_rows(std::max(span_rows, 0));
           Tensor doc_ids = with_docs ? Tensor::from_vector(ids, {batch, seq}).to(gpu) : Tensor();
@@ -359,12 +400,13 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
           Tensor bias = testing::random_tensor({channels}, dtype, gpu, seed++);
           Tensor dy = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
           Tensor x_cpu = testing::cpu_reference(x), weight_cpu = testing::cpu_reference(weight);
-          Tensor want =
-              ops::causal_conv1d(x_cpu, weight_cpu, testing::cpu_reference(bias), doc_ids_cpu);
-          auto want_grads = ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu,
-                                                        weight_cpu, true, true, true, doc_ids_cpu);
+          Tensor bias_cpu = testing::cpu_reference(bias);
+          Tensor want = ops::causal_conv1d(x_cpu, weight_cpu, bias_cpu, doc_ids_cpu, activation);
+          auto want_grads =
+              ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu, weight_cpu, true,
+                                          true, true, doc_ids_cpu, bias_cpu, activation);
           Tensor y = testing::poisoned(x.shape(), dtype, gpu);
-          causal_conv1d_kernels()(gpu, x, weight, bias, doc_ids, y);
+          causal_conv1d_kernels()(gpu, x, weight, bias, doc_ids, activation, y);
           testing::expect_matches_reference(y, want, dtype, what);
           // 0: all three; 1, 2, 3: dx, dweight or dbias alone.
           for (int wanted = 0; wanted < 4; ++wanted) {
@@ -376,7 +418,8 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
                                  : Tensor();
             Tensor dbias =
                 wanted == 0 || wanted == 3 ? testing::poisoned({channels}, dtype, gpu) : Tensor();
-            causal_conv1d_backward_kernels()(gpu, dy, x, weight, doc_ids, dx, dweight, dbias);
+            causal_conv1d_backward_kernels()(gpu, dy, x, weight, bias, doc_ids, activation, dx,
+                                             dweight, dbias);
             if (dx.defined()) testing::expect_matches_reference(dx, want_grads.dx, dtype, asked + " dx");
             if (dweight.defined()) {
               testing::expect_matches_reference(dweight, want_grads.dweight, dtype,
