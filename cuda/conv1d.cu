@@ -432,19 +432,17 @@ void backward_by_spans(const Tensor& dy, const Tensor& x, const Tensor& weight,
     });
     HAM_CUDA_CHECK_LAUNCH();
   }
-  // With no rows (T = 0) there are no partials: the sums are 0.
-  if (weight_count > 0) {
-    HAM_LAUNCH(grid_for(weight_count), kThreads, 0, launch_stream(),
+  // Each wanted gradient: its blocks' partials added in order (with no rows, T = 0, there
+  // are none: the sums are 0).
+  auto add_blocks = [&](int64_t count, const reduce_detail::Acc* partial, Tensor& out) {
+    if (count == 0) return;
+    HAM_LAUNCH(grid_for(count), kThreads, 0, launch_stream(),
                reduce_detail::add_splits<C, StoreScaled<T, C>>)(
-        weight_count, groups, weight_partial, StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+        count, groups, partial, StoreScaled<T, C>{ptr<T>(out), C(1)});
     HAM_CUDA_CHECK_LAUNCH();
-  }
-  if (bias_count > 0) {
-    HAM_LAUNCH(grid_for(bias_count), kThreads, 0, launch_stream(),
-               reduce_detail::add_splits<C, StoreScaled<T, C>>)(
-        bias_count, groups, bias_partial, StoreScaled<T, C>{ptr<T>(dbias), C(1)});
-    HAM_CUDA_CHECK_LAUNCH();
-  }
+  };
+  add_blocks(weight_count, weight_partial, dweight);
+  add_blocks(bias_count, bias_partial, dbias);
 }
 
 template <class T, class I>
