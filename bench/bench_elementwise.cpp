@@ -1,5 +1,6 @@
 // The CPU element-wise kernels a training step spends its time in (`ham train --profile`
-// puts unary, unary_backward, binary and sum_to at about 40% of the tiny HAM step), each
+// puts unary, unary_backward, binary and sum_to at about 40% of the tiny HAM step), and the
+// fused SwiGLU gating against the kernels it replaces, each
 // against a plain loop that moves the same bytes on the same threads: how far each kernel
 // is from what streaming its operands costs at all.
 //
@@ -21,6 +22,7 @@
 #include <iterator>
 
 #include "core/ops/elementwise.h"
+#include "core/ops/swiglu.h"
 #include "core/ops/unary.h"
 #include "core/random.h"
 
@@ -119,6 +121,49 @@ void BM_UnaryBackward(benchmark::State& state) {
   state.SetLabel(ham::unary_op_name(op));
 }
 BENCHMARK(BM_UnaryBackward)->DenseRange(0, std::size(kUnaryOps) - 1)->Name("unary_backward");
+
+// The feed-forward gating silu(gate) * up: the fused op against the kernels it replaces
+// (silu, then mul; backward: silu's backward and mul's two products). Counted by the bytes
+// the fused kernels move: gate and up read and out written (forward), dout, gate and up
+// read and both gradients written (backward).
+void BM_Swiglu(benchmark::State& state) {
+  const bool fused = state.range(0) == 1;
+  Tensor gate = random_tensor(kActivations, 1), up = random_tensor(kActivations, 2);
+  Tensor out = Tensor::empty(kActivations), silu_gate = Tensor::empty(kActivations);
+  for (auto _ : state) {
+    if (fused) {
+      ham::cpu::swiglu(gate, up, out);
+    } else {
+      ham::cpu::unary(UnaryOp::Silu, gate, silu_gate);
+      ham::cpu::binary(BinaryOp::Mul, silu_gate, up, out);
+    }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, 3 * gate.numel() * 4);
+  state.SetLabel(fused ? "fused" : "silu, mul");
+}
+BENCHMARK(BM_Swiglu)->Arg(1)->Arg(0)->Name("swiglu");
+
+void BM_SwigluBackward(benchmark::State& state) {
+  const bool fused = state.range(0) == 1;
+  Tensor gate = random_tensor(kActivations, 1), up = random_tensor(kActivations, 2);
+  Tensor dout = random_tensor(kActivations, 3), silu_gate = ham::ops::unary(UnaryOp::Silu, gate);
+  Tensor dgate = Tensor::empty(kActivations), dup = Tensor::empty(kActivations);
+  Tensor dsilu = Tensor::empty(kActivations);
+  for (auto _ : state) {
+    if (fused) {
+      ham::cpu::swiglu_backward(dout, gate, up, dgate, dup);
+    } else {
+      ham::cpu::binary(BinaryOp::Mul, dout, silu_gate, dup);
+      ham::cpu::binary(BinaryOp::Mul, dout, up, dsilu);
+      ham::cpu::unary_backward(UnaryOp::Silu, dsilu, gate, dgate);
+    }
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, 5 * gate.numel() * 4);
+  state.SetLabel(fused ? "fused" : "mul, mul, silu backward");
+}
+BENCHMARK(BM_SwigluBackward)->Arg(1)->Arg(0)->Name("swiglu_backward");
 
 void BM_BinarySameShape(benchmark::State& state) {
   Tensor a = random_tensor(kActivations, 1), b = random_tensor(kActivations, 2);

@@ -1,7 +1,8 @@
 // Memory-bound CUDA kernels against the device's copy bandwidth: elementwise add, scale,
-// axpy, RMSNorm forward and backward, the causal depthwise conv1d forward and backward, and
-// the multi-tensor AdamW step over a GPT-2-small (124.5M-parameter) list of tensors, in f32
-// and bf16. The target is >= 70% of the copy bandwidth measured in the same process.
+// axpy, SwiGLU's gating, RMSNorm forward and backward, the causal depthwise conv1d forward
+// and backward, and the multi-tensor AdamW step over a GPT-2-small (124.5M-parameter) list
+// of tensors, in f32 and bf16. The target is >= 70% of the copy bandwidth measured in the
+// same process.
 //
 // Run (on a GPU machine; scripts/gpu_check.sh does this):
 //   ./build/bench/bench_memory_bound_cuda --csv memory_bound.csv [--reps 20] [--filter bf16]
@@ -28,6 +29,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/norm.h"
 #include "core/ops/optim.h"
+#include "core/ops/swiglu.h"
 #include "core/ops/unary.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
@@ -95,6 +97,41 @@ void run_dtype(const std::string& dtype_label, int reps,
       // y += alpha x in place: read x and y, write y: 3 N s. alpha alternates +-1/2.
       out.push_back(measure("axpy", dtype_label, 3 * n * s, reps,
                             [&](int i) { ops::axpy_(i % 2 ? -0.5 : 0.5, a, b); }));
+    }
+  }
+
+  // SwiGLU's gating silu(gate) * up (core/ops/swiglu.h) over N elements, against silu then
+  // mul. Forward: read gate and up, write out: 3 N s. Backward: read dout, gate and up,
+  // write dgate and dup: 5 N s. The two-op forms are counted by the same bytes (they move
+  // more), so their fraction shows what fusing saves.
+  if (keep(label("swiglu_fwd")) || keep(label("swiglu_bwd")) ||
+      keep(label("silu_then_mul_fwd")) || keep(label("silu_then_mul_bwd"))) {
+    Tensor gate = bench::uniform_on_gpu({kElements}, dtype, 41, -4.f, 4.f);
+    Tensor up = bench::uniform_on_gpu({kElements}, dtype, 42, -1.f, 1.f);
+    Tensor dout = bench::uniform_on_gpu({kElements}, dtype, 43, -1.f, 1.f);
+    Tensor result;
+    ops::SwigluGrads grads;
+    if (keep(label("swiglu_fwd"))) {
+      out.push_back(measure("swiglu_fwd", dtype_label, 3 * n * s, reps,
+                            [&](int) { result = ops::swiglu(gate, up); }));
+    }
+    if (keep(label("silu_then_mul_fwd"))) {
+      out.push_back(measure("silu_then_mul_fwd", dtype_label, 3 * n * s, reps, [&](int) {
+        result = ops::binary(BinaryOp::Mul, ops::unary(UnaryOp::Silu, gate), up);
+      }));
+    }
+    if (keep(label("swiglu_bwd"))) {
+      out.push_back(measure("swiglu_bwd", dtype_label, 5 * n * s, reps, [&](int) {
+        grads = ops::swiglu_backward(dout, gate, up, true, true);
+      }));
+    }
+    if (keep(label("silu_then_mul_bwd"))) {
+      const Tensor silu_gate = ops::unary(UnaryOp::Silu, gate);
+      out.push_back(measure("silu_then_mul_bwd", dtype_label, 5 * n * s, reps, [&](int) {
+        grads.dup = ops::binary(BinaryOp::Mul, dout, silu_gate);
+        grads.dgate = ops::unary_backward(UnaryOp::Silu, ops::binary(BinaryOp::Mul, dout, up),
+                                          gate);
+      }));
     }
   }
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "core/ops/conv1d.h"
+#include "cuda/activation.cuh"
 #include "cuda/launch.h"
 #include "cuda/reduce_utils.cuh"
 
@@ -63,24 +64,6 @@ __device__ __forceinline__ int64_t steps_ahead(const I* ids, int64_t row, int64_
     ++ahead;
   }
   return ahead;
-}
-
-// 1 / (1 + e^-v), evaluating e^t only for t <= 0 (as cuda/unary.cu's sigmoid).
-template <class C>
-__device__ __forceinline__ C sigmoid(C v) {
-  if (v >= C(0)) return C(1) / (C(1) + exp(-v));
-  const C e = exp(v);
-  return e / (C(1) + e);
-}
-
-__device__ __forceinline__ float silu(float y) { return y * sigmoid(y); }
-__device__ __forceinline__ double silu(double y) { return y * sigmoid(y); }
-
-// dy = dz d/dy silu(y) = dz sigmoid(y) (1 + y (1 - sigmoid(y))).
-template <class C>
-__device__ __forceinline__ C silu_grad(C dz, C y) {
-  const C s = sigmoid(y);
-  return dz * s * (C(1) + y * (C(1) - s));
 }
 
 // ---------------------------------------------------------------------------------------

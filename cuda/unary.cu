@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/ops/unary.h"
+#include "cuda/activation.cuh"
 #include "cuda/launch.h"
 
 namespace ham::cuda {
@@ -32,13 +33,6 @@ __device__ __forceinline__ double sqrt_(double x) { return ::sqrt(x); }
 __device__ __forceinline__ float erf_(float x) { return erff(x); }
 __device__ __forceinline__ double erf_(double x) { return ::erf(x); }
 
-// 1 / (1 + e^-x), evaluating e^t only for t <= 0 so it never overflows (as the CPU).
-template <class C>
-__device__ __forceinline__ C sigmoid(C x) {
-  if (x >= C(0)) return C(1) / (C(1) + exp_(-x));
-  C e = exp_(x);
-  return e / (C(1) + e);
-}
 
 template <class C>
 __device__ __forceinline__ C gelu_cdf(C x) {  // Phi(x) = 0.5 (1 + erf(x / sqrt 2))
@@ -56,7 +50,7 @@ __device__ __forceinline__ C forward(UnaryOp op, C v) {
     case UnaryOp::Exp: return exp_(v);
     case UnaryOp::Log: return log_(v);
     case UnaryOp::Sigmoid: return sigmoid(v);
-    case UnaryOp::Silu: return v * sigmoid(v);
+    case UnaryOp::Silu: return silu(v);
     case UnaryOp::Softplus: return (v > C(0) ? v : C(0)) + log1p_(exp_(-fabs(v)));
     case UnaryOp::Gelu: return v * gelu_cdf(v);
     case UnaryOp::Tanh: return tanh_(v);
@@ -75,10 +69,7 @@ __device__ __forceinline__ C backward(UnaryOp op, C g, C s) {
     case UnaryOp::Exp: return g * s;
     case UnaryOp::Log: return g / s;
     case UnaryOp::Sigmoid: return g * s * (C(1) - s);
-    case UnaryOp::Silu: {
-      C sig = sigmoid(s);
-      return g * sig * (C(1) + s * (C(1) - sig));
-    }
+    case UnaryOp::Silu: return silu_grad(g, s);
     case UnaryOp::Softplus: return g * sigmoid(s);
     case UnaryOp::Gelu: return g * (gelu_cdf(s) + s * gelu_pdf(s));
     case UnaryOp::Tanh: return g * (C(1) - s * s);

@@ -3,11 +3,10 @@
 #include <cmath>
 
 #include "nn/conv1d.h"
-#include "nn/elementwise.h"
 #include "nn/embedding.h"
 #include "nn/matmul.h"
 #include "nn/norm.h"
-#include "nn/unary.h"
+#include "nn/swiglu.h"
 
 namespace ham {
 
@@ -52,7 +51,7 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden, Generator& gen, InitOptions init, do
 }
 
 Tensor SwiGLU::forward(const Tensor& x) const {
-  return down->forward(mul(silu(gate->forward(x)), up->forward(x)));
+  return down->forward(swiglu(gate->forward(x), up->forward(x)));
 }
 
 ShortConvolution::ShortConvolution(int64_t channels, int64_t width, Generator& gen) {

@@ -51,7 +51,7 @@ class RMSNorm : public Module {
   Tensor weight;
 };
 
-// down(silu(gate(x)) * up(x)), no biases.
+// down(silu(gate(x)) * up(x)), no biases; the gating is one op (nn/swiglu.h).
 class SwiGLU : public Module {
  public:
   SwiGLU(int64_t dim, int64_t hidden, Generator& gen, InitOptions init = {},
