@@ -184,9 +184,8 @@ void run_dtype(const std::string& dtype_label, int reps,
                              "conv1d_then_silu_bwd"}) {
       names.push_back(pass + suffix);
     }
-    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return keep(label(n)); })) {
-      continue;
-    }
+    auto kept = [&](const std::string& name) { return keep(label(name)); };
+    if (std::none_of(names.begin(), names.end(), kept)) continue;
     const double elements = double(batch * tokens * channels);
     Tensor x = bench::uniform_on_gpu({batch, tokens, channels}, dtype, 31, -1.f, 1.f);
     Tensor dy = bench::uniform_on_gpu({batch, tokens, channels}, dtype, 32, -1.f, 1.f);
@@ -310,10 +309,11 @@ void run_dtype(const std::string& dtype_label, int reps,
       }));
     }
     if (then_cast) {
-      out.push_back(measure("adamw_multi_p32_then_cast", dtype_label, mixed_bytes, reps, [&](int i) {
-        ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper(i));
-        for (size_t t = 0; t < params.size(); ++t) ops::cast_into(params[t], copies[t]);
-      }));
+      out.push_back(
+          measure("adamw_multi_p32_then_cast", dtype_label, mixed_bytes, reps, [&](int i) {
+            ops::adamw_step_multi(params, grads, exp_avg, exp_avg_sq, hyper(i));
+            for (size_t t = 0; t < params.size(); ++t) ops::cast_into(params[t], copies[t]);
+          }));
     }
   }
 }

@@ -4,7 +4,8 @@
 // with taps before the start of t's document dropped (a document starts at t = 0 and
 // wherever doc_ids changes). Backward, over the same kept taps (s = t - (W-1) + j):
 //   dx[b, s, c]   = sum_j weight[c, j] dy[b, s + (W-1) - j, c]
-//   dweight[c, j] = sum_{b,t} dy[b, t, c] x[b, t - (W-1) + j, c],   dbias[c] = sum_{b,t} dy[b, t, c]
+//   dweight[c, j] = sum_{b,t} dy[b, t, c] x[b, t - (W-1) + j, c]
+//   dbias[c]      = sum_{b,t} dy[b, t, c]
 //
 // Widths up to 8 (the models use 4) take the span kernels: a thread walks one channel down
 // a span of rows of one sequence, a warp 32 neighbouring channels, and keeps by lag
@@ -15,8 +16,9 @@
 // from one id a row. The backward is one pass: dx, and each thread's dweight and dbias sums
 // over its span in f64, added over a block's 8 spans in fixed order, then over the blocks in
 // order (reduce_detail::add_splits), so the result depends on the shape, never on the GPU.
-// Wider convolutions (and all, with set_conv1d_spans(false)) take the per-element kernels (the *_any_width ones), with dweight and
-// dbias from the deterministic column sums of cuda/reduce_utils.cuh.
+// Wider convolutions (and all, with set_conv1d_spans(false)) take the per-element kernels
+// (the *_any_width ones), with dweight and dbias from the deterministic column sums of
+// cuda/reduce_utils.cuh.
 // With SiLU (the models' short convs) the forward writes z = silu(y) and the backward takes
 // dz: the span kernels recompute each row's y from the taps and window they hold anyway
 // (the backward reads x W-1 rows past its span for it) and turn dz into dy in registers;
@@ -236,7 +238,9 @@ __global__ void __launch_bounds__(kChannelLanes* kBlockSpans, kSpanBlocksAnSm<kW
           if (own) bias_sum += Acc(grad[r]);
         }
         const int64_t done = tr - (kW - 1);
-        if (dx && done >= at.t0) dx[(at.first + done) * channels + at.c] = store<T>(pending[kW - 1]);
+        if (dx && done >= at.t0) {
+          dx[(at.first + done) * channels + at.c] = store<T>(pending[kW - 1]);
+        }
       }
     }
   }

@@ -44,9 +44,14 @@ P exp_packet(const P& x) {
 // sigmoid(x) and 1 - sigmoid(x) = sigmoid(-x), both from e = e^-|x| <= 1 (it never
 // overflows): 1 / (1 + e) and e / (1 + e), whichever side x is on. Forming 1 - sigmoid(x)
 // by subtraction would lose it to rounding for large x; far left, e keeps the subnormals.
+// The `_from` forms take e = exp_minus_abs(x), for a kernel that needs both from one exp.
 template <class P>
-void sigmoid_and_complement(const P& x, P& sigmoid, P& complement) {
-  const P e = exp_packet(pk::pnegate(pk::pabs(x)));
+P exp_minus_abs(const P& x) {
+  return exp_packet(pk::pnegate(pk::pabs(x)));
+}
+
+template <class P>
+void sigmoid_and_complement_from(const P& x, const P& e, P& sigmoid, P& complement) {
   const P reciprocal = pk::pdiv(packet_ones<P>(), pk::padd(packet_ones<P>(), e));
   const P e_over = pk::pmul(e, reciprocal);
   const P negative = pk::pcmp_lt(x, pk::pzero(x));
@@ -54,13 +59,22 @@ void sigmoid_and_complement(const P& x, P& sigmoid, P& complement) {
   complement = pk::pselect(negative, reciprocal, e_over);
 }
 
+template <class P>
+void sigmoid_and_complement(const P& x, P& sigmoid, P& complement) {
+  sigmoid_and_complement_from(x, exp_minus_abs(x), sigmoid, complement);
+}
+
 // factor sigmoid(x) as (factor e^-|x| or factor) / (1 + e^-|x|), one rounding fewer than a
 // product with sigmoid_and_complement's: sigmoid with factor 1, silu with factor x.
 template <class P>
-P scaled_sigmoid_packet(const P& x, const P& factor) {
-  const P e = exp_packet(pk::pnegate(pk::pabs(x)));
+P scaled_sigmoid_from(const P& x, const P& e, const P& factor) {
   const P numerator = pk::pselect(pk::pcmp_lt(x, pk::pzero(x)), e, packet_ones<P>());
   return pk::pdiv(pk::pmul(factor, numerator), pk::padd(packet_ones<P>(), e));
+}
+
+template <class P>
+P scaled_sigmoid_packet(const P& x, const P& factor) {
+  return scaled_sigmoid_from(x, exp_minus_abs(x), factor);
 }
 
 // max(x, 0) + log1p(e^-|x|).

@@ -340,7 +340,8 @@ TEST(CausalConv1d, GpuMatchesCpu) {
         Tensor bias = with_bias ? testing::random_tensor({channels}, dtype, gpu, seed++) : Tensor();
         Tensor dy = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
         Tensor x_cpu = testing::cpu_reference(x), weight_cpu = testing::cpu_reference(weight);
-        Tensor want = ops::causal_conv1d(x_cpu, weight_cpu, testing::cpu_reference(bias), doc_ids_cpu);
+        Tensor want =
+            ops::causal_conv1d(x_cpu, weight_cpu, testing::cpu_reference(bias), doc_ids_cpu);
         auto want_grads = ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu, weight_cpu,
                                                       true, true, true, doc_ids_cpu);
         Tensor y = testing::poisoned(x.shape(), dtype, gpu);
@@ -360,10 +361,12 @@ TEST(CausalConv1d, GpuMatchesCpu) {
 }
 
 // The span kernels (widths up to 8) against the CPU: spans of 1, 3, 16 and the automatic
-// rows, and the per-element kernels at widths 4 and 8 (set_conv1d_spans off) (a span shorter than the width reads dy across several spans ahead and x behind),
-// widths 1 to 8 and 9 (the per-element kernels), documents of 1 to 40 tokens that start
-// inside and at the edges of spans, the SiLU form (y recomputed in the backward), 70 channels (a partial last block of 32), each gradient
-// asked for alone and all together, f32 and bf16. Skips without a GPU.
+// rows (a span shorter than the width reads dy across several spans ahead and x behind),
+// and the per-element kernels at widths 4 and 8 (set_conv1d_spans off); widths 1 to 8 and
+// 9 (the per-element kernels); documents of 1 to 40 tokens that start inside and at the
+// edges of spans; the SiLU form (y recomputed in the backward); 70 channels (a partial last
+// block of 32); each gradient asked for alone and all together; f32 and bf16. Skips
+// without a GPU.
 TEST(CausalConv1d, GpuSpansMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -420,7 +423,9 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
                 wanted == 0 || wanted == 3 ? testing::poisoned({channels}, dtype, gpu) : Tensor();
             causal_conv1d_backward_kernels()(gpu, dy, x, weight, bias, doc_ids, activation, dx,
                                              dweight, dbias);
-            if (dx.defined()) testing::expect_matches_reference(dx, want_grads.dx, dtype, asked + " dx");
+            if (dx.defined()) {
+              testing::expect_matches_reference(dx, want_grads.dx, dtype, asked + " dx");
+            }
             if (dweight.defined()) {
               testing::expect_matches_reference(dweight, want_grads.dweight, dtype,
                                                 asked + " dweight");
@@ -447,7 +452,8 @@ TEST(CausalConv1d, GpuEmptySequenceGivesZeroParameterGradients) {
     Tensor x = Tensor::empty({2, 0, 5}, DType::F32, gpu);
     Tensor weight = testing::random_tensor({5, width}, DType::F32, gpu, 40);
     auto grads = ops::causal_conv1d_backward(x, x, weight, true, true, true);
-    EXPECT_EQ(grads.dweight.to(Device::cpu()).to_vector<float>(), std::vector<float>(size_t(5 * width), 0.f));
+    EXPECT_EQ(grads.dweight.to(Device::cpu()).to_vector<float>(),
+              std::vector<float>(size_t(5 * width), 0.f));
     EXPECT_EQ(grads.dbias.to(Device::cpu()).to_vector<float>(), std::vector<float>(5, 0.f));
   }
 }
