@@ -1,8 +1,4 @@
-// GCC 12 warns falsely inside Eigen's AVX-512 packet exp (see core/cpu/unary.cpp).
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "core/cpu/packet_exp_warnings.h"  // first: see there
 
 #include <cstdint>
 

@@ -1,10 +1,4 @@
-// GCC 12 calls the placeholder operands of its own AVX-512 intrinsics (avx512fintrin.h's
-// `__Y = __Y`) "used uninitialized" once Eigen's packet exp is inlined here: GCC bug 105593,
-// fixed in GCC 13. Before any include, so that the headers' lines come after it.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "core/cpu/packet_exp_warnings.h"  // first: see there
 
 #include <algorithm>
 #include <cmath>
