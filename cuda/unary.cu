@@ -19,9 +19,7 @@ namespace ham::cuda {
 namespace {
 
 // Overloads so one template body serves f32 and f64 (the f32 ones are the full-precision
-// CUDA functions, not the __fast intrinsics).
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return ::exp(x); }
+// CUDA functions, not the __fast intrinsics); exp's, exp_of, is cuda/activation.cuh's.
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return ::log(x); }
 __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
@@ -41,17 +39,17 @@ __device__ __forceinline__ C gelu_cdf(C x) {  // Phi(x) = 0.5 (1 + erf(x / sqrt 
 
 template <class C>
 __device__ __forceinline__ C gelu_pdf(C x) {  // phi(x) = e^(-x^2 / 2) / sqrt(2 pi)
-  return C(0.39894228040143267794) * exp_(C(-0.5) * x * x);
+  return C(0.39894228040143267794) * exp_of(C(-0.5) * x * x);
 }
 
 template <class C>
 __device__ __forceinline__ C forward(UnaryOp op, C v) {
   switch (op) {
-    case UnaryOp::Exp: return exp_(v);
+    case UnaryOp::Exp: return exp_of(v);
     case UnaryOp::Log: return log_(v);
     case UnaryOp::Sigmoid: return sigmoid(v);
     case UnaryOp::Silu: return silu(v);
-    case UnaryOp::Softplus: return (v > C(0) ? v : C(0)) + log1p_(exp_(-fabs(v)));
+    case UnaryOp::Softplus: return (v > C(0) ? v : C(0)) + log1p_(exp_of(-fabs(v)));
     case UnaryOp::Gelu: return v * gelu_cdf(v);
     case UnaryOp::Tanh: return tanh_(v);
     case UnaryOp::Neg: return -v;
