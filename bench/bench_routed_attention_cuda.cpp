@@ -23,7 +23,9 @@
 // "bwd tuned" is the backward with kernel.autotune on (cuda/autotune.h: its bit-equal
 // variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
 // after the table give each choice and every combination's time.
-// The tables after it (not in the CSV) time the variants in the same run: first the
+// The tables after it (not in the CSV) time the variants in the same run: first the forward
+// on one warpgroup with a block a query tile against persistent blocks
+// (set_attention_forward_persistent), with each variant's time / (rho x dense time); then the
 // backward's unselected keys' zeros written by its first pass against by the dQ blocks
 // (set_attention_backward_zeros_in_dq); then the tensor-core forward of the 128 x 128 cases
 // with 64-row blocks (one 16-row tile per warp) against the default 128-row blocks (two)
@@ -105,7 +107,8 @@ std::vector<BenchCase> bench_cases() {
   if (smoke_cases) {  // every table's path on the emulator: each head dims a table picks
     return {{1, 256, 2, 2, 128, 128, 0.25, 1}, {1, 256, 2, 2, 128, 128, 0.5, 3},
             {1, 256, 2, 1, 128, 128, 1.0, 1},  {1, 192, 2, 2, 128, 192, 0.5, 1},
-            {1, 128, 1, 1, 64, 64, 0.25, 3},   {1, 128, 1, 1, 256, 256, 0.25, 1}};
+            {1, 128, 1, 1, 64, 64, 0.25, 3},   {1, 128, 1, 1, 256, 256, 0.25, 1},
+            {1, 256, 2, 2, 128, 128, 1.0, 1}};  // the dense time of the first
   }
   std::vector<BenchCase> cases;
   for (int64_t seq_len : {4096, 16384}) {
@@ -502,8 +505,61 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   bench::print_autotune_choices();
 }
 
+// The forward on one warpgroup a block (wgmma, head dims 64 and 128) with a block a query
+// tile against persistent blocks (set_attention_forward_persistent -1), over the cases
+// (matching `filter`) it takes: ms at min / median / max and the ratios at each; then, for
+// each rho below 1 in one document whose dense case ran too, time / (rho x dense time), each
+// variant against its own dense time (#8's goal: at most 1.2).
+void persistent_forward_table(const std::string& filter, int reps) {
+  std::printf("\nforward on one warpgroup a block, a block a query tile vs persistent blocks\n"
+              "(ms at min / median / max; the ratios a block a tile / persistent at each, above "
+              "1: persistent faster)\n%-40s %26s %26s %18s\n",
+              "case", "a block a tile", "persistent", "ratio");
+  struct Row {
+    BenchCase c;
+    double a_block_a_tile, persistent;  // medians
+  };
+  std::vector<Row> rows;
+  const int one_warpgroup = cuda::set_attention_forward_wgmma(1);
+  for (const BenchCase& c : bench_cases()) {
+    if ((c.key_dim != 64 && c.key_dim != 128) || (c.value_dim != 64 && c.value_dim != 128)) {
+      continue;
+    }
+    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    CaseInputs in(c);
+    in.selection = ops::compact_selection(in.select, in.docs);
+    const bench::Spread own = forward_ms_set(in, &cuda::set_attention_forward_persistent, 0, reps);
+    const int64_t before = cuda::attention_forward_persistent_launches();
+    const bench::Spread persistent =
+        forward_ms_set(in, &cuda::set_attention_forward_persistent, -1, reps);
+    if (cuda::attention_forward_persistent_launches() == before) {
+      std::printf("%-40s (the persistent forward did not run)\n", c.name().c_str());
+      continue;
+    }
+    print_spread_pair(c.name(), own, persistent);
+    rows.push_back({c, own.median, persistent.median});
+  }
+  cuda::set_attention_forward_wgmma(one_warpgroup);
+  std::printf("\ntime / (rho x dense time), medians, one document (#8's goal: at most 1.2)\n"
+              "%-40s %15s %11s\n", "case", "a block a tile", "persistent");
+  for (const Row& row : rows) {
+    if (row.c.docs != 1 || row.c.density >= 1.0) continue;
+    for (const Row& dense : rows) {
+      BenchCase same = row.c;
+      same.density = 1.0;
+      if (dense.c.name() != same.name()) continue;
+      std::printf("%-40s %15.3f %11.3f\n", row.c.name().c_str(),
+                  row.a_block_a_tile / (row.c.density * dense.a_block_a_tile),
+                  row.persistent / (row.c.density * dense.persistent));
+    }
+  }
+  std::fflush(stdout);
+}
+
 // The tables after the first: the kernels' variants against each other.
 void variant_tables(const std::string& filter, int reps) {
+  // First, as the newest (seventy-second session, untimed on a GPU when written).
+  if (cuda::attention_wgmma_available()) persistent_forward_table(filter, reps);
   // First, as the newest: the unselected keys' zeros from the backward's first pass (on the
   // second stream, the dQ kernel starting 25-30 us into the backward after it on the
   // H200's timelines) or written by the dQ blocks, with no first pass (the default since

@@ -40,6 +40,9 @@ const bool registered = [] {
   add_int("attention_forward_keys", "64 or 32", &set_attention_forward_keys);
   add_int("attention_forward_wgmma", "-1 (automatic), 0 (mma.sync), 1 or 2 (wgmma warpgroups)",
           &set_attention_forward_wgmma);
+  add_int("attention_forward_persistent",
+          "0 (off), -1 (as many blocks as the SMs hold) or a block count",
+          &set_attention_forward_persistent);
   add_int("attention_backward_wgmma", "-1 (automatic), 0 (mma.sync), 1 or 2 (wgmma warpgroups)",
           &set_attention_backward_wgmma);
   add_int("attention_backward_dq_keys", "32, 64 or 16", &set_attention_backward_dq_keys);

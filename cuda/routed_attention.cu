@@ -43,6 +43,11 @@
 // flash-attention-2 style, the dK/dV pass as two kernels where Dk + Dv > 320 (KeyGrads);
 // see their section. Other bf16 calls take the tiled kernels.
 //
+// Persistent forward (where set_attention_forward_persistent asks; one warpgroup, head dims
+// 64 and 128): as many blocks as the SMs hold, each taking query tiles of 64 rows in turn
+// and issuing the next tile's copies under the current tile's last products and epilogue
+// (forward_wgmma_persistent).
+//
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
 // and kv head (dk, dv'), plain loops over exactly the visible pairs; the dk/dv' one scans
@@ -456,15 +461,15 @@ struct BlockTile {
   int64_t tile, head, batch;
 };
 
-// The tile of kRows rows, head and batch row of this block, on a grid of
-// block_grid(seq_len, kRows, heads, batch): ranks count from the last tile (last_first) or
-// from the first.
+// The tile of kRows rows, head and batch row of the block of rank `block` on a grid of
+// block_grid(seq_len, kRows, heads, batch) (this block's where not given): ranks count from
+// the last tile (last_first) or from the first.
 template <int kRows>
 __device__ __forceinline__ BlockTile block_tile(int64_t seq_len, int64_t heads, int64_t batch,
-                                                bool last_first) {
+                                                bool last_first, uint32_t block = blockIdx.x) {
   const int64_t tiles = (seq_len + kRows - 1) / kRows;
-  const uint32_t lanes = uint32_t(heads * batch), rank = blockIdx.x / lanes;
-  const uint32_t lane = blockIdx.x - rank * lanes;
+  const uint32_t lanes = uint32_t(heads * batch), rank = block / lanes;
+  const uint32_t lane = block - rank * lanes;
   return {last_first ? tiles - 1 - rank : rank, lane % uint32_t(heads), lane / uint32_t(heads)};
 }
 
@@ -1260,6 +1265,36 @@ struct KeyTiles {
     }
   }
 
+  // begin_from for a persistent block's next query tile (forward_wgmma_persistent), whose
+  // key tiles go on from the block's count at t0 (slots t0 % 2 and t0 % 3; the caller sets
+  // b, g, hi, and lo to the tile's lo - t0 BK, so that first_key(t0) is its first key): tile
+  // t0's copies from first_positions (shared memory, the tile's record) and the lookahead's
+  // positions, with no wait for a load, since the block's current tile still computes. The
+  // value scales wait: load_first_scales, then store_first_scale(t0) before advance(t0).
+  // Only when the tile sees a key; collective over the block.
+  __device__ void begin_running(int t0, const int* first_positions) {
+    const int j = int(threadIdx.x);
+    if (j < BK) {
+      next_position = key_position(a, b, first_key(t0 + 1) + j, hi);
+      after_position = key_position(a, b, first_key(t0 + 2) + j, hi);
+    }
+    issue_rows_at(t0, first_positions);
+  }
+  // Tile t0's value scales into a register and tile t0 + 1's into the lookahead: loads whose
+  // values the block first needs after its current tile's epilogue.
+  float first_scale = 0.f;
+  __device__ void load_first_scales(const int* first_positions) {
+    const int j = int(threadIdx.x);
+    if (j < BK) {
+      first_scale = key_scale(a, b, first_positions[j]);
+      next_scale = key_scale(a, b, next_position);
+    }
+  }
+  __device__ void store_first_scale(int t0) const {
+    const int j = int(threadIdx.x);
+    if (j < BK) scales[t0 % 3 * BK + j] = first_scale;
+  }
+
   // The same with key j's row from pos[j] (shared or global memory; -1: none). Where
   // DK = DV a thread copies the same rows of K and V: their positions are read once.
   __device__ void issue_rows_at(int t, const int* pos) const {
@@ -1479,7 +1514,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kM][NB][4], float
     // l stays this lane's share of the row sum (its columns), summed over the quad at the
     // end: alpha is the same in the quad's four lanes.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) l[m][i] = l[m][i] * alpha[i] + row_sum[i];
+    for (int i = 0; i < 2; ++i) l[m][i] = fmaf(l[m][i], alpha[i], row_sum[i]);
     // O's rescale is skipped when no row of the warp's tile raised its max (alpha = 1
     // everywhere: the product would change nothing), as most key tiles after the first few
     // of a row do.
@@ -1574,7 +1609,10 @@ __device__ __forceinline__ void store_query_grads(const AttentionArgs<bf16>& a, 
 
 // The forward's end for a warp's kM row tiles (this lane's rows r0[m] and r0[m] + 8 of the
 // block's kRows): out = O / l, staged in `staging` (the block's tiles, kTileElements of
-// them), and lse = (m scale_log2 + log2 l) ln 2, with l summed over the quad. A row with no
+// them), and lse = (m scale_log2 + log2 l) ln 2 (one fused multiply-add, as l's update in
+// online_softmax_step: left to the compiler, whether a kernel fused them depended on what
+// else it computed, and forward_wgmma_persistent's lse differed from forward_wgmma's in the
+// last bits on the emulator), with l summed over the quad. A row with no
 // visible key (l = 0) gets o = 0 and lse = -inf; a NaN score stays NaN in both. Device
 // code for sm_80 stores out from the accumulators instead, a lane's two adjacent columns in
 // one store: staged, ptxas spilled 9 instructions in the 128-row forward_mma's tile loop
@@ -1611,7 +1649,7 @@ __device__ __forceinline__ void store_forward_rows(const AttentionArgs<bf16>& a,
       out_rows[i] = a.out + row * DV;
       if (t4 == 0) {
         a.lse[row] =
-            l[m][i] == 0.f ? -INFINITY : (m_run[m][i] * scale_log2 + log2f(l[m][i])) * kLn2;
+            l[m][i] == 0.f ? -INFINITY : fmaf(m_run[m][i], scale_log2, log2f(l[m][i])) * kLn2;
       }
     }
     if constexpr (kStageForwardRows) {
@@ -2835,6 +2873,190 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 #endif
 }
 
+// ---- The persistent forward -----------------------------------------------------------
+//
+// forward_wgmma's block pays, besides its tiles, a prologue (its rows' key bounds, then Q
+// and the first key tile's copies landing) and an epilogue (out staged and stored) that no
+// work of its own overlaps. Two blocks share an SM, but each computes its tiles one product
+// after another, so the other's tiles do not fill that time: on the H200 at B4 T4096 rho
+// 0.25 (seventieth session) the fixed cost was 3.5 us a block against 1.6 us a key tile,
+// about a fifth of the kernel. The persistent forward (set_attention_forward_persistent) runs
+// as many blocks as the SMs hold at once, each taking query tiles of 64 rows in turn (one
+// warpgroup, head dims 64 and 128): right after the barrier of a tile's last key tile it
+// issues the next tile's copies, Q into the other of two Q slots and its first key tile into
+// the key slot the last one leaves free, from the next tile's record (QueryTileKeys, copied
+// into shared memory while the tile before computes), so that they land under the last key
+// tile's products and the epilogue. The key tiles count on across the block's query tiles
+// (KeyTiles::begin_running). Each query tile's products and their order are
+// forward_wgmma<DK, DV, 1>'s, so the outputs are the same to the bit.
+//
+// The query tiles go to the blocks in rounds of gridDim.x ranks (block_tile's order, the
+// heaviest first), in rank order on even rounds and reversed on odd ones: rank order every
+// round would give block 0 the heaviest tile of each, and its sum over the rounds about one
+// tile's work more than the last block's. Unlike the hardware's scheduling this is fixed in
+// advance; a block whose tiles took longer is not relieved.
+template <int DK, int DV>
+struct PersistentForwardShape {
+  static constexpr int kRows = 64, kTile = 64, kThreads = 128;
+  // A Q slot holds a tile's Q rows, then its staged out rows (store_forward_rows), whole
+  // swizzle atoms, so that the next slot and the key slots stay aligned to them.
+  static constexpr size_t q_slot_bytes =
+      (std::max(size_t(kRows) * DK, size_t(staged_elements<DV, kRows>())) * 2 +
+       wgmma::kSwizzleAtomBytes - 1) /
+      wgmma::kSwizzleAtomBytes * wgmma::kSwizzleAtomBytes;
+  // The two Q slots, two slots of K and of V, then two records (the copies' destination is
+  // dynamic shared memory), after the round-up to 1024 bytes.
+  static constexpr size_t key_slot_bytes = size_t(2) * kTile * (DK + DV) * 2;
+  static constexpr size_t bytes = wgmma::kSwizzleAtomBytes + 2 * q_slot_bytes + key_slot_bytes +
+                                  2 * sizeof(QueryTileKeys);
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();  // the records come from the launch just ahead
+#if HAM_WGMMA_DEVICE
+  using Shape = PersistentForwardShape<DK, DV>;
+  constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, VB = DV / 8;
+  constexpr int kThreads = Shape::kThreads;
+  static_assert(BQ == kQueryTileRows && BK == kRecordKeys,
+                "a query tile's record gives its first key tile");
+  constexpr int kRecordCopies = int(sizeof(QueryTileKeys) / 16);
+  static_assert(sizeof(QueryTileKeys) % 16 == 0 && kRecordCopies <= kThreads);
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* aligned = wgmma::swizzle_aligned(smem_raw);
+  // Q slot i % 2 (an address computed, not an array indexed: ptxas put such an array on the
+  // stack).
+  auto q_slot = [aligned](int64_t i) {
+    return reinterpret_cast<bf16*>(aligned + (i & 1) * Shape::q_slot_bytes);
+  };
+  bf16* key_slots = reinterpret_cast<bf16*>(aligned + 2 * Shape::q_slot_bytes);
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
+  // Query tile i's record in slot i % 2.
+  QueryTileKeys* s_records = reinterpret_cast<QueryTileKeys*>(
+      aligned + 2 * Shape::q_slot_bytes + Shape::key_slot_bytes);
+  const int64_t tiles_per_row = (a.seq_len + BQ - 1) / BQ;
+  const int64_t tiles = tiles_per_row * a.q_heads * a.batch;
+  const int64_t blocks = gridDim.x, me = blockIdx.x;
+  // The rank of this block's query tile of round i (above).
+  auto rank_of = [&](int64_t i) { return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me); };
+  auto tile_of = [&](int64_t rank) {
+    return block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true, uint32_t(rank));
+  };
+  // Copies the record of the tile of `rank` (none past the last) into `to`, and commits.
+  auto copy_record = [&](int64_t rank, QueryTileKeys* to) {
+    const int c = int(threadIdx.x);
+    if (rank < tiles && c < kRecordCopies) {
+      const BlockTile tile = tile_of(rank);
+      const QueryTileKeys* from = a.query_tile_keys + tile.batch * tiles_per_row + tile.tile;
+      async_copy_16(reinterpret_cast<char*>(to) + 16 * c,
+                    reinterpret_cast<const char*>(from) + 16 * c);
+    }
+    async_copy_commit();
+  };
+  KeyTiles<DK, DV, BK, true, kThreads> keys{a, 0, 0, 0, 0, key_slots, key_slots + 2 * BK * DK,
+                                            s_pos, s_pscale};
+  // Starts the query tile of `rank` from its record (landed, in shared memory), its key
+  // tiles from the block's key tile t0: its rows' ranges into `range`, and where it sees a
+  // key, the copies of Q into q_slot and of its first key tile, committed.
+  QueryRange range;
+  auto start = [&](int64_t rank, int t0, bf16* q_slot, const QueryTileKeys& record) {
+    const BlockTile tile = tile_of(rank);
+    const int64_t b = tile.batch, h = tile.head, q0 = tile.tile * BQ;
+    const QueryBlock qb{b, h, h / a.group(), q0, record.lo, record.hi, record.full_lo,
+                        record.full_hi};
+    const int r = int(threadIdx.x);
+    range = QueryRange{};
+    if (r < BQ && q0 + r < a.seq_len) {
+      range.begin = int(a.begin[b * a.seq_len + q0 + r]);
+      range.end = int(a.end[b * a.seq_len + q0 + r]);
+    }
+    if (qb.lo < qb.hi) {  // the same in every thread
+      issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{q_slot},
+                                      HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
+                                      query_rows(q0, a.seq_len));
+      keys.b = b;
+      keys.g = qb.g;
+      keys.lo = qb.lo - t0 * BK;
+      keys.hi = qb.hi;
+      keys.begin_running(t0, record.first_positions);
+    }
+    async_copy_commit();
+    return qb;
+  };
+
+  if (rank_of(0) >= tiles) return;  // cannot happen: the grid has at most a block a tile
+  copy_record(rank_of(0), &s_records[0]);
+  async_copy_wait<0>();
+  __syncthreads();
+  QueryBlock qb = start(rank_of(0), 0, q_slot(0), s_records[0]);
+  if (qb.lo < qb.hi) keys.load_first_scales(s_records[0].first_positions);
+  // This lane's rows: r0[0] and r0[0] + 8 of the tile.
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int r0[1] = {warp * 16 + lane / 4};
+  const float scale_log2 = a.scale * kLog2e;  // scores to log2 units
+  int t = 0;  // the block's key tiles so far: tile t in key slot t % 2, its scales in t % 3
+  for (int64_t i = 0;; ++i) {
+    // Query tile i: its rows' ranges and first key tile's scales, for advance(t)'s barrier to
+    // publish; then tile i + 1's record on its way (the slot's last reader, tile i - 1's
+    // start, is behind tile i - 1's epilogue's barriers).
+    store_query_ranges<BQ>(range, s_begin, s_end);
+    if (qb.lo < qb.hi) keys.store_first_scale(t);
+    const int64_t next_rank = rank_of(i + 1);
+    const bool has_next = next_rank < tiles;
+    const QueryTileKeys& next_record = s_records[(i + 1) % 2];
+    copy_record(next_rank, &s_records[(i + 1) % 2]);
+    QueryBlock next_qb{};
+    const uint32_t q_tile = wgmma::shared_address(q_slot(i));
+    float o[1][VB][4];  // as in forward_wgmma<DK, DV, 1>
+    float m_run[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+    zero(o[0]);
+    for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
+      keys.advance(t);  // tile t (and Q, and the next record) have landed
+      // After the last key tile's barrier: key slot (t + 1) % 2 and the other Q slot are free.
+      if (k0 + BK >= qb.hi && has_next) {
+        next_qb = start(next_rank, t + 1, q_slot(i + 1), next_record);
+      }
+      const uint32_t k_tile = wgmma::shared_address(keys.k(t));
+      const uint32_t v_tile = wgmma::shared_address(keys.v(t));
+      float s[1][NB][4];
+      wgmma::fence();
+      wgmma::rows_times_rows<BK, DK, BQ, BK>(s[0], q_tile, k_tile);  // S = Q K^T
+      wgmma::commit();
+      wgmma::wait<0>();
+      if (!(k0 >= qb.full_lo && k0 + BK <= qb.full_hi)) {
+        hide_outside_ranges(s, r0, k0, s_begin, s_end, -INFINITY);
+      }
+      online_softmax_step(s, m_run, l, o, scale_log2);
+      if (a.p) scale_key_columns(keys.tile_scales(t), s[0]);  // P diag(p)
+      uint32_t p_frags[NB / 2][4];
+#pragma unroll
+      for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(s[0], j, p_frags[j]);
+      wgmma::fence();
+      wgmma::fragments_times_matrix<DV, BK, BK>(o[0], p_frags, v_tile);  // O += P V'
+      wgmma::commit();
+      wgmma::wait<0>();
+    }
+    if (qb.lo >= qb.hi && has_next) {
+      // No key tile ran: wait for the next record, and for every thread to be past tile
+      // i - 1's epilogue, which read the Q slot the next tile's copies go to.
+      async_copy_wait<0>();
+      __syncthreads();
+      next_qb = start(next_rank, t, q_slot(i + 1), next_record);
+    }
+    if (has_next && next_qb.lo < next_qb.hi) keys.load_first_scales(next_record.first_positions);
+    store_forward_rows<BQ, kThreads, int(Shape::q_slot_bytes / 2)>(a, qb, r0, o, m_run, l,
+                                                                 scale_log2, q_slot(i));
+    if (!has_next) break;
+    qb = next_qb;
+  }
+#else
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
+#endif
+}
+
 // ---- Generic kernels (any head dims, any floating dtype) -----------------------------
 
 constexpr int kChunk = 8;  // columns per lane per pass: a warp covers 256 columns at once
@@ -3342,6 +3564,9 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_forward_wgmma{kAttentionWgmmaAutomatic},
     g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
+// set_attention_forward_persistent, and the calls whose forward ran so.
+std::atomic<int> g_forward_persistent{0};
+std::atomic<int64_t> g_forward_persistent_launches{0};
 // set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key and in 16-key tiles.
 std::atomic<int> g_backward_dq_keys{32};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
@@ -3431,6 +3656,30 @@ Tensor order_key_tiles_on(const Tensor& query_tile_ranges, const int64_t* counts
   return order;
 }
 
+// The persistent forward (forward_wgmma_persistent): the query tiles' records
+// (summarize_query_tiles), then a grid of `blocks` blocks (-1: as many as the SMs hold at
+// once), never more than the query tiles. Returns whether it launched: false where its
+// shared memory does not fit the device.
+template <int DK, int DV>
+bool launch_persistent_forward(AttentionArgs<bf16> a, int blocks, Device device) {
+  using Shape = PersistentForwardShape<DK, DV>;
+  auto* kernel = &forward_wgmma_persistent<DK, DV>;
+  if (!tiled_fits(kernel, Shape::bytes)) return false;
+  const int64_t query_tiles = ceil_div(a.seq_len, kQueryTileRows) * a.q_heads * a.batch;
+  int64_t grid = blocks;
+  if (blocks < 0) {
+    grid = int64_t(resident_blocks_per_sm(kOp, kernel, Shape::kThreads, Shape::bytes)) *
+           multiprocessor_count();
+  }
+  grid = std::min(grid, query_tiles);
+  HAM_CHECK(grid > 0 && grid < (int64_t(1) << 31), kOp, ": ", grid,
+            " blocks for the persistent forward of ", query_tiles, " query tiles");
+  const QueryTileSummary summary = summarize_query_tiles_on(a.begin, a.end, a.positions,
+                                                            a.batch, a.seq_len, device, true);
+  a.query_tile_keys = reinterpret_cast<const QueryTileKeys*>(summary.records.raw_data());
+  return launch_tiled(kernel, dim3(unsigned(grid)), Shape::bytes, a, Shape::kThreads);
+}
+
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
              const CompactSelection& selection, double scale, Tensor& out, Tensor& lse) {
   if (q.numel() == 0 || v.size(3) == 0) return;
@@ -3468,8 +3717,17 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& va
                                       grid_of_rows(Wgmma::kRows), Wgmma::bytes, a,
                                       Wgmma::kThreads, &name);
                 };
-                tiled = groups == 2 ? launch_wgmma.template operator()<2>()
-                                    : launch_wgmma.template operator()<1>();
+                const int persistent = g_forward_persistent.load();
+                if constexpr (kWgmmaFits<DK, DV>) {
+                  if (groups == 1 && persistent != 0) {
+                    tiled = launch_persistent_forward<DK, DV>(a, persistent, q.device());
+                    if (tiled) g_forward_persistent_launches.fetch_add(1);
+                  }
+                }
+                if (!tiled) {
+                  tiled = groups == 2 ? launch_wgmma.template operator()<2>()
+                                      : launch_wgmma.template operator()<1>();
+                }
                 if (tiled) g_forward_wgmma_launches.fetch_add(1);
               }
             }
@@ -3915,6 +4173,14 @@ int set_attention_forward_wgmma(int kernels) {
 }
 
 int64_t attention_forward_wgmma_launches() { return g_forward_wgmma_launches.load(); }
+
+int set_attention_forward_persistent(int blocks) {
+  HAM_CHECK(blocks >= -1, "set_attention_forward_persistent: ", blocks,
+            " blocks; expected 0 (off), -1 (as many as the SMs hold at once) or a count");
+  return g_forward_persistent.exchange(blocks);
+}
+
+int64_t attention_forward_persistent_launches() { return g_forward_persistent_launches.load(); }
 
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {
   bool takes = false;

@@ -1667,6 +1667,62 @@ TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
 #endif
 }
 
+#ifdef HAM_WITH_CUDA
+// The forward of case c (inputs drawn from seeds 70 + T on, as gpu_case_gradients draws
+// them), run as the current settings have it.
+ops::RoutedAttentionOutput gpu_case_forward(const GpuCase& c) {
+  const Device gpu = Device::cuda();
+  uint64_t seed = 70 + uint64_t(c.seq_len);
+  Tensor q =
+      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16, gpu, seed++);
+  Tensor k =
+      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16, gpu, seed++);
+  Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, DType::BF16,
+                                    gpu, seed++);
+  Tensor p = c.value_scale
+                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(DType::BF16).to(gpu)
+                 : Tensor();
+  Tensor docs = gpu_case_docs(c, seed++);
+  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
+                                                docs.defined() ? docs.to(gpu) : Tensor());
+  return ops::routed_attention_forward(q, k, v, sel, p);
+}
+#endif
+
+// The persistent forward (set_attention_forward_persistent) against the CPU and, bit for
+// bit, against the one-warpgroup forward with a block a query tile: on 1 and 3 blocks, so
+// that each block runs many query tiles (those that see no key among them, in rounds of
+// both directions), and on as many as the SMs hold. Each call must run persistent.
+TEST(RoutedAttentionGpu, Bf16ForwardOnPersistentBlocksMatchesCpuAndABlockATile) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_forward_wgmma, 1);
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
+  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
+  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false});
+  for (int blocks : {1, 3, -1}) {
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(blocks) + " blocks");
+      const ops::RoutedAttentionOutput a_block_a_tile = gpu_case_forward(c);
+      const testing::ScopedSetting persistent(&cuda::set_attention_forward_persistent, blocks);
+      const int64_t before = cuda::attention_forward_persistent_launches();
+      expect_gpu_matches_cpu(c, DType::BF16);
+      const ops::RoutedAttentionOutput persistent_blocks = gpu_case_forward(c);
+      EXPECT_EQ(cuda::attention_forward_persistent_launches() - before, 2);
+      EXPECT_EQ(persistent_blocks.out.to_vector<double>(), a_block_a_tile.out.to_vector<double>());
+      EXPECT_EQ(persistent_blocks.lse.to_vector<double>(), a_block_a_tile.lse.to_vector<double>());
+    }
+  }
+  testing::expect_error([] { cuda::set_attention_forward_persistent(-2); },
+                        {"set_attention_forward_persistent", "-2", "0 (off)"});
+  EXPECT_EQ(cuda::set_attention_forward_persistent(0), 0) << "off by default";
+#endif
+}
+
 // Both passes on wgmma at the wider head dims.
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuAtWideHeads) {
   HAM_SKIP_UNLESS_CUDA();
