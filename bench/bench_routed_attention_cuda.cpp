@@ -24,8 +24,9 @@
 // variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
 // after the table give each choice and every combination's time.
 // The tables after it (not in the CSV) time the variants in the same run: first the forward
-// on one warpgroup with a block a query tile against persistent blocks
-// (set_attention_forward_persistent), with each variant's time / (rho x dense time); then the
+// and the backward on one warpgroup, each with a block a query tile against persistent blocks
+// (set_attention_forward_persistent, set_attention_backward_dq_persistent), with each
+// variant's time / (rho x dense time); then the
 // backward's unselected keys' zeros written by its first pass against by the dQ blocks
 // (set_attention_backward_zeros_in_dq); then the tensor-core forward of the 128 x 128 cases
 // with 64-row blocks (one 16-row tile per warp) against the default 128-row blocks (two)
@@ -505,22 +506,24 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   bench::print_autotune_choices();
 }
 
-// The forward on one warpgroup a block (wgmma, head dims 64 and 128) with a block a query
-// tile against persistent blocks (set_attention_forward_persistent -1), over the cases
-// (matching `filter`) it takes: ms at min / median / max and the ratios at each; then, for
-// each rho below 1 in one document whose dense case ran too, time / (rho x dense time), each
-// variant against its own dense time (#8's goal: at most 1.2).
-void persistent_forward_table(const std::string& filter, int reps) {
-  std::printf("\nforward on one warpgroup a block, a block a query tile vs persistent blocks\n"
-              "(ms at min / median / max; the ratios a block a tile / persistent at each, above "
-              "1: persistent faster)\n%-40s %26s %26s %18s\n",
-              "case", "a block a tile", "persistent", "ratio");
+// A pass on one warpgroup a block (wgmma, head dims 64 and 128) with a block a query tile
+// against persistent blocks (`set` to 0 and to -1; `launches` counts the persistent calls),
+// over the cases (matching `filter`) it takes: ms at min / median / max and the ratios at
+// each; then, for each rho below 1 in one document whose dense case ran too,
+// time / (rho x dense time), each variant against its own dense time (#8's goal: at most
+// 1.2). ms(inputs, forward) times the pass as the settings have it.
+template <class PassMs>
+void persistent_table(const char* pass, const std::string& filter, int (*set)(int),
+                      int64_t (*launches)(), PassMs ms) {
+  std::printf("\n%s, a block a query tile vs persistent blocks\n(ms at min / median / max; "
+              "the ratios a block a tile / persistent at each, above 1: persistent faster)\n"
+              "%-40s %26s %26s %18s\n",
+              pass, "case", "a block a tile", "persistent", "ratio");
   struct Row {
     BenchCase c;
     double a_block_a_tile, persistent;  // medians
   };
   std::vector<Row> rows;
-  const int one_warpgroup = cuda::set_attention_forward_wgmma(1);
   for (const BenchCase& c : bench_cases()) {
     if ((c.key_dim != 64 && c.key_dim != 128) || (c.value_dim != 64 && c.value_dim != 128)) {
       continue;
@@ -528,20 +531,24 @@ void persistent_forward_table(const std::string& filter, int reps) {
     if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
-    const bench::Spread own = forward_ms_set(in, &cuda::set_attention_forward_persistent, 0, reps);
-    const int64_t before = cuda::attention_forward_persistent_launches();
-    const bench::Spread persistent =
-        forward_ms_set(in, &cuda::set_attention_forward_persistent, -1, reps);
-    if (cuda::attention_forward_persistent_launches() == before) {
-      std::printf("%-40s (the persistent forward did not run)\n", c.name().c_str());
+    const ops::RoutedAttentionOutput forward =
+        ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+    const int previous = set(0);
+    const bench::Spread own = ms(in, forward);
+    set(-1);
+    const int64_t before = launches();
+    const bench::Spread persistent = ms(in, forward);
+    const bool ran = launches() != before;
+    set(previous);
+    if (!ran) {
+      std::printf("%-40s (the persistent kernel did not run)\n", c.name().c_str());
       continue;
     }
     print_spread_pair(c.name(), own, persistent);
     rows.push_back({c, own.median, persistent.median});
   }
-  cuda::set_attention_forward_wgmma(one_warpgroup);
-  std::printf("\ntime / (rho x dense time), medians, one document (#8's goal: at most 1.2)\n"
-              "%-40s %15s %11s\n", "case", "a block a tile", "persistent");
+  std::printf("\n%s, time / (rho x dense time), medians, one document (#8's goal: at most "
+              "1.2)\n%-40s %15s %11s\n", pass, "case", "a block a tile", "persistent");
   for (const Row& row : rows) {
     if (row.c.docs != 1 || row.c.density >= 1.0) continue;
     for (const Row& dense : rows) {
@@ -556,10 +563,38 @@ void persistent_forward_table(const std::string& filter, int reps) {
   std::fflush(stdout);
 }
 
+// The persistent forward and dQ kernels (seventy-second session, untimed on a GPU when
+// written), each against its kernel of a block a query tile.
+void persistent_tables(const std::string& filter, int reps) {
+  const int forward_groups = cuda::set_attention_forward_wgmma(1);
+  persistent_table("forward on one warpgroup a block", filter,
+                   &cuda::set_attention_forward_persistent,
+                   &cuda::attention_forward_persistent_launches,
+                   [&](CaseInputs& in, const ops::RoutedAttentionOutput&) {
+                     return time_ms(reps, [&] {
+                       ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+                     });
+                   });
+  cuda::set_attention_forward_wgmma(forward_groups);
+  const int backward_groups = cuda::set_attention_backward_wgmma(1);
+  const int dq_keys = cuda::set_attention_backward_dq_keys(32);
+  persistent_table("backward on one warpgroup a block, its dQ kernel", filter,
+                   &cuda::set_attention_backward_dq_persistent,
+                   &cuda::attention_backward_dq_persistent_launches,
+                   [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward) {
+                     return time_ms(reps, [&] {
+                       ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection,
+                                                      forward.out, forward.lse, in.p);
+                     });
+                   });
+  cuda::set_attention_backward_dq_keys(dq_keys);
+  cuda::set_attention_backward_wgmma(backward_groups);
+}
+
 // The tables after the first: the kernels' variants against each other.
 void variant_tables(const std::string& filter, int reps) {
-  // First, as the newest (seventy-second session, untimed on a GPU when written).
-  if (cuda::attention_wgmma_available()) persistent_forward_table(filter, reps);
+  // First, as the newest.
+  if (cuda::attention_wgmma_available()) persistent_tables(filter, reps);
   // First, as the newest: the unselected keys' zeros from the backward's first pass (on the
   // second stream, the dQ kernel starting 25-30 us into the backward after it on the
   // H200's timelines) or written by the dQ blocks, with no first pass (the default since

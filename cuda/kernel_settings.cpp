@@ -48,6 +48,9 @@ const bool registered = [] {
   add_int("attention_backward_dq_keys", "32, 64 or 16", &set_attention_backward_dq_keys);
   add_bool("attention_backward_overlap", &set_attention_backward_overlap);
   add_bool("attention_backward_dq_records", &set_attention_backward_dq_records);
+  add_int("attention_backward_dq_persistent",
+          "0 (off), -1 (as many blocks as the SMs hold) or a block count",
+          &set_attention_backward_dq_persistent);
   add_bool("attention_backward_key_order", &set_attention_backward_key_order);
   add_bool("attention_backward_zeros_in_dq", &set_attention_backward_zeros_in_dq);
   add_int("attention_decode_keys", "0 (automatic), 8, 16, 32 or 64", &set_attention_decode_keys);

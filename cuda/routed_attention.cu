@@ -43,10 +43,11 @@
 // flash-attention-2 style, the dK/dV pass as two kernels where Dk + Dv > 320 (KeyGrads);
 // see their section. Other bf16 calls take the tiled kernels.
 //
-// Persistent forward (where set_attention_forward_persistent asks; one warpgroup, head dims
-// 64 and 128): as many blocks as the SMs hold, each taking query tiles of 64 rows in turn
-// and issuing the next tile's copies under the current tile's last products and epilogue
-// (forward_wgmma_persistent).
+// Persistent forward and dQ kernels (where set_attention_forward_persistent and
+// set_attention_backward_dq_persistent ask; one warpgroup, head dims 64 and 128): as many
+// blocks as the SMs hold, each taking query tiles of 64 rows in turn and issuing the next
+// tile's copies under the current tile's last products and epilogue
+// (forward_wgmma_persistent, backward_dq_wgmma_persistent).
 //
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
@@ -1279,6 +1280,15 @@ struct KeyTiles {
       after_position = key_position(a, b, first_key(t0 + 2) + j, hi);
     }
     issue_rows_at(t0, first_positions);
+  }
+  // begin_running for the tile's keys [lo, hi) of batch row b, kv head g (a QueryBlock's).
+  template <class Block>
+  __device__ void start_running(const Block& tile, int t0, const int* first_positions) {
+    b = tile.b;
+    g = tile.g;
+    lo = tile.lo - t0 * BK;
+    hi = tile.hi;
+    begin_running(t0, first_positions);
   }
   // Tile t0's value scales into a register and tile t0 + 1's into the lookahead: loads whose
   // values the block first needs after its current tile's epilogue.
@@ -2746,7 +2756,7 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float prob = exp2_ftz(s[0][nb][e] * scale_log2 - lse_log2[e / 2]);
+        const float prob = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -lse_log2[e / 2]));
         ds[0][nb][e] = prob * (ds[0][nb][e] - delta[e / 2]);
       }
     }
@@ -2890,11 +2900,77 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 // (KeyTiles::begin_running). Each query tile's products and their order are
 // forward_wgmma<DK, DV, 1>'s, so the outputs are the same to the bit.
 //
-// The query tiles go to the blocks in rounds of gridDim.x ranks (block_tile's order, the
-// heaviest first), in rank order on even rounds and reversed on odd ones: rank order every
-// round would give block 0 the heaviest tile of each, and its sum over the rounds about one
-// tile's work more than the last block's. Unlike the hardware's scheduling this is fixed in
-// advance; a block whose tiles took longer is not relieved.
+// The query tiles go to the blocks as PersistentQueryTiles has it.
+// The query tiles of 64 rows that a block of a persistent kernel takes in turn
+// (forward_wgmma_persistent, backward_dq_wgmma_persistent): in rounds of gridDim.x ranks
+// (block_tile's order, the heaviest first), in rank order on even rounds and reversed on odd
+// ones. Rank order every round would give block 0 the heaviest tile of each, and its sum over
+// the rounds about one tile's work more than the last block's. Unlike the hardware's
+// scheduling this is fixed in advance: a block whose tiles took longer is not relieved.
+// Each tile starts from its record (QueryTileKeys, a.query_tile_keys), which the block
+// copies into shared memory while the tile before it computes.
+// (A template, so that device code without wgmma, where no kernel uses it, leaves it
+// uninstantiated.)
+template <int kRows = kQueryTileRows>
+struct PersistentQueryTiles {
+  static_assert(kRows == kQueryTileRows, "the records' tiles");
+  static constexpr int kRecordCopies = int(sizeof(QueryTileKeys) / 16);
+  static_assert(sizeof(QueryTileKeys) % 16 == 0, "a record in 16-byte copies");
+  const AttentionArgs<bf16>& a;
+  // In 32 bits (fewer than 2^31 tiles: persistent_grid), which ptxas holds in half the
+  // registers: in 64 bits the 128 x 128 dQ kernel spilled.
+  int tiles_per_row, tiles, blocks, me;
+
+  __device__ explicit PersistentQueryTiles(const AttentionArgs<bf16>& args)
+      : a(args),
+        tiles_per_row(int((args.seq_len + kRows - 1) / kRows)),
+        tiles(int(int64_t(tiles_per_row) * args.q_heads * args.batch)),
+        blocks(int(gridDim.x)),
+        me(int(blockIdx.x)) {}
+
+  // The rank of this block's tile of round i; at or past `tiles`: none.
+  __device__ int64_t rank_of(int64_t i) const {
+    return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me);
+  }
+  __device__ BlockTile tile_of(int64_t rank) const {
+    return block_tile<kRows>(a.seq_len, a.q_heads, a.batch, true, uint32_t(rank));
+  }
+  // Copies the record of the tile of `rank` (none past the last) into `to`, and commits.
+  __device__ void copy_record(int64_t rank, QueryTileKeys* to) const {
+    const int c = int(threadIdx.x);
+    if (rank < tiles && c < kRecordCopies) {
+      const BlockTile tile = tile_of(rank);
+      const QueryTileKeys* from =
+          a.query_tile_keys + tile.batch * int64_t(tiles_per_row) + tile.tile;
+      async_copy_16(reinterpret_cast<char*>(to) + 16 * c,
+                    reinterpret_cast<const char*>(from) + 16 * c);
+    }
+    async_copy_commit();
+  }
+  // The tile of `rank` with its record's bounds (the record in shared memory, landed).
+  __device__ QueryBlock block_of(int64_t rank, const QueryTileKeys& record) const {
+    const BlockTile tile = tile_of(rank);
+    const int64_t b = tile.batch, h = tile.head, q0 = tile.tile * kRows;
+    return {b, h, h / a.group(), q0, record.lo, record.hi, record.full_lo, record.full_hi};
+  }
+  // Its rows' ranges into `range` (the thread of row r; loads, first read when stored).
+  __device__ void load_range(const QueryBlock& qb, QueryRange& range) const {
+    const int r = int(threadIdx.x);
+    range = QueryRange{};
+    if (r < kRows && qb.q0 + r < a.seq_len) {
+      range.begin = int(a.begin[qb.b * a.seq_len + qb.q0 + r]);
+      range.end = int(a.end[qb.b * a.seq_len + qb.q0 + r]);
+    }
+  }
+  // Where qb sees a key: `keys` moved onto qb's key tiles, counted on from the block's tile
+  // t0, and that tile's copies issued (KeyTiles::start_running; not committed).
+  template <class Keys>
+  __device__ static void start_keys(Keys& keys, const QueryBlock& qb, int t0,
+                                    const QueryTileKeys& record) {
+    if (qb.lo < qb.hi) keys.start_running(qb, t0, record.first_positions);  // same in every thread
+  }
+};
+
 template <int DK, int DV>
 struct PersistentForwardShape {
   static constexpr int kRows = 64, kTile = 64, kThreads = 128;
@@ -2918,10 +2994,9 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
   using Shape = PersistentForwardShape<DK, DV>;
   constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, VB = DV / 8;
   constexpr int kThreads = Shape::kThreads;
-  static_assert(BQ == kQueryTileRows && BK == kRecordKeys,
+  static_assert(BQ == kQueryTileRows && BK <= kRecordKeys &&
+                    PersistentQueryTiles<BQ>::kRecordCopies <= kThreads,
                 "a query tile's record gives its first key tile");
-  constexpr int kRecordCopies = int(sizeof(QueryTileKeys) / 16);
-  static_assert(sizeof(QueryTileKeys) % 16 == 0 && kRecordCopies <= kThreads);
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   unsigned char* aligned = wgmma::swizzle_aligned(smem_raw);
   // Q slot i % 2 (an address computed, not an array indexed: ptxas put such an array on the
@@ -2937,61 +3012,31 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
   // Query tile i's record in slot i % 2.
   QueryTileKeys* s_records = reinterpret_cast<QueryTileKeys*>(
       aligned + 2 * Shape::q_slot_bytes + Shape::key_slot_bytes);
-  const int64_t tiles_per_row = (a.seq_len + BQ - 1) / BQ;
-  const int64_t tiles = tiles_per_row * a.q_heads * a.batch;
-  const int64_t blocks = gridDim.x, me = blockIdx.x;
-  // The rank of this block's query tile of round i (above).
-  auto rank_of = [&](int64_t i) { return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me); };
-  auto tile_of = [&](int64_t rank) {
-    return block_tile<BQ>(a.seq_len, a.q_heads, a.batch, true, uint32_t(rank));
-  };
-  // Copies the record of the tile of `rank` (none past the last) into `to`, and commits.
-  auto copy_record = [&](int64_t rank, QueryTileKeys* to) {
-    const int c = int(threadIdx.x);
-    if (rank < tiles && c < kRecordCopies) {
-      const BlockTile tile = tile_of(rank);
-      const QueryTileKeys* from = a.query_tile_keys + tile.batch * tiles_per_row + tile.tile;
-      async_copy_16(reinterpret_cast<char*>(to) + 16 * c,
-                    reinterpret_cast<const char*>(from) + 16 * c);
-    }
-    async_copy_commit();
-  };
+  const PersistentQueryTiles<BQ> queries(a);
   KeyTiles<DK, DV, BK, true, kThreads> keys{a, 0, 0, 0, 0, key_slots, key_slots + 2 * BK * DK,
                                             s_pos, s_pscale};
-  // Starts the query tile of `rank` from its record (landed, in shared memory), its key
-  // tiles from the block's key tile t0: its rows' ranges into `range`, and where it sees a
-  // key, the copies of Q into q_slot and of its first key tile, committed.
+  // Starts the query tile of `rank` from its record, its key tiles from the block's key tile
+  // t0: its rows' ranges into `range`, and where it sees a key, the copies of Q into q_slot
+  // and of its first key tile, committed.
   QueryRange range;
   auto start = [&](int64_t rank, int t0, bf16* q_slot, const QueryTileKeys& record) {
-    const BlockTile tile = tile_of(rank);
-    const int64_t b = tile.batch, h = tile.head, q0 = tile.tile * BQ;
-    const QueryBlock qb{b, h, h / a.group(), q0, record.lo, record.hi, record.full_lo,
-                        record.full_hi};
-    const int r = int(threadIdx.x);
-    range = QueryRange{};
-    if (r < BQ && q0 + r < a.seq_len) {
-      range.begin = int(a.begin[b * a.seq_len + q0 + r]);
-      range.end = int(a.end[b * a.seq_len + q0 + r]);
-    }
+    const QueryBlock qb = queries.block_of(rank, record);
+    queries.load_range(qb, range);
     if (qb.lo < qb.hi) {  // the same in every thread
       issue_rows_to<DK, BQ, kThreads>(SwizzledTile<BQ>{q_slot},
-                                      HeadRows(a.q, b, a.seq_len, a.q_heads, h, DK),
-                                      query_rows(q0, a.seq_len));
-      keys.b = b;
-      keys.g = qb.g;
-      keys.lo = qb.lo - t0 * BK;
-      keys.hi = qb.hi;
-      keys.begin_running(t0, record.first_positions);
+                                      HeadRows(a.q, qb.b, a.seq_len, a.q_heads, qb.h, DK),
+                                      query_rows(qb.q0, a.seq_len));
     }
+    PersistentQueryTiles<BQ>::start_keys(keys, qb, t0, record);
     async_copy_commit();
     return qb;
   };
 
-  if (rank_of(0) >= tiles) return;  // cannot happen: the grid has at most a block a tile
-  copy_record(rank_of(0), &s_records[0]);
+  if (queries.rank_of(0) >= queries.tiles) return;  // cannot happen: a block a tile at most
+  queries.copy_record(queries.rank_of(0), &s_records[0]);
   async_copy_wait<0>();
   __syncthreads();
-  QueryBlock qb = start(rank_of(0), 0, q_slot(0), s_records[0]);
+  QueryBlock qb = start(queries.rank_of(0), 0, q_slot(0), s_records[0]);
   if (qb.lo < qb.hi) keys.load_first_scales(s_records[0].first_positions);
   // This lane's rows: r0[0] and r0[0] + 8 of the tile.
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
@@ -3004,10 +3049,10 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
     // start, is behind tile i - 1's epilogue's barriers).
     store_query_ranges<BQ>(range, s_begin, s_end);
     if (qb.lo < qb.hi) keys.store_first_scale(t);
-    const int64_t next_rank = rank_of(i + 1);
-    const bool has_next = next_rank < tiles;
+    const int64_t next_rank = queries.rank_of(i + 1);
+    const bool has_next = next_rank < queries.tiles;
     const QueryTileKeys& next_record = s_records[(i + 1) % 2];
-    copy_record(next_rank, &s_records[(i + 1) % 2]);
+    queries.copy_record(next_rank, &s_records[(i + 1) % 2]);
     QueryBlock next_qb{};
     const uint32_t q_tile = wgmma::shared_address(q_slot(i));
     float o[1][VB][4];  // as in forward_wgmma<DK, DV, 1>
@@ -3051,6 +3096,193 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
                                                                  scale_log2, q_slot(i));
     if (!has_next) break;
     qb = next_qb;
+  }
+#else
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
+#endif
+}
+
+// ---- The persistent dQ kernel ----------------------------------------------------------
+//
+// backward_dq_wgmma's block (one warpgroup, 32-key tiles) pays a larger prologue than the
+// forward's: its rows' Q and dO copies and D = rowsum(dO o) from O and dO before its first
+// tile, about 11 us a block against 1.4 us a key tile at B4 T4096 rho 0.25 on the H200
+// (seventieth session: a third of the kernel). The persistent dQ kernel
+// (set_attention_backward_dq_persistent) runs as many blocks as the SMs hold, each taking
+// query tiles in turn (PersistentQueryTiles): at the barrier of a tile's last key tile it
+// issues the next tile's first key tile (from its record) into the free key slot, and once
+// that tile's S and dP products have read Q and dO, a barrier, then the next tile's Q and
+// dO into their place, so that all of them land under the last tile's dQ product, the dq
+// stores and the next tile's D. dq goes out from the registers (the shared memory that
+// backward_dq_wgmma stages it in is where the next tile's Q lands): the same values, so the
+// gradients are the same to the bit. The shared memory stays 67 KB at 128 x 128 (three
+// blocks an SM, as the kernel it replaces); D's loads still wait at each tile's start.
+template <int DK, int DV>
+struct PersistentDqShape {
+  static constexpr int kRows = 64, kTile = 32, kThreads = 128;
+  static constexpr size_t rows_bytes = size_t(kRows) * (DK + DV) * 2;  // Q and dO
+  static constexpr size_t key_slot_bytes = size_t(2) * kTile * (DK + DV) * 2;
+  // Q and dO, two slots of K and of V, then two records (the copies' destination is
+  // dynamic shared memory), after the round-up to 1024 bytes.
+  static constexpr size_t bytes =
+      wgmma::kSwizzleAtomBytes + rows_bytes + key_slot_bytes + 2 * sizeof(QueryTileKeys);
+};
+
+// Bound to three blocks an SM (168 registers), as many as the kernel it replaces holds:
+// unbound, ptxas gave the 128 x 128 instance 204 registers, two blocks an SM.
+template <int DK, int DV>
+__global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(AttentionArgs<bf16> a) {
+  begin_dependent_kernel();  // the records come from the launch just ahead
+#if HAM_WGMMA_DEVICE
+  using Shape = PersistentDqShape<DK, DV>;
+  constexpr int BQ = Shape::kRows, BK = Shape::kTile, NB = BK / 8, kThreads = Shape::kThreads;
+  static_assert(BQ == kQueryTileRows && BK <= kRecordKeys &&
+                    PersistentQueryTiles<BQ>::kRecordCopies <= kThreads,
+                "a query tile's record gives its first key tile");
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* aligned = wgmma::swizzle_aligned(smem_raw);
+  bf16* sQ = reinterpret_cast<bf16*>(aligned);  // [BQ][DK] swizzled
+  bf16* sO = sQ + BQ * DK;                      // dO [BQ][DV] swizzled
+  bf16* key_slots = sO + BQ * DV;               // 2 x K [BK][DK], then 2 x V [BK][DV]
+  HAM_STATIC_SHARED(int, s_begin, [BQ]);
+  HAM_STATIC_SHARED(int, s_end, [BQ]);
+  HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
+  HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
+  HAM_STATIC_SHARED(float, s_delta, [BQ]);
+  // Query tile i's record in slot i % 2.
+  QueryTileKeys* s_records =
+      reinterpret_cast<QueryTileKeys*>(aligned + Shape::rows_bytes + Shape::key_slot_bytes);
+  const PersistentQueryTiles<BQ> queries(a);
+  KeyTiles<DK, DV, BK, true, kThreads> keys{a, 0, 0, 0, 0, key_slots, key_slots + 2 * BK * DK,
+                                            s_pos, s_pscale};
+  // Starts the query tile of `rank` from its record: its rows' ranges into `range`, and where
+  // it sees a key, its first key tile's copies from the block's key tile t0, committed. (The
+  // tile's QueryBlock is formed again from the record where needed, not held in registers
+  // across the tile before's last products.)
+  QueryRange range;
+  auto start = [&](int64_t rank, int t0, const QueryTileKeys& record) {
+    const QueryBlock qb = queries.block_of(rank, record);
+    queries.load_range(qb, range);
+    PersistentQueryTiles<BQ>::start_keys(keys, qb, t0, record);
+    async_copy_commit();
+  };
+  // Q and dO of qb into sQ and sO, where it sees a key, committed.
+  auto issue_own_rows = [&](const QueryBlock& qb) {
+    if (qb.lo < qb.hi) {
+      issue_query_rows_to<DK, DV, BQ, kThreads>(a, qb.b, qb.h, qb.q0, SwizzledTile<BQ>{sQ},
+                                                SwizzledTile<BQ>{sO});
+    }
+    async_copy_commit();
+  };
+
+  if (queries.rank_of(0) >= queries.tiles) return;  // cannot happen: a block a tile at most
+  queries.copy_record(queries.rank_of(0), &s_records[0]);
+  async_copy_wait<0>();
+  __syncthreads();
+  start(queries.rank_of(0), 0, s_records[0]);
+  QueryBlock qb = queries.block_of(queries.rank_of(0), s_records[0]);
+  issue_own_rows(qb);
+  if (qb.lo < qb.hi) keys.load_first_scales(s_records[0].first_positions);
+  // This lane's rows: r0[0] and r0[0] + 8 of the tile.
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int r0[1] = {warp * 16 + lane / 4};
+  const uint32_t q_tile = wgmma::shared_address(sQ), o_tile = wgmma::shared_address(sO);
+  const float scale_log2 = a.scale * kLog2e;
+  int t = 0;  // the block's key tiles so far: tile t in key slot t % 2, its scales in t % 3
+  for (int64_t i = 0;; ++i) {
+    // Query tile i: its first key tile's scales; tile i + 1's record on its way; then
+    // backward_dq_wgmma's prologue after its copies: the lse, D (and the unselected keys'
+    // zeros where ours), while Q, dO and the first key tile land; then, past that barrier
+    // (the last tile's masks read them after the tile's last one), its rows' ranges, for
+    // advance(t)'s barrier to publish.
+    if (qb.lo < qb.hi) keys.store_first_scale(t);
+    const int64_t next_rank = queries.rank_of(i + 1);
+    const bool has_next = next_rank < queries.tiles;
+    const QueryTileKeys& next_record = s_records[(i + 1) % 2];
+    queries.copy_record(next_rank, &s_records[(i + 1) % 2]);
+    UnselectedRows<BQ, kThreads> unselected(a, qb.b, qb.h, qb.q0);
+    float lse_log2[2], delta[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t token = qb.q0 + r0[0] + 8 * e;
+      lse_log2[e] = token < a.seq_len ? float(a.lse[a.q_index(qb.b, token, qb.h)]) * kLog2e : 0.f;
+    }
+    if (a.delta_out) {
+      unselected.load_last_keys(a);
+      row_deltas<DV, BQ, kThreads>(a, qb.b, qb.h, qb.q0, s_delta);
+      unselected.template zero<DK, DV>(a);
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < 2; ++e) delta[e] = s_delta[r0[0] + 8 * e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t token = qb.q0 + r0[0] + 8 * e;
+        delta[e] = token < a.seq_len ? float(a.delta[a.q_index(qb.b, token, qb.h)]) : 0.f;
+      }
+      __syncthreads();
+    }
+    store_query_ranges<BQ>(range, s_begin, s_end);
+    float dq[1][DK / 8][4];  // as in backward_dq_wgmma<DK, DV, 1, 32>
+    zero(dq[0]);
+    for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
+      keys.advance(t);  // tile t (and Q, dO, the next record) have landed
+      const bool last = k0 + BK >= qb.hi;
+      // After the last key tile's barrier: key slot (t + 1) % 2 is free.
+      if (last && has_next) start(next_rank, t + 1, next_record);
+      const uint32_t k_tile = wgmma::shared_address(keys.k(t));
+      const uint32_t v_tile = wgmma::shared_address(keys.v(t));
+      float s[1][NB][4], ds[1][NB][4];
+      wgmma::fence();
+      wgmma::rows_times_rows<BK, DK, BQ, BK>(s[0], q_tile, k_tile);   // S = Q K^T
+      wgmma::rows_times_rows<BK, DV, BQ, BK>(ds[0], o_tile, v_tile);  // dO V^T
+      wgmma::commit();
+      wgmma::wait<0>();
+      if (last && has_next) {
+        __syncthreads();  // every warp's S and dP have read Q and dO
+        issue_own_rows(queries.block_of(next_rank, next_record));
+      }
+      if (a.p) scale_key_columns(keys.tile_scales(t), ds[0]);  // dP = dO V'^T
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float prob = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -lse_log2[e / 2]));
+          ds[0][nb][e] = prob * (ds[0][nb][e] - delta[e / 2]);
+        }
+      }
+      if (!(k0 >= qb.full_lo && k0 + BK <= qb.full_hi)) {
+        hide_outside_ranges(ds, r0, k0, s_begin, s_end, 0.f);
+      }
+      uint32_t ds_frags[NB / 2][4];
+#pragma unroll
+      for (int j = 0; j < NB / 2; ++j) mma::accumulator_as_a(ds[0], j, ds_frags[j]);
+      wgmma::fence();
+      wgmma::fragments_times_matrix<DK, BK, BK>(dq[0], ds_frags, k_tile);  // dQ += dS K
+      wgmma::commit();
+      wgmma::wait<0>();
+    }
+    if (qb.lo >= qb.hi && has_next) {
+      // No key tile ran: wait for the next record, and for every thread to be past this
+      // tile's D (s_delta) before the next tile's copies.
+      async_copy_wait<0>();
+      __syncthreads();
+      start(next_rank, t, next_record);
+      issue_own_rows(queries.block_of(next_rank, next_record));
+    }
+    if (has_next && next_record.lo < next_record.hi) {
+      keys.load_first_scales(next_record.first_positions);
+    }
+    bf16* dq_rows[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t token = qb.q0 + r0[0] + 8 * e;
+      dq_rows[e] = token < a.seq_len ? a.dq + a.q_index(qb.b, token, qb.h) * DK : nullptr;
+    }
+    const float dq_scale[2] = {a.scale, a.scale};
+    write_accumulator_rows<DK>(dq_rows, dq[0], dq_scale);
+    if (!has_next) break;
+    qb = queries.block_of(next_rank, next_record);
   }
 #else
   __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
@@ -3564,9 +3796,10 @@ std::atomic<int> g_forward_rows{128}, g_forward_keys{64},
     g_forward_wgmma{kAttentionWgmmaAutomatic},
     g_backward_wgmma{kAttentionWgmmaAutomatic};
 std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
-// set_attention_forward_persistent, and the calls whose forward ran so.
-std::atomic<int> g_forward_persistent{0};
-std::atomic<int64_t> g_forward_persistent_launches{0};
+// set_attention_forward_persistent and set_attention_backward_dq_persistent, and the calls
+// that ran so.
+std::atomic<int> g_forward_persistent{0}, g_backward_dq_persistent{0};
+std::atomic<int64_t> g_forward_persistent_launches{0}, g_backward_dq_persistent_launches{0};
 // set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key and in 16-key tiles.
 std::atomic<int> g_backward_dq_keys{32};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
@@ -3660,24 +3893,37 @@ Tensor order_key_tiles_on(const Tensor& query_tile_ranges, const int64_t* counts
 // (summarize_query_tiles), then a grid of `blocks` blocks (-1: as many as the SMs hold at
 // once), never more than the query tiles. Returns whether it launched: false where its
 // shared memory does not fit the device.
-template <int DK, int DV>
-bool launch_persistent_forward(AttentionArgs<bf16> a, int blocks, Device device) {
-  using Shape = PersistentForwardShape<DK, DV>;
-  auto* kernel = &forward_wgmma_persistent<DK, DV>;
-  if (!tiled_fits(kernel, Shape::bytes)) return false;
-  const int64_t query_tiles = ceil_div(a.seq_len, kQueryTileRows) * a.q_heads * a.batch;
+// The grid of a persistent kernel (PersistentQueryTiles) of `threads` threads and `bytes` of
+// dynamic shared memory: `blocks` blocks (-1: as many as the SMs hold at once), never more
+// than the query tiles.
+constexpr int kPersistentThreads = 128;
+dim3 persistent_grid(void (*kernel)(AttentionArgs<bf16>), int blocks, size_t bytes, int threads,
+                     int64_t seq_len, int64_t q_heads, int64_t batch) {
+  const int64_t query_tiles = ceil_div(seq_len, kQueryTileRows) * q_heads * batch;
+  HAM_CHECK(query_tiles < (int64_t(1) << 31), kOp, ": ", query_tiles,
+            " query tiles exceed a persistent kernel's 32-bit count");
   int64_t grid = blocks;
   if (blocks < 0) {
-    grid = int64_t(resident_blocks_per_sm(kOp, kernel, Shape::kThreads, Shape::bytes)) *
-           multiprocessor_count();
+    grid = int64_t(resident_blocks_per_sm(kOp, kernel, threads, bytes)) * multiprocessor_count();
   }
   grid = std::min(grid, query_tiles);
   HAM_CHECK(grid > 0 && grid < (int64_t(1) << 31), kOp, ": ", grid,
-            " blocks for the persistent forward of ", query_tiles, " query tiles");
+            " blocks for a persistent kernel over ", query_tiles, " query tiles");
+  return dim3(unsigned(grid));
+}
+
+template <int DK, int DV>
+bool launch_persistent_forward(AttentionArgs<bf16> a, int blocks, Device device) {
+  using Shape = PersistentForwardShape<DK, DV>;
+  static_assert(Shape::kThreads == kPersistentThreads);
+  auto* kernel = &forward_wgmma_persistent<DK, DV>;
+  if (!tiled_fits(kernel, Shape::bytes)) return false;
+  const dim3 grid = persistent_grid(kernel, blocks, Shape::bytes, Shape::kThreads, a.seq_len,
+                                    a.q_heads, a.batch);
   const QueryTileSummary summary = summarize_query_tiles_on(a.begin, a.end, a.positions,
                                                             a.batch, a.seq_len, device, true);
   a.query_tile_keys = reinterpret_cast<const QueryTileKeys*>(summary.records.raw_data());
-  return launch_tiled(kernel, dim3(unsigned(grid)), Shape::bytes, a, Shape::kThreads);
+  return launch_tiled(kernel, grid, Shape::bytes, a, Shape::kThreads);
 }
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
@@ -3794,15 +4040,27 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     const bool order_key_tiles = g_backward_key_order.load();
     // The wgmma dQ kernel for these head dims and warpgroups, its shared memory, its key
     // tile and whether it reads the records.
+    // persistent: its blocks (-1: as many as the SMs hold), 0 for a block a query tile.
     struct WgmmaDq {
       void (*kernel)(AttentionArgs<bf16>);
       size_t bytes;
       int keys;
       bool from_records;
+      int persistent = 0;
     };
+    // The persistent dQ kernel where set (set_attention_backward_dq_persistent), in 32-key
+    // tiles.
+    const int dq_persistent = g_backward_dq_persistent.load();
     auto wgmma_dq = [&]<int DK, int DV, int kGroups>() {
       using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
       if constexpr (kWgmmaDqTakesShortTiles<DK, DV, kGroups>) {
+        if (dq_keys == 32 && dq_persistent != 0) {
+          using Persistent = PersistentDqShape<DK, DV>;
+          static_assert(Persistent::kThreads == Wgmma::kThreads &&
+                        Persistent::kThreads == kPersistentThreads);
+          return WgmmaDq{&backward_dq_wgmma_persistent<DK, DV>, Persistent::bytes,
+                         Persistent::kTile, true, dq_persistent};
+        }
         auto short_tiles = [&]<int kKeys>() {
           const size_t bytes = Wgmma::bytes(KeyGrads::Both, kKeys);
           return dq_records_set
@@ -3937,10 +4195,18 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                         {DK, DV, kGroups, dq_pass.keys, int(dq_pass.from_records)},
                         dq_pass.from_records ? 5 : 4};
                     // Just after the query tiles' summary: its prologue runs before its
-                    // wait (backward_dq_wgmma).
-                    tiled_dq = launch_tiled(dq_pass.kernel,
-                                            block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch),
-                                            dq_pass.bytes, a, Wgmma::kThreads, &dq_name);
+                    // wait (backward_dq_wgmma). The persistent kernel stamps no blocks.
+                    const dim3 dq_grid =
+                        dq_pass.persistent != 0
+                            ? persistent_grid(dq_pass.kernel, dq_pass.persistent, dq_pass.bytes,
+                                              kPersistentThreads, a.seq_len, a.q_heads, a.batch)
+                            : block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch);
+                    tiled_dq = launch_tiled(dq_pass.kernel, dq_grid, dq_pass.bytes, a,
+                                            Wgmma::kThreads,
+                                            dq_pass.persistent != 0 ? nullptr : &dq_name);
+                    if (tiled_dq && dq_pass.persistent != 0) {
+                      g_backward_dq_persistent_launches.fetch_add(1);
+                    }
                     HAM_CHECK(tiled_dq || !dq_forms_delta, kOp,
                               ": the wgmma dQ kernel that was to form D did not launch");
                     if (zeros_in_dq) g_backward_zeros_in_dq_launches.fetch_add(1);
@@ -4181,6 +4447,16 @@ int set_attention_forward_persistent(int blocks) {
 }
 
 int64_t attention_forward_persistent_launches() { return g_forward_persistent_launches.load(); }
+
+int set_attention_backward_dq_persistent(int blocks) {
+  HAM_CHECK(blocks >= -1, "set_attention_backward_dq_persistent: ", blocks,
+            " blocks; expected 0 (off), -1 (as many as the SMs hold at once) or a count");
+  return g_backward_dq_persistent.exchange(blocks);
+}
+
+int64_t attention_backward_dq_persistent_launches() {
+  return g_backward_dq_persistent_launches.load();
+}
 
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {
   bool takes = false;

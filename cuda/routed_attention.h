@@ -97,6 +97,19 @@ int64_t attention_overlapped_prologues();
 // (forty-first session). Returns the previous setting.
 bool set_attention_backward_dq_records(bool records);
 
+// Whether the backward's wgmma dQ kernel on one warpgroup a block in 32-key tiles (the
+// default where it runs: head dims 64 and 128) runs as a persistent kernel: `blocks` blocks,
+// each taking query tiles in turn and issuing the next tile's copies (its first key tile
+// from the query tiles' records, then Q and dO once the current tile's last S and dP have
+// read theirs) under the current tile's last products and its dq stores. 0: off (the
+// default, untimed on a GPU: seventy-second session); -1: as many blocks as the SMs hold at
+// once; n > 0: n blocks (at most one a query tile). The gradients are the same to the bit.
+// Returns the previous setting; below -1 is an error.
+int set_attention_backward_dq_persistent(int blocks);
+
+// How many backward calls of this process ran the persistent dQ kernel.
+int64_t attention_backward_dq_persistent_launches();
+
 // How many backward calls of this process ran the wgmma dQ kernel from those records.
 int64_t attention_backward_dq_record_launches();
 

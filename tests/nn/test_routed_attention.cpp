@@ -1364,6 +1364,79 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
 #endif
 }
 
+#ifdef HAM_WITH_CUDA
+// gpu_case_gradients with the forward's out in a view off a 16-byte boundary: the wgmma dQ
+// kernel then reads D from the backward's first pass instead of forming it.
+ops::RoutedAttentionGrads gpu_case_gradients_with_unaligned_out(const GpuCase& c) {
+  const Device gpu = Device::cuda();
+  uint64_t seed = 70 + uint64_t(c.seq_len);
+  Tensor q =
+      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16, gpu, seed++);
+  Tensor k =
+      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16, gpu, seed++);
+  Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, DType::BF16,
+                                    gpu, seed++);
+  Tensor p = c.value_scale
+                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(DType::BF16).to(gpu)
+                 : Tensor();
+  Tensor docs = gpu_case_docs(c, seed++);
+  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
+                                                docs.defined() ? docs.to(gpu) : Tensor());
+  ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+  Tensor dout = testing::random_tensor(r.out.shape(), DType::BF16, gpu, seed++);
+  return ops::routed_attention_backward(dout, q, k, v, sel, testing::one_element_in(r.out), r.lse,
+                                        p);
+}
+#endif
+
+// The persistent dQ kernel (set_attention_backward_dq_persistent) bit for bit against the
+// dQ kernel with a block a query tile: on 1 and 3 blocks, so that each block runs many query
+// tiles (those that see no key among them), and on as many as the SMs hold. On 3 blocks also
+// against the CPU, with the unselected keys' zeros from the first pass instead of its blocks
+// (the default), and with D from the first pass (out off a 16-byte boundary). Each call must
+// run it.
+TEST(RoutedAttentionGpu, Bf16BackwardWithPersistentDqMatchesCpuAndABlockATile) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
+  const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 32);
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
+  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
+  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false});
+  for (int blocks : {1, 3, -1}) {
+    for (bool zeros_in_dq : {true, false}) {
+      if (!zeros_in_dq && blocks != 3) continue;
+      const testing::ScopedSetting zeros(&cuda::set_attention_backward_zeros_in_dq, zeros_in_dq);
+      for (const GpuCase& c : cases) {
+        SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(blocks) + " blocks" +
+                     (zeros_in_dq ? "" : ", zeros from the first pass"));
+        const bool every_path = blocks == 3;
+        const ops::RoutedAttentionGrads a_block_a_tile = gpu_case_gradients(c, DType::BF16);
+        const ops::RoutedAttentionGrads a_block_a_tile_unaligned =
+            every_path ? gpu_case_gradients_with_unaligned_out(c) : ops::RoutedAttentionGrads{};
+        const testing::ScopedSetting persistent(&cuda::set_attention_backward_dq_persistent,
+                                                blocks);
+        const int64_t before = cuda::attention_backward_dq_persistent_launches();
+        expect_same_gradients(gpu_case_gradients(c, DType::BF16), a_block_a_tile);
+        if (every_path) {
+          expect_gpu_matches_cpu(c, DType::BF16);
+          expect_same_gradients(gpu_case_gradients_with_unaligned_out(c),
+                                a_block_a_tile_unaligned);
+        }
+        EXPECT_EQ(cuda::attention_backward_dq_persistent_launches() - before, every_path ? 3 : 1);
+      }
+    }
+  }
+  testing::expect_error([] { cuda::set_attention_backward_dq_persistent(-2); },
+                        {"set_attention_backward_dq_persistent", "-2", "0 (off)"});
+  EXPECT_EQ(cuda::set_attention_backward_dq_persistent(0), 0) << "off by default";
+#endif
+}
+
 // The order the dK/dV blocks take their key tiles in (set_attention_backward_key_order),
 // from the GPU's compaction, against the rule worked out on the CPU's: each row's tiles of
 // `rows` keys by work falling (the query tiles of 64 rows whose visible keys meet the tile),
