@@ -53,7 +53,8 @@
 // set_attention_backward_zeros_in_dq), once with that pass in order, not beside the others
 // on a second stream (its default; set_attention_backward_overlap), once with the dQ
 // kernel's blocks started from the query tiles' records (set_attention_backward_dq_records),
-// once with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys), once with the
+// once with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys), the forward and
+// the backward with the persistent kernels (an entry a query tile), once with the
 // dK/dV blocks' key tiles by work (set_attention_backward_key_order), and once as dependent
 // launches (set_dependent_launches). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
@@ -375,16 +376,16 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
   }
 }
 
-// The backward's block timeline once more with a setting of it set to `value` (restored
-// after), titled `pass`; where the setting's launch counter did not move, the line
-// `why_not` says the kernel that takes it did not run.
+// A pass's block timeline once more with a setting of it set to `value` (restored after),
+// titled `pass`; where the setting's launch counter did not move, the line `why_not` says
+// the kernel that takes it did not run.
 template <class Value, class Run>
-void backward_timeline_with(const char* pass, const std::string& case_name, Value (*set)(Value),
-                            Value value, int64_t (*launches)(), const char* why_not,
-                            const Run& run_backward, std::ofstream& csv) {
+void timeline_with(const char* pass, const std::string& case_name, Value (*set)(Value),
+                   Value value, int64_t (*launches)(), const char* why_not, const Run& run_pass,
+                   std::ofstream& csv) {
   const Value previous = set(value);
   const int64_t before = launches();
-  timeline_rows(pass, case_name, run_backward, csv);
+  timeline_rows(pass, case_name, run_pass, csv);
   if (launches() == before) std::printf("(%s)\n", why_not);
   set(previous);
 }
@@ -438,19 +439,32 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
     cuda::set_attention_backward_zeros_in_dq(zeros_in_dq);
     // And with the dQ kernel's blocks started from the query tiles' records
     // (set_attention_backward_dq_records): its prologue, against the default's above.
-    backward_timeline_with("backward, the dQ blocks from the query tiles' records",
-                           c.name() + " records", &cuda::set_attention_backward_dq_records, true,
-                           &cuda::attention_backward_dq_record_launches,
-                           "the dQ kernel here is not the one-warpgroup wgmma kernel: no records",
-                           run_backward, csv);
+    timeline_with("backward, the dQ blocks from the query tiles' records",
+                  c.name() + " records", &cuda::set_attention_backward_dq_records, true,
+                  &cuda::attention_backward_dq_record_launches,
+                  "the dQ kernel here is not the one-warpgroup wgmma kernel: no records",
+                  run_backward, csv);
     // And with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys): four blocks
     // an SM at 128 x 128 where 32-key tiles fit three, each with twice the tiles.
-    backward_timeline_with("backward, the dQ kernel in 16-key tiles", c.name() + " dq16",
-                           &cuda::set_attention_backward_dq_keys, 16,
-                           &cuda::attention_backward_dq_16_key_launches,
-                           "the dQ kernel here is not the one-warpgroup wgmma kernel: its own "
-                           "tiles",
-                           run_backward, csv);
+    timeline_with("backward, the dQ kernel in 16-key tiles", c.name() + " dq16",
+                  &cuda::set_attention_backward_dq_keys, 16,
+                  &cuda::attention_backward_dq_16_key_launches,
+                  "the dQ kernel here is not the one-warpgroup wgmma kernel: its own tiles",
+                  run_backward, csv);
+    // And the persistent forward and dQ kernels (set_attention_forward_persistent,
+    // set_attention_backward_dq_persistent), an entry a query tile: the prologue a tile
+    // then shows what of it the copies under the tile before did not hide.
+    timeline_with("forward, persistent", c.name() + " persistent",
+                  &cuda::set_attention_forward_persistent, -1,
+                  &cuda::attention_forward_persistent_launches,
+                  "the forward here is not the one-warpgroup wgmma kernel: not persistent",
+                  run_forward, csv);
+    timeline_with("backward, its dQ kernel persistent", c.name() + " dq persistent",
+                  &cuda::set_attention_backward_dq_persistent, -1,
+                  &cuda::attention_backward_dq_persistent_launches,
+                  "the dQ kernel here is not the one-warpgroup wgmma kernel in 32-key tiles: "
+                  "not persistent",
+                  run_backward, csv);
     // And with the dK/dV blocks' key tiles by work (set_attention_backward_key_order): the
     // dK/dV kernel's span and tail against the rank order's above.
     const bool previous_order = cuda::set_attention_backward_key_order(true);

@@ -15,7 +15,8 @@
 // take -2 to +6 registers, and none of the instances the defaults run spills.
 //
 // Instrumented: the routed attention kernels the bf16 defaults run (forward_mma,
-// forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma, and the backward's small kernels
+// forward_wgmma, backward_dq_wgmma, backward_dkdv_wgmma, the persistent forward and dQ
+// kernels an entry a query tile (mark_entry), and the backward's small kernels
 // backward_prologue, summarize_query_tiles and gather_value_scale_grad, which visit no
 // tiles; cuda/routed_attention.cu), and the gated delta rule's tensor-core kernels, each
 // chunk a tile, with its chunk table where there are document ids (cuda/gated_delta_rule.cu).
@@ -95,14 +96,8 @@ __device__ __forceinline__ uint32_t stamped_block() {
 }
 #endif
 
-// Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per block of the
-// grid, x fastest); `tiles`, the tiles the block will visit, goes with FirstTile (a block
-// that visits none keeps 0). Nothing when not recording (null). Every block's first mark
-// is Start, which writes its whole entry.
-__device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark,
-                                           int64_t tiles = 0) {
-  if (timeline == nullptr || stamping_thread() != 0) return;
-  BlockStamps& stamps = timeline[stamped_block()];
+// `mark` into one entry of a timeline, now.
+__device__ __forceinline__ void stamp_mark(BlockStamps& stamps, BlockMark mark, int64_t tiles) {
   const uint64_t now = block_cycle_clock();
   switch (mark) {
     case BlockMark::Start:  // the whole entry: the buffer is not zeroed before the launch
@@ -123,6 +118,26 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
       stamps.end_ns = global_timer_ns();
       break;
   }
+}
+
+// Thread 0 stamps `mark` into the block's entry of `timeline` (one entry per block of the
+// grid, x fastest); `tiles`, the tiles the block will visit, goes with FirstTile (a block
+// that visits none keeps 0). Nothing when not recording (null). Every block's first mark
+// is Start, which writes its whole entry.
+__device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark,
+                                           int64_t tiles = 0) {
+  if (timeline == nullptr || stamping_thread() != 0) return;
+  stamp_mark(timeline[stamped_block()], mark, tiles);
+}
+
+// mark_block into entry `entry` rather than the block's own: the persistent kernels, whose
+// blocks take many query tiles each, stamp an entry a query tile. A tile starts where its
+// block begins it, after the tile before; its copies went out before that, under the tile
+// before, so its CopiesIssued is stamped at its start.
+__device__ __forceinline__ void mark_entry(BlockStamps* timeline, int64_t entry, BlockMark mark,
+                                           int64_t tiles = 0) {
+  if (timeline == nullptr || stamping_thread() != 0) return;
+  stamp_mark(timeline[entry], mark, tiles);
 }
 
 // Start when made, End when the kernel leaves its scope, whichever return it takes (the

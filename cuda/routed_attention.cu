@@ -3009,6 +3009,9 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
   HAM_STATIC_SHARED(int, s_end, [BQ]);
   HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
+  // The current tile's rank, the timeline's entry, for the stamping thread (thread 0) only:
+  // read from shared memory at each mark, so that no register holds it across the tiles.
+  HAM_STATIC_SHARED(int, s_entry);
   // Query tile i's record in slot i % 2.
   QueryTileKeys* s_records = reinterpret_cast<QueryTileKeys*>(
       aligned + 2 * Shape::q_slot_bytes + Shape::key_slot_bytes);
@@ -3047,6 +3050,9 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
     // Query tile i: its rows' ranges and first key tile's scales, for advance(t)'s barrier to
     // publish; then tile i + 1's record on its way (the slot's last reader, tile i - 1's
     // start, is behind tile i - 1's epilogue's barriers).
+    if (a.timeline != nullptr && threadIdx.x == 0) s_entry = int(queries.rank_of(i));
+    mark_entry(a.timeline, s_entry, BlockMark::Start);
+    mark_entry(a.timeline, s_entry, BlockMark::CopiesIssued);
     store_query_ranges<BQ>(range, s_begin, s_end);
     if (qb.lo < qb.hi) keys.store_first_scale(t);
     const int64_t next_rank = queries.rank_of(i + 1);
@@ -3060,6 +3066,10 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
     zero(o[0]);
     for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
       keys.advance(t);  // tile t (and Q, and the next record) have landed
+      if (k0 == qb.lo) {
+        mark_entry(a.timeline, s_entry, BlockMark::FirstTile,
+                   (qb.hi - k0 + BK - 1) / BK);
+      }
       // After the last key tile's barrier: key slot (t + 1) % 2 and the other Q slot are free.
       if (k0 + BK >= qb.hi && has_next) {
         next_qb = start(next_rank, t + 1, q_slot(i + 1), next_record);
@@ -3091,9 +3101,11 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
       __syncthreads();
       next_qb = start(next_rank, t, q_slot(i + 1), next_record);
     }
+    mark_entry(a.timeline, s_entry, BlockMark::TilesDone);
     if (has_next && next_qb.lo < next_qb.hi) keys.load_first_scales(next_record.first_positions);
     store_forward_rows<BQ, kThreads, int(Shape::q_slot_bytes / 2)>(a, qb, r0, o, m_run, l,
                                                                  scale_log2, q_slot(i));
+    mark_entry(a.timeline, s_entry, BlockMark::End);
     if (!has_next) break;
     qb = next_qb;
   }
@@ -3149,6 +3161,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
   HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
   HAM_STATIC_SHARED(float, s_delta, [BQ]);
+  HAM_STATIC_SHARED(int, s_entry);  // as in forward_wgmma_persistent
   // Query tile i's record in slot i % 2.
   QueryTileKeys* s_records =
       reinterpret_cast<QueryTileKeys*>(aligned + Shape::rows_bytes + Shape::key_slot_bytes);
@@ -3195,6 +3208,9 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     // zeros where ours), while Q, dO and the first key tile land; then, past that barrier
     // (the last tile's masks read them after the tile's last one), its rows' ranges, for
     // advance(t)'s barrier to publish.
+    if (a.timeline != nullptr && threadIdx.x == 0) s_entry = int(queries.rank_of(i));
+    mark_entry(a.timeline, s_entry, BlockMark::Start);
+    mark_entry(a.timeline, s_entry, BlockMark::CopiesIssued);
     if (qb.lo < qb.hi) keys.store_first_scale(t);
     const int64_t next_rank = queries.rank_of(i + 1);
     const bool has_next = next_rank < queries.tiles;
@@ -3227,6 +3243,10 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     zero(dq[0]);
     for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
       keys.advance(t);  // tile t (and Q, dO, the next record) have landed
+      if (k0 == qb.lo) {
+        mark_entry(a.timeline, s_entry, BlockMark::FirstTile,
+                   (qb.hi - k0 + BK - 1) / BK);
+      }
       const bool last = k0 + BK >= qb.hi;
       // After the last key tile's barrier: key slot (t + 1) % 2 is free.
       if (last && has_next) start(next_rank, t + 1, next_record);
@@ -3270,6 +3290,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
       start(next_rank, t, next_record);
       issue_own_rows(queries.block_of(next_rank, next_record));
     }
+    mark_entry(a.timeline, s_entry, BlockMark::TilesDone);
     if (has_next && next_record.lo < next_record.hi) {
       keys.load_first_scales(next_record.first_positions);
     }
@@ -3281,6 +3302,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     }
     const float dq_scale[2] = {a.scale, a.scale};
     write_accumulator_rows<DK>(dq_rows, dq[0], dq_scale);
+    mark_entry(a.timeline, s_entry, BlockMark::End);
     if (!has_next) break;
     qb = queries.block_of(next_rank, next_record);
   }
@@ -3773,18 +3795,22 @@ bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
 
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
 // the device; returns whether it launched. A kernel that stamps its blocks names itself
-// (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h). Every
+// (`stamped`), so that a recording run gets its timeline (cuda/block_timeline.h), of an
+// entry a block, or `stamped_entries` (the persistent kernels: a query tile each). Every
 // tiled kernel begins with begin_dependent_kernel (the wgmma dQ and dK/dV kernels wait
 // after their prologues): the launch is a dependent one where set_dependent_launches
 // (cuda/dependent_launch.h).
 template <class T>
 bool launch_tiled(void (*kernel)(AttentionArgs<T>), dim3 grid, size_t bytes,
                   const AttentionArgs<T>& args, int threads = kTileThreads,
-                  const KernelName* stamped = nullptr) {
+                  const KernelName* stamped = nullptr, int64_t stamped_entries = 0) {
   if (!tiled_fits(kernel, bytes)) return false;
   allow_dynamic_shared(kOp, kernel, bytes);
   AttentionArgs<T> launched = args;
-  if (stamped != nullptr) launched.timeline = block_timeline_for_launch(*stamped, grid.x);
+  if (stamped != nullptr) {
+    launched.timeline =
+        block_timeline_for_launch(*stamped, stamped_entries > 0 ? stamped_entries : grid.x);
+  }
   HAM_LAUNCH_DEPENDENT(grid, threads, bytes, launch_stream(), kernel)(launched);
   HAM_CUDA_CHECK_LAUNCH();
   return true;
@@ -3923,7 +3949,9 @@ bool launch_persistent_forward(AttentionArgs<bf16> a, int blocks, Device device)
   const QueryTileSummary summary = summarize_query_tiles_on(a.begin, a.end, a.positions,
                                                             a.batch, a.seq_len, device, true);
   a.query_tile_keys = reinterpret_cast<const QueryTileKeys*>(summary.records.raw_data());
-  return launch_tiled(kernel, grid, Shape::bytes, a, Shape::kThreads);
+  const KernelName name{"forward_wgmma_persistent", {DK, DV}, 2};
+  return launch_tiled(kernel, grid, Shape::bytes, a, Shape::kThreads, &name,
+                      ceil_div(a.seq_len, kQueryTileRows) * a.q_heads * a.batch);
 }
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
@@ -4195,15 +4223,21 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                         {DK, DV, kGroups, dq_pass.keys, int(dq_pass.from_records)},
                         dq_pass.from_records ? 5 : 4};
                     // Just after the query tiles' summary: its prologue runs before its
-                    // wait (backward_dq_wgmma). The persistent kernel stamps no blocks.
+                    // wait (backward_dq_wgmma). The persistent kernel stamps an entry a
+                    // query tile.
+                    const KernelName persistent_dq_name{"backward_dq_wgmma_persistent",
+                                                        {DK, DV}, 2};
+                    const bool persistent = dq_pass.persistent != 0;
                     const dim3 dq_grid =
-                        dq_pass.persistent != 0
+                        persistent
                             ? persistent_grid(dq_pass.kernel, dq_pass.persistent, dq_pass.bytes,
                                               kPersistentThreads, a.seq_len, a.q_heads, a.batch)
                             : block_grid(a.seq_len, Wgmma::kRows, a.q_heads, a.batch);
-                    tiled_dq = launch_tiled(dq_pass.kernel, dq_grid, dq_pass.bytes, a,
-                                            Wgmma::kThreads,
-                                            dq_pass.persistent != 0 ? nullptr : &dq_name);
+                    tiled_dq = launch_tiled(
+                        dq_pass.kernel, dq_grid, dq_pass.bytes, a, Wgmma::kThreads,
+                        persistent ? &persistent_dq_name : &dq_name,
+                        persistent ? ceil_div(a.seq_len, kQueryTileRows) * a.q_heads * a.batch
+                                   : 0);
                     if (tiled_dq && dq_pass.persistent != 0) {
                       g_backward_dq_persistent_launches.fetch_add(1);
                     }

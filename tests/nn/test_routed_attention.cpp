@@ -2026,6 +2026,70 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
 //   stamped).
 // A block that visits a tile stamps its first copies issued before it. Recording changes no
 // output, and stopping it stops the stamps.
+// The persistent forward and dQ kernels stamp an entry a query tile (mark_entry), each with
+// its key tiles, on 3 blocks that take the 8 query tiles in turn; recording changes no
+// output.
+TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryQueryTile) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const AutomaticKernels automatic;
+  const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 32);
+  const testing::ScopedSetting forward(&cuda::set_attention_forward_persistent, 3);
+  const testing::ScopedSetting dq(&cuda::set_attention_backward_dq_persistent, 3);
+  const Device gpu = Device::cuda();
+  const int64_t seq_len = 256, heads = 2, dim = 64;
+  Tensor q = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 21);
+  Tensor k = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 22);
+  Tensor v = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 23);
+  Tensor p = uniform64({1, seq_len}, 24, 0.2, 1.5, false).to(DType::BF16).to(gpu);
+  Tensor dout = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 25);
+  using Tiles = std::vector<uint32_t>;  // each query tile's key tiles, sorted
+  struct Case {
+    int64_t every;        // tokens selected: t % every == 0
+    Tiles forward, dq;    // in key tiles of 64 and of 32
+  };
+  for (const Case& c : {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 4, 4, 6, 6, 8, 8}},
+                        Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}}}) {
+    SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected");
+    std::vector<uint8_t> select(static_cast<size_t>(seq_len));
+    for (int64_t t = 0; t < seq_len; ++t) select[size_t(t)] = t % c.every == 0;
+    const CompactSelection sel =
+        ops::compact_selection(Tensor::from_vector(select, {1, seq_len}).to(gpu));
+    auto run = [&] {
+      ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
+      ops::RoutedAttentionGrads g =
+          ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+      return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
+    };
+    const std::vector<Tensor> unrecorded = run();
+    cuda::record_block_timelines(true);
+    const std::vector<Tensor> recorded = run();
+    cuda::record_block_timelines(false);
+    for (size_t i = 0; i < recorded.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(recorded[i], unrecorded[i]), 0.0) << "output " << i;
+    }
+    int found = 0;
+    for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
+      const bool forward_kernel = launch.kernel == "forward_wgmma_persistent<64, 64>";
+      if (!forward_kernel && launch.kernel != "backward_dq_wgmma_persistent<64, 64>") continue;
+      SCOPED_TRACE(launch.kernel);
+      ++found;
+      ASSERT_EQ(launch.blocks.size(), 8u) << "an entry a query tile: 4 tiles x 2 heads";
+      const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
+      EXPECT_EQ(summary.working_blocks, 8);
+      Tiles tiles;
+      for (const cuda::BlockStamps& entry : launch.blocks) tiles.push_back(entry.tiles);
+      std::sort(tiles.begin(), tiles.end());
+      EXPECT_EQ(tiles, forward_kernel ? c.forward : c.dq);
+    }
+    EXPECT_EQ(found, 2) << "both persistent kernels recorded";
+  }
+#endif
+}
+
 TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
