@@ -130,14 +130,16 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
   stamp_mark(timeline[stamped_block()], mark, tiles);
 }
 
-// mark_block into entry `entry` rather than the block's own: the persistent kernels, whose
+// mark_block into entry *entry rather than the block's own: the persistent kernels, whose
 // blocks take many query tiles each, stamp an entry a query tile. A tile starts where its
 // block begins it, after the tile before; its copies went out before that, under the tile
-// before, so its CopiesIssued is stamped at its start.
-__device__ __forceinline__ void mark_entry(BlockStamps* timeline, int64_t entry, BlockMark mark,
-                                           int64_t tiles = 0) {
+// before, so its CopiesIssued is stamped at its start. Only the stamping thread reads
+// *entry, and only while recording (the kernels keep it in shared memory, which thread 0
+// alone writes).
+__device__ __forceinline__ void mark_entry(BlockStamps* timeline, const int* entry,
+                                           BlockMark mark, int64_t tiles = 0) {
   if (timeline == nullptr || stamping_thread() != 0) return;
-  stamp_mark(timeline[entry], mark, tiles);
+  stamp_mark(timeline[*entry], mark, tiles);
 }
 
 // Start when made, End when the kernel leaves its scope, whichever return it takes (the

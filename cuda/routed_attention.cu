@@ -1266,13 +1266,14 @@ struct KeyTiles {
     }
   }
 
-  // begin_from for a persistent block's next query tile (forward_wgmma_persistent), whose
-  // key tiles go on from the block's count at t0 (slots t0 % 2 and t0 % 3; the caller sets
-  // b, g, hi, and lo to the tile's lo - t0 BK, so that first_key(t0) is its first key): tile
-  // t0's copies from first_positions (shared memory, the tile's record) and the lookahead's
-  // positions, with no wait for a load, since the block's current tile still computes. The
-  // value scales wait: load_first_scales, then store_first_scale(t0) before advance(t0).
-  // Only when the tile sees a key; collective over the block.
+  // begin_from for a persistent block's next query tile (forward_wgmma_persistent,
+  // backward_dq_wgmma_persistent), whose key tiles go on from the block's count at t0 (slots
+  // t0 % 2 and t0 % 3; start_running sets b, g, hi, and lo to the tile's lo - t0 BK, so that
+  // first_key(t0) is its first key): tile t0's copies from first_positions (shared memory,
+  // the tile's record) and the lookahead's positions, with no wait for a load, since the
+  // block's current tile still computes. The value scales wait: load_first_scales, then
+  // store_first_scale(t0) before advance(t0). Only when the tile sees a key; collective
+  // over the block.
   __device__ void begin_running(int t0, const int* first_positions) {
     const int j = int(threadIdx.x);
     if (j < BK) {
@@ -2901,6 +2902,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 // forward_wgmma<DK, DV, 1>'s, so the outputs are the same to the bit.
 //
 // The query tiles go to the blocks as PersistentQueryTiles has it.
+
 // The query tiles of 64 rows that a block of a persistent kernel takes in turn
 // (forward_wgmma_persistent, backward_dq_wgmma_persistent): in rounds of gridDim.x ranks
 // (block_tile's order, the heaviest first), in rank order on even rounds and reversed on odd
@@ -3009,8 +3011,9 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
   HAM_STATIC_SHARED(int, s_end, [BQ]);
   HAM_STATIC_SHARED(int, s_pos, [2 * BK]);
   HAM_STATIC_SHARED(__align__(8) float, s_pscale, [3 * BK]);  // 8-byte aligned: scale_key_columns
-  // The current tile's rank, the timeline's entry, for the stamping thread (thread 0) only:
-  // read from shared memory at each mark, so that no register holds it across the tiles.
+  // The current tile's rank, its timeline entry, written and read by the stamping thread
+  // (thread 0) alone while recording: in shared memory, so that no register holds it across
+  // the tiles.
   HAM_STATIC_SHARED(int, s_entry);
   // Query tile i's record in slot i % 2.
   QueryTileKeys* s_records = reinterpret_cast<QueryTileKeys*>(
@@ -3051,8 +3054,8 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
     // publish; then tile i + 1's record on its way (the slot's last reader, tile i - 1's
     // start, is behind tile i - 1's epilogue's barriers).
     if (a.timeline != nullptr && threadIdx.x == 0) s_entry = int(queries.rank_of(i));
-    mark_entry(a.timeline, s_entry, BlockMark::Start);
-    mark_entry(a.timeline, s_entry, BlockMark::CopiesIssued);
+    mark_entry(a.timeline, &s_entry, BlockMark::Start);
+    mark_entry(a.timeline, &s_entry, BlockMark::CopiesIssued);
     store_query_ranges<BQ>(range, s_begin, s_end);
     if (qb.lo < qb.hi) keys.store_first_scale(t);
     const int64_t next_rank = queries.rank_of(i + 1);
@@ -3067,7 +3070,7 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
     for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
       keys.advance(t);  // tile t (and Q, and the next record) have landed
       if (k0 == qb.lo) {
-        mark_entry(a.timeline, s_entry, BlockMark::FirstTile,
+        mark_entry(a.timeline, &s_entry, BlockMark::FirstTile,
                    (qb.hi - k0 + BK - 1) / BK);
       }
       // After the last key tile's barrier: key slot (t + 1) % 2 and the other Q slot are free.
@@ -3101,11 +3104,11 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
       __syncthreads();
       next_qb = start(next_rank, t, q_slot(i + 1), next_record);
     }
-    mark_entry(a.timeline, s_entry, BlockMark::TilesDone);
+    mark_entry(a.timeline, &s_entry, BlockMark::TilesDone);
     if (has_next && next_qb.lo < next_qb.hi) keys.load_first_scales(next_record.first_positions);
     store_forward_rows<BQ, kThreads, int(Shape::q_slot_bytes / 2)>(a, qb, r0, o, m_run, l,
                                                                  scale_log2, q_slot(i));
-    mark_entry(a.timeline, s_entry, BlockMark::End);
+    mark_entry(a.timeline, &s_entry, BlockMark::End);
     if (!has_next) break;
     qb = next_qb;
   }
@@ -3209,8 +3212,8 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     // (the last tile's masks read them after the tile's last one), its rows' ranges, for
     // advance(t)'s barrier to publish.
     if (a.timeline != nullptr && threadIdx.x == 0) s_entry = int(queries.rank_of(i));
-    mark_entry(a.timeline, s_entry, BlockMark::Start);
-    mark_entry(a.timeline, s_entry, BlockMark::CopiesIssued);
+    mark_entry(a.timeline, &s_entry, BlockMark::Start);
+    mark_entry(a.timeline, &s_entry, BlockMark::CopiesIssued);
     if (qb.lo < qb.hi) keys.store_first_scale(t);
     const int64_t next_rank = queries.rank_of(i + 1);
     const bool has_next = next_rank < queries.tiles;
@@ -3244,7 +3247,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     for (int k0 = qb.lo; k0 < qb.hi; ++t, k0 += BK) {
       keys.advance(t);  // tile t (and Q, dO, the next record) have landed
       if (k0 == qb.lo) {
-        mark_entry(a.timeline, s_entry, BlockMark::FirstTile,
+        mark_entry(a.timeline, &s_entry, BlockMark::FirstTile,
                    (qb.hi - k0 + BK - 1) / BK);
       }
       const bool last = k0 + BK >= qb.hi;
@@ -3290,7 +3293,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
       start(next_rank, t, next_record);
       issue_own_rows(queries.block_of(next_rank, next_record));
     }
-    mark_entry(a.timeline, s_entry, BlockMark::TilesDone);
+    mark_entry(a.timeline, &s_entry, BlockMark::TilesDone);
     if (has_next && next_record.lo < next_record.hi) {
       keys.load_first_scales(next_record.first_positions);
     }
@@ -3302,7 +3305,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     }
     const float dq_scale[2] = {a.scale, a.scale};
     write_accumulator_rows<DK>(dq_rows, dq[0], dq_scale);
-    mark_entry(a.timeline, s_entry, BlockMark::End);
+    mark_entry(a.timeline, &s_entry, BlockMark::End);
     if (!has_next) break;
     qb = queries.block_of(next_rank, next_record);
   }
