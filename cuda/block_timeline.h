@@ -135,11 +135,12 @@ __device__ __forceinline__ void mark_block(BlockStamps* timeline, BlockMark mark
 // block begins it, after the tile before; its copies went out before that, under the tile
 // before, so its CopiesIssued is stamped at its start. Only the stamping thread reads
 // *entry, and only while recording (the kernels keep it in shared memory, which thread 0
-// alone writes).
+// alone writes): a volatile read, which no compiler moves ahead of the test. (A plain one,
+// hoisted by GCC, had every thread read it, a race the emulator's racecheck reported.)
 __device__ __forceinline__ void mark_entry(BlockStamps* timeline, const int* entry,
                                            BlockMark mark, int64_t tiles = 0) {
   if (timeline == nullptr || stamping_thread() != 0) return;
-  stamp_mark(timeline[*entry], mark, tiles);
+  stamp_mark(timeline[*static_cast<const volatile int*>(entry)], mark, tiles);
 }
 
 // Start when made, End when the kernel leaves its scope, whichever return it takes (the

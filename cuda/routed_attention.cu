@@ -2628,6 +2628,60 @@ __device__ void row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h, i
   }
 }
 
+// The lse of this lane's rows r0 and r0 + 8 of a dQ block's rows from q0, in log2 units
+// (0 past T).
+template <class T>  // bf16 (a template: device code without wgmma leaves it uninstantiated)
+__device__ __forceinline__ void dq_row_lse_log2(const AttentionArgs<T>& a, int64_t b, int64_t h,
+                                                int64_t q0, int r0, float (&lse_log2)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t t = q0 + r0 + 8 * i;
+    lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
+  }
+}
+
+// D of the same rows: where a.delta_out, formed by the block (row_deltas into s_delta, with
+// the unselected keys' zeros where they are the block's, then a barrier); else read from
+// a.delta (no barrier).
+template <int DK, int DV, int BQ, int kThreads>
+__device__ __forceinline__ void dq_row_deltas(const AttentionArgs<bf16>& a, int64_t b, int64_t h,
+                                              int64_t q0, int r0,
+                                              UnselectedRows<BQ, kThreads>& unselected,
+                                              float* s_delta, float (&delta)[2]) {
+  if (a.delta_out) {
+    unselected.load_last_keys(a);
+    row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
+    unselected.template zero<DK, DV>(a);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) delta[i] = s_delta[r0 + 8 * i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t t = q0 + r0 + 8 * i;
+      delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
+    }
+  }
+}
+
+// A wgmma dQ kernel's tile, from S = Q K^T and dO V^T in this lane's accumulators:
+// dS / scale = P (dP - D) in place of dO V^T, with dP = dO V'^T = (dO V^T) diag(p) where
+// tile_scales (the tile's value scales) is not null and P = 2^(S scale_log2 - lse_log2).
+template <int NB>
+__device__ __forceinline__ void tile_ds(const float (&s)[NB][4], float (&ds)[NB][4],
+                                        const float* tile_scales, float scale_log2,
+                                        const float (&lse_log2)[2], const float (&delta)[2]) {
+  if (tile_scales != nullptr) scale_key_columns(tile_scales, ds);
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float prob = exp2_ftz(fmaf(s[nb][e], scale_log2, -lse_log2[e / 2]));
+      ds[nb][e] = prob * (ds[nb][e] - delta[e / 2]);
+    }
+  }
+}
+
 // The dQ kernel on warpgroup tensor cores: backward_dq_mma's work for a block of 64 query
 // rows (this warp's 16), key tiles of 64, every product one wgmma: S = Q K^T and
 // dP = dO V^T from shared memory (Q and dO stay there, loaded once), dQ += dS K with dS
@@ -2710,28 +2764,12 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
   const int r0[1] = {warp * 16 + lane / 4};
   UnselectedRows<BQ, kThreads> unselected(a, b, h, q0);  // where the first pass's zeros are ours
   float lse_log2[2], delta[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t t = q0 + r0[0] + 8 * i;
-    lse_log2[i] = t < a.seq_len ? float(a.lse[a.q_index(b, t, h)]) * kLog2e : 0.f;
-  }
+  dq_row_lse_log2(a, b, h, q0, r0[0], lse_log2);
   wait_for_earlier_kernels();  // the first tile's copies are on their way
   let_later_kernels_launch();
-  if (a.delta_out) {  // D formed here, while the key tiles' copies are on their way
-    HAM_STATIC_SHARED(float, s_delta, [BQ]);
-    unselected.load_last_keys(a);
-    row_deltas<DV, BQ, kThreads>(a, b, h, q0, s_delta);
-    unselected.template zero<DK, DV>(a);
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 2; ++i) delta[i] = s_delta[r0[0] + 8 * i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t t = q0 + r0[0] + 8 * i;
-      delta[i] = t < a.seq_len ? float(a.delta[a.q_index(b, t, h)]) : 0.f;
-    }
-  }
+  // D formed here (where a.delta_out), while the key tiles' copies are on their way.
+  HAM_STATIC_SHARED(float, s_delta, [BQ]);
+  dq_row_deltas<DK, DV>(a, b, h, q0, r0[0], unselected, s_delta, delta);
   // This warpgroup's 64 rows: rows 64 (warp / 4) .. of the Q and dO tiles.
   const uint32_t group_rows = kGroups == 1 ? 0u : uint32_t(warp / 4) * 64 * 128;
   const uint32_t q_tile = wgmma::shared_address(sQ) + group_rows;
@@ -2751,16 +2789,8 @@ __global__ void __launch_bounds__(128 * kGroups, kDqBlocksAnSm<kKeyTile>)
     wgmma::rows_times_rows<BK, DV, BQ, BK>(ds[0], o_tile, v_tile);  // dO V^T
     wgmma::commit();
     wgmma::wait<0>();
-    if (a.p) scale_key_columns(keys.tile_scales(t), ds[0]);  // dP = dO V'^T
     // dS / scale = P (dP - D); hidden pairs 0 on boundary tiles only, as in backward_dq_mma.
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float prob = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -lse_log2[e / 2]));
-        ds[0][nb][e] = prob * (ds[0][nb][e] - delta[e / 2]);
-      }
-    }
+    tile_ds(s[0], ds[0], a.p ? keys.tile_scales(t) : nullptr, scale_log2, lse_log2, delta);
     if (!(k0 >= full_lo && k0 + BK <= full_hi)) {
       hide_outside_ranges(ds, r0, k0, s_begin, s_end, 0.f);
     }
@@ -3221,26 +3251,9 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     queries.copy_record(next_rank, &s_records[(i + 1) % 2]);
     UnselectedRows<BQ, kThreads> unselected(a, qb.b, qb.h, qb.q0);
     float lse_log2[2], delta[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int64_t token = qb.q0 + r0[0] + 8 * e;
-      lse_log2[e] = token < a.seq_len ? float(a.lse[a.q_index(qb.b, token, qb.h)]) * kLog2e : 0.f;
-    }
-    if (a.delta_out) {
-      unselected.load_last_keys(a);
-      row_deltas<DV, BQ, kThreads>(a, qb.b, qb.h, qb.q0, s_delta);
-      unselected.template zero<DK, DV>(a);
-      __syncthreads();
-#pragma unroll
-      for (int e = 0; e < 2; ++e) delta[e] = s_delta[r0[0] + 8 * e];
-    } else {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t token = qb.q0 + r0[0] + 8 * e;
-        delta[e] = token < a.seq_len ? float(a.delta[a.q_index(qb.b, token, qb.h)]) : 0.f;
-      }
-      __syncthreads();
-    }
+    dq_row_lse_log2(a, qb.b, qb.h, qb.q0, r0[0], lse_log2);
+    dq_row_deltas<DK, DV>(a, qb.b, qb.h, qb.q0, r0[0], unselected, s_delta, delta);
+    if (!a.delta_out) __syncthreads();  // dq_row_deltas's where it forms D
     store_query_ranges<BQ>(range, s_begin, s_end);
     float dq[1][DK / 8][4];  // as in backward_dq_wgmma<DK, DV, 1, 32>
     zero(dq[0]);
@@ -3265,15 +3278,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
         __syncthreads();  // every warp's S and dP have read Q and dO
         issue_own_rows(queries.block_of(next_rank, next_record));
       }
-      if (a.p) scale_key_columns(keys.tile_scales(t), ds[0]);  // dP = dO V'^T
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float prob = exp2_ftz(fmaf(s[0][nb][e], scale_log2, -lse_log2[e / 2]));
-          ds[0][nb][e] = prob * (ds[0][nb][e] - delta[e / 2]);
-        }
-      }
+      tile_ds(s[0], ds[0], a.p ? keys.tile_scales(t) : nullptr, scale_log2, lse_log2, delta);
       if (!(k0 >= qb.full_lo && k0 + BK <= qb.full_hi)) {
         hide_outside_ranges(ds, r0, k0, s_begin, s_end, 0.f);
       }

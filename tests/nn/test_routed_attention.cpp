@@ -1220,26 +1220,51 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqInEachKeyTileMatchesCpu) {
 }
 
 #ifdef HAM_WITH_CUDA
-// The gradients of a backward of case c (inputs drawn from seeds 70 + T on, on the GPU), run
-// as the current settings have it.
-ops::RoutedAttentionGrads gpu_case_gradients(const GpuCase& c, DType dtype) {
+// The persistent kernels' cases: the wgmma head cases, then no key anywhere (rho 0: every
+// query tile without a key tile), interleaved documents over a tail tile of one row, and
+// dense attention over seven query tiles.
+std::vector<GpuCase> persistent_kernel_cases() {
+  std::vector<GpuCase> cases = kWgmmaHeadCases;
+  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
+  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
+  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false});
+  return cases;
+}
+
+// The inputs of case c on the GPU, drawn from seeds 70 + T on; next_seed is the next seed.
+struct GpuCaseInputs {
+  Tensor q, k, v, p;
+  CompactSelection selection;
+  uint64_t next_seed;
+};
+GpuCaseInputs gpu_case_inputs(const GpuCase& c, DType dtype) {
   const Device gpu = Device::cuda();
   uint64_t seed = 70 + uint64_t(c.seq_len);
-  Tensor q =
-      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
-  Tensor k =
-      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, gpu, seed++);
-  Tensor v =
+  GpuCaseInputs in;
+  in.q = testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, dtype, gpu, seed++);
+  in.k = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, dtype, gpu, seed++);
+  in.v =
       testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, dtype, gpu, seed++);
-  Tensor p = c.value_scale
-                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
-                 : Tensor();
+  in.p = c.value_scale ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(dtype).to(gpu)
+                       : Tensor();
   Tensor docs = gpu_case_docs(c, seed++);
-  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
-                                                docs.defined() ? docs.to(gpu) : Tensor());
-  ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
-  Tensor dout = testing::random_tensor(r.out.shape(), dtype, gpu, seed++);
-  return ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
+  in.selection = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
+                                        docs.defined() ? docs.to(gpu) : Tensor());
+  in.next_seed = seed;
+  return in;
+}
+
+// The gradients of a backward of case c (gpu_case_inputs), run as the current settings have
+// it; with unaligned_out, the forward's out in a view off a 16-byte boundary (the wgmma dQ
+// kernel then reads D from the backward's first pass instead of forming it).
+ops::RoutedAttentionGrads gpu_case_gradients(const GpuCase& c, DType dtype,
+                                             bool unaligned_out = false) {
+  const GpuCaseInputs in = gpu_case_inputs(c, dtype);
+  ops::RoutedAttentionOutput r = ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+  Tensor dout = testing::random_tensor(r.out.shape(), dtype, Device::cuda(), in.next_seed);
+  return ops::routed_attention_backward(dout, in.q, in.k, in.v, in.selection,
+                                        unaligned_out ? testing::one_element_in(r.out) : r.out,
+                                        r.lse, in.p);
 }
 
 // Two backwards' gradients are the same bit for bit.
@@ -1364,31 +1389,6 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithDqFromQueryTileRecordsMatchesCpuAndItsO
 #endif
 }
 
-#ifdef HAM_WITH_CUDA
-// gpu_case_gradients with the forward's out in a view off a 16-byte boundary: the wgmma dQ
-// kernel then reads D from the backward's first pass instead of forming it.
-ops::RoutedAttentionGrads gpu_case_gradients_with_unaligned_out(const GpuCase& c) {
-  const Device gpu = Device::cuda();
-  uint64_t seed = 70 + uint64_t(c.seq_len);
-  Tensor q =
-      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16, gpu, seed++);
-  Tensor k =
-      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16, gpu, seed++);
-  Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, DType::BF16,
-                                    gpu, seed++);
-  Tensor p = c.value_scale
-                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(DType::BF16).to(gpu)
-                 : Tensor();
-  Tensor docs = gpu_case_docs(c, seed++);
-  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
-                                                docs.defined() ? docs.to(gpu) : Tensor());
-  ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
-  Tensor dout = testing::random_tensor(r.out.shape(), DType::BF16, gpu, seed++);
-  return ops::routed_attention_backward(dout, q, k, v, sel, testing::one_element_in(r.out), r.lse,
-                                        p);
-}
-#endif
-
 // The persistent dQ kernel (set_attention_backward_dq_persistent) bit for bit against the
 // dQ kernel with a block a query tile: on 1 and 3 blocks, so that each block runs many query
 // tiles (those that see no key among them), and on as many as the SMs hold. On 3 blocks also
@@ -1403,10 +1403,7 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithPersistentDqMatchesCpuAndABlockATile) {
   }
   const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 32);
-  std::vector<GpuCase> cases = kWgmmaHeadCases;
-  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
-  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
-  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false});
+  const std::vector<GpuCase> cases = persistent_kernel_cases();
   for (int blocks : {1, 3, -1}) {
     for (bool zeros_in_dq : {true, false}) {
       if (!zeros_in_dq && blocks != 3) continue;
@@ -1417,14 +1414,14 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithPersistentDqMatchesCpuAndABlockATile) {
         const bool every_path = blocks == 3;
         const ops::RoutedAttentionGrads a_block_a_tile = gpu_case_gradients(c, DType::BF16);
         const ops::RoutedAttentionGrads a_block_a_tile_unaligned =
-            every_path ? gpu_case_gradients_with_unaligned_out(c) : ops::RoutedAttentionGrads{};
+            every_path ? gpu_case_gradients(c, DType::BF16, true) : ops::RoutedAttentionGrads{};
         const testing::ScopedSetting persistent(&cuda::set_attention_backward_dq_persistent,
                                                 blocks);
         const int64_t before = cuda::attention_backward_dq_persistent_launches();
         expect_same_gradients(gpu_case_gradients(c, DType::BF16), a_block_a_tile);
         if (every_path) {
           expect_gpu_matches_cpu(c, DType::BF16);
-          expect_same_gradients(gpu_case_gradients_with_unaligned_out(c),
+          expect_same_gradients(gpu_case_gradients(c, DType::BF16, true),
                                 a_block_a_tile_unaligned);
         }
         EXPECT_EQ(cuda::attention_backward_dq_persistent_launches() - before, every_path ? 3 : 1);
@@ -1741,24 +1738,10 @@ TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
 }
 
 #ifdef HAM_WITH_CUDA
-// The forward of case c (inputs drawn from seeds 70 + T on, as gpu_case_gradients draws
-// them), run as the current settings have it.
+// The forward of case c (gpu_case_inputs), run as the current settings have it.
 ops::RoutedAttentionOutput gpu_case_forward(const GpuCase& c) {
-  const Device gpu = Device::cuda();
-  uint64_t seed = 70 + uint64_t(c.seq_len);
-  Tensor q =
-      testing::random_tensor({c.batch, c.seq_len, c.q_heads, c.key_dim}, DType::BF16, gpu, seed++);
-  Tensor k =
-      testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.key_dim}, DType::BF16, gpu, seed++);
-  Tensor v = testing::random_tensor({c.batch, c.seq_len, c.kv_heads, c.value_dim}, DType::BF16,
-                                    gpu, seed++);
-  Tensor p = c.value_scale
-                 ? uniform64({c.batch, c.seq_len}, seed++, 0.2, 1.5, false).to(DType::BF16).to(gpu)
-                 : Tensor();
-  Tensor docs = gpu_case_docs(c, seed++);
-  CompactSelection sel = ops::compact_selection(gpu_case_select(c, seed++).to(gpu),
-                                                docs.defined() ? docs.to(gpu) : Tensor());
-  return ops::routed_attention_forward(q, k, v, sel, p);
+  const GpuCaseInputs in = gpu_case_inputs(c, DType::BF16);
+  return ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
 }
 #endif
 
@@ -1773,10 +1756,7 @@ TEST(RoutedAttentionGpu, Bf16ForwardOnPersistentBlocksMatchesCpuAndABlockATile) 
     GTEST_SKIP() << kNoWgmmaHere;
   }
   const testing::ScopedSetting one_warpgroup(&cuda::set_attention_forward_wgmma, 1);
-  std::vector<GpuCase> cases = kWgmmaHeadCases;
-  cases.push_back(GpuCase{1, 130, 2, 1, 64, 64, 0.0, true, GpuDocs::Runs, false});
-  cases.push_back(GpuCase{2, 129, 2, 1, 128, 128, 0.5, true, GpuDocs::Interleaved, true});
-  cases.push_back(GpuCase{1, 400, 2, 2, 64, 64, 1.0, false, GpuDocs::None, false});
+  const std::vector<GpuCase> cases = persistent_kernel_cases();
   for (int blocks : {1, 3, -1}) {
     for (const GpuCase& c : cases) {
       SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(blocks) + " blocks");
@@ -2026,6 +2006,48 @@ TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
 //   stamped).
 // A block that visits a tile stamps its first copies issued before it. Recording changes no
 // output, and stopping it stops the stamps.
+#ifdef HAM_WITH_CUDA
+// The timeline tests' case: bf16, T 256, 2 heads of 64, value-scaled, inputs from seeds
+// seed, seed + 1, ..., and every `every`-th token selected.
+struct TimelineCase {
+  static constexpr int64_t kSeqLen = 256, kHeads = 2, kDim = 64;
+  Tensor q, k, v, p, dout;
+  CompactSelection selection;
+
+  TimelineCase(uint64_t seed, int64_t every) {
+    const Device gpu = Device::cuda();
+    q = testing::random_tensor({1, kSeqLen, kHeads, kDim}, DType::BF16, gpu, seed);
+    k = testing::random_tensor({1, kSeqLen, kHeads, kDim}, DType::BF16, gpu, seed + 1);
+    v = testing::random_tensor({1, kSeqLen, kHeads, kDim}, DType::BF16, gpu, seed + 2);
+    p = uniform64({1, kSeqLen}, seed + 3, 0.2, 1.5, false).to(DType::BF16).to(gpu);
+    dout = testing::random_tensor({1, kSeqLen, kHeads, kDim}, DType::BF16, gpu, seed + 4);
+    std::vector<uint8_t> select(static_cast<size_t>(kSeqLen));
+    for (int64_t t = 0; t < kSeqLen; ++t) select[size_t(t)] = t % every == 0;
+    selection = ops::compact_selection(Tensor::from_vector(select, {1, kSeqLen}).to(gpu));
+  }
+  // A forward and a backward: their outputs.
+  std::vector<Tensor> run() const {
+    ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, selection, p);
+    ops::RoutedAttentionGrads g =
+        ops::routed_attention_backward(dout, q, k, v, selection, r.out, r.lse, p);
+    return {r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
+  }
+  // run() unrecorded, then recorded, with the same outputs to the bit: the recorded launches.
+  std::vector<cuda::KernelTimeline> recorded() const {
+    const std::vector<Tensor> unrecorded = run();
+    EXPECT_FALSE(cuda::recording_block_timelines());
+    cuda::record_block_timelines(true);
+    EXPECT_TRUE(cuda::recording_block_timelines());
+    const std::vector<Tensor> outputs = run();
+    cuda::record_block_timelines(false);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(outputs[i], unrecorded[i]), 0.0) << "output " << i;
+    }
+    return cuda::take_block_timelines();
+  }
+};
+#endif
+
 // The persistent forward and dQ kernels stamp an entry a query tile (mark_entry), each with
 // its key tiles, on 3 blocks that take the 8 query tiles in turn; recording changes no
 // output.
@@ -2039,13 +2061,6 @@ TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryQueryTile) {
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 32);
   const testing::ScopedSetting forward(&cuda::set_attention_forward_persistent, 3);
   const testing::ScopedSetting dq(&cuda::set_attention_backward_dq_persistent, 3);
-  const Device gpu = Device::cuda();
-  const int64_t seq_len = 256, heads = 2, dim = 64;
-  Tensor q = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 21);
-  Tensor k = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 22);
-  Tensor v = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 23);
-  Tensor p = uniform64({1, seq_len}, 24, 0.2, 1.5, false).to(DType::BF16).to(gpu);
-  Tensor dout = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 25);
   using Tiles = std::vector<uint32_t>;  // each query tile's key tiles, sorted
   struct Case {
     int64_t every;        // tokens selected: t % every == 0
@@ -2054,25 +2069,8 @@ TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryQueryTile) {
   for (const Case& c : {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 4, 4, 6, 6, 8, 8}},
                         Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}}}) {
     SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected");
-    std::vector<uint8_t> select(static_cast<size_t>(seq_len));
-    for (int64_t t = 0; t < seq_len; ++t) select[size_t(t)] = t % c.every == 0;
-    const CompactSelection sel =
-        ops::compact_selection(Tensor::from_vector(select, {1, seq_len}).to(gpu));
-    auto run = [&] {
-      ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
-      ops::RoutedAttentionGrads g =
-          ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
-      return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
-    };
-    const std::vector<Tensor> unrecorded = run();
-    cuda::record_block_timelines(true);
-    const std::vector<Tensor> recorded = run();
-    cuda::record_block_timelines(false);
-    for (size_t i = 0; i < recorded.size(); ++i) {
-      EXPECT_EQ(max_abs_diff(recorded[i], unrecorded[i]), 0.0) << "output " << i;
-    }
     int found = 0;
-    for (const cuda::KernelTimeline& launch : cuda::take_block_timelines()) {
+    for (const cuda::KernelTimeline& launch : TimelineCase(21, c.every).recorded()) {
       const bool forward_kernel = launch.kernel == "forward_wgmma_persistent<64, 64>";
       if (!forward_kernel && launch.kernel != "backward_dq_wgmma_persistent<64, 64>") continue;
       SCOPED_TRACE(launch.kernel);
@@ -2100,13 +2098,6 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 64);
   // The first pass (off by default: the zeros in the dQ blocks) must stamp its blocks too.
   const testing::ScopedSetting first_pass(&cuda::set_attention_backward_zeros_in_dq, false);
-  const Device gpu = Device::cuda();
-  const int64_t seq_len = 256, heads = 2, dim = 64;
-  Tensor q = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 11);
-  Tensor k = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 12);
-  Tensor v = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 13);
-  Tensor p = uniform64({1, seq_len}, 14, 0.2, 1.5, false).to(DType::BF16).to(gpu);
-  Tensor dout = testing::random_tensor({1, seq_len, heads, dim}, DType::BF16, gpu, 15);
   // The forward's kernel, then the backward's: its first pass (16-byte packs), the query
   // tiles' summary, dQ, dK/dV and the router's gather. The three small kernels visit no
   // tiles; each of their blocks must be stamped (summarize_block_timeline checks it).
@@ -2134,27 +2125,8 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
     SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected" +
                  (dependent ? ", dependent launches" : ""));
     const testing::ScopedSetting dependent_launches(&cuda::set_dependent_launches, dependent);
-    std::vector<uint8_t> select(static_cast<size_t>(seq_len));
-    for (int64_t t = 0; t < seq_len; ++t) select[size_t(t)] = t % c.every == 0;
-    const CompactSelection sel =
-        ops::compact_selection(Tensor::from_vector(select, {1, seq_len}).to(gpu));
-    auto run = [&] {
-      ops::RoutedAttentionOutput r = ops::routed_attention_forward(q, k, v, sel, p);
-      ops::RoutedAttentionGrads g =
-          ops::routed_attention_backward(dout, q, k, v, sel, r.out, r.lse, p);
-      return std::vector<Tensor>{r.out, r.lse, g.dq, g.dk, g.dv, g.dvalue_scale};
-    };
-    const std::vector<Tensor> unrecorded = run();
-    EXPECT_FALSE(cuda::recording_block_timelines());
-    cuda::record_block_timelines(true);
-    EXPECT_TRUE(cuda::recording_block_timelines());
-    const std::vector<Tensor> recorded = run();
-    cuda::record_block_timelines(false);
-    for (size_t i = 0; i < recorded.size(); ++i) {
-      EXPECT_EQ(max_abs_diff(recorded[i], unrecorded[i]), 0.0) << "output " << i;
-    }
-
-    const std::vector<cuda::KernelTimeline> timelines = cuda::take_block_timelines();
+    const TimelineCase inputs(11, c.every);
+    const std::vector<cuda::KernelTimeline> timelines = inputs.recorded();
     ASSERT_EQ(timelines.size(), kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) {
       const cuda::KernelTimeline& launch = timelines[i];
@@ -2179,7 +2151,7 @@ TEST(RoutedAttentionGpu, TimelineStampsEveryBlockWithItsTiles) {
       EXPECT_EQ(tiles, key_blocks ? c.key_blocks : c.query_blocks);
       EXPECT_EQ(summary.working_blocks, key_blocks ? c.working_key_blocks : 8);
     }
-    run();  // not recording: nothing more to take
+    inputs.run();  // not recording: nothing more to take
     EXPECT_TRUE(cuda::take_block_timelines().empty());
   }
 #endif
