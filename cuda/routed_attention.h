@@ -43,15 +43,15 @@ int set_attention_backward_wgmma(int kernels);
 int64_t attention_forward_wgmma_launches();
 int64_t attention_backward_wgmma_launches();
 
-// Whether the bf16 forward on one warpgroup a block (set_attention_forward_wgmma 1, or
-// automatic, at head dims of 64 and 128) runs as a persistent kernel: `blocks` blocks, each
-// taking query tiles in turn and issuing the next tile's copies (Q and its first key tile,
-// from the query tiles' records, which one more small launch writes) under the current
-// tile's last products and its epilogue, so that a tile's prologue overlaps work. 0: off
-// (the default, untimed on a GPU: seventy-second session); -1: as many blocks as the SMs hold
-// at once; n > 0: n blocks (at most one a query tile; tests take few, so that each block
-// runs many). The outputs are the same to the bit. Returns the previous setting; below -1
-// is an error.
+// Whether the bf16 forward on one wgmma warpgroup a block (head dims 64 and 128, where
+// set_attention_forward_wgmma is 1, or automatic at 64 x 64 and 128 x 128) runs as a
+// persistent kernel: `blocks` blocks, each taking query tiles in turn and issuing the next
+// tile's copies (Q and its first key tile, from the query tiles' records, which one more
+// small launch writes) under the current tile's last products and its epilogue, so that a
+// tile's prologue overlaps work. 0: off (the default, untimed on a GPU: seventy-second
+// session); -1: as many blocks as the SMs hold at once; n > 0: n blocks (at most one a query
+// tile; tests take few, so that each block runs many). The outputs are the same to the bit.
+// Returns the previous setting; below -1 is an error.
 int set_attention_forward_persistent(int blocks);
 
 // How many forward calls of this process ran persistent.
