@@ -260,10 +260,9 @@ class BlockRunner {
         if (ready_.empty()) fail_deadlock();
         Fiber& f = fibers_[size_t(ready_.front())];
         ready_.pop_front();
-        current_ = &f;
-        f.state = FiberState::Running;
+        run(&f);
         switch_stacks(&scheduler_sp_, f.sp, f.stack);
-        current_ = nullptr;
+        run(nullptr);
         if (error_) std::rethrow_exception(error_);
       }
     } catch (...) {
@@ -273,6 +272,12 @@ class BlockRunner {
   }
 
   Fiber& current() { return *current_; }
+  // `f` runs next (null: the scheduler does).
+  void run(Fiber* f) {
+    current_ = f;
+    if (f != nullptr) f->state = FiberState::Running;
+    running_place = f != nullptr ? &f->place : nullptr;
+  }
   const Fiber* current_or_null() const { return current_; }
   const LaunchSite& site() const { return site_; }
   void* shared() { return shared_.data(); }
@@ -526,8 +531,7 @@ class BlockRunner {
     if (!error_ && !ready_.empty()) {
       Fiber& next = fibers_[size_t(ready_.front())];
       ready_.pop_front();
-      current_ = &next;
-      next.state = FiberState::Running;
+      run(&next);
       if (&next != &f) switch_stacks(&f.sp, next.sp, next.stack, left);
       return;
     }
@@ -814,10 +818,6 @@ void install_fault_handler() {
   (void)process_handler;
 }
 
-[[noreturn]] __attribute__((cold, noinline)) void fail_outside_kernel() {
-  HAM_FAIL("cuda emulator: a device function was called outside a kernel");
-}
-
 // Inlined, with its error out of line: every device function of every thread comes here.
 inline BlockRunner& runner() {
   if (!running) [[unlikely]] fail_outside_kernel();
@@ -844,7 +844,11 @@ void BlockRunner::fiber_main(Fiber* f) {
 
 }  // namespace
 
-const ThreadPlace& place() { return runner().current().place; }
+thread_local constinit const ThreadPlace* running_place = nullptr;
+
+[[noreturn]] __attribute__((cold, noinline)) void fail_outside_kernel() {
+  HAM_FAIL("cuda emulator: a device function was called outside a kernel");
+}
 
 void static_shared_variable(void* variable, size_t bytes, const char* name) {
   runner().static_shared(variable, bytes, name);
