@@ -264,6 +264,7 @@ struct WgmmaLane {
   float* d;
   const uint32_t* a;
   WgmmaCall call;
+  const void* pc;  // the lane's wgmma, for the racecheck's messages
 };
 
 void wgmma_combine(void* const* lanes, unsigned mask) {
@@ -289,6 +290,13 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
       "which holds a write that no fence.proxy.async and barrier after it handed to the "
       "tensor cores: they may read what it held before");
   HAM_CHECK(unfenced.empty(), unfenced);
+  // For the racecheck, the operands are read here, as lane 0's reads: another thread's
+  // write to them after this needs a barrier first (a lane of this warp, a __syncwarp).
+  // The check at the wait sees only what has changed by then; this also sees a cp.async
+  // of another warp still in flight, and a write after this warp's wait that comes before
+  // a warp that has not yet issued its part of the wgmma (reads it too).
+  const void* pc = static_cast<const WgmmaLane*>(lanes[0])->pc;
+  for (uint32_t piece : reads.at.pieces) shared_read_for_lane(0, shared + piece, 16, pc);
   // Handed over here rather than by lane 0 after the exchange, so that nothing is left on
   // a fiber's stack that a failing kernel abandons.
   wgmma_issued([issued] { return operand_change(*issued); });
@@ -387,7 +395,8 @@ void wgmma_bf16(float* d, int n, const uint32_t* a, uint64_t desc_a, uint64_t de
             " threads is not whole warpgroups");
   WgmmaLane lane{d, a,
                  WgmmaCall{n, a != nullptr, b_mn_major, desc_a, desc_b,
-                           int(at.thread_idx.x / 32 % 4)}};
+                           int(at.thread_idx.x / 32 % 4)},
+                 __builtin_return_address(0)};  // in the kernel's code
   warp_exchange(kFullWarp, &lane, &wgmma_combine, "wgmma.mma_async.m64nNk16.bf16");
 }
 

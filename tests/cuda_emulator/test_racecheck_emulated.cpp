@@ -15,6 +15,7 @@
 #include "cuda/dependent_launch.h"
 #include "cuda/launch.h"
 #include "cuda/mma.cuh"
+#include "cuda/wgmma.cuh"
 #include "tests/cuda_emulator/owned_stream.h"
 #include "tests/error_testing.h"
 #include "tests/testing.h"
@@ -518,6 +519,51 @@ TEST_F(Racecheck, CpAsyncOfZerosReadsNoSourceAndWritesUntilItsWait) {
       [&] { RUN(2, 4, 16, zeros_beside_what_block_zero_wrote, source.data, out.data, 1); },
       {"shared memory race: thread (0,0,0) reads dynamic shared byte 0",
        "which no cp.async.wait_group has completed yet"});
+}
+
+// The four warps of a warpgroup each multiply their rows of A by the shared B with one
+// wgmma; after its wait thread 0 copies 16 bytes into B by cp.async, with a barrier first
+// where `barrier`. The copy lands at thread 0's wait, after every warp's: no operand
+// changes under a wgmma, but on a GPU a warp that has not yet issued its part may read the
+// new bytes (the persistent dQ kernel's next Q without its barrier).
+__global__ void copy_into_a_wgmma_operand(const uint16_t* source, float* out, int barrier) {
+  constexpr int kRows = 64, kColumns = 64;  // A and B: 64 x 64 bf16, 128-byte rows
+  HAM_DYNAMIC_SHARED(unsigned char, raw);
+  uint16_t* A = reinterpret_cast<uint16_t*>(wgmma::swizzle_aligned(raw));
+  uint16_t* B = A + kRows * kColumns;
+  for (int i = int(threadIdx.x); i < 2 * kRows * kColumns; i += 128) A[i] = 0x3f80;  // 1.0
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  float acc[8][4];
+  wgmma::fence();
+  wgmma::mma_ss<64, false>(acc, wgmma::k_major<kRows>(wgmma::shared_address(A), 0),
+                           wgmma::k_major<kRows>(wgmma::shared_address(B), 0));
+  wgmma::commit();
+  wgmma::wait<0>();
+  if (barrier) __syncthreads();
+  if (threadIdx.x == 0) async_copy_16(B, source);
+  async_copy_commit();
+  __syncthreads();
+  async_copy_wait<0>();
+  out[threadIdx.x] = acc[0][0];
+}
+
+TEST_F(Racecheck, ACopyIntoAWgmmaOperandNeedsABarrierAfterTheWait) {
+  HAM_SKIP_WITHOUT_RACECHECK();
+  DeviceInts source(4), out(128);
+  const size_t shared = wgmma::kSwizzleAtomBytes + 2 * 64 * 64 * 2;
+  const auto* bits = reinterpret_cast<const uint16_t*>(source.data);
+  auto* sums = reinterpret_cast<float*>(out.data);
+  // The forward schedule runs warps 1-3 to their wgmma while warp 0 waits in its own.
+  testing::expect_error(
+      [&] { RUN(1, 128, shared, copy_into_a_wgmma_operand, bits, sums, 0); },
+      {"kernel copy_into_a_wgmma_operand", "block (0,0,0) thread (0,0,0)",
+       "shared memory race: thread (0,0,0) writes dynamic shared byte",
+       "which thread (32,0,0) read at", "with no barrier between them"});
+  RUN(1, 128, shared, copy_into_a_wgmma_operand, bits, sums, 1);
+  float sum = 0;
+  HAM_CUDA_CHECK(cudaMemcpy(&sum, sums, sizeof sum, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(sum, 16.f);  // 16 products of ones
 }
 
 // An 8-byte load from byte 4 of an 8-byte allocation.
