@@ -416,6 +416,54 @@ void Racecheck::async_copy_completed(int thread, const void* destination) {
   }
 }
 
+namespace {
+
+// What `addr2line -C -f [-i]` prints for byte `offset` of `binary` ("" where it cannot run).
+std::string addr2line(const char* binary, size_t offset, bool inlined) {
+  if (std::strchr(binary, '\'') != nullptr) return "";
+  char command[4200];
+  std::snprintf(command, sizeof command, "addr2line -C -f %s -e '%s' 0x%zx 2>/dev/null",
+                inlined ? "-i" : "", binary, offset);
+  std::string lines;
+  if (FILE* pipe = popen(command, "r")) {
+    std::array<char, 512> buffer{};
+    while (std::fgets(buffer.data(), int(buffer.size()), pipe)) lines += buffer.data();
+    pclose(pipe);
+  }
+  return lines;
+}
+
+}  // namespace
+
+std::string function_name_at(const void* function) {
+  Dl_info info{};
+  if (!function || !dladdr(function, &info) || !info.dli_fname) return "";
+  const std::string lines =
+      addr2line(info.dli_fname, uintptr_t(function) - uintptr_t(info.dli_fbase), false);
+  std::string name = lines.substr(0, lines.find('\n'));
+  if (name.empty() || name == "??") return "";
+  // "void ns::(anonymous namespace)::kernel<128, 128>(Args<...>)": cut the parameters (the
+  // last parenthesis at depth 0), then keep what follows the last "::" outside <> and ().
+  int depth = 0;
+  for (size_t i = name.size(); i-- > 0;) {
+    if (name[i] == ')' || name[i] == '>') ++depth;
+    if (name[i] == '(' || name[i] == '<') --depth;
+    if (depth == 0 && name[i] == '(') {
+      name.resize(i);
+      break;
+    }
+  }
+  size_t start = 0;
+  depth = 0;
+  for (size_t i = 0; i + 1 < name.size(); ++i) {
+    if (name[i] == '(' || name[i] == '<') ++depth;
+    if (name[i] == ')' || name[i] == '>') --depth;
+    if (depth == 0 && name[i] == ':' && name[i + 1] == ':') start = i + 2;
+    if (depth == 0 && name[i] == ' ' && start <= i) start = i + 1;  // the return type
+  }
+  return name.substr(start);
+}
+
 std::string describe_code_address(const void* pc) {
   if (!pc) return "an unknown place";
   Dl_info info{};
@@ -426,17 +474,7 @@ std::string describe_code_address(const void* pc) {
   }
   // The call's own address is the byte before the return address the hook was given.
   const auto offset = uintptr_t(pc) - uintptr_t(info.dli_fbase) - 1;
-  char command[4200];
-  std::snprintf(command, sizeof command, "addr2line -C -f -i -e '%s' 0x%zx 2>/dev/null",
-                info.dli_fname, size_t(offset));
-  std::string lines;
-  if (std::strchr(info.dli_fname, '\'') == nullptr) {
-    if (FILE* pipe = popen(command, "r")) {
-      std::array<char, 512> buffer{};
-      while (std::fgets(buffer.data(), int(buffer.size()), pipe)) lines += buffer.data();
-      pclose(pipe);
-    }
-  }
+  const std::string lines = addr2line(info.dli_fname, size_t(offset), true);
   // addr2line -f -i: function, file:line, then each function it was inlined into with the
   // line of the call. The innermost frame outside the emulator's own headers names the
   // code (an atomic's is the kernel line that calls atomicAdd, not atomicAdd).

@@ -236,5 +236,8 @@ void racecheck_work_accesses(const char* what, const std::vector<WorkAccess>& ac
 // Where `pc` lies: "function (file:line)" from addr2line when it can say, else the binary
 // and offset.
 std::string describe_code_address(const void* pc);
+// The unqualified name of the function that starts at `function`, template arguments kept
+// ("kernel<128, 128>"), from addr2line; "" where it cannot say.
+std::string function_name_at(const void* function);
 
 }  // namespace ham::cuda::emulator

@@ -633,8 +633,8 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
       open_launch_log_once();
     }
   }
-  HAM_CHECK(refused.empty(), "cuda emulator: kernel ", site.kernel, " launched at ", site.file,
-            ":", site.line, ": ", refused);
+  HAM_CHECK(refused.empty(), "cuda emulator: kernel ", kernel_name(site), " launched at ",
+            site.file, ":", site.line, ": ", refused);
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -513,9 +514,9 @@ class BlockRunner {
 
   std::string where(const Fiber& f) const {
     const uint3 b = f.place.block_idx, t = f.place.thread_idx;
-    return detail::concat("kernel ", site_.kernel, " launched at ", site_.file, ":", site_.line,
-                          ", block (", b.x, ",", b.y, ",", b.z, ") thread (", t.x, ",", t.y, ",",
-                          t.z, ")");
+    return detail::concat("kernel ", kernel_name(site_), " launched at ", site_.file, ":",
+                          site_.line, ", block (", b.x, ",", b.y, ",", b.z, ") thread (", t.x,
+                          ",", t.y, ",", t.z, ")");
   }
 
   void record_error(std::exception_ptr e) {
@@ -731,8 +732,8 @@ class BlockRunner {
                                collective_name(example->kind, example->name), " with mask ",
                                hex(example->mask));
     }
-    HAM_FAIL("cuda emulator: kernel ", site_.kernel, " launched at ", site_.file, ":", site_.line,
-             ", block (", block_idx_.x, ",", block_idx_.y, ",", block_idx_.z,
+    HAM_FAIL("cuda emulator: kernel ", kernel_name(site_), " launched at ", site_.file, ":",
+             site_.line, ", block (", block_idx_.x, ",", block_idx_.y, ",", block_idx_.z,
              ") deadlocks: ", detail);
   }
 
@@ -846,6 +847,17 @@ void BlockRunner::fiber_main(Fiber* f) {
 
 thread_local constinit const ThreadPlace* running_place = nullptr;
 
+std::string kernel_name(const LaunchSite& site) {
+  const std::string text = site.kernel != nullptr ? site.kernel : "?";
+  const bool plain_name = std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+  if (!plain_name || site.function == nullptr) return text;
+  const std::string name = function_name_at(site.function);
+  if (name.empty() || name.compare(0, text.size(), text) == 0) return text;  // its own
+  return name;
+}
+
 [[noreturn]] __attribute__((cold, noinline)) void fail_outside_kernel() {
   HAM_FAIL("cuda emulator: a device function was called outside a kernel");
 }
@@ -933,11 +945,12 @@ void set_schedule(Schedule s) { schedule_setting() = s; }
 
 void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                 const std::function<void()>& body) {
-  HAM_CHECK(!running, "cuda emulator: kernel ", site.kernel, " launched from inside a kernel");
+  HAM_CHECK(!running, "cuda emulator: kernel ", kernel_name(site),
+            " launched from inside a kernel");
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   if (threads == 0 || blocks == 0) return;  // the runtime already rejected it
-  HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ", site.kernel,
+  HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ", kernel_name(site),
             " with ", threads, " threads per block");
   install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);

@@ -89,6 +89,11 @@ struct LaunchSite {
   bool dependent = false;
 };
 
+// The kernel of `site` for messages: the launch's text, or where that is a plain name the
+// kernel does not bear (a launcher's parameter: `kernel`), the name of the function it
+// calls, from addr2line ("backward_dq_wgmma_persistent<128, 128>").
+std::string kernel_name(const LaunchSite& site);
+
 // The address of the kernel a launch (HAM_LAUNCH) names and calls with `args`:
 // kernel_address(0, kernel, args...). The kernel is a pointer, a function, or a template
 // whose remaining arguments the call deduces; for that last the arguments' types must be

@@ -269,6 +269,28 @@ TEST(SimtEmulator, UndefinedWarpUseAndTrapsAreErrors) {
                         {"trapping", "block (0,0,0) thread (5,0,0)", "__trap()"});
 }
 
+// A launcher that takes the kernel as a parameter (as routed attention's launch_tiled does):
+// the launch's text is the parameter's name, `kernel`.
+template <int kLanes>
+__global__ void trapping_template(int* out) {
+  if (threadIdx.x == kLanes - 1) __trap();
+  out[threadIdx.x] = 0;
+}
+void launch_through_a_parameter(void (*kernel)(int*), int* out) {
+  HAM_LAUNCH(1, 32, 0, nullptr, kernel)(out);
+}
+
+TEST(SimtEmulator, AKernelLaunchedThroughAParameterIsNamedByItsFunction) {
+  DeviceInts out(32);
+  testing::expect_error([&] { launch_through_a_parameter(&trapping_template<7>, out.data); },
+                        {"kernel trapping_template<7> launched at", "thread (6,0,0)", "__trap()"});
+  testing::expect_error([&] { launch_through_a_parameter(&trapping, out.data); },
+                        {"kernel trapping launched at"});
+  // A launch that names its kernel keeps its text.
+  testing::expect_error([&] { HAM_LAUNCH(1, 32, 0, nullptr, trapping_template<7>)(out.data); },
+                        {"kernel trapping_template<7> launched at"});
+}
+
 // Dependent launches (cuda/dependent_launch.h): every thread waits, as the contract asks,
 // or thread 5 of block 1 skips its wait, or lets later launches start before it.
 enum class GridWait { EveryThread, OneSkips, OneLetsLaterLaunchesFirst };
