@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/emulator/eight_doubles.h"
+#include "cuda/emulator/racecheck.h"
 
 namespace ham::cuda::emulator {
 
@@ -295,8 +296,10 @@ void wgmma_combine(void* const* lanes, unsigned mask) {
   // The check at the wait sees only what has changed by then; this also sees a cp.async
   // of another warp still in flight, and a write after this warp's wait that comes before
   // a warp that has not yet issued its part of the wgmma (reads it too).
-  const void* pc = static_cast<const WgmmaLane*>(lanes[0])->pc;
-  for (uint32_t piece : reads.at.pieces) shared_read_for_lane(0, shared + piece, 16, pc);
+  if (racecheck_on()) {
+    const void* pc = static_cast<const WgmmaLane*>(lanes[0])->pc;
+    for (uint32_t piece : reads.at.pieces) shared_read_for_lane(0, shared + piece, 16, pc);
+  }
   // Handed over here rather than by lane 0 after the exchange, so that nothing is left on
   // a fiber's stack that a failing kernel abandons.
   wgmma_issued([issued] { return operand_change(*issued); });

@@ -950,8 +950,8 @@ void run_kernel(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic_sh
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   if (threads == 0 || blocks == 0) return;  // the runtime already rejected it
-  HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ", kernel_name(site),
-            " with ", threads, " threads per block");
+  HAM_CHECK(threads <= uint64_t(kMaxThreadsPerBlock), "cuda emulator: kernel ",
+            kernel_name(site), " with ", threads, " threads per block");
   install_fault_handler();
   BlockRunner block_runner(site, grid, block, dynamic_shared_bytes, body);
   if (Racecheck* check = racecheck()) {
