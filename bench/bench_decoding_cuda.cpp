@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
                 "GB/s", "of copy");
     for (const DecodeCase& c : decode_cases(args.smoke)) {
       const std::string label = c.label();
-      if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;
+      if (!bench::matches_filter(args.filter, label)) continue;
       const auto [t, bytes] = run_case(c, args.reps);
       const double gbps = bytes / (t.median * 1e-3) / 1e9;
       std::printf("%-34s %10.2f %10.2f %10.2f %9.1f %7.1f%%\n", label.c_str(), t.min * 1e3,
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     for (const DecodeCase& c : decode_cases(args.smoke)) {
       const std::string label = c.label();
       if (c.op != "attn") continue;
-      if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;
+      if (!bench::matches_filter(args.filter, label)) continue;
       const Spread automatic = run_case(c, args.reps).first;
       for (int keys : {16, 32, 64}) {
         const int previous = cuda::set_attention_decode_keys(keys);

@@ -370,7 +370,7 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
               "the SMs' idle shares of the span\n");
   for (const BenchCase& c : bench_cases(smoke)) {
     const std::string label = c.name + "_" + c.dtype;
-    if (c.dtype != "bf16" || (!filter.empty() && label.find(filter) == std::string::npos)) {
+    if (c.dtype != "bf16" || !bench::matches_filter(filter, label)) {
       continue;
     }
     std::mt19937_64 rng(1234);
@@ -473,7 +473,7 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, Timing>> bf16_timings;
     for (const BenchCase& c : bench_cases(args.smoke)) {
       const std::string label = c.name + "_" + c.dtype;
-      if (!filter.empty() && label.find(filter) == std::string::npos) continue;
+      if (!bench::matches_filter(filter, label)) continue;
       const Timing t = run_case(c, reps);
       if (c.dtype == "bf16") bf16_timings.emplace_back(c.name, t);
       std::printf("%-22s %-5s %12.3f %12.3f %12.3f %12.3f", c.name.c_str(), c.dtype.c_str(),

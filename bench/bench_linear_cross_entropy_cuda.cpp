@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
     UnfusedCache unfused_cache;
     for (const BenchCase& c : bench_cases()) {
       const std::string label = c.name() + " " + c.dtype;
-      if (!args.filter.empty() && label.find(args.filter) == std::string::npos) continue;
+      if (!bench::matches_filter(args.filter, label)) continue;
       const CaseResult r = run_case(c, args.reps, unfused_cache);
       auto triple = [](const Stats& s) {
         char buf[64];

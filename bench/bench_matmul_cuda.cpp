@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
                 "N", "K", "op", "min", "median", "max");
     for (const BenchCase& c : bench_cases()) {
       std::string label = c.name + " " + c.dtype;
-      if (!filter.empty() && label.find(filter) == std::string::npos) continue;
+      if (!bench::matches_filter(filter, label)) continue;
       Timing t = run_case(c, reps);
       std::string op = std::string(c.trans_a ? "T" : "N") + (c.trans_b ? "T" : "N");
       std::printf("%-14s %-5s %5lld %6lld %6lld %6lld %2s  %9.1f %9.1f %9.1f TFLOP/s\n",

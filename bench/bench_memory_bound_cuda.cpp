@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
   try {
     if (!bench::gpu_available("bench_memory_bound_cuda")) return 1;
     auto keep = [&](const std::string& label) {
-      return args.filter.empty() || label.find(args.filter) != std::string::npos;
+      return bench::matches_filter(args.filter, label);
     };
 
     // The reference, always measured: 1 GiB device-to-device, 2 GiB moved.

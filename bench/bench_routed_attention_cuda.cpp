@@ -9,6 +9,9 @@
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 // --part main prints only the first table (and writes the CSV), --part variants only the
 // tables after it, so that a run with a deadline times the reference before the variants.
+// --set kernel.NAME=VALUE (repeatable, bench/cuda_bench.h) runs every table under a kernel
+// setting; the CSV's `settings` field names them. Two runs of the first table, one under
+// --set, meet one reference run: bench_routed_attention_torch.py a.csv --also b.csv.
 // --smoke runs small cases that take every table's path instead, on the SIMT emulator in CI
 // (bench_routed_attention_cuda_on_emulated_gpu, bench/smoke_on_emulated_gpu.sh), so that no
 // GPU session is the first to run a table; the times mean nothing there.
@@ -20,6 +23,8 @@
 // Each step is timed on its own with CUDA events after 3 warm-ups; the table gives the
 // median in ms (the CSV the min and max too), and TFLOP/s counted on the visible pairs only:
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
+// After it, #8's goal against our own dense time: time / (rho x dense time) of each case
+// below rho 1 whose dense case ran, at min / median / max.
 // "bwd tuned" is the backward with kernel.autotune on (cuda/autotune.h: its bit-equal
 // variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
 // after the table give each choice and every combination's time.
@@ -310,7 +315,7 @@ void backward_setting_table(const char* what, const char* off, const char* on,
               what, off, on, on_faster, "case", off, on, "ratio");
   for (const BenchCase& c : bench_cases()) {
     if (!takes(c) || (c.docs == 1 && c.density != 0.25)) continue;
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const ops::RoutedAttentionOutput forward =
@@ -339,7 +344,7 @@ void dq_setting_table(const char* what, const char* first, const char* second,
   std::printf("%-40s %26s %26s %18s\n", "case", first, second, "ratio");
   for (const BenchCase& c : bench_cases()) {
     if (c.key_dim > 128 || c.value_dim > 128) continue;
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const ops::RoutedAttentionOutput forward =
@@ -359,7 +364,7 @@ void wgmma_table(const char* pass, const std::string& filter, MsOn ms_on) {
   std::printf("%-40s %26s %26s %26s %18s %18s\n", "case", "mma.sync", "wgmma x1", "wgmma x2",
               "ratio x1", "ratio x2");
   for (const BenchCase& c : bench_cases()) {
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     if (!cuda::attention_wgmma_takes_head_dims(c.key_dim, c.value_dim)) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
@@ -399,7 +404,7 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
               "blocks that visited a tile;\nfixed and a tile: least squares over all blocks; "
               "gaps and tail: the SMs' idle shares of the span\n");
   for (const BenchCase& c : bench_cases()) {
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     ops::RoutedAttentionOutput forward;
@@ -488,18 +493,30 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
   }
 }
 
-// The first table: each case's compaction, forward and backward, to the CSV where asked.
-void main_table(const std::string& filter, int reps, const std::string& csv_path) {
+// The first table: each case's compaction, forward and backward, under the kernel settings
+// --set applied (`settings`, "defaults" without), into the CSV too (its `settings` field);
+// then #8's goal against our own dense time: for each case below rho 1 whose dense case
+// (the same shape and documents) ran too, time / (rho x dense time), forward and backward,
+// at min / median / max (each the ratio of the two at that rank; goal: at most 1.2).
+void main_table(const std::string& filter, int reps, const std::string& csv_path,
+                const std::string& settings) {
   std::ofstream csv = bench::open_csv(
       csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
                 "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
                 "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max,"
-                "backward_tuned_ms,backward_tuned_ms_min,backward_tuned_ms_max");
+                "backward_tuned_ms,backward_tuned_ms_min,backward_tuned_ms_max,settings");
+  std::printf("kernel settings: %s\n", settings.c_str());
   std::printf("%-40s %12s %10s %10s %11s %9s %9s %11s\n", "case (bf16, value-scaled)", "pairs",
               "compact", "forward", "backward", "fwd TF/s", "bwd TF/s", "bwd tuned");
+  struct Row {
+    BenchCase c;
+    bench::Spread forward, backward;
+  };
+  std::vector<Row> rows;
   for (const BenchCase& c : bench_cases()) {
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     Timing t = run_case(c, reps);
+    rows.push_back({c, t.forward, t.backward});
     const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
     const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
     const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
@@ -514,10 +531,33 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
           << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
           << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
           << ',' << t.backward.min << ',' << t.backward.max << ',' << t.backward_tuned.median
-          << ',' << t.backward_tuned.min << ',' << t.backward_tuned.max << '\n';
+          << ',' << t.backward_tuned.min << ',' << t.backward_tuned.max << ',' << settings
+          << '\n';
     }
   }
   bench::print_autotune_choices();
+  std::printf("\ntime / (rho x dense time) at min / median / max, against the dense case of "
+              "the same shape and documents (#8's goal: at most 1.2)\n%-40s %20s %20s\n",
+              "case", "forward", "backward");
+  for (const Row& row : rows) {
+    if (row.c.density >= 1.0) continue;
+    BenchCase same = row.c;
+    same.density = 1.0;
+    for (const Row& dense : rows) {
+      if (dense.c.name() != same.name()) continue;
+      auto ratios = [&](const bench::Spread& t, const bench::Spread& d) {
+        const double rho = row.c.density;
+        char text[32];
+        std::snprintf(text, sizeof text, "%.2f/%.2f/%.2f", t.min / (rho * d.min),
+                      t.median / (rho * d.median), t.max / (rho * d.max));
+        return std::string(text);
+      };
+      std::printf("%-40s %20s %20s\n", row.c.name().c_str(),
+                  ratios(row.forward, dense.forward).c_str(),
+                  ratios(row.backward, dense.backward).c_str());
+    }
+  }
+  std::fflush(stdout);
 }
 
 // A pass on one warpgroup a block (wgmma, head dims 64 and 128) with a block a query tile
@@ -542,7 +582,7 @@ void persistent_table(const char* pass, const std::string& filter, int (*set)(in
     if ((c.key_dim != 64 && c.key_dim != 128) || (c.value_dim != 64 && c.value_dim != 128)) {
       continue;
     }
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const ops::RoutedAttentionOutput forward =
@@ -627,7 +667,7 @@ void variant_tables(const std::string& filter, int reps) {
     // With 20 documents too: there a block visits one to five key tiles, and 64-row
     // blocks, twice as many, show a block's fixed cost (scripts/attention_block_cost.py).
     if (c.key_dim != 128 || c.value_dim != 128 || c.q_heads != c.kv_heads) continue;
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     const double ms_64 = forward_ms_with(in, 64, 64, reps).median;
@@ -645,7 +685,7 @@ void variant_tables(const std::string& filter, int reps) {
   std::printf("%-40s %26s %26s %18s\n", "case", "64 rows", "128 rows", "ratio");
   for (const BenchCase& c : bench_cases()) {
     if (c.value_dim != 192) continue;
-    if (!filter.empty() && c.name().find(filter) == std::string::npos) continue;
+    if (!bench::matches_filter(filter, c.name())) continue;
     CaseInputs in(c);
     in.selection = ops::compact_selection(in.select, in.docs);
     print_spread_pair(c.name(), forward_ms_with(in, 64, 64, reps),
@@ -768,7 +808,7 @@ int main(int argc, char** argv) {
       timeline_tables(filter, reps, csv_path);
       return 0;
     }
-    if (part != "variants") main_table(filter, reps, csv_path);
+    if (part != "variants") main_table(filter, reps, csv_path, args.settings_text());
     if (part == "main") return 0;
     variant_tables(filter, reps);
   } catch (const std::exception& e) {

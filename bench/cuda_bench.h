@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kernel_settings.h"
 #include "core/tensor.h"
 #include "cuda/autotune.h"
 #include "cuda/block_timeline.h"
@@ -26,30 +27,76 @@ namespace ham::bench {
 struct CudaBenchArgs {
   int reps = 10;
   std::string csv_path;  // "" = no CSV
-  std::string filter;    // run only cases whose label contains it
+  std::string filter;    // run only the cases it matches (matches_filter)
   // Small cases in place of the benchmark's, sized for the SIMT emulator, that take every
   // table's path: the CI's check that a GPU session's benchmark runs (times meaningless).
   bool smoke = false;
+  // The kernel settings --set applied, "NAME=VALUE" each, in order.
+  std::vector<std::string> settings;
+
+  // They as one field of a CSV or a table's title: space-separated, or "defaults".
+  std::string settings_text() const {
+    std::string text;
+    for (const std::string& s : settings) text += (text.empty() ? "" : " ") + s;
+    return text.empty() ? "defaults" : text;
+  }
 };
 
-// [--reps N] [--csv FILE] [--filter SUBSTRING], and [--smoke] where the program has such
-// cases (`takes_smoke`); anything else prints the usage and exits 2.
+// Whether the case `label` is one --filter asks for: every case without a filter, else
+// those whose label contains one of its '|'-separated parts ("T4096_B4|docs20").
+inline bool matches_filter(const std::string& filter, const std::string& label) {
+  if (filter.empty()) return true;
+  for (size_t from = 0;;) {
+    const size_t bar = filter.find('|', from);
+    const std::string part = filter.substr(from, bar == std::string::npos ? bar : bar - from);
+    if (!part.empty() && label.find(part) != std::string::npos) return true;
+    if (bar == std::string::npos) return false;
+    from = bar + 1;
+  }
+}
+
+// [--reps N] [--csv FILE] [--filter SUBSTRING] [--set kernel.NAME=VALUE ...], and [--smoke]
+// where the program has such cases (`takes_smoke`); anything else prints the usage and
+// exits 2. Each --set applies a kernel setting (core/kernel_settings.h,
+// docs/kernel_settings.md) for the whole run, as `ham train --set` does, and prints
+// "kernel: NAME OLD -> NEW"; so that a table runs under a variant without a rebuild. One
+// the backend does not take is a one-line error naming it, and exit 2.
 inline CudaBenchArgs parse_cuda_bench_args(int argc, char** argv, int default_reps,
                                            bool takes_smoke = false) {
   CudaBenchArgs args;
   args.reps = default_reps;
+  std::vector<std::string> sets;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--reps" && i + 1 < argc) args.reps = std::max(1, std::atoi(argv[++i]));
     else if (arg == "--csv" && i + 1 < argc) args.csv_path = argv[++i];
     else if (arg == "--filter" && i + 1 < argc) args.filter = argv[++i];
+    else if (arg == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else if (arg == "--smoke" && takes_smoke) args.smoke = true;
     else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING]%s\n", argv[0],
-                   takes_smoke ? " [--smoke]" : "");
+      std::fprintf(stderr,
+                   "usage: %s [--reps N] [--csv FILE] [--filter SUBSTRING] "
+                   "[--set kernel.NAME=VALUE ...]%s\n",
+                   argv[0], takes_smoke ? " [--smoke]" : "");
       std::exit(2);
     }
   }
+  for (const std::string& text : sets) {
+    const std::string prefix = "kernel.";
+    const size_t eq = text.find('=');
+    try {
+      HAM_CHECK(text.rfind(prefix, 0) == 0 && eq != std::string::npos && eq > prefix.size(),
+                "expected kernel.NAME=VALUE");
+      const std::string name = text.substr(prefix.size(), eq - prefix.size());
+      const std::string value = text.substr(eq + 1);
+      std::printf("kernel: %s\n", apply_kernel_setting(name, value).c_str());
+      args.settings.push_back(name + "=" + value);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: --set %s: %s\n", argv[0], text.c_str(), e.what());
+      std::exit(2);
+    }
+  }
+  std::fflush(stdout);
   return args;
 }
 
