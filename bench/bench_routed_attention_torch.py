@@ -2,7 +2,7 @@
 """PyTorch SDPA (flash) and FlexAttention on the cases bench_routed_attention_cuda measured.
 
 Usage: python3 bench/bench_routed_attention_torch.py routed_ham.csv [--out ratios.csv]
-                                                     [--reps N] [--no-flex]
+                                                     [--reps N] [--no-flex] [--also CSV]
 
 Reads the CSV written by `bench_routed_attention_cuda --csv`, rebuilds each case's masks
 bit for bit (the same splitmix64 selection and equal-run documents), and times in bf16:
@@ -27,7 +27,10 @@ min/min, median/median, max/max); the backward of each rep runs on a fresh forwa
 timed alone.
 Prints ms per step and the ratios torch / ham (above 1: ham is faster). Where the CSV has
 ham's backward with kernel.autotune on ("backward_tuned_ms": its bit-equal variants timed at
-the case's shape first, cuda/autotune.h), the ratios against that too. A reference that
+the case's shape first, cuda/autotune.h), the ratios against that too. --also names a second
+CSV of the same program, run under other kernel settings (its --set, the CSV's "settings"
+field): its forward and backward against the same reference times, for the cases both
+CSVs have, so that two variants of ham meet one reference timed once. A reference that
 fails on a case (an unsupported head dim, memory) is reported and gets nan in that row.
 """
 import argparse
@@ -188,23 +191,33 @@ def main():
     parser.add_argument("--out", help="write the comparison as CSV here")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-flex", action="store_true", help="time SDPA flash only")
+    parser.add_argument("--also", help="ham's CSV of the same cases under other kernel settings")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_routed_attention_torch: torch sees no GPU", file=sys.stderr)
         return 1
     with open(args.ham_csv) as f:
         rows = list(csv.DictReader(f))
+    also = {}
+    if args.also:
+        with open(args.also) as f:
+            also = {r["name"]: r for r in csv.DictReader(f)}
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    print(f"ham's kernel settings: {rows[0].get('settings', 'defaults') if rows else '-'}")
+    if args.also:
+        settings = next(iter(also.values()), {}).get("settings", "?")
+        print(f"and, from {args.also}: {settings} ({sum(r['name'] in also for r in rows)} "
+              f"of {len(rows)} cases)")
     print(f"{'case':<40} {'ham fwd/bwd ms':>18} {'flash fwd/bwd ms':>18} {'flex fwd/bwd ms':>18} "
           f"{'flash/ham':>11} {'flex/ham':>11}")
     out_rows = []
     nan = (float("nan"),) * 3
     for row in rows:
         # ham's min and max where the CSV has them (older CSVs: the median alone).
-        def ham_spread(step):
-            median = float(row[f"{step}_ms"])
-            return (float(row.get(f"{step}_ms_min") or median), median,
-                    float(row.get(f"{step}_ms_max") or median))
+        def ham_spread(step, of=row):
+            median = float(of[f"{step}_ms"])
+            return (float(of.get(f"{step}_ms_min") or median), median,
+                    float(of.get(f"{step}_ms_max") or median))
 
         ham = (ham_spread("forward"), ham_spread("backward"))
         torch_times = run_case(row, args.reps, not args.no_flex)
@@ -241,9 +254,24 @@ def main():
             print(f"{'':<40} ham tuned bwd {tuned[1]:.3f} ms: flash/ham "
                   f"{spread([flash[1][j] / tuned[j] for j in range(3)])}, flex/ham "
                   f"{spread([flex[1][j] / tuned[j] for j in range(3)])}", flush=True)
+        if row["name"] in also:  # the same case under --also's kernel settings
+            other = also[row["name"]]
+            times = (ham_spread("forward", other), ham_spread("backward", other))
+            for i, step in enumerate(("forward", "backward")):
+                out[f"ham_also_{step}_ms"] = times[i][1]
+            for label, reference in (("flash", flash), ("flex", flex)):
+                for i, step in enumerate(("forward", "backward")):
+                    for j, at in enumerate(("min", "median", "max")):
+                        out[f"{label}_over_ham_also_{step}_{at}"] = reference[i][j] / times[i][j]
+            print(f"{'':<40} ham also fwd/bwd {times[0][1]:.3f} {times[1][1]:.3f} ms: "
+                  f"flash/ham fwd {spread([flash[0][j] / times[0][j] for j in range(3)])} bwd "
+                  f"{spread([flash[1][j] / times[1][j] for j in range(3)])}, flex/ham fwd "
+                  f"{spread([flex[0][j] / times[0][j] for j in range(3)])} bwd "
+                  f"{spread([flex[1][j] / times[1][j] for j in range(3)])}", flush=True)
         out_rows.append(out)
     spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
-               for step in ("forward", "backward", "tuned_backward")
+               for step in ("forward", "backward", "tuned_backward", "also_forward",
+                            "also_backward")
                if f"{label}_over_ham_{step}_median" in r]
     print(f"\n{'case':<40} {'ratio':<26} {'min':>6} {'median':>6} {'max':>6}")
     for name, label, step in spreads:

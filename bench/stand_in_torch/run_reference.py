@@ -41,7 +41,7 @@ def close(a, b):
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def check_routed(ham_rows, out_rows, printed):
+def check_routed(ham_rows, out_rows, printed, arguments):
     expect(len(out_rows) == len(ham_rows),
            f"{len(out_rows)} output rows for {len(ham_rows)} cases")
     # the field the script reads ham's tuned backward from (read with .get: a renamed field
@@ -67,6 +67,26 @@ def check_routed(ham_rows, out_rows, printed):
         retried = f"{name}: flex again with backward tiles" in printed
         expect(retried == (not one_head_dim),
                f"{name}: FlexAttention's smaller tiles {'not ' if not retried else ''}tried")
+    # --also: a second CSV of the same cases under other kernel settings, against the same
+    # reference times
+    if "--also" in arguments:
+        with open(arguments[arguments.index("--also") + 1]) as f:
+            also = {row["name"]: row for row in csv.DictReader(f)}
+        settings = next(iter(also.values()))["settings"]
+        expect(settings != "defaults", f"--also's CSV under the defaults ({settings})")
+        expect(f"from {arguments[arguments.index('--also') + 1]}: {settings}" in printed,
+               "--also's settings not printed")
+        common = [out for out in out_rows if out["name"] in also]
+        expect(len(common) == len(also),
+               f"{len(also) - len(common)} of --also's cases not among the first CSV's")
+        for out in common:
+            for step in ("forward", "backward"):
+                ms = float(also[out["name"]][f"{step}_ms"])
+                expect(close(float(out[f"ham_also_{step}_ms"]), ms), f"{out['name']}: also {step}")
+                flex = float(out[f"flex_over_ham_also_{step}_median"])
+                expect(close(flex, STAND_IN / ms), f"{out['name']}: flex/ham also {step} {flex}")
+        expect(printed.count("ham also fwd/bwd") == len(common),
+               f"{printed.count('ham also fwd/bwd')} 'ham also' lines for {len(common)} cases")
 
 
 def check_fla(ham_rows, out_rows, printed, arguments):
@@ -137,7 +157,7 @@ def main():
         with open(out_csv) as f:
             out_rows = list(csv.DictReader(f))
         if name == "bench_routed_attention_torch.py":
-            check_routed(ham_rows, out_rows, printed)
+            check_routed(ham_rows, out_rows, printed, arguments)
         elif name == "bench_gated_delta_rule_fla.py":
             check_fla(ham_rows, out_rows, printed, arguments)
         elif name == "bench_decoding_torch.py":
