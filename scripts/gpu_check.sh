@@ -27,8 +27,11 @@
 #                    tree and build directory it was made in; the script links those paths
 #                    here when they are free.
 #   HAM_GPU_BENCH    which benchmarks, of: gemm memory lce decode gdr fla routed timeline
-#                    profile sanitize diagnose cli
-#                    (default: all but fla, sanitize, diagnose and cli; cli = `ham train`
+#                    profile sanitize diagnose cli goals
+#                    (default: all but fla, sanitize, diagnose, cli and goals; goals = #8's
+#                    open goals, routed attention's first table at B4 T4096 under the
+#                    defaults and under HAM_GPU_GOALS_SET's kernel settings (goals() below),
+#                    against PyTorch's once; cli = `ham train`
 #                    and `ham compare` on the GPU (the ham target), tiny and paper-sized
 #                    models, with their logs and the comparison's report; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
@@ -371,6 +374,36 @@ SPEC
   for family in transformer gdn gdn-gsa; do cli_paper_run "$family"; done
 }
 
+# goals: #8's open goals in one go. The first table of bench_routed_attention_cuda, at B4
+# T4096 (dense and rho 0.05 to 0.5, one document and 20) and at B1 T16384 with 20
+# documents and rho 0.25 (the two cases short against FlexAttention), twice: under the
+# defaults, and under the kernel settings of HAM_GPU_GOALS_SET (--set; default: both
+# persistent kernels and dependent launches, none of them a default until timed). Each run
+# prints time / (rho x dense time) under its own settings; then PyTorch's side once,
+# against both (--also). Into goals_defaults.csv, goals_set.csv, goals_ratio.csv, goals.log.
+goals() {
+  local program="$build/bench/bench_routed_attention_cuda" setting sets=() rc
+  local cases="T4096_B4|T16384_B1_H16x16_D128_rho25_docs20"
+  local settings="kernel.attention_forward_persistent=-1 kernel.attention_backward_dq_persistent=-1"
+  settings=${HAM_GPU_GOALS_SET:-"$settings kernel.dependent_launches=on"}
+  for setting in $settings; do sets+=(--set "$setting"); done
+  echo "== [$(date +%T)] #8's goals: routed attention's first table at B4 T4096 and more, defaults"
+  "$program" --part main --filter "$cases" --csv "$out/goals_defaults.csv" 2>&1 |
+    tee -a "$out/goals.log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { echo "gpu_check: goals: the defaults' run failed" >&2; status=1; return; }
+  echo "== [$(date +%T)] #8's goals: the same under $settings"
+  "$program" --part main --filter "$cases" "${sets[@]}" --csv "$out/goals_set.csv" 2>&1 |
+    tee -a "$out/goals.log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { echo "gpu_check: goals: the run under --set failed" >&2; status=1; return; }
+  echo "== [$(date +%T)] #8's goals: SDPA flash and FlexAttention against both"
+  python3 bench/bench_routed_attention_torch.py "$out/goals_defaults.csv" \
+    --also "$out/goals_set.csv" --out "$out/goals_ratio.csv" 2>&1 | tee -a "$out/goals.log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { echo "gpu_check: goals: the reference failed (exit $rc)" >&2; status=1; }
+}
+
 # HAM_GPU_BENCH (see the top): default all but fla, sanitize and diagnose.
 benches=" ${HAM_GPU_BENCH:-gemm memory lce decode gdr routed timeline profile} "
 if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
@@ -498,6 +531,7 @@ if [[ ${HAM_GPU_SKIP_BENCH:-0} != 1 ]]; then
     HAM_ARGS=$lce_args bench "linear cross-entropy: ham fused vs F.cross_entropy(h @ W.T, t)" \
       bench_linear_cross_entropy_cuda bench/bench_linear_cross_entropy_torch.py
   [[ $benches == *" cli "* ]] && cli
+  [[ $benches == *" goals "* ]] && goals
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED) (logs in $out)"
