@@ -3161,7 +3161,10 @@ __global__ void __launch_bounds__(128, 1) forward_wgmma_persistent(AttentionArgs
 // stores and the next tile's D. dq goes out from the registers (the shared memory that
 // backward_dq_wgmma stages it in is where the next tile's Q lands): the same values, so the
 // gradients are the same to the bit. The shared memory stays 67 KB at 128 x 128 (three
-// blocks an SM, as the kernel it replaces); D's loads still wait at each tile's start.
+// blocks an SM, as the kernel it replaces), so D's loads (O, and the lse) still wait at each
+// tile's start, with no room to copy them ahead; the lines they read are prefetched into L2
+// at the barrier of the tile before's last key tile (prefetch_row_inputs), so that they
+// wait on L2 rather than HBM.
 template <int DK, int DV>
 struct PersistentDqShape {
   static constexpr int kRows = 64, kTile = 32, kThreads = 128;
@@ -3211,6 +3214,24 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
     queries.load_range(qb, range);
     PersistentQueryTiles<BQ>::start_keys(keys, qb, t0, record);
     async_copy_commit();
+  };
+  // The lines that the tile of `rank`'s start loads from HBM, into L2 ahead of it: its rows'
+  // lse and, where the block forms D, their O (row_deltas; dO comes with the tile's copies),
+  // else their D. Issued at the barrier of the tile before's last key tile, they land under
+  // its last products, where those loads had waited at each tile's start.
+  auto prefetch_row_inputs = [&](int64_t rank, const QueryTileKeys& record) {
+    const QueryBlock next = queries.block_of(rank, record);
+    const int r = int(threadIdx.x) / 2, half = int(threadIdx.x) % 2;  // row_deltas's threads
+    const int64_t t = next.q0 + r;
+    if (t >= a.seq_len) return;
+    const int64_t row = a.q_index(next.b, t, next.h);
+    if (half == 0) prefetch_to_l2(a.lse + row);
+    if (a.delta_out) {
+      const bf16* out_row = a.out + row * DV + half * (DV / 2);
+      for (int at = 0; at < DV / 2; at += 64) prefetch_to_l2(out_row + at);  // 128-byte lines
+    } else if (half == 0) {
+      prefetch_to_l2(a.delta + row);
+    }
   };
   // Q and dO of qb into sQ and sO, where it sees a key, committed.
   auto issue_own_rows = [&](const QueryBlock& qb) {
@@ -3265,7 +3286,10 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
       }
       const bool last = k0 + BK >= qb.hi;
       // After the last key tile's barrier: key slot (t + 1) % 2 is free.
-      if (last && has_next) start(next_rank, t + 1, next_record);
+      if (last && has_next) {
+        start(next_rank, t + 1, next_record);
+        prefetch_row_inputs(next_rank, next_record);
+      }
       const uint32_t k_tile = wgmma::shared_address(keys.k(t));
       const uint32_t v_tile = wgmma::shared_address(keys.v(t));
       float s[1][NB][4], ds[1][NB][4];
