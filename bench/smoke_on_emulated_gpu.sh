@@ -4,6 +4,8 @@
 # read from it: exit status 0, and a CSV whose every row has as many fields as its header
 # (commas inside quotes, as in kernel names, not counted).
 # Usage: bench/smoke_on_emulated_gpu.sh PROGRAM CSV [MORE ARGUMENTS]
+# With SMOKE_CSV_ROWS=N in the environment, the CSV must also have exactly N rows (a
+# --filter's cases).
 set -euo pipefail
 program=$1
 csv=$2
@@ -26,4 +28,9 @@ awk -v file="$csv" '
     if (NR < 2) { printf "smoke_on_emulated_gpu: %s has no rows\n", file > "/dev/stderr"; exit 1 }
     exit bad
   }' "$csv"
-echo "smoke_on_emulated_gpu: $(basename "$program") $* passed, $(($(wc -l < "$csv") - 1)) CSV rows"
+rows=$(($(wc -l < "$csv") - 1))
+if [ -n "${SMOKE_CSV_ROWS:-}" ] && [ "$rows" -ne "$SMOKE_CSV_ROWS" ]; then
+  echo "smoke_on_emulated_gpu: $csv has $rows rows, not the $SMOKE_CSV_ROWS expected" >&2
+  exit 1
+fi
+echo "smoke_on_emulated_gpu: $(basename "$program") $* passed, $rows CSV rows"
