@@ -8,7 +8,8 @@
 //   ./build/bench/bench_routed_attention_cuda --timeline [--filter docs20] [--csv blocks.csv]
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 // --part main prints only the first table (and writes the CSV), --part variants only the
-// tables after it, so that a run with a deadline times the reference before the variants.
+// tables after it, so that a run with a deadline times the reference before the variants;
+// --part persistent only the first two of those (a block a query tile vs persistent blocks).
 // --set kernel.NAME=VALUE (repeatable, bench/cuda_bench.h) runs every table under a kernel
 // setting; the CSV's `settings` field names them. Two runs of the first table, one under
 // --set, meet one reference run: bench_routed_attention_torch.py a.csv --also b.csv.
@@ -785,9 +786,9 @@ int main(int argc, char** argv) {
       timeline = true;
     } else if (i > 0 && std::string(argv[i]) == "--part" && i + 1 < argc) {
       part = argv[++i];
-      if (part != "main" && part != "variants" && part != "all") {
-        std::fprintf(stderr, "bench_routed_attention_cuda: --part '%s': expected main, variants "
-                     "or all\n", part.c_str());
+      if (part != "main" && part != "variants" && part != "persistent" && part != "all") {
+        std::fprintf(stderr, "bench_routed_attention_cuda: --part '%s': expected main, "
+                     "variants, persistent or all\n", part.c_str());
         return 2;
       }
     } else {
@@ -806,6 +807,15 @@ int main(int argc, char** argv) {
     if (args.smoke) bench::shorten_autotune_for_smoke();
     if (timeline) {
       timeline_tables(filter, reps, csv_path);
+      return 0;
+    }
+    if (part == "persistent") {  // the first of the variant tables alone
+      if (!cuda::attention_wgmma_available()) {
+        std::printf("the persistent kernels: skipped (this build has no sm_90a code, or the GPU "
+                    "is not of compute capability 9.0)\n");
+        return 0;
+      }
+      persistent_tables(filter, reps);
       return 0;
     }
     if (part != "variants") main_table(filter, reps, csv_path, args.settings_text());

@@ -381,6 +381,9 @@ SPEC
 # persistent kernels and dependent launches, none of them a default until timed). Each run
 # prints time / (rho x dense time) under its own settings; then PyTorch's side once,
 # against both (--also). Into goals_defaults.csv, goals_set.csv, goals_ratio.csv, goals.log.
+# Last, for whether a persistent kernel can be a default: each against the kernel of a
+# block a query tile over every case they take (--part persistent, 18 cases; a stage cut
+# at its limit loses only this part).
 goals() {
   local program="$build/bench/bench_routed_attention_cuda" setting sets=() rc
   local cases="T4096_B4|T16384_B1_H16x16_D128_rho25_docs20"
@@ -402,6 +405,10 @@ goals() {
     --also "$out/goals_set.csv" --out "$out/goals_ratio.csv" 2>&1 | tee -a "$out/goals.log"
   rc=${PIPESTATUS[0]}
   ((rc == 0)) || { echo "gpu_check: goals: the reference failed (exit $rc)" >&2; status=1; }
+  echo "== [$(date +%T)] #8's goals: the persistent kernels against a block a tile, every case"
+  "$program" --part persistent 2>&1 | tee -a "$out/goals.log"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { echo "gpu_check: goals: the persistent tables failed" >&2; status=1; }
 }
 
 # HAM_GPU_BENCH (see the top): default all but fla, sanitize and diagnose.
