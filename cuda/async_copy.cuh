@@ -36,7 +36,8 @@ const void* strided_address(const char* base, Index index, Index step_bytes) {
   return base + int64_t(index) * int64_t(step_bytes);
 }
 // The emulator has no cache to warm: it reads one byte, so that an address outside every
-// tensor fails the sanitizer's checks as a load would, where the GPU would ignore it.
+// tensor fails the sanitizer's checks as a load would (on the GPU a prefetch is a hint that
+// no test could see go wrong).
 inline void prefetch_to_l2(const void* global_address) {
   (void)*static_cast<const volatile char*>(global_address);
 }
@@ -73,7 +74,8 @@ __device__ __forceinline__ void async_copy_wait() {
 
 // Asks for the 128-byte line at `global_address` to be brought into L2 (prefetch.global.L2),
 // with no register to wait on: for loads a later step makes, so that they find the line
-// there rather than in HBM. A prefetch never faults; the address should still be a tensor's.
+// there rather than in HBM. A hint: it changes no value. Its address is a tensor's, as a
+// load's would be (the emulator checks that).
 __device__ __forceinline__ void prefetch_to_l2(const void* global_address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global_address));
 }
