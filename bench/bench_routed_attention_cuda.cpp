@@ -494,6 +494,14 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
   }
 }
 
+// Whether `dense` is the dense case of `c`: the same shape and documents, every key selected
+// (the time / (rho x dense time) goal's denominator).
+bool is_dense_case_of(const BenchCase& dense, const BenchCase& c) {
+  BenchCase same = c;
+  same.density = 1.0;
+  return dense.name() == same.name();
+}
+
 // The first table: each case's compaction, forward and backward, under the kernel settings
 // --set applied (`settings`, "defaults" without), into the CSV too (its `settings` field);
 // then #8's goal against our own dense time: for each case below rho 1 whose dense case
@@ -542,17 +550,15 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
               "case", "forward", "backward");
   for (const Row& row : rows) {
     if (row.c.density >= 1.0) continue;
-    BenchCase same = row.c;
-    same.density = 1.0;
+    const double rho = row.c.density;
+    auto ratios = [rho](const bench::Spread& t, const bench::Spread& d) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2f/%.2f/%.2f", t.min / (rho * d.min),
+                    t.median / (rho * d.median), t.max / (rho * d.max));
+      return std::string(text);
+    };
     for (const Row& dense : rows) {
-      if (dense.c.name() != same.name()) continue;
-      auto ratios = [&](const bench::Spread& t, const bench::Spread& d) {
-        const double rho = row.c.density;
-        char text[32];
-        std::snprintf(text, sizeof text, "%.2f/%.2f/%.2f", t.min / (rho * d.min),
-                      t.median / (rho * d.median), t.max / (rho * d.max));
-        return std::string(text);
-      };
+      if (!is_dense_case_of(dense.c, row.c)) continue;
       std::printf("%-40s %20s %20s\n", row.c.name().c_str(),
                   ratios(row.forward, dense.forward).c_str(),
                   ratios(row.backward, dense.backward).c_str());
@@ -607,9 +613,7 @@ void persistent_table(const char* pass, const std::string& filter, int (*set)(in
   for (const Row& row : rows) {
     if (row.c.docs != 1 || row.c.density >= 1.0) continue;
     for (const Row& dense : rows) {
-      BenchCase same = row.c;
-      same.density = 1.0;
-      if (dense.c.name() != same.name()) continue;
+      if (!is_dense_case_of(dense.c, row.c)) continue;
       std::printf("%-40s %15.3f %11.3f\n", row.c.name().c_str(),
                   row.a_block_a_tile / (row.c.density * dense.a_block_a_tile),
                   row.persistent / (row.c.density * dense.persistent));
@@ -619,8 +623,14 @@ void persistent_table(const char* pass, const std::string& filter, int (*set)(in
 }
 
 // The persistent forward and dQ kernels (seventy-second session, untimed on a GPU when
-// written), each against its kernel of a block a query tile.
+// written), each against its kernel of a block a query tile; skipped, saying so, without
+// wgmma.
 void persistent_tables(const std::string& filter, int reps) {
+  if (!cuda::attention_wgmma_available()) {
+    std::printf("\nthe persistent kernels: skipped (this build has no sm_90a code, or the GPU "
+                "is not of compute capability 9.0)\n");
+    return;
+  }
   const int forward_groups = cuda::set_attention_forward_wgmma(1);
   persistent_table("forward on one warpgroup a block", filter,
                    &cuda::set_attention_forward_persistent,
@@ -649,7 +659,7 @@ void persistent_tables(const std::string& filter, int reps) {
 // The tables after the first: the kernels' variants against each other.
 void variant_tables(const std::string& filter, int reps) {
   // First, as the newest.
-  if (cuda::attention_wgmma_available()) persistent_tables(filter, reps);
+  persistent_tables(filter, reps);
   // First, as the newest: the unselected keys' zeros from the backward's first pass (on the
   // second stream, the dQ kernel starting 25-30 us into the backward after it on the
   // H200's timelines) or written by the dQ blocks, with no first pass (the default since
@@ -810,11 +820,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (part == "persistent") {  // the first of the variant tables alone
-      if (!cuda::attention_wgmma_available()) {
-        std::printf("the persistent kernels: skipped (this build has no sm_90a code, or the GPU "
-                    "is not of compute capability 9.0)\n");
-        return 0;
-      }
       persistent_tables(filter, reps);
       return 0;
     }

@@ -31,7 +31,7 @@
 #                    (default: all but fla, sanitize, diagnose, cli and goals; goals = #8's
 #                    open goals, routed attention's first table at B4 T4096 under the
 #                    defaults and under HAM_GPU_GOALS_SET's kernel settings (goals() below),
-#                    against PyTorch's once; cli = `ham train`
+#                    against PyTorch's once, then the persistent tables; cli = `ham train`
 #                    and `ham compare` on the GPU (the ham target), tiny and paper-sized
 #                    models, with their logs and the comparison's report; fla = gdr's bf16 cases with
 #                    flash-linear-attention beside it, whose first run autotunes for over
