@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -118,6 +119,39 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
+// An output's bytes on the host (none where undefined): what a combination must match.
+std::vector<unsigned char> host_bytes(const TunedOutput& output) {
+  HAM_CHECK(output.tensor != nullptr, "autotune: output ", output.name, " names no tensor");
+  const Tensor& t = *output.tensor;
+  if (!t.defined()) return {};
+  const Tensor host = t.to(Device::cpu());
+  const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+  return std::vector<unsigned char>(bytes, bytes + host.nbytes());
+}
+
+// Stops tuning where combination `label` left an output other than the defaults left it.
+void check_outputs_equal(const std::string& op, const TuneProblem& problem,
+                         const std::string& label,
+                         const std::vector<std::vector<unsigned char>>& defaults) {
+  for (size_t i = 0; i < problem.outputs.size(); ++i) {
+    const TunedOutput& output = problem.outputs[i];
+    const std::vector<unsigned char> bytes = host_bytes(output);
+    HAM_CHECK(bytes.size() == defaults[i].size(), "autotune (", op, ", ", problem.shape, "): ",
+              label, " left output ", output.name, " of ", bytes.size(), " bytes where the "
+              "defaults left ", defaults[i].size());
+    if (bytes == defaults[i]) continue;
+    const size_t element = dtype_size(output.tensor->dtype());
+    size_t differ = 0;
+    for (size_t at = 0; at < bytes.size(); at += element) {
+      differ += std::memcmp(&bytes[at], &defaults[i][at], element) != 0 ? 1 : 0;
+    }
+    HAM_FAIL("autotune (", op, ", ", problem.shape, "): ", label, " wrote output ", output.name,
+             " other than the defaults did, ", differ, " of ", bytes.size() / element,
+             " elements differing in their bits; the tuned variants must agree to the bit, so "
+             "a kernel of this combination is wrong on this device (run the op's GPU tests)");
+  }
+}
+
 double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
@@ -218,14 +252,20 @@ bool run_tuned_problem(const std::string& op, const TuneProblem& problem,
     return run();
   }
   const std::vector<Combination> all = combinations(problem.settings);
+  std::vector<std::vector<unsigned char>> defaults_outputs;
   {  // the defaults, untimed: does the op take its tuned path here at all?
     AppliedCombination applied(op, problem.settings, all[0]);
     if (!trial(run)) return false;
+    for (const TunedOutput& output : problem.outputs) {
+      defaults_outputs.push_back(host_bytes(output));
+    }
   }
-  for (size_t i = 1; i < all.size(); ++i) {  // each once untimed (first launches, allocations)
+  // Each once untimed (first launches, allocations), its outputs against the defaults'.
+  for (size_t i = 1; i < all.size(); ++i) {
     AppliedCombination applied(op, problem.settings, all[i]);
     HAM_CHECK(trial(run), "autotune (", op, ", ", problem.shape, "): ", label_of(all[i]),
               " did not take the path the defaults took");
+    check_outputs_equal(op, problem, label_of(all[i]), defaults_outputs);
   }
   int device = 0;
   HAM_CUDA_CHECK(cudaGetDevice(&device));

@@ -10,14 +10,16 @@
 // combination of the lowest median. The first combination (the settings' defaults) stays
 // unless another is faster by more than `margin`. Every later call of that shape runs under
 // the kept choice and restores the settings after it. The last tuning run is under the
-// choice, so the op's outputs are its own.
+// choice, so the op's outputs are its own. Each combination's first, untimed call is
+// checked against the defaults' outputs bit for bit (TuneProblem::outputs).
 //
 // The tuned ops and their settings:
 //   gated_delta_rule forward (bf16, tensor cores): prepare_warps x forward_windows;
 //   gated_delta_rule backward (bf16, tensor cores): prepare_warps x recompute_windows x
 //     backward_windows, and keys_ahead at K = 256;
+//   routed_attention forward (bf16, on one wgmma warpgroup a block): forward_persistent;
 //   routed_attention backward (bf16): key_order, where the wgmma dQ kernel runs on one
-//     warpgroup dq_keys x dq_records, and where it runs zeros_in_dq.
+//     warpgroup dq_keys x dq_records x dq_persistent, and where it runs zeros_in_dq.
 // Only variants equal to the bit are tuned, so a tuned run computes what an untuned one does.
 // The shape is the tensors' sizes (not the documents' boundaries nor the selection, which
 // change from batch to batch: the first batch of a shape is the one timed); a shape whose
@@ -26,6 +28,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "core/tensor.h"
 
 namespace ham::cuda {
 
@@ -52,10 +56,21 @@ struct TunedSetting {
   std::vector<std::string> values;
 };
 
-// What an op tunes for one call: the shape (its key) and the settings.
+// A tensor the tuned op writes in full on each call, by the caller's variable (read after
+// each call, so an output the op allocates is seen too); undefined ones are passed over.
+struct TunedOutput {
+  std::string name;
+  const Tensor* tensor = nullptr;
+};
+
+// What an op tunes for one call: the shape (its key), the settings, and its outputs. Each
+// combination's first call must leave every output as the defaults' first call did, to the
+// bit; else tuning stops with an error naming the combination and the output, so that a
+// variant that is wrong on the device at hand can neither be chosen nor go unseen.
 struct TuneProblem {
   std::string shape;
   std::vector<TunedSetting> settings;
+  std::vector<TunedOutput> outputs;
 };
 
 // One combination's label ("prepare_warps=8 forward_windows=4") and its median time.

@@ -4183,16 +4183,24 @@ TuneProblem forward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d,
   return {tune_shape(a, d) + (out.fit_error.defined() ? ", fit error" : "") + kept,
           {{"gated_delta_rule_prepare_warps", {"4", "8"}},
            {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}},
-           {"gated_delta_rule_output_prefetch", {"0", "-1"}}}};
+           {"gated_delta_rule_output_prefetch", {"0", "-1"}}},
+          {{"o", &out.o}, {"h_final", &out.h_final}, {"fit_error", &out.fit_error}}};
 }
 
 // recomputes: the backward runs the forward's state pass again (no chunk states kept).
-TuneProblem backward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d, bool recomputes) {
+TuneProblem backward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d, bool recomputes,
+                                  const GatedDeltaRuleGrads& grads) {
   std::vector<TunedSetting> settings = {{"gated_delta_rule_prepare_warps", {"4", "8"}}};
   if (recomputes) settings.push_back({"gated_delta_rule_recompute_windows", {"1", "4"}});
   settings.push_back({"gated_delta_rule_backward_windows", {"1", "4"}});
   if (d.key_dim == 256) settings.push_back({"gated_delta_rule_backward_keys_ahead", {"on", "off"}});
-  return {tune_shape(a, d) + (recomputes ? "" : ", from chunk states"), settings};
+  return {tune_shape(a, d) + (recomputes ? "" : ", from chunk states"), settings,
+          {{"dq", &grads.dq},
+           {"dk", &grads.dk},
+           {"dv", &grads.dv},
+           {"dg", &grads.dg},
+           {"dbeta", &grads.dbeta},
+           {"dh0", &grads.dh0}}};
 }
 
 void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult& out) {
@@ -4470,7 +4478,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
   if (d.batch == 0 || d.heads == 0) return;
   use_device_of(a.q);
   auto problem = [&] {
-    return backward_tune_problem(a, d, !dynamic_cast<const MmaSavedChunkStates*>(saved));
+    return backward_tune_problem(a, d, !dynamic_cast<const MmaSavedChunkStates*>(saved), grads);
   };
   if (run_tuned("gated_delta_rule backward", problem, [&] {
         return gated_delta_rule_backward_mma(a, d, grad_o, grad_h_final, saved, grads);

@@ -4410,7 +4410,8 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
     return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
                                       k.size(2), " D", key_dim, "x", value_dim,
                                       value_scale.defined() ? ", value scale" : ""),
-                       settings};
+                       settings,
+                       {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dvalue_scale", &dvalue_scale}}};
   };
   run_tuned("routed_attention backward", problem, run);
 }

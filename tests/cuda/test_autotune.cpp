@@ -1,7 +1,8 @@
 // The autotuner (cuda/autotune.h) on settings of its own: an op whose calls sleep as long as
 // two test-only settings say, timed with CUDA events, so that the fastest combination is
-// known. The tuned kernels' bit-equality is tested beside each op (GatedDeltaRule.
-// GpuAutotunedEqualsDefaults, RoutedAttentionGpu.Bf16BackwardAutotunedEqualsDefaults).
+// known, and an op whose output a setting changes. The tuned kernels' bit-equality is tested
+// beside each op (GatedDeltaRule.GpuAutotunedEqualsDefaults,
+// RoutedAttentionGpu.Bf16AutotunedPassesEqualTheDefaults).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -84,7 +85,7 @@ TEST(AutotuneCuda, ChoosesTheFastestCombinationAndKeepsItPerShape) {
   set_kernel_note_sink([&notes](const std::string& line) { notes.push_back(line); });
   SleepingOp op;
   const int64_t trials = autotune_trial_calls();
-  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", kDelays}, std::ref(op)));
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", kDelays, {}}, std::ref(op)));
   set_kernel_note_sink(nullptr);
   // 6 combinations: each once untimed, once timed, then once more under the choice.
   EXPECT_EQ(autotune_trial_calls() - trials, 13);
@@ -113,14 +114,14 @@ TEST(AutotuneCuda, ChoosesTheFastestCombinationAndKeepsItPerShape) {
 
   // The same shape again: one call, under the choice, no tuning.
   op.calls_ms.clear();
-  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", kDelays}, std::ref(op)));
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", kDelays, {}}, std::ref(op)));
   EXPECT_EQ(op.calls_ms, std::vector<int>{2});
   EXPECT_EQ(g_first_ms, 6);
   EXPECT_EQ(autotune_choices().size(), 1u);
   // Another shape, another op at that shape, or other settings tune again.
-  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape b", kDelays}, std::ref(op)));
-  EXPECT_TRUE(run_tuned_problem("other op", {"shape a", kDelays}, std::ref(op)));
-  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", {kDelays[1]}}, std::ref(op)));
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape b", kDelays, {}}, std::ref(op)));
+  EXPECT_TRUE(run_tuned_problem("other op", {"shape a", kDelays, {}}, std::ref(op)));
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", {kDelays[1]}, {}}, std::ref(op)));
   EXPECT_EQ(autotune_choices().size(), 4u);
   EXPECT_EQ(autotune_trial_calls() - trials, 13 + 2 * 13 + (3 * 2 + 1));
 }
@@ -136,7 +137,7 @@ TEST(AutotuneCuda, OffRunsTheOpOnceAsSet) {
   EXPECT_TRUE(run_tuned("sleeping op",
                         [&] {
                           described = true;
-                          return TuneProblem{"shape a", kDelays};
+                          return TuneProblem{"shape a", kDelays, {}};
                         },
                         std::ref(op)));
   EXPECT_EQ(op.calls_ms, std::vector<int>{10});
@@ -152,7 +153,7 @@ TEST(AutotuneCuda, AnOpOffItsTunedPathTunesNothing) {
   const ShortTuning tuning;
   SleepingOp op;
   op.takes_path = false;
-  EXPECT_FALSE(run_tuned_problem("sleeping op", {"shape a", kDelays}, std::ref(op)));
+  EXPECT_FALSE(run_tuned_problem("sleeping op", {"shape a", kDelays, {}}, std::ref(op)));
   EXPECT_EQ(op.calls_ms, std::vector<int>{10}) << "one call, as set";
   EXPECT_TRUE(autotune_choices().empty());
 }
@@ -164,13 +165,61 @@ TEST(AutotuneCuda, ATunedSettingSetByHandIsAnError) {
   SleepingOp op;
   apply_kernel_setting("test_only_tune_second_ms", "8");
   testing::expect_error(
-      [&] { run_tuned_problem("sleeping op", {"shape a", kDelays}, std::ref(op)); },
+      [&] { run_tuned_problem("sleeping op", {"shape a", kDelays, {}}, std::ref(op)); },
       {"autotune (sleeping op): kernel setting test_only_tune_second_ms is 8, not its default 4",
        "chooses it per shape from 4, 0, 8", "set one or the other"});
   EXPECT_TRUE(op.calls_ms.empty());
   EXPECT_EQ(g_first_ms, 6) << "the settings as they were";
   EXPECT_EQ(g_second_ms, 8);
   apply_kernel_setting("test_only_tune_second_ms", "4");
+}
+
+// Each combination's first call leaves the op's outputs as the defaults' did, to the bit, or
+// tuning stops naming the combination, the output and how many of its elements differ: a
+// -0 where the defaults wrote +0 differs too. Nothing is kept and the settings are restored.
+TEST(AutotuneCuda, ACombinationWritingOtherBitsThanTheDefaultsIsAnError) {
+  HAM_SKIP_UNLESS_CUDA();
+  register_delays();
+  const ShortTuning tuning;
+  Tensor out = Tensor::zeros({3, 5}, DType::BF16, Device::cuda());
+  Tensor lse = Tensor::zeros({4}, DType::F32, Device::cuda());
+  Tensor not_written;  // undefined: passed over
+  const std::vector<TunedOutput> outputs = {
+      {"out", &out}, {"not written", &not_written}, {"lse", &lse}};
+  // out the same in every combination, lse -0 where the second setting is 0: the
+  // defaults (6, 4) pass (6, 0) second.
+  auto op = [&] {
+    out.fill_(0.75);
+    lse.fill_(g_second_ms == 0 ? -0.0 : 0.0);
+    return true;
+  };
+  testing::expect_error(
+      [&] { run_tuned_problem("writing op", {"shape a", kDelays, outputs}, op); },
+      {"autotune (writing op, shape a): test_only_tune_first_ms=6 test_only_tune_second_ms=0 "
+       "wrote output lse other than the defaults did, 4 of 4 elements differing in their bits",
+       "a kernel of this combination is wrong on this device"});
+  EXPECT_TRUE(autotune_choices().empty());
+  EXPECT_EQ(g_first_ms, 6) << "restored";
+  EXPECT_EQ(g_second_ms, 4);
+  // One element off in out, where the first setting is 2 (combination 4 of 6).
+  auto one_off = [&] {
+    out.fill_(0.75);
+    if (g_first_ms == 2) out.slice(1, 2).copy_(Tensor::full({1, 5}, 0.5, DType::BF16));
+    lse.fill_(1.0);
+    return true;
+  };
+  testing::expect_error(
+      [&] { run_tuned_problem("writing op", {"shape a", kDelays, outputs}, one_off); },
+      {"test_only_tune_first_ms=2 test_only_tune_second_ms=4 wrote output out other than the "
+       "defaults did, 5 of 15 elements"});
+  // Outputs equal in every combination: tuned, the choice kept.
+  auto same = [&] {
+    out.fill_(0.75);
+    lse.fill_(1.0);
+    return true;
+  };
+  EXPECT_TRUE(run_tuned_problem("writing op", {"shape a", kDelays, outputs}, same));
+  EXPECT_EQ(autotune_choices().size(), 1u);
 }
 
 TEST(Autotune, KeepsTheDefaultsUnlessAnotherIsFasterByTheMargin) {
