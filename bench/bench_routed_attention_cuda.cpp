@@ -26,9 +26,11 @@
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // After it, #8's goal against our own dense time: time / (rho x dense time) of each case
 // below rho 1 whose dense case ran, at min / median / max.
-// "bwd tuned" is the backward with kernel.autotune on (cuda/autotune.h: its bit-equal
-// variants timed at the case's shape in the first warm-up call, the fastest kept); the lines
-// after the table give each choice and every combination's time.
+// "fwd tuned" and "bwd tuned" are the forward and the backward with kernel.autotune on
+// (cuda/autotune.h: their bit-equal variants timed at the case's shape in the first warm-up
+// call, checked equal to the defaults' outputs, the fastest kept); the lines after the table
+// give each choice and every combination's time. Under --set they are not timed ("-"), since
+// a tuned setting set by hand is an error while autotune is on.
 // The tables after it (not in the CSV) time the variants in the same run: first the forward
 // and the backward on one warpgroup, each with a block a query tile against persistent blocks
 // (set_attention_forward_persistent, set_attention_backward_dq_persistent), with each
@@ -68,11 +70,14 @@
 // start (-1 where not stamped), and its start and end in ns after the launch's first start.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -178,7 +183,8 @@ bench::Spread time_ms(int reps, const std::function<void()>& step) {
 
 struct Timing {
   bench::Spread compact, forward, backward;
-  bench::Spread backward_tuned;  // with kernel.autotune on (cuda/autotune.h)
+  // With kernel.autotune on (cuda/autotune.h); NaN where not timed (under --set).
+  bench::Spread forward_tuned, backward_tuned;
   double pairs;
 };
 
@@ -203,7 +209,8 @@ struct CaseInputs {
   }
 };
 
-Timing run_case(const BenchCase& c, int reps) {
+// With `tuned`, the forward and the backward with kernel.autotune on too.
+Timing run_case(const BenchCase& c, int reps, bool tuned) {
   CaseInputs in(c);
   Timing t{};
   t.compact = time_ms(reps, [&] { in.selection = ops::compact_selection(in.select, in.docs); });
@@ -215,11 +222,17 @@ Timing run_case(const BenchCase& c, int reps) {
     ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
                                    forward.lse, in.p);
   });
-  {  // the first warm-up call times the backward's bit-equal variants at this shape
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  t.forward_tuned = t.backward_tuned = bench::Spread{none, none, none};
+  if (tuned) {  // each first warm-up call times the pass's bit-equal variants at this shape
     const bool was_on = cuda::set_autotune(true);
+    ops::RoutedAttentionOutput tuned_forward;
+    t.forward_tuned = time_ms(reps, [&] {
+      tuned_forward = ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+    });
     t.backward_tuned = time_ms(reps, [&] {
-      ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
-                                     forward.lse, in.p);
+      ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, tuned_forward.out,
+                                     tuned_forward.lse, in.p);
     });
     cuda::set_autotune(was_on);
   }
@@ -513,10 +526,24 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
       csv_path, "name,batch,seq_len,q_heads,kv_heads,key_dim,value_dim,density,docs,mask_seed,reps,"
                 "visible_pairs,compact_ms,forward_ms,backward_ms,forward_tflops,backward_tflops,"
                 "forward_ms_min,forward_ms_max,backward_ms_min,backward_ms_max,"
+                "forward_tuned_ms,forward_tuned_ms_min,forward_tuned_ms_max,"
                 "backward_tuned_ms,backward_tuned_ms_min,backward_tuned_ms_max,settings");
   std::printf("kernel settings: %s\n", settings.c_str());
-  std::printf("%-40s %12s %10s %10s %11s %9s %9s %11s\n", "case (bf16, value-scaled)", "pairs",
-              "compact", "forward", "backward", "fwd TF/s", "bwd TF/s", "bwd tuned");
+  std::printf("%-40s %12s %10s %10s %11s %9s %9s %11s %11s\n", "case (bf16, value-scaled)",
+              "pairs", "compact", "forward", "backward", "fwd TF/s", "bwd TF/s", "fwd tuned",
+              "bwd tuned");
+  // A tuned time in the table ("-" where not timed) and in the CSV (empty there).
+  auto tuned_cell = [](double ms) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%9.3fms", ms);
+    return std::isnan(ms) ? std::string("        -  ") : std::string(text);
+  };
+  auto tuned_field = [](double ms) {
+    std::ostringstream field;
+    if (!std::isnan(ms)) field << ms;  // as the stream writes the other times
+    return field.str();
+  };
+  const bool tuned = settings == "defaults";
   struct Row {
     BenchCase c;
     bench::Spread forward, backward;
@@ -524,14 +551,15 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   std::vector<Row> rows;
   for (const BenchCase& c : bench_cases()) {
     if (!bench::matches_filter(filter, c.name())) continue;
-    Timing t = run_case(c, reps);
+    Timing t = run_case(c, reps, tuned);
     rows.push_back({c, t.forward, t.backward});
     const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
     const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
     const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
-    std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f %9.3fms\n", c.name().c_str(),
+    std::printf("%-40s %12.0f %8.3fms %8.3fms %9.3fms %9.1f %9.1f %s %s\n", c.name().c_str(),
                 t.pairs, t.compact.median, t.forward.median, t.backward.median, fwd_tflops,
-                bwd_tflops, t.backward_tuned.median);
+                bwd_tflops, tuned_cell(t.forward_tuned.median).c_str(),
+                tuned_cell(t.backward_tuned.median).c_str());
     std::fflush(stdout);
     if (csv.is_open()) {
       csv << c.name() << ',' << c.batch << ',' << c.seq_len << ',' << c.q_heads << ','
@@ -539,9 +567,11 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
           << c.docs << ',' << kMaskSeed << ',' << reps << ',' << t.pairs << ','
           << t.compact.median << ',' << t.forward.median << ',' << t.backward.median << ','
           << fwd_tflops << ',' << bwd_tflops << ',' << t.forward.min << ',' << t.forward.max
-          << ',' << t.backward.min << ',' << t.backward.max << ',' << t.backward_tuned.median
-          << ',' << t.backward_tuned.min << ',' << t.backward_tuned.max << ',' << settings
-          << '\n';
+          << ',' << t.backward.min << ',' << t.backward.max;
+      for (const bench::Spread& spread : {t.forward_tuned, t.backward_tuned}) {
+        for (double ms : {spread.median, spread.min, spread.max}) csv << ',' << tuned_field(ms);
+      }
+      csv << ',' << settings << '\n';
     }
   }
   bench::print_autotune_choices();

@@ -26,8 +26,9 @@ median of --reps, with the min and max in a second table and the CSV; ratios at 
 min/min, median/median, max/max); the backward of each rep runs on a fresh forward graph,
 timed alone.
 Prints ms per step and the ratios torch / ham (above 1: ham is faster). Where the CSV has
-ham's backward with kernel.autotune on ("backward_tuned_ms": its bit-equal variants timed at
-the case's shape first, cuda/autotune.h), the ratios against that too. --also names a second
+ham's forward and backward with kernel.autotune on ("forward_tuned_ms", "backward_tuned_ms":
+their bit-equal variants timed at the case's shape first, cuda/autotune.h; empty under
+--set), the ratios against those too. --also names a second
 CSV of the same program, run under other kernel settings (its --set, the CSV's "settings"
 field): its forward and backward against the same reference times, for the cases both
 CSVs have, so that two variants of ham meet one reference timed once. A reference that
@@ -246,14 +247,18 @@ def main():
             for i, step in enumerate(("forward", "backward")):
                 for j, at in enumerate(("min", "median", "max")):
                     out[f"{label}_over_ham_{step}_{at}"] = r[i][j]
-        if row.get("backward_tuned_ms"):  # ham with kernel.autotune on (cuda/autotune.h)
-            tuned = ham_spread("backward_tuned")
+        for i, step in enumerate(("forward", "backward")):
+            # ham with kernel.autotune on (cuda/autotune.h); empty where it was not timed
+            if not row.get(f"{step}_tuned_ms"):
+                continue
+            tuned = ham_spread(f"{step}_tuned")
             for label, other in (("flash", flash), ("flex", flex)):
                 for j, at in enumerate(("min", "median", "max")):
-                    out[f"{label}_over_ham_tuned_backward_{at}"] = other[1][j] / tuned[j]
-            print(f"{'':<40} ham tuned bwd {tuned[1]:.3f} ms: flash/ham "
-                  f"{spread([flash[1][j] / tuned[j] for j in range(3)])}, flex/ham "
-                  f"{spread([flex[1][j] / tuned[j] for j in range(3)])}", flush=True)
+                    out[f"{label}_over_ham_tuned_{step}_{at}"] = other[i][j] / tuned[j]
+            short = {"forward": "fwd", "backward": "bwd"}[step]
+            print(f"{'':<40} ham tuned {short} {tuned[1]:.3f} ms: flash/ham "
+                  f"{spread([flash[i][j] / tuned[j] for j in range(3)])}, flex/ham "
+                  f"{spread([flex[i][j] / tuned[j] for j in range(3)])}", flush=True)
         if row["name"] in also:  # the same case under --also's kernel settings
             other = also[row["name"]]
             times = (ham_spread("forward", other), ham_spread("backward", other))
@@ -270,8 +275,8 @@ def main():
                   f"{spread([flex[1][j] / times[1][j] for j in range(3)])}", flush=True)
         out_rows.append(out)
     spreads = [(r["name"], label, step) for r in out_rows for label in ("flash", "flex")
-               for step in ("forward", "backward", "tuned_backward", "also_forward",
-                            "also_backward")
+               for step in ("forward", "backward", "tuned_forward", "tuned_backward",
+                            "also_forward", "also_backward")
                if f"{label}_over_ham_{step}_median" in r]
     print(f"\n{'case':<40} {'ratio':<26} {'min':>6} {'median':>6} {'max':>6}")
     for name, label, step in spreads:

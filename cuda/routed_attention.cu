@@ -4373,10 +4373,49 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
   });
 }
 
+// Whether the bf16 forward at these head dims runs on wgmma with one warpgroup a block as
+// set (set_attention_forward_wgmma), where the persistent forward may take it.
+bool forward_on_one_warpgroup(int64_t key_dim, int64_t value_dim) {
+  int automatic = 0;
+  bool fits = false;
+  dispatch_head_dims(key_dim, value_dim, [&]<int DK, int DV>() {
+    automatic = kWgmmaAutomaticForward<DK, DV>;
+    fits = kWgmmaFits<DK, DV>;
+  });
+  const int set = g_forward_wgmma.load();
+  return fits && attention_wgmma_available() &&
+         (set == 1 || (set == kAttentionWgmmaAutomatic && automatic == 1));
+}
+
+// The forward under the autotuner's choice (cuda/autotune.h), for bf16 where it runs on one
+// wgmma warpgroup a block: a block a query tile or persistent blocks
+// (set_attention_forward_persistent), the same outputs to the bit.
+void tuned_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
+                   const CompactSelection& selection, double scale, Tensor& out, Tensor& lse) {
+  auto run = [&] {
+    forward(q, k, v, value_scale, selection, scale, out, lse);
+    return true;
+  };
+  if (q.dtype() != DType::BF16 || q.numel() == 0 ||
+      !forward_on_one_warpgroup(q.size(3), v.size(3))) {
+    run();
+    return;
+  }
+  auto problem = [&] {
+    return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
+                                      k.size(2), " D", q.size(3), "x", v.size(3),
+                                      value_scale.defined() ? ", value scale" : ""),
+                       {{"attention_forward_persistent", {"0", "-1"}}},
+                       {{"out", &out}, {"lse", &lse}}};
+  };
+  run_tuned("routed_attention forward", problem, run);
+}
+
 // The backward under the autotuner's choice (cuda/autotune.h), for bf16: the dK/dV blocks'
-// key order; where the wgmma dQ kernel runs on one warpgroup a block, its key tile and its
-// start from records; where it runs at all, whether it writes the unselected keys' zeros.
-// Each variant gives the same gradients to the bit.
+// key order; where the wgmma dQ kernel runs on one warpgroup a block, its key tile, its
+// start from records and whether it runs persistent (in 32-key tiles); where it runs at
+// all, whether it writes the unselected keys' zeros. Each variant gives the same gradients
+// to the bit.
 void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& value_scale, const CompactSelection& selection,
                     const Tensor& out, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
@@ -4400,6 +4439,7 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
     if (dq_on_one_warpgroup) {
       settings.push_back({"attention_backward_dq_keys", {"32", "16"}});
       settings.push_back({"attention_backward_dq_records", {"off", "on"}});
+      settings.push_back({"attention_backward_dq_persistent", {"0", "-1"}});
     }
     settings.push_back({"attention_backward_key_order", {"off", "on"}});
     // Where the wgmma dQ kernel forms D (one warpgroup a block or two).
@@ -4549,7 +4589,7 @@ namespace {
 
 const bool registered = [] {
   compact_selection_kernels().register_kernel(DeviceKind::CUDA, &compact_selection);
-  routed_attention_forward_kernels().register_kernel(DeviceKind::CUDA, &forward);
+  routed_attention_forward_kernels().register_kernel(DeviceKind::CUDA, &tuned_forward);
   routed_attention_backward_kernels().register_kernel(DeviceKind::CUDA, &tuned_backward);
   return true;
 }();

@@ -44,9 +44,10 @@ def close(a, b):
 def check_routed(ham_rows, out_rows, printed, arguments):
     expect(len(out_rows) == len(ham_rows),
            f"{len(out_rows)} output rows for {len(ham_rows)} cases")
-    # the field the script reads ham's tuned backward from (read with .get: a renamed field
+    # the fields the script reads ham's tuned passes from (read with .get: a renamed field
     # would drop the comparison without a word)
-    expect("backward_tuned_ms" in ham_rows[0], "no backward_tuned_ms in the CSV")
+    for step in ("forward", "backward"):
+        expect(f"{step}_tuned_ms" in ham_rows[0], f"no {step}_tuned_ms in the CSV")
     for ham, out in zip(ham_rows, out_rows):
         name = ham["name"]
         expect(out["name"] == name, f"row {out['name']} where {name} was expected")
@@ -60,10 +61,14 @@ def check_routed(ham_rows, out_rows, printed, arguments):
             # SDPA flash only where q, k and v share a head dim; nan elsewhere
             expect(close(flash, STAND_IN / ham_ms) if one_head_dim else math.isnan(flash),
                    f"{name}: flash/ham {step} {flash}")
-        if ham["backward_tuned_ms"]:
-            tuned = float(out["flex_over_ham_tuned_backward_median"])
-            expect(close(tuned, STAND_IN / float(ham["backward_tuned_ms"])),
-                   f"{name}: flex/ham against the tuned backward {tuned}")
+        for step in ("forward", "backward"):
+            if ham[f"{step}_tuned_ms"]:
+                tuned = float(out[f"flex_over_ham_tuned_{step}_median"])
+                expect(close(tuned, STAND_IN / float(ham[f"{step}_tuned_ms"])),
+                       f"{name}: flex/ham against the tuned {step} {tuned}")
+            else:
+                expect(f"flex_over_ham_tuned_{step}_median" not in out,
+                       f"{name}: a tuned {step} ratio without its time")
         retried = f"{name}: flex again with backward tiles" in printed
         expect(retried == (not one_head_dim),
                f"{name}: FlexAttention's smaller tiles {'not ' if not retried else ''}tried")
@@ -81,6 +86,10 @@ def check_routed(ham_rows, out_rows, printed, arguments):
                f"{len(also) - len(common)} of --also's cases not among the first CSV's")
         for out in common:
             for step in ("forward", "backward"):
+                # under --set the program times no tuned pass (autotune refuses settings set
+                # by hand)
+                expect(not also[out["name"]][f"{step}_tuned_ms"],
+                       f"{out['name']}: a tuned {step} time under --set")
                 ms = float(also[out["name"]][f"{step}_ms"])
                 expect(close(float(out[f"ham_also_{step}_ms"]), ms), f"{out['name']}: also {step}")
                 flex = float(out[f"flex_over_ham_also_{step}_median"])

@@ -1254,6 +1254,12 @@ GpuCaseInputs gpu_case_inputs(const GpuCase& c, DType dtype) {
   return in;
 }
 
+// The forward of case c (gpu_case_inputs), run as the current settings have it.
+ops::RoutedAttentionOutput gpu_case_forward(const GpuCase& c) {
+  const GpuCaseInputs in = gpu_case_inputs(c, DType::BF16);
+  return ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
+}
+
 // The gradients of a backward of case c (gpu_case_inputs), run as the current settings have
 // it; with unaligned_out, the forward's out in a view off a 16-byte boundary (the wgmma dQ
 // kernel then reads D from the backward's first pass instead of forming it).
@@ -1304,13 +1310,17 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
 #endif
 }
 
-// The bf16 backward with the autotuner on (cuda/autotune.h): the first call of a shape
-// times the key order, where the wgmma dQ kernel runs on one warpgroup (heads of 64 and
-// 128) its key tile and its start from records, and where it runs at all whether it writes
-// the unselected keys' zeros (16 combinations; 4 at 128 x 192; without wgmma 2), and keeps
-// the fastest. Each tuned backward matches the CPU and equals the untuned one bit for
+// The bf16 passes with the autotuner on (cuda/autotune.h): the first call of a shape times
+// their bit-equal variants and keeps the fastest, each variant's outputs checked against the
+// defaults' to the bit as it first runs. The forward, where it runs on one wgmma warpgroup
+// (heads of 64 x 64 and 128 x 128 by default): persistent or not (2 combinations). The
+// backward: the key order; where the wgmma dQ kernel runs on one warpgroup (heads of 64 and
+// 128) its key tile, its start from records and whether it runs persistent; and where it
+// runs at all whether it writes the unselected keys' zeros (32 combinations; 4 at
+// 128 x 192, where the forward takes two warpgroups and is not tuned; without wgmma 2 and
+// the forward untuned). Each tuned pass matches the CPU and equals the untuned one bit for
 // bit; the settings are as they were after each call.
-TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
+TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const cuda::AutotunePlan plan = cuda::exchange_autotune_plan({1, 1, 0.02});
@@ -1321,28 +1331,46 @@ TEST(RoutedAttentionGpu, Bf16BackwardAutotunedEqualsDefaults) {
       GpuCase{1, 150, 4, 2, 128, 192, 0.5, false, GpuDocs::Runs, false}};
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(gpu_case_name(c));
+    const ops::RoutedAttentionOutput untuned_forward = gpu_case_forward(c);
     const ops::RoutedAttentionGrads untuned = gpu_case_gradients(c, DType::BF16);
     cuda::set_autotune(true);
-    expect_gpu_matches_cpu(c, DType::BF16);  // the shape's first backward: tuned here
+    expect_gpu_matches_cpu(c, DType::BF16);  // the shape's first forward and backward: tuned
+    const ops::RoutedAttentionOutput tuned_forward = gpu_case_forward(c);
     const ops::RoutedAttentionGrads tuned = gpu_case_gradients(c, DType::BF16);
     cuda::set_autotune(false);
+    EXPECT_EQ(max_abs_diff(tuned_forward.out, untuned_forward.out), 0.0);
+    EXPECT_EQ(max_abs_diff(tuned_forward.lse, untuned_forward.lse), 0.0);
     expect_same_gradients(tuned, untuned);
   }
   const std::vector<cuda::AutotuneChoice> choices = cuda::autotune_choices();
   cuda::forget_autotune_choices();
   cuda::exchange_autotune_plan(plan);
-  ASSERT_EQ(choices.size(), 2u);
-  EXPECT_EQ(choices[0].op, "routed_attention backward");
-  EXPECT_EQ(choices[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
-  ASSERT_EQ(choices[0].variants.size(), wgmma ? 16u : 2u);
-  EXPECT_EQ(choices[0].variants.back().label,
+  std::vector<cuda::AutotuneChoice> forward, backward;
+  for (const cuda::AutotuneChoice& choice : choices) {
+    (choice.op == "routed_attention forward" ? forward : backward).push_back(choice);
+  }
+  ASSERT_EQ(choices.size(), forward.size() + backward.size());
+  ASSERT_EQ(forward.size(), wgmma ? 1u : 0u) << "the forward at 128 x 128 alone";
+  if (wgmma) {
+    EXPECT_EQ(forward[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
+    ASSERT_EQ(forward[0].variants.size(), 2u);
+    EXPECT_EQ(forward[0].variants.back().label, "attention_forward_persistent=-1");
+  }
+  ASSERT_EQ(backward.size(), 2u);
+  EXPECT_EQ(backward[0].op, "routed_attention backward");
+  EXPECT_EQ(backward[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
+  ASSERT_EQ(backward[0].variants.size(), wgmma ? 32u : 2u);
+  EXPECT_EQ(backward[0].variants.back().label,
             wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
-                    "attention_backward_key_order=on attention_backward_zeros_in_dq=off"
+                    "attention_backward_dq_persistent=-1 attention_backward_key_order=on "
+                    "attention_backward_zeros_in_dq=off"
                   : "attention_backward_key_order=on");
-  EXPECT_EQ(choices[1].shape, "bf16 B1 T150 H4x2 D128x192");
-  EXPECT_EQ(choices[1].variants.size(), wgmma ? 4u : 2u)
+  EXPECT_EQ(backward[1].shape, "bf16 B1 T150 H4x2 D128x192");
+  EXPECT_EQ(backward[1].variants.size(), wgmma ? 4u : 2u)
       << "at 128 x 192: the key order and the zeros";
   EXPECT_EQ(cuda::set_attention_backward_dq_keys(32), 32) << "restored after each call";
+  EXPECT_EQ(cuda::set_attention_backward_dq_persistent(0), 0);
+  EXPECT_EQ(cuda::set_attention_forward_persistent(0), 0);
   EXPECT_FALSE(cuda::set_attention_backward_key_order(false));
   EXPECT_TRUE(cuda::set_attention_backward_zeros_in_dq(true));
 #endif
@@ -1736,14 +1764,6 @@ TEST(RoutedAttentionGpu, Bf16ForwardWithWgmmaMatchesCpu) {
   expect_wgmma_matches_cpu(kWgmmaForward, kWgmmaHeadCases);
 #endif
 }
-
-#ifdef HAM_WITH_CUDA
-// The forward of case c (gpu_case_inputs), run as the current settings have it.
-ops::RoutedAttentionOutput gpu_case_forward(const GpuCase& c) {
-  const GpuCaseInputs in = gpu_case_inputs(c, DType::BF16);
-  return ops::routed_attention_forward(in.q, in.k, in.v, in.selection, in.p);
-}
-#endif
 
 // The persistent forward (set_attention_forward_persistent) against the CPU and, bit for
 // bit, against the one-warpgroup forward with a block a query tile: on 1 and 3 blocks, so
