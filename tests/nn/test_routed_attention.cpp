@@ -1796,6 +1796,56 @@ TEST(RoutedAttentionGpu, Bf16ForwardOnPersistentBlocksMatchesCpuAndABlockATile) 
 #endif
 }
 
+// Both persistent kernels under the settings the goals stage of scripts/gpu_check.sh times
+// them with (as many blocks as the SMs hold, dependent launches, every other setting the
+// default), at #8's two open cases, B4 T4096 H16 D128 rho 0.25 and B1 T16384 rho 0.25 in
+// 20 documents, and at a T4096 case small enough for the emulator: the output, lse and
+// every gradient the same to the bit as the defaults' (kernels that other tests hold against
+// the CPU at these lengths), and the smallest case against the CPU too. Each call must run
+// persistent. So the goals stage's figures come from kernels shown right at the sizes they
+// time, each block taking many query tiles. The emulator skips cases beyond
+// HAM_EMULATOR_LONGEST_SEQUENCE (1024 by default), so all of them; with 4096 the first two
+// take 3 minutes there.
+TEST(RoutedAttentionGpu, PersistentKernelsUnderTheGoalsSettingsEqualTheDefaultsAtGoalSizes) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const std::vector<GpuCase> cases = {
+      GpuCase{1, 4096, 2, 1, 128, 128, 0.25, true, GpuDocs::Packed20, true},
+      GpuCase{4, 4096, 16, 16, 128, 128, 0.25, true, GpuDocs::None, false},
+      GpuCase{1, 16384, 16, 16, 128, 128, 0.25, true, GpuDocs::Packed20, false}};
+  int ran = 0;
+  for (const GpuCase& c : cases) {
+#ifdef HAM_TESTS_ON_SIMT_EMULATOR
+    if (c.seq_len > testing::longest_emulated_sequence()) continue;
+#endif
+    SCOPED_TRACE(gpu_case_name(c));
+    ++ran;
+    const ops::RoutedAttentionOutput defaults_forward = gpu_case_forward(c);
+    const ops::RoutedAttentionGrads defaults_backward = gpu_case_gradients(c, DType::BF16);
+    const testing::ScopedSetting forward(&cuda::set_attention_forward_persistent, -1);
+    const testing::ScopedSetting dq(&cuda::set_attention_backward_dq_persistent, -1);
+    const testing::ScopedSetting dependent(&cuda::set_dependent_launches, true);
+    const int64_t forwards = cuda::attention_forward_persistent_launches();
+    const int64_t dqs = cuda::attention_backward_dq_persistent_launches();
+    const ops::RoutedAttentionOutput persistent_forward = gpu_case_forward(c);
+    EXPECT_EQ(max_abs_diff(persistent_forward.out, defaults_forward.out), 0.0);
+    EXPECT_EQ(max_abs_diff(persistent_forward.lse, defaults_forward.lse), 0.0);
+    expect_same_gradients(gpu_case_gradients(c, DType::BF16), defaults_backward);
+    // gpu_case_gradients runs a forward too.
+    EXPECT_EQ(cuda::attention_forward_persistent_launches() - forwards, 2);
+    EXPECT_EQ(cuda::attention_backward_dq_persistent_launches() - dqs, 1);
+    if (&c == &cases.front()) expect_gpu_matches_cpu(c, DType::BF16);
+  }
+  if (ran == 0) {
+    GTEST_SKIP() << "T = 4096 and longer are too long for the SIMT emulator: runs on a GPU"
+                 << " (scripts/gpu_check.sh), or here with HAM_EMULATOR_LONGEST_SEQUENCE";
+  }
+#endif
+}
+
 // Both passes on wgmma at the wider head dims.
 TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaMatchesCpuAtWideHeads) {
   HAM_SKIP_UNLESS_CUDA();
