@@ -148,7 +148,8 @@ void check_outputs_equal(const std::string& op, const TuneProblem& problem,
     HAM_FAIL("autotune (", op, ", ", problem.shape, "): ", label, " wrote output ", output.name,
              " other than the defaults did, ", differ, " of ", bytes.size() / element,
              " elements differing in their bits; the tuned variants must agree to the bit, so "
-             "a kernel of this combination is wrong on this device (run the op's GPU tests)");
+             "a kernel of this combination is wrong on this device (run the op's GPU tests; "
+             "--set kernel.autotune=off runs the defaults untuned)");
   }
 }
 

@@ -379,8 +379,11 @@ SPEC
 # documents and rho 0.25 (the two cases short against FlexAttention), twice: under the
 # defaults, and under the kernel settings of HAM_GPU_GOALS_SET (--set; default: both
 # persistent kernels and dependent launches, none of them a default until timed). Each run
-# prints time / (rho x dense time) under its own settings; then PyTorch's side once,
-# against both (--also). Into goals_defaults.csv, goals_set.csv, goals_ratio.csv, goals.log.
+# prints time / (rho x dense time) under its own settings; the defaults' run also times
+# each case's passes with kernel.autotune on, whose choice lines give every combination's
+# time, the persistent kernels among them (each checked equal to the defaults' outputs to
+# the bit). Then PyTorch's side once, against both (--also). Into goals_defaults.csv,
+# goals_set.csv, goals_ratio.csv, goals.log.
 # Last, for whether a persistent kernel can be a default: each against the kernel of a
 # block a query tile over every case they take (--part persistent, 18 cases; a stage cut
 # at its limit loses only this part).
