@@ -19,7 +19,9 @@
 //     backward_windows, and keys_ahead at K = 256;
 //   routed_attention forward (bf16, on one wgmma warpgroup a block): forward_persistent;
 //   routed_attention backward (bf16): key_order, where the wgmma dQ kernel runs on one
-//     warpgroup dq_keys x dq_records x dq_persistent, and where it runs zeros_in_dq.
+//     warpgroup dq_keys x dq_records x dq_persistent, and where it runs zeros_in_dq;
+//   both routed_attention passes also dependent_launches, where the GPU runs them (a
+//     choice applies for the op's call alone, so it is that op's own switch).
 // Only variants equal to the bit are tuned, so a tuned run computes what an untuned one does.
 // The shape is the tensors' sizes (not the documents' boundaries nor the selection, which
 // change from batch to batch: the first batch of a shape is the one timed); a shape whose

@@ -4387,9 +4387,19 @@ bool forward_on_one_warpgroup(int64_t key_dim, int64_t value_dim) {
          (set == 1 || (set == kAttentionWgmmaAutomatic && automatic == 1));
 }
 
+// Routed attention's own switch of dependent launches (cuda/dependent_launch.h), as the
+// autotuner gives it, where the GPU runs them: the setting is process-wide, but the tuner
+// applies a choice only for the op's call, so each pass at each shape takes them or not.
+// They were one switch for both hard ops, and the gated delta rule's forward took 1.29x as
+// long with them at B2 T16384 (docs/gpu_results.md, sixty-eighth session).
+void tune_dependent_launches(std::vector<TunedSetting>& settings) {
+  if (dependent_launches_supported()) settings.push_back({"dependent_launches", {"off", "on"}});
+}
+
 // The forward under the autotuner's choice (cuda/autotune.h), for bf16 where it runs on one
 // wgmma warpgroup a block: a block a query tile or persistent blocks
-// (set_attention_forward_persistent), the same outputs to the bit.
+// (set_attention_forward_persistent), as plain or dependent launches; the same outputs to
+// the bit.
 void tuned_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& value_scale,
                    const CompactSelection& selection, double scale, Tensor& out, Tensor& lse) {
   auto run = [&] {
@@ -4402,11 +4412,12 @@ void tuned_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     return;
   }
   auto problem = [&] {
+    std::vector<TunedSetting> settings = {{"attention_forward_persistent", {"0", "-1"}}};
+    tune_dependent_launches(settings);
     return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
                                       k.size(2), " D", q.size(3), "x", v.size(3),
                                       value_scale.defined() ? ", value scale" : ""),
-                       {{"attention_forward_persistent", {"0", "-1"}}},
-                       {{"out", &out}, {"lse", &lse}}};
+                       settings, {{"out", &out}, {"lse", &lse}}};
   };
   run_tuned("routed_attention forward", problem, run);
 }
@@ -4414,8 +4425,8 @@ void tuned_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 // The backward under the autotuner's choice (cuda/autotune.h), for bf16: the dK/dV blocks'
 // key order; where the wgmma dQ kernel runs on one warpgroup a block, its key tile, its
 // start from records and whether it runs persistent (in 32-key tiles); where it runs at
-// all, whether it writes the unselected keys' zeros. Each variant gives the same gradients
-// to the bit.
+// all, whether it writes the unselected keys' zeros; and plain or dependent launches. Each
+// variant gives the same gradients to the bit.
 void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& value_scale, const CompactSelection& selection,
                     const Tensor& out, const Tensor& lse, double scale, Tensor& dq, Tensor& dk,
@@ -4447,6 +4458,7 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
         groups_set != 0) {
       settings.push_back({"attention_backward_zeros_in_dq", {"on", "off"}});
     }
+    tune_dependent_launches(settings);
     return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
                                       k.size(2), " D", key_dim, "x", value_dim,
                                       value_scale.defined() ? ", value scale" : ""),

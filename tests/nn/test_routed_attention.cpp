@@ -1312,12 +1312,13 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
 
 // The bf16 passes with the autotuner on (cuda/autotune.h): the first call of a shape times
 // their bit-equal variants and keeps the fastest, each variant's outputs checked against the
-// defaults' to the bit as it first runs. The forward, where it runs on one wgmma warpgroup
-// (heads of 64 x 64 and 128 x 128 by default): persistent or not (2 combinations). The
+// defaults' to the bit as it first runs. Each pass as plain or dependent launches (where
+// the GPU runs them; the emulator does). The forward, where it runs on one wgmma warpgroup
+// (heads of 64 x 64 and 128 x 128 by default): persistent or not (4 combinations). The
 // backward: the key order; where the wgmma dQ kernel runs on one warpgroup (heads of 64 and
 // 128) its key tile, its start from records and whether it runs persistent; and where it
-// runs at all whether it writes the unselected keys' zeros (32 combinations; 4 at
-// 128 x 192, where the forward takes two warpgroups and is not tuned; without wgmma 2 and
+// runs at all whether it writes the unselected keys' zeros (64 combinations; 8 at
+// 128 x 192, where the forward takes two warpgroups and is not tuned; without wgmma 4 and
 // the forward untuned). Each tuned pass matches the CPU and equals the untuned one bit for
 // bit; the settings are as they were after each call.
 TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
@@ -1326,8 +1327,10 @@ TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
   const cuda::AutotunePlan plan = cuda::exchange_autotune_plan({1, 1, 0.02});
   cuda::forget_autotune_choices();
   const bool wgmma = cuda::attention_wgmma_available();
+  const size_t dependent = cuda::dependent_launches_supported() ? 2 : 1;
+  const std::string dependent_on = dependent == 2 ? " dependent_launches=on" : "";
   const std::vector<GpuCase> cases = {
-      GpuCase{2, 200, 8, 2, 128, 128, 0.25, true, GpuDocs::Packed20, true},
+      GpuCase{1, 150, 4, 2, 128, 128, 0.25, true, GpuDocs::Packed20, true},
       GpuCase{1, 150, 4, 2, 128, 192, 0.5, false, GpuDocs::Runs, false}};
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(gpu_case_name(c));
@@ -1352,25 +1355,27 @@ TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
   ASSERT_EQ(choices.size(), forward.size() + backward.size());
   ASSERT_EQ(forward.size(), wgmma ? 1u : 0u) << "the forward at 128 x 128 alone";
   if (wgmma) {
-    EXPECT_EQ(forward[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
-    ASSERT_EQ(forward[0].variants.size(), 2u);
-    EXPECT_EQ(forward[0].variants.back().label, "attention_forward_persistent=-1");
+    EXPECT_EQ(forward[0].shape, "bf16 B1 T150 H4x2 D128x128, value scale");
+    ASSERT_EQ(forward[0].variants.size(), 2 * dependent);
+    EXPECT_EQ(forward[0].variants.back().label, "attention_forward_persistent=-1" + dependent_on);
   }
   ASSERT_EQ(backward.size(), 2u);
   EXPECT_EQ(backward[0].op, "routed_attention backward");
-  EXPECT_EQ(backward[0].shape, "bf16 B2 T200 H8x2 D128x128, value scale");
-  ASSERT_EQ(backward[0].variants.size(), wgmma ? 32u : 2u);
+  EXPECT_EQ(backward[0].shape, "bf16 B1 T150 H4x2 D128x128, value scale");
+  ASSERT_EQ(backward[0].variants.size(), (wgmma ? 32u : 2u) * dependent);
   EXPECT_EQ(backward[0].variants.back().label,
-            wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
-                    "attention_backward_dq_persistent=-1 attention_backward_key_order=on "
-                    "attention_backward_zeros_in_dq=off"
-                  : "attention_backward_key_order=on");
+            (wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
+                     "attention_backward_dq_persistent=-1 attention_backward_key_order=on "
+                     "attention_backward_zeros_in_dq=off"
+                   : "attention_backward_key_order=on") +
+                dependent_on);
   EXPECT_EQ(backward[1].shape, "bf16 B1 T150 H4x2 D128x192");
-  EXPECT_EQ(backward[1].variants.size(), wgmma ? 4u : 2u)
+  EXPECT_EQ(backward[1].variants.size(), (wgmma ? 4u : 2u) * dependent)
       << "at 128 x 192: the key order and the zeros";
   EXPECT_EQ(cuda::set_attention_backward_dq_keys(32), 32) << "restored after each call";
   EXPECT_EQ(cuda::set_attention_backward_dq_persistent(0), 0);
   EXPECT_EQ(cuda::set_attention_forward_persistent(0), 0);
+  EXPECT_FALSE(cuda::set_dependent_launches(false));
   EXPECT_FALSE(cuda::set_attention_backward_key_order(false));
   EXPECT_TRUE(cuda::set_attention_backward_zeros_in_dq(true));
 #endif
