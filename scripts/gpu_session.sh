@@ -73,10 +73,12 @@ work=$(mktemp -d)
 # Seventy-fourth session: goals (#8's 9 cases of routed's first table twice, with
 # FlexAttention's compiles for them once, then the persistent tables' 18 cases): 360, a
 # guess from routed's first table and PyTorch's side, about 90 s for all 18 cases in the
-# sixty-eighth session.
+# sixty-eighth session. Seventy-fifth session: the defaults' run also tunes each case's
+# forward (4 combinations) and backward (64 at 128 x 128, each one's gradients copied to
+# the host for the bit check: about 100 MB at B4 T4096), perhaps 3 s a case: 390, a guess.
 declare -A limit=([tests]=150 [fla]=200 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=500 [sanitize]=580
-                  [diagnose]=300 [cli]=120 [goals]=360)
+                  [diagnose]=300 [cli]=120 [goals]=390)
 for pair in ${HAM_GPU_STAGE_SECONDS:-}; do
   [[ $pair =~ ^([a-z]+)=([0-9]+)$ ]] ||
     { echo "gpu_session: HAM_GPU_STAGE_SECONDS: '$pair' is not STAGE=SECONDS" >&2; exit 2; }
