@@ -25,7 +25,8 @@
 // median in ms (the CSV the min and max too), and TFLOP/s counted on the visible pairs only:
 //   forward 2 * pairs * Hq * (Dk + Dv), backward 2.5 x that (flash-attention's convention).
 // After it, #8's goal against our own dense time: time / (rho x dense time) of each case
-// below rho 1 whose dense case ran, at min / median / max.
+// below rho 1 whose dense case ran, at min / median / max, and (without --set) the same of
+// the tuned passes against the tuned dense case.
 // "fwd tuned" and "bwd tuned" are the forward and the backward with kernel.autotune on
 // (cuda/autotune.h: their bit-equal variants timed at the case's shape in the first warm-up
 // call, checked equal to the defaults' outputs, the fastest kept); the lines after the table
@@ -546,13 +547,13 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   const bool tuned = settings == "defaults";
   struct Row {
     BenchCase c;
-    bench::Spread forward, backward;
+    bench::Spread forward, backward, forward_tuned, backward_tuned;
   };
   std::vector<Row> rows;
   for (const BenchCase& c : bench_cases()) {
     if (!bench::matches_filter(filter, c.name())) continue;
     Timing t = run_case(c, reps, tuned);
-    rows.push_back({c, t.forward, t.backward});
+    rows.push_back({c, t.forward, t.backward, t.forward_tuned, t.backward_tuned});
     const double flops = 2.0 * t.pairs * double(c.q_heads) * double(c.key_dim + c.value_dim);
     const double fwd_tflops = flops / (t.forward.median * 1e-3) / 1e12;
     const double bwd_tflops = 2.5 * flops / (t.backward.median * 1e-3) / 1e12;
@@ -576,8 +577,9 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
   }
   bench::print_autotune_choices();
   std::printf("\ntime / (rho x dense time) at min / median / max, against the dense case of "
-              "the same shape and documents (#8's goal: at most 1.2)\n%-40s %20s %20s\n",
-              "case", "forward", "backward");
+              "the same shape and documents (#8's goal: at most 1.2); tuned: both with "
+              "kernel.autotune on\n%-40s %20s %20s%s\n",
+              "case", "forward", "backward", tuned ? "     tuned forward    tuned backward" : "");
   for (const Row& row : rows) {
     if (row.c.density >= 1.0) continue;
     const double rho = row.c.density;
@@ -589,9 +591,14 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
     };
     for (const Row& dense : rows) {
       if (!is_dense_case_of(dense.c, row.c)) continue;
-      std::printf("%-40s %20s %20s\n", row.c.name().c_str(),
+      std::printf("%-40s %20s %20s", row.c.name().c_str(),
                   ratios(row.forward, dense.forward).c_str(),
                   ratios(row.backward, dense.backward).c_str());
+      if (tuned) {
+        std::printf(" %20s %20s", ratios(row.forward_tuned, dense.forward_tuned).c_str(),
+                    ratios(row.backward_tuned, dense.backward_tuned).c_str());
+      }
+      std::printf("\n");
     }
   }
   std::fflush(stdout);
