@@ -4374,7 +4374,8 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
 }
 
 // Whether the bf16 forward at these head dims runs on wgmma with one warpgroup a block as
-// set (set_attention_forward_wgmma), where the persistent forward may take it.
+// set (set_attention_forward_wgmma, through wgmma_groups as forward() does), where the
+// persistent forward may take it.
 bool forward_on_one_warpgroup(int64_t key_dim, int64_t value_dim) {
   int automatic = 0;
   bool fits = false;
@@ -4382,9 +4383,8 @@ bool forward_on_one_warpgroup(int64_t key_dim, int64_t value_dim) {
     automatic = kWgmmaAutomaticForward<DK, DV>;
     fits = kWgmmaFits<DK, DV>;
   });
-  const int set = g_forward_wgmma.load();
-  return fits && attention_wgmma_available() &&
-         (set == 1 || (set == kAttentionWgmmaAutomatic && automatic == 1));
+  return fits && wgmma_groups(g_forward_wgmma.load(), "forward", "set_attention_forward_wgmma",
+                              automatic) == 1;
 }
 
 // Routed attention's own switch of dependent launches (cuda/dependent_launch.h), as the
