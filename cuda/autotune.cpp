@@ -44,9 +44,37 @@ Tuner& tuner() {
   return instance;
 }
 
-// Every combination of the settings' values, the first setting's changing slowest; the
-// first combination is every setting's default.
+// Whether a combination tries a setting's other value where no kernel reads it
+// (TunedSetting::only_where).
+bool repeats_another(const std::vector<TunedSetting>& settings, const Combination& c) {
+  for (size_t i = 0; i < settings.size(); ++i) {
+    if (c[i].second == settings[i].values[0]) continue;
+    for (const auto& [name, value] : settings[i].only_where) {
+      for (const auto& [other, other_value] : c) {
+        if (other == name && other_value != value) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Every combination of the settings' values, the first setting's changing slowest, less
+// those that repeat another (TunedSetting::only_where); the first combination is every
+// setting's default.
 std::vector<Combination> combinations(const std::vector<TunedSetting>& settings) {
+  for (const TunedSetting& setting : settings) {
+    for (const auto& [name, value] : setting.only_where) {
+      const auto named = std::find_if(settings.begin(), settings.end(),
+                                      [&](const TunedSetting& s) { return s.name == name; });
+      HAM_CHECK(named != settings.end() && named->name != setting.name, "autotune: kernel "
+                "setting ", setting.name, " is tried only where ", name, "=", value,
+                ", which is not another of the tuned settings");
+      HAM_CHECK(std::find(named->values.begin(), named->values.end(), value) !=
+                    named->values.end(),
+                "autotune: kernel setting ", setting.name, " is tried only where ", name, "=",
+                value, ", a value ", name, " is not tuned over");
+    }
+  }
   std::vector<Combination> all = {Combination{}};
   for (const TunedSetting& setting : settings) {
     HAM_CHECK(!setting.values.empty(), "autotune: kernel setting ", setting.name,
@@ -61,6 +89,7 @@ std::vector<Combination> combinations(const std::vector<TunedSetting>& settings)
     }
     all = std::move(longer);
   }
+  std::erase_if(all, [&](const Combination& c) { return repeats_another(settings, c); });
   return all;
 }
 

@@ -19,7 +19,8 @@
 //     backward_windows, and keys_ahead at K = 256;
 //   routed_attention forward (bf16, on one wgmma warpgroup a block): forward_persistent;
 //   routed_attention backward (bf16): key_order, where the wgmma dQ kernel runs on one
-//     warpgroup dq_keys x dq_records x dq_persistent, and where it runs zeros_in_dq;
+//     warpgroup dq_keys x dq_records x dq_persistent (5 that differ), and where it runs
+//     zeros_in_dq;
 //   both routed_attention passes also dependent_launches, where the GPU runs them (a
 //     choice applies for the op's call alone, so it is that op's own switch).
 // Only variants equal to the bit are tuned, so a tuned run computes what an untuned one does.
@@ -29,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,10 +54,14 @@ struct AutotunePlan {
 AutotunePlan exchange_autotune_plan(const AutotunePlan& plan);
 
 // A tuned setting: its name in the kernel-settings registry and its values, default first,
-// as the setting writes them ("32", "on").
+// as the setting writes them ("32", "on"). Where the kernels read it only under other tuned
+// settings' values (`only_where`: name, value), its other values are tried only there: a
+// combination elsewhere would run the same kernels as one with its default, and time them
+// twice.
 struct TunedSetting {
   std::string name;
   std::vector<std::string> values;
+  std::vector<std::pair<std::string, std::string>> only_where = {};
 };
 
 // A tensor the tuned op writes in full on each call, by the caller's variable (read after

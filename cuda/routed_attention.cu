@@ -4448,9 +4448,15 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
         (groups_set == kAttentionWgmmaAutomatic || groups_set == 1);
     std::vector<TunedSetting> settings;
     if (dq_on_one_warpgroup) {
+      // The persistent kernel runs in 32-key tiles and always starts from the records:
+      // 5 of the 8 combinations differ.
       settings.push_back({"attention_backward_dq_keys", {"32", "16"}});
-      settings.push_back({"attention_backward_dq_records", {"off", "on"}});
-      settings.push_back({"attention_backward_dq_persistent", {"0", "-1"}});
+      settings.push_back({"attention_backward_dq_records",
+                          {"off", "on"},
+                          {{"attention_backward_dq_persistent", "0"}}});
+      settings.push_back({"attention_backward_dq_persistent",
+                          {"0", "-1"},
+                          {{"attention_backward_dq_keys", "32"}}});
     }
     settings.push_back({"attention_backward_key_order", {"off", "on"}});
     // Where the wgmma dQ kernel forms D (one warpgroup a block or two).

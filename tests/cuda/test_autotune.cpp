@@ -222,6 +222,60 @@ TEST(AutotuneCuda, ACombinationWritingOtherBitsThanTheDefaultsIsAnError) {
   EXPECT_EQ(autotune_choices().size(), 1u);
 }
 
+// A setting the kernels read only under another's value (TunedSetting::only_where) is tried
+// at its other values only there: the second setting's 0 and 8 only where the first is 6,
+// so 4 combinations of the 6, the defaults still first. A condition on a setting not tuned,
+// or on a value not tuned over, is an error naming both.
+TEST(AutotuneCuda, ASettingReadOnlyUnderAnothersValueIsTriedOnlyThere) {
+  HAM_SKIP_UNLESS_CUDA();
+  register_delays();
+  const ShortTuning tuning;
+  SleepingOp op;
+  const std::vector<TunedSetting> settings = {
+      kDelays[0], {kDelays[1].name, kDelays[1].values, {{"test_only_tune_first_ms", "6"}}}};
+  const int64_t trials = autotune_trial_calls();
+  EXPECT_TRUE(run_tuned_problem("sleeping op", {"shape a", settings, {}}, std::ref(op)));
+  EXPECT_EQ(autotune_trial_calls() - trials, 4 * 2 + 1);
+  const std::vector<AutotuneChoice> choices = autotune_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  std::vector<std::string> labels;
+  for (const TunedVariant& v : choices[0].variants) labels.push_back(v.label);
+  EXPECT_EQ(labels, (std::vector<std::string>{
+                        "test_only_tune_first_ms=6 test_only_tune_second_ms=4",
+                        "test_only_tune_first_ms=6 test_only_tune_second_ms=0",
+                        "test_only_tune_first_ms=6 test_only_tune_second_ms=8",
+                        "test_only_tune_first_ms=2 test_only_tune_second_ms=4"}));
+  EXPECT_EQ(choices[0].variants[size_t(choices[0].chosen)].label,
+            "test_only_tune_first_ms=6 test_only_tune_second_ms=0")
+      << "6 + 0 ms, the fastest of the four";
+  forget_autotune_choices();
+  testing::expect_error(
+      [&] {
+        run_tuned_problem("sleeping op",
+                          {"shape a",
+                           {kDelays[0], {kDelays[1].name, kDelays[1].values, {{"absent", "1"}}}},
+                           {}},
+                          std::ref(op));
+      },
+      {"autotune: kernel setting test_only_tune_second_ms is tried only where absent=1, which "
+       "is not another of the tuned settings"});
+  testing::expect_error(
+      [&] {
+        run_tuned_problem("sleeping op",
+                          {"shape a",
+                           {kDelays[0],
+                            {kDelays[1].name, kDelays[1].values,
+                             {{"test_only_tune_first_ms", "3"}}}},
+                           {}},
+                          std::ref(op));
+      },
+      {"is tried only where test_only_tune_first_ms=3, a value test_only_tune_first_ms is not "
+       "tuned over"});
+  EXPECT_TRUE(autotune_choices().empty());
+  EXPECT_EQ(g_first_ms, 6) << "restored";
+  EXPECT_EQ(g_second_ms, 4);
+}
+
 TEST(Autotune, KeepsTheDefaultsUnlessAnotherIsFasterByTheMargin) {
   EXPECT_EQ(choose_variant({1.0}, 0.02), 0);
   EXPECT_EQ(choose_variant({1.0, 0.99, 1.2}, 0.02), 0) << "1% faster: within the margin";

@@ -1316,8 +1316,10 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
 // the GPU runs them; the emulator does). The forward, where it runs on one wgmma warpgroup
 // (heads of 64 x 64 and 128 x 128 by default): persistent or not (4 combinations). The
 // backward: the key order; where the wgmma dQ kernel runs on one warpgroup (heads of 64 and
-// 128) its key tile, its start from records and whether it runs persistent; and where it
-// runs at all whether it writes the unselected keys' zeros (64 combinations; 8 at
+// 128) its key tile, its start from records and whether it runs persistent (5 of their 8
+// combinations differ: the persistent kernel takes 32-key tiles and starts from the
+// records); and where it runs at all whether it writes the unselected keys' zeros (40
+// combinations; 8 at
 // 128 x 192, where the forward takes two warpgroups and is not tuned; without wgmma 4 and
 // the forward untuned). Each tuned pass matches the CPU and equals the untuned one bit for
 // bit; the settings are as they were after each call.
@@ -1362,13 +1364,24 @@ TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
   ASSERT_EQ(backward.size(), 2u);
   EXPECT_EQ(backward[0].op, "routed_attention backward");
   EXPECT_EQ(backward[0].shape, "bf16 B1 T150 H4x2 D128x128, value scale");
-  ASSERT_EQ(backward[0].variants.size(), (wgmma ? 32u : 2u) * dependent);
+  ASSERT_EQ(backward[0].variants.size(), (wgmma ? 20u : 2u) * dependent);
   EXPECT_EQ(backward[0].variants.back().label,
             (wgmma ? "attention_backward_dq_keys=16 attention_backward_dq_records=on "
-                     "attention_backward_dq_persistent=-1 attention_backward_key_order=on "
+                     "attention_backward_dq_persistent=0 attention_backward_key_order=on "
                      "attention_backward_zeros_in_dq=off"
                    : "attention_backward_key_order=on") +
                 dependent_on);
+  if (wgmma) {
+    size_t persistent = 0;
+    for (const cuda::TunedVariant& variant : backward[0].variants) {
+      if (variant.label.find("dq_persistent=-1") == std::string::npos) continue;
+      ++persistent;
+      EXPECT_NE(variant.label.find("dq_keys=32 attention_backward_dq_records=off"),
+                std::string::npos)
+          << variant.label << ": persistent in 32-key tiles, records left at their default";
+    }
+    EXPECT_EQ(persistent, 4 * dependent);
+  }
   EXPECT_EQ(backward[1].shape, "bf16 B1 T150 H4x2 D128x192");
   EXPECT_EQ(backward[1].variants.size(), (wgmma ? 4u : 2u) * dependent)
       << "at 128 x 192: the key order and the zeros";
