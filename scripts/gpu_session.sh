@@ -75,7 +75,7 @@ work=$(mktemp -d)
 # guess from routed's first table and PyTorch's side, about 90 s for all 18 cases in the
 # sixty-eighth session. Seventy-fifth session: the defaults' run also tunes each case's
 # forward (4 combinations) and backward (64 at 128 x 128, 40 since the seventy-sixth; each
-# one's gradients copied to the host for the bit check: about 100 MB at B4 T4096), perhaps
+# one's gradients copied to the host for the bit check: about 200 MB at B4 T4096), perhaps
 # 3 s a case: 390, a guess.
 declare -A limit=([tests]=150 [fla]=200 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=500 [sanitize]=580

@@ -72,8 +72,9 @@ struct SleepingOp {
   }
 };
 
-// Why the events around a host sleep time nothing here, or empty: HAM_EMULATOR_STREAMS=
-// default_late holds the default stream's work until a wait, so they complete together.
+// Why this run cannot time a host sleep (empty where it can): HAM_EMULATOR_STREAMS=
+// default_late holds the default stream's work until a wait, so the events around the
+// sleep complete together.
 std::string sleeps_untimed_because() {
   const char* held = std::getenv("HAM_EMULATOR_STREAMS");
   if (held == nullptr || std::string(held) != "default_late") return "";

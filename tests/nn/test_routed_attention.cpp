@@ -1319,9 +1319,8 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithWgmmaDqIn16KeyTilesEqualsIn32) {
 // 128) its key tile, its start from records and whether it runs persistent (5 of their 8
 // combinations differ: the persistent kernel takes 32-key tiles and starts from the
 // records); and where it runs at all whether it writes the unselected keys' zeros (40
-// combinations; 8 at
-// 128 x 192, where the forward takes two warpgroups and is not tuned; without wgmma 4 and
-// the forward untuned). Each tuned pass matches the CPU and equals the untuned one bit for
+// combinations; 8 at 128 x 192, where the forward takes two warpgroups and is not tuned;
+// without wgmma 4 and the forward untuned). Each tuned pass matches the CPU and equals the untuned one bit for
 // bit; the settings are as they were after each call.
 TEST(RoutedAttentionGpu, Bf16AutotunedPassesEqualTheDefaults) {
   HAM_SKIP_UNLESS_CUDA();
