@@ -518,9 +518,10 @@ bool is_dense_case_of(const BenchCase& dense, const BenchCase& c) {
 
 // The first table: each case's compaction, forward and backward, under the kernel settings
 // --set applied (`settings`, "defaults" without), into the CSV too (its `settings` field),
-// with `tuned` (no --set) each pass with kernel.autotune on too; then #8's goal against our own dense time: for each case below rho 1 whose dense case
-// (the same shape and documents) ran too, time / (rho x dense time), forward and backward,
-// at min / median / max (each the ratio of the two at that rank; goal: at most 1.2).
+// with `tuned` (no --set) each pass with kernel.autotune on too; then #8's goal against our
+// own dense time: for each case below rho 1 whose dense case (the same shape and documents)
+// ran too, time / (rho x dense time), forward and backward, at min / median / max (each the
+// ratio of the two at that rank; goal: at most 1.2).
 void main_table(const std::string& filter, int reps, const std::string& csv_path,
                 const std::string& settings, bool tuned) {
   std::ofstream csv = bench::open_csv(
@@ -859,7 +860,9 @@ int main(int argc, char** argv) {
       persistent_tables(filter, reps);
       return 0;
     }
-    if (part != "variants") main_table(filter, reps, csv_path, args.settings_text(), args.settings.empty());
+    if (part != "variants") {
+      main_table(filter, reps, csv_path, args.settings_text(), args.settings.empty());
+    }
     if (part == "main") return 0;
     variant_tables(filter, reps);
   } catch (const std::exception& e) {

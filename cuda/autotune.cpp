@@ -148,34 +148,37 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
-// An output's bytes on the host (none where undefined): what a combination must match.
-std::vector<unsigned char> host_bytes(const TunedOutput& output) {
+// An output as it is on the host (undefined where the output is): what a combination must
+// match.
+Tensor host_copy(const TunedOutput& output) {
   HAM_CHECK(output.tensor != nullptr, "autotune: output ", output.name, " names no tensor");
   const Tensor& t = *output.tensor;
-  if (!t.defined()) return {};
-  const Tensor host = t.to(Device::cpu());
-  const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
-  return std::vector<unsigned char>(bytes, bytes + host.nbytes());
+  return t.defined() ? t.to(Device::cpu()) : Tensor();
 }
+
+size_t bytes_of(const Tensor& host) { return host.defined() ? host.nbytes() : 0; }
 
 // Stops tuning where combination `label` left an output other than the defaults left it.
 void check_outputs_equal(const std::string& op, const TuneProblem& problem,
-                         const std::string& label,
-                         const std::vector<std::vector<unsigned char>>& defaults) {
+                         const std::string& label, const std::vector<Tensor>& defaults) {
   for (size_t i = 0; i < problem.outputs.size(); ++i) {
     const TunedOutput& output = problem.outputs[i];
-    const std::vector<unsigned char> bytes = host_bytes(output);
-    HAM_CHECK(bytes.size() == defaults[i].size(), "autotune (", op, ", ", problem.shape, "): ",
-              label, " left output ", output.name, " of ", bytes.size(), " bytes where the "
-              "defaults left ", defaults[i].size());
-    if (bytes == defaults[i]) continue;
-    const size_t element = dtype_size(output.tensor->dtype());
+    const Tensor host = host_copy(output);
+    const size_t size = bytes_of(host);
+    HAM_CHECK(size == bytes_of(defaults[i]), "autotune (", op, ", ", problem.shape, "): ", label,
+              " left output ", output.name, " of ", size, " bytes where the defaults left ",
+              bytes_of(defaults[i]));
+    if (size == 0) continue;
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    const auto* expected = static_cast<const unsigned char*>(defaults[i].raw_data());
+    if (std::memcmp(bytes, expected, size) == 0) continue;
+    const size_t element = dtype_size(host.dtype());
     size_t differ = 0;
-    for (size_t at = 0; at < bytes.size(); at += element) {
-      differ += std::memcmp(&bytes[at], &defaults[i][at], element) != 0 ? 1 : 0;
+    for (size_t at = 0; at < size; at += element) {
+      differ += std::memcmp(bytes + at, expected + at, element) != 0 ? 1 : 0;
     }
     HAM_FAIL("autotune (", op, ", ", problem.shape, "): ", label, " wrote output ", output.name,
-             " other than the defaults did, ", differ, " of ", bytes.size() / element,
+             " other than the defaults did, ", differ, " of ", size / element,
              " elements differing in their bits; the tuned variants must agree to the bit, so "
              "a kernel of this combination is wrong on this device (run the op's GPU tests; "
              "--set kernel.autotune=off runs the defaults untuned)");
@@ -282,13 +285,11 @@ bool run_tuned_problem(const std::string& op, const TuneProblem& problem,
     return run();
   }
   const std::vector<Combination> all = combinations(problem.settings);
-  std::vector<std::vector<unsigned char>> defaults_outputs;
+  std::vector<Tensor> defaults_outputs;
   {  // the defaults, untimed: does the op take its tuned path here at all?
     AppliedCombination applied(op, problem.settings, all[0]);
     if (!trial(run)) return false;
-    for (const TunedOutput& output : problem.outputs) {
-      defaults_outputs.push_back(host_bytes(output));
-    }
+    for (const TunedOutput& output : problem.outputs) defaults_outputs.push_back(host_copy(output));
   }
   // Each once untimed (first launches, allocations), its outputs against the defaults'.
   for (size_t i = 1; i < all.size(); ++i) {

@@ -4396,6 +4396,14 @@ void tune_dependent_launches(std::vector<TunedSetting>& settings) {
   if (dependent_launches_supported()) settings.push_back({"dependent_launches", {"off", "on"}});
 }
 
+// What the autotuner keys both passes by (cuda/autotune.h): the bf16 tensors' sizes.
+std::string tune_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& value_scale) {
+  return detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x", k.size(2),
+                        " D", q.size(3), "x", v.size(3),
+                        value_scale.defined() ? ", value scale" : "");
+}
+
 // The forward under the autotuner's choice (cuda/autotune.h), for bf16 where it runs on one
 // wgmma warpgroup a block: a block a query tile or persistent blocks
 // (set_attention_forward_persistent), as plain or dependent launches; the same outputs to
@@ -4414,10 +4422,8 @@ void tuned_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   auto problem = [&] {
     std::vector<TunedSetting> settings = {{"attention_forward_persistent", {"0", "-1"}}};
     tune_dependent_launches(settings);
-    return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
-                                      k.size(2), " D", q.size(3), "x", v.size(3),
-                                      value_scale.defined() ? ", value scale" : ""),
-                       settings, {{"out", &out}, {"lse", &lse}}};
+    return TuneProblem{tune_shape(q, k, v, value_scale), settings,
+                       {{"out", &out}, {"lse", &lse}}};
   };
   run_tuned("routed_attention forward", problem, run);
 }
@@ -4465,10 +4471,7 @@ void tuned_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
       settings.push_back({"attention_backward_zeros_in_dq", {"on", "off"}});
     }
     tune_dependent_launches(settings);
-    return TuneProblem{detail::concat("bf16 B", q.size(0), " T", q.size(1), " H", q.size(2), "x",
-                                      k.size(2), " D", key_dim, "x", value_dim,
-                                      value_scale.defined() ? ", value scale" : ""),
-                       settings,
+    return TuneProblem{tune_shape(q, k, v, value_scale), settings,
                        {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dvalue_scale", &dvalue_scale}}};
   };
   run_tuned("routed_attention backward", problem, run);
