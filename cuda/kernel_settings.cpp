@@ -51,6 +51,9 @@ const bool registered = [] {
   add_int("attention_backward_dq_persistent",
           "0 (off), -1 (as many blocks as the SMs hold) or a block count",
           &set_attention_backward_dq_persistent);
+  add_int("attention_backward_dkdv_persistent",
+          "0 (off), -1 (as many blocks as the SMs hold) or a block count",
+          &set_attention_backward_dkdv_persistent);
   add_bool("attention_backward_key_order", &set_attention_backward_key_order);
   add_bool("attention_backward_zeros_in_dq", &set_attention_backward_zeros_in_dq);
   add_int("attention_decode_keys", "0 (automatic), 8, 16, 32 or 64", &set_attention_decode_keys);

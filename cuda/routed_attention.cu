@@ -48,6 +48,9 @@
 // blocks as the SMs hold, each taking query tiles of 64 rows in turn and issuing the next
 // tile's copies under the current tile's last products and epilogue
 // (forward_wgmma_persistent, backward_dq_wgmma_persistent).
+// The dK/dV kernel's persistent form (set_attention_backward_dkdv_persistent) takes key
+// tiles in turn, the next tile's positions and L2 prefetch under the current tile
+// (backward_dkdv_wgmma_persistent).
 //
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
@@ -477,9 +480,11 @@ __device__ __forceinline__ BlockTile block_tile(int64_t seq_len, int64_t heads, 
 // The key tile, head and batch row of a dK/dV block of kRows keys: block_tile's, or where
 // the backward ordered the key tiles by their work (set_attention_backward_key_order), the
 // tile order_key_tiles_by_work placed at the block's rank of its batch row.
+// (block_rank: this block's where not given; the persistent dK/dV kernel gives its ranks.)
 template <int kRows, class T>
-__device__ __forceinline__ BlockTile key_block_tile(const AttentionArgs<T>& a) {
-  BlockTile block = block_tile<kRows>(a.seq_len, a.kv_heads, a.batch, false);
+__device__ __forceinline__ BlockTile key_block_tile(const AttentionArgs<T>& a,
+                                                    uint32_t block_rank = blockIdx.x) {
+  BlockTile block = block_tile<kRows>(a.seq_len, a.kv_heads, a.batch, false, block_rank);
   if (a.key_tile_order != nullptr) {
     if (a.key_tile_order_rows != kRows) __trap();  // cannot happen: ordered for these rows
     const int64_t tiles = (a.seq_len + kRows - 1) / kRows;
@@ -2103,12 +2108,19 @@ constexpr int key_gradient_staging_elements() {
          (kPart != KeyGrads::Keys ? staged_elements<DV, BK>() : 0);
 }
 
-template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both, int NK, int NV>
+// after_keys_staged runs once dk is staged, its registers free (the persistent dK/dV
+// kernel's L2 prefetch of its next tile).
+struct NothingMore {
+  __device__ void operator()() const {}
+};
+template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both, int NK, int NV,
+          class AfterKeysStaged = NothingMore>
 __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a, int64_t b,
                                                     int64_t g, int k0, int key0,
                                                     const int* s_pos, const float* s_pscale,
                                                     const float (&dk)[NK][4],
-                                                    const float (&dv)[NV][4], bf16* staging) {
+                                                    const float (&dv)[NV][4], bf16* staging,
+                                                    const AfterKeysStaged& after_keys_staged = {}) {
   constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(NK == (kDk ? DK / 8 : 1) && NV == (kDv ? DV / 8 : 1), "accumulator blocks");
   bf16* staged_dk = staging;
@@ -2118,6 +2130,7 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
     const float scale[2] = {a.scale, a.scale};
     stage_accumulator_rows<DK>(staged_dk, key0, dk, scale);
   }
+  after_keys_staged();
   if constexpr (kDv) {
     // <dv', v>, once dk is staged (its registers free). Up to value dims of 128 both of
     // the lane's keys' v loads go out before either sum: one round trip to memory, where a
@@ -3343,6 +3356,221 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 #endif
 }
 
+// ---- The persistent dK/dV kernel ------------------------------------------------------
+//
+// backward_dkdv_wgmma's blocks pay a fixed cost around their query tiles: at 20 documents
+// and rho 0.25 on the H200 about 6.8 us of prologue (the key tile's positions, then K and V'
+// and the query tiles' summary, then the first query tile's rows) and 8.4 us of epilogue
+// (dk and dv staged and stored, <dv', v>) against 2.5 us a query tile (seventieth and
+// seventy-sixth sessions). The persistent dK/dV kernel (set_attention_backward_dkdv_persistent)
+// runs as many blocks as the SMs hold, each taking key tiles in turn (PersistentKeyTiles),
+// and does for each exactly what backward_dkdv_wgmma<DK, DV, 1> does, in the same order, so
+// the gradients are the same to the bit. What it gains: the next key tile's positions load
+// while the current tile's query tiles compute (the first round trip of a prologue), and
+// the next tile's K and V rows are prefetched into L2 before the current tile's epilogue, so
+// that the next prologue's copies wait on L2 rather than HBM; no block launch between tiles.
+// Head dims 64 and 128 (one kernel forms dK and dV: kWgmmaFits), one warpgroup a block.
+// Registers (sm_90a, nvcc 13.0): the kernel of a block a tile takes 255 at 128 x 128 with
+// 8 bytes of spill stores; this one 255 with 416 (64 x 64: 249, none). The loop over the key
+// tiles keeps live across the query tiles what the other forms in its prologue and epilogue
+// and drops; the same round as a function not inlined spilled 208 bytes in the function,
+// besides the arguments' copy in local memory. Where the spills fall, and what they cost,
+// is for the H200's timing (bench_routed_attention_cuda --part persistent) to tell.
+
+// The key tiles of 64 rows that a block of the persistent dK/dV kernel takes in turn: in
+// rounds of gridDim.x ranks (key_block_tile's order: the heaviest first, or the order by
+// work where set_attention_backward_key_order), rank order on even rounds and reversed on
+// odd ones, as PersistentQueryTiles takes query tiles.
+// Nothing is held but the arguments: the counts are formed where asked, from the kernel's
+// parameters and the grid, so that no register holds them across a tile's query tiles.
+template <int kRows>
+struct PersistentKeyTiles {
+  const AttentionArgs<bf16>& a;
+
+  // The key tiles (fewer than 2^31: persistent_grid).
+  __device__ int tiles() const {
+    return int((a.seq_len + kRows - 1) / kRows * a.kv_heads * a.batch);
+  }
+  // The rank of this block's key tile of round i; at or past tiles(): none.
+  __device__ int64_t rank_of(int64_t i) const {
+    const int blocks = int(gridDim.x), me = int(blockIdx.x);
+    return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me);
+  }
+  __device__ BlockTile tile_of(int64_t rank) const {
+    return key_block_tile<kRows>(a, uint32_t(rank));
+  }
+};
+
+// One key tile of the persistent dK/dV kernel: the block's tile of `round`.
+template <int DK, int DV>
+__device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionArgs<bf16>& a,
+                                                               int round) {
+#if HAM_WGMMA_DEVICE
+  static_assert(kWgmmaFits<DK, DV>, "one kernel forms dK and dV");
+  using Shape = WgmmaBackwardShape<DK, DV, 1>;
+  constexpr int BK = Shape::kRows, BQ = Shape::kTile, kThreads = Shape::kThreads;
+  static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
+  static_assert(BK == kQueryTileRows, "persistent_grid counts tiles of kQueryTileRows rows");
+  HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
+  bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BK][DK] swizzled
+  bf16* sV = sK + BK * DK;                                  // [BK][DV] swizzled, v' = p v
+  bf16* query_slots = sV + BK * DV;  // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
+  auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
+  auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
+  HAM_STATIC_SHARED(int, s_pos, [BK]);
+  HAM_STATIC_SHARED(int, s_begin, [3][BQ]);
+  HAM_STATIC_SHARED(int, s_end, [3][BQ]);
+  HAM_STATIC_SHARED(int, first_query);
+  HAM_STATIC_SHARED(float, s_pscale, [BK]);
+  HAM_STATIC_SHARED(__align__(16) float2, s_stats, [3][BQ]);
+  HAM_STATIC_SHARED(int, s_entry);  // as in forward_wgmma_persistent
+  // Thread j's key position of the next key tile (key_position_ahead), j < BK: loaded under
+  // the tile before (in 32 bits: T < 2^30, check_grid).
+  HAM_STATIC_SHARED(int, s_next_pos, [BK]);
+  const PersistentKeyTiles<BK> tiles{a};
+  // Its tile, and whether it has one more, formed again where needed rather than held.
+  const BlockTile block = tiles.tile_of(tiles.rank_of(round));
+  const int64_t b = block.batch, g = block.head;
+  const int k0 = int(block.tile) * BK;
+  auto has_next = [&] { return tiles.rank_of(round + 1) < tiles.tiles(); };
+  auto next_tile = [&] { return tiles.tile_of(tiles.rank_of(round + 1)); };
+  // This thread's key position: round 0's from memory, later ones' loaded a round ahead.
+  const int j = int(threadIdx.x);
+  const int64_t key_at = round == 0 ? key_position_ahead<BK>(a, b, k0)
+                                    : (j < BK ? int64_t(s_next_pos[j]) : int64_t(-1));
+  if (a.timeline != nullptr && threadIdx.x == 0) s_entry = int(tiles.rank_of(round));
+  mark_entry(a.timeline, &s_entry, BlockMark::Start);
+  const int count = int(a.counts[b]);
+  if (k0 >= count) {  // past this row's keys (the whole tile)
+    mark_entry(a.timeline, &s_entry, BlockMark::End);
+    if (has_next() && j < BK) {
+      const BlockTile next = next_tile();
+      s_next_pos[j] = int(key_position_ahead<BK>(a, next.batch, int(next.tile) * BK));
+    }
+    return;
+  }
+  const int k_end = min(k0 + BK, count);
+
+  // backward_dkdv_wgmma<DK, DV, 1>'s prologue. load_key_block's first barrier is also the
+  // one that frees the tiles and s_pos from the previous key tile's epilogue.
+  load_key_block<BK>(k0, k_end, key_at, s_pos, first_query);
+  // The next key tile's positions, loading under this tile's K and V copies.
+  int64_t next_key_at = -1;
+  if (has_next()) {
+    const BlockTile next = next_tile();
+    next_key_at = key_position_ahead<BK>(a, next.batch, int(next.tile) * BK);
+  }
+  const HeadRows k_of(a.k, b, a.seq_len, a.kv_heads, g, DK);
+  const HeadRows v_of(a.v, b, a.seq_len, a.kv_heads, g, DV);
+  issue_rows_to<DK, BK, kThreads>(SwizzledTile<BK>{sK}, k_of, key_rows(s_pos));
+  issue_rows_to<DV, BK, kThreads>(SwizzledTile<BK>{sV}, v_of, key_rows(s_pos));
+  async_copy_commit();
+  QueryTiles<BQ> queries(a, b, g, int64_t(first_query) / BQ * BQ, FirstDeltas::Later);
+  issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.loaded_head, queries.loaded_row,
+                                            SwizzledTile<BQ>{slot_q(0)},
+                                            SwizzledTile<BQ>{slot_o(0)});
+  mark_entry(a.timeline, &s_entry, BlockMark::CopiesIssued);
+  queries.end_at(visible_rows_end(a, b, k0, k_end, first_query));
+  load_key_scales<BK>(a, b, s_pos, s_pscale);
+  wait_for_earlier_kernels();
+  let_later_kernels_launch();
+  queries.load_first_deltas();
+  auto publish_and_issue = [&](int64_t i) {
+    const int slot = int(i % 3);
+    const QueryTileVisibility vis = queries.template publish<BK>(
+        i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
+    if (vis.sees && i > 0) {
+      issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
+                                                SwizzledTile<BQ>{slot_q(i)},
+                                                SwizzledTile<BQ>{slot_o(i)});
+    }
+    async_copy_commit();
+    return vis;
+  };
+  QueryTileVisibility vis = publish_and_issue(0);
+  async_copy_wait<1>();  // K and V'
+  if (a.p) scale_rows_at<DV, BK, kThreads>(SwizzledTile<BK>{sV}, s_pscale);
+  // Landed with K and V' (issued before them); read by this thread alone.
+  if (j < BK) s_next_pos[j] = int(next_key_at);
+
+  const uint32_t k_tile = wgmma::shared_address(sK), v_tile = wgmma::shared_address(sV);
+  const float scale_log2 = a.scale * kLog2e;
+  // This lane's keys: key0 and key0 + 8 of the tile.
+  const int key0 = int(threadIdx.x / 32) * 16 + int(threadIdx.x % 32) / 4;
+  float dk[DK / 8][4], dv[DV / 8][4];
+  zero(dk);
+  zero(dv);
+  for (int64_t i = 0; i < queries.count; ++i) {  // backward_dkdv_wgmma's loop, one warpgroup
+    async_copy_wait<0>();
+    wgmma::fence_proxy_async();
+    const QueryTileVisibility now = vis;
+    vis = publish_and_issue(i + 1);
+    if (i == 0) mark_entry(a.timeline, &s_entry, BlockMark::FirstTile, queries.count);
+    if (!now.sees) continue;
+    const int slot = int(i % 3);
+    const uint32_t q_tile = wgmma::shared_address(slot_q(i));
+    const uint32_t o_tile = wgmma::shared_address(slot_o(i));
+    float p[BQ / 8][4], ds[BQ / 8][4];
+    wgmma::fence();
+    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);   // S^T = K Q^T
+    wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
+    wgmma::commit();
+    wgmma::wait<0>();
+    probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
+                                  s_begin[slot], s_end[slot]);
+    uint32_t p_frags[BQ / 16][4], ds_frags[BQ / 16][4];
+#pragma unroll
+    for (int f = 0; f < BQ / 16; ++f) {
+      mma::accumulator_as_a(p, f, p_frags[f]);
+      mma::accumulator_as_a(ds, f, ds_frags[f]);
+    }
+    wgmma::fence();
+    wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);  // dV' += P^T dO
+    wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
+    wgmma::commit();
+    wgmma::wait<0>();
+  }
+  if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
+  mark_entry(a.timeline, &s_entry, BlockMark::TilesDone);
+  // The next tile's K and V rows into L2 under this tile's epilogue, once dk is staged and
+  // its registers free. A position past a row's keys may name any token, or -1 past T.
+  auto prefetch_next_keys = [&] {
+    const int next_at = j < BK ? s_next_pos[j] : -1;
+    if (has_next() && next_at >= 0 && next_at < a.seq_len) {
+      const BlockTile next = next_tile();
+      const int64_t row = a.kv_index(next.batch, next_at, next.head);
+      const char* k_row = reinterpret_cast<const char*>(a.k + row * DK);
+      const char* v_row = reinterpret_cast<const char*>(a.v + row * DV);
+      for (int at = 0; at < DK * 2; at += 128) prefetch_to_l2(k_row + at);  // 128-byte lines
+      for (int at = 0; at < DV * 2; at += 128) prefetch_to_l2(v_row + at);
+    }
+  };
+  static_assert(key_gradient_staging_elements<DK, DV, BK, KeyGrads::Both>() * 2 <=
+                    Shape::bytes() - wgmma::kSwizzleAtomBytes,
+                "the staged gradients fit the tiles");
+  store_key_gradients<DK, DV, BK, kThreads>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv, sK,
+                                            prefetch_next_keys);
+  mark_entry(a.timeline, &s_entry, BlockMark::End);
+#endif
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(128, 1) backward_dkdv_wgmma_persistent(AttentionArgs<bf16> a) {
+  // As backward_dkdv_wgmma: where a.key_prologue_before_wait, the first key tile's prologue
+  // runs before the wait; every later tile's comes after it.
+  if (!a.key_prologue_before_wait) wait_for_earlier_kernels();
+#if HAM_WGMMA_DEVICE
+  const PersistentKeyTiles<WgmmaBackwardShape<DK, DV, 1>::kRows> tiles{a};
+  // A block has a key tile at least (persistent_grid).
+  for (int round = 0; tiles.rank_of(round) < tiles.tiles(); ++round) {
+    backward_dkdv_persistent_round<DK, DV>(a, round);
+  }
+  wait_for_earlier_kernels();  // where no tile of the block held a key
+#else
+  __trap();  // not launched: attention_wgmma_available() is false without sm_90a code
+#endif
+}
+
 // ---- Generic kernels (any head dims, any floating dtype) -----------------------------
 
 constexpr int kChunk = 8;  // columns per lane per pass: a warp covers 256 columns at once
@@ -3858,6 +4086,9 @@ std::atomic<int64_t> g_forward_wgmma_launches{0}, g_backward_wgmma_launches{0};
 // that ran so.
 std::atomic<int> g_forward_persistent{0}, g_backward_dq_persistent{0};
 std::atomic<int64_t> g_forward_persistent_launches{0}, g_backward_dq_persistent_launches{0};
+// set_attention_backward_dkdv_persistent, and the calls that ran so.
+std::atomic<int> g_backward_dkdv_persistent{0};
+std::atomic<int64_t> g_backward_dkdv_persistent_launches{0};
 // set_attention_backward_dq_keys, and the calls whose dQ ran in 32-key and in 16-key tiles.
 std::atomic<int> g_backward_dq_keys{32};
 std::atomic<int64_t> g_backward_dq_32_key_launches{0};
@@ -3951,22 +4182,23 @@ Tensor order_key_tiles_on(const Tensor& query_tile_ranges, const int64_t* counts
 // (summarize_query_tiles), then a grid of `blocks` blocks (-1: as many as the SMs hold at
 // once), never more than the query tiles. Returns whether it launched: false where its
 // shared memory does not fit the device.
-// The grid of a persistent kernel (PersistentQueryTiles) of `threads` threads and `bytes` of
-// dynamic shared memory: `blocks` blocks (-1: as many as the SMs hold at once), never more
-// than the query tiles.
+// The grid of a persistent kernel (PersistentQueryTiles, PersistentKeyTiles) of `threads`
+// threads and `bytes` of dynamic shared memory: `blocks` blocks (-1: as many as the SMs hold
+// at once), never more than its tiles of kQueryTileRows rows of each head (query heads, or
+// kv heads for the dK/dV kernel).
 constexpr int kPersistentThreads = 128;
 dim3 persistent_grid(void (*kernel)(AttentionArgs<bf16>), int blocks, size_t bytes, int threads,
-                     int64_t seq_len, int64_t q_heads, int64_t batch) {
-  const int64_t query_tiles = ceil_div(seq_len, kQueryTileRows) * q_heads * batch;
-  HAM_CHECK(query_tiles < (int64_t(1) << 31), kOp, ": ", query_tiles,
-            " query tiles exceed a persistent kernel's 32-bit count");
+                     int64_t seq_len, int64_t heads, int64_t batch) {
+  const int64_t tiles = ceil_div(seq_len, kQueryTileRows) * heads * batch;
+  HAM_CHECK(tiles < (int64_t(1) << 31), kOp, ": ", tiles,
+            " tiles exceed a persistent kernel's 32-bit count");
   int64_t grid = blocks;
   if (blocks < 0) {
     grid = int64_t(resident_blocks_per_sm(kOp, kernel, threads, bytes)) * multiprocessor_count();
   }
-  grid = std::min(grid, query_tiles);
+  grid = std::min(grid, tiles);
   HAM_CHECK(grid > 0 && grid < (int64_t(1) << 31), kOp, ": ", grid,
-            " blocks for a persistent kernel over ", query_tiles, " query tiles");
+            " blocks for a persistent kernel over ", tiles, " tiles");
   return dim3(unsigned(grid));
 }
 
@@ -4111,6 +4343,9 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
     // The persistent dQ kernel where set (set_attention_backward_dq_persistent), in 32-key
     // tiles.
     const int dq_persistent = g_backward_dq_persistent.load();
+    // The persistent dK/dV kernel where set (set_attention_backward_dkdv_persistent): one
+    // warpgroup, head dims 64 and 128.
+    const int dkdv_persistent = g_backward_dkdv_persistent.load();
     auto wgmma_dq = [&]<int DK, int DV, int kGroups>() {
       using Wgmma = WgmmaBackwardShape<DK, DV, kGroups>;
       if constexpr (kWgmmaDqTakesShortTiles<DK, DV, kGroups>) {
@@ -4293,9 +4528,30 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
                       // KeyGrads: 0 both, 1 keys, 2 values
                       const KernelName name{"backward_dkdv_wgmma", {DK, DV, kGroups, int(kPart)},
                                             4};
-                      const bool launched =
-                          launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
-                                       Wgmma::bytes(kPart), args, Wgmma::kThreads, &name);
+                      bool launched = false;
+                      // The persistent dK/dV kernel where set and it takes these heads
+                      // (set_attention_backward_dkdv_persistent): an entry a key tile.
+                      if constexpr (kGroups == 1 && kPart == KeyGrads::Both &&
+                                    kWgmmaFits<DK, DV>) {
+                        if (dkdv_persistent != 0) {
+                          auto* kernel = &backward_dkdv_wgmma_persistent<DK, DV>;
+                          const KernelName persistent_name{"backward_dkdv_wgmma_persistent",
+                                                           {DK, DV}, 2};
+                          const dim3 grid =
+                              persistent_grid(kernel, dkdv_persistent, Wgmma::bytes(),
+                                              Wgmma::kThreads, a.seq_len, a.kv_heads, a.batch);
+                          launched = launch_tiled(
+                              kernel, grid, Wgmma::bytes(), args, Wgmma::kThreads,
+                              &persistent_name,
+                              ceil_div(a.seq_len, kQueryTileRows) * a.kv_heads * a.batch);
+                          if (launched) g_backward_dkdv_persistent_launches.fetch_add(1);
+                        }
+                      }
+                      if (!launched) {
+                        launched =
+                            launch_tiled(&backward_dkdv_wgmma<DK, DV, kGroups, kPart>, keys,
+                                         Wgmma::bytes(kPart), args, Wgmma::kThreads, &name);
+                      }
                       if (launched && args.key_prologue_before_wait) {
                         g_key_prologues_before_wait.fetch_add(1);
                       }
@@ -4584,6 +4840,16 @@ int set_attention_backward_dq_persistent(int blocks) {
 
 int64_t attention_backward_dq_persistent_launches() {
   return g_backward_dq_persistent_launches.load();
+}
+
+int set_attention_backward_dkdv_persistent(int blocks) {
+  HAM_CHECK(blocks >= -1, "set_attention_backward_dkdv_persistent: ", blocks,
+            " blocks; expected 0 (off), -1 (as many as the SMs hold at once) or a count");
+  return g_backward_dkdv_persistent.exchange(blocks);
+}
+
+int64_t attention_backward_dkdv_persistent_launches() {
+  return g_backward_dkdv_persistent_launches.load();
 }
 
 bool attention_wgmma_takes_head_dims(int64_t key_dim, int64_t value_dim) {

@@ -1479,6 +1479,72 @@ TEST(RoutedAttentionGpu, Bf16BackwardWithPersistentDqMatchesCpuAndABlockATile) {
 #endif
 }
 
+// The persistent dK/dV kernel (set_attention_backward_dkdv_persistent) bit for bit against
+// the dK/dV kernel with a block a key tile: on 1 and 3 blocks, so that each block runs many
+// key tiles (those past a row's keys among them), and on as many as the SMs hold. On 3
+// blocks also against the CPU; with D from the first pass (out off a 16-byte boundary); with
+// the key tiles ordered by work (set_attention_backward_key_order), whose order the blocks
+// take their ranks through; and in dependent launches, where the first tile's prologue runs
+// before the wait. Each such call must run it; at 128 x 192 and on two warpgroups the
+// setting leaves the kernel as it is.
+TEST(RoutedAttentionGpu, Bf16BackwardWithPersistentDkDvMatchesCpuAndABlockATile) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (!cuda::attention_wgmma_available()) {
+    GTEST_SKIP() << kNoWgmmaHere;
+  }
+  const testing::ScopedSetting one_warpgroup(&cuda::set_attention_backward_wgmma, 1);
+  const std::vector<GpuCase> cases = persistent_kernel_cases();
+  auto expect_persistent_equal = [](const GpuCase& c, int blocks, bool unaligned_out) {
+    const ops::RoutedAttentionGrads a_block_a_tile =
+        gpu_case_gradients(c, DType::BF16, unaligned_out);
+    const testing::ScopedSetting persistent(&cuda::set_attention_backward_dkdv_persistent,
+                                            blocks);
+    const int64_t before = cuda::attention_backward_dkdv_persistent_launches();
+    expect_same_gradients(gpu_case_gradients(c, DType::BF16, unaligned_out), a_block_a_tile);
+    EXPECT_EQ(cuda::attention_backward_dkdv_persistent_launches() - before, 1);
+  };
+  for (int blocks : {1, 3, -1}) {
+    for (const GpuCase& c : cases) {
+      SCOPED_TRACE(gpu_case_name(c) + ", " + std::to_string(blocks) + " blocks");
+      expect_persistent_equal(c, blocks, false);
+      if (blocks != 3) continue;
+      {
+        const testing::ScopedSetting persistent(&cuda::set_attention_backward_dkdv_persistent,
+                                                blocks);
+        expect_gpu_matches_cpu(c, DType::BF16);
+      }
+      {
+        SCOPED_TRACE("D from the first pass");
+        expect_persistent_equal(c, blocks, true);
+      }
+      {
+        SCOPED_TRACE("key tiles ordered by work");
+        const testing::ScopedSetting order(&cuda::set_attention_backward_key_order, true);
+        expect_persistent_equal(c, blocks, false);
+      }
+      {
+        SCOPED_TRACE("dependent launches");
+        const testing::ScopedSetting dependent(&cuda::set_dependent_launches, true);
+        expect_persistent_equal(c, blocks, false);
+      }
+    }
+  }
+  for (const bool wide : {true, false}) {
+    const GpuCase& c = wide ? kWgmmaWideHeadCases.front() : cases.front();
+    SCOPED_TRACE(gpu_case_name(c) + (wide ? "" : ", two warpgroups"));
+    const testing::ScopedSetting groups(&cuda::set_attention_backward_wgmma, wide ? 1 : 2);
+    const testing::ScopedSetting persistent(&cuda::set_attention_backward_dkdv_persistent, -1);
+    const int64_t before = cuda::attention_backward_dkdv_persistent_launches();
+    expect_gpu_matches_cpu(c, DType::BF16);
+    EXPECT_EQ(cuda::attention_backward_dkdv_persistent_launches(), before);
+  }
+  testing::expect_error([] { cuda::set_attention_backward_dkdv_persistent(-2); },
+                        {"set_attention_backward_dkdv_persistent", "-2", "0 (off)"});
+  EXPECT_EQ(cuda::set_attention_backward_dkdv_persistent(0), 0) << "off by default";
+#endif
+}
+
 // The order the dK/dV blocks take their key tiles in (set_attention_backward_key_order),
 // from the GPU's compaction, against the rule worked out on the CPU's: each row's tiles of
 // `rows` keys by work falling (the query tiles of 64 rows whose visible keys meet the tile),
@@ -1813,14 +1879,15 @@ TEST(RoutedAttentionGpu, Bf16ForwardOnPersistentBlocksMatchesCpuAndABlockATile) 
 #endif
 }
 
-// Both persistent kernels under the settings the goals stage of scripts/gpu_check.sh times
-// them with (as many blocks as the SMs hold, dependent launches, every other setting the
-// default), at #8's two open cases, B4 T4096 H16 D128 rho 0.25 and B1 T16384 rho 0.25 in
-// 20 documents, and at a T4096 case small enough for the emulator: the output, lse and
-// every gradient the same to the bit as the defaults' (kernels that other tests hold against
-// the CPU at these lengths), and the smallest case against the CPU too. Each call must run
-// persistent. So the goals stage's figures come from kernels shown right at the sizes they
-// time, each block taking many query tiles. The emulator skips cases beyond
+// The three persistent kernels (forward, dQ, dK/dV) under the settings the goals stage of
+// scripts/gpu_check.sh times them with (as many blocks as the SMs hold, dependent launches,
+// every other setting the default), at #8's two open cases, B4 T4096 H16 D128 rho 0.25
+// and B1 T16384 rho 0.25 in 20 documents, and at a T4096 case small enough for the
+// emulator: the output, lse and every gradient the same to the bit as the defaults'
+// (kernels that other tests hold against the CPU at these lengths), and the smallest case
+// against the CPU too. Each call must run persistent. So the goals stage's figures come
+// from kernels shown right at the sizes they time, each block taking many tiles. The
+// emulator skips cases beyond
 // HAM_EMULATOR_LONGEST_SEQUENCE (1024 by default), so all of them; with 4096 the first two
 // take 3 minutes there, with 16384 all three 4 minutes.
 TEST(RoutedAttentionGpu, PersistentKernelsUnderTheGoalsSettingsEqualTheDefaultsAtGoalSizes) {
@@ -1844,9 +1911,11 @@ TEST(RoutedAttentionGpu, PersistentKernelsUnderTheGoalsSettingsEqualTheDefaultsA
     const ops::RoutedAttentionGrads defaults_backward = gpu_case_gradients(c, DType::BF16);
     const testing::ScopedSetting forward(&cuda::set_attention_forward_persistent, -1);
     const testing::ScopedSetting dq(&cuda::set_attention_backward_dq_persistent, -1);
+    const testing::ScopedSetting dkdv(&cuda::set_attention_backward_dkdv_persistent, -1);
     const testing::ScopedSetting dependent(&cuda::set_dependent_launches, true);
     const int64_t forwards = cuda::attention_forward_persistent_launches();
     const int64_t dqs = cuda::attention_backward_dq_persistent_launches();
+    const int64_t dkdvs = cuda::attention_backward_dkdv_persistent_launches();
     const ops::RoutedAttentionOutput persistent_forward = gpu_case_forward(c);
     EXPECT_EQ(max_abs_diff(persistent_forward.out, defaults_forward.out), 0.0);
     EXPECT_EQ(max_abs_diff(persistent_forward.lse, defaults_forward.lse), 0.0);
@@ -1854,6 +1923,7 @@ TEST(RoutedAttentionGpu, PersistentKernelsUnderTheGoalsSettingsEqualTheDefaultsA
     // gpu_case_gradients runs a forward too.
     EXPECT_EQ(cuda::attention_forward_persistent_launches() - forwards, 2);
     EXPECT_EQ(cuda::attention_backward_dq_persistent_launches() - dqs, 1);
+    EXPECT_EQ(cuda::attention_backward_dkdv_persistent_launches() - dkdvs, 1);
     if (&c == &cases.front()) expect_gpu_matches_cpu(c, DType::BF16);
   }
   if (ran == 0) {
@@ -2136,9 +2206,10 @@ struct TimelineCase {
 #endif
 
 // The persistent forward and dQ kernels stamp an entry a query tile (mark_entry), each with
-// its key tiles, on 3 blocks that take the 8 query tiles in turn; recording changes no
-// output.
-TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryQueryTile) {
+// its key tiles, on 3 blocks that take the 8 query tiles in turn; the persistent dK/dV
+// kernel an entry a key tile, each with its query tiles (none for the tiles past a row's
+// keys); recording changes no output.
+TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryTile) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   if (!cuda::attention_wgmma_available()) {
@@ -2148,29 +2219,37 @@ TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryQueryTile) {
   const testing::ScopedSetting dq_keys(&cuda::set_attention_backward_dq_keys, 32);
   const testing::ScopedSetting forward(&cuda::set_attention_forward_persistent, 3);
   const testing::ScopedSetting dq(&cuda::set_attention_backward_dq_persistent, 3);
-  using Tiles = std::vector<uint32_t>;  // each query tile's key tiles, sorted
+  const testing::ScopedSetting dkdv(&cuda::set_attention_backward_dkdv_persistent, 3);
+  using Tiles = std::vector<uint32_t>;  // each entry's tiles, sorted
   struct Case {
-    int64_t every;        // tokens selected: t % every == 0
-    Tiles forward, dq;    // in key tiles of 64 and of 32
+    int64_t every;          // tokens selected: t % every == 0
+    Tiles forward, dq;      // in key tiles of 64 and of 32
+    Tiles dkdv;             // in query tiles of 64
+    int dkdv_working;       // key tiles with a key
   };
-  for (const Case& c : {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 4, 4, 6, 6, 8, 8}},
-                        Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}}}) {
+  for (const Case& c :
+       {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 4, 4, 6, 6, 8, 8}, {1, 1, 2, 2, 3, 3, 4, 4}, 8},
+        Case{2, {1, 1, 1, 1, 2, 2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}, {0, 0, 0, 0, 2, 2, 4, 4}, 4}}) {
     SCOPED_TRACE("every " + std::to_string(c.every) + " tokens selected");
     int found = 0;
     for (const cuda::KernelTimeline& launch : TimelineCase(21, c.every).recorded()) {
       const bool forward_kernel = launch.kernel == "forward_wgmma_persistent<64, 64>";
-      if (!forward_kernel && launch.kernel != "backward_dq_wgmma_persistent<64, 64>") continue;
+      const bool dkdv_kernel = launch.kernel == "backward_dkdv_wgmma_persistent<64, 64>";
+      if (!forward_kernel && !dkdv_kernel &&
+          launch.kernel != "backward_dq_wgmma_persistent<64, 64>") {
+        continue;
+      }
       SCOPED_TRACE(launch.kernel);
       ++found;
-      ASSERT_EQ(launch.blocks.size(), 8u) << "an entry a query tile: 4 tiles x 2 heads";
+      ASSERT_EQ(launch.blocks.size(), 8u) << "an entry a tile: 4 tiles x 2 heads";
       const cuda::TimelineSummary summary = cuda::summarize_block_timeline(launch.blocks);
-      EXPECT_EQ(summary.working_blocks, 8);
+      EXPECT_EQ(summary.working_blocks, dkdv_kernel ? c.dkdv_working : 8);
       Tiles tiles;
       for (const cuda::BlockStamps& entry : launch.blocks) tiles.push_back(entry.tiles);
       std::sort(tiles.begin(), tiles.end());
-      EXPECT_EQ(tiles, forward_kernel ? c.forward : c.dq);
+      EXPECT_EQ(tiles, forward_kernel ? c.forward : dkdv_kernel ? c.dkdv : c.dq);
     }
-    EXPECT_EQ(found, 2) << "both persistent kernels recorded";
+    EXPECT_EQ(found, 3) << "the three persistent kernels recorded";
   }
 #endif
 }
