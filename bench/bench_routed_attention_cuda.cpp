@@ -9,7 +9,7 @@
 //   python3 bench/bench_routed_attention_torch.py routed_ham.csv
 // --part main prints only the first table (and writes the CSV), --part variants only the
 // tables after it, so that a run with a deadline times the reference before the variants;
-// --part persistent only the first two of those (a block a query tile vs persistent blocks).
+// --part persistent only the first three of those (a block a tile vs persistent blocks).
 // --set kernel.NAME=VALUE (repeatable, bench/cuda_bench.h) runs every table under a kernel
 // setting; the CSV's `settings` field names them. Two runs of the first table, one under
 // --set, meet one reference run: bench_routed_attention_torch.py a.csv --also b.csv.
@@ -33,11 +33,11 @@
 // give each choice and every combination's time. Under --set they are not timed ("-"), since
 // a tuned setting set by hand is an error while autotune is on.
 // The tables after it (not in the CSV) time the variants in the same run: first the forward
-// and the backward on one warpgroup, each with a block a query tile against persistent blocks
-// (set_attention_forward_persistent, set_attention_backward_dq_persistent), with each
-// variant's time / (rho x dense time); then the
-// backward's unselected keys' zeros written by its first pass against by the dQ blocks
-// (set_attention_backward_zeros_in_dq); then the tensor-core forward of the 128 x 128 cases
+// and the backward on one warpgroup, each with a block a tile against persistent blocks
+// (set_attention_forward_persistent, set_attention_backward_dq_persistent and
+// set_attention_backward_dkdv_persistent), with each variant's time / (rho x dense time);
+// then the backward's unselected keys' zeros written by its first pass against by the dQ
+// blocks (set_attention_backward_zeros_in_dq); then the tensor-core forward of the 128 x 128 cases
 // with 64-row blocks (one 16-row tile per warp) against the default 128-row blocks (two)
 // (cuda/routed_attention.h), and 64 against 128 rows for value heads of 192.
 // The next two time the backward and the forward on warpgroup tensor cores (wgmma, sm_90a)
@@ -63,7 +63,8 @@
 // on a second stream (its default; set_attention_backward_overlap), once with the dQ
 // kernel's blocks started from the query tiles' records (set_attention_backward_dq_records),
 // once with the dQ kernel in 16-key tiles (set_attention_backward_dq_keys), the forward and
-// the backward with the persistent kernels (an entry a query tile), once with the
+// the backward with the persistent kernels (an entry a query tile, or a key tile for the
+// dK/dV kernel's), once with the
 // dK/dV blocks' key tiles by work (set_attention_backward_key_order), and once as dependent
 // launches (set_dependent_launches). With
 // --csv, every block's stamps go to the file as well: case, kernel, block, SM, tiles, its
@@ -471,9 +472,10 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                   &cuda::attention_backward_dq_16_key_launches,
                   "the dQ kernel here is not the one-warpgroup wgmma kernel: its own tiles",
                   run_backward, csv);
-    // And the persistent forward and dQ kernels (set_attention_forward_persistent,
-    // set_attention_backward_dq_persistent), an entry a query tile: the prologue a tile
-    // then shows what of it the copies under the tile before did not hide.
+    // And the persistent forward, dQ and dK/dV kernels (set_attention_forward_persistent,
+    // set_attention_backward_dq_persistent, set_attention_backward_dkdv_persistent), an
+    // entry a query tile (key tile): the prologue a tile then shows what of it the work
+    // under the tile before did not hide.
     timeline_with("forward, persistent", c.name() + " persistent",
                   &cuda::set_attention_forward_persistent, -1,
                   &cuda::attention_forward_persistent_launches,
@@ -484,6 +486,11 @@ void timeline_tables(const std::string& filter, int reps, const std::string& csv
                   &cuda::attention_backward_dq_persistent_launches,
                   "the dQ kernel here is not the one-warpgroup wgmma kernel in 32-key tiles: "
                   "not persistent",
+                  run_backward, csv);
+    timeline_with("backward, its dK/dV kernel persistent", c.name() + " dkdv persistent",
+                  &cuda::set_attention_backward_dkdv_persistent, -1,
+                  &cuda::attention_backward_dkdv_persistent_launches,
+                  "the dK/dV kernel here is not the one-warpgroup wgmma kernel: not persistent",
                   run_backward, csv);
     // And with the dK/dV blocks' key tiles by work (set_attention_backward_key_order): the
     // dK/dV kernel's span and tail against the rank order's above.
@@ -613,7 +620,7 @@ void main_table(const std::string& filter, int reps, const std::string& csv_path
 template <class PassMs>
 void persistent_table(const char* pass, const std::string& filter, int (*set)(int),
                       int64_t (*launches)(), PassMs ms) {
-  std::printf("\n%s, a block a query tile vs persistent blocks\n(ms at min / median / max; "
+  std::printf("\n%s, a block a tile vs persistent blocks\n(ms at min / median / max; "
               "the ratios a block a tile / persistent at each, above 1: persistent faster)\n"
               "%-40s %26s %26s %18s\n",
               pass, "case", "a block a tile", "persistent", "ratio");
@@ -659,9 +666,9 @@ void persistent_table(const char* pass, const std::string& filter, int (*set)(in
   std::fflush(stdout);
 }
 
-// The persistent forward and dQ kernels (seventy-second session, untimed on a GPU when
-// written), each against its kernel of a block a query tile; skipped, saying so, without
-// wgmma.
+// The persistent forward and dQ kernels (seventy-second session) and dK/dV kernel
+// (seventy-eighth), untimed on a GPU when written, each against its kernel of a block a tile;
+// skipped, saying so, without wgmma.
 void persistent_tables(const std::string& filter, int reps) {
   if (!cuda::attention_wgmma_available()) {
     std::printf("\nthe persistent kernels: skipped (this build has no sm_90a code, or the GPU "
@@ -690,6 +697,15 @@ void persistent_tables(const std::string& filter, int reps) {
                      });
                    });
   cuda::set_attention_backward_dq_keys(dq_keys);
+  persistent_table("backward on one warpgroup a block, its dK/dV kernel", filter,
+                   &cuda::set_attention_backward_dkdv_persistent,
+                   &cuda::attention_backward_dkdv_persistent_launches,
+                   [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward) {
+                     return time_ms(reps, [&] {
+                       ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection,
+                                                      forward.out, forward.lse, in.p);
+                     });
+                   });
   cuda::set_attention_backward_wgmma(backward_groups);
 }
 

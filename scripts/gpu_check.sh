@@ -377,20 +377,22 @@ SPEC
 # goals: #8's open goals in one go. The first table of bench_routed_attention_cuda, at B4
 # T4096 (dense and rho 0.05 to 0.5, one document and 20) and at B1 T16384 with 20
 # documents and rho 0.25 (the two cases short against FlexAttention), twice: under the
-# defaults, and under the kernel settings of HAM_GPU_GOALS_SET (--set; default: both
-# persistent kernels and dependent launches, none of them a default until timed). Each run
+# defaults, and under the kernel settings of HAM_GPU_GOALS_SET (--set; default: the three
+# persistent kernels, forward, dQ and dK/dV, and dependent launches, none of them a default
+# until timed). Each run
 # prints time / (rho x dense time) under its own settings; the defaults' run also times
 # each case's passes with kernel.autotune on, whose choice lines give every combination's
-# time, the persistent kernels among them (each checked equal to the defaults' outputs to
-# the bit). Then PyTorch's side once, against both (--also). Into goals_defaults.csv,
+# time, the persistent forward and dQ kernels among them (each checked equal to the
+# defaults' outputs to the bit; the dK/dV one is not among the tuner's combinations). Then PyTorch's side once, against both (--also). Into goals_defaults.csv,
 # goals_set.csv, goals_ratio.csv, goals.log.
 # Last, for whether a persistent kernel can be a default: each against the kernel of a
-# block a query tile over every case they take (--part persistent, 18 cases; a stage cut
-# at its limit loses only this part).
+# block a tile over every case they take (--part persistent, 18 cases each, the dK/dV
+# kernel's last; a stage cut at its limit loses only this part).
 goals() {
   local program="$build/bench/bench_routed_attention_cuda" setting sets=() rc
   local cases="T4096_B4|T16384_B1_H16x16_D128_rho25_docs20"
   local settings="kernel.attention_forward_persistent=-1 kernel.attention_backward_dq_persistent=-1"
+  settings+=" kernel.attention_backward_dkdv_persistent=-1"
   settings=${HAM_GPU_GOALS_SET:-"$settings kernel.dependent_launches=on"}
   for setting in $settings; do sets+=(--set "$setting"); done
   echo "== [$(date +%T)] #8's goals: routed attention's first table at B4 T4096 and more, defaults"
