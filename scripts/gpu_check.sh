@@ -379,12 +379,12 @@ SPEC
 # documents and rho 0.25 (the two cases short against FlexAttention), twice: under the
 # defaults, and under the kernel settings of HAM_GPU_GOALS_SET (--set; default: the three
 # persistent kernels, forward, dQ and dK/dV, and dependent launches, none of them a default
-# until timed). Each run
-# prints time / (rho x dense time) under its own settings; the defaults' run also times
-# each case's passes with kernel.autotune on, whose choice lines give every combination's
-# time, the persistent forward and dQ kernels among them (each checked equal to the
-# defaults' outputs to the bit; the dK/dV one is not among the tuner's combinations). Then PyTorch's side once, against both (--also). Into goals_defaults.csv,
-# goals_set.csv, goals_ratio.csv, goals.log.
+# until timed). Each run prints time / (rho x dense time) under its own settings; the
+# defaults' run also times each case's passes with kernel.autotune on, whose choice lines
+# give every combination's time, the persistent forward and dQ kernels among them (each
+# checked equal to the defaults' outputs to the bit; the dK/dV one is not among the
+# tuner's combinations). Then PyTorch's side once, against both (--also). Into
+# goals_defaults.csv, goals_set.csv, goals_ratio.csv, goals.log.
 # Last, for whether a persistent kernel can be a default: each against the kernel of a
 # block a tile over every case they take (--part persistent, 18 cases each, the dK/dV
 # kernel's last; a stage cut at its limit loses only this part).

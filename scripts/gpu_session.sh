@@ -77,7 +77,7 @@ work=$(mktemp -d)
 # forward (4 combinations) and backward (64 at 128 x 128, 40 since the seventy-sixth; each
 # one's gradients copied to the host for the bit check: about 200 MB at B4 T4096), perhaps
 # 3 s a case: 390, a guess. Seventy-eighth session: a third persistent table (the dK/dV
-# kernel's, 18 backward cases twice, about half the first table's time): 420, a guess.
+# kernel's, 18 backward cases twice, as long as the dQ kernel's table): 420, a guess.
 declare -A limit=([tests]=150 [fla]=200 [gdr]=90 [memory]=70 [lce]=100 [decode]=120
                   [routed]=330 [timeline]=120 [gemm]=90 [profile]=500 [sanitize]=580
                   [diagnose]=300 [cli]=120 [goals]=420)

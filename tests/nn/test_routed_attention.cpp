@@ -1887,9 +1887,8 @@ TEST(RoutedAttentionGpu, Bf16ForwardOnPersistentBlocksMatchesCpuAndABlockATile) 
 // (kernels that other tests hold against the CPU at these lengths), and the smallest case
 // against the CPU too. Each call must run persistent. So the goals stage's figures come
 // from kernels shown right at the sizes they time, each block taking many tiles. The
-// emulator skips cases beyond
-// HAM_EMULATOR_LONGEST_SEQUENCE (1024 by default), so all of them; with 4096 the first two
-// take 3 minutes there, with 16384 all three 4 minutes.
+// emulator skips cases beyond HAM_EMULATOR_LONGEST_SEQUENCE (1024 by default), so all of
+// them; with 4096 the first two take 3 minutes there, with 16384 all three 4 minutes.
 TEST(RoutedAttentionGpu, PersistentKernelsUnderTheGoalsSettingsEqualTheDefaultsAtGoalSizes) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
@@ -2222,10 +2221,10 @@ TEST(RoutedAttentionGpu, TimelineOfThePersistentKernelsStampsEveryTile) {
   const testing::ScopedSetting dkdv(&cuda::set_attention_backward_dkdv_persistent, 3);
   using Tiles = std::vector<uint32_t>;  // each entry's tiles, sorted
   struct Case {
-    int64_t every;          // tokens selected: t % every == 0
-    Tiles forward, dq;      // in key tiles of 64 and of 32
-    Tiles dkdv;             // in query tiles of 64
-    int dkdv_working;       // key tiles with a key
+    int64_t every;     // tokens selected: t % every == 0
+    Tiles forward, dq;  // in key tiles of 64 and of 32
+    Tiles dkdv;         // in query tiles of 64
+    int dkdv_working;   // key tiles with a key
   };
   for (const Case& c :
        {Case{1, {1, 1, 2, 2, 3, 3, 4, 4}, {2, 2, 4, 4, 6, 6, 8, 8}, {1, 1, 2, 2, 3, 3, 4, 4}, 8},
