@@ -686,26 +686,20 @@ void persistent_tables(const std::string& filter, int reps) {
                    });
   cuda::set_attention_forward_wgmma(forward_groups);
   const int backward_groups = cuda::set_attention_backward_wgmma(1);
+  auto backward_ms = [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward) {
+    return time_ms(reps, [&] {
+      ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection, forward.out,
+                                     forward.lse, in.p);
+    });
+  };
   const int dq_keys = cuda::set_attention_backward_dq_keys(32);
   persistent_table("backward on one warpgroup a block, its dQ kernel", filter,
                    &cuda::set_attention_backward_dq_persistent,
-                   &cuda::attention_backward_dq_persistent_launches,
-                   [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward) {
-                     return time_ms(reps, [&] {
-                       ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection,
-                                                      forward.out, forward.lse, in.p);
-                     });
-                   });
+                   &cuda::attention_backward_dq_persistent_launches, backward_ms);
   cuda::set_attention_backward_dq_keys(dq_keys);
   persistent_table("backward on one warpgroup a block, its dK/dV kernel", filter,
                    &cuda::set_attention_backward_dkdv_persistent,
-                   &cuda::attention_backward_dkdv_persistent_launches,
-                   [&](CaseInputs& in, const ops::RoutedAttentionOutput& forward) {
-                     return time_ms(reps, [&] {
-                       ops::routed_attention_backward(in.dout, in.q, in.k, in.v, in.selection,
-                                                      forward.out, forward.lse, in.p);
-                     });
-                   });
+                   &cuda::attention_backward_dkdv_persistent_launches, backward_ms);
   cuda::set_attention_backward_wgmma(backward_groups);
 }
 

@@ -49,8 +49,8 @@
 // tile's copies under the current tile's last products and epilogue
 // (forward_wgmma_persistent, backward_dq_wgmma_persistent).
 // The dK/dV kernel's persistent form (set_attention_backward_dkdv_persistent) takes key
-// tiles in turn, the next tile's positions and L2 prefetch under the current tile
-// (backward_dkdv_wgmma_persistent).
+// tiles in turn, the next tile's positions loaded and its K and V prefetched into L2 under
+// the current tile (backward_dkdv_wgmma_persistent).
 //
 // Generic kernels (any head dims, f64 too; also used when a tiled instance would not fit
 // the device's shared memory): one warp per query row (forward, dq) or per compacted key
@@ -2956,6 +2956,12 @@ __global__ void __launch_bounds__(128 * kGroups, 1) forward_wgmma(AttentionArgs<
 // copies into shared memory while the tile before it computes.
 // (A template, so that device code without wgmma, where no kernel uses it, leaves it
 // uninstantiated.)
+// The rank a persistent block `me` of `blocks` takes in round i: rank order on even rounds,
+// reversed on odd ones (PersistentQueryTiles says why).
+__device__ __forceinline__ int64_t persistent_rank(int64_t i, int blocks, int me) {
+  return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me);
+}
+
 template <int kRows = kQueryTileRows>
 struct PersistentQueryTiles {
   static_assert(kRows == kQueryTileRows, "the records' tiles");
@@ -2974,9 +2980,7 @@ struct PersistentQueryTiles {
         me(int(blockIdx.x)) {}
 
   // The rank of this block's tile of round i; at or past `tiles`: none.
-  __device__ int64_t rank_of(int64_t i) const {
-    return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me);
-  }
+  __device__ int64_t rank_of(int64_t i) const { return persistent_rank(i, blocks, me); }
   __device__ BlockTile tile_of(int64_t rank) const {
     return block_tile<kRows>(a.seq_len, a.q_heads, a.batch, true, uint32_t(rank));
   }
@@ -3366,8 +3370,8 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 // runs as many blocks as the SMs hold, each taking key tiles in turn (PersistentKeyTiles),
 // and does for each exactly what backward_dkdv_wgmma<DK, DV, 1> does, in the same order, so
 // the gradients are the same to the bit. What it gains: the next key tile's positions load
-// while the current tile's query tiles compute (the first round trip of a prologue), and
-// the next tile's K and V rows are prefetched into L2 before the current tile's epilogue, so
+// under the current tile's K and V copies (the first round trip of the next prologue), and
+// the next tile's K and V rows are prefetched into L2 during the current tile's epilogue, so
 // that the next prologue's copies wait on L2 rather than HBM; no block launch between tiles.
 // Head dims 64 and 128 (one kernel forms dK and dV: kWgmmaFits), one warpgroup a block.
 // Registers (sm_90a, nvcc 13.0): the kernel of a block a tile takes 255 at 128 x 128 with
@@ -3381,8 +3385,8 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 
 // The key tiles of 64 rows that a block of the persistent dK/dV kernel takes in turn: in
 // rounds of gridDim.x ranks (key_block_tile's order: the heaviest first, or the order by
-// work where set_attention_backward_key_order), rank order on even rounds and reversed on
-// odd ones, as PersistentQueryTiles takes query tiles.
+// work where set_attention_backward_key_order), as PersistentQueryTiles takes query tiles
+// (persistent_rank).
 // Nothing is held but the arguments: the counts are formed where asked, from the kernel's
 // parameters and the grid, so that no register holds them across a tile's query tiles.
 template <int kRows>
@@ -3395,8 +3399,7 @@ struct PersistentKeyTiles {
   }
   // The rank of this block's key tile of round i; at or past tiles(): none.
   __device__ int64_t rank_of(int64_t i) const {
-    const int blocks = int(gridDim.x), me = int(blockIdx.x);
-    return i * blocks + (i % 2 == 0 ? me : blocks - 1 - me);
+    return persistent_rank(i, int(gridDim.x), int(blockIdx.x));
   }
   __device__ BlockTile tile_of(int64_t rank) const {
     return key_block_tile<kRows>(a, uint32_t(rank));

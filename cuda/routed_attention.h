@@ -112,7 +112,7 @@ int64_t attention_backward_dq_persistent_launches();
 
 // Whether the backward's wgmma dK/dV kernel on one warpgroup a block (head dims 64 and 128)
 // runs as a persistent kernel: `blocks` blocks, each taking key tiles in turn, with the next
-// tile's positions loaded under the current tile's query tiles and its K and V rows
+// tile's positions loaded under the current tile's K and V copies and its K and V rows
 // prefetched into L2 under the current tile's epilogue. 0: off (the default, untimed on a
 // GPU: seventy-eighth session); -1: as many blocks as the SMs hold at once; n > 0: n blocks
 // (at most one a key tile). The gradients are the same to the bit. Returns the previous
