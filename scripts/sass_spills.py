@@ -63,6 +63,11 @@ def main():
             between = [i for i in at["LDL"] + at["STL"] if first < i < last]
             print(f"  spills between the first and the last HGMMA ({first}..{last}): "
                   f"{len(between)}")
+            for side, keep in (("before the first", lambda i: i < first),
+                               ("after the last", lambda i: i > last)):
+                stores = sum(map(keep, at["STL"]))
+                loads = sum(map(keep, at["LDL"]))
+                print(f"  {side} HGMMA: {stores} STL, {loads} LDL")
     if found == 0:
         raise SystemExit(f"sass_spills: no kernel in {sys.argv[1]} matches '{sys.argv[2]}'")
 
