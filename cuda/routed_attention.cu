@@ -3375,13 +3375,31 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 // that the next prologue's copies wait on L2 rather than HBM; no block launch between tiles.
 // Head dims 64 and 128 (one kernel forms dK and dV: kWgmmaFits), one warpgroup a block.
 // Registers (sm_90a, nvcc 13.0): the kernel of a block a tile takes 255 at 128 x 128 with
-// 8 bytes of spill stores; this one 255 with 416 (64 x 64: 249, none). The loop over the key
-// tiles keeps live across the query tiles what the other forms in its prologue and epilogue
-// and drops; the same round as a function not inlined spilled 208 bytes in the function,
-// besides the arguments' copy in local memory. scripts/sass_spills.py finds no spill among
-// the products and 3 local loads at most a query tile; the rest fall in the prologue
-// (54 stores, 59 loads) and the epilogue (65, 71) of each key tile. What they cost is for
-// the H200's timing (bench_routed_attention_cuda --part persistent) to tell.
+// 8 bytes of spill stores; this one 255 with 252 stores and 344 loads (64 x 64: 254, none).
+// The loop over the key tiles keeps live across the query tiles what the other forms in its
+// prologue and epilogue and drops. nvcc hoisted the tiles' swizzled addresses out of that
+// loop; formed from opaque_zero they are formed each key tile, which took the spills from
+// 416 and 536 bytes to these. What is left falls after the products
+// (scripts/sass_spills.py: before the first, 12 stores and 14 loads; after the last, 66
+// and 71), most of it in the epilogue's <dv', v>: without it the loop spills 76 bytes, and
+// one key tile of the same code with no loop 16. The same round as a function not inlined
+// spilled 208 bytes in the function, besides the arguments' copy in local memory. What the
+// spills cost is for the H200's timing (bench_routed_attention_cuda --part persistent).
+
+// Zero, from an instruction the compiler cannot see through, so that what is formed from it
+// is formed where it is used. The persistent dK/dV kernel adds it to its shared memory's
+// base: the swizzled addresses of its tiles' copies are then formed in each key tile's
+// prologue, where nvcc had hoisted them out of the loop over key tiles and held them, about
+// 40 registers, across the query tiles (ptxas spilled them there).
+__device__ __forceinline__ int opaque_zero() {
+#ifdef HAM_CUDA_EMULATOR
+  return 0;
+#else
+  int zero;
+  asm volatile("mov.u32 %0, 0;" : "=r"(zero));
+  return zero;
+#endif
+}
 
 // The key tiles of 64 rows that a block of the persistent dK/dV kernel takes in turn: in
 // rounds of gridDim.x ranks (key_block_tile's order: the heaviest first, or the order by
@@ -3417,8 +3435,9 @@ __device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionAr
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   static_assert(BK == kQueryTileRows, "persistent_grid counts tiles of kQueryTileRows rows");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw));  // [BK][DK] swizzled
-  bf16* sV = sK + BK * DK;                                  // [BK][DV] swizzled, v' = p v
+  // The base formed afresh each key tile (opaque_zero).
+  bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw + opaque_zero()));
+  bf16* sV = sK + BK * DK;           // [BK][DK] swizzled; V: [BK][DV] swizzled, v' = p v
   bf16* query_slots = sV + BK * DV;  // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
