@@ -2393,6 +2393,71 @@ struct WgmmaBackwardShape {
   }
 };
 
+// Query tile i of a dK/dV block: its rows published (slot i % 3 of s_begin, s_end and
+// s_stats) and, where they see the block's keys, its Q and dO copies issued into slot_q(i)
+// and slot_o(i) (tile 0's went out with its rows' loads); then a commit, one copy group a
+// tile whether it copies or not. Collective over the block.
+template <int DK, int DV, int BK, int kThreads, int BQ, class SlotQ, class SlotO>
+__device__ __forceinline__ QueryTileVisibility publish_and_issue_query_tile(
+    const AttentionArgs<bf16>& a, int64_t b, QueryTiles<BQ>& queries, int64_t i, int k0,
+    int k_end, int (&s_begin)[3][BQ], int (&s_end)[3][BQ], float2 (&s_stats)[3][BQ],
+    const SlotQ& slot_q, const SlotO& slot_o) {
+  const int slot = int(i % 3);
+  const QueryTileVisibility vis =
+      queries.template publish<BK>(i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
+  if (vis.sees && i > 0) {
+    issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
+                                              SwizzledTile<BQ>{slot_q(i)},
+                                              SwizzledTile<BQ>{slot_o(i)});
+  }
+  async_copy_commit();
+  return vis;
+}
+
+// One query tile's products in a dK/dV block, those of the gradients kPart forms (the
+// other's accumulator is a placeholder of one block): S^T = K Q^T and dP^T = V' dO^T, P^T and
+// dS^T from them (rows: the warpgroup's 64 keys, this warp's 16; columns: the tile's
+// queries), then dV' += P^T dO and dK += dS^T Q. The tiles are shared memory addresses;
+// the tile's rows were published in `slot` of s_stats, s_begin and s_end; the lane's keys
+// are k0 + key0 and k0 + key0 + 8.
+template <int DK, int DV, int BK, int BQ, KeyGrads kPart, int NK, int NV>
+__device__ __forceinline__ void accumulate_key_gradients(
+    float (&dk)[NK][4], float (&dv)[NV][4], uint32_t k_tile, uint32_t v_tile, uint32_t q_tile,
+    uint32_t o_tile, const float2 (&s_stats)[3][BQ], const int (&s_begin)[3][BQ],
+    const int (&s_end)[3][BQ], int slot, float scale_log2, bool covers, int k0, int key0) {
+  constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
+  constexpr int NQ = BQ / 8;
+  float p[NQ][4], ds[kDk ? NQ : 1][4];
+  wgmma::fence();
+  wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);  // S^T = K Q^T
+  if constexpr (kDk) {
+    wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, covers, k0 + key0,
+                                s_begin[slot], s_end[slot]);
+  // P^T and dS^T as bf16 A fragments, 16 queries each, all made before the fence (made
+  // between the products, each would need a fence of its own, which ptxas inserts).
+  uint32_t p_frags[kDv ? NQ / 2 : 1][4], ds_frags[kDk ? NQ / 2 : 1][4];
+#pragma unroll
+  for (int j = 0; j < NQ / 2; ++j) {
+    if constexpr (kDv) mma::accumulator_as_a(p, j, p_frags[j]);
+    if constexpr (kDk) mma::accumulator_as_a(ds, j, ds_frags[j]);
+  }
+  wgmma::fence();
+  if constexpr (kDv) {
+    wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);  // dV' += P^T dO
+  }
+  if constexpr (kDk) {
+    wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
+  }
+  wgmma::commit();
+  // Before publish() frees this tile's slots for the copies of tile i + 2 (and before p,
+  // ds and their bf16 copies are written again).
+  wgmma::wait<0>();
+}
+
 // kPart: the gradients it forms (KeyGrads; split past DK + DV = 320, kWgmmaSplitKeyGrads).
 template <int DK, int DV, int kGroups, KeyGrads kPart = KeyGrads::Both>
 __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(AttentionArgs<bf16> a) {
@@ -2405,7 +2470,7 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   if (!a.key_prologue_before_wait) wait_for_earlier_kernels();
 #if HAM_WGMMA_DEVICE
   using Shape = WgmmaBackwardShape<DK, DV, kGroups>;
-  constexpr int BK = Shape::kRows, BQ = Shape::kTile, NQ = BQ / 8, kThreads = Shape::kThreads;
+  constexpr int BK = Shape::kRows, BQ = Shape::kTile, kThreads = Shape::kThreads;
   constexpr bool kDk = kPart != KeyGrads::Values, kDv = kPart != KeyGrads::Keys;
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -2452,16 +2517,8 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
   let_later_kernels_launch();
   queries.load_first_deltas();
   auto publish_and_issue = [&](int64_t i) {
-    const int slot = int(i % 3);
-    const QueryTileVisibility vis = queries.template publish<BK>(
-        i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
-    if (vis.sees && i > 0) {
-      issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
-                                                SwizzledTile<BQ>{slot_q(i)},
-                                                SwizzledTile<BQ>{slot_o(i)});
-    }
-    async_copy_commit();
-    return vis;
+    return publish_and_issue_query_tile<DK, DV, BK, kThreads>(a, b, queries, i, k0, k_end, s_begin,
+                                                              s_end, s_stats, slot_q, slot_o);
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
@@ -2490,39 +2547,10 @@ __global__ void __launch_bounds__(128 * kGroups, 1) backward_dkdv_wgmma(Attentio
     if (i == 0) mark_block(a.timeline, BlockMark::FirstTile, queries.count);
     if (!now.sees) continue;  // no row of this tile sees these keys
     const int slot = int(i % 3);
-    const uint32_t q_tile = wgmma::shared_address(slot_q(i));
-    const uint32_t o_tile = wgmma::shared_address(slot_o(i));
-
-    // Transposed: rows are the block's 64 keys (this warp's 16), columns the tile's queries.
-    float p[NQ][4], ds[kDk ? NQ : 1][4];
-    wgmma::fence();
-    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);  // S^T = K Q^T
-    if constexpr (kDk) {
-      wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
-                                  s_begin[slot], s_end[slot]);
-    // P^T and dS^T as bf16 A fragments, 16 queries each, all made before the fence (made
-    // between the products, each would need a fence of its own, which ptxas inserts).
-    uint32_t p_frags[kDv ? NQ / 2 : 1][4], ds_frags[kDk ? NQ / 2 : 1][4];
-#pragma unroll
-    for (int j = 0; j < NQ / 2; ++j) {
-      if constexpr (kDv) mma::accumulator_as_a(p, j, p_frags[j]);
-      if constexpr (kDk) mma::accumulator_as_a(ds, j, ds_frags[j]);
-    }
-    wgmma::fence();
-    if constexpr (kDv) {
-      wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);  // dV' += P^T dO
-    }
-    if constexpr (kDk) {
-      wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
-    }
-    wgmma::commit();
-    // Before publish() frees this tile's slots for the copies of tile i + 2 (and before p,
-    // ds and their bf16 copies are written again).
-    wgmma::wait<0>();
+    accumulate_key_gradients<DK, DV, BK, BQ, kPart>(
+        dk, dv, k_tile, v_tile, wgmma::shared_address(slot_q(i)),
+        wgmma::shared_address(slot_o(i)), s_stats, s_begin, s_end, slot, scale_log2, now.covers,
+        k0, key0);
   }
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   mark_block(a.timeline, BlockMark::TilesDone);
@@ -3368,11 +3396,13 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 // (dk and dv staged and stored, <dv', v>) against 2.5 us a query tile (seventieth and
 // seventy-sixth sessions). The persistent dK/dV kernel (set_attention_backward_dkdv_persistent)
 // runs as many blocks as the SMs hold, each taking key tiles in turn (PersistentKeyTiles),
-// and does for each exactly what backward_dkdv_wgmma<DK, DV, 1> does, in the same order, so
-// the gradients are the same to the bit. What it gains: the next key tile's positions load
-// under the current tile's K and V copies (the first round trip of the next prologue), and
-// the next tile's K and V rows are prefetched into L2 during the current tile's epilogue, so
-// that the next prologue's copies wait on L2 rather than HBM; no block launch between tiles.
+// and does for each exactly what backward_dkdv_wgmma<DK, DV, 1> does, in the same order
+// (their query tiles' steps are the same functions: publish_and_issue_query_tile,
+// accumulate_key_gradients), so the gradients are the same to the bit. What it gains: the
+// next key tile's positions load under the current tile's K and V copies (the first round
+// trip of the next prologue), and the next tile's K and V rows are prefetched into L2
+// during the current tile's epilogue, so that the next prologue's copies wait on L2 rather
+// than HBM; no block launch between tiles.
 // Head dims 64 and 128 (one kernel forms dK and dV: kWgmmaFits), one warpgroup a block.
 // Registers (sm_90a, nvcc 13.0): the kernel of a block a tile takes 255 at 128 x 128 with
 // 8 bytes of spill stores; this one 255 with 252 stores and 344 loads (64 x 64: 254, none).
@@ -3500,16 +3530,8 @@ __device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionAr
   let_later_kernels_launch();
   queries.load_first_deltas();
   auto publish_and_issue = [&](int64_t i) {
-    const int slot = int(i % 3);
-    const QueryTileVisibility vis = queries.template publish<BK>(
-        i, k0, k_end, s_begin[slot], s_end[slot], s_stats[slot]);
-    if (vis.sees && i > 0) {
-      issue_query_rows_to<DK, DV, BQ, kThreads>(a, b, queries.head(), queries.first_row(),
-                                                SwizzledTile<BQ>{slot_q(i)},
-                                                SwizzledTile<BQ>{slot_o(i)});
-    }
-    async_copy_commit();
-    return vis;
+    return publish_and_issue_query_tile<DK, DV, BK, kThreads>(a, b, queries, i, k0, k_end, s_begin,
+                                                              s_end, s_stats, slot_q, slot_o);
   };
   QueryTileVisibility vis = publish_and_issue(0);
   async_copy_wait<1>();  // K and V'
@@ -3532,27 +3554,10 @@ __device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionAr
     if (i == 0) mark_entry(a.timeline, &s_entry, BlockMark::FirstTile, queries.count);
     if (!now.sees) continue;
     const int slot = int(i % 3);
-    const uint32_t q_tile = wgmma::shared_address(slot_q(i));
-    const uint32_t o_tile = wgmma::shared_address(slot_o(i));
-    float p[BQ / 8][4], ds[BQ / 8][4];
-    wgmma::fence();
-    wgmma::rows_times_rows<BQ, DK, BK, BQ>(p, k_tile, q_tile);   // S^T = K Q^T
-    wgmma::rows_times_rows<BQ, DV, BK, BQ>(ds, v_tile, o_tile);  // dP^T = V' dO^T
-    wgmma::commit();
-    wgmma::wait<0>();
-    probabilities_and_score_grads(p, ds, s_stats[slot], scale_log2, now.covers, k0 + key0,
-                                  s_begin[slot], s_end[slot]);
-    uint32_t p_frags[BQ / 16][4], ds_frags[BQ / 16][4];
-#pragma unroll
-    for (int f = 0; f < BQ / 16; ++f) {
-      mma::accumulator_as_a(p, f, p_frags[f]);
-      mma::accumulator_as_a(ds, f, ds_frags[f]);
-    }
-    wgmma::fence();
-    wgmma::fragments_times_matrix<DV, BQ, BQ>(dv, p_frags, o_tile);  // dV' += P^T dO
-    wgmma::fragments_times_matrix<DK, BQ, BQ>(dk, ds_frags, q_tile);  // dK += dS^T Q
-    wgmma::commit();
-    wgmma::wait<0>();
+    accumulate_key_gradients<DK, DV, BK, BQ, KeyGrads::Both>(
+        dk, dv, k_tile, v_tile, wgmma::shared_address(slot_q(i)),
+        wgmma::shared_address(slot_o(i)), s_stats, s_begin, s_end, slot, scale_log2, now.covers,
+        k0, key0);
   }
   if (queries.count == 0) async_copy_wait<0>();  // tile 0's copies (first_tile_sees_the_keys)
   mark_entry(a.timeline, &s_entry, BlockMark::TilesDone);
