@@ -2113,7 +2113,16 @@ constexpr int key_gradient_staging_elements() {
 struct NothingMore {
   __device__ void operator()() const {}
 };
-template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both, int NK, int NV,
+// How <dv', v> loads the v rows of the lane's keys: under a branch on each key's position
+// (Branched), or always, from row 0 where the key is past the block's keys and its sum
+// unused (Unconditional). Within the persistent dK/dV kernel's loop over key tiles, ptxas
+// spilled every row loaded under the (divergent) branch right after its loads: 176 of the
+// 252 bytes of spill stores at 128 x 128, all of them at 128 x 64 and 64 x 128 (sm_90a,
+// nvcc 13.0). In the kernel of a block a tile the branch spills 8 bytes at 128 x 128, the
+// unconditional loads 12, so it keeps the branch.
+enum class ValueRowLoads { Branched, Unconditional };
+template <int DK, int DV, int BK, int kThreads, KeyGrads kPart = KeyGrads::Both,
+          ValueRowLoads kValueRows = ValueRowLoads::Branched, int NK, int NV,
           class AfterKeysStaged = NothingMore>
 __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a, int64_t b,
                                                     int64_t g, int k0, int key0,
@@ -2147,8 +2156,10 @@ __device__ __forceinline__ void store_key_gradients(const AttentionArgs<bf16>& a
 #pragma unroll
         for (int k = 0; k < kKeysAtOnce; ++k) {
           pos[k] = s_pos[key0 + 8 * (i0 + k)];  // the same for the 4 lanes of a quad
-          if (pos[k] >= 0) {
-            const bf16* v_row = a.v + a.kv_index(b, pos[k], g) * DV + 2 * t4;
+          constexpr bool kAlways = kValueRows == ValueRowLoads::Unconditional;
+          if (kAlways || pos[k] >= 0) {
+            const int row = kAlways && pos[k] < 0 ? 0 : pos[k];
+            const bf16* v_row = a.v + a.kv_index(b, row, g) * DV + 2 * t4;
 #pragma unroll
             for (int nb = 0; nb < DV / 8; ++nb) {
               v[k][nb] = *reinterpret_cast<const Pair*>(v_row + nb * 8);
@@ -3405,16 +3416,16 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 // than HBM; no block launch between tiles.
 // Head dims 64 and 128 (one kernel forms dK and dV: kWgmmaFits), one warpgroup a block.
 // Registers (sm_90a, nvcc 13.0): the kernel of a block a tile takes 255 at 128 x 128 with
-// 8 bytes of spill stores; this one 255 with 252 stores and 344 loads (64 x 64: 254, none).
-// The loop over the key tiles keeps live across the query tiles what the other forms in its
-// prologue and epilogue and drops. nvcc hoisted the tiles' swizzled addresses out of that
-// loop; formed from opaque_zero they are formed each key tile, which took the spills from
-// 416 and 536 bytes to these. What is left falls after the products
-// (scripts/sass_spills.py: before the first, 12 stores and 14 loads; after the last, 66
-// and 71), most of it in the epilogue's <dv', v>: without it the loop spills 76 bytes, and
-// one key tile of the same code with no loop 16. The same round as a function not inlined
-// spilled 208 bytes in the function, besides the arguments' copy in local memory. What the
-// spills cost is for the H200's timing (bench_routed_attention_cuda --part persistent).
+// 8 bytes of spill stores; this one 255 with 76 bytes of stores and 116 of loads (128 x 64:
+// 255, 64 x 128: 252, 64 x 64: 224; none). It had 416 and 536, for two reasons: nvcc
+// hoisted the tiles' swizzled addresses out of the loop over key tiles and held them across
+// it (opaque_zero now has them formed each key tile), and ptxas spilled the v rows that
+// <dv', v> loaded under a divergent branch (ValueRowLoads::Unconditional). In machine code
+// (scripts/sass_loops.py) a query tile's loop is now 837 instructions with 2 local loads,
+// as in the other kernel (840, 2); it was 885 with 21. A key tile's loop adds 5 local
+// stores and 28 loads, and 13 stores come once ahead of it. The same round as a function
+// not inlined spilled 208 bytes in the function, besides the arguments' copy in local
+// memory.
 
 // Zero, from an instruction the compiler cannot see through, so that what is formed from it
 // is formed where it is used. The persistent dK/dV kernel adds it to its shared memory's
@@ -3577,8 +3588,8 @@ __device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionAr
   static_assert(key_gradient_staging_elements<DK, DV, BK, KeyGrads::Both>() * 2 <=
                     Shape::bytes() - wgmma::kSwizzleAtomBytes,
                 "the staged gradients fit the tiles");
-  store_key_gradients<DK, DV, BK, kThreads>(a, b, g, k0, key0, s_pos, s_pscale, dk, dv, sK,
-                                            prefetch_next_keys);
+  store_key_gradients<DK, DV, BK, kThreads, KeyGrads::Both, ValueRowLoads::Unconditional>(
+      a, b, g, k0, key0, s_pos, s_pscale, dk, dv, sK, prefetch_next_keys);
   mark_entry(a.timeline, &s_entry, BlockMark::End);
 #endif
 }

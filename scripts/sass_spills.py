@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Where a kernel's register spills fall against its warpgroup products, read from a cubin
-on a machine that has nvcc but neither cuobjdump nor nvdisasm (this one).
+with no disassembler: this machine's toolkit has nvcc but neither cuobjdump nor nvdisasm.
+(The PyPI wheels nvidia-cuda-nvdisasm and nvidia-cuda-cuobjdump carry both, unpacked with
+`python3 -m zipfile -e`; with them scripts/sass_loops.py says more: the spills in each loop.)
 
 Prints, for each kernel whose symbol matches PATTERN, the instruction indices of its local
 loads (LDL) and stores (STL) and of its wgmma products (HGMMA), so that one can see whether
@@ -12,7 +14,8 @@ inferred, not documented: 0x983 and 0x387 occur in exactly the instances that pt
 spill, as many times as its spill bytes over 4; 0x9f0 (both operands in shared memory) and
 0xdf0 (A from registers) occur 12, 18 and 24 times in forward_wgmma_persistent<128, 128>,
 backward_dq_wgmma_persistent<128, 128> and backward_dkdv_wgmma<128, 128, 1>: the wgmma
-count of one tile of each (nvcc 13.0).
+count of one tile of each (nvcc 13.0). nvdisasm 13.5 agrees on backward_dkdv_wgmma_persistent
+<128, 128>: its 78 STL, 85 LDL and 24 HGMMA are where this script puts them.
 
 Usage: scripts/sass_spills.py CUBIN PATTERN
   e.g. nvcc ... -arch=sm_90a -cubin -o ra.cubin cuda/routed_attention.cu
