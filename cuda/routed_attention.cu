@@ -3422,7 +3422,7 @@ __global__ void __launch_bounds__(128, 3) backward_dq_wgmma_persistent(Attention
 // it (opaque_zero now has them formed each key tile), and ptxas spilled the v rows that
 // <dv', v> loaded under a divergent branch (ValueRowLoads::Unconditional). In machine code
 // (scripts/sass_loops.py) a query tile's loop is now 837 instructions with 2 local loads,
-// as in the other kernel (840, 2); it was 885 with 21. A key tile's loop adds 5 local
+// as in the other kernel (840, 2); it was 886 with 21. A key tile's loop adds 5 local
 // stores and 28 loads, and 13 stores come once ahead of it. The same round as a function
 // not inlined spilled 208 bytes in the function, besides the arguments' copy in local
 // memory.
@@ -3476,9 +3476,10 @@ __device__ __forceinline__ void backward_dkdv_persistent_round(const AttentionAr
   static_assert(BQ <= kThreads && BK <= kThreads, "a thread per row of a tile");
   static_assert(BK == kQueryTileRows, "persistent_grid counts tiles of kQueryTileRows rows");
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  // The base formed afresh each key tile (opaque_zero).
+  // K [BK][DK], then V' [BK][DV] (v' = p v), swizzled, from a base formed afresh each key
+  // tile (opaque_zero).
   bf16* sK = reinterpret_cast<bf16*>(wgmma::swizzle_aligned(smem_raw + opaque_zero()));
-  bf16* sV = sK + BK * DK;           // [BK][DK] swizzled; V: [BK][DV] swizzled, v' = p v
+  bf16* sV = sK + BK * DK;
   bf16* query_slots = sV + BK * DV;  // 2 x (Q [BQ][DK], dO [BQ][DV]) swizzled
   auto slot_q = [&](int64_t i) { return query_slots + (i % 2) * BQ * (DK + DV); };
   auto slot_o = [&](int64_t i) { return slot_q(i) + BQ * DK; };
