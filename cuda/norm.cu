@@ -17,6 +17,7 @@
 // blocks of 256 threads per SM, so its 512 row groups ran in two waves.)
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 
 #include "core/ops/norm.h"
@@ -447,6 +448,15 @@ int64_t fused_groups(bool warp, int64_t packs_per_thread, int64_t rows) {
 template <int N>
 constexpr int kMaxFusedPacks = 32 / N < 8 ? 32 / N : 8;
 
+// Fewest packs a thread of a row group keeps, as kPacks gives them (a power of two): a
+// warp's rows are at least kFusedMinLength long, a block's longer than kWarpRowMax. The
+// launchers' kPacks start here: no row length reaches a kernel below it, and starting at 1
+// compiled 60 such kernels of the 136 (every dtype), for nvcc and the emulator alike.
+template <bool kWarp, int N>
+constexpr int kFewestPacks = int(std::bit_ceil(uint64_t(
+    ((kWarp ? kFusedMinLength : kWarpRowMax + 1) + N * (kWarp ? 32 : kThreads) - 1) /
+    (N * (kWarp ? 32 : kThreads)))));
+
 // Blocks of kThreads for `groups` row groups of warps (kWarp) or blocks.
 template <bool kWarp>
 unsigned row_group_blocks(int64_t groups) {
@@ -457,7 +467,7 @@ unsigned row_group_blocks(int64_t groups) {
 
 // Launches rms_norm_backward_fused_kernel with the fewest packs per thread (a power of two)
 // that hold a row: packs_per_thread <= kMaxFusedPacks<N>.
-template <bool kWarp, int N, class T, int kPacks = 1>
+template <bool kWarp, int N, class T, int kPacks = kFewestPacks<kWarp, N>>
 void launch_rms_norm_backward_fused(int64_t packs_per_thread, const T* dy, const T* x,
                                     const T* gate, const T* weight, const T* rstd, int64_t rows,
                                     int64_t d, T* dx, T* dgate, compute_t<T>* dweight_part,
@@ -486,7 +496,7 @@ std::atomic<int64_t> g_row_groups{0};  // set_rms_norm_row_groups
 // Launches rms_norm_rows_kernel with the fewest packs per thread (a power of two) that hold
 // a row, as many row groups as fit the GPU at once (each row is independent: the count
 // changes no value).
-template <bool kWarp, int N, class T, int kPacks = 1>
+template <bool kWarp, int N, class T, int kPacks = kFewestPacks<kWarp, N>>
 void launch_rms_norm_rows(int64_t packs_per_thread, const T* x, const T* gate, const T* weight,
                           int64_t rows, int64_t d, compute_t<T> eps, T* y, T* rstd) {
   if constexpr (kPacks < kMaxFusedPacks<N>) {

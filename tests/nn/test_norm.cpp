@@ -303,38 +303,45 @@ TEST(Norm, GpuMatchesCpu) {
 // take the second pass too: Norm.GpuMatchesCpu's d = 64 and 61.) The shapes give a thread
 // 1 to 8 packs of a row (bf16 and f32; up to 2 the next row's are loaded ahead) in warp rows
 // (up to 1024) and block rows, and groups of 1 to 3 rows; each with a gate and without one
-// (the plain RMSNorm of every block).
+// (the plain RMSNorm of every block). Rows of 256 with x off a 16-byte boundary move one
+// element at a time, 8 a thread of a warp: the only rows that reach those warp kernels.
 TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   uint64_t seed = 90;
-  for (DType dtype : testing::kGpuDtypes) {
-    for (const Shape& shape : {Shape{2600, 256}, Shape{4500, 512}, Shape{700, 1024},
-                               Shape{530, 2048}, Shape{1100, 4096}, Shape{3, 9000}}) {
-      for (auto [gated, want_dx] : {std::pair{true, true}, std::pair{true, false},
-                                    std::pair{false, true}}) {
-        const std::string what = "rms_norm backward " + shape_str(shape) + " " +
-                                 dtype_name(dtype) + (gated ? " gated" : "") +
-                                 (want_dx ? "" : " dweight only");
-        const int64_t d = shape.back();
-        const RmsNormCase c(shape, dtype, gated, true, seed);
-        const auto& want_grads = c.want_grads;
-        Tensor y = testing::poisoned(shape, dtype, gpu);
-        Tensor rstd = testing::poisoned({shape[0]}, dtype, gpu);
-        rms_norm_kernels()(gpu, c.x, c.gate, c.weight, 1e-6, y, rstd);
-        Tensor dx = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
-        Tensor dgate = want_dx && gated ? testing::poisoned(shape, dtype, gpu) : Tensor();
-        Tensor dweight = testing::poisoned({d}, dtype, gpu);
-        rms_norm_backward_kernels()(gpu, c.dy, c.x, c.gate, c.weight, rstd, dx, dgate, dweight);
-        testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
-        if (want_dx) {
-          testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
-          if (gated) {
-            testing::expect_matches_reference(dgate, want_grads.dgate, dtype, what + " dgate");
-          }
-        }
+  auto check = [&](const Shape& shape, DType dtype, bool gated, bool want_dx, bool unaligned) {
+    const std::string what = "rms_norm backward " + shape_str(shape) + " " +
+                             dtype_name(dtype) + (gated ? " gated" : "") +
+                             (want_dx ? "" : " dweight only") + (unaligned ? " x unaligned" : "");
+    const int64_t d = shape.back();
+    const RmsNormCase c(shape, dtype, gated, true, seed);
+    const auto& want_grads = c.want_grads;
+    const Tensor x = unaligned ? testing::one_element_in(c.x) : c.x;
+    Tensor y = testing::poisoned(shape, dtype, gpu);
+    Tensor rstd = testing::poisoned({shape[0]}, dtype, gpu);
+    rms_norm_kernels()(gpu, x, c.gate, c.weight, 1e-6, y, rstd);
+    Tensor dx = want_dx ? testing::poisoned(shape, dtype, gpu) : Tensor();
+    Tensor dgate = want_dx && gated ? testing::poisoned(shape, dtype, gpu) : Tensor();
+    Tensor dweight = testing::poisoned({d}, dtype, gpu);
+    rms_norm_backward_kernels()(gpu, c.dy, x, c.gate, c.weight, rstd, dx, dgate, dweight);
+    testing::expect_matches_reference(dweight, want_grads.dweight, dtype, what + " dweight");
+    if (want_dx) {
+      testing::expect_matches_reference(dx, want_grads.dx, dtype, what + " dx");
+      if (gated) {
+        testing::expect_matches_reference(dgate, want_grads.dgate, dtype, what + " dgate");
       }
     }
+  };
+  for (DType dtype : testing::kGpuDtypes) {
+    for (const Shape& shape : {Shape{2600, 256}, Shape{4500, 512}, Shape{700, 1024},
+                               Shape{530, 2048}, Shape{1100, 4096}, Shape{5, 6144},
+                               Shape{3, 9000}}) {
+      for (auto [gated, want_dx] : {std::pair{true, true}, std::pair{true, false},
+                                    std::pair{false, true}}) {
+        check(shape, dtype, gated, want_dx, false);
+      }
+    }
+    for (bool gated : {true, false}) check(Shape{70, 256}, dtype, gated, true, true);
   }
 }
 
