@@ -150,6 +150,8 @@ inline int64_t longest_emulated_sequence() {
 
 // The dtypes every GPU kernel is checked in, and the relative RMS error allowed.
 inline const std::vector<DType> kGpuDtypes = {DType::F32, DType::BF16};
+// The same and f64, for the kernels that take f64 too (docs/ops.md's dtype column).
+inline const std::vector<DType> kGpuDtypesAndF64 = {DType::F32, DType::BF16, DType::F64};
 inline double gpu_tolerance(DType dtype) {
   return dtype == DType::BF16 ? 1e-2 : dtype == DType::F32 ? 1e-5 : 1e-12;
 }

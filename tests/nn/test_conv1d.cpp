@@ -321,7 +321,7 @@ TEST(CausalConv1d, GpuMatchesCpu) {
     ids[size_t(t)] = t < 5 ? 7 : t < 6 ? 8 : t < 15 ? 7 : 9;  // A B A C
     ids[size_t(seq + t)] = t / 2;                             // documents of 2 tokens
   }
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 80;
     // no documents, then i64 and i32 document ids
     for (int docs = 0; docs < 3; ++docs) {
@@ -381,7 +381,7 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
   }
   for (int64_t t = 0; t < seq; ++t) ids[size_t(seq + t)] = t < 16 ? 0 : t < 17 ? 1 : t / 37 + 2;
   uint64_t seed = 300;
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     for (int span_rows : {1, 3, 16, 0, -1}) {  // -1: the per-element kernels at every width
       for (int64_t width : {1, 2, 4, 5, 8, 9}) {
         if ((span_rows == 3 || span_rows == -1) && width != 4 && width != 8) continue;

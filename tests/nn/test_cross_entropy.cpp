@@ -284,7 +284,7 @@ TEST(CrossEntropy, Bf16LogitsGiveAnF32LossAndLse) {
 TEST(CrossEntropy, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 50;
     // warp rows as 16-byte packs (100 in f32, 104) and element by element (101; 100 in
     // bf16), block rows as packs (5000) and element by element (2051)
@@ -383,7 +383,7 @@ TEST(CrossEntropy, WithGradMatchesTheTwoKernelsCpu) {
 TEST(CrossEntropy, WithGradGpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   uint64_t seed = 90;
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     for (int64_t vocab : {100, 101, 104, 5000, 2051, 60000}) {
       for (DType index_dtype : {DType::I64, DType::I32}) {
         expect_with_grad_matches_cpu(Device::cuda(), dtype, vocab, seed += 2, index_dtype);

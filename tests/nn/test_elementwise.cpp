@@ -179,7 +179,7 @@ TEST(Elementwise, GpuMatchesCpu) {
       {{4, 33, 20}, {20}},         // a bias
       {{4, 1, 20}, {33, 1}},       // both stretched
       {{3}, {2, 5, 3}}};
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 1;
     for (const auto& [sa, sb] : cases) {
       for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {

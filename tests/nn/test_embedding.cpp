@@ -124,7 +124,7 @@ TEST(Embedding, BadArgumentsAreErrors) {
 TEST(Embedding, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 60;
     for (int64_t dim : {33, 256}) {
       for (DType index_dtype : {DType::I32, DType::I64}) {

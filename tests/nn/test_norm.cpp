@@ -249,7 +249,7 @@ struct RmsNormCase {
 TEST(Norm, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 30;
     for (int64_t d : {64, 2048, 61, 1030}) {
       for (bool gated : {false, true}) {
@@ -343,19 +343,24 @@ TEST(Norm, GpuBackwardRowGroupsMatchCpu) {
     }
     for (bool gated : {true, false}) check(Shape{70, 256}, dtype, gated, true, true);
   }
+  // f64, packs of 2: 4 and 8 a thread in warp rows and in block rows.
+  for (const Shape& shape : {Shape{40, 256}, Shape{30, 512}, Shape{9, 2048}, Shape{5, 4096}}) {
+    for (bool gated : {true, false}) check(shape, DType::F64, gated, true, false);
+  }
+  for (bool gated : {true, false}) check(Shape{70, 256}, DType::F64, gated, true, true);
 }
 
 // The forward's row groups (packed rows of 256 to 8192 elements) keep a row in registers
 // and, with one or two packs a thread, load the next row's ahead. Capped at 7 groups, each
 // takes many rows, so the loads ahead are used; the shapes give a thread 1, 2, 4 and 8
-// packs (bf16 and f32), with and without gate and weight.
+// packs (bf16, f32 and f64), with and without gate and weight.
 TEST(Norm, GpuForwardRowGroupsMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
   const testing::ScopedSetting groups(&cuda::set_rms_norm_row_groups, int64_t{0});
   const Device gpu = Device::cuda();
   uint64_t seed = 120;
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     for (const Shape& shape : {Shape{300, 256}, Shape{45, 512}, Shape{53, 2048},
                                Shape{22, 4096}, Shape{9, 8192}}) {
       for (int64_t groups : {0, 7}) {

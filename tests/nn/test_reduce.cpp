@@ -180,7 +180,7 @@ TEST(Reduce, DimOutOfRangeNamesOpDimAndShape) {
 TEST(Reduce, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 20;
     for (const Shape& shape : std::vector<Shape>{{3, 5000, 7}, {200000}, {1, 70000, 3}, {9, 40}}) {
       Tensor x = testing::random_tensor(shape, dtype, gpu, seed++, 1.0, 0.5);

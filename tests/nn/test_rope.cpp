@@ -154,7 +154,7 @@ TEST(Rope, BadShapesAreErrors) {
 TEST(Rope, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 70;
     for (int mode = 0; mode < 3; ++mode) {  // no positions, i32, i64
       const Shape shape{2, 19, 3, 16};

@@ -145,7 +145,7 @@ void expect_gpu_matches_cpu(const DecodeScenario& s, const std::vector<DType>& d
 
 TEST_P(RoutedAttentionDecodeCases, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
-  expect_gpu_matches_cpu(make_scenario(GetParam(), 23), testing::kGpuDtypes);
+  expect_gpu_matches_cpu(make_scenario(GetParam(), 23), testing::kGpuDtypesAndF64);
 }
 
 // Every tile size: those the host may pick (8, 16, 32) and 64, taken only when set. At 8

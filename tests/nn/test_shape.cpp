@@ -339,7 +339,7 @@ TEST(IndexSelect, Errors) {
 TEST(Shape, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 100;
     for (int64_t dim = 0; dim < 3; ++dim) {
       const std::string what = "concat/split dim " + std::to_string(dim);

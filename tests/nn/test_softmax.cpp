@@ -169,7 +169,7 @@ TEST(Softmax, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 40;
     for (int64_t cols : {50, 3000}) {
       const int64_t rows = 11;

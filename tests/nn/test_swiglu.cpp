@@ -124,7 +124,7 @@ TEST(Swiglu, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
   uint64_t seed = 50;
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     for (int64_t n : {int64_t(1), int64_t(8), int64_t(4099), int64_t(70000)}) {
       for (bool offset : {false, true}) {
         auto make = [&](double scale) {

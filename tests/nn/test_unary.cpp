@@ -299,7 +299,7 @@ TEST(Unary, GpuMatchesCpu) {
   const UnaryOp all_ops[] = {UnaryOp::Exp,  UnaryOp::Log,  UnaryOp::Sigmoid, UnaryOp::Silu,
                              UnaryOp::Softplus, UnaryOp::Gelu, UnaryOp::Tanh, UnaryOp::Neg,
                              UnaryOp::Square, UnaryOp::Sqrt, UnaryOp::Relu};
-  for (DType dtype : testing::kGpuDtypes) {
+  for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 10;
     // 16-byte vectors, then views off a 16-byte boundary: element by element
     for (bool offset_views : {false, true}) {
