@@ -490,6 +490,7 @@ struct GpuBounds {
 
 GpuBounds gpu_bounds(DType dtype) {
   if (dtype == DType::BF16) return {5e-3, 8e-3, 2e-2, 1e-2};
+  if (dtype == DType::F64) return {1e-10, 1e-10, 1e-10, 1e-10};
   return {5e-4, 8e-4, 2e-3, 1e-3};
 }
 
@@ -844,6 +845,27 @@ TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
     EXPECT_LE(relative_rms_error(recurrent.o, chunked.o), bound.forward);
     EXPECT_LE(relative_rms_error(recurrent.h_final, chunked.h_final), bound.forward);
     EXPECT_LE(relative_rms_error(recurrent.fit_error, chunked.fit_error), bound.fit);
+  }
+}
+
+// f64, which only the generic kernels take (the tensor-core ones take bf16 and f32): the
+// chunked forward and backward, and the recurrent kernel, against the CPU in f64. Short
+// rows: with and without documents and h0, and a key dim of no power of two.
+TEST(GatedDeltaRule, GpuF64MatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  for (const GpuCase& c : {GpuCase{2, 63, 3, 32, 48, false, 3}, GpuCase{2, 65, 2, 64, 40, true, 4},
+                           GpuCase{1, 70, 2, 48, 40, true, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(c));
+    const GdnInputs in = gpu_case_inputs(c, 6000 + uint64_t(c.key_dim));
+    const GatedDeltaRuleArgs gpu = on_gpu(in, DType::F64);
+    const GpuBounds bound = gpu_bounds(DType::F64);
+    expect_gpu_matches_reference(gpu, bound, 87);
+    GatedDeltaRuleResult recurrent = poisoned_result(gpu);
+    gated_delta_rule_naive_kernels()(Device::cuda(), gpu, recurrent);
+    const GatedDeltaRuleResult expected = ops::gated_delta_rule_naive(reference_args(gpu));
+    expect_within(recurrent.o, expected.o, bound.forward, "o");
+    expect_within(recurrent.h_final, expected.h_final, bound.forward, "h_final");
+    expect_within(recurrent.fit_error, expected.fit_error, bound.fit, "fit_error");
   }
 }
 

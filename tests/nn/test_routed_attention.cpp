@@ -2129,6 +2129,16 @@ TEST(RoutedAttentionGpu, Float64UsesTheGenericKernelsExactly) {
   expect_gpu_matches_cpu(GpuCase{2, 70, 4, 2, 64, 64, 0.4, true, GpuDocs::Runs, true}, DType::F64);
 }
 
+// f32 and f64 outputs off a 16-byte boundary: the backward's prologue (D and the unselected
+// keys' zeros) moves one element at a time, as in no other test of those dtypes.
+TEST(RoutedAttentionGpu, F32AndF64OutputsOffA16ByteBoundaryMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  for (DType dtype : {DType::F32, DType::F64}) {
+    expect_gpu_matches_cpu(GpuCase{1, 70, 2, 1, 64, 64, 0.5, true, GpuDocs::Runs, true}, dtype,
+                           false, true);
+  }
+}
+
 TEST(RoutedAttentionGpu, BackwardIsDeterministic) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
