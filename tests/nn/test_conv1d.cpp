@@ -311,7 +311,7 @@ TEST(CausalConv1d, BadShapesNameOpAndShapes) {
 
 // The CUDA kernels against the CPU reference: fresh random inputs, packed documents
 // (ids that change, including A B A; i64 and i32), with and without bias, NaN-poisoned
-// outputs and gradients, f32 and bf16. Skips without a GPU.
+// outputs and gradients, f32, bf16 and f64. Skips without a GPU.
 TEST(CausalConv1d, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
@@ -365,7 +365,7 @@ TEST(CausalConv1d, GpuMatchesCpu) {
 // and the per-element kernels at widths 4 and 8 (set_conv1d_spans off); widths 1 to 8 and
 // 9 (the per-element kernels); documents of 1 to 40 tokens that start inside and at the
 // edges of spans; the SiLU form (y recomputed in the backward); 70 channels (a partial last
-// block of 32); each gradient asked for alone and all together; f32 and bf16. Skips
+// block of 32); each gradient asked for alone and all together; f32, bf16 and f64. Skips
 // without a GPU.
 TEST(CausalConv1d, GpuSpansMatchCpu) {
   HAM_SKIP_UNLESS_CUDA();
@@ -385,7 +385,8 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
     for (int span_rows : {1, 3, 16, 0, -1}) {  // -1: the per-element kernels at every width
       for (int64_t width : {1, 2, 4, 5, 8, 9}) {
         if ((span_rows == 3 || span_rows == -1) && width != 4 && width != 8) continue;
-        for (int variant = 0; variant < 3; ++variant) {  // no docs; docs; docs and SiLU
+        // no docs; docs (i64 ids); docs (i32 ids) and SiLU
+        for (int variant = 0; variant < 3; ++variant) {
           const bool with_docs = variant > 0;
           const Conv1dActivation activation =
               variant == 2 ? Conv1dActivation::SiLU : Conv1dActivation::None;
@@ -396,7 +397,9 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
               (variant == 2 ? " silu" : "");
           cuda::set_conv1d_spans(span_rows >= 0);
           cuda::set_conv1d_span_rows(std::max(span_rows, 0));
-          Tensor doc_ids = with_docs ? Tensor::from_vector(ids, {batch, seq}).to(gpu) : Tensor();
+          const DType ids_dtype = variant == 2 ? DType::I32 : DType::I64;
+          Tensor doc_ids =
+              with_docs ? Tensor::from_vector(ids, {batch, seq}).to(ids_dtype).to(gpu) : Tensor();
           Tensor doc_ids_cpu = with_docs ? doc_ids.to(Device::cpu()) : Tensor();
           Tensor x = testing::random_tensor({batch, seq, channels}, dtype, gpu, seed++);
           Tensor weight = testing::random_tensor({channels, width}, dtype, gpu, seed++);

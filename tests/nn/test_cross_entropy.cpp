@@ -256,7 +256,7 @@ TEST(CrossEntropy, BadInputErrorsNameOpAndShapes) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random logits, ignored rows, i32 and
-// i64 targets, NaN-poisoned outputs, f32 and bf16; vocabularies short (a warp per row)
+// i64 targets, NaN-poisoned outputs, f32, bf16 and f64; vocabularies short (a warp per row)
 // and long (a block per row). Skips without a GPU.
 // bf16 logits: lse and the loss are f32 and equal the f32 op's on the same values.
 TEST(CrossEntropy, Bf16LogitsGiveAnF32LossAndLse) {

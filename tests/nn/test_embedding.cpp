@@ -119,7 +119,7 @@ TEST(Embedding, BadArgumentsAreErrors) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random weights and gradients, ids
-// with many repeats, f32 and bf16, odd and aligned row sizes. The backward adds into
+// with many repeats, f32, bf16 and f64, odd and aligned row sizes. The backward adds into
 // zeros by contract, so it runs through ops::embedding_backward. Skips without a GPU.
 TEST(Embedding, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();

@@ -1533,7 +1533,8 @@ TEST(GatedDeltaRule, GpuOutputWithNextChunksAheadAgrees) {
   const testing::ScopedSetting prefetch_guard(&cuda::set_gated_delta_rule_output_prefetch, 0);
   for (const GpuCase& c :
        {GpuCase{1, 300, 2, 64, 64, false, 0}, GpuCase{2, 200, 2, 128, 128, true, 3},
-        GpuCase{1, 260, 1, 64, 150, false, 2}, GpuCase{1, 150, 1, 256, 384, true, 0}}) {
+        GpuCase{1, 260, 1, 64, 150, false, 2}, GpuCase{1, 150, 1, 256, 384, true, 0},
+        GpuCase{1, 130, 2, 16, 24, true, 2}, GpuCase{1, 130, 2, 32, 40, false, 0}}) {
     SCOPED_TRACE(::testing::PrintToString(c));
     const int64_t before = cuda::gated_delta_rule_prefetching_output_passes();
     expect_settings_agree_bitwise(c, 151, {0, 1, 2}, [](int blocks) {
@@ -1541,26 +1542,33 @@ TEST(GatedDeltaRule, GpuOutputWithNextChunksAheadAgrees) {
     });
     EXPECT_EQ(cuda::gated_delta_rule_prefetching_output_passes() - before, 4);
   }
-  // Without the fit error (every warp on O, its rows staged in K's), alone and in windows.
-  const GpuCase c{2, 300, 2, 128, 128, true, 3};
-  GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 157), DType::BF16);
-  gpu.want_fit_error = false;
-  auto forward_o = [&](int blocks, int windows) {
-    const testing::ScopedSetting prefetch(&cuda::set_gated_delta_rule_output_prefetch, blocks);
-    const testing::ScopedSetting in_windows(&cuda::set_gated_delta_rule_forward_windows,
-                                            windows);
-    GatedDeltaRuleResult out = poisoned_result(gpu);
-    out.fit_error = Tensor();
-    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
-    return out;
-  };
-  const GatedDeltaRuleResult one = forward_o(0, 1);
-  for (const auto& [blocks, windows] : {std::pair{1, 1}, std::pair{2, 3}, std::pair{-1, 3}}) {
-    SCOPED_TRACE(std::to_string(blocks) + " blocks a row, " + std::to_string(windows) +
-                 " windows");
-    const GatedDeltaRuleResult ahead = forward_o(blocks, windows);
-    EXPECT_EQ(testing::max_abs_diff(ahead.o, one.o), 0.0);
-    EXPECT_EQ(testing::max_abs_diff(ahead.h_final, one.h_final), 0.0);
+  // Without the fit error (every warp on O, its rows staged in K's), alone and in windows,
+  // at every key dim of the tensor-core kernels.
+  for (const GpuCase& c :
+       {GpuCase{2, 300, 2, 128, 128, true, 3}, GpuCase{1, 130, 2, 16, 24, true, 2},
+        GpuCase{1, 130, 2, 32, 40, false, 0}, GpuCase{1, 130, 2, 64, 48, true, 0},
+        GpuCase{1, 70, 1, 256, 96, false, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(c) + " without the fit error");
+    GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(c, 157), DType::BF16);
+    gpu.want_fit_error = false;
+    auto forward_o = [&](int blocks, int windows) {
+      const testing::ScopedSetting prefetch(&cuda::set_gated_delta_rule_output_prefetch,
+                                            blocks);
+      const testing::ScopedSetting in_windows(&cuda::set_gated_delta_rule_forward_windows,
+                                              windows);
+      GatedDeltaRuleResult out = poisoned_result(gpu);
+      out.fit_error = Tensor();
+      gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+      return out;
+    };
+    const GatedDeltaRuleResult one = forward_o(0, 1);
+    for (const auto& [blocks, windows] : {std::pair{1, 1}, std::pair{2, 3}, std::pair{-1, 3}}) {
+      SCOPED_TRACE(std::to_string(blocks) + " blocks a row, " + std::to_string(windows) +
+                   " windows");
+      const GatedDeltaRuleResult ahead = forward_o(blocks, windows);
+      EXPECT_EQ(testing::max_abs_diff(ahead.o, one.o), 0.0);
+      EXPECT_EQ(testing::max_abs_diff(ahead.h_final, one.h_final), 0.0);
+    }
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_output_prefetch(-2); },
                         {"set_gated_delta_rule_output_prefetch: -2", "takes 0 (off), -1"});

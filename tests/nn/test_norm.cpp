@@ -222,8 +222,8 @@ TEST(Norm, BadInputErrorsNameOpAndShapes) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
-// f32 and bf16, every gradient; rows short (a warp each) and long (a block each), of
-// lengths that move as 16-byte packs (64, 2048) and that do not (61, 1030 in bf16 and f32).
+// f32, bf16 and f64, every gradient; rows short (a warp each) and long (a block each), of
+// lengths that move as 16-byte packs (64, 2048) and that do not (61, and 1031: in f64 too).
 // Random GPU inputs of rms_norm (gate and weight when asked for) and the CPU's forward
 // and backward on copies of them, the reference the GPU kernels are checked against.
 struct RmsNormCase {
@@ -251,7 +251,7 @@ TEST(Norm, GpuMatchesCpu) {
   const Device gpu = Device::cuda();
   for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 30;
-    for (int64_t d : {64, 2048, 61, 1030}) {
+    for (int64_t d : {64, 2048, 61, 1031}) {
       for (bool gated : {false, true}) {
         for (bool weighted : {false, true}) {
           const std::string what = "rms_norm d=" + std::to_string(d) + (gated ? " gated" : "") +

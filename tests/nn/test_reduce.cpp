@@ -176,7 +176,7 @@ TEST(Reduce, DimOutOfRangeNamesOpDimAndShape) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
-// f32 and bf16; row, column and split reductions. Skips without a GPU.
+// f32, bf16 and f64; row, column and split reductions. Skips without a GPU.
 TEST(Reduce, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();

@@ -150,7 +150,7 @@ TEST(Rope, BadShapesAreErrors) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, default and long
-// explicit positions (i32, i64), NaN-poisoned outputs, f32 and bf16. Skips without a GPU.
+// explicit positions (i32, i64), NaN-poisoned outputs, f32, bf16 and f64. Skips without a GPU.
 TEST(Rope, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();

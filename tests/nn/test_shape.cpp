@@ -334,7 +334,7 @@ TEST(IndexSelect, Errors) {
 }
 
 // The CUDA layout kernels against the CPU reference: fresh random inputs, NaN-poisoned
-// outputs, f32 and bf16. The scatter-add backwards add into zeros by contract, so they
+// outputs, f32, bf16 and f64. The scatter-add backwards add into zeros by contract, so they
 // run through ops::. Skips without a GPU.
 TEST(Shape, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();

@@ -163,7 +163,7 @@ TEST(Softmax, ZeroDimTensorIsAnError) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs with masked (-inf)
-// entries and a fully masked row, NaN-poisoned outputs, f32 and bf16, forward and
+// entries and a fully masked row, NaN-poisoned outputs, f32, bf16 and f64, forward and
 // backward; rows short (a warp each) and long (a block each). Skips without a GPU.
 TEST(Softmax, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();

@@ -117,7 +117,7 @@ TEST(Swiglu, BadInputsNameTheOpAndWhatIsWrong) {
       {"swiglu_backward", "dout [5]", "gate [4]"});
 }
 
-// The CUDA kernels against the CPU on fresh random inputs, f32 and bf16: sizes with and
+// The CUDA kernels against the CPU on fresh random inputs, f32, bf16 and f64: sizes with and
 // without a tail past the 16-byte packs, a view one element in (the element-by-element
 // kernels), each gradient alone and both, into NaN-poisoned outputs. Skips without a GPU.
 TEST(Swiglu, GpuMatchesCpu) {

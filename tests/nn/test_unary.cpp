@@ -292,7 +292,7 @@ TEST(Unary, IntegerInputErrorNamesOpAndTensor) {
 }
 
 // The CUDA kernels against the CPU reference: fresh random inputs, NaN-poisoned outputs,
-// f32 and bf16, forward and backward. Skips without a GPU.
+// f32, bf16 and f64, forward and backward. Skips without a GPU.
 TEST(Unary, GpuMatchesCpu) {
   HAM_SKIP_UNLESS_CUDA();
   const Device gpu = Device::cuda();
