@@ -822,8 +822,19 @@ TEST_P(GatedDeltaRuleGpu, GpuF32GatesWithBf16Inputs) {
   expect_gpu_matches_reference(gpu, gpu_bounds(DType::BF16), 79);
 }
 
-// The decoding kernel (the _naive table on CUDA) against the CPU recurrence, and against
-// the GPU chunked kernel.
+// The decoding kernel (the _naive table on CUDA) against the CPU recurrence; its result.
+GatedDeltaRuleResult expect_recurrent_matches_cpu(const GatedDeltaRuleArgs& gpu,
+                                                  const GpuBounds& bound) {
+  GatedDeltaRuleResult recurrent = poisoned_result(gpu);
+  gated_delta_rule_naive_kernels()(Device::cuda(), gpu, recurrent);
+  const GatedDeltaRuleResult expected = ops::gated_delta_rule_naive(reference_args(gpu));
+  expect_within(recurrent.o, expected.o, bound.forward, "o");
+  expect_within(recurrent.h_final, expected.h_final, bound.forward, "h_final");
+  expect_within(recurrent.fit_error, expected.fit_error, bound.fit, "fit_error");
+  return recurrent;
+}
+
+// The decoding kernel against the CPU recurrence and against the GPU chunked kernel.
 TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
   HAM_SKIP_UNLESS_CUDA();
   const GpuCase& c = GetParam();
@@ -833,13 +844,7 @@ TEST_P(GatedDeltaRuleGpu, GpuRecurrentMatchesCpuAndChunked) {
     SCOPED_TRACE(dtype_name(dtype));
     const GpuBounds bound = gpu_bounds(dtype);
     const GatedDeltaRuleArgs gpu = on_gpu(in, dtype);
-    GatedDeltaRuleResult recurrent = poisoned_result(gpu);
-    gated_delta_rule_naive_kernels()(Device::cuda(), gpu, recurrent);
-    const GatedDeltaRuleResult expected = ops::gated_delta_rule_naive(reference_args(gpu));
-    expect_within(recurrent.o, expected.o, bound.forward, "o");
-    expect_within(recurrent.h_final, expected.h_final, bound.forward, "h_final");
-    expect_within(recurrent.fit_error, expected.fit_error, bound.fit, "fit_error");
-
+    const GatedDeltaRuleResult recurrent = expect_recurrent_matches_cpu(gpu, bound);
     GatedDeltaRuleResult chunked = poisoned_result(gpu);
     gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, chunked);
     EXPECT_LE(relative_rms_error(recurrent.o, chunked.o), bound.forward);
@@ -860,12 +865,7 @@ TEST(GatedDeltaRule, GpuF64MatchesCpu) {
     const GatedDeltaRuleArgs gpu = on_gpu(in, DType::F64);
     const GpuBounds bound = gpu_bounds(DType::F64);
     expect_gpu_matches_reference(gpu, bound, 87);
-    GatedDeltaRuleResult recurrent = poisoned_result(gpu);
-    gated_delta_rule_naive_kernels()(Device::cuda(), gpu, recurrent);
-    const GatedDeltaRuleResult expected = ops::gated_delta_rule_naive(reference_args(gpu));
-    expect_within(recurrent.o, expected.o, bound.forward, "o");
-    expect_within(recurrent.h_final, expected.h_final, bound.forward, "h_final");
-    expect_within(recurrent.fit_error, expected.fit_error, bound.fit, "fit_error");
+    expect_recurrent_matches_cpu(gpu, bound);
   }
 }
 
