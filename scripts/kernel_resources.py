@@ -162,10 +162,11 @@ def launched_kernels(logs):
         with open(log) as lines:
             for number, line in enumerate(lines, 1):
                 fields = line.rstrip("\n").split("\t")
-                if len(fields) != 9:
-                    sys.exit(f"kernel_resources: {log}:{number}: expected 9 tab-separated "
+                if len(fields) != 10:
+                    sys.exit(f"kernel_resources: {log}:{number}: expected 10 tab-separated "
                              f"fields, found {len(fields)}")
-                binary, modified, offset, address, threads, dynamic, reached, kernel, site = fields
+                binary, modified, offset, address, threads, dynamic, reached, kernel, site = \
+                    fields[:9]
                 where = f"{kernel} launched at {site}"
                 if not os.path.isfile(binary):
                     unnamed.append(f"{where}: its binary {binary} is not there")

@@ -111,6 +111,9 @@ struct KernelRecord {
   size_t static_bytes = 0;
   uint64_t most_threads = 0;      // a block, over its launches
   size_t most_dynamic_bytes = 0;  // over its launches
+  // How it was launched, a bit for each of kLaunchKinds: on the default stream or a created
+  // one, each plain or as a programmatic dependent launch (scripts/schedule_cover.py).
+  unsigned launch_kinds = 0;
   LaunchSite first_site{nullptr, nullptr, 0};  // where it was first launched
   // The binary holding the kernel (as dladdr finds it at the first launch), when that
   // binary was last modified (ns since the epoch: a rebuild since makes the offset stale),
@@ -180,8 +183,12 @@ cudaError_t fail(cudaError_t error) {
   return error;
 }
 
+bool is_default_stream(cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+}
+
 bool valid_stream(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
+  if (is_default_stream(stream)) return true;
   std::lock_guard<std::mutex> lock(state().mutex);
   return state().streams.count(stream) > 0;
 }
@@ -559,6 +566,21 @@ void locate(const void* function, KernelRecord& kernel) {
   }
 }
 
+// The launch log's names of KernelRecord::launch_kinds' bits.
+constexpr const char* kLaunchKinds[] = {"default_stream", "created_stream",
+                                        "default_stream+dependent", "created_stream+dependent"};
+
+// `kinds`' names, comma-separated.
+std::string launch_kind_names(unsigned kinds) {
+  std::string names;
+  for (unsigned bit = 0; bit < std::size(kLaunchKinds); ++bit) {
+    if (!(kinds >> bit & 1u)) continue;
+    if (!names.empty()) names += ',';
+    names += kLaunchKinds[bit];
+  }
+  return names;
+}
+
 int launch_log_descriptor = -1;
 
 // Appends launch_log_text() to HAM_EMULATOR_LAUNCH_LOG at exit, in one write() to a file
@@ -599,7 +621,8 @@ std::string launch_log_text() {
         kernel.binary, '\t', kernel.binary_modified_ns, '\t', to_hex(kernel.offset), '\t',
         to_hex(reinterpret_cast<uintptr_t>(function)), '\t', kernel.most_threads, '\t',
         kernel.most_dynamic_bytes, '\t', kernel.static_bytes, '\t', kernel.first_site.kernel,
-        '\t', kernel.first_site.file, ':', kernel.first_site.line, '\n');
+        '\t', kernel.first_site.file, ':', kernel.first_site.line, '\t',
+        launch_kind_names(kernel.launch_kinds), '\n');
   }
   return text;
 }
@@ -630,6 +653,8 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
       }
       kernel.most_threads = std::max(kernel.most_threads, threads);
       kernel.most_dynamic_bytes = std::max(kernel.most_dynamic_bytes, dynamic_shared_bytes);
+      const unsigned kind = (is_default_stream(stream) ? 0u : 1u) + (site.dependent ? 2u : 0u);
+      kernel.launch_kinds |= 1u << kind;
       open_launch_log_once();
     }
   }

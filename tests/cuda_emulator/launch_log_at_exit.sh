@@ -15,11 +15,12 @@ for run in 1 2; do
 done
 lines=$(grep -c $'\trecorded_in_the_launch_log\t' "$scratch/log" || true)
 [[ $lines == 2 ]] || fail "expected the kernel's line from each of 2 processes, found $lines"
-awk -F '\t' 'NF != 9 { bad = 1 } END { exit bad }' "$scratch/log" ||
-  fail "a line without the 9 tab-separated fields: $(head -3 "$scratch/log")"
+awk -F '\t' 'NF != 10 { bad = 1 } END { exit bad }' "$scratch/log" ||
+  fail "a line without the 10 tab-separated fields: $(head -3 "$scratch/log")"
 grep $'\trecorded_in_the_launch_log\t' "$scratch/log" |
-  awk -F '\t' '$5 != 96 || $6 != 2000 { bad = 1 } END { exit bad }' ||
-  fail "the kernel's largest launch is not 96 threads and 2000 dynamic bytes"
+  awk -F '\t' '$5 != 96 || $6 != 2000 || $10 != "default_stream,created_stream" { bad = 1 }
+               END { exit bad }' ||
+  fail "the kernel's largest launch is not 96 threads and 2000 dynamic bytes, on both streams"
 
 unwritable=$scratch/missing/log
 if HAM_EMULATOR_LAUNCH_LOG=$unwritable "$binary" "$filter" >"$scratch/out.bad" 2>&1; then

@@ -471,7 +471,7 @@ std::vector<std::string> launch_log_fields(const void* address) {
     std::vector<std::string> fields;
     std::istringstream split(line);
     for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
-    if (fields.size() == 9 && fields[3] == hex) return fields;
+    if (fields.size() == 10 && fields[3] == hex) return fields;
   }
   return {};
 }
@@ -494,18 +494,23 @@ std::string symbol_at(const std::string& binary, uint64_t offset) {
 }
 
 // scripts/kernel_resources.py holds each kernel's largest launch against what nvcc gave it;
-// the emulator's log says which kernel (by its offset in the binary) and what launch.
+// the emulator's log says which kernel (by its offset in the binary), what launch, and on
+// which kinds of stream (scripts/schedule_cover.py).
 TEST(SimtEmulator, TheLaunchLogNamesEachKernelAndItsLargestLaunch) {
   DeviceInts out(96);
   HAM_LAUNCH(1, dim3(32, 3), 1000, nullptr, recorded_in_the_launch_log)(out.data);
   HAM_CUDA_CHECK_LAUNCH();
-  HAM_LAUNCH(2, 64, 2000, nullptr, recorded_in_the_launch_log)(out.data);
+  cudaStream_t created = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&created), cudaSuccess);
+  HAM_LAUNCH(2, 64, 2000, created, recorded_in_the_launch_log)(out.data);
   HAM_CUDA_CHECK_LAUNCH();
+  ASSERT_EQ(cudaStreamSynchronize(created), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(created), cudaSuccess);
   HAM_LAUNCH(1, 1025, 8000, nullptr, recorded_in_the_launch_log)(out.data);  // refused
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   const auto* kernel = reinterpret_cast<const void*>(&recorded_in_the_launch_log);
   const std::vector<std::string> fields = launch_log_fields(kernel);
-  ASSERT_EQ(fields.size(), 9u) << emulator::launch_log_text();
+  ASSERT_EQ(fields.size(), 10u) << emulator::launch_log_text();
   struct stat binary_status{};
   ASSERT_EQ(::stat(fields[0].c_str(), &binary_status), 0) << fields[0];
   EXPECT_EQ(fields[1], std::to_string(int64_t(binary_status.st_mtim.tv_sec) * 1000000000 +
@@ -515,6 +520,7 @@ TEST(SimtEmulator, TheLaunchLogNamesEachKernelAndItsLargestLaunch) {
   EXPECT_EQ(fields[6], "0");     // no static shared variables
   EXPECT_EQ(fields[7], "recorded_in_the_launch_log");
   EXPECT_NE(fields[8].find("test_simt_emulator.cpp:"), std::string::npos) << fields[8];
+  EXPECT_EQ(fields[9], "default_stream,created_stream");  // not the refused launch's
   // The binary's symbol table names the kernel where the script looks: at the offset in a
   // position-independent binary (ELF type 3), at the address in another.
   FILE* binary = std::fopen(fields[0].c_str(), "rb");

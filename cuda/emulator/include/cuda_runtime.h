@@ -167,7 +167,8 @@ cudaError_t max_active_blocks(int* blocks, const void* function, int block_threa
 // binary (dladdr's at the first launch), its modification time then (ns since the epoch),
 // the kernel's offset in it and its address (hex), the most threads a block and dynamic
 // shared bytes a launch asked for, the static shared bytes its blocks reached, the kernel
-// as its first launch site names it, and that site (file:line).
+// as its first launch site names it, that site (file:line), and how it was launched
+// (comma-separated: default_stream, created_stream, each alone or with +dependent).
 // HAM_EMULATOR_LAUNCH_LOG=FILE appends it to FILE at exit.
 std::string launch_log_text();
 
