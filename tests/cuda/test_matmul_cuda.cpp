@@ -153,15 +153,24 @@ TEST(CudaMatmul, UnalignedViewsMatchCpuReference) {
   EXPECT_LE(relative_rms_error(out.to(Device::cpu()), ref), 1e-5);
 }
 
+// K = 0 leaves C = beta * C, which cuBLASLt is not asked for: a kernel of ours scales C.
 TEST(CudaMatmul, EmptyInnerDimensionScalesC) {
   HAM_SKIP_UNLESS_CUDA();
-  Tensor a = Tensor::empty({3, 0}, DType::F32, Device::cuda());
-  Tensor b = Tensor::empty({0, 4}, DType::F32, Device::cuda());
-  Tensor c = Tensor::full({3, 4}, 2.0, DType::F32, Device::cuda());
-  ops::gemm(a, b, c, false, false, 1.0, 0.5);
-  EXPECT_EQ(c.to_vector<float>(), std::vector<float>(12, 1.0f));
-  Tensor zeros = ops::matmul(a, b);
-  EXPECT_EQ(zeros.to_vector<float>(), std::vector<float>(12, 0.0f));
+  for (DType dtype : testing::kGpuDtypesAndF64) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor a = Tensor::empty({2, 3, 0}, dtype, Device::cuda());
+    Tensor b = Tensor::empty({2, 0, 517}, dtype, Device::cuda());
+    Tensor c = random_tensor({2, 3, 517}, dtype, Device::cuda(), next_seed++);
+    const Tensor expected = cpu_reference(a, b, c, false, false, 1.0, 0.37);
+    ops::gemm(a, b, c, false, false, 1.0, 0.37);
+    EXPECT_LE(relative_rms_error(c.to(Device::cpu()), expected), tolerance(dtype));
+    ops::gemm(a, b, c, false, false, 1.0, 0.0);  // beta 0: zeros, whatever C held
+    EXPECT_EQ(c.to(Device::cpu()).to(DType::F64).to_vector<double>(),
+              std::vector<double>(c.numel(), 0.0));
+    Tensor zeros = ops::matmul(a, b);
+    EXPECT_EQ(zeros.to(Device::cpu()).to(DType::F64).to_vector<double>(),
+              std::vector<double>(zeros.numel(), 0.0));
+  }
 }
 
 TEST(CudaMatmul, MixedDevicesAreAOneLineError) {

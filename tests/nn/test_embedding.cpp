@@ -145,6 +145,16 @@ TEST(Embedding, GpuMatchesCpu) {
       }
     }
   }
+  // Rows of a byte table with an odd length: the copy moves one byte at a time.
+  for (DType index_dtype : {DType::I32, DType::I64}) {
+    Tensor bytes = testing::random_indices({50, 37}, DType::I64, gpu, 70, 0, 256).to(DType::U8);
+    Tensor ids = testing::random_indices({3, 170}, index_dtype, gpu, 71, 0, 50);
+    Tensor want = ops::embedding(bytes.to(Device::cpu()), ids.to(Device::cpu()));
+    Tensor out = Tensor::full({3, 170, 37}, 255, DType::U8, gpu);
+    embedding_kernels()(gpu, bytes, ids, out);
+    EXPECT_EQ(out.to(Device::cpu()).to_vector<int64_t>(), want.to_vector<int64_t>())
+        << "u8 rows, " << dtype_name(index_dtype) << " ids";
+  }
   Tensor weight = testing::random_tensor({50, 8}, DType::F32, gpu, 1);
   Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 50, 2}, {3}).to(gpu);
   testing::expect_error([&] { ops::embedding(weight, ids); }, {"embedding", "id 50", "V = 50"});

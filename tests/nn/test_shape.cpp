@@ -394,5 +394,38 @@ TEST(Shape, GpuMatchesCpu) {
   }
 }
 
+// The copies of one-byte elements (u8: the routers' selection masks), exactly. Skips
+// without a GPU.
+TEST(Shape, GpuByteLayoutsMatchCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+  const Device gpu = Device::cuda();
+  auto random_bytes = [&](const Shape& shape, uint64_t seed) {
+    return testing::random_indices(shape, DType::I64, gpu, seed, 0, 256).to(DType::U8);
+  };
+  auto expect_equal = [](const Tensor& gpu_out, const Tensor& want, const std::string& what) {
+    EXPECT_EQ(gpu_out.to(Device::cpu()).to_vector<int64_t>(), want.to_vector<int64_t>()) << what;
+  };
+  Tensor x = random_bytes({2, 3, 4, 5}, 200);
+  const std::vector<int64_t> dims = {2, 0, 3, 1};
+  Tensor want_p = ops::permute(x.to(Device::cpu()), dims);
+  Tensor permuted = Tensor::full(want_p.shape(), 255, DType::U8, gpu);
+  permute_kernels()(gpu, x, dims, permuted);
+  expect_equal(permuted, want_p, "permute");
+  Tensor src = random_bytes({2, 5, 4}, 201);
+  for (DType index_dtype : {DType::I64, DType::I32}) {
+    const std::string what = std::string(dtype_name(index_dtype)) + " indices: ";
+    Tensor index = testing::random_indices({2, 6, 3}, index_dtype, gpu, 202, 0, 5);
+    Tensor gathered = Tensor::full({2, 6, 3}, 255, DType::U8, gpu);
+    gather_kernels()(gpu, src, 1, index, gathered);
+    expect_equal(gathered, ops::gather(src.to(Device::cpu()), 1, index.to(Device::cpu())),
+                 what + "gather");
+    Tensor rows = testing::random_indices({9}, index_dtype, gpu, 203, 0, 5);
+    Tensor selected = Tensor::full({2, 9, 4}, 255, DType::U8, gpu);
+    index_select_kernels()(gpu, src, 1, rows, selected);
+    expect_equal(selected, ops::index_select(src.to(Device::cpu()), 1, rows.to(Device::cpu())),
+                 what + "index_select");
+  }
+}
+
 }  // namespace
 }  // namespace ham
