@@ -4537,18 +4537,19 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     };
     finish(dq_part, grads.dq);
     finish(dk_part, grads.dk);
-    if (grads.dg.defined() && grads.dg.dtype() == DType::F32 && !std::is_same_v<T, float>) {
-      // f32 gates: dg stays f32 (mixed precision).
-      if (grads.dg.numel() > 0) {
+    // f32 gates (mixed precision, bf16 inputs only: gated_delta_rule's check): dg stays f32.
+    const bool f32_gates = grads.dg.defined() && grads.dg.dtype() == DType::F32 &&
+                           std::is_same_v<T, __nv_bfloat16>;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (f32_gates && grads.dg.numel() > 0) {
         HAM_LAUNCH(grid_for(grads.dg.numel()), kThreads, 0, launch_stream(),
                    sum_tiles_kernel<float, C>)(
             pr.tiles > 0 ? ptr<const C>(dg_part) : nullptr, grads.dg.numel(), pr.tiles,
             ptr<float>(grads.dg));
         HAM_CUDA_CHECK_LAUNCH();
       }
-    } else {
-      finish(dg_part, grads.dg);
     }
+    if (!f32_gates) finish(dg_part, grads.dg);
     finish(dbeta_part, grads.dbeta);
   });
 }
