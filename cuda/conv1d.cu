@@ -456,14 +456,15 @@ void backward_any_width(const Tensor& dz_or_dy, const Tensor& x, const Tensor& w
     HAM_CUDA_CHECK_LAUNCH();
   }
   if (dweight.defined()) {
-    reduce_middle<C>(x.device(), 1, rows, channels * width,
-                     WeightGradTerm<T, I>{ptr<const T>(dy), ptr<const T>(x), ids, seq, channels,
-                                          width},
-                     StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+    reduce_middle<C, ReduceForms::Columns>(
+        x.device(), 1, rows, channels * width,
+        WeightGradTerm<T, I>{ptr<const T>(dy), ptr<const T>(x), ids, seq, channels, width},
+        StoreScaled<T, C>{ptr<T>(dweight), C(1)});
   }
   if (dbias.defined()) {
-    reduce_middle<C>(x.device(), 1, rows, channels, BiasGradTerm<T>{ptr<const T>(dy), channels},
-                     StoreScaled<T, C>{ptr<T>(dbias), C(1)});
+    reduce_middle<C, ReduceForms::Columns>(x.device(), 1, rows, channels,
+                                           BiasGradTerm<T>{ptr<const T>(dy), channels},
+                                           StoreScaled<T, C>{ptr<T>(dbias), C(1)});
   }
 }
 

@@ -266,8 +266,9 @@ int64_t cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignor
       };
       if (rows_packable<T>(vocab, {logits.raw_data()})) run.template operator()<kPackWidth<T>>();
       else run.template operator()<1>();
-      reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
-                            StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
+      reduce_middle<double, ReduceForms::Rows>(
+          device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
+          StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
     });
   });
   HAM_CUDA_CHECK(cudaMemcpyAsync(&host_stats, stats, sizeof host_stats, cudaMemcpyDeviceToHost,
@@ -337,8 +338,9 @@ void cross_entropy_with_grad(Tensor& logits, const Tensor& targets, int64_t igno
       };
       if (rows_packable<T>(vocab, {logits.raw_data()})) run.template operator()<kPackWidth<T>>();
       else run.template operator()<1>();
-      reduce_middle<double>(device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
-                            StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
+      reduce_middle<double, ReduceForms::Rows>(
+          device, 1, rows, 1, ReadRowLoss{ptr<const double>(row_loss)},
+          StoreScaled<compute_t<T>, double>{ptr<compute_t<T>>(loss_sum), 1.0});
     });
   });
 }

@@ -574,9 +574,9 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
     T *dxp = ptr_or_null<T>(dx), *dgp = ptr_or_null<T>(dgate);
     // dweight by a second pass over x and dy (rows too short or too long for the fused one)
     auto dweight_second_pass = [&] {
-      reduce_middle<C>(x.device(), 1, rows, d,
-                       WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
-                       StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+      reduce_middle<C, ReduceForms::Columns>(x.device(), 1, rows, d,
+                                             WeightGradTerm<T>{dyp, xp, gp, ptr<const T>(rstd), d},
+                                             StoreScaled<T, C>{ptr<T>(dweight), C(1)});
     };
     if (rows == 0 || d == 0) {  // dweight: sums over no rows
       if (dweight.defined()) dweight_second_pass();
@@ -600,8 +600,9 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gate,
           launch_rms_norm_backward_fused<false, N>(packs_per_thread, dyp, xp, gp, wp, rp, rows,
                                                    d, dxp, dgp, ptr<C>(part), groups);
         }
-        reduce_middle<C>(x.device(), 1, groups, d, PartialSum<T>{ptr<const C>(part), d},
-                         StoreScaled<T, C>{ptr<T>(dweight), C(1)});
+        reduce_middle<C, ReduceForms::Columns>(x.device(), 1, groups, d,
+                                               PartialSum<T>{ptr<const C>(part), d},
+                                               StoreScaled<T, C>{ptr<T>(dweight), C(1)});
         return;
       }
       if (dx.defined() || dgate.defined()) {

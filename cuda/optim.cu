@@ -234,8 +234,8 @@ double squared_norm(const Tensor& x) {
   use_device_of(x);
   Tensor total = Tensor::empty({1}, DType::F64, x.device());
   dispatch_floating("squared_norm", x.dtype(), [&]<class T>() {
-    reduce_middle<double>(x.device(), 1, n, 1, ReadSquare<T>{ptr<const T>(x)},
-                          StoreScaled<double, double>{ptr<double>(total), 1.0});
+    reduce_middle<double, ReduceForms::Rows>(x.device(), 1, n, 1, ReadSquare<T>{ptr<const T>(x)},
+                                             StoreScaled<double, double>{ptr<double>(total), 1.0});
   });
   double host = 0;
   HAM_CUDA_CHECK(cudaMemcpyAsync(&host, total.raw_data(), sizeof host, cudaMemcpyDeviceToHost,

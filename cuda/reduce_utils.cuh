@@ -88,15 +88,22 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace reduce_detail
 
+// The kernels a call site compiles: a site whose inner is always 1 (a sum of rows) needs
+// only the row kernels; one whose inner is a width needs only the column kernel, which
+// also takes a width of 1 (one live column a block: slower, but only for degenerate shapes).
+enum class ReduceForms { RowsAndColumns, Rows, Columns };
+
 // Runs the reduction on `device` (the current device must already be set).
-template <class C, class Value, class Store>
+template <class C, ReduceForms kForms = ReduceForms::RowsAndColumns, class Value, class Store>
 void reduce_middle(Device device, int64_t outer, int64_t len, int64_t inner, Value value,
                    Store store) {
   using namespace reduce_detail;
   const int64_t count = outer * inner;
   if (count == 0) return;
+  HAM_CHECK(kForms != ReduceForms::Rows || inner == 1, "reduce: a sum of rows given inner ",
+            inner);
   const int64_t target_blocks = 4 * int64_t(multiprocessor_count());
-  const bool rows = inner == 1;
+  const bool rows = kForms != ReduceForms::Columns && inner == 1;
   const bool warp_rows = rows && len <= kWarpRowMax;
   const int64_t base_blocks = rows ? (warp_rows ? ceil_div(outer, kWarpRowsPerBlock) : outer)
                                    : outer * ceil_div(inner, kColumnWidth);
@@ -112,15 +119,20 @@ void reduce_middle(Device device, int64_t outer, int64_t len, int64_t inner, Val
     partial = ptr<Acc>(scratch);
   }
   const dim3 grid{unsigned(base_blocks), unsigned(splits)};
-  if (warp_rows) {
-    HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<true, C>)(
-        outer, len, splits, value, store, partial);
-  } else if (rows) {
-    HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<false, C>)(
-        outer, len, splits, value, store, partial);
-  } else {
-    HAM_LAUNCH(grid, dim3(kColumnWidth, kColumnRows), 0, launch_stream(), column_sums<C>)(
-        outer, len, inner, splits, value, store, partial);
+  if constexpr (kForms != ReduceForms::Columns) {
+    if (warp_rows) {
+      HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<true, C>)(
+          outer, len, splits, value, store, partial);
+    } else if (rows) {
+      HAM_LAUNCH(grid, kThreads, 0, launch_stream(), row_sums<false, C>)(
+          outer, len, splits, value, store, partial);
+    }
+  }
+  if constexpr (kForms != ReduceForms::Rows) {
+    if (!rows) {
+      HAM_LAUNCH(grid, dim3(kColumnWidth, kColumnRows), 0, launch_stream(), column_sums<C>)(
+          outer, len, inner, splits, value, store, partial);
+    }
   }
   HAM_CUDA_CHECK_LAUNCH();
   if (splits > 1) {

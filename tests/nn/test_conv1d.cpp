@@ -447,6 +447,42 @@ TEST(CausalConv1d, GpuSpansMatchCpu) {
 #endif
 }
 
+// One channel: dbias (and at width 1 dweight) is a sum over rows of a single column, on
+// the span kernels and on the per-element ones. Skips without a GPU.
+TEST(CausalConv1d, GpuOneChannelMatchesCpu) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting spans_on(&cuda::set_conv1d_spans, true);
+  const Device gpu = Device::cuda();
+  uint64_t seed = 500;
+  for (DType dtype : testing::kGpuDtypesAndF64) {
+    for (bool spans : {true, false}) {
+      for (int64_t width : {1, 9}) {
+        const std::string what = std::string(dtype_name(dtype)) + " width " +
+                                 std::to_string(width) + (spans ? " spans" : " per element");
+        cuda::set_conv1d_spans(spans);
+        Tensor x = testing::random_tensor({2, 300, 1}, dtype, gpu, seed++);
+        Tensor weight = testing::random_tensor({1, width}, dtype, gpu, seed++);
+        Tensor bias = testing::random_tensor({1}, dtype, gpu, seed++);
+        Tensor dy = testing::random_tensor({2, 300, 1}, dtype, gpu, seed++);
+        Tensor x_cpu = testing::cpu_reference(x), weight_cpu = testing::cpu_reference(weight);
+        auto want = ops::causal_conv1d_backward(testing::cpu_reference(dy), x_cpu, weight_cpu,
+                                                true, true, true, Tensor(),
+                                                testing::cpu_reference(bias));
+        Tensor dx = testing::poisoned(x.shape(), dtype, gpu);
+        Tensor dweight = testing::poisoned(weight.shape(), dtype, gpu);
+        Tensor dbias = testing::poisoned({1}, dtype, gpu);
+        causal_conv1d_backward_kernels()(gpu, dy, x, weight, bias, Tensor(),
+                                         Conv1dActivation::None, dx, dweight, dbias);
+        testing::expect_matches_reference(dx, want.dx, dtype, what + " dx");
+        testing::expect_matches_reference(dweight, want.dweight, dtype, what + " dweight");
+        testing::expect_matches_reference(dbias, want.dbias, dtype, what + " dbias");
+      }
+    }
+  }
+#endif
+}
+
 // A sequence of no rows: the span kernels have no spans, and dweight and dbias are zeros.
 TEST(CausalConv1d, GpuEmptySequenceGivesZeroParameterGradients) {
   HAM_SKIP_UNLESS_CUDA();

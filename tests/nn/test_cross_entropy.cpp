@@ -287,11 +287,13 @@ TEST(CrossEntropy, GpuMatchesCpu) {
   for (DType dtype : testing::kGpuDtypesAndF64) {
     uint64_t seed = 50;
     // warp rows as 16-byte packs (100 in f32, 104) and element by element (101; 100 in
-    // bf16), block rows as packs (5000) and element by element (2051)
-    for (int64_t vocab : {100, 101, 104, 5000, 2051}) {
+    // bf16), block rows as packs (5000) and element by element (2051); the loss summed
+    // over more rows than one pass of the sum takes (3000)
+    for (const auto& [vocab, rows] : std::vector<std::pair<int64_t, int64_t>>{
+             {100, 37}, {101, 37}, {104, 37}, {5000, 37}, {2051, 37}, {33, 3000}}) {
       for (DType index_dtype : {DType::I32, DType::I64}) {
-        const int64_t rows = 37;
-        const std::string what = "cross_entropy V=" + std::to_string(vocab) + " " +
+        const std::string what = "cross_entropy V=" + std::to_string(vocab) + " rows " +
+                                 std::to_string(rows) + " " +
                                  dtype_name(index_dtype) + " targets";
         std::vector<int64_t> t = testing::random_indices({rows}, DType::I64, Device::cpu(), seed++,
                                                          0, vocab).to_vector<int64_t>();

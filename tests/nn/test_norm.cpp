@@ -294,6 +294,19 @@ TEST(Norm, GpuMatchesCpu) {
       l2_norm_backward_kernels()(gpu, dy, x, rstd, dx);
       testing::expect_matches_reference(dx, want_dx, dtype, what + " dx");
     }
+    // Rows of one element: dweight sums a single column. (dx, dy * w * rstd * eps / (x^2 +
+    // eps), is what is left after cancellation, too small to compare relatively.)
+    const RmsNormCase c(Shape{3, 37, 1}, dtype, true, true, seed);
+    Tensor y = testing::poisoned({3, 37, 1}, dtype, gpu);
+    Tensor rstd = testing::poisoned({3 * 37}, dtype, gpu);
+    rms_norm_kernels()(gpu, c.x, c.gate, c.weight, 1e-6, y, rstd);
+    testing::expect_matches_reference(y, c.want.y, dtype, "rms_norm d=1 y");
+    Tensor dx = testing::poisoned({3, 37, 1}, dtype, gpu);
+    Tensor dgate = testing::poisoned({3, 37, 1}, dtype, gpu);
+    Tensor dweight = testing::poisoned({1}, dtype, gpu);
+    rms_norm_backward_kernels()(gpu, c.dy, c.x, c.gate, c.weight, rstd, dx, dgate, dweight);
+    testing::expect_matches_reference(dgate, c.want_grads.dgate, dtype, "rms_norm d=1 dgate");
+    testing::expect_matches_reference(dweight, c.want_grads.dweight, dtype, "rms_norm d=1 dweight");
   }
 }
 
