@@ -23,14 +23,25 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sass_spills import text_sections  # noqa: E402
 
-# <length>_GLOBAL__N__<hash>_<length>_<file>_cu_<hash>: nvcc's name for a file's
-# anonymous namespace.
-ANONYMOUS = re.compile(r"\d+_GLOBAL__N__[0-9a-f]{8}_\d+_\w+?_cu_[0-9a-f]{8}")
+# <length>_GLOBAL__N__<hash>_<length>_<file>_cu_<hash>[_<number>]: nvcc's name for a
+# file's anonymous namespace, <length> characters long. The number differs between builds
+# of a changed file, so the whole name goes, as its length prefix says.
+ANONYMOUS = re.compile(r"(\d+)_GLOBAL__N__")
+
+
+def without_anonymous_tags(name):
+    parts, at = [], 0
+    for match in ANONYMOUS.finditer(name):
+        if match.start() < at:
+            continue
+        parts.append(name[at:match.start()] + "(anonymous)")
+        at = match.start(1) + len(match.group(1)) + int(match.group(1))
+    return "".join(parts) + name[at:]
 
 
 def kernels(path):
     data = open(path, "rb").read()
-    return {ANONYMOUS.sub("(anonymous)", name): data[offset:offset + size]
+    return {without_anonymous_tags(name): data[offset:offset + size]
             for name, offset, size in text_sections(data)}
 
 
