@@ -80,7 +80,7 @@ namespace {
 // block can opt into, 48 KiB without), with 16 GiB of emulated memory each.
 constexpr int kMultiprocessors = 132;
 constexpr int kSharedPerBlock = 48 * 1024;
-constexpr int kSharedPerBlockOptin = 227 * 1024;
+constexpr int kHopperSharedPerBlockOptin = 227 * 1024;
 constexpr int kSharedPerMultiprocessor = 228 * 1024;  // a Hopper SM's, 1 KB reserved per block
 constexpr int kThreadsPerMultiprocessor = 2048;
 constexpr size_t kMemoryBytes = size_t(16) << 30;
@@ -94,6 +94,22 @@ int device_count_from_environment() {
   HAM_CHECK(end && *end == '\0' && n >= 0 && n <= 64, "HAM_EMULATED_GPUS=", value,
             ": expected a GPU count from 0 to 64");
   return int(n);
+}
+
+// The shared memory a block may opt into: the H200's, or HAM_EMULATOR_SHARED_OPTIN_KIB (48 to
+// 227) for a smaller part's (an A100's 163, an RTX 4090's 99), so that the fallbacks kernels
+// take where their preferred tiles do not fit run in a test.
+int shared_per_block_optin() {
+  static const int bytes = [] {
+    const char* value = std::getenv("HAM_EMULATOR_SHARED_OPTIN_KIB");
+    if (!value || !*value) return kHopperSharedPerBlockOptin;
+    char* end = nullptr;
+    const long kib = std::strtol(value, &end, 10);
+    HAM_CHECK(end && *end == '\0' && kib >= 48 && kib <= 227, "HAM_EMULATOR_SHARED_OPTIN_KIB=",
+              value, ": expected KiB from 48 to 227");
+    return int(kib * 1024);
+  }();
+  return bytes;
 }
 
 int device_count() {
@@ -144,9 +160,10 @@ struct KernelRecord {
       return concat(static_bytes, " bytes of static shared memory, past the ", kSharedPerBlock,
                     " nvcc allows a kernel");
     }
-    if (opted_in >= 0 && size_t(opted_in) + static_bytes > size_t(kSharedPerBlockOptin)) {
+    if (opted_in >= 0 && size_t(opted_in) + static_bytes > size_t(shared_per_block_optin())) {
       return concat("its MaxDynamicSharedMemorySize of ", opted_in, " bytes and its ",
-                    static_bytes, " of static shared memory exceed the ", kSharedPerBlockOptin,
+                    static_bytes, " of static shared memory exceed the ",
+                    shared_per_block_optin(),
                     " a block may opt into, so cudaFuncSetAttribute fails on a GPU");
     }
     if (dynamic > dynamic_limit(device)) {
@@ -500,7 +517,7 @@ cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attri
   if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     std::lock_guard<std::mutex> lock(state().mutex);
     KernelRecord& kernel = state().kernels[function];
-    if (value < 0 || size_t(value) + kernel.static_bytes > size_t(kSharedPerBlockOptin)) {
+    if (value < 0 || size_t(value) + kernel.static_bytes > size_t(shared_per_block_optin())) {
       return fail(cudaErrorInvalidValue);
     }
     kernel.max_dynamic[current_device] = value;
@@ -632,7 +649,7 @@ bool accept_launch(const LaunchSite& site, dim3 grid, dim3 block, size_t dynamic
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   const bool ok = threads >= 1 && threads <= 1024 && block.z <= 64 && grid.x >= 1 &&
                   grid.y >= 1 && grid.z >= 1 && grid.x <= 2147483647u && grid.y <= 65535 &&
-                  grid.z <= 65535 && dynamic_shared_bytes <= size_t(kSharedPerBlockOptin);
+                  grid.z <= 65535 && dynamic_shared_bytes <= size_t(shared_per_block_optin());
   if (!ok) {
     fail(cudaErrorInvalidConfiguration);
     return false;
@@ -732,7 +749,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMultiProcessorCount: *value = kMultiprocessors; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSharedPerBlockOptin; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = shared_per_block_optin(); break;
     default: return fail(cudaErrorInvalidValue);
   }
   return cudaSuccess;
@@ -750,7 +767,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->multiProcessorCount = kMultiprocessors;
   prop->major = 9;
   prop->minor = 0;
-  prop->sharedMemPerBlockOptin = kSharedPerBlockOptin;
+  prop->sharedMemPerBlockOptin = shared_per_block_optin();
   return cudaSuccess;
 }
 

@@ -437,6 +437,31 @@ TEST(SimtEmulator, ALaunchPastItsKernelsSharedMemoryLimitFailsLikeOnAGpu) {
                                       211 * 1024));
 }
 
+// HAM_EMULATOR_SHARED_OPTIN_KIB stands the emulated GPUs for a part with less shared memory
+// a block may opt into than the H200's 227 KiB (ctest runs this test at 99 KiB too).
+TEST(SimtEmulator, TheOptInSharedMemoryFollowsTheEnvironment) {
+  const char* kib = std::getenv("HAM_EMULATOR_SHARED_OPTIN_KIB");
+  const int optin = (kib ? std::atoi(kib) : 227) * 1024;
+  int reported = 0;
+  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&reported, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  EXPECT_EQ(reported, optin);
+  cudaDeviceProp properties{};
+  HAM_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+  EXPECT_EQ(properties.sharedMemPerBlockOptin, size_t(optin));
+  auto* kernel = static_and_dynamic_shared;  // 16 KiB of static shared memory
+  DeviceInts out(32);
+  HAM_LAUNCH(1, 32, 1024, nullptr, static_and_dynamic_shared)(out.data);  // its statics known
+  HAM_CUDA_CHECK_LAUNCH();
+  const int most = optin - 16 * 1024;
+  EXPECT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most + 1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  HAM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  HAM_LAUNCH(1, 32, most, nullptr, static_and_dynamic_shared)(out.data);
+  HAM_CUDA_CHECK_LAUNCH();
+  for (int x : out.read()) EXPECT_EQ(x, 6);
+}
+
 // The same kernel shape met for the first time at a launch: the static variables become
 // known inside the block, and the launch fails there.
 __global__ void static_shared_past_the_default(int* out) {
