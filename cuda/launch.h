@@ -172,11 +172,21 @@ void raise_dynamic_shared_limit(const void* kernel, size_t bytes,
 // Raises `kernel`'s dynamic shared-memory limit (MaxDynamicSharedMemorySize) to `bytes`, once
 // per kernel, device and larger size. Below 48 KiB too: without it a block has 48 KiB for its
 // static and dynamic shared memory together, so a launch asking for less still fails where
-// the kernel's static arrays take the rest. `op` names the caller in an error.
+// the kernel's static arrays take the rest. `op` names the caller in an error, which a GPU
+// with less shared memory than the kernel needs (less than Hopper's) gets here.
 template <class Kernel>
 void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
   if (bytes == 0) return;
   raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, [&] {
+    int device = 0, optin = 0;
+    HAM_CUDA_CHECK(cudaGetDevice(&device));
+    HAM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    HAM_CHECK(bytes + attributes.sharedSizeBytes <= size_t(optin), op, ": a kernel needs ",
+              bytes, " bytes of dynamic shared memory per block beside ",
+              attributes.sharedSizeBytes, " static; GPU ", device, " allows a block ", optin);
     HAM_CUDA_CHECK_CTX(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
         op, ": ", bytes, " bytes of dynamic shared memory");
