@@ -228,7 +228,8 @@ TEST(Elementwise, GpuMatchesCpu) {
     // type): an inner run that is not the last dim, rows past a warp's reach, and runs
     // apart only by a dim of size 1 (the outer run's rows then have inner 1 too).
     for (const auto& [shape, target] : std::vector<std::pair<Shape, Shape>>{
-             {{3, 4, 5, 6}, {4, 1, 6}}, {{2, 3, 1500}, {3, 1}}, {{4, 1, 1500}, {1}}}) {
+             {{3, 4, 5, 6}, {4, 1, 6}}, {{2, 3, 1500}, {3, 1}}, {{4, 1, 1500}, {1}},
+             {{1500, 1, 4}, {1}}}) {
       Tensor y = testing::random_tensor(shape, dtype, gpu, seed++, 1.0, 0.5);
       Tensor want_sum = ops::sum_to(testing::cpu_reference(y), target);
       Tensor out = testing::poisoned(target, dtype, gpu);

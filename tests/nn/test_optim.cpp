@@ -556,9 +556,16 @@ TEST(AdamW, GpuMatchesCpu) {
       testing::expect_matches_reference(list[i].exp_avg_sq, want[i][3], DType::F32,
                                         what + " exp_avg_sq");
     }
-    Tensor x = testing::random_tensor({300001}, grad_dtype, gpu, seed++);
-    const double want_norm = ops::squared_norm(testing::cpu_reference(x));
-    EXPECT_NEAR(ops::squared_norm(x), want_norm, 1e-9 * want_norm);
+  }
+  // squared_norm: a warp's row (up to 1,024), a block's, and a block's in splits.
+  uint64_t seed = 95;
+  for (DType dtype : testing::kGpuDtypesAndF64) {
+    for (int64_t n : {1000, 5000, 300001}) {
+      Tensor x = testing::random_tensor({n}, dtype, gpu, seed++);
+      const double want_norm = ops::squared_norm(testing::cpu_reference(x));
+      EXPECT_NEAR(ops::squared_norm(x), want_norm, 1e-9 * want_norm)
+          << dtype_name(dtype) << " n " << n;
+    }
   }
 }
 
