@@ -153,41 +153,48 @@ def symbols(binary):
 Launch = collections.namedtuple("Launch", "threads dynamic_shared reached_static site")
 
 
+def launch_log_fields(log, tool):
+    """Each line of the launch log `log` as its 10 fields; `tool` names the caller in an
+    error."""
+    with open(log) as lines:
+        for number, line in enumerate(lines, 1):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 10:
+                sys.exit(f"{tool}: {log}:{number}: expected 10 tab-separated fields, "
+                         f"found {len(fields)}")
+            yield fields
+
+
 def launched_kernels(logs):
     """{mangled name: Launch, the largest over all logs}, and why entries could not be named."""
     tables = {}
     launches = {}
     unnamed = []
     for log in logs:
-        with open(log) as lines:
-            for number, line in enumerate(lines, 1):
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) != 10:
-                    sys.exit(f"kernel_resources: {log}:{number}: expected 10 tab-separated "
-                             f"fields, found {len(fields)}")
-                binary, modified, offset, address, threads, dynamic, reached, kernel, site = \
-                    fields[:9]
-                where = f"{kernel} launched at {site}"
-                if not os.path.isfile(binary):
-                    unnamed.append(f"{where}: its binary {binary} is not there")
-                    continue
-                if os.stat(binary).st_mtime_ns != int(modified):
-                    unnamed.append(f"{where}: {binary} was rebuilt after {log} was written")
-                    continue
-                if binary not in tables:
-                    tables[binary] = symbols(binary)
-                table, position_independent = tables[binary]
-                name = table.get(int(offset if position_independent else address, 16))
-                if name is None:
-                    unnamed.append(f"{where}: no symbol at {offset} in {binary}")
-                    continue
-                launch = Launch(int(threads), int(dynamic), int(reached), site)
-                if name in launches:
-                    old = launches[name]
-                    launch = Launch(max(old.threads, launch.threads),
-                                    max(old.dynamic_shared, launch.dynamic_shared),
-                                    max(old.reached_static, launch.reached_static), old.site)
-                launches[name] = launch
+        for fields in launch_log_fields(log, "kernel_resources"):
+            binary, modified, offset, address, threads, dynamic, reached, kernel, site = \
+                fields[:9]
+            where = f"{kernel} launched at {site}"
+            if not os.path.isfile(binary):
+                unnamed.append(f"{where}: its binary {binary} is not there")
+                continue
+            if os.stat(binary).st_mtime_ns != int(modified):
+                unnamed.append(f"{where}: {binary} was rebuilt after {log} was written")
+                continue
+            if binary not in tables:
+                tables[binary] = symbols(binary)
+            table, position_independent = tables[binary]
+            name = table.get(int(offset if position_independent else address, 16))
+            if name is None:
+                unnamed.append(f"{where}: no symbol at {offset} in {binary}")
+                continue
+            launch = Launch(int(threads), int(dynamic), int(reached), site)
+            if name in launches:
+                old = launches[name]
+                launch = Launch(max(old.threads, launch.threads),
+                                max(old.dynamic_shared, launch.dynamic_shared),
+                                max(old.reached_static, launch.reached_static), old.site)
+            launches[name] = launch
     return launches, unnamed
 
 

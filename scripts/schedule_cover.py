@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_resources import launch_log_fields  # noqa: E402
+
 # The schedule runs' filter (tests/CMakeLists.txt), before the left-out tests.
 SCHEDULE_FILTER = "*Gpu*:*Cuda*:*GPU*:-DeviceTraining.*"
 
@@ -67,14 +70,9 @@ def run_alone(binary, test, log_dir, index):
         sys.exit(f"schedule_cover: {test} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     launches = set()
     if os.path.exists(log):
-        with open(log) as lines:
-            for number, line in enumerate(lines, 1):
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) != 10:
-                    sys.exit(f"schedule_cover: {log}:{number}: expected 10 tab-separated "
-                             f"fields, found {len(fields)}")
-                kernel = (fields[2], fields[7])  # offset in the binary, name
-                launches.update((kernel, kind) for kind in fields[9].split(","))
+        for fields in launch_log_fields(log, "schedule_cover"):
+            kernel = (fields[2], fields[7])  # offset in the binary, name
+            launches.update((kernel, kind) for kind in fields[9].split(","))
     return seconds, launches
 
 
