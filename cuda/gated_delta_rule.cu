@@ -3634,13 +3634,9 @@ Dims dims_of(const GatedDeltaRuleArgs& a) {
 // Largest dynamic shared memory a block of `kernel` may use on the current device.
 template <class Kernel>
 size_t shared_memory_limit(Kernel kernel) {
-  int device = 0, optin = 0;
-  HAM_CUDA_CHECK(cudaGetDevice(&device));
-  HAM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attributes{};
-  HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  return size_t(optin) > attributes.sharedSizeBytes ? size_t(optin) - attributes.sharedSizeBytes
-                                                    : 0;
+  const size_t optin = max_shared_per_block();
+  const size_t static_bytes = static_shared_bytes("gated_delta_rule", kernel);
+  return optin > static_bytes ? optin - static_bytes : 0;
 }
 
 // V tile width: the smallest of 8, 16, 32, 64 that covers V (64 when V > 64), halved until

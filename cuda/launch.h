@@ -169,6 +169,18 @@ int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
 void raise_dynamic_shared_limit(const void* kernel, size_t bytes,
                                 const std::function<void()>& raise);
 
+// Opt-in shared memory per block of the current device, in bytes.
+size_t max_shared_per_block();
+
+// The kernel's own static __shared__ arrays, which count against the same per-block limit.
+// `op` names the caller in an error.
+template <class Kernel>
+size_t static_shared_bytes(const char* op, Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  HAM_CUDA_CHECK_CTX(cudaFuncGetAttributes(&attributes, kernel), op, ": kernel attributes");
+  return attributes.sharedSizeBytes;
+}
+
 // Raises `kernel`'s dynamic shared-memory limit (MaxDynamicSharedMemorySize) to `bytes`, once
 // per kernel, device and larger size. Below 48 KiB too: without it a block has 48 KiB for its
 // static and dynamic shared memory together, so a launch asking for less still fails where
@@ -178,15 +190,12 @@ template <class Kernel>
 void allow_dynamic_shared(const char* op, Kernel* kernel, size_t bytes) {
   if (bytes == 0) return;
   raise_dynamic_shared_limit(reinterpret_cast<const void*>(kernel), bytes, [&] {
-    int device = 0, optin = 0;
+    const size_t optin = max_shared_per_block(), static_bytes = static_shared_bytes(op, kernel);
+    int device = 0;
     HAM_CUDA_CHECK(cudaGetDevice(&device));
-    HAM_CUDA_CHECK(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attributes{};
-    HAM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    HAM_CHECK(bytes + attributes.sharedSizeBytes <= size_t(optin), op, ": a kernel needs ",
-              bytes, " bytes of dynamic shared memory per block beside ",
-              attributes.sharedSizeBytes, " static; GPU ", device, " allows a block ", optin);
+    HAM_CHECK(bytes + static_bytes <= optin, op, ": a kernel needs ", bytes,
+              " bytes of dynamic shared memory per block beside ", static_bytes, " static; GPU ",
+              device, " allows a block ", optin);
     HAM_CUDA_CHECK_CTX(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
         op, ": ", bytes, " bytes of dynamic shared memory");
@@ -208,9 +217,6 @@ int resident_blocks_per_sm(const char* op, Kernel* kernel, int threads, size_t b
     return per_sm;
   });
 }
-
-// Opt-in shared memory per block of the current device, in bytes.
-size_t max_shared_per_block();
 
 // Grid-stride loop over [0, n) with 64-bit indices.
 #define HAM_GRID_STRIDE_LOOP(i, n)                                                   \

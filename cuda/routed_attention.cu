@@ -4080,18 +4080,10 @@ bool dispatch_head_dims(int64_t key_dim, int64_t value_dim, Fn&& fn) {
   }
 }
 
-// The kernel's own static __shared__ arrays, which count against the same per-block limit.
-template <class Kernel>
-size_t static_shared_bytes(Kernel* kernel) {
-  cudaFuncAttributes attributes{};
-  HAM_CUDA_CHECK_CTX(cudaFuncGetAttributes(&attributes, kernel), kOp, ": kernel attributes");
-  return attributes.sharedSizeBytes;
-}
-
 // Whether a tiled kernel with `bytes` of dynamic shared memory fits the device.
 template <class T>
 bool tiled_fits(void (*kernel)(AttentionArgs<T>), size_t bytes) {
-  return bytes + static_shared_bytes(kernel) <= max_shared_per_block();
+  return bytes + static_shared_bytes(kOp, kernel) <= max_shared_per_block();
 }
 
 // Launches a tiled kernel with `bytes` of dynamic shared memory, unless that does not fit
