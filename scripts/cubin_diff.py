@@ -15,6 +15,11 @@ Usage: scripts/cubin_diff.py OLD.cubin NEW.cubin
        (the same for cuda/routed_attention.cu into new.cubin)
        scripts/cubin_diff.py old.cubin new.cubin
 Exits 1 where a kernel differs or is in one cubin alone.
+
+  --rename REGEX=REPLACEMENT (repeatable) rewrites the new cubin's kernel names (as
+  re.sub, after the tag is out) before they are matched: a kernel given one more template
+  parameter, defaulted to what it did before, is then compared with its old code, e.g.
+    --rename '(gdr_state_mmaI(?:Li-?\d+E){3})Li2E=\1'
 """
 import os
 import re
@@ -39,22 +44,41 @@ def without_anonymous_tags(name):
     return "".join(parts) + name[at:]
 
 
-def kernels(path):
+def kernels(path, renames=()):
     data = open(path, "rb").read()
-    return {without_anonymous_tags(name): data[offset:offset + size]
-            for name, offset, size in text_sections(data)}
+    found = {}
+    for name, offset, size in text_sections(data):
+        name = without_anonymous_tags(name)
+        for pattern, replacement in renames:
+            name = pattern.sub(replacement, name)
+        if name in found:
+            raise SystemExit(f"cubin_diff: two kernels of {path} are named {name}"
+                             " once renamed")
+        found[name] = data[offset:offset + size]
+    return found
 
 
 def main():
-    if len(sys.argv) != 3:
+    args, renames = [], []
+    argv = sys.argv[1:]
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--rename":
+            if not argv or "=" not in argv[0]:
+                raise SystemExit("cubin_diff: --rename takes REGEX=REPLACEMENT")
+            pattern, replacement = argv.pop(0).split("=", 1)
+            renames.append((re.compile(pattern), replacement))
+        else:
+            args.append(arg)
+    if len(args) != 2:
         raise SystemExit(__doc__)
-    old, new = kernels(sys.argv[1]), kernels(sys.argv[2])
+    old, new = kernels(args[0]), kernels(args[1], renames)
     differ = sorted(name for name in old.keys() & new.keys() if old[name] != new[name])
     only_old = sorted(old.keys() - new.keys())
     only_new = sorted(new.keys() - old.keys())
     same = len(old.keys() & new.keys()) - len(differ)
     print(f"{same} kernels identical, {len(differ)} differ, {len(only_old)} only in "
-          f"{sys.argv[1]}, {len(only_new)} only in {sys.argv[2]}")
+          f"{args[0]}, {len(only_new)} only in {args[1]}")
     for label, names in (("differs", differ), ("only old", only_old), ("only new", only_new)):
         for name in names:
             print(f"  {label}: {name}")
