@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "cuda/check.h"
+#include "cuda/device_limits.h"
 #include "cuda/stream.h"
 
 // Checks the launch just made (bad configuration, missing kernel image), naming the site.
@@ -156,9 +157,6 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   return unsigned(std::clamp<int64_t>(blocks, 1, int64_t(1) << 20));
 }
 
-// Streaming multiprocessors of the current device (cached per device).
-int multiprocessor_count();
-
 // query() for (kernel, threads, bytes) on the current device, the first time; the cached
 // answer after that.
 int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
@@ -168,9 +166,6 @@ int cached_blocks_per_sm(const void* kernel, int threads, size_t bytes,
 // shared-memory limit to on the current device, then records them; the limit only rises.
 void raise_dynamic_shared_limit(const void* kernel, size_t bytes,
                                 const std::function<void()>& raise);
-
-// Opt-in shared memory per block of the current device, in bytes.
-size_t max_shared_per_block();
 
 // The kernel's own static __shared__ arrays, which count against the same per-block limit.
 // `op` names the caller in an error.
