@@ -1733,15 +1733,20 @@ struct StateWindow {
   float* carry_out = nullptr;
 };
 
-template <int KD, int VT>
+template <int KD, int VT, int kSlots = 2>
 struct MmaStateLayout {
   static constexpr int ldk = KD + 8, lds = VT + 8;
   static constexpr size_t s_bytes = size_t(KD) * lds * 2,   // S0 in bf16
       k_bytes = size_t(kChunk) * ldk * 2,                    // one tile of W or K rows
       v_bytes = size_t(kChunk) * lds * 2;                    // one tile of U or v_new columns
-  // S0, two slots of (W, K, U), the decayed v_new
-  static constexpr size_t bytes = s_bytes + 2 * (2 * k_bytes + v_bytes) + v_bytes;
+  // S0, kSlots slots of (W, K, U), the decayed v_new
+  static constexpr size_t bytes = s_bytes + kSlots * (2 * k_bytes + v_bytes) + v_bytes;
 };
+
+// The state passes and the output kernel at K = 256 in one slot of chunk tiles
+// (set_gated_delta_rule_one_slot, and wherever two slots do not fit a block's shared memory:
+// 171,008 bytes at 32 columns, above an A100's 163 KiB).
+constexpr int kOneSlotKeyDim = 256;
 
 // The chunk start state S0 of (b, h, chunk) in the scratch buffer [B, H, max_chunks, K, V].
 __device__ __forceinline__ int64_t state_offset(const Problem<bf16>& pr, int64_t b, int64_t h,
@@ -1866,15 +1871,19 @@ constexpr bool kStatePartialSums = KD >= 128 && VT == 32;
 // prepare kernel's gcum) and the chunk table entries are read into registers a chunk or
 // more ahead, so no step waits on global memory. kSums: v_new's sum over K in that many
 // partial sums (kStatePartialSums).
-template <int KD, int VT, int kSums = 1>
+// kSlots 1 (set_gated_delta_rule_one_slot): the chunk's K rows are copied during its v_new
+// product and the next chunk's W and U during its state update, each into the one slot's
+// part that the step no longer reads; the same products in the same order, so the same bits.
+template <int KD, int VT, int kSums = 1, int kSlots = 2>
 __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     gdr_state_mma(Problem<bf16> pr, const bf16* __restrict__ w, const bf16* __restrict__ u,
                   const float* __restrict__ gcum, bf16* __restrict__ v_new,
                   bf16* __restrict__ states, int64_t max_chunks, bf16* __restrict__ h_final,
                   StateWindow window) {
+  static_assert(kSlots == 1 || kSlots == 2, "one or two slots of chunk tiles");
   begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
-  using L = MmaStateLayout<KD, VT>;
+  using L = MmaStateLayout<KD, VT, kSlots>;
   constexpr int kWarps = kStateWarps<KD>;
   using Registers = StateRegisters<KD, VT, kWarps>;
   // v_new's product: warp w takes the 16 rows 16 (w % 4) and, with 8 warps, half of the
@@ -1884,10 +1893,11 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   constexpr int LDK = L::ldk, LDS = L::lds, NB = VT / 8;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
   bf16* sSb = reinterpret_cast<bf16*>(smem_raw);                  // S0 [K][vt], bf16
-  bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // 2 x (W, K, U)
-  bf16* sVn = reinterpret_cast<bf16*>(smem_raw + L::s_bytes + 2 * (2 * L::k_bytes + L::v_bytes));
+  bf16* slots = reinterpret_cast<bf16*>(smem_raw + L::s_bytes);   // kSlots x (W, K, U)
+  bf16* sVn =
+      reinterpret_cast<bf16*>(smem_raw + L::s_bytes + kSlots * (2 * L::k_bytes + L::v_bytes));
   constexpr int kSlotElements = 2 * kChunk * LDK + kChunk * LDS;
-  auto slot_w = [&](int chunk) { return slots + (chunk % 2) * kSlotElements; };
+  auto slot_w = [&](int chunk) { return slots + (chunk % kSlots) * kSlotElements; };
   auto slot_k = [&](int chunk) { return slot_w(chunk) + kChunk * LDK; };
   auto slot_u = [&](int chunk) { return slot_w(chunk) + 2 * kChunk * LDK; };
   HAM_STATIC_SHARED(float, s_g, [2][kChunk]);
@@ -1901,7 +1911,7 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   const int i_row = int(threadIdx.x);  // the chunk row whose G this thread carries (< 64)
   const RowChunks& row_chunks = st.chunks;
 
-  // Chunk c's copies into slot c % 2 ([begin, end) its tokens). With whole value tiles
+  // Chunk c's copies into slot c % kSlots ([begin, end) its tokens). With whole value tiles
   // they come from TileStreams of the rows of W, K and U from the first chunk's tokens on,
   // offset by the chunk's first token.
   using KeyTiles = TileStream<kWarps * 32, kChunk, KD, LDK>;
@@ -1931,6 +1941,28 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     issue_tile<kWarps * 32>(slot_u(chunk), LDS, kChunk, VT, n, cols, rows_of(u, V, col0));
   };
+  // kSlots 1: the same copies in two parts, the K rows, then the W and U rows.
+  auto issue_keys = [&](int chunk, int64_t begin, int64_t end) {
+    const int n = int(end - begin);
+    if (streamed) {
+      key_tiles.issue(slot_k(chunk), pr.k, (begin - stream_begin) * pr.heads * KD, n);
+      return;
+    }
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile<kWarps * 32>(slot_k(chunk), LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
+  };
+  auto issue_w_and_u = [&](int chunk, int64_t begin, int64_t end) {
+    const int n = int(end - begin);
+    if (streamed) {
+      const int64_t rows_in = (begin - stream_begin) * pr.heads;
+      key_tiles.issue(slot_w(chunk), w, rows_in * KD, n);
+      u_tiles.issue(slot_u(chunk), u, rows_in * V, n);
+      return;
+    }
+    const ChunkRows rows_of(pr, b, h, begin);
+    issue_tile<kWarps * 32>(slot_w(chunk), LDK, kChunk, KD, n, KD, rows_of(w, KD, 0));
+    issue_tile<kWarps * 32>(slot_u(chunk), LDS, kChunk, VT, n, cols, rows_of(u, V, col0));
+  };
   auto g_of = [&](int64_t begin, int64_t end) {  // G of row i_row of the chunk [begin, end)
     return i_row < kChunk && begin + i_row < end ? gcum[pr.row(b, begin + i_row, h)] : 0.f;
   };
@@ -1955,7 +1987,11 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   if (i_row < kChunk) s_g[first % 2][i_row] = g_of(begin, end);
   // (G only of the window's chunks: the next window's may be forming beside this pass)
   g_next = first + 1 < end_chunk ? g_of(end, end_next) : 0.f;
-  issue_chunk(first, begin, end);
+  if constexpr (kSlots == 2) {
+    issue_chunk(first, begin, end);
+  } else {
+    issue_w_and_u(first, begin, end);
+  }
   async_copy_commit();
   S.each([&](float& x, int a, int c) { sSb[a * LDS + c] = store<bf16>(x); });
 
@@ -1964,13 +2000,17 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
   stamped.loop_begins([&] { return end_chunk - first; });
   for (int chunk = first; chunk < end_chunk; ++chunk) {
     const int n = int(end - begin);
-    async_copy_wait<0>();  // this chunk's W, K, U (the only copies in flight)
+    async_copy_wait<0>();  // this chunk's W, K, U (the only copies in flight); kSlots 1: W, U
     __syncthreads();  // also: the previous chunk's tiles, sVn and s_g slot are no longer read
     if (i_row < kChunk) {
       s_g[(chunk + 1) % 2][i_row] = g_next;
       g_next = chunk + 2 < end_chunk ? g_of(end_next, end_after) : 0.f;  // chunk + 2
     }
-    if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
+    if constexpr (kSlots == 2) {
+      if (chunk + 1 < end_chunk) issue_chunk(chunk + 1, end, end_next);
+    } else {
+      issue_keys(chunk, begin, end);  // read only after the barrier between the products
+    }
     async_copy_commit();
     const float* g = s_g[chunk % 2];
     const float g_last = n > 0 ? g[n - 1] : 0.f;
@@ -2034,7 +2074,12 @@ __global__ void __launch_bounds__(kStateWarps<KD> * 32)
     // S0 to memory here, where a warp done with its rows would wait for the others
     save_state<KD, VT, LDS, kWarps * 32>(st, whole_states, sSb,
                                          states + state_offset(pr, b, h, chunk, max_chunks));
+    if constexpr (kSlots == 1) async_copy_wait<0>();  // this chunk's K
     __syncthreads();  // sVn written; S0 and the chunk's W and U no longer read
+    if constexpr (kSlots == 1) {  // the next chunk's W and U, beside this update
+      if (chunk + 1 < end_chunk) issue_w_and_u(chunk + 1, end, end_next);
+      async_copy_commit();
+    }
     // S <- e^{G_last} S + K^T sVn, each warp on its own key rows.
     const float total = expf(g_last);
     const bf16* sK = slot_k(chunk);
@@ -2120,11 +2165,14 @@ constexpr int kOutputMinBlocks = KD <= 128 ? 2 : 1;
 // two tiles of this chunk free them, so that they land during this chunk's last products
 // and its stores, not after the next chunk's start. Each element takes the same products
 // in the same order either way: the same to the bit.
-template <int KD, bool kFit, bool kPrefetch = false>
+// kOneSlot (set_gated_delta_rule_one_slot; `slots` 1): each value tile is copied once every
+// warp is done with the tile before, none in flight during a tile's products.
+template <int KD, bool kFit, bool kPrefetch = false, bool kOneSlot = false>
 __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     gdr_output_mma(Problem<bf16> pr, const bf16* v_new, const bf16* states, const float* gcum,
                    int64_t max_chunks, int slots, bf16* o, bf16* fit_error, int chunk_begin,
                    int chunk_end) {
+  static_assert(!(kOneSlot && kPrefetch), "the prefetch copies into the second slot");
   begin_dependent_kernel();
   const StampedBlock stamped(pr.timeline);
   using L = MmaOutputLayout<KD, kFit>;
@@ -2223,7 +2271,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     issue_tile<kOutputThreads>(sK, LDK, kChunk, KD, n, KD, rows_of(pr.k, KD, 0));
     if (ahead == 0) issue_value_tile(0);  // with Q and K
     else async_copy_commit();             // Q and K alone: tiles 0 and 1 came ahead
-    const bool tile_1_now = tiles > 1 && ahead < 2;
+    const bool tile_1_now = !kOneSlot && tiles > 1 && ahead < 2;
     if (tile_1_now) issue_value_tile(1);
     load_gcum(gcum, pr, b, h, begin, n, s_g);
     if (tile_1_now) async_copy_wait<1>();
@@ -2253,7 +2301,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
     for (int tile = 0; tile < tiles; ++tile) {
       if (tile > 0) {
         // The group issued after this tile's (at the last tile's end) may stay in flight.
-        if (tile + 1 < tiles || has_next) async_copy_wait<1>();
+        if (!kOneSlot && (tile + 1 < tiles || has_next)) async_copy_wait<1>();
         else async_copy_wait<0>();
         __syncthreads();  // this tile's copies, from every thread
       } else if (staged) {
@@ -2317,7 +2365,12 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputMinBlocks<KD>)
           }
         }
       }
-      if (tile + 2 < tiles) {
+      if constexpr (kOneSlot) {
+        if (tile + 1 < tiles) {
+          __syncthreads();  // every warp is done with the slot
+          issue_value_tile(tile + 1);
+        }
+      } else if (tile + 2 < tiles) {
         __syncthreads();  // every warp is done with this tile's slot
         issue_value_tile(tile + 2);
       } else if (has_next && tiles > 1) {  // two slots: the next chunk's tile 0, then 1
@@ -3842,6 +3895,8 @@ std::atomic<int64_t> g_windowed_forwards{0};   // gated_delta_rule_windowed_forw
 std::atomic<int> g_backward_windows{1};       // set_gated_delta_rule_backward_windows
 std::atomic<int64_t> g_windowed_backwards{0};  // gated_delta_rule_windowed_backwards
 std::atomic<bool> g_backward_overlap{true};     // set_gated_delta_rule_backward_overlap
+std::atomic<bool> g_one_slot{false};             // set_gated_delta_rule_one_slot
+std::atomic<int64_t> g_one_slot_launches{0};     // gated_delta_rule_one_slot_launches
 std::atomic<int64_t> g_overlapped_local_passes{0};  // gated_delta_rule_overlapped_local_passes
 std::atomic<int> g_state_partial_sums{1};      // set_gated_delta_rule_state_partial_sums
 std::atomic<int64_t> g_partial_sum_passes{0};  // gated_delta_rule_partial_sum_passes
@@ -3856,17 +3911,50 @@ std::atomic<int64_t> g_prefetching_output_passes{0};  // ..._prefetching_output_
 
 // The forward's state pass at K = KD on VT columns, with v_new in two partial sums where
 // set and where they apply (kStatePartialSums; counted).
+// `one_slot`: in one slot of chunk tiles (forward_state_one_slot).
 template <int KD, int VT>
-auto forward_state_kernel(KernelName& name) {
-  name = KernelName{"gdr_state_mma", {KD, VT, 1}, 3};
+auto forward_state_kernel(KernelName& name, bool one_slot) {
+  name = one_slot ? KernelName{"gdr_state_mma", {KD, VT, 1, 1}, 4}
+                  : KernelName{"gdr_state_mma", {KD, VT, 1}, 3};
   if constexpr (kStatePartialSums<KD, VT>) {
     if (g_state_partial_sums.load() == 2) {
       g_partial_sum_passes.fetch_add(1);
       name.arguments[2] = 2;
+      if constexpr (KD == kOneSlotKeyDim) {
+        if (one_slot) return &gdr_state_mma<KD, VT, 2, 1>;
+      }
       return &gdr_state_mma<KD, VT, 2>;
     }
   }
+  if constexpr (KD == kOneSlotKeyDim) {
+    if (one_slot) return &gdr_state_mma<KD, VT, 1, 1>;
+  }
   return &gdr_state_mma<KD, VT, 1>;
+}
+
+// Whether the forward's state pass on VT columns takes one slot of chunk tiles
+// (gdr_state_mma<KD, VT, kSums, 1>): at K = 256, where set_gated_delta_rule_one_slot asks or two do
+// not fit.
+template <int KD, int VT>
+bool forward_state_one_slot() {
+  if constexpr (KD != kOneSlotKeyDim) {
+    return false;
+  } else {
+    return g_one_slot.load() ||
+           MmaStateLayout<KD, VT>::bytes > shared_memory_limit(&gdr_state_mma<KD, VT, 1>);
+  }
+}
+
+// The same for the output kernel, whose value tiles take two slots where there are two or
+// more (`slots`).
+template <int KD, bool kFit>
+bool output_one_slot(int slots) {
+  if constexpr (KD != kOneSlotKeyDim) {
+    return false;
+  } else {
+    return slots == 2 && (g_one_slot.load() || MmaOutputLayout<KD, kFit>::bytes(2) >
+                                                   shared_memory_limit(&gdr_output_mma<KD, kFit>));
+  }
 }
 
 // The same for the backward's, with kSlots slots of chunk tiles, and du.
@@ -4037,9 +4125,13 @@ MmaChunkStates chunk_states_mma(const char* op, const GatedDeltaRuleArgs& a, con
   auto state_pass = [&]<int VT>(const StateWindow& window) {
     const int tiles = int((d.value_dim + VT - 1) / VT);
     KernelName name{};
-    const auto kernel = forward_state_kernel<KD, VT>(name);
+    const bool one_slot = forward_state_one_slot<KD, VT>();
+    if (one_slot) g_one_slot_launches.fetch_add(1);
+    const auto kernel = forward_state_kernel<KD, VT>(name, one_slot);
     launch_kernel(name, kernel, state_pass_grid(op, d, tiles, c.max_docs),
-                  kStateWarps<KD> * 32, MmaStateLayout<KD, VT>::bytes, c.pr, ptr<const bf16>(c.w),
+                  kStateWarps<KD> * 32,
+                  one_slot ? MmaStateLayout<KD, VT, 1>::bytes : MmaStateLayout<KD, VT>::bytes,
+                  c.pr, ptr<const bf16>(c.w),
                   ptr<const bf16>(c.u), ptr<const float>(c.gcum), ptr<bf16>(c.v_new),
                   ptr<bf16>(c.states), c.max_chunks, ptr<bf16>(h_end), window);
   };
@@ -4079,12 +4171,28 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                       unsigned(d.batch * d.heads));
       // Without the fit error the kernel may store O's rows 16 bytes at a time.
       HAM_CHECK(fit || aligned_16(out.o.raw_data()), op, ": o off a 16-byte boundary");
+      // One slot of value tiles at K = 256 where set or where two do not fit.
+      const bool one_slot =
+          fit ? output_one_slot<KD, true>(slots) : output_one_slot<KD, false>(slots);
       // set_gated_delta_rule_output_prefetch: about one wave of blocks, each taking every
-      // gridDim.x-th chunk of its row and copying its next chunk's first tiles ahead.
+      // gridDim.x-th chunk of its row and copying its next chunk's first tiles ahead (into
+      // the second slot: not with one).
       const int prefetch_blocks = g_output_prefetch.load();
-      const bool prefetch = prefetch_blocks != 0;
+      const bool prefetch = prefetch_blocks != 0 && !one_slot;
       if (prefetch) g_prefetching_output_passes.fetch_add(1);
       auto launch = [&]<bool kFit>() {
+        if constexpr (KD == kOneSlotKeyDim) {
+          if (one_slot) {
+            g_one_slot_launches.fetch_add(1);
+            launch_kernel(KernelName{"gdr_output_mma", {KD, int(kFit), 0, 1}, 4},
+                          &gdr_output_mma<KD, kFit, false, true>, grid, kOutputThreads,
+                          MmaOutputLayout<KD, kFit>::bytes(1), chunks.pr,
+                          ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
+                          ptr<const float>(chunks.gcum), chunks.max_chunks, 1, ptr<bf16>(out.o),
+                          fit ? ptr<bf16>(out.fit_error) : nullptr, chunk_begin, chunk_end);
+            return;
+          }
+        }
         auto* kernel = prefetch ? &gdr_output_mma<KD, kFit, true> : &gdr_output_mma<KD, kFit>;
         const size_t bytes = MmaOutputLayout<KD, kFit>::bytes(slots);
         dim3 blocks = grid;
@@ -4176,10 +4284,15 @@ TuneProblem forward_tune_problem(const GatedDeltaRuleArgs& a, const Dims& d,
   const char* kept = a.keep == GatedDeltaRuleKeep::ChunkStates ? ", keeps chunk states"
                      : a.keep == GatedDeltaRuleKeep::Inverses  ? ", keeps inverses"
                                                                : "";
-  return {tune_shape(a, d) + (out.fit_error.defined() ? ", fit error" : "") + kept,
-          {{"gated_delta_rule_prepare_warps", {"4", "8"}},
-           {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}},
-           {"gated_delta_rule_output_prefetch", {"0", "-1"}}},
+  std::vector<TunedSetting> settings = {{"gated_delta_rule_prepare_warps", {"4", "8"}},
+                                        {"gated_delta_rule_forward_windows", {"1", "2", "4", "8"}}};
+  // An output kernel in one slot of value tiles does not prefetch: not timed twice.
+  const bool fit = out.fit_error.defined();
+  const bool one_slot_output = d.key_dim == kOneSlotKeyDim && d.value_dim > kMmaVt &&
+                               (fit ? output_one_slot<kOneSlotKeyDim, true>(2)
+                                    : output_one_slot<kOneSlotKeyDim, false>(2));
+  if (!one_slot_output) settings.push_back({"gated_delta_rule_output_prefetch", {"0", "-1"}});
+  return {tune_shape(a, d) + (fit ? ", fit error" : "") + kept, settings,
           {{"o", &out.o}, {"h_final", &out.h_final}, {"fit_error", &out.fit_error}}};
 }
 
@@ -4395,30 +4508,35 @@ bool gated_delta_rule_backward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
     // chunk's copies in flight) where they fit; else, with
     // set_gated_delta_rule_backward_keys_ahead, K and dvl a chunk ahead (kKeysAheadSlots).
     // On the chunks of windowed.window.
+    // One slot wherever neither fits, and at K = 256 where set_gated_delta_rule_one_slot asks.
     auto state_pass = [&]<int SVT>(const MmaBackward& windowed) {
       const dim3 grid = state_pass_grid(op, d, int((d.value_dim + SVT - 1) / SVT), c.max_docs);
-      if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
-        if (BwdStateLayout<KD, SVT, 2>::bytes <=
-            shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
-          KernelName name{};
-          const auto kernel = backward_state_kernel<KD, SVT, 2>(name);
-          launch_kernel(name, kernel, grid, kStateWarps<KD> * 32,
-                        BwdStateLayout<KD, SVT, 2>::bytes, pr, windowed);
-          return;
-        }
-      } else if constexpr (BwdStateLayout<KD, SVT, kKeysAheadSlots>::bytes <= 227 * 1024) {
-        using Ahead = BwdStateLayout<KD, SVT, kKeysAheadSlots>;
-        if (g_backward_keys_ahead.load() &&
-            Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
-          KernelName name{};
-          const auto kernel = backward_state_kernel<KD, SVT, kKeysAheadSlots>(name);
-          launch_kernel(name, kernel, grid, kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
-          g_keys_ahead_passes.fetch_add(1);
-          return;
+      const bool one_slot = KD == kOneSlotKeyDim && g_one_slot.load();
+      if (!one_slot) {
+        if constexpr (BwdStateLayout<KD, SVT, 2>::bytes <= 227 * 1024) {
+          if (BwdStateLayout<KD, SVT, 2>::bytes <=
+              shared_memory_limit(gdr_bwd_state_mma<KD, SVT, 2>)) {
+            KernelName name{};
+            const auto kernel = backward_state_kernel<KD, SVT, 2>(name);
+            launch_kernel(name, kernel, grid, kStateWarps<KD> * 32,
+                          BwdStateLayout<KD, SVT, 2>::bytes, pr, windowed);
+            return;
+          }
+        } else if constexpr (BwdStateLayout<KD, SVT, kKeysAheadSlots>::bytes <= 227 * 1024) {
+          using Ahead = BwdStateLayout<KD, SVT, kKeysAheadSlots>;
+          if (g_backward_keys_ahead.load() &&
+              Ahead::bytes <= shared_memory_limit(gdr_bwd_state_mma<KD, SVT, kKeysAheadSlots>)) {
+            KernelName name{};
+            const auto kernel = backward_state_kernel<KD, SVT, kKeysAheadSlots>(name);
+            launch_kernel(name, kernel, grid, kStateWarps<KD> * 32, Ahead::bytes, pr, windowed);
+            g_keys_ahead_passes.fetch_add(1);
+            return;
+          }
         }
       }
       KernelName name{};
       const auto kernel = backward_state_kernel<KD, SVT, 1>(name);
+      g_one_slot_launches.fetch_add(1);
       launch_kernel(name, kernel, grid, kStateWarps<KD> * 32, BwdStateLayout<KD, SVT, 1>::bytes,
                     pr, windowed);
     };
@@ -4640,6 +4758,10 @@ bool set_gated_delta_rule_backward_overlap(bool overlap) {
 }
 
 int64_t gated_delta_rule_overlapped_local_passes() { return g_overlapped_local_passes.load(); }
+
+bool set_gated_delta_rule_one_slot(bool one_slot) { return g_one_slot.exchange(one_slot); }
+
+int64_t gated_delta_rule_one_slot_launches() { return g_one_slot_launches.load(); }
 
 std::vector<GatedDeltaRuleChunkTableRow> gated_delta_rule_chunk_table(const Tensor& doc_ids,
                                                                       int64_t batch,

@@ -144,6 +144,22 @@ bool set_gated_delta_rule_backward_overlap(bool overlap);
 // state pass on a stream of the device's greatest priority.
 int64_t gated_delta_rule_overlapped_local_passes();
 
+// Whether the bf16 kernels at K = 256 that keep two slots of chunk tiles in shared memory,
+// the next chunk's (or value tile's) copies landing in one while the other is read, keep
+// one instead: the forward's state pass (gdr_state_mma<.., 1>: the chunk's K rows copied
+// during its v_new product, the next chunk's W and U during its state update), the output
+// kernel (gdr_output_mma<.., true>: each value tile copied after the last is read, no
+// prefetch) and the backward's state pass (gdr_bwd_state_mma, one slot). Off by default;
+// those kernels take one slot anyway where two do not fit the device's shared memory a
+// block: the forward's state pass needs 171,008 bytes at 32 columns in two slots and
+// 98,304 in one, the output kernel with the fit error 178,176 and 122,880, so the paper's
+// heads (K = 256) run on an A100's 163 KiB. The results are the same to the bit. Untimed
+// on a GPU (run on the SIMT emulator at 163 KiB). Returns the previous setting.
+bool set_gated_delta_rule_one_slot(bool one_slot);
+
+// How many launches of those kernels in one slot this process made.
+int64_t gated_delta_rule_one_slot_launches();
+
 // The chunk table the tensor-core passes read where there are doc_ids (chunk_table_kernel),
 // built from doc_ids ([B, T] i32 or i64 on a GPU) and read back, for tests. (Without doc_ids
 // the passes build no table: each row is one document of 64-token chunks.) Per row: each

@@ -76,6 +76,7 @@ const bool registered = [] {
   add_int("gated_delta_rule_backward_windows", "1 to 64 windows",
           &set_gated_delta_rule_backward_windows);
   add_bool("gated_delta_rule_backward_overlap", &set_gated_delta_rule_backward_overlap);
+  add_bool("gated_delta_rule_one_slot", &set_gated_delta_rule_one_slot);
   register_kernel_setting({"matmul_allow_tf32", "on or off", [](const std::string& value) {
                              const bool previous = matmul_allows_tf32();
                              set_matmul_allow_tf32(parse_setting_bool(value, "matmul_allow_tf32"));

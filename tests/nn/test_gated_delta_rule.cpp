@@ -17,6 +17,7 @@
 #include "cuda/autotune.h"
 #include "cuda/block_timeline.h"
 #include "cuda/dependent_launch.h"
+#include "cuda/device_limits.h"
 #include "cuda/gated_delta_rule.h"
 #endif
 
@@ -1572,6 +1573,60 @@ TEST(GatedDeltaRule, GpuOutputWithNextChunksAheadAgrees) {
   }
   testing::expect_error([] { cuda::set_gated_delta_rule_output_prefetch(-2); },
                         {"set_gated_delta_rule_output_prefetch: -2", "takes 0 (off), -1"});
+#endif
+}
+
+// At K = 256 the forward's state pass, its output kernel and the backward's state pass in
+// one slot of chunk tiles (set_gated_delta_rule_one_slot), as they run on a GPU with less
+// shared memory a block than Hopper's 227 KiB: each matches the CPU, and equals two slots
+// to the bit. The cases take the state pass's 32-column tiles (whole: TileStreams) with
+// documents and h0, its 64-column ones on part tiles, and its partial sums; two value tiles
+// of the output kernel, with the fit error and without. Each run of one slot launches 4
+// such kernels twice (the CPU check's call and the comparison's): forward state and output,
+// and the backward's recompute and reverse pass. Below 227 KiB (an A100's 163, which
+// EmulatedGpu.gated_delta_rule_one_slot_on_an_a100s_shared_memory emulates) the defaults
+// take one slot too.
+TEST(GatedDeltaRule, GpuOneSlotAtKeyDim256Agrees) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  const testing::ScopedSetting one_slot_guard(&cuda::set_gated_delta_rule_one_slot, false);
+  const testing::ScopedSetting columns_guard(&cuda::set_gated_delta_rule_state_columns, 0);
+  const testing::ScopedSetting sums_guard(&cuda::set_gated_delta_rule_state_partial_sums, 1);
+  const int64_t by_default = cuda::max_shared_per_block() >= 227 * 1024 ? 0 : 8;
+  struct OneSlotCase {
+    GpuCase c;
+    int state_columns, partial_sums;
+  };
+  for (const OneSlotCase& one : {OneSlotCase{GpuCase{1, 200, 1, 256, 96, true, 3}, 32, 1},
+                                 OneSlotCase{GpuCase{1, 130, 1, 256, 80, false, 0}, 64, 1},
+                                 OneSlotCase{GpuCase{1, 130, 1, 256, 96, false, 2}, 32, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(one.c) + " on " + std::to_string(one.state_columns) +
+                 " columns, " + std::to_string(one.partial_sums) + " partial sums");
+    cuda::set_gated_delta_rule_state_columns(one.state_columns);
+    cuda::set_gated_delta_rule_state_partial_sums(one.partial_sums);
+    const int64_t before = cuda::gated_delta_rule_one_slot_launches();
+    expect_settings_agree_bitwise(one.c, 163, {0, 1}, [](int on) {
+      cuda::set_gated_delta_rule_one_slot(on != 0);
+    });
+    EXPECT_EQ(cuda::gated_delta_rule_one_slot_launches() - before, by_default + 8);
+  }
+  // Without the fit error (every warp on O, two value tiles), which fits two slots in
+  // 163 KiB: below 227 only the defaults' state pass takes one.
+  GatedDeltaRuleArgs gpu = on_gpu(gpu_case_inputs(GpuCase{1, 70, 1, 256, 96, false, 0}, 167),
+                                  DType::BF16);
+  gpu.want_fit_error = false;
+  auto forward_o = [&](bool on) {
+    const testing::ScopedSetting one_slot(&cuda::set_gated_delta_rule_one_slot, on);
+    GatedDeltaRuleResult out = poisoned_result(gpu);
+    out.fit_error = Tensor();
+    gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+    return out;
+  };
+  const int64_t before = cuda::gated_delta_rule_one_slot_launches();
+  const GatedDeltaRuleResult two = forward_o(false), one = forward_o(true);
+  EXPECT_EQ(cuda::gated_delta_rule_one_slot_launches() - before, by_default > 0 ? 3 : 2);
+  EXPECT_EQ(testing::max_abs_diff(one.o, two.o), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(one.h_final, two.h_final), 0.0);
 #endif
 }
 
