@@ -3694,8 +3694,10 @@ size_t shared_memory_limit(Kernel kernel) {
 
 // V tile width: the smallest of 8, 16, 32, 64 that covers V (64 when V > 64), halved until
 // the block's shared memory fits. Tiles of 8..64 columns give 32..4 lanes per column.
+// `hint` ends the error where nothing fits.
 template <class Bytes>
-int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_for) {
+int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_for,
+                      const char* hint = "") {
   int vt = 8;
   while (vt < 64 && vt < d.value_dim) vt *= 2;
   for (; vt >= 8; vt /= 2) {
@@ -3703,7 +3705,17 @@ int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_f
   }
   HAM_FAIL(op, ": K = ", d.key_dim, " needs ", bytes_for(8),
            " bytes of shared memory per block even with 8-column V tiles; the device allows ",
-           limit);
+           limit, hint);
+}
+
+// The chunked SIMT kernels' hint where they do not fit: f32 and f64 hold a chunk's keys
+// and queries in shared memory (131 KB at K = 256 in f32), bf16 takes other kernels.
+template <class T>
+const char* smaller_gpu_hint() {
+  return std::is_same_v<T, bf16> ? ""
+                                 : "; bf16 inputs (ham train --precision bf16) at K = 16, "
+                                   "32, 64, 128 or 256 take the tensor-core kernels, which "
+                                   "fit an A100's 163 KiB";
 }
 
 template <class T>
@@ -4327,9 +4339,10 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const size_t limit = shared_memory_limit(gdr_forward_kernel<T>);
-    const int vt = choose_value_tile(op, d, limit, [&](int tile) {
-      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false).bytes;
-    });
+    const int vt = choose_value_tile(
+        op, d, limit,
+        [&](int tile) { return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false).bytes; },
+        smaller_gpu_hint<T>());
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
@@ -4606,9 +4619,10 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
     using C = compute_t<T>;
     const Device device = a.q.device();
     const size_t limit = shared_memory_limit(gdr_backward_kernel<T>);
-    const int vt = choose_value_tile(op, d, limit, [&](int tile) {
-      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true).bytes;
-    });
+    const int vt = choose_value_tile(
+        op, d, limit,
+        [&](int tile) { return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true).bytes; },
+        smaller_gpu_hint<T>());
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;

@@ -1630,6 +1630,29 @@ TEST(GatedDeltaRule, GpuOneSlotAtKeyDim256Agrees) {
 #endif
 }
 
+// Where a block has less shared memory than Hopper's (an A100's 163 KiB, as
+// EmulatedGpu.gated_delta_rule_one_slot_on_an_a100s_shared_memory emulates), the f32
+// kernels at K = 256, which hold a chunk's keys and queries in f32, do not fit: one line
+// naming the bytes and pointing to bf16, whose kernels do.
+TEST(GatedDeltaRule, GpuF32PastASmallerGpusSharedMemoryPointsToBf16) {
+  HAM_SKIP_UNLESS_CUDA();
+#ifdef HAM_WITH_CUDA
+  if (cuda::max_shared_per_block() >= 227 * 1024) {
+    GTEST_SKIP() << "this GPU's blocks hold the f32 kernels at K = 256 (it runs on the "
+                    "emulator at 163 KiB)";
+  }
+  const GatedDeltaRuleArgs gpu =
+      on_gpu(gpu_case_inputs(GpuCase{1, 70, 1, 256, 32, false, 0}, 171), DType::F32);
+  testing::expect_error(
+      [&] {
+        GatedDeltaRuleResult out = poisoned_result(gpu);
+        gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+      },
+      {"gated_delta_rule (cuda): K = 256 needs", "bytes of shared memory per block",
+       "bf16 inputs (ham train --precision bf16)", "fit an A100's 163 KiB"});
+#endif
+}
+
 #ifdef HAM_WITH_CUDA
 // A state pass in 1, 3 and 7 windows of chunks (`set`) on packed documents that cross
 // windows' ends (the state carried in f32), rows with two documents crossing in one
