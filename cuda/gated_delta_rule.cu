@@ -279,7 +279,11 @@ struct SmemLayout {
   }
 
   __host__ __device__ SmemLayout(int64_t key_dim, int vt, size_t t_size, size_t c_size,
-                                 bool backward) {
+                                 bool backward)
+      : SmemLayout(key_dim, vt, t_size, c_size, backward, true) {}
+  // q_in_shared false: no qc (the kernels read Q's rows from global memory instead).
+  __host__ __device__ SmemLayout(int64_t key_dim, int vt, size_t t_size, size_t c_size,
+                                 bool backward, bool q_in_shared) {
     size_t at = 0;
     ldk = key_dim + (t_size == 2 ? 2 : 1);
     lds = vt + 1;
@@ -287,7 +291,7 @@ struct SmemLayout {
     const size_t rows_k = size_t(kChunk) * size_t(ldk), rows_v = size_t(kChunk) * vt;
     const size_t square = size_t(kChunk) * kChunk, state_size = size_t(key_dim) * lds;
     kc = take(at, rows_k * t_size);
-    qc = take(at, rows_k * t_size);
+    qc = take(at, q_in_shared ? rows_k * t_size : 0);
     state = take(at, state_size * c_size);
     m = take(at, square * c_size);
     p = take(at, square * c_size);
@@ -458,13 +462,22 @@ __device__ void zero_state(C* x, int64_t rows, int cols, int ld) {
   }
 }
 
+// Row i of Q's chunk from `begin`, in global memory: the SIMT kernels read it there with
+// kQInShared false, where a chunk's K and Q rows together do not fit a block (f32 at K = 256
+// on an A100's 163 KiB), and from its copy in shared memory (qc) otherwise.
+template <class T>
+__device__ __forceinline__ const T* q_row_in_global(const Problem<T>& pr, const BlockCoords& bc,
+                                                    int64_t begin, int i) {
+  return pr.q + pr.row(bc.b, begin + i, bc.h) * pr.key_dim;
+}
+
 // Everything of one chunk [begin, begin + n) that the forward output and the backward
 // read, given its start state in s.state (CPU: compute_chunk_terms). On return (after a
 // barrier): kc, qc, gcum = G, decay = E, to_end = e^{G_last - G}, beta, scalars[0] =
 // e^{G_last}, m = M, p = P (zero outside the chunk's rows and masks), ks = K S0,
 // qs = Q S0, u = v_new, and r = R - M u (the residual left once the earlier rows'
 // writes are subtracted; u = diag(beta) r).
-template <class T, class C>
+template <bool kQInShared, class T, class C>
 __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const Smem<T, C>& s,
                             int64_t begin, int n) {
   const int64_t K = pr.key_dim;
@@ -474,7 +487,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
     const int64_t i = idx / K, a = idx % K;
     const int64_t at = pr.row(bc.b, begin + i, bc.h) * K + a;
     s.kc[i * s.ldk + a] = pr.k[at];
-    s.qc[i * s.ldk + a] = pr.q[at];
+    if constexpr (kQInShared) s.qc[i * s.ldk + a] = pr.q[at];
   }
   if (int(threadIdx.x) < n) {
     const int64_t at = pr.row(bc.b, begin + threadIdx.x, bc.h);
@@ -502,6 +515,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
     C mv = C(0), pv = C(0);
     if (i < n && j <= i) {
       const T *ki = s.kc + i * s.ldk, *qi = s.qc + i * s.ldk, *kj = s.kc + j * s.ldk;
+      if constexpr (!kQInShared) qi = q_row_in_global(pr, bc, begin, i);
       C kk = C(0), qk = C(0);
       for (int64_t a = 0; a < K; ++a) {
         const C kja = C(load(kj[a]));
@@ -519,6 +533,7 @@ __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const S
   for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
     const int i = idx / vt, c = idx % vt;
     const T *ki = s.kc + i * s.ldk, *qi = s.qc + i * s.ldk;
+    if constexpr (!kQInShared) qi = q_row_in_global(pr, bc, begin, i);
     C kv = C(0), qv = C(0);
     for (int64_t a = 0; a < K; ++a) {
       const C sa = s.state[a * s.lds + c];
@@ -579,12 +594,15 @@ __device__ void advance_state(const Problem<T>& pr, const Smem<T, C>& s, int n) 
 // ---- Chunked forward -----------------------------------------------------------------
 // One block per (tile, h, b). Writes o for its columns, h_final for its columns and the
 // fit partial sums fit_part[row, tile, 0..2] = (<p, v>, ||p||^2, ||v||^2) over its columns.
-template <class T>
+// kQInShared false: Q's rows read from global memory (q_row_in_global).
+template <class T, bool kQInShared = true>
 __global__ void __launch_bounds__(kBlock)
     gdr_forward_kernel(Problem<T> pr, T* o, T* h_final, compute_t<T>* fit_part) {
   using C = compute_t<T>;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), false);
+  const SmemLayout layout = kQInShared
+                                ? SmemLayout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), false)
+                                : SmemLayout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), false, false);
   const Smem<T, C> s(smem_raw, layout);
   const BlockCoords bc = block_coords(pr);
   const int vt = pr.vt;
@@ -601,7 +619,7 @@ __global__ void __launch_bounds__(kBlock)
       zero_state(s.state, pr.key_dim, vt, s.lds);
       __syncthreads();
     }
-    chunk_terms(pr, bc, s, begin, n);
+    chunk_terms<kQInShared>(pr, bc, s, begin, n);
     // O = diag(E) Q S0 + P u;   pred = diag(E) K S0 + M u  (into ks, element by element)
     for (int idx = threadIdx.x; idx < n * vt; idx += blockDim.x) {
       const int i = idx / vt, c = idx % vt;
@@ -762,11 +780,14 @@ struct BackwardOut {
   compute_t<T> *dq_part, *dk_part, *dg_part, *dbeta_part;  // may be null
 };
 
-template <class T>
+// kQInShared false: Q's rows read from global memory (q_row_in_global).
+template <class T, bool kQInShared = true>
 __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, BackwardOut<T> out) {
   using C = compute_t<T>;
   HAM_DYNAMIC_SHARED(unsigned char, smem_raw);
-  const SmemLayout layout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), true);
+  const SmemLayout layout = kQInShared
+                                ? SmemLayout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), true)
+                                : SmemLayout(pr.key_dim, pr.vt, sizeof(T), sizeof(C), true, false);
   const Smem<T, C> s(smem_raw, layout);
   const BlockCoords bc = block_coords(pr);
   const int vt = pr.vt;
@@ -791,7 +812,7 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
     for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
       saved[idx] = s.state[(idx / vt) * s.lds + idx % vt];
     }
-    chunk_terms(pr, bc, s, begin, n);
+    chunk_terms<kQInShared>(pr, bc, s, begin, n);
     advance_state(pr, s, n);
     __syncthreads();
   }
@@ -810,7 +831,7 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
     for (int64_t idx = threadIdx.x; idx < state_size; idx += blockDim.x) {
       s.state[(idx / vt) * s.lds + idx % vt] = saved[idx];
     }
-    chunk_terms(pr, bc, s, begin, n);  // its first barrier orders the two loops above
+    chunk_terms<kQInShared>(pr, bc, s, begin, n);  // its first barrier orders the loops above
     const C total = s.scalars[0];
 
     // dO rows of the tile and K dS_end.
@@ -903,7 +924,13 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
             dx_s += s.dx[i * vt + c] * s.state[a * s.lds + c];
           }
           C acc = s.to_end[i] * u_ds - s.decay[i] * s.beta[i] * dx_s;
-          for (int j = i; j < n; ++j) acc += s.p[j * kChunk + i] * C(load(s.qc[j * s.ldk + a]));
+          if constexpr (kQInShared) {
+            for (int j = i; j < n; ++j) acc += s.p[j * kChunk + i] * C(load(s.qc[j * s.ldk + a]));
+          } else {
+            for (int j = i; j < n; ++j) {
+              acc += s.p[j * kChunk + i] * C(load(q_row_in_global(pr, bc, begin, j)[a]));
+            }
+          }
           for (int j = 0; j < n; ++j) {
             acc += (s.m[i * kChunk + j] + s.m[j * kChunk + i]) * C(load(s.kc[j * s.ldk + a]));
           }
@@ -961,7 +988,12 @@ __global__ void __launch_bounds__(kBlock) gdr_backward_kernel(Problem<T> pr, Bac
       for (int i = 0; i < n; ++i) {
         const C e_do = s.decay[i] * s.dout[i * vt + c];
         const C e_dr = s.decay[i] * s.beta[i] * s.dx[i * vt + c];
-        acc += C(load(s.qc[i * s.ldk + a])) * e_do - C(load(s.kc[i * s.ldk + a])) * e_dr;
+        if constexpr (kQInShared) {
+          acc += C(load(s.qc[i * s.ldk + a])) * e_do - C(load(s.kc[i * s.ldk + a])) * e_dr;
+        } else {
+          acc += C(load(q_row_in_global(pr, bc, begin, i)[a])) * e_do -
+                 C(load(s.kc[i * s.ldk + a])) * e_dr;
+        }
       }
       s.dstate[a * s.lds + c] = acc;
     }
@@ -3708,8 +3740,21 @@ int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_f
            limit, hint);
 }
 
-// The chunked SIMT kernels' hint where they do not fit: f32 and f64 hold a chunk's keys
-// and queries in shared memory (131 KB at K = 256 in f32), bf16 takes other kernels.
+// Whether the chunked SIMT kernels stage a chunk's Q rows in shared memory: wherever their
+// 8-column tiles fit with them, else, for f32 and f64, they read them from global memory
+// (f32 at K = 256 on an A100's 163 KiB, where its K and Q rows alone take 131 KB).
+// `kernel`: the kernel that stages them.
+template <class T, class Kernel>
+bool simt_q_in_shared(const Dims& d, bool backward, Kernel kernel) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return true;
+  } else {
+    return SmemLayout(d.key_dim, 8, sizeof(T), sizeof(compute_t<T>), backward).bytes <=
+           shared_memory_limit(kernel);
+  }
+}
+
+// The chunked SIMT kernels' hint where they do not fit even so, bf16 taking other kernels.
 template <class T>
 const char* smaller_gpu_hint() {
   return std::is_same_v<T, bf16> ? ""
@@ -4338,19 +4383,24 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
   }
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
-    const size_t limit = shared_memory_limit(gdr_forward_kernel<T>);
-    const int vt = choose_value_tile(
-        op, d, limit,
-        [&](int tile) { return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false).bytes; },
-        smaller_gpu_hint<T>());
+    const bool q_in_shared = simt_q_in_shared<T>(d, false, gdr_forward_kernel<T>);
+    const auto kernel = [&] {  // no bf16 instance reading Q from global memory
+      if constexpr (std::is_same_v<T, bf16>) return &gdr_forward_kernel<T>;
+      else return q_in_shared ? &gdr_forward_kernel<T> : &gdr_forward_kernel<T, false>;
+    }();
+    const size_t limit = shared_memory_limit(kernel);
+    auto bytes_for = [&](int tile) {
+      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false, q_in_shared).bytes;
+    };
+    const int vt = choose_value_tile(op, d, limit, bytes_for, smaller_gpu_hint<T>());
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
     if (pr.tiles > 0) {
-      const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), false).bytes;
-      allow_dynamic_shared(op, gdr_forward_kernel<T>, bytes);
-      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_forward_kernel<T>)(
+      const size_t bytes = bytes_for(vt);
+      allow_dynamic_shared(op, kernel, bytes);
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), kernel)(
           pr, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
       HAM_CUDA_CHECK_LAUNCH();
     }
@@ -4618,11 +4668,16 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const Device device = a.q.device();
-    const size_t limit = shared_memory_limit(gdr_backward_kernel<T>);
-    const int vt = choose_value_tile(
-        op, d, limit,
-        [&](int tile) { return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true).bytes; },
-        smaller_gpu_hint<T>());
+    const bool q_in_shared = simt_q_in_shared<T>(d, true, gdr_backward_kernel<T>);
+    const auto kernel = [&] {  // no bf16 instance reading Q from global memory
+      if constexpr (std::is_same_v<T, bf16>) return &gdr_backward_kernel<T>;
+      else return q_in_shared ? &gdr_backward_kernel<T> : &gdr_backward_kernel<T, false>;
+    }();
+    const size_t limit = shared_memory_limit(kernel);
+    auto bytes_for = [&](int tile) {
+      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true, q_in_shared).bytes;
+    };
+    const int vt = choose_value_tile(op, d, limit, bytes_for, smaller_gpu_hint<T>());
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
@@ -4650,9 +4705,9 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
       bo.dk_part = ptr_or_null<C>(dk_part);
       bo.dg_part = ptr_or_null<C>(dg_part);
       bo.dbeta_part = ptr_or_null<C>(dbeta_part);
-      const size_t bytes = SmemLayout(d.key_dim, vt, sizeof(T), sizeof(C), true).bytes;
-      allow_dynamic_shared(op, gdr_backward_kernel<T>, bytes);
-      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), gdr_backward_kernel<T>)(
+      const size_t bytes = bytes_for(vt);
+      allow_dynamic_shared(op, kernel, bytes);
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), kernel)(
           pr, bo);
       HAM_CUDA_CHECK_LAUNCH();
     }

@@ -1630,23 +1630,34 @@ TEST(GatedDeltaRule, GpuOneSlotAtKeyDim256Agrees) {
 #endif
 }
 
-// Where a block has less shared memory than Hopper's (an A100's 163 KiB, as
-// EmulatedGpu.gated_delta_rule_one_slot_on_an_a100s_shared_memory emulates), the f32
-// kernels at K = 256, which hold a chunk's keys and queries in f32, do not fit: one line
-// naming the bytes and pointing to bf16, whose kernels do.
-TEST(GatedDeltaRule, GpuF32PastASmallerGpusSharedMemoryPointsToBf16) {
+// The SIMT kernels (f32, f64) on a GPU with less shared memory a block than Hopper's:
+// - from 163 KiB (an A100's, as
+//   EmulatedGpu.gated_delta_rule_one_slot_on_an_a100s_shared_memory emulates), where a
+//   chunk's K and Q rows in f32 at K = 256 do not fit with the rest, they read Q's rows from
+//   global memory: forward and backward match the CPU; so does f64 at K = 32.
+// - below that (99 KiB, EmulatedGpu.gated_delta_rule_f32_past_a_99_kib_gpu_points_to_bf16),
+//   f32 at K = 256 does not fit even so: one line naming the bytes and pointing to bf16.
+TEST(GatedDeltaRule, GpuSimtKernelsOnASmallerGpu) {
   HAM_SKIP_UNLESS_CUDA();
 #ifdef HAM_WITH_CUDA
-  if (cuda::max_shared_per_block() >= 227 * 1024) {
-    GTEST_SKIP() << "this GPU's blocks hold the f32 kernels at K = 256 (it runs on the "
-                    "emulator at 163 KiB)";
+  const size_t limit = cuda::max_shared_per_block();
+  if (limit >= 227 * 1024) {
+    GTEST_SKIP() << "this GPU's blocks hold the SIMT kernels with Q's rows (it runs on the "
+                    "emulator at 163 and 99 KiB)";
   }
-  const GatedDeltaRuleArgs gpu =
-      on_gpu(gpu_case_inputs(GpuCase{1, 70, 1, 256, 32, false, 0}, 171), DType::F32);
+  const GatedDeltaRuleArgs f32 =
+      on_gpu(gpu_case_inputs(GpuCase{1, 130, 1, 256, 40, true, 2}, 171), DType::F32);
+  if (limit >= 163 * 1024) {
+    expect_gpu_matches_reference(f32, gpu_bounds(DType::F32), 172);
+    expect_gpu_matches_reference(
+        on_gpu(gpu_case_inputs(GpuCase{1, 130, 2, 32, 24, false, 0}, 173), DType::F64),
+        gpu_bounds(DType::F64), 174);
+    return;
+  }
   testing::expect_error(
       [&] {
-        GatedDeltaRuleResult out = poisoned_result(gpu);
-        gated_delta_rule_chunked_kernels()(Device::cuda(), gpu, out);
+        GatedDeltaRuleResult out = poisoned_result(f32);
+        gated_delta_rule_chunked_kernels()(Device::cuda(), f32, out);
       },
       {"gated_delta_rule (cuda): K = 256 needs", "bytes of shared memory per block",
        "bf16 inputs (ham train --precision bf16)", "fit an A100's 163 KiB"});
