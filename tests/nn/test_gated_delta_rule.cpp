@@ -1634,7 +1634,8 @@ TEST(GatedDeltaRule, GpuOneSlotAtKeyDim256Agrees) {
 // - from 163 KiB (an A100's, as
 //   EmulatedGpu.gated_delta_rule_one_slot_on_an_a100s_shared_memory emulates), where a
 //   chunk's K and Q rows in f32 at K = 256 do not fit with the rest, they read Q's rows from
-//   global memory: forward and backward match the CPU; so does f64 at K = 32.
+//   global memory: forward and backward match the CPU; so do f64 at K = 32 and f64's
+//   forward at K = 128.
 // - below that (99 KiB, EmulatedGpu.gated_delta_rule_f32_past_a_99_kib_gpu_points_to_bf16),
 //   f32 at K = 256 does not fit even so: one line naming the bytes and pointing to bf16.
 TEST(GatedDeltaRule, GpuSimtKernelsOnASmallerGpu) {
@@ -1652,6 +1653,17 @@ TEST(GatedDeltaRule, GpuSimtKernelsOnASmallerGpu) {
     expect_gpu_matches_reference(
         on_gpu(gpu_case_inputs(GpuCase{1, 130, 2, 32, 24, false, 0}, 173), DType::F64),
         gpu_bounds(DType::F64), 174);
+    // f64's forward at K = 128 reads Q from global memory there too (its backward does not
+    // fit even so).
+    const GatedDeltaRuleArgs f64 =
+        on_gpu(gpu_case_inputs(GpuCase{1, 70, 1, 128, 16, true, 0}, 175), DType::F64);
+    GatedDeltaRuleResult out = poisoned_result(f64);
+    gated_delta_rule_chunked_kernels()(Device::cuda(), f64, out);
+    const GatedDeltaRuleResult expected = ops::gated_delta_rule_chunked(reference_args(f64));
+    const GpuBounds bound = gpu_bounds(DType::F64);
+    expect_within(out.o, expected.o, bound.forward, "o");
+    expect_within(out.h_final, expected.h_final, bound.forward, "h_final");
+    expect_within(out.fit_error, expected.fit_error, bound.fit, "fit_error");
     return;
   }
   testing::expect_error(
