@@ -475,10 +475,10 @@ __device__ __forceinline__ const T* q_row_in_global(const Problem<T>& pr, const 
 
 // Everything of one chunk [begin, begin + n) that the forward output and the backward
 // read, given its start state in s.state (CPU: compute_chunk_terms). On return (after a
-// barrier): kc, qc (with kQInShared), gcum = G, decay = E, to_end = e^{G_last - G}, beta, scalars[0] =
-// e^{G_last}, m = M, p = P (zero outside the chunk's rows and masks), ks = K S0,
-// qs = Q S0, u = v_new, and r = R - M u (the residual left once the earlier rows'
-// writes are subtracted; u = diag(beta) r).
+// barrier): kc, qc (with kQInShared), gcum = G, decay = E, to_end = e^{G_last - G}, beta,
+// scalars[0] = e^{G_last}, m = M, p = P (zero outside the chunk's rows and masks),
+// ks = K S0, qs = Q S0, u = v_new, and r = R - M u (the residual left once the earlier
+// rows' writes are subtracted; u = diag(beta) r).
 template <bool kQInShared, class T, class C>
 __device__ void chunk_terms(const Problem<T>& pr, const BlockCoords& bc, const Smem<T, C>& s,
                             int64_t begin, int n) {
