@@ -3765,6 +3765,31 @@ const char* smaller_gpu_hint() {
                                    "fit an A100's 163 KiB";
 }
 
+// A chunked SIMT kernel for these inputs, its value tile width and dynamic shared memory.
+template <class Kernel>
+struct SimtLaunch {
+  Kernel kernel;
+  int vt;
+  size_t bytes;
+};
+
+// The kernel that stages Q's rows (`staging`) where simt_q_in_shared, else the one that
+// reads them from global memory (`from_global`; bf16 has none and passes `staging`), with
+// the widest value tile that fits (choose_value_tile).
+template <class T, class Kernel>
+SimtLaunch<Kernel> choose_simt_launch(const char* op, const Dims& d, bool backward,
+                                      Kernel staging, Kernel from_global) {
+  const bool q_in_shared = simt_q_in_shared<T>(d, backward, staging);
+  const Kernel kernel = q_in_shared ? staging : from_global;
+  auto bytes_for = [&](int tile) {
+    return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(compute_t<T>), backward, q_in_shared)
+        .bytes;
+  };
+  const int vt =
+      choose_value_tile(op, d, shared_memory_limit(kernel), bytes_for, smaller_gpu_hint<T>());
+  return {kernel, vt, bytes_for(vt)};
+}
+
 template <class T>
 Problem<T> make_problem(const GatedDeltaRuleArgs& a, const Dims& d, const ChunkTable& table,
                         int vt) {
@@ -4385,24 +4410,19 @@ void gated_delta_rule_chunked(const GatedDeltaRuleArgs& a, GatedDeltaRuleResult&
   }
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
-    const bool q_in_shared = simt_q_in_shared<T>(d, false, gdr_forward_kernel<T>);
-    const auto kernel = [&] {  // no bf16 instance reading Q from global memory
+    const auto simt = choose_simt_launch<T>(op, d, false, &gdr_forward_kernel<T>, [] {
       if constexpr (std::is_same_v<T, bf16>) return &gdr_forward_kernel<T>;
-      else return q_in_shared ? &gdr_forward_kernel<T> : &gdr_forward_kernel<T, false>;
-    }();
-    const size_t limit = shared_memory_limit(kernel);
-    auto bytes_for = [&](int tile) {
-      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), false, q_in_shared).bytes;
-    };
-    const int vt = choose_value_tile(op, d, limit, bytes_for, smaller_gpu_hint<T>());
+      else return &gdr_forward_kernel<T, false>;
+    }());
+    const int vt = simt.vt;
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
     Tensor fit_part = Tensor::empty(Shape{rows * pr.tiles * 3}, compute_dtype<T>(), a.q.device());
     if (pr.tiles > 0) {
-      const size_t bytes = bytes_for(vt);
-      allow_dynamic_shared(op, kernel, bytes);
-      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), kernel)(
+      const auto kernel = simt.kernel;  // a plain name, which the emulator looks up
+      allow_dynamic_shared(op, kernel, simt.bytes);
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, simt.bytes, launch_stream(), kernel)(
           pr, ptr<T>(out.o), ptr<T>(out.h_final), ptr<C>(fit_part));
       HAM_CUDA_CHECK_LAUNCH();
     }
@@ -4670,16 +4690,11 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
   dispatch_floating(op, a.q.dtype(), [&]<class T>() {
     using C = compute_t<T>;
     const Device device = a.q.device();
-    const bool q_in_shared = simt_q_in_shared<T>(d, true, gdr_backward_kernel<T>);
-    const auto kernel = [&] {  // no bf16 instance reading Q from global memory
+    const auto simt = choose_simt_launch<T>(op, d, true, &gdr_backward_kernel<T>, [] {
       if constexpr (std::is_same_v<T, bf16>) return &gdr_backward_kernel<T>;
-      else return q_in_shared ? &gdr_backward_kernel<T> : &gdr_backward_kernel<T, false>;
-    }();
-    const size_t limit = shared_memory_limit(kernel);
-    auto bytes_for = [&](int tile) {
-      return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(C), true, q_in_shared).bytes;
-    };
-    const int vt = choose_value_tile(op, d, limit, bytes_for, smaller_gpu_hint<T>());
+      else return &gdr_backward_kernel<T, false>;
+    }());
+    const int vt = simt.vt;
     const ChunkTable table = build_chunk_table(a, d.batch, d.seq_len);
     const Problem<T> pr = make_problem<T>(a, d, table, vt);
     const int64_t rows = d.batch * d.seq_len * d.heads;
@@ -4707,9 +4722,9 @@ void gated_delta_rule_backward(const GatedDeltaRuleArgs& a, const Tensor& grad_o
       bo.dk_part = ptr_or_null<C>(dk_part);
       bo.dg_part = ptr_or_null<C>(dg_part);
       bo.dbeta_part = ptr_or_null<C>(dbeta_part);
-      const size_t bytes = bytes_for(vt);
-      allow_dynamic_shared(op, kernel, bytes);
-      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, bytes, launch_stream(), kernel)(
+      const auto kernel = simt.kernel;  // a plain name, which the emulator looks up
+      allow_dynamic_shared(op, kernel, simt.bytes);
+      HAM_LAUNCH(grid_of(op, d, pr.tiles), kBlock, simt.bytes, launch_stream(), kernel)(
           pr, bo);
       HAM_CUDA_CHECK_LAUNCH();
     }
