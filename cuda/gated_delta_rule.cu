@@ -3742,20 +3742,6 @@ int choose_value_tile(const char* op, const Dims& d, size_t limit, Bytes bytes_f
            limit, hint);
 }
 
-// Whether the chunked SIMT kernels stage a chunk's Q rows in shared memory: wherever their
-// 8-column tiles fit with them, else, for f32 and f64, they read them from global memory
-// (f32 at K = 256 on an A100's 163 KiB, where its K and Q rows alone take 131 KB).
-// `kernel`: the kernel that stages them.
-template <class T, class Kernel>
-bool simt_q_in_shared(const Dims& d, bool backward, Kernel kernel) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return true;
-  } else {
-    return SmemLayout(d.key_dim, 8, sizeof(T), sizeof(compute_t<T>), backward).bytes <=
-           shared_memory_limit(kernel);
-  }
-}
-
 // The chunked SIMT kernels' hint where they do not fit even so, bf16 taking other kernels.
 template <class T>
 const char* smaller_gpu_hint() {
@@ -3773,13 +3759,18 @@ struct SimtLaunch {
   size_t bytes;
 };
 
-// The kernel that stages Q's rows (`staging`) where simt_q_in_shared, else the one that
-// reads them from global memory (`from_global`; bf16 has none and passes `staging`), with
-// the widest value tile that fits (choose_value_tile).
+// The kernel that stages a chunk's Q rows in shared memory (`staging`) wherever its 8-column
+// tiles fit with them, else, for f32 and f64, the one that reads them from global memory
+// (`from_global`; bf16 has none and passes `staging`): f32 at K = 256 on an A100's 163 KiB,
+// where its K and Q rows alone take 131 KB. With the widest value tile that fits
+// (choose_value_tile).
 template <class T, class Kernel>
 SimtLaunch<Kernel> choose_simt_launch(const char* op, const Dims& d, bool backward,
                                       Kernel staging, Kernel from_global) {
-  const bool q_in_shared = simt_q_in_shared<T>(d, backward, staging);
+  const bool q_in_shared =
+      std::is_same_v<T, bf16> ||
+      SmemLayout(d.key_dim, 8, sizeof(T), sizeof(compute_t<T>), backward).bytes <=
+          shared_memory_limit(staging);
   const Kernel kernel = q_in_shared ? staging : from_global;
   auto bytes_for = [&](int tile) {
     return SmemLayout(d.key_dim, tile, sizeof(T), sizeof(compute_t<T>), backward, q_in_shared)
@@ -4265,20 +4256,18 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
       const bool prefetch = prefetch_blocks != 0 && !one_slot;
       if (prefetch) g_prefetching_output_passes.fetch_add(1);
       auto launch = [&]<bool kFit>() {
+        auto* kernel = prefetch ? &gdr_output_mma<KD, kFit, true> : &gdr_output_mma<KD, kFit>;
+        KernelName name{"gdr_output_mma", {KD, int(kFit), int(prefetch)}, 3};
+        int kernel_slots = slots;
         if constexpr (KD == kOneSlotKeyDim) {
           if (one_slot) {
             g_one_slot_launches.fetch_add(1);
-            launch_kernel(KernelName{"gdr_output_mma", {KD, int(kFit), 0, 1}, 4},
-                          &gdr_output_mma<KD, kFit, false, true>, grid, kOutputThreads,
-                          MmaOutputLayout<KD, kFit>::bytes(1), chunks.pr,
-                          ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
-                          ptr<const float>(chunks.gcum), chunks.max_chunks, 1, ptr<bf16>(out.o),
-                          fit ? ptr<bf16>(out.fit_error) : nullptr, chunk_begin, chunk_end);
-            return;
+            kernel = &gdr_output_mma<KD, kFit, false, true>;
+            name = KernelName{"gdr_output_mma", {KD, int(kFit), 0, 1}, 4};
+            kernel_slots = 1;
           }
         }
-        auto* kernel = prefetch ? &gdr_output_mma<KD, kFit, true> : &gdr_output_mma<KD, kFit>;
-        const size_t bytes = MmaOutputLayout<KD, kFit>::bytes(slots);
+        const size_t bytes = MmaOutputLayout<KD, kFit>::bytes(kernel_slots);
         dim3 blocks = grid;
         if (prefetch) {
           const int64_t wave =
@@ -4290,10 +4279,9 @@ bool gated_delta_rule_forward_mma(const GatedDeltaRuleArgs& a, const Dims& d,
                                       : (wave + rows_of_blocks - 1) / rows_of_blocks;
           blocks.x = unsigned(std::clamp<int64_t>(per_row, 1, int64_t(grid.x)));
         }
-        launch_kernel(KernelName{"gdr_output_mma", {KD, int(kFit), int(prefetch)}, 3}, kernel,
-                      blocks, kOutputThreads, bytes, chunks.pr,
+        launch_kernel(name, kernel, blocks, kOutputThreads, bytes, chunks.pr,
                       ptr<const bf16>(chunks.v_new), ptr<const bf16>(chunks.states),
-                      ptr<const float>(chunks.gcum), chunks.max_chunks, slots,
+                      ptr<const float>(chunks.gcum), chunks.max_chunks, kernel_slots,
                       ptr<bf16>(out.o), fit ? ptr<bf16>(out.fit_error) : nullptr, chunk_begin,
                       chunk_end);
       };
